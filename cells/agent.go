@@ -1,0 +1,72 @@
+// Package cells assembles the agent: every cell, grouped as the architecture
+// page groups them. The order of cells here does not decide the order in
+// which they start; their dependencies do (`agent hive` prints the result).
+// The one exception is health.StartedMarker, which must come last.
+package cells
+
+import (
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/metrics"
+)
+
+// Infrastructure is what every other cell builds on.
+var Infrastructure = cell.Group(
+	daemon.Cell,
+	statedb.Cell,
+	job.Cell,
+	health.Cell,
+	metrics.Cell,
+	api.Cell,
+)
+
+// ControlPlane computes desired state into StateDB tables.
+var ControlPlane = cell.Group()
+
+// Datapath reconciles tables into the kernel.
+var Datapath = cell.Group()
+
+// Agent is every cell of the agent.
+var Agent = cell.Group(
+	Infrastructure,
+	ControlPlane,
+	Datapath,
+)
+
+// EnvPrefix prefixes the environment variable of every flag: --state-dir can
+// also be set with AGENT_STATE_DIR.
+const EnvPrefix = "AGENT_"
+
+// Options are the hive options of the agent.
+func Options() hive.Options {
+	opts := hive.DefaultOptions()
+	opts.EnvPrefix = EnvPrefix
+	opts.ModuleDecorators = health.ModuleDecorators
+	// Log hooks and invokes at Info only when they are slow enough to matter.
+	opts.LogThreshold = 50 * time.Millisecond
+	opts.StopTimeout = 30 * time.Second
+	return opts
+}
+
+// NewHive builds the agent's hive. Its flags are those of every cell.
+func NewHive(log *slog.Logger) *hive.Hive {
+	var h *hive.Hive
+	h = hive.NewWithOptions(Options(),
+		Agent,
+		cell.Provide(func() api.ObjectPrinter {
+			return func(w io.Writer) error { return h.PrintObjects(w, log) }
+		}),
+		health.StartedMarker, // last: see its documentation
+	)
+	return h
+}

@@ -1,0 +1,226 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/spf13/pflag"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// Config is the api cell's configuration.
+type Config struct {
+	// APISocket is the unix socket the API is served on. Client commands
+	// take the same flag to find the agent.
+	APISocket string
+}
+
+// DefaultConfig is the api cell's default configuration.
+var DefaultConfig = Config{APISocket: "/var/run/cellium/agent.sock"}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("api-socket", def.APISocket, "Unix socket of the agent's REST API")
+}
+
+// socketMode lets the socket's group (root's, unless the DaemonSet changes
+// it) use the API; nobody else can.
+const socketMode = 0o660
+
+type serverParams struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Health    cell.Health
+	Routes    []Route `group:"api-routes"`
+}
+
+// Server serves the API. It is provided so that tests and cells can ask
+// where it listens; nothing needs to call it.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	health cell.Health
+	mux    *http.ServeMux
+	srv    *http.Server
+}
+
+func newServer(p serverParams) (*Server, error) {
+	if p.Config.APISocket == "" || !filepath.IsAbs(p.Config.APISocket) {
+		return nil, fmt.Errorf("invalid --api-socket %q: must be an absolute path", p.Config.APISocket)
+	}
+	s := &Server{cfg: p.Config, log: p.Log, health: p.Health, mux: http.NewServeMux()}
+	for _, route := range p.Routes {
+		if err := s.register(route); err != nil {
+			return nil, err
+		}
+	}
+	s.srv = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(p.Log.Handler(), slog.LevelWarn),
+	}
+	p.Lifecycle.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
+	return s, nil
+}
+
+// register adds a route to the mux, turning ServeMux's panic on a
+// conflicting pattern into an error that names both routes.
+func (s *Server) register(route Route) (err error) {
+	pattern := route.Method + " " + route.Path
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("api route %q: %v", pattern, r)
+		}
+	}()
+	s.mux.Handle(pattern, s.adapt(route))
+	return nil
+}
+
+// SocketPath is where the server listens.
+func (s *Server) SocketPath() string { return s.cfg.APISocket }
+
+func (s *Server) start(cell.HookContext) error {
+	ln, err := listenUnix(s.cfg.APISocket)
+	if err != nil {
+		return err
+	}
+	s.log.Info("Serving API", "socket", s.cfg.APISocket)
+	s.health.OK("Serving on " + s.cfg.APISocket)
+	go func() {
+		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("API server failed", "error", err)
+			s.health.Degraded("API server failed", err)
+		}
+	}()
+	return nil
+}
+
+func (s *Server) stop(ctx cell.HookContext) error {
+	// Shutdown closes the listener, which unlinks the socket.
+	err := s.srv.Shutdown(ctx)
+	s.health.Stopped("Stopped")
+	return err
+}
+
+// listenUnix listens on path, replacing a socket left behind by an agent that
+// died, but refusing to take over one that another agent still serves.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("--api-socket %s: create directory: %w", path, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("--api-socket %s exists and is not a socket", path)
+		}
+		conn, err := net.Dial("unix", path)
+		if err == nil {
+			conn.Close()
+			return nil, fmt.Errorf("--api-socket %s: another agent is serving on it", path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("--api-socket %s: probe existing socket: %w", path, err)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("--api-socket %s: remove stale socket: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("--api-socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, socketMode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("--api-socket %s: chmod: %w", path, err)
+	}
+	return ln, nil
+}
+
+// ServeHTTP answers requests that match no route with a JSON error, and hands
+// the rest to the mux.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := s.mux.Handler(r)
+	if pattern != "" {
+		// Through the mux, not h, so that r.PathValue works.
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	// The mux knows whether it is a 404 or a 405 (and sets Allow): let it
+	// decide the status, then answer in JSON.
+	rec := &statusRecorder{header: w.Header()}
+	h.ServeHTTP(rec, r)
+	msg := fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)
+	if rec.status == http.StatusMethodNotAllowed {
+		msg = fmt.Sprintf("method %s not allowed for %s (allowed: %s)", r.Method, r.URL.Path, w.Header().Get("Allow"))
+	}
+	writeJSON(w, rec.status, apiv1.Error{Status: rec.status, Message: msg})
+}
+
+// adapt turns a HandlerFunc into an http.Handler: JSON encoding, errors,
+// panics and request logging.
+func (s *Server) adapt(route Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		status := http.StatusOK
+		defer func() {
+			if p := recover(); p != nil {
+				s.log.Error("API handler panicked",
+					"method", r.Method, "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
+				status = http.StatusInternalServerError
+				writeJSON(w, status, apiv1.Error{Status: status, Message: fmt.Sprintf("internal error: %v", p)})
+			}
+			s.log.Debug("API request", "method", r.Method, "path", r.URL.Path,
+				"status", status, "duration", time.Since(start))
+		}()
+
+		v, err := route.Handler(r)
+		if err != nil {
+			status = statusOf(err)
+			writeJSON(w, status, apiv1.Error{Status: status, Message: err.Error()})
+			return
+		}
+		writeJSON(w, status, v)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		status = http.StatusInternalServerError
+		buf.Reset()
+		json.NewEncoder(&buf).Encode(apiv1.Error{Status: status, Message: "encode response: " + err.Error()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(buf.Bytes())
+}
+
+// statusRecorder captures the status a handler writes and drops its body.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (r *statusRecorder) Header() http.Header { return r.header }
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (r *statusRecorder) WriteHeader(status int) { r.status = status }

@@ -1,0 +1,114 @@
+// Package daemon holds what every cell of the agent shares: the directories
+// it keeps state and runtime files in, and the name of the node it runs on.
+//
+// The cell creates the directories in its start hook, so a cell that takes
+// [Paths] may use them from its own start hook on.
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/hive/cell"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+)
+
+// Cell provides Paths and NodeName.
+var Cell = cell.Module(
+	"daemon",
+	"State and run directories and the node name",
+
+	cell.Config(defaultConfig),
+	cell.Provide(newDaemon),
+	// Validate the flags and create the directories even while no cell uses
+	// them yet.
+	cell.Invoke(func(Paths) {}),
+)
+
+// Config is the daemon cell's configuration.
+type Config struct {
+	// StateDir holds state that must survive agent restarts (endpoint state
+	// files). Losing it loses state: put it on a host path.
+	StateDir string
+	// RunDir holds runtime files: sockets, the CNI config copy.
+	RunDir string
+	// NodeName is the Kubernetes node this agent runs on; empty means the
+	// host name.
+	NodeName string
+}
+
+var defaultConfig = Config{
+	StateDir: "/var/run/cellium/state",
+	RunDir:   "/var/run/cellium",
+	NodeName: "",
+}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("state-dir", def.StateDir, "Directory for state that survives agent restarts")
+	flags.String("run-dir", def.RunDir, "Directory for runtime files (sockets)")
+	flags.String("node-name", def.NodeName, "Name of this node (default: the host name)")
+}
+
+// Paths are the agent's directories. They exist once the daemon cell has
+// started.
+type Paths struct {
+	StateDir string
+	RunDir   string
+}
+
+// NodeName is the name of the node the agent runs on.
+type NodeName string
+
+type out struct {
+	cell.Out
+
+	Paths    Paths
+	NodeName NodeName
+}
+
+func newDaemon(cfg Config, lc cell.Lifecycle, log *slog.Logger) (out, error) {
+	for _, dir := range []struct{ flag, path string }{{"state-dir", cfg.StateDir}, {"run-dir", cfg.RunDir}} {
+		if !filepath.IsAbs(dir.path) {
+			return out{}, fmt.Errorf("invalid --%s %q: must be an absolute path", dir.flag, dir.path)
+		}
+	}
+	name, err := nodeName(cfg.NodeName)
+	if err != nil {
+		return out{}, err
+	}
+	paths := Paths{StateDir: filepath.Clean(cfg.StateDir), RunDir: filepath.Clean(cfg.RunDir)}
+	lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+		// State is private to the agent; run files (sockets) are guarded by
+		// their own modes.
+		if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+		if err := os.MkdirAll(paths.RunDir, 0o755); err != nil {
+			return fmt.Errorf("--run-dir: %w", err)
+		}
+		log.Info("Agent directories ready", "state-dir", paths.StateDir, "run-dir", paths.RunDir, "node", name)
+		return nil
+	}})
+	return out{Paths: paths, NodeName: NodeName(name)}, nil
+}
+
+// nodeName validates the configured node name, defaulting to the host name
+// (from uname, which does no file I/O).
+func nodeName(configured string) (string, error) {
+	name := configured
+	if name == "" {
+		var uts unix.Utsname
+		if err := unix.Uname(&uts); err != nil {
+			return "", fmt.Errorf("--node-name is empty and the host name is unknown: %w", err)
+		}
+		name = unix.ByteSliceToString(uts.Nodename[:])
+	}
+	if name == "" || len(name) > 253 || strings.ContainsAny(name, " /\t\n") {
+		return "", fmt.Errorf("invalid --node-name %q: want a DNS subdomain such as node-1", name)
+	}
+	return name, nil
+}

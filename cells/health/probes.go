@@ -1,0 +1,124 @@
+package health
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/spf13/pflag"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// Config is the health cell's configuration.
+type Config struct {
+	// HealthAddr is the TCP address of the probe server; empty disables it.
+	HealthAddr string
+}
+
+var defaultConfig = Config{HealthAddr: "127.0.0.1:9879"}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("health-addr", def.HealthAddr,
+		"TCP address for /healthz, /readyz and /metrics (empty: do not serve)")
+}
+
+// ProbeRoute is a handler served on the health address next to the probes.
+type ProbeRoute struct {
+	Path    string
+	Handler http.Handler
+}
+
+// ProbeRoutes is what a constructor returns to serve on the health address.
+type ProbeRoutes struct {
+	cell.Out
+
+	Routes []ProbeRoute `group:"health-routes,flatten"`
+}
+
+type probeParams struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	Health    cell.Health
+	Readiness *Readiness
+	Routes    []ProbeRoute `group:"health-routes"`
+}
+
+// probeServer serves /healthz, /readyz and the contributed routes on
+// --health-addr.
+type probeServer struct {
+	log    *slog.Logger
+	health cell.Health
+	addr   string
+	srv    *http.Server
+}
+
+func newProbeServer(p probeParams) (*probeServer, error) {
+	if p.Config.HealthAddr == "" {
+		p.Health.OK("Probe server disabled (--health-addr is empty)")
+		return nil, nil
+	}
+	if _, _, err := net.SplitHostPort(p.Config.HealthAddr); err != nil {
+		return nil, fmt.Errorf("invalid --health-addr %q: want host:port, e.g. 127.0.0.1:9879: %w", p.Config.HealthAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /healthz", probeHandler(p.Readiness, func(hz apiv1.Healthz) bool { return hz.Started }))
+	mux.Handle("GET /readyz", probeHandler(p.Readiness, func(hz apiv1.Healthz) bool { return hz.Ready }))
+	for _, route := range p.Routes {
+		mux.Handle("GET "+route.Path, route.Handler)
+	}
+	s := &probeServer{
+		log:    p.Log,
+		health: p.Health,
+		addr:   p.Config.HealthAddr,
+		srv: &http.Server{
+			Handler:           mux,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(p.Log.Handler(), slog.LevelWarn),
+		},
+	}
+	p.Lifecycle.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
+	return s, nil
+}
+
+func (s *probeServer) start(cell.HookContext) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("--health-addr %s: %w", s.addr, err)
+	}
+	s.log.Info("Serving probes", "addr", ln.Addr().String())
+	s.health.OK("Serving on " + ln.Addr().String())
+	go func() {
+		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("Probe server failed", "error", err)
+			s.health.Degraded("Probe server failed", err)
+		}
+	}()
+	return nil
+}
+
+func (s *probeServer) stop(ctx cell.HookContext) error {
+	return s.srv.Shutdown(ctx)
+}
+
+// probeHandler answers 200 when pass holds for the readiness status, else 503.
+func probeHandler(r *Readiness, pass func(apiv1.Healthz) bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hz, _ := r.Status()
+		status := http.StatusOK
+		if !pass(hz) {
+			status = http.StatusServiceUnavailable
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(hz)
+	})
+}

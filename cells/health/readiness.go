@@ -1,0 +1,121 @@
+package health
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// Barrier is one row of the "readiness" table: something the agent waits for
+// before it reports ready.
+type Barrier struct {
+	Name string `json:"name"`
+	Done bool   `json:"done"`
+	// Since is when Done last changed.
+	Since time.Time `json:"since"`
+}
+
+func (b *Barrier) TableHeader() []string { return []string{"Name", "Done", "Since"} }
+
+func (b *Barrier) TableRow() []string {
+	return []string{b.Name, fmt.Sprint(b.Done), sinceString(b.Since)}
+}
+
+var (
+	// BarrierName indexes the readiness table by barrier name.
+	BarrierName = statedb.Index[*Barrier, string]{
+		Name:       "name",
+		FromObject: func(b *Barrier) index.KeySet { return index.NewKeySet(index.String(b.Name)) },
+		FromKey:    index.String,
+		FromString: index.FromString,
+		Unique:     true,
+	}
+	// BarrierDone indexes the readiness table by whether a barrier is done.
+	BarrierDone = statedb.Index[*Barrier, bool]{
+		Name:       "done",
+		FromObject: func(b *Barrier) index.KeySet { return index.NewKeySet(index.Bool(b.Done)) },
+		FromKey:    index.Bool,
+		FromString: index.BoolString,
+	}
+)
+
+// ReadinessTableName is the name of the readiness table.
+const ReadinessTableName = "readiness"
+
+// cellsStarted is the barrier that StartedMarker completes.
+const cellsStarted = "cells-started"
+
+// Readiness gates the agent's readiness. See the package documentation.
+type Readiness struct {
+	db  *statedb.DB
+	tbl statedb.RWTable[*Barrier]
+}
+
+func newReadiness(db *statedb.DB) (*Readiness, error) {
+	tbl, err := statedb.NewTable(db, ReadinessTableName, BarrierName, BarrierDone)
+	if err != nil {
+		return nil, err
+	}
+	r := &Readiness{db: db, tbl: tbl}
+	r.Add(cellsStarted)
+	return r, nil
+}
+
+// Add registers a barrier that keeps the agent not ready until the returned
+// function is called. Call Add from a constructor, so the barrier exists
+// before anything can report ready. Calling done more than once is harmless.
+// Names are unique: adding one twice is a programming error and panics.
+func (r *Readiness) Add(name string) (done func()) {
+	txn := r.db.WriteTxn(r.tbl)
+	defer txn.Abort()
+	if _, _, found := r.tbl.Get(txn, BarrierName.Query(name)); found {
+		panic(fmt.Sprintf("health: readiness barrier %q added twice", name))
+	}
+	r.tbl.Insert(txn, &Barrier{Name: name, Since: time.Now()})
+	txn.Commit()
+	return func() { r.set(name, true) }
+}
+
+func (r *Readiness) set(name string, done bool) {
+	txn := r.db.WriteTxn(r.tbl)
+	defer txn.Abort()
+	old, _, found := r.tbl.Get(txn, BarrierName.Query(name))
+	if !found || old.Done == done {
+		return
+	}
+	r.tbl.Insert(txn, &Barrier{Name: name, Done: done, Since: time.Now()})
+	txn.Commit()
+}
+
+// Status says whether every cell has started and which barriers are pending.
+// The returned channel closes when the answer may have changed.
+func (r *Readiness) Status() (apiv1.Healthz, <-chan struct{}) {
+	txn := r.db.ReadTxn()
+	pending, watch := r.tbl.ListWatch(txn, BarrierDone.Query(false))
+	hz := apiv1.Healthz{Started: true}
+	for b := range pending {
+		if b.Name == cellsStarted {
+			hz.Started = false
+		}
+		hz.Pending = append(hz.Pending, b.Name)
+	}
+	hz.Ready = len(hz.Pending) == 0
+	return hz, watch
+}
+
+// StartedMarker completes the "cells-started" barrier. It must be the last
+// cell of a hive: its start hook then runs after every other cell's, which is
+// what "every cell has started" means. On stop it runs first and takes the
+// barrier back, so the agent stops reporting ready as soon as it begins to
+// shut down.
+var StartedMarker = cell.Invoke(func(lc cell.Lifecycle, r *Readiness) {
+	lc.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error { r.set(cellsStarted, true); return nil },
+		OnStop:  func(cell.HookContext) error { r.set(cellsStarted, false); return nil },
+	})
+})
