@@ -167,7 +167,7 @@ func (m *statedbMetrics) WriteTxnDuration(_ string, tables []string, d time.Dura
 
 // GraveyardLowWatermark and GraveyardCleaningDuration matter only when
 // debugging StateDB itself.
-func (m *statedbMetrics) GraveyardLowWatermark(string, statedb.Revision)   {}
+func (m *statedbMetrics) GraveyardLowWatermark(string, statedb.Revision)  {}
 func (m *statedbMetrics) GraveyardCleaningDuration(string, time.Duration) {}
 
 func (m *statedbMetrics) GraveyardObjectCount(table string, n int) {
