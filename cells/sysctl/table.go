@@ -24,14 +24,16 @@ type Sysctl struct {
 	Status   reconciler.Status `json:"status" yaml:"status"`
 }
 
-func (s *Sysctl) TableHeader() []string { return []string{"Name", "Value", "Optional", "Status"} }
+func (s *Sysctl) TableHeader() []string {
+	return []string{"Name", "Value", "Optional", "Status", "Error"}
+}
 
 func (s *Sysctl) TableRow() []string {
 	optional := ""
 	if s.Optional {
 		optional = "yes"
 	}
-	return []string{s.Name, s.Value, optional, s.Status.String()}
+	return []string{s.Name, s.Value, optional, s.Status.Kind.String(), s.Status.GetError()}
 }
 
 func (s *Sysctl) clone() *Sysctl {

@@ -1,0 +1,252 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/client"
+)
+
+// widgetRoutes is a test cell's contribution to the API.
+func widgetRoutes() api.Routes {
+	return api.NewRoutes(
+		api.Route{Method: http.MethodGet, Path: "/v1/widgets/{name}", Handler: func(r *http.Request) (any, error) {
+			if _, err := api.QueryParams(r, "verbose"); err != nil {
+				return nil, err
+			}
+			if r.PathValue("name") == "missing" {
+				return nil, api.NotFound("no widget %q", r.PathValue("name"))
+			}
+			return map[string]string{"name": r.PathValue("name")}, nil
+		}},
+		api.Route{Method: http.MethodGet, Path: "/v1/panic", Handler: func(*http.Request) (any, error) {
+			panic("handler bug")
+		}},
+		api.Route{Method: http.MethodGet, Path: "/v1/fail", Handler: func(*http.Request) (any, error) {
+			return nil, errors.New("disk on fire")
+		}},
+	)
+}
+
+func newAPIHive(t *testing.T, socket string, extra ...cell.Cell) *hive.Hive {
+	h := celltest.New(append([]cell.Cell{api.Cell}, extra...)...)
+	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
+	return h
+}
+
+func startAPI(t *testing.T) *client.Client {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	celltest.Start(t, newAPIHive(t, socket, cell.Module("widgets", "Test routes", cell.Provide(widgetRoutes))))
+	return client.New(socket)
+}
+
+// wantAPIError checks that err is an error answer with the status and a
+// message containing msg.
+func wantAPIError(t *testing.T, err error, status int, msg string) {
+	t.Helper()
+	apiErr, ok := errors.AsType[*client.APIError](err)
+	if !ok {
+		t.Fatalf("got error %v, want an API error %d", err, status)
+	}
+	if apiErr.Status != status || !strings.Contains(apiErr.Message, msg) {
+		t.Fatalf("got %d %q, want %d containing %q", apiErr.Status, apiErr.Message, status, msg)
+	}
+}
+
+func TestContributedRoutes(t *testing.T) {
+	c := startAPI(t)
+	ctx := context.Background()
+
+	var widget map[string]string
+	if err := c.Do(ctx, http.MethodGet, "/v1/widgets/gear", nil, nil, &widget); err != nil {
+		t.Fatal(err)
+	}
+	if widget["name"] != "gear" {
+		t.Fatalf("got %v, want the widget named by the path", widget)
+	}
+	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/widgets/missing", nil, nil, nil), http.StatusNotFound, `no widget "missing"`)
+	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/widgets/gear", map[string][]string{"colour": {"red"}}, nil, nil),
+		http.StatusBadRequest, `unknown query parameter "colour": /v1/widgets/gear takes verbose`)
+	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/widgets/gear", map[string][]string{"verbose": {"1", "2"}}, nil, nil),
+		http.StatusBadRequest, `query parameter "verbose" given 2 times`)
+	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/fail", nil, nil, nil), http.StatusInternalServerError, "disk on fire")
+}
+
+func TestUnknownRoutesAnswerJSON(t *testing.T) {
+	c := startAPI(t)
+	ctx := context.Background()
+	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/nothing", nil, nil, nil), http.StatusNotFound, "no route for GET /v1/nothing")
+	wantAPIError(t, c.Do(ctx, http.MethodDelete, "/v1/widgets/gear", nil, nil, nil),
+		http.StatusMethodNotAllowed, "method DELETE not allowed for /v1/widgets/gear (allowed: GET, HEAD)")
+}
+
+func TestPanickingHandlerIsA500AndTheServerLives(t *testing.T) {
+	c := startAPI(t)
+	ctx := context.Background()
+	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/panic", nil, nil, nil), http.StatusInternalServerError, "handler bug")
+	if _, err := c.Healthz(ctx); err != nil {
+		t.Fatalf("server after a panicking handler: %v", err)
+	}
+}
+
+func TestIntrospectionRoutes(t *testing.T) {
+	c := startAPI(t)
+	ctx := context.Background()
+
+	cfg, err := c.Config(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sock, _ := cfg["api-socket"].(string); !strings.HasSuffix(sock, "agent.sock") {
+		t.Fatalf("config api-socket = %v, want the socket the test set", cfg["api-socket"])
+	}
+
+	tables, err := c.Tables(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tbl := range tables {
+		names = append(names, tbl.Name)
+	}
+	if got := strings.Join(names, ","); got != "health,readiness" {
+		t.Fatalf("tables = %s, want health,readiness", got)
+	}
+
+	rows, err := c.TableRows(ctx, "readiness", client.TableQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows.Header) == 0 || rows.Header[0] != "Name" || len(rows.Rows) != 1 || rows.Rows[0][0] != "cells-started" {
+		t.Fatalf("readiness rows = %+v, want the cells-started barrier", rows)
+	}
+	objs, err := c.TableObjects(ctx, "health", client.TableQuery{Index: "id", Key: "api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row struct{ Path []string }
+	if len(objs) != 1 || json.Unmarshal(objs[0], &row) != nil || strings.Join(row.Path, ".") != "api" {
+		t.Fatalf("health objects for id=api = %s, want the api module's row", objs)
+	}
+
+	wantAPIError(t, get(c, "/v1/statedb/nope"), http.StatusNotFound, `no table "nope"; tables: health, readiness`)
+	wantAPIError(t, get(c, "/v1/statedb/health?format=xml"), http.StatusBadRequest, `invalid format "xml"`)
+	wantAPIError(t, get(c, "/v1/statedb/health?index=colour&key=x"), http.StatusBadRequest, `table "health" has no index "colour"; indexes: id, level`)
+	wantAPIError(t, get(c, "/v1/statedb/health?key=x"), http.StatusBadRequest, "index and key go together")
+	wantAPIError(t, get(c, apiv1.PathHive), http.StatusNotFound, "without an object printer")
+}
+
+// get sends a raw GET, query string included.
+func get(c *client.Client, pathAndQuery string) error {
+	path, query, _ := strings.Cut(pathAndQuery, "?")
+	values, err := url.ParseQuery(query)
+	if err != nil {
+		return err
+	}
+	return c.Do(context.Background(), http.MethodGet, path, values, nil, nil)
+}
+
+func TestSocketLifecycle(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "run", "agent.sock")
+	h := newAPIHive(t, socket)
+	log := hivetest.Logger(t)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket mode = %v, want a socket with 0660", fi.Mode())
+	}
+
+	// A second agent on the same socket must not take it over.
+	second := newAPIHive(t, socket)
+	err = second.Start(log, context.Background())
+	if err == nil || !strings.Contains(err.Error(), "another agent is serving on it") {
+		t.Fatalf("second agent start: %v, want refusal", err)
+	}
+	second.Stop(log, context.Background())
+
+	if err := h.Stop(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(socket); !os.IsNotExist(err) {
+		t.Fatalf("socket after stop: %v, want it removed", err)
+	}
+}
+
+func TestStaleSocketIsReplaced(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	// A socket nobody listens on, as a killed agent leaves behind.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+
+	celltest.Start(t, newAPIHive(t, socket))
+	if _, err := client.New(socket).Healthz(context.Background()); err != nil {
+		t.Fatalf("API on a replaced stale socket: %v", err)
+	}
+}
+
+func TestSocketPathThatIsNotASocket(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	if err := os.WriteFile(socket, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newAPIHive(t, socket)
+	err := h.Start(hivetest.Logger(t), context.Background())
+	if err == nil || !strings.Contains(err.Error(), "exists and is not a socket") {
+		t.Fatalf("start over a regular file: %v, want a refusal naming it", err)
+	}
+	h.Stop(hivetest.Logger(t), context.Background())
+	if b, _ := os.ReadFile(socket); string(b) != "precious" {
+		t.Fatal("the file at --api-socket was changed")
+	}
+}
+
+func TestUnreachableAgent(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	_, err := client.New(socket).Health(context.Background())
+	if _, ok := errors.AsType[*client.UnreachableError](err); !ok || !strings.Contains(err.Error(), socket) {
+		t.Fatalf("health from no agent: %v, want an unreachable error naming the socket", err)
+	}
+}
+
+func TestConflictingRoutesFailPopulate(t *testing.T) {
+	dup := func() api.Routes {
+		return api.NewRoutes(api.Route{Method: http.MethodGet, Path: apiv1.PathHealth, Handler: func(*http.Request) (any, error) { return nil, nil }})
+	}
+	h := newAPIHive(t, filepath.Join(t.TempDir(), "agent.sock"), cell.Module("dup", "Conflicting route", cell.Provide(dup)))
+	err := h.Populate(hivetest.Logger(t))
+	if err == nil || !strings.Contains(err.Error(), `api route "GET /v1/health"`) {
+		t.Fatalf("populate with a conflicting route: %v, want an error naming it", err)
+	}
+}
+
+func TestRelativeSocketRejected(t *testing.T) {
+	h := newAPIHive(t, "agent.sock")
+	err := h.Populate(hivetest.Logger(t))
+	if err == nil || !strings.Contains(err.Error(), `invalid --api-socket "agent.sock": must be an absolute path`) {
+		t.Fatalf("populate with a relative socket: %v", err)
+	}
+}
