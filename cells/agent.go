@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/metrics"
+	"github.com/cellium/cellium/cells/sysctl"
 )
 
 // Infrastructure is what every other cell builds on.
@@ -28,6 +29,7 @@ var Infrastructure = cell.Group(
 	health.Cell,
 	metrics.Cell,
 	api.Cell,
+	sysctl.Cell,
 )
 
 // ControlPlane computes desired state into StateDB tables.
@@ -52,21 +54,26 @@ func Options() hive.Options {
 	opts := hive.DefaultOptions()
 	opts.EnvPrefix = EnvPrefix
 	opts.ModuleDecorators = health.ModuleDecorators
-	// Log hooks and invokes at Info only when they are slow enough to matter.
-	opts.LogThreshold = 50 * time.Millisecond
+	// Log every start and stop hook at Info: the log then shows the graph
+	// starting, cell by cell, in dependency order.
+	opts.LogThreshold = 0
 	opts.StopTimeout = 30 * time.Second
 	return opts
 }
 
 // NewHive builds the agent's hive. Its flags are those of every cell.
-func NewHive(log *slog.Logger) *hive.Hive {
+func NewHive() *hive.Hive {
 	var h *hive.Hive
 	h = hive.NewWithOptions(Options(),
 		Agent,
-		cell.Provide(func() api.ObjectPrinter {
-			return func(w io.Writer) error { return h.PrintObjects(w, log) }
-		}),
+		cell.Provide(func() api.ObjectPrinter { return objectPrinter(h) }),
 		health.StartedMarker, // last: see its documentation
 	)
 	return h
+}
+
+// objectPrinter prints h's objects for GET /v1/hive. The hive is populated by
+// the time anyone asks, so PrintObjects does not log.
+func objectPrinter(h *hive.Hive) api.ObjectPrinter {
+	return func(w io.Writer) error { return h.PrintObjects(w, slog.Default()) }
 }

@@ -9,6 +9,8 @@ var Cell = cell.Module(
 
 	cell.Config(DefaultConfig),
 	cell.Provide(newServer, introspectionRoutes),
-	// Nothing else depends on the server: force it into the graph.
-	cell.Invoke(func(*Server) {}),
+	cell.Invoke(serveAPI),
 )
+
+// serveAPI pulls the server into the graph: nothing depends on it.
+func serveAPI(*Server) {}

@@ -24,10 +24,12 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.Provide(newDaemon),
-	// Validate the flags and create the directories even while no cell uses
-	// them yet.
-	cell.Invoke(func(Paths) {}),
+	cell.Invoke(requireDirectories),
 )
+
+// requireDirectories validates the flags and creates the directories even
+// while no cell uses them.
+func requireDirectories(Paths) {}
 
 // Config is the daemon cell's configuration.
 type Config struct {
@@ -81,19 +83,28 @@ func newDaemon(cfg Config, lc cell.Lifecycle, log *slog.Logger) (out, error) {
 		return out{}, err
 	}
 	paths := Paths{StateDir: filepath.Clean(cfg.StateDir), RunDir: filepath.Clean(cfg.RunDir)}
-	lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
-		// State is private to the agent; run files (sockets) are guarded by
-		// their own modes.
-		if err := os.MkdirAll(paths.StateDir, 0o700); err != nil {
-			return fmt.Errorf("--state-dir: %w", err)
-		}
-		if err := os.MkdirAll(paths.RunDir, 0o755); err != nil {
-			return fmt.Errorf("--run-dir: %w", err)
-		}
-		log.Info("Agent directories ready", "state-dir", paths.StateDir, "run-dir", paths.RunDir, "node", name)
-		return nil
-	}})
+	lc.Append(cell.Hook{OnStart: (&directories{paths, log, name}).create})
 	return out{Paths: paths, NodeName: NodeName(name)}, nil
+}
+
+// directories creates the agent's directories at start.
+type directories struct {
+	Paths
+	log  *slog.Logger
+	node string
+}
+
+func (d *directories) create(cell.HookContext) error {
+	// State is private to the agent; run files (sockets) are guarded by
+	// their own modes.
+	if err := os.MkdirAll(d.StateDir, 0o700); err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	if err := os.MkdirAll(d.RunDir, 0o755); err != nil {
+		return fmt.Errorf("--run-dir: %w", err)
+	}
+	d.log.Info("Agent directories ready", "state-dir", d.StateDir, "run-dir", d.RunDir, "node", d.node)
+	return nil
 }
 
 // nodeName validates the configured node name, defaulting to the host name

@@ -19,5 +19,8 @@ var Cell = cell.Module(
 		apiRoutes,
 	),
 	cell.ProvidePrivate(newStatusTable, newProbeServer),
-	cell.Invoke(func(*probeServer) {}), // nothing depends on the probe server
+	cell.Invoke(serveProbes),
 )
+
+// serveProbes pulls the probe server into the graph: nothing depends on it.
+func serveProbes(*probeServer) {}

@@ -113,9 +113,14 @@ func (r *Readiness) Status() (apiv1.Healthz, <-chan struct{}) {
 // what "every cell has started" means. On stop it runs first and takes the
 // barrier back, so the agent stops reporting ready as soon as it begins to
 // shut down.
-var StartedMarker = cell.Invoke(func(lc cell.Lifecycle, r *Readiness) {
-	lc.Append(cell.Hook{
-		OnStart: func(cell.HookContext) error { r.set(cellsStarted, true); return nil },
-		OnStop:  func(cell.HookContext) error { r.set(cellsStarted, false); return nil },
-	})
-})
+var StartedMarker = cell.Invoke(appendStartedMarker)
+
+func appendStartedMarker(lc cell.Lifecycle, r *Readiness) {
+	lc.Append(&startedMarker{r})
+}
+
+type startedMarker struct{ r *Readiness }
+
+func (m *startedMarker) Start(cell.HookContext) error { m.r.set(cellsStarted, true); return nil }
+func (m *startedMarker) Stop(cell.HookContext) error  { m.r.set(cellsStarted, false); return nil }
+func (m *startedMarker) HookInfo() string             { return "readiness: every cell has started" }

@@ -50,22 +50,29 @@ var forwarding = []*Sysctl{
 	{Name: "net.ipv6.conf.all.forwarding", Value: "1", Optional: true},
 }
 
-func requestForwarding(fwd ForwardingConfig, lc cell.Lifecycle, db *statedb.DB, tbl statedb.RWTable[*Sysctl]) error {
-	if !fwd.EnableIPForwarding {
-		return nil
+func requestForwarding(fwd ForwardingConfig, lc cell.Lifecycle, db *statedb.DB, tbl statedb.RWTable[*Sysctl]) {
+	if fwd.EnableIPForwarding {
+		lc.Append(cell.Hook{OnStart: (&desired{db, tbl, forwarding}).insert})
 	}
-	lc.Append(cell.Hook{OnStart: func(cell.HookContext) error {
-		txn := db.WriteTxn(tbl)
-		defer txn.Abort()
-		for _, s := range forwarding {
-			s = s.clone()
-			s.Status = reconciler.StatusPending()
-			if _, _, err := tbl.Insert(txn, s); err != nil {
-				return err
-			}
+}
+
+// desired inserts sysctl rows at start.
+type desired struct {
+	db   *statedb.DB
+	tbl  statedb.RWTable[*Sysctl]
+	rows []*Sysctl
+}
+
+func (d *desired) insert(cell.HookContext) error {
+	txn := d.db.WriteTxn(d.tbl)
+	defer txn.Abort()
+	for _, s := range d.rows {
+		s = s.clone()
+		s.Status = reconciler.StatusPending()
+		if _, _, err := d.tbl.Insert(txn, s); err != nil {
+			return err
 		}
-		txn.Commit()
-		return nil
-	}})
+	}
+	txn.Commit()
 	return nil
 }

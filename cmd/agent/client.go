@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/client"
+)
+
+// clientCmd is a command that asks the running agent over --api-socket.
+type clientCmd struct {
+	api api.Config
+	out outputFlag
+}
+
+// newClientCmd builds a command with --api-socket (the agent's own flag and
+// default) and -o.
+func newClientCmd(use, short string, args cobra.PositionalArgs, run func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error) *cobra.Command {
+	cc := &clientCmd{api: api.DefaultConfig}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  args,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer cancel()
+			socket, _ := cmd.Flags().GetString("api-socket")
+			return run(ctx, client.New(socket), &cc.out, args)
+		},
+	}
+	cc.api.Flags(cmd.Flags())
+	cc.out.register(cmd)
+	return cmd
+}
+
+func newStatusCmd(stdout io.Writer) *cobra.Command {
+	return newClientCmd("status", "Show the running agent's readiness and health, per module",
+		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+			h, err := c.Health(ctx)
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, h, func(w io.Writer) error { return printHealth(w, h) })
+		})
+}
+
+func printHealth(w io.Writer, h apiv1.Health) error {
+	state := "ready"
+	switch {
+	case !h.Started:
+		state = "starting, waiting for: " + strings.Join(h.Pending, ", ")
+	case !h.Ready:
+		state = "not ready, waiting for: " + strings.Join(h.Pending, ", ")
+	}
+	fmt.Fprintf(w, "Agent:   %s\nHealth:  %s\n\n", state, h.Level)
+
+	rows := [][]string{}
+	var walk func(indent string, nodes []apiv1.HealthNode, top bool)
+	walk = func(indent string, nodes []apiv1.HealthNode, top bool) {
+		for i, n := range nodes {
+			name, childIndent := n.Name, ""
+			if !top {
+				branch, cont := "├─ ", "│  "
+				if i == len(nodes)-1 {
+					branch, cont = "└─ ", "   "
+				}
+				name, childIndent = indent+branch+n.Name, indent+cont
+			}
+			msg := n.Message
+			if n.Error != "" && n.Error != n.Message {
+				msg = strings.TrimSpace(msg + " (error: " + n.Error + ")")
+			}
+			rows = append(rows, []string{name, n.Level, since(n.Since), msg})
+			walk(childIndent, n.Children, false)
+		}
+	}
+	walk("", h.Modules, true)
+	return writeTable(w, []string{"MODULE", "LEVEL", "SINCE", "MESSAGE"}, rows)
+}
+
+func since(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return time.Since(t).Truncate(time.Second).String()
+}
+
+func newConfigCmd(stdout io.Writer) *cobra.Command {
+	return newClientCmd("config", "Show the running agent's effective configuration",
+		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+			cfg, err := c.Config(ctx)
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, cfg, func(w io.Writer) error {
+				keys := make([]string, 0, len(cfg))
+				for k := range cfg {
+					keys = append(keys, k)
+				}
+				slices.Sort(keys)
+				rows := make([][]string, 0, len(keys))
+				for _, k := range keys {
+					rows = append(rows, []string{k, fmt.Sprint(cfg[k])})
+				}
+				return writeTable(w, []string{"KEY", "VALUE"}, rows)
+			})
+		})
+}
+
+func newDBCmd(stdout io.Writer) *cobra.Command {
+	db := &cobra.Command{Use: "db", Short: "Inspect the running agent's StateDB tables"}
+	db.AddCommand(newClientCmd("list", "List the tables", cobra.NoArgs,
+		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+			tables, err := c.Tables(ctx)
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, tables, func(w io.Writer) error {
+				rows := [][]string{}
+				for _, t := range tables {
+					init := "yes"
+					if !t.Initialized {
+						init = "waiting for " + strings.Join(t.PendingInitializers, ", ")
+					}
+					rows = append(rows, []string{t.Name, fmt.Sprint(t.Objects), init, strings.Join(t.Indexes, ", ")})
+				}
+				return writeTable(w, []string{"TABLE", "OBJECTS", "INITIALIZED", "INDEXES"}, rows)
+			})
+		}))
+
+	var q client.TableQuery
+	show := newClientCmd("show TABLE", "Show a table's rows (-o json: its objects)", cobra.ExactArgs(1),
+		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+			if out.format == "json" {
+				objs, err := c.TableObjects(ctx, args[0], q)
+				if err != nil {
+					return err
+				}
+				return out.print(stdout, objs, nil)
+			}
+			rows, err := c.TableRows(ctx, args[0], q)
+			if err != nil {
+				return err
+			}
+			return writeTable(stdout, rows.Header, rows.Rows)
+		})
+	show.Flags().StringVar(&q.Index, "index", "", "Only rows whose index INDEX matches --key")
+	show.Flags().StringVar(&q.Key, "key", "", "Key to look up in --index")
+	db.AddCommand(show)
+	return db
+}
+
+func newMapCmd(stdout io.Writer) *cobra.Command {
+	m := &cobra.Command{Use: "map", Short: "Inspect the BPF maps the running agent owns"}
+	m.AddCommand(newClientCmd("list", "List the maps: pin path, type, sizes, entries", cobra.NoArgs,
+		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+			maps, err := c.Maps(ctx)
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, maps, func(w io.Writer) error {
+				rows := [][]string{}
+				for _, m := range maps {
+					entries := fmt.Sprint(m.Entries)
+					if m.Entries < 0 {
+						entries = "-"
+					}
+					if m.Error != "" {
+						entries += " (" + m.Error + ")"
+					}
+					rows = append(rows, []string{m.Name, m.Type, fmt.Sprintf("%d/%d", m.KeySize, m.ValueSize),
+						fmt.Sprint(m.MaxEntries), entries, m.Origin, m.PinPath})
+				}
+				return writeTable(w, []string{"NAME", "TYPE", "KEY/VALUE", "MAX", "ENTRIES", "ORIGIN", "PIN"}, rows)
+			})
+		}))
+	return m
+}

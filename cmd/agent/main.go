@@ -1,0 +1,121 @@
+// Command agent is the Cellium node agent and its client.
+//
+//	agent run [flags]        run the agent (root)
+//	agent hive [dot-graph]   print the cell graph for the same flags
+//	agent status             health of the running agent
+//	agent config             its effective configuration
+//	agent db list|show       its StateDB tables
+//	agent map list           the BPF maps it owns
+//	agent version
+//
+// Every flag can also be set with AGENT_<FLAG> in the environment or with a
+// file named after the flag in --config-dir.
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/cellium/cellium/cells"
+	"github.com/cellium/cellium/pkg/flagsource"
+	"github.com/cellium/cellium/pkg/logging"
+)
+
+func main() {
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// execute runs the command line args and returns the exit code.
+func execute(args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// globalFlags are the flags of every command.
+type globalFlags struct {
+	logLevel  string
+	logFormat string
+	configDir string
+}
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	var g globalFlags
+	// One hive serves every command that takes the agent's flags: its flags
+	// are registered on each of them, and only the command that runs uses it.
+	h := cells.NewHive()
+	agentFlags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	h.RegisterFlags(agentFlags)
+
+	root := &cobra.Command{
+		Use:           "agent",
+		Short:         "Cellium node networking agent",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		CompletionOptions: cobra.CompletionOptions{
+			DisableDefaultCmd: true,
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.logLevel, "log-level", "info", "Log level: debug, info, warn or error")
+	pf.StringVar(&g.logFormat, "log-format", logging.FormatAuto, "Log format: auto (text on a terminal, else JSON), text or json")
+	pf.StringVar(&g.configDir, "config-dir", "", "Directory with one file per flag, named after it (a mounted ConfigMap)")
+
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if err := resolveFlags(cmd.Flags(), agentFlags, root.PersistentFlags()); err != nil {
+			return err
+		}
+		log, err := logging.New(stderr, g.logLevel, g.logFormat)
+		if err != nil {
+			return err
+		}
+		slog.SetDefault(log)
+		return nil
+	}
+
+	root.AddCommand(
+		newRunCmd(h, agentFlags),
+		newHiveCmd(h, agentFlags, stdout),
+		newVersionCmd(stdout),
+		newStatusCmd(stdout),
+		newConfigCmd(stdout),
+		newDBCmd(stdout),
+		newMapCmd(stdout),
+	)
+	return root
+}
+
+// resolveFlags fills the command's unset flags from AGENT_* variables and
+// --config-dir. The config dir may hold any of the agent's flags, even those
+// this command does not take.
+func resolveFlags(cmdFlags, agentFlags, rootFlags *pflag.FlagSet) error {
+	// --config-dir itself may come from the environment.
+	dirOnly := pflag.NewFlagSet("", pflag.ContinueOnError)
+	dirOnly.AddFlag(cmdFlags.Lookup("config-dir"))
+	if err := (flagsource.Sources{EnvPrefix: cells.EnvPrefix}).Apply(dirOnly); err != nil {
+		return err
+	}
+
+	var known []string
+	for _, fs := range []*pflag.FlagSet{agentFlags, rootFlags} {
+		fs.VisitAll(func(f *pflag.Flag) { known = append(known, f.Name) })
+	}
+	slices.Sort(known)
+	return flagsource.Sources{
+		EnvPrefix: cells.EnvPrefix,
+		ConfigDir: cmdFlags.Lookup("config-dir").Value.String(),
+		Known:     known,
+	}.Apply(cmdFlags)
+}

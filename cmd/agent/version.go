@@ -1,0 +1,32 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cellium/cellium/pkg/version"
+)
+
+func newVersionCmd(stdout io.Writer) *cobra.Command {
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the agent's version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			v := version.Get()
+			return out.print(stdout, v, func(w io.Writer) error {
+				commit := v.Commit
+				if v.Modified {
+					commit += " (modified)"
+				}
+				_, err := fmt.Fprintf(w, "agent %s\ncommit %s\n%s\n", v.Version, commit, v.GoVersion)
+				return err
+			})
+		},
+	}
+	out.register(cmd)
+	return cmd
+}
