@@ -61,13 +61,13 @@ func (s Sources) Apply(fs *pflag.FlagSet) error {
 		}
 		if value, ok := lookup(s.EnvName(f.Name)); ok {
 			if err := fs.Set(f.Name, value); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", s.EnvName(f.Name), invalid(f, value, err)))
+				errs = append(errs, fmt.Errorf("%s: %w", s.EnvName(f.Name), invalid(f, err)))
 			}
 			return
 		}
 		if value, ok := fromDir[f.Name]; ok {
 			if err := fs.Set(f.Name, value); err != nil {
-				errs = append(errs, fmt.Errorf("--config-dir %s: key %s: %w", s.ConfigDir, f.Name, invalid(f, value, err)))
+				errs = append(errs, fmt.Errorf("--config-dir %s: key %s: %w", s.ConfigDir, f.Name, invalid(f, err)))
 			}
 		}
 	})
@@ -130,9 +130,10 @@ func (s Sources) suggest(fs *pflag.FlagSet, key string) string {
 	return " such as state-dir"
 }
 
-// invalid describes a value a flag rejected, with the form it wants.
-func invalid(f *pflag.Flag, value string, err error) error {
-	return fmt.Errorf("invalid value %q for --%s: %v (want %s)", value, f.Name, err, wantedForm(f))
+// invalid adds the form the flag wants to the error of its parser, which
+// already names the value and the flag.
+func invalid(f *pflag.Flag, err error) error {
+	return fmt.Errorf("%w (want %s)", err, wantedForm(f))
 }
 
 func wantedForm(f *pflag.Flag) string {

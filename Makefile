@@ -1,0 +1,41 @@
+# Cellium. `make run` builds and runs the agent (as root); `make test` runs
+# every test (as root for the ones that need the kernel).
+
+GO      ?= go
+BIN     := bin
+ARGS    ?=
+# Go sources that gofmt checks (the generated BPF bindings are gofmt'd too).
+GODIRS  := cmd cells pkg bpf
+
+.PHONY: build run test lint bpf check-bpf docs clean
+
+build:
+	$(GO) build -o $(BIN)/agent ./cmd/agent
+
+# Runs with embedded defaults: no cluster, no etcd. Extra flags: make run ARGS="--log-level=debug".
+run: build
+	./$(BIN)/agent run $(ARGS)
+
+test: lint
+	$(GO) test -race -count=1 ./...
+
+lint:
+	@unformatted="$$(gofmt -l $(GODIRS))"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+# Regenerates the BPF objects and their Go bindings (needs clang-19, llvm-19, libbpf-dev).
+bpf:
+	$(GO) generate ./bpf/...
+
+# Fails when the committed BPF objects are not what the sources compile to.
+check-bpf: bpf
+	@git diff --exit-code --stat -- bpf/ || \
+	{ echo "bpf/: committed objects are stale: run 'make bpf' and commit the result"; exit 1; }
+
+# Renders the cell graph for docs/architecture.md (needs graphviz).
+docs: build
+	./$(BIN)/agent hive dot-graph | dot -Tsvg -o docs/cell-graph.svg
+
+clean:
+	rm -rf $(BIN)

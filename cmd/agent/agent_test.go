@@ -1,0 +1,341 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// agentBin is the agent built once for the process tests.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cellium-agent-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Readable by everyone: TestHiveNeedsNoRoot runs it as nobody.
+	os.Chmod(dir, 0o755)
+	agentBin = filepath.Join(dir, "agent")
+	build := exec.Command("go", "build", "-o", agentBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build agent:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// agentEnv is a set of private paths for one agent process.
+type agentEnv struct {
+	dir, socket, healthAddr, bpfRoot string
+}
+
+func newAgentEnv(t *testing.T) *agentEnv {
+	dir := t.TempDir()
+	env := &agentEnv{
+		dir:        dir,
+		socket:     filepath.Join(dir, "run", "agent.sock"),
+		healthAddr: freePort(t),
+		bpfRoot:    filepath.Join(dir, "bpffs"),
+	}
+	// A fake procfs: the test must not change the host's forwarding.
+	ipv4 := filepath.Join(dir, "proc", "sys", "net", "ipv4")
+	if err := os.MkdirAll(ipv4, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ipv4, "ip_forward"), []byte("0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The agent mounts its own bpffs at bpfRoot; take it down afterwards.
+	t.Cleanup(func() { unix.Unmount(env.bpfRoot, unix.MNT_DETACH) })
+	return env
+}
+
+func (e *agentEnv) runFlags() []string {
+	return []string{
+		"--api-socket", e.socket,
+		"--state-dir", filepath.Join(e.dir, "state"),
+		"--run-dir", filepath.Join(e.dir, "run"),
+		"--proc-fs", filepath.Join(e.dir, "proc"),
+		"--health-addr", e.healthAddr,
+		"--bpf-root", e.bpfRoot,
+	}
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func requireRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent mounts bpffs and pins BPF maps")
+	}
+}
+
+// agentCmd runs a client command of the agent binary.
+func agentCmd(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := exec.Command(agentBin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatalf("agent %v: %v", args, err)
+	}
+	return out.String(), errb.String(), 0
+}
+
+// TestAgentProcess runs the built agent as a user would: start, wait until it
+// has started, ask it over its socket, SIGTERM, check it exits cleanly.
+func TestAgentProcess(t *testing.T) {
+	requireRoot(t)
+	env := newAgentEnv(t)
+	cmd := exec.Command(agentBin, append([]string{"run"}, env.runFlags()...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	// Logs go to a pipe, so they are JSON: read them until the hive has
+	// started, and keep every line for the checks below.
+	logs := make(chan map[string]any, 1024)
+	go func() {
+		defer close(logs)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+				line = map[string]any{"msg": "NOT JSON: " + sc.Text()}
+			}
+			logs <- line
+		}
+	}()
+	var startedHooks []string
+	waitFor := func(msg string) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case line, ok := <-logs:
+				if !ok {
+					t.Fatalf("agent exited before logging %q", msg)
+				}
+				if m, _ := line["msg"].(string); strings.HasPrefix(m, "NOT JSON") {
+					t.Fatalf("log line is not JSON on a pipe: %s", m)
+				}
+				if line["msg"] == "Start hook executed" {
+					startedHooks = append(startedHooks, fmt.Sprint(line["function"]))
+				}
+				if line["level"] == "ERROR" {
+					t.Errorf("agent logged an error: %v", line)
+				}
+				if line["msg"] == msg {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("agent did not log %q within 30s", msg)
+			}
+		}
+	}
+	waitFor("Started hive")
+
+	// Every cell's start hook was logged, with its module.
+	for _, module := range []string{"(daemon)", "(health)", "(api)", "(bpf-maps)", "(sysctl)"} {
+		if !containsSuffix(startedHooks, module) {
+			t.Errorf("no start hook logged for module %s; logged: %v", module, startedHooks)
+		}
+	}
+
+	resp, err := http.Get("http://" + env.healthAddr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz after start = %d, want 200", resp.StatusCode)
+	}
+
+	out, errOut, code := agentCmd(t, "status", "-o", "json", "--api-socket", env.socket)
+	if code != 0 {
+		t.Fatalf("agent status = %d: %s", code, errOut)
+	}
+	var health apiv1.Health
+	if err := json.Unmarshal([]byte(out), &health); err != nil {
+		t.Fatalf("agent status -o json: %v\n%s", err, out)
+	}
+	if !health.Started || !health.Ready || health.Level != apiv1.LevelOK {
+		t.Fatalf("agent status = started %v ready %v level %s, want a started, ready, OK agent:\n%s",
+			health.Started, health.Ready, health.Level, out)
+	}
+
+	// The table form draws the tree.
+	out, _, code = agentCmd(t, "status", "--api-socket", env.socket)
+	if code != 0 || !strings.Contains(out, "Agent:   ready") || !strings.Contains(out, "└─ job-refresh") {
+		t.Fatalf("agent status (table) = %d:\n%s", code, out)
+	}
+
+	if _, errOut, code := agentCmd(t, "map", "list", "-o", "json", "--api-socket", env.socket); code != 0 {
+		t.Fatalf("agent map list = %d: %s", code, errOut)
+	}
+	out, _, code = agentCmd(t, "db", "show", "sysctl", "--api-socket", env.socket)
+	if code != 0 || !strings.Contains(out, "net.ipv4.ip_forward") {
+		t.Fatalf("agent db show sysctl = %d:\n%s", code, out)
+	}
+
+	// SIGTERM: a clean exit, within the 5 s a kubelet-style stop allows,
+	// with the socket gone.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range logs {
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("agent exit after SIGTERM: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent still running 5s after SIGTERM")
+	}
+	if _, err := os.Lstat(env.socket); !os.IsNotExist(err) {
+		t.Fatalf("API socket after exit: %v, want it removed", err)
+	}
+}
+
+func containsSuffix(list []string, suffix string) bool {
+	for _, s := range list {
+		if strings.HasSuffix(s, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestStatusWithoutAgent(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	_, stderr, code := agentCmd(t, "status", "--api-socket", socket)
+	if code != 1 || !strings.Contains(stderr, "cannot reach the agent at "+socket) {
+		t.Fatalf("agent status with no agent = %d %q, want exit 1 naming the socket", code, stderr)
+	}
+}
+
+// TestBadConfigStartsNothing checks that a bad key or value in the config
+// dir, the environment or the flags fails before any cell starts.
+func TestBadConfigStartsNothing(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		env   []string
+		args  []string
+		want  string
+	}{
+		{name: "unknown config-dir key", files: map[string]string{"enable-ip-fowarding": "false"},
+			want: `unknown key "enable-ip-fowarding"`},
+		{name: "bad config-dir value", files: map[string]string{"enable-ip-forwarding": "sometimes"},
+			want: `key enable-ip-forwarding: invalid argument "sometimes"`},
+		{name: "bad env value", env: []string{"AGENT_ENABLE_IP_FORWARDING=sometimes"},
+			want: `AGENT_ENABLE_IP_FORWARDING: invalid argument "sometimes"`},
+		{name: "value a cell rejects", args: []string{"--state-dir", "relative/dir"},
+			want: `invalid --state-dir "relative/dir": must be an absolute path`},
+		{name: "bad log format", args: []string{"--log-format", "xml"},
+			want: `invalid --log-format "xml": want auto, text or json`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			configDir := filepath.Join(dir, "config")
+			os.Mkdir(configDir, 0o755)
+			for k, v := range tc.files {
+				os.WriteFile(filepath.Join(configDir, k), []byte(v), 0o644)
+			}
+			socket := filepath.Join(dir, "agent.sock")
+			args := append([]string{"run", "--config-dir", configDir, "--api-socket", socket,
+				"--state-dir", filepath.Join(dir, "state"), "--health-addr", "",
+				"--bpf-root", filepath.Join(dir, "bpffs"), "--proc-fs", filepath.Join(dir, "proc")}, tc.args...)
+			var stderr bytes.Buffer
+			cmd := exec.Command(agentBin, args...)
+			cmd.Env = append(os.Environ(), tc.env...)
+			cmd.Stderr = &stderr
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			go func() { <-ctx.Done(); cmd.Process.Kill() }()
+			err := cmd.Run()
+			ee, ok := errors.AsType[*exec.ExitError](err)
+			if !ok || ee.ExitCode() != 1 {
+				t.Fatalf("agent run = %v, want exit code 1\n%s", err, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("stderr does not say %q:\n%s", tc.want, stderr.String())
+			}
+			for _, p := range []string{socket, filepath.Join(dir, "state"), filepath.Join(dir, "bpffs")} {
+				if _, err := os.Stat(p); !os.IsNotExist(err) {
+					t.Errorf("%s exists after a failed config: something started", p)
+				}
+			}
+		})
+	}
+}
+
+// TestHiveNeedsNoRoot runs `agent hive` and `agent hive dot-graph` as nobody.
+func TestHiveNeedsNoRoot(t *testing.T) {
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(agentBin, args...)
+		if os.Geteuid() == 0 {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		}
+		cmd.Dir = "/"
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("agent %v as nobody: %v\n%s", args, err, errb.String())
+		}
+		return out.String()
+	}
+	out := run("hive", "--state-dir", "/nonexistent/state")
+	for _, want := range []string{"Ⓜ️ daemon (", "Ⓜ️ bpf-maps (", "Start hooks:", "Stop hooks:", `StateDir: (string) (len=18) "/nonexistent/state"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("agent hive output lacks %q", want)
+		}
+	}
+	if out := run("hive", "dot-graph"); !strings.HasPrefix(out, "digraph") {
+		t.Errorf("agent hive dot-graph does not print a digraph: %.80q", out)
+	}
+}
