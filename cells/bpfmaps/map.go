@@ -1,0 +1,382 @@
+package bpfmaps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"sync"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// Spec describes a map: what the kernel needs to create it, less the key
+// and value sizes, which come from the Go types given to [NewMap].
+type Spec struct {
+	// Name is the pin's file name and the name given to the kernel. It is
+	// lower-case letters, digits and '_', at most [MaxNameLen] characters.
+	// The kernel keeps only the first 15 characters (bpftool shows those);
+	// the pin keeps the full name.
+	Name       string
+	Type       ebpf.MapType
+	MaxEntries uint32
+	// Flags are the BPF_F_* map creation flags, e.g. BPF_F_NO_PREALLOC.
+	Flags uint32
+}
+
+// MaxNameLen is the longest map name a Spec may have.
+const MaxNameLen = 64
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+func (s Spec) validate() error {
+	if len(s.Name) > MaxNameLen || !nameRE.MatchString(s.Name) {
+		return fmt.Errorf("invalid bpf map name %q: want lower-case letters, digits and '_', starting with a letter, at most %d characters", s.Name, MaxNameLen)
+	}
+	if s.Type == ebpf.UnspecifiedMap {
+		return fmt.Errorf("bpf map %s: Spec.Type is not set", s.Name)
+	}
+	if s.MaxEntries == 0 {
+		return fmt.Errorf("bpf map %s: Spec.MaxEntries is 0", s.Name)
+	}
+	return nil
+}
+
+// Origin says how a map was opened at start.
+type Origin string
+
+const (
+	// OriginCreated: there was no pin, the map is new and empty.
+	OriginCreated Origin = "created"
+	// OriginReused: a pin with the same layout was there, left by an
+	// earlier run; its entries are kept.
+	OriginReused Origin = "reused"
+	// OriginRecreated: a pin with another layout was there; it was replaced
+	// by a new, empty map.
+	OriginRecreated Origin = "recreated"
+)
+
+// Map is a pinned map with keys of type K and values of type V. It is open
+// from its start hook to its stop hook; outside that its methods return an
+// error. It is safe for concurrent use.
+type Map[K, V any] struct {
+	p *pinnedMap
+}
+
+// NewMap declares a map. Call it from a constructor with the constructor's
+// lifecycle: it validates the spec, registers the name and appends the hook
+// that opens the map, and does no I/O itself.
+//
+// The key and value sizes are those of K and V, which must have a fixed
+// size (binary.Size) and no implicit padding, so that their layout is the
+// C one: add explicit `_ [n]byte` fields where C pads.
+//
+// At start the map is opened from its pin under <bpf-root>/<prefix>/, or
+// created and pinned. A pin whose layout (type, key and value size, max
+// entries, flags) differs from the spec is replaced by a new map: its
+// entries are lost, and a warning says what changed. At stop the map is
+// closed and its pin kept, so programs keep using it while the agent is
+// down and the next run finds its entries.
+func NewMap[K, V any](lc cell.Lifecycle, reg *Registry, spec Spec) (*Map[K, V], error) {
+	keySize, err := fixedSize[K]()
+	if err != nil {
+		return nil, fmt.Errorf("bpf map %s: key: %w", spec.Name, err)
+	}
+	valueSize, err := fixedSize[V]()
+	if err != nil {
+		return nil, fmt.Errorf("bpf map %s: value: %w", spec.Name, err)
+	}
+	p, err := reg.declare(spec, keySize, valueSize)
+	if err != nil {
+		return nil, err
+	}
+	lc.Append(p)
+	return &Map[K, V]{p: p}, nil
+}
+
+// fixedSize is the size of T in a map, which is the size the kernel expects.
+func fixedSize[T any]() (uint32, error) {
+	var zero T
+	typ := reflect.TypeFor[T]()
+	n := binary.Size(zero)
+	if n < 0 {
+		return 0, fmt.Errorf("type %s has no fixed size: use fixed-size integers, arrays and structs of them", typ)
+	}
+	if pad := int(unsafe.Sizeof(zero)) - n; pad != 0 {
+		return 0, fmt.Errorf("type %s has %d bytes of implicit padding: add explicit _ [n]byte fields so that its layout matches C", typ, pad)
+	}
+	return uint32(n), nil
+}
+
+// Name is the map's name, as in its Spec.
+func (m *Map[K, V]) Name() string { return m.p.spec.Name }
+
+// PinPath is where the map is pinned.
+func (m *Map[K, V]) PinPath() string { return m.p.pinPath() }
+
+// Origin says how the map was opened; it is empty before start.
+func (m *Map[K, V]) Origin() Origin {
+	m.p.mu.RLock()
+	defer m.p.mu.RUnlock()
+	return m.p.origin
+}
+
+// EBPF is the open map, to hand to programs through
+// ebpf.CollectionOptions.MapReplacements; nil when the map is not open. A
+// program loaded with it holds its own reference, so it keeps the map after
+// the stop hook closes this one.
+func (m *Map[K, V]) EBPF() *ebpf.Map {
+	m.p.mu.RLock()
+	defer m.p.mu.RUnlock()
+	return m.p.m
+}
+
+// Put creates or updates an entry.
+func (m *Map[K, V]) Put(key K, value V) error {
+	em, err := m.p.acquire()
+	if err != nil {
+		return err
+	}
+	defer m.p.mu.RUnlock()
+	if err := em.Put(&key, &value); err != nil {
+		return fmt.Errorf("bpf map %s: put: %w", m.p.spec.Name, err)
+	}
+	return nil
+}
+
+// Lookup returns the value of key. A missing key is an error that matches
+// ebpf.ErrKeyNotExist.
+func (m *Map[K, V]) Lookup(key K) (V, error) {
+	var value V
+	em, err := m.p.acquire()
+	if err != nil {
+		return value, err
+	}
+	defer m.p.mu.RUnlock()
+	if err := em.Lookup(&key, &value); err != nil {
+		return value, fmt.Errorf("bpf map %s: lookup: %w", m.p.spec.Name, err)
+	}
+	return value, nil
+}
+
+// LookupPerCPU returns the values of key on every possible CPU, for
+// per-CPU maps, whose V is the value of one CPU.
+func (m *Map[K, V]) LookupPerCPU(key K) ([]V, error) {
+	em, err := m.p.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer m.p.mu.RUnlock()
+	var values []V
+	if err := em.Lookup(&key, &values); err != nil {
+		return nil, fmt.Errorf("bpf map %s: lookup: %w", m.p.spec.Name, err)
+	}
+	return values, nil
+}
+
+// Delete removes key. A missing key is an error that matches
+// ebpf.ErrKeyNotExist.
+func (m *Map[K, V]) Delete(key K) error {
+	em, err := m.p.acquire()
+	if err != nil {
+		return err
+	}
+	defer m.p.mu.RUnlock()
+	if err := em.Delete(&key); err != nil {
+		return fmt.Errorf("bpf map %s: delete: %w", m.p.spec.Name, err)
+	}
+	return nil
+}
+
+// Iterate calls fn for each entry until fn returns false, and returns the
+// error that ended the iteration early, if any. fn may update the map;
+// deleting keys of a hash map while iterating may visit keys twice. Not for
+// per-CPU maps.
+func (m *Map[K, V]) Iterate(fn func(K, V) bool) error {
+	em, err := m.p.acquire()
+	if err != nil {
+		return err
+	}
+	it := em.Iterate()
+	m.p.mu.RUnlock()
+	var (
+		key   K
+		value V
+	)
+	for {
+		// Hold the lock for each step but not across fn, which may call
+		// the map's methods.
+		if _, err := m.p.acquire(); err != nil {
+			return err
+		}
+		more := it.Next(&key, &value)
+		m.p.mu.RUnlock()
+		if !more {
+			break
+		}
+		if !fn(key, value) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("bpf map %s: iterate: %w", m.p.spec.Name, err)
+	}
+	return nil
+}
+
+// pinnedMap is the untyped part of a Map: its spec, its pin and, while the
+// agent runs, the open map. It is the lifecycle hook that opens and closes
+// the map.
+type pinnedMap struct {
+	log       *slog.Logger
+	dir       string
+	spec      Spec
+	keySize   uint32
+	valueSize uint32
+
+	// mu is held for reading by every map operation and for writing to
+	// open or close the map, so the stop hook never closes the map under
+	// an operation.
+	mu     sync.RWMutex
+	m      *ebpf.Map
+	origin Origin
+}
+
+var _ cell.HookDescriptiveInterface = (*pinnedMap)(nil)
+
+func (p *pinnedMap) HookInfo() string { return "bpf map " + p.spec.Name }
+
+func (p *pinnedMap) pinPath() string { return filepath.Join(p.dir, p.spec.Name) }
+
+func (p *pinnedMap) ebpfSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       p.spec.Name,
+		Type:       p.spec.Type,
+		KeySize:    p.keySize,
+		ValueSize:  p.valueSize,
+		MaxEntries: p.spec.MaxEntries,
+		Flags:      p.spec.Flags,
+		Pinning:    ebpf.PinByName,
+	}
+}
+
+// Start opens the pinned map, or creates and pins it. See NewMap.
+func (p *pinnedMap) Start(cell.HookContext) error {
+	pin := p.pinPath()
+	opts := ebpf.MapOptions{PinPath: p.dir}
+
+	origin := OriginCreated
+	if _, err := os.Lstat(pin); err == nil {
+		origin = OriginReused
+	}
+	m, err := ebpf.NewMapWithOptions(p.ebpfSpec(), opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		p.log.Warn("Pinned BPF map has another layout, replacing it with an empty one",
+			"name", p.spec.Name, "pin", pin, "difference", err)
+		if err := os.Remove(pin); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("bpf map %s: remove pin with another layout: %w", p.spec.Name, err)
+		}
+		origin = OriginRecreated
+		m, err = ebpf.NewMapWithOptions(p.ebpfSpec(), opts)
+	}
+	if err != nil {
+		return fmt.Errorf("bpf map %s (pin %s): %w", p.spec.Name, pin, err)
+	}
+
+	p.mu.Lock()
+	p.m, p.origin = m, origin
+	p.mu.Unlock()
+	p.log.Info("Opened BPF map", "name", p.spec.Name, "pin", pin, "origin", origin)
+	return nil
+}
+
+// Stop closes the map and leaves the pin: see NewMap.
+func (p *pinnedMap) Stop(cell.HookContext) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		return nil
+	}
+	err := p.m.Close()
+	p.m = nil
+	if err != nil {
+		return fmt.Errorf("bpf map %s: close: %w", p.spec.Name, err)
+	}
+	return nil
+}
+
+// acquire returns the open map with p.mu held for reading; the caller
+// releases it. It fails, without the lock, when the map is not open.
+func (p *pinnedMap) acquire() (*ebpf.Map, error) {
+	p.mu.RLock()
+	if p.m == nil {
+		p.mu.RUnlock()
+		return nil, fmt.Errorf("bpf map %s is not open", p.spec.Name)
+	}
+	return p.m, nil
+}
+
+// describe is the map as GET /v1/maps shows it.
+func (p *pinnedMap) describe() apiv1.Map {
+	out := apiv1.Map{
+		Name:       p.spec.Name,
+		PinPath:    p.pinPath(),
+		Type:       p.spec.Type.String(),
+		KeySize:    p.keySize,
+		ValueSize:  p.valueSize,
+		MaxEntries: p.spec.MaxEntries,
+		Flags:      p.spec.Flags,
+		Entries:    -1,
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out.Origin = string(p.origin)
+	if p.m == nil {
+		out.Error = "not open"
+		return out
+	}
+	n, err := countEntries(p.m)
+	if err != nil {
+		out.Error = fmt.Sprintf("count entries: %v", err)
+		return out
+	}
+	out.Entries = n
+	return out
+}
+
+// countEntries counts the keys of m. Every index of an array exists, so an
+// array has as many entries as it has room for.
+func countEntries(m *ebpf.Map) (int, error) {
+	switch m.Type() {
+	case ebpf.Array, ebpf.PerCPUArray:
+		return int(m.MaxEntries()), nil
+	}
+	var (
+		cursor any // nil asks for the first key
+		key    = make([]byte, m.KeySize())
+		next   = make([]byte, m.KeySize())
+	)
+	// A hash map restarts the walk when the cursor's key is deleted under
+	// it: stop after MaxEntries keys rather than walk forever.
+	for n := 0; n < int(m.MaxEntries()); n++ {
+		err := m.NextKey(cursor, next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		key, next = next, key
+		cursor = key
+	}
+	return int(m.MaxEntries()), nil
+}
