@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/metrics"
@@ -30,6 +31,7 @@ var Infrastructure = cell.Group(
 	metrics.Cell,
 	api.Cell,
 	sysctl.Cell,
+	bpfmaps.Cell,
 )
 
 // ControlPlane computes desired state into StateDB tables.
