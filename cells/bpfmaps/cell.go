@@ -17,10 +17,12 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.Provide(newRegistry, apiRoutes),
-	// Validate the flags and make sure bpffs is mounted even while no cell
-	// declares a map.
-	cell.Invoke(func(*Registry) {}),
+	cell.Invoke(requireRegistry),
 )
+
+// requireRegistry validates the flags and makes sure bpffs is mounted even
+// while no cell declares a map.
+func requireRegistry(*Registry) {}
 
 // Config is the bpf-maps cell's configuration.
 type Config struct {

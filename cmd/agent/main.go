@@ -42,6 +42,9 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// quietLogs marks commands that log only warnings unless --log-level is given.
+const quietLogs = "quiet-logs"
+
 // globalFlags are the flags of every command.
 type globalFlags struct {
 	logLevel  string
@@ -77,7 +80,13 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		if err := resolveFlags(cmd.Flags(), agentFlags, root.PersistentFlags()); err != nil {
 			return err
 		}
-		log, err := logging.New(stderr, g.logLevel, g.logFormat)
+		level := g.logLevel
+		if cmd.Annotations[quietLogs] != "" && !cmd.Flags().Changed("log-level") {
+			// Inspection commands build the graph, which logs every
+			// constructor; only problems are worth showing there.
+			level = "warn"
+		}
+		log, err := logging.New(stderr, level, g.logFormat)
 		if err != nil {
 			return err
 		}

@@ -42,7 +42,8 @@ func newHiveCmd(h *hive.Hive, agentFlags *pflag.FlagSet, stdout io.Writer) *cobr
 			"every module, what it provides and needs, its configuration and the order of the\n" +
 			"start and stop hooks. Builds the graph without starting anything, so it needs no\n" +
 			"root. With --running, print the graph of the agent serving on --api-socket.",
-		Args: cobra.NoArgs,
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{quietLogs: "true"},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if running {
 				socket, _ := cmd.Flags().GetString("api-socket")
@@ -59,9 +60,10 @@ func newHiveCmd(h *hive.Hive, agentFlags *pflag.FlagSet, stdout io.Writer) *cobr
 	cmd.Flags().BoolVar(&running, "running", false, "Ask the running agent instead of building the graph here")
 	cmd.PersistentFlags().AddFlagSet(agentFlags)
 	cmd.AddCommand(&cobra.Command{
-		Use:   "dot-graph",
-		Short: "Print the dependency graph in graphviz dot format",
-		Args:  cobra.NoArgs,
+		Use:         "dot-graph",
+		Short:       "Print the dependency graph in graphviz dot format",
+		Args:        cobra.NoArgs,
+		Annotations: map[string]string{quietLogs: "true"},
 		RunE: func(*cobra.Command, []string) error {
 			if err := h.PrintDotGraph(); err != nil {
 				return fmt.Errorf("build the cell graph: %w", err)
