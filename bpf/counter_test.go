@@ -54,6 +54,20 @@ func startCounterMap(t *testing.T, spec bpfmaps.Spec) *l3Counts {
 	return counts
 }
 
+// loadCounter loads count_l3 with the registry's map in place of its own.
+func loadCounter(t *testing.T, counts *l3Counts) (bpf.CounterPrograms, error) {
+	t.Helper()
+	spec, err := bpf.LoadCounter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prog bpf.CounterPrograms
+	err = spec.LoadAndAssign(&prog, &ebpf.CollectionOptions{
+		MapReplacements: map[string]*ebpf.Map{bpf.CounterMapL3Counts: counts.EBPF()},
+	})
+	return prog, err
+}
+
 // frame is a minimal Ethernet frame with the given EtherType, padded to
 // the Ethernet minimum.
 func frame(etherType uint16, payload ...byte) []byte {
@@ -67,15 +81,7 @@ func frame(etherType uint16, payload ...byte) []byte {
 
 func TestCountL3(t *testing.T) {
 	counts := startCounterMap(t, l3CountsSpec)
-
-	spec, err := bpf.LoadCounter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var prog bpf.CounterPrograms
-	err = spec.LoadAndAssign(&prog, &ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{bpf.CounterMapL3Counts: counts.EBPF()},
-	})
+	prog, err := loadCounter(t, counts)
 	if err != nil {
 		t.Fatalf("load count_l3 with the registry's map: %v", err)
 	}
@@ -145,15 +151,7 @@ func TestCounterSpecMismatch(t *testing.T) {
 	wrong := l3CountsSpec
 	wrong.MaxEntries = 8
 	counts := startCounterMap(t, wrong)
-
-	spec, err := bpf.LoadCounter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var prog bpf.CounterPrograms
-	err = spec.LoadAndAssign(&prog, &ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{bpf.CounterMapL3Counts: counts.EBPF()},
-	})
+	prog, err := loadCounter(t, counts)
 	if err == nil {
 		prog.Close()
 		t.Fatal("loaded count_l3 with a map of 8 entries; want ErrMapIncompatible")

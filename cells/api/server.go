@@ -51,28 +51,23 @@ type serverParams struct {
 // Server serves the API. It is provided so that tests and cells can ask
 // where it listens; nothing needs to call it.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	health cell.Health
-	mux    *http.ServeMux
-	srv    *http.Server
+	cfg  Config
+	log  *slog.Logger
+	mux  *http.ServeMux
+	http *HTTPServer
 }
 
 func newServer(p serverParams) (*Server, error) {
 	if p.Config.APISocket == "" || !filepath.IsAbs(p.Config.APISocket) {
 		return nil, fmt.Errorf("invalid --api-socket %q: must be an absolute path", p.Config.APISocket)
 	}
-	s := &Server{cfg: p.Config, log: p.Log, health: p.Health, mux: http.NewServeMux()}
+	s := &Server{cfg: p.Config, log: p.Log, mux: http.NewServeMux()}
 	for _, route := range p.Routes {
 		if err := s.register(route); err != nil {
 			return nil, err
 		}
 	}
-	s.srv = &http.Server{
-		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(p.Log.Handler(), slog.LevelWarn),
-	}
+	s.http = NewHTTPServer("API", s, p.Log, p.Health)
 	p.Lifecycle.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
 	return s, nil
 }
@@ -98,22 +93,13 @@ func (s *Server) start(cell.HookContext) error {
 	if err != nil {
 		return err
 	}
-	s.log.Info("Serving API", "socket", s.cfg.APISocket)
-	s.health.OK("Serving on " + s.cfg.APISocket)
-	go func() {
-		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("API server failed", "error", err)
-			s.health.Degraded("API server failed", err)
-		}
-	}()
+	s.http.Serve(ln)
 	return nil
 }
 
 func (s *Server) stop(ctx cell.HookContext) error {
-	// Shutdown closes the listener, which unlinks the socket.
-	err := s.srv.Shutdown(ctx)
-	s.health.Stopped("Stopped")
-	return err
+	// Closing the listener unlinks the socket.
+	return s.http.Shutdown(ctx)
 }
 
 // listenUnix listens on path, replacing a socket left behind by an agent that

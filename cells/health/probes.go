@@ -2,16 +2,15 @@ package health
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
+	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
 
@@ -55,10 +54,8 @@ type probeParams struct {
 // probeServer serves /healthz, /readyz and the contributed routes on
 // --health-addr.
 type probeServer struct {
-	log    *slog.Logger
-	health cell.Health
-	addr   string
-	srv    *http.Server
+	addr string
+	http *api.HTTPServer
 }
 
 func newProbeServer(p probeParams) (*probeServer, error) {
@@ -75,16 +72,7 @@ func newProbeServer(p probeParams) (*probeServer, error) {
 	for _, route := range p.Routes {
 		mux.Handle("GET "+route.Path, route.Handler)
 	}
-	s := &probeServer{
-		log:    p.Log,
-		health: p.Health,
-		addr:   p.Config.HealthAddr,
-		srv: &http.Server{
-			Handler:           mux,
-			ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog:          slog.NewLogLogger(p.Log.Handler(), slog.LevelWarn),
-		},
-	}
+	s := &probeServer{addr: p.Config.HealthAddr, http: api.NewHTTPServer("probes", mux, p.Log, p.Health)}
 	p.Lifecycle.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
 	return s, nil
 }
@@ -94,19 +82,12 @@ func (s *probeServer) start(cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("--health-addr %s: %w", s.addr, err)
 	}
-	s.log.Info("Serving probes", "addr", ln.Addr().String())
-	s.health.OK("Serving on " + ln.Addr().String())
-	go func() {
-		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("Probe server failed", "error", err)
-			s.health.Degraded("Probe server failed", err)
-		}
-	}()
+	s.http.Serve(ln)
 	return nil
 }
 
 func (s *probeServer) stop(ctx cell.HookContext) error {
-	return s.srv.Shutdown(ctx)
+	return s.http.Shutdown(ctx)
 }
 
 // probeHandler answers 200 when pass holds for the readiness status, else 503.
