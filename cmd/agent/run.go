@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/cilium/hive"
 	"github.com/spf13/cobra"
@@ -26,6 +27,9 @@ func newRunCmd(h *hive.Hive, agentFlags *pflag.FlagSet) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.Default()
 			log.Info("Cellium agent starting", "version", version.Get().Version, "commit", version.Get().Commit)
+			if os.Geteuid() != 0 {
+				log.Warn("Not running as root: mounting bpffs, pinning BPF maps and writing /proc/sys will fail")
+			}
 			return h.Run(log)
 		},
 	}
