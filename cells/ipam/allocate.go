@@ -1,0 +1,265 @@
+package ipam
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/statedb"
+)
+
+// Request asks for an address for Owner: IP if it is valid, else the next
+// free address of Family.
+type Request struct {
+	Owner  string
+	Family Family
+	IP     netip.Addr
+	// Reserved allocations are kept across restarts without an owner
+	// claiming them: for addresses reserved by hand. Others must be
+	// claimed after a restart (see Claim) or are released after the
+	// grace period.
+	Reserved bool
+}
+
+// maxOwnerLen bounds an owner string: container IDs are 64 characters.
+const maxOwnerLen = 256
+
+// Allocate allocates an address and persists the allocation before it
+// returns, so that it survives a crash of the agent. It waits until the
+// IPAM is ready (see WaitReady), as long as ctx allows.
+func (i *IPAM) Allocate(ctx context.Context, req Request) (*Allocation, error) {
+	if err := validOwner(req.Owner); err != nil {
+		return nil, err
+	}
+	if !req.IP.IsValid() && req.Family != IPv4 && req.Family != IPv6 {
+		return nil, errorf(ErrInvalid, "invalid family %q: want %s or %s, or give an address", req.Family, IPv4, IPv6)
+	}
+	if err := i.WaitReady(ctx); err != nil {
+		return nil, err
+	}
+
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	var (
+		ip  netip.Addr
+		err error
+	)
+	if req.IP.IsValid() {
+		ip, err = i.explicit(txn, req.IP.Unmap())
+	} else {
+		ip, err = i.next(txn, req.Family)
+	}
+	if err != nil {
+		return nil, err
+	}
+	state := InUse
+	if req.Reserved {
+		state = Reserved
+	}
+	a := &Allocation{IP: ip, Owner: req.Owner, State: state, Since: time.Now()}
+	if err := i.store.write(a); err != nil {
+		return nil, err
+	}
+	if _, _, err := i.tbl.Insert(txn, a); err != nil {
+		i.store.remove(ip)
+		return nil, err
+	}
+	txn.Commit()
+	i.log.Debug("Allocated address", "ip", ip, "owner", req.Owner, "state", state)
+	return a, nil
+}
+
+func validOwner(owner string) error {
+	if owner == "" || len(owner) > maxOwnerLen {
+		return errorf(ErrInvalid, "invalid owner %q: want a non-empty name of at most %d characters, such as a container ID", owner, maxOwnerLen)
+	}
+	if owner == RouterOwner {
+		return errorf(ErrInvalid, "invalid owner %q: the name is reserved for the router addresses", owner)
+	}
+	return nil
+}
+
+func (i *IPAM) poolOf(family Family) (Pool, bool) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	for _, p := range i.pools {
+		if p.Family == family {
+			return p, true
+		}
+	}
+	return Pool{}, false
+}
+
+// explicit checks that ip may be allocated.
+func (i *IPAM) explicit(txn statedb.ReadTxn, ip netip.Addr) (netip.Addr, error) {
+	pool, ok := i.poolOf(FamilyOf(ip))
+	if !ok || !pool.Contains(ip) {
+		return netip.Addr{}, errorf(ErrInvalid, "address %s is not in a pod pool (%s)", ip, poolsString(i.Pools()))
+	}
+	if old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip)); found {
+		return netip.Addr{}, errorf(ErrInUse, "address %s is already allocated to %q (%s)", ip, old.Owner, old.State)
+	}
+	return ip, nil
+}
+
+// next finds a free address of the family, searching from the cursor to the
+// end of the pool and then from its start.
+func (i *IPAM) next(txn statedb.ReadTxn, family Family) (netip.Addr, error) {
+	pool, ok := i.poolOf(family)
+	if !ok {
+		return netip.Addr{}, errorf(ErrInvalid, "no %s pool: the pod pools are %s", family, poolsString(i.Pools()))
+	}
+	i.mu.Lock()
+	from, ok := i.cursor[family]
+	i.mu.Unlock()
+	if !ok || !pool.Contains(from) {
+		from = pool.first()
+	}
+	ip, found := i.firstFree(txn, from, pool.last())
+	if !found && from != pool.first() {
+		ip, found = i.firstFree(txn, pool.first(), from.Prev())
+	}
+	if !found {
+		return netip.Addr{}, errorf(ErrExhausted, "%s pool %s is exhausted: all %d addresses are allocated (router included)",
+			family, pool.CIDR, pool.Size())
+	}
+	nextCursor := ip.Next()
+	if !pool.Contains(nextCursor) {
+		nextCursor = pool.first()
+	}
+	i.mu.Lock()
+	i.cursor[family] = nextCursor
+	i.mu.Unlock()
+	return ip, nil
+}
+
+// firstFree is the lowest address in [lo, hi] that is not allocated. It
+// walks the allocations from lo in address order, so its cost grows with
+// the allocations, not with the pool.
+func (i *IPAM) firstFree(txn statedb.ReadTxn, lo, hi netip.Addr) (netip.Addr, bool) {
+	candidate := lo
+	for a := range i.tbl.LowerBound(txn, AllocationIP.Query(lo)) {
+		if hi.Less(candidate) || candidate.Less(a.IP) {
+			break
+		}
+		candidate = candidate.Next()
+	}
+	if hi.Less(candidate) || !candidate.IsValid() {
+		return netip.Addr{}, false
+	}
+	return candidate, true
+}
+
+// Claim takes over an address that owner held before the agent restarted:
+// a restorer calls it for every address of every restored endpoint before
+// it marks itself done (see RegisterRestorer). An unclaimed allocation of
+// the same owner becomes in use; a missing one (its file was lost) is
+// allocated again. An address held by another owner is an ErrInUse error.
+// Claim does not wait for readiness: it is how restorers get ready.
+func (i *IPAM) Claim(ip netip.Addr, owner string) error {
+	if err := validOwner(owner); err != nil {
+		return err
+	}
+	i.mu.Lock()
+	loaded := i.loaded
+	i.mu.Unlock()
+	if !loaded {
+		return errorf(ErrNotReady, "claim of %s before the IPAM state was loaded: claim from a job or start hook of a cell that depends on the IPAM", ip)
+	}
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip))
+	switch {
+	case found && old.Owner != owner:
+		return errorf(ErrInUse, "address %s is allocated to %q (%s), not to %q", ip, old.Owner, old.State, owner)
+	case found && old.State != Unclaimed:
+		return nil
+	case found:
+		claimed := *old
+		claimed.State = InUse
+		if _, _, err := i.tbl.Insert(txn, &claimed); err != nil {
+			return err
+		}
+	default:
+		a := &Allocation{IP: ip, Owner: owner, State: InUse, Since: time.Now()}
+		if err := i.store.write(a); err != nil {
+			return err
+		}
+		if _, _, err := i.tbl.Insert(txn, a); err != nil {
+			return err
+		}
+		i.log.Info("Claimed an address whose allocation was not on disk", "ip", ip, "owner", owner)
+	}
+	txn.Commit()
+	return nil
+}
+
+// Release returns owner's address ip to the pool. Releasing an address that
+// is not allocated is not an error (released is false); releasing another
+// owner's is an ErrInUse error.
+func (i *IPAM) Release(ip netip.Addr, owner string) (released bool, err error) {
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip))
+	if !found {
+		return false, nil
+	}
+	if old.Owner != owner || old.State == Router {
+		return false, errorf(ErrInUse, "address %s is allocated to %q (%s), not to %q", ip, old.Owner, old.State, owner)
+	}
+	if err := i.delete(txn, old); err != nil {
+		return false, err
+	}
+	txn.Commit()
+	return true, nil
+}
+
+// ReleaseOwner releases every address of owner and returns them.
+func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	var released []netip.Addr
+	for a := range i.tbl.List(txn, AllocationOwner.Query(owner)) {
+		if a.State == Router {
+			continue
+		}
+		if err := i.delete(txn, a); err != nil {
+			return nil, err
+		}
+		released = append(released, a.IP)
+	}
+	txn.Commit()
+	return released, nil
+}
+
+// releaseByHand releases an address for the API: a reserved or unclaimed
+// one. In-use addresses belong to endpoints, which release them.
+func (i *IPAM) releaseByHand(ip netip.Addr) (*Allocation, error) {
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip))
+	switch {
+	case !found:
+		return nil, errorf(ErrNotFound, "address %s is not allocated", ip)
+	case old.State == Router:
+		return nil, errorf(ErrInUse, "address %s is the router address of its pool and cannot be released", ip)
+	case old.State == InUse:
+		return nil, errorf(ErrInUse, "address %s is in use by the endpoint of container %q: delete the endpoint instead", ip, old.Owner)
+	}
+	if err := i.delete(txn, old); err != nil {
+		return nil, err
+	}
+	txn.Commit()
+	return old, nil
+}
+
+func (i *IPAM) delete(txn statedb.WriteTxn, a *Allocation) error {
+	if err := i.store.remove(a.IP); err != nil {
+		return err
+	}
+	if _, _, err := i.tbl.Delete(txn, a); err != nil {
+		return err
+	}
+	i.log.Debug("Released address", "ip", a.IP, "owner", a.Owner, "state", a.State)
+	return nil
+}

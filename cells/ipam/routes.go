@@ -1,0 +1,141 @@
+package ipam
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// maxBody bounds a request body: a reservation is a few dozen bytes.
+const maxBody = 64 << 10
+
+// apiRoutes serves GET and POST /v1/ipam and DELETE /v1/ipam/{ip}.
+func apiRoutes(i *IPAM) api.Routes {
+	return api.NewRoutes(
+		api.Route{Method: http.MethodGet, Path: apiv1.PathIPAM, Handler: func(r *http.Request) (any, error) {
+			if _, err := api.QueryParams(r); err != nil {
+				return nil, err
+			}
+			return i.Status(), nil
+		}},
+		api.Route{Method: http.MethodPost, Path: apiv1.PathIPAM, Handler: func(r *http.Request) (any, error) {
+			if _, err := api.QueryParams(r); err != nil {
+				return nil, err
+			}
+			var in apiv1.IPAMReserve
+			if err := decodeBody(r, &in); err != nil {
+				return nil, err
+			}
+			req := Request{Owner: in.Owner, Family: Family(in.Family), Reserved: true}
+			switch {
+			case in.IP != "" && in.Family != "":
+				return nil, api.BadRequest("give either ip or family, not both")
+			case in.IP != "":
+				ip, err := netip.ParseAddr(in.IP)
+				if err != nil {
+					return nil, api.BadRequest("invalid ip %q: want an address such as 10.244.0.10", in.IP)
+				}
+				req.IP = ip
+			}
+			a, err := i.Allocate(r.Context(), req)
+			if err != nil {
+				return nil, apiError(err)
+			}
+			return toAPI(a), nil
+		}},
+		api.Route{Method: http.MethodDelete, Path: apiv1.PathIPAM + "/{ip}", Handler: func(r *http.Request) (any, error) {
+			if _, err := api.QueryParams(r); err != nil {
+				return nil, err
+			}
+			ip, err := netip.ParseAddr(r.PathValue("ip"))
+			if err != nil {
+				return nil, api.BadRequest("invalid address %q in the path: want an address such as 10.244.0.10", r.PathValue("ip"))
+			}
+			a, err := i.releaseByHand(ip.Unmap())
+			if err != nil {
+				return nil, apiError(err)
+			}
+			return toAPI(a), nil
+		}},
+	)
+}
+
+// decodeBody decodes a JSON body strictly: an unknown field is an error, so
+// a misspelt one does not pass silently.
+func decodeBody(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return api.BadRequest("read body: %v", err)
+	}
+	if len(body) > maxBody {
+		return api.BadRequest("body larger than %d bytes", maxBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return api.BadRequest("invalid body: %v", err)
+	}
+	return nil
+}
+
+// apiError gives an IPAM error its HTTP status.
+func apiError(err error) error {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return api.BadRequest("%s", err)
+	case errors.Is(err, ErrNotFound):
+		return api.NotFound("%s", err)
+	case errors.Is(err, ErrInUse):
+		return api.Errorf(http.StatusConflict, "%s", err)
+	case errors.Is(err, ErrExhausted), errors.Is(err, ErrNotReady):
+		return api.Errorf(http.StatusServiceUnavailable, "%s", err)
+	}
+	return err
+}
+
+func toAPI(a *Allocation) apiv1.IPAMAllocation {
+	return apiv1.IPAMAllocation{IP: a.IP.String(), Owner: a.Owner, State: string(a.State), Since: a.Since}
+}
+
+// Status is the pools and every allocation, as GET /v1/ipam answers.
+func (i *IPAM) Status() apiv1.IPAM {
+	txn := i.db.ReadTxn()
+	init, _ := i.tbl.Initialized(txn)
+	out := apiv1.IPAM{
+		Mode:        i.mode,
+		Ready:       init,
+		Pending:     i.tbl.PendingInitializers(txn),
+		Pools:       []apiv1.IPAMPool{},
+		Allocations: []apiv1.IPAMAllocation{},
+	}
+	for _, p := range i.Pools() {
+		out.Pools = append(out.Pools, apiv1.IPAMPool{
+			Family: string(p.Family), CIDR: p.CIDR.String(), Router: p.Router.String(),
+			Size: p.Size(), Used: i.used(txn, p),
+		})
+	}
+	for a := range i.tbl.All(txn) {
+		out.Allocations = append(out.Allocations, toAPI(a))
+	}
+	return out
+}
+
+// used counts the allocations in the pool.
+func (i *IPAM) used(txn statedb.ReadTxn, p Pool) uint64 {
+	var n uint64
+	for a := range i.tbl.LowerBound(txn, AllocationIP.Query(p.first())) {
+		if !p.Contains(a.IP) {
+			break
+		}
+		n++
+	}
+	return n
+}

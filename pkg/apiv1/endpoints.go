@@ -1,0 +1,86 @@
+package apiv1
+
+import "time"
+
+// PathEndpoints serves the node's endpoints: GET lists them; GET, PUT and
+// DELETE /v1/endpoints/{id} act on one.
+const PathEndpoints = "/v1/endpoints"
+
+// ContainerIDPrefix makes an {id} of /v1/endpoints/{id} a container ID:
+// "container-id:3f2a..." names the endpoint of that container, a number
+// names the endpoint with that ID. PUT takes only the container form: the
+// agent picks the endpoint ID.
+const ContainerIDPrefix = "container-id:"
+
+// Endpoint states.
+const (
+	// EndpointReady: the endpoint's interfaces, addresses and routes are in
+	// place.
+	EndpointReady = "ready"
+	// EndpointNotReady: restored, but its interfaces could not be brought
+	// back; the error says why. Its addresses stay reserved.
+	EndpointNotReady = "not-ready"
+)
+
+// EndpointCreate is the body of PUT /v1/endpoints/container-id:{cid}: what a
+// CNI ADD knows about the container.
+type EndpointCreate struct {
+	// ContainerID, when set, must be the one in the path.
+	ContainerID string `json:"containerID,omitempty"`
+	// Netns is the path of the container's network namespace (CNI_NETNS).
+	Netns string `json:"netns"`
+	// Interface is the name of the interface in the container (CNI_IFNAME).
+	Interface    string `json:"interface"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodName      string `json:"podName,omitempty"`
+}
+
+// Endpoint is one pod network interface that the agent manages.
+type Endpoint struct {
+	ID          uint16 `json:"id"`
+	ContainerID string `json:"containerID"`
+	Netns       string `json:"netns"`
+	// Interface is the interface's name in the container.
+	Interface string `json:"interface"`
+	MAC       string `json:"mac"`
+	IPv4      string `json:"ipv4,omitempty"`
+	IPv6      string `json:"ipv6,omitempty"`
+	// IPv4Gateway and IPv6Gateway are the router addresses the container's
+	// default routes go through.
+	IPv4Gateway string `json:"ipv4Gateway,omitempty"`
+	IPv6Gateway string `json:"ipv6Gateway,omitempty"`
+	// HostInterface is the host side of the veth pair, lxc<hash>.
+	HostInterface string            `json:"hostInterface"`
+	HostIfIndex   int               `json:"hostIfIndex"`
+	HostMAC       string            `json:"hostMAC"`
+	PodNamespace  string            `json:"podNamespace,omitempty"`
+	PodName       string            `json:"podName,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	State         string            `json:"state"`
+	// Error says why a not-ready endpoint is not ready.
+	Error   string    `json:"error,omitempty"`
+	Created time.Time `json:"created"`
+	// Datapath says whether the endpoint is in the BPF endpoint map:
+	// Pending, Done or Error (with DatapathError).
+	Datapath      string `json:"datapath,omitempty"`
+	DatapathError string `json:"datapathError,omitempty"`
+}
+
+// EndpointDeleted is the answer of DELETE /v1/endpoints/{id}. A DELETE of a
+// container the agent knows nothing about is a 404, which a CNI DEL treats
+// as done.
+type EndpointDeleted struct {
+	// Endpoint is the endpoint that was deleted; nil when only leftovers of
+	// an ADD that did not finish were cleaned up.
+	Endpoint *Endpoint `json:"endpoint,omitempty"`
+	// ReleasedIPs are the addresses that went back to the pool.
+	ReleasedIPs []string `json:"releasedIPs,omitempty"`
+}
+
+// EndpointCheck is the answer of GET /v1/endpoints/{id}/check: whether the
+// endpoint's interfaces, addresses and routes are as the agent made them.
+type EndpointCheck struct {
+	Endpoint Endpoint `json:"endpoint"`
+	// Problems lists each difference; empty when the endpoint is intact.
+	Problems []string `json:"problems,omitempty"`
+}

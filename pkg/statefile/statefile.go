@@ -1,0 +1,120 @@
+// Package statefile writes the agent's state files so that a crash at any
+// moment leaves either the old content or the new one, never a mix.
+//
+// [Write] writes to a temporary file next to the target (its name ends in
+// [TempSuffix]), fsyncs it, renames it over the target and fsyncs the
+// directory, so that the rename itself survives a power loss. A crash before
+// the rename leaves the old file and a temporary one, which the reader
+// removes with [RemoveTemps] when it restores. [Remove] deletes a file or a
+// directory durably.
+//
+//	if err := statefile.Write(filepath.Join(dir, "endpoint.json"), data); err != nil { ... }
+package statefile
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// TempSuffix ends the name of a file that Write has not finished.
+const TempSuffix = ".tmp"
+
+// Write replaces path with data, atomically and durably. The file is
+// private to the agent (mode 0600).
+func Write(path string, data []byte) error {
+	tmp := path + TempSuffix
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write state file %s: %w", path, err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write state file %s: %w", path, err)
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// MkdirAll creates dir (and its parents) and makes the new entries durable.
+func MkdirAll(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	return SyncDir(filepath.Dir(dir))
+}
+
+// Remove deletes path, a file or a directory with everything in it, and
+// makes the removal durable. A path that does not exist is not an error.
+func Remove(path string) error {
+	if err := os.RemoveAll(path); err != nil {
+		return fmt.Errorf("remove state %s: %w", path, err)
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// Move renames from to to (on the same filesystem) durably.
+func Move(from, to string) error {
+	if err := os.Rename(from, to); err != nil {
+		return fmt.Errorf("move state %s: %w", from, err)
+	}
+	if err := SyncDir(filepath.Dir(to)); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(from))
+}
+
+// SyncDir fsyncs a directory, which makes the creation, rename or removal of
+// its entries durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync state directory: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync state directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// RemoveTemps deletes the temporary files that Write left in dir when the
+// agent died in the middle of it, and returns their paths.
+func RemoveTemps(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state directory: %w", err)
+	}
+	var removed []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), TempSuffix) {
+			path := filepath.Join(dir, e.Name())
+			if err := os.Remove(path); err != nil {
+				return removed, fmt.Errorf("remove leftover temporary file: %w", err)
+			}
+			removed = append(removed, path)
+		}
+	}
+	if len(removed) > 0 {
+		return removed, SyncDir(dir)
+	}
+	return nil, nil
+}

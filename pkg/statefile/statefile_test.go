@@ -1,0 +1,156 @@
+package statefile_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/cellium/cellium/pkg/statefile"
+)
+
+func TestWriteReplacesAndLeavesNoTemp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "endpoint.json")
+	for _, content := range []string{"first", "second, longer than the first"} {
+		if err := statefile.Write(path, []byte(content)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != content {
+			t.Fatalf("read back %q, %v; want %q", got, err, content)
+		}
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("state file mode %v, %v; want 0600", fi.Mode(), err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("directory holds %d entries after writes, want only the state file", len(entries))
+	}
+}
+
+// A reader racing the writer sees one whole version or the other, never a
+// truncated or mixed file: what a restore after a crash would read.
+func TestWriteIsAtomicForReaders(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	a := bytes.Repeat([]byte("a"), 1<<16)
+	b := bytes.Repeat([]byte("b"), 1<<17)
+	if err := statefile.Write(path, a); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(done)
+		for i := range 50 {
+			next := a
+			if i%2 == 0 {
+				next = b
+			}
+			if err := statefile.Write(path, next); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	reads := 0
+	for {
+		select {
+		case <-done:
+			wg.Wait()
+			if reads == 0 {
+				t.Fatal("the reader never ran")
+			}
+			return
+		default:
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("read during writes: %v", err)
+		}
+		if !bytes.Equal(got, a) && !bytes.Equal(got, b) {
+			t.Fatalf("read a file of %d bytes that is neither version", len(got))
+		}
+		reads++
+	}
+}
+
+// A crash in the middle of Write leaves the old file and a temporary one;
+// the restore removes the temporary file and keeps the old content.
+func TestRemoveTempsAfterCrash(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "10.244.0.5.json")
+	if err := statefile.Write(path, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	// What a crash between write and rename leaves behind.
+	if err := os.WriteFile(path+statefile.TempSuffix, []byte("ne"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := statefile.RemoveTemps(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{path + statefile.TempSuffix}) {
+		t.Fatalf("removed %v, want the temporary file", removed)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "old" {
+		t.Fatalf("state file after the restore = %q, want the old content", got)
+	}
+	if removed, err := statefile.RemoveTemps(filepath.Join(dir, "missing")); err != nil || removed != nil {
+		t.Fatalf("RemoveTemps of a missing directory = %v, %v; want nothing", removed, err)
+	}
+}
+
+func TestWriteFailureKeepsOldFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.json")
+	if err := statefile.Write(path, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	// A directory where the temporary file goes makes the write fail.
+	if err := os.Mkdir(path+statefile.TempSuffix, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := statefile.Write(path, []byte("new")); err == nil {
+		t.Fatal("write over a blocked temporary file succeeded")
+	}
+	if got, _ := os.ReadFile(path); string(got) != "old" {
+		t.Fatalf("state file after a failed write = %q, want the old content", got)
+	}
+}
+
+func TestRemoveAndMove(t *testing.T) {
+	dir := t.TempDir()
+	ep := filepath.Join(dir, "endpoints", "7")
+	if err := statefile.MkdirAll(ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := statefile.Write(filepath.Join(ep, "endpoint.json"), []byte("{")); err != nil {
+		t.Fatal(err)
+	}
+	invalid := filepath.Join(dir, "endpoints-invalid")
+	if err := statefile.MkdirAll(invalid); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(invalid, "7")
+	if err := statefile.Move(ep, moved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(moved, "endpoint.json")); err != nil {
+		t.Fatalf("moved state: %v", err)
+	}
+	if err := statefile.Remove(moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := statefile.Remove(moved); err != nil {
+		t.Fatalf("removing what is gone: %v", err)
+	}
+	if _, err := os.Stat(moved); !os.IsNotExist(err) {
+		t.Fatalf("removed state still there: %v", err)
+	}
+}
