@@ -10,13 +10,14 @@ import (
 )
 
 // Cell provides the Registry, through which cells declare their BPF maps,
-// and the GET /v1/maps routes that list them.
+// the GET /v1/maps routes that list them, and the Cleaner that removes
+// everything the agent pinned (`agent cleanup`).
 var Cell = cell.Module(
 	"bpf-maps",
 	"Pinned BPF maps on bpffs and the registry of the maps the agent owns",
 
 	cell.Config(defaultConfig),
-	cell.Provide(newRegistry, apiRoutes),
+	cell.Provide(newRegistry, newCleaner, apiRoutes),
 	cell.Invoke(requireRegistry),
 )
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/apiv1"
 )
@@ -31,6 +32,19 @@ type Spec struct {
 	MaxEntries uint32
 	// Flags are the BPF_F_* map creation flags, e.g. BPF_F_NO_PREALLOC.
 	Flags uint32
+	// InnerMap is, for a HashOfMaps, the layout of the maps it holds: the
+	// kernel fixes it when it creates the map and refuses to store a map
+	// of another layout. Declare such a map with [NewMapOfMaps].
+	InnerMap *InnerSpec
+}
+
+// InnerSpec is the layout of the maps a map of maps holds.
+type InnerSpec struct {
+	Type       ebpf.MapType
+	KeySize    uint32
+	ValueSize  uint32
+	MaxEntries uint32
+	Flags      uint32
 }
 
 // MaxNameLen is the longest map name a Spec may have.
@@ -48,7 +62,71 @@ func (s Spec) validate() error {
 	if s.MaxEntries == 0 {
 		return fmt.Errorf("bpf map %s: Spec.MaxEntries is 0", s.Name)
 	}
+	if s.Type == ebpf.ArrayOfMaps {
+		return fmt.Errorf("bpf map %s: ArrayOfMaps is not supported, declare a HashOfMaps", s.Name)
+	}
+	if (s.Type == ebpf.HashOfMaps) != (s.InnerMap != nil) {
+		return fmt.Errorf("bpf map %s: Spec.InnerMap is for a HashOfMaps, and a HashOfMaps needs one", s.Name)
+	}
+	if in := s.InnerMap; in != nil {
+		if in.Type == ebpf.UnspecifiedMap || in.Type == ebpf.HashOfMaps || in.Type == ebpf.ArrayOfMaps {
+			return fmt.Errorf("bpf map %s: InnerMap.Type %s: want the type of a map that holds data", s.Name, in.Type)
+		}
+		if in.KeySize == 0 || in.ValueSize == 0 || in.MaxEntries == 0 {
+			return fmt.Errorf("bpf map %s: InnerMap needs a KeySize, ValueSize and MaxEntries", s.Name)
+		}
+	}
 	return nil
+}
+
+func (in *InnerSpec) mapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Type:       in.Type,
+		KeySize:    in.KeySize,
+		ValueSize:  in.ValueSize,
+		MaxEntries: in.MaxEntries,
+		Flags:      in.Flags,
+	}
+}
+
+// compatible checks that outer, a pinned map of maps, holds maps of this
+// layout. The kernel reports no inner layout, so compare a map that outer
+// holds or, when it holds none, offer it one under a missing key with
+// BPF_EXIST: the kernel checks the layout (EINVAL) before it finds the key
+// missing (ENOENT), so the offer changes nothing either way.
+func (in *InnerSpec) compatible(outer *ebpf.Map) error {
+	key := make([]byte, outer.KeySize())
+	err := outer.NextKey(nil, key)
+	if err == nil {
+		var inner *ebpf.Map
+		if err := outer.Lookup(key, &inner); err != nil {
+			return fmt.Errorf("open an inner map: %w", err)
+		}
+		defer inner.Close()
+		got := InnerSpec{inner.Type(), inner.KeySize(), inner.ValueSize(), inner.MaxEntries(), inner.Flags()}
+		if got != *in {
+			return fmt.Errorf("InnerMap: %+v changed to %+v: %w", got, *in, ebpf.ErrMapIncompatible)
+		}
+		return nil
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	probe, err := ebpf.NewMap(in.mapSpec())
+	if err != nil {
+		return fmt.Errorf("create an inner map: %w", err)
+	}
+	defer probe.Close()
+	err = outer.Update(key, probe, ebpf.UpdateExist)
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return nil
+	case errors.Is(err, unix.EINVAL):
+		return fmt.Errorf("InnerMap: the pinned map holds maps of another layout than %+v: %w", *in, ebpf.ErrMapIncompatible)
+	case err == nil:
+		return errors.New("probe the inner layout: an entry appeared while the map was being opened")
+	}
+	return fmt.Errorf("probe the inner layout: %w", err)
 }
 
 // Origin says how a map was opened at start.
@@ -87,6 +165,13 @@ type Map[K, V any] struct {
 // closed and its pin kept, so programs keep using it while the agent is
 // down and the next run finds its entries.
 func NewMap[K, V any](lc cell.Lifecycle, reg *Registry, spec Spec) (*Map[K, V], error) {
+	if spec.Type == ebpf.HashOfMaps {
+		return nil, fmt.Errorf("bpf map %s: declare a HashOfMaps with NewMapOfMaps", spec.Name)
+	}
+	return newMap[K, V](lc, reg, spec)
+}
+
+func newMap[K, V any](lc cell.Lifecycle, reg *Registry, spec Spec) (*Map[K, V], error) {
 	keySize, err := fixedSize[K]()
 	if err != nil {
 		return nil, fmt.Errorf("bpf map %s: key: %w", spec.Name, err)
@@ -258,7 +343,7 @@ func (p *pinnedMap) HookInfo() string { return "bpf map " + p.spec.Name }
 func (p *pinnedMap) pinPath() string { return filepath.Join(p.dir, p.spec.Name) }
 
 func (p *pinnedMap) ebpfSpec() *ebpf.MapSpec {
-	return &ebpf.MapSpec{
+	spec := &ebpf.MapSpec{
 		Name:       p.spec.Name,
 		Type:       p.spec.Type,
 		KeySize:    p.keySize,
@@ -267,6 +352,10 @@ func (p *pinnedMap) ebpfSpec() *ebpf.MapSpec {
 		Flags:      p.spec.Flags,
 		Pinning:    ebpf.PinByName,
 	}
+	if p.spec.InnerMap != nil {
+		spec.InnerMap = p.spec.InnerMap.mapSpec()
+	}
+	return spec
 }
 
 // Start opens the pinned map, or creates and pins it. See NewMap.
@@ -279,6 +368,12 @@ func (p *pinnedMap) Start(cell.HookContext) error {
 		origin = OriginReused
 	}
 	m, err := ebpf.NewMapWithOptions(p.ebpfSpec(), opts)
+	if err == nil && origin == OriginReused && p.spec.InnerMap != nil {
+		// Loading a pin compares everything but the inner layout.
+		if err = p.spec.InnerMap.compatible(m); err != nil {
+			m.Close()
+		}
+	}
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		p.log.Warn("Pinned BPF map has another layout, replacing it with an empty one",
 			"name", p.spec.Name, "pin", pin, "difference", err)

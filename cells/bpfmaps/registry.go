@@ -41,6 +41,13 @@ func newRegistry(cfg Config, lc cell.Lifecycle, log *slog.Logger) (*Registry, er
 	return r, nil
 }
 
+// PinDir is where the agent pins, <bpf-root>/<bpf-map-prefix>. A cell that
+// pins objects other than maps (links) pins them in a subdirectory of its
+// own here, created from a start hook (which runs after the registry's when
+// the cell's constructor takes the Registry), and removes them through a
+// [Cleanup].
+func (r *Registry) PinDir() string { return r.dir }
+
 func (r *Registry) start(cell.HookContext) error {
 	if err := r.ensureBPFFS(); err != nil {
 		return err
