@@ -17,6 +17,7 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/sysctl"
@@ -32,6 +33,7 @@ var Infrastructure = cell.Group(
 	api.Cell,
 	sysctl.Cell,
 	bpfmaps.Cell,
+	devices.Cell,
 )
 
 // ControlPlane computes desired state into StateDB tables.
