@@ -25,13 +25,21 @@ const TempSuffix = ".tmp"
 
 // Write replaces path with data, atomically and durably. The file is
 // private to the agent (mode 0600).
-func Write(path string, data []byte) error {
+func Write(path string, data []byte) error { return WriteMode(path, data, 0o600) }
+
+// WriteMode is Write for a file with the given mode, for files that others
+// read.
+func WriteMode(path string, data []byte, mode os.FileMode) error {
 	tmp := path + TempSuffix
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
 	if err != nil {
 		return fmt.Errorf("write state file %s: %w", path, err)
 	}
-	_, err = f.Write(data)
+	// The mode of a temporary file left by a crash is not the one asked for.
+	err = f.Chmod(mode)
+	if err == nil {
+		_, err = f.Write(data)
+	}
 	if err == nil {
 		err = f.Sync()
 	}

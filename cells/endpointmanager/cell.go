@@ -1,0 +1,213 @@
+package endpointmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/ipam"
+)
+
+// Cell provides the endpoints table, the Manager that creates, deletes and
+// restores endpoints, the /v1/endpoints routes, and writes the CNI
+// configuration.
+var Cell = cell.Module(
+	"endpoint-manager",
+	"Pod endpoints with state files restore and the CNI API",
+
+	cell.Config(defaultConfig),
+	cell.ProvidePrivate(job.Registry.NewGroup),
+	cell.Provide(NewTable, statedb.RWTable[*Endpoint].ToTable, newManager, apiRoutes),
+	cell.Invoke(writeCNIConfig),
+)
+
+// Config is the endpoint-manager cell's configuration.
+type Config struct {
+	// CNIConfDir is where the agent writes its CNI configuration.
+	CNIConfDir string
+	// EndpointMTU is the MTU of both ends of every endpoint's veth pair.
+	EndpointMTU int
+	// EndpointTestCrashAt makes the agent kill itself at a step of
+	// endpoint creation. For crash tests only.
+	EndpointTestCrashAt string
+}
+
+var defaultConfig = Config{
+	CNIConfDir:  "/etc/cni/net.d",
+	EndpointMTU: 1500,
+}
+
+// Steps of endpoint creation where --endpoint-test-crash-at can kill the
+// agent.
+const (
+	// CrashIPAMAllocated: the addresses are allocated and on disk; nothing
+	// else is.
+	CrashIPAMAllocated = "ipam-allocated"
+	// CrashVethCreated: the state file says "creating" and the veth pair
+	// exists, without addresses or routes.
+	CrashVethCreated = "veth-created"
+	// CrashEndpointPersisted: the endpoint is complete and its state file
+	// says "ready", but the CNI ADD has not been answered.
+	CrashEndpointPersisted = "endpoint-persisted"
+)
+
+var crashSteps = []string{CrashIPAMAllocated, CrashVethCreated, CrashEndpointPersisted}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("cni-conf-dir", def.CNIConfDir, "Directory the agent writes its CNI configuration (05-cellium.conflist) to at start; empty: do not write it")
+	flags.Int("endpoint-mtu", def.EndpointMTU, "MTU of the endpoints' veth pairs")
+	flags.String("endpoint-test-crash-at", def.EndpointTestCrashAt,
+		"TEST ONLY: kill the agent with SIGKILL at this step of every endpoint creation ("+strings.Join(crashSteps, ", ")+")")
+	flags.MarkHidden("endpoint-test-crash-at")
+}
+
+func (cfg Config) validate() error {
+	if cfg.EndpointMTU < 1280 || cfg.EndpointMTU > 65535 {
+		return fmt.Errorf("invalid --endpoint-mtu %d: want 1280 (the IPv6 minimum) to 65535", cfg.EndpointMTU)
+	}
+	if cfg.EndpointTestCrashAt != "" && !slices.Contains(crashSteps, cfg.EndpointTestCrashAt) {
+		return fmt.Errorf("invalid --endpoint-test-crash-at %q: want one of %s", cfg.EndpointTestCrashAt, strings.Join(crashSteps, ", "))
+	}
+	if cfg.CNIConfDir != "" && !strings.HasPrefix(cfg.CNIConfDir, "/") {
+		return fmt.Errorf("invalid --cni-conf-dir %q: must be an absolute path, e.g. /etc/cni/net.d", cfg.CNIConfDir)
+	}
+	return nil
+}
+
+// Errors of the Manager, for callers that answer with a status. Test them
+// with errors.Is; the message of the returned error says what was wrong.
+var (
+	ErrInvalid   = errors.New("invalid endpoint request")
+	ErrExists    = errors.New("endpoint exists")
+	ErrNotFound  = errors.New("endpoint not found")
+	ErrNotReady  = errors.New("endpoint restore in progress")
+	ErrExhausted = errors.New("no free endpoint ID")
+)
+
+type managerError struct {
+	kind error
+	msg  string
+}
+
+func (e *managerError) Error() string { return e.msg }
+func (e *managerError) Unwrap() error { return e.kind }
+
+func errorf(kind error, format string, args ...any) error {
+	return &managerError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// restoreName names the restore wherever something waits for it: the
+// readiness barrier, the IPAM restorer and the endpoints table initializer.
+const restoreName = "endpoint-restore"
+
+type params struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Table     statedb.RWTable[*Endpoint]
+	IPAM      *ipam.IPAM
+	Paths     daemon.Paths
+	Readiness *health.Readiness
+	Lifecycle cell.Lifecycle
+	Jobs      job.Group
+	Health    cell.Health
+}
+
+// Manager creates, deletes and restores endpoints. See the package
+// documentation.
+type Manager struct {
+	log    *slog.Logger
+	db     *statedb.DB
+	tbl    statedb.RWTable[*Endpoint]
+	ipam   *ipam.IPAM
+	states *stateStore
+	plumb  *plumbing
+	health cell.Health
+	// crashAt is --endpoint-test-crash-at.
+	crashAt string
+
+	ipamRestored  func()
+	tableRestored func(statedb.WriteTxn)
+	ready         func()
+
+	// mu serializes creations, deletions and the restore: each looks at
+	// the table, the kernel and the disk, then changes all three.
+	mu sync.Mutex
+}
+
+func newManager(p params) (*Manager, error) {
+	if err := p.Config.validate(); err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		log:     p.Log,
+		db:      p.DB,
+		tbl:     p.Table,
+		ipam:    p.IPAM,
+		states:  newStateStore(p.Log, p.Paths.StateDir),
+		health:  p.Health,
+		crashAt: p.Config.EndpointTestCrashAt,
+	}
+	m.plumb = &plumbing{mtu: p.Config.EndpointMTU, vethCreated: func() { m.crashPoint(CrashVethCreated) }}
+	if m.crashAt != "" {
+		p.Log.Warn("Test fault point armed: the agent kills itself when it creates an endpoint", "step", m.crashAt)
+	}
+
+	// The restore gates three things: allocation of addresses for new
+	// endpoints, readers of the endpoints table (the endpoint map prunes
+	// only after it), and the agent's readiness.
+	m.ipamRestored = p.IPAM.RegisterRestorer(restoreName)
+	txn := p.DB.WriteTxn(p.Table)
+	m.tableRestored = p.Table.RegisterInitializer(txn, restoreName)
+	txn.Commit()
+	m.ready = p.Readiness.Add(restoreName)
+
+	// The job is added here, after the IPAM's start hook was appended (this
+	// constructor takes the IPAM): it starts once the IPAM has loaded its
+	// allocations, which it claims.
+	p.Jobs.Add(job.OneShot("restore", m.restore,
+		job.WithRetry(-1, &job.ExponentialBackoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})))
+	return m, nil
+}
+
+// crashPoint kills the agent at step if --endpoint-test-crash-at asks for
+// it: crash tests use it to stop the agent in the middle of a CNI ADD.
+func (m *Manager) crashPoint(step string) {
+	if m.crashAt != step {
+		return
+	}
+	m.log.Warn("Test fault point: killing the agent", "step", step)
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
+
+// waitRestored waits until the restore is done, as long as ctx allows.
+func (m *Manager) waitRestored(ctx context.Context) error {
+	for {
+		init, watch := m.tbl.Initialized(m.db.ReadTxn())
+		if init {
+			return nil
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			return errorf(ErrNotReady, "the agent is restoring its endpoints; try again: %v", context.Cause(ctx))
+		}
+	}
+}

@@ -1,0 +1,46 @@
+// Package endpointmanager manages the node's endpoints: one per pod, a veth
+// pair between the host and the pod's network namespace, with an address
+// per pod pool. The CNI plugin (cmd/cellium-cni) asks for them over the API
+// (PUT and DELETE /v1/endpoints/container-id:<id>).
+//
+// The contract:
+//
+//   - Creating an endpoint allocates its addresses (ipam), writes its state
+//     file as "creating", makes the veth pair (host side lxc<hash>, see
+//     [HostIfName]; pod side CNI_IFNAME), the pod's address and routes
+//     (the router address on the link, the default route through it), the
+//     router address on the host side and the host's route to the pod, then
+//     writes the state file as "ready" before it answers. An endpoint
+//     reported to the runtime is on disk; what a failed creation made is
+//     undone before the error is returned.
+//   - One state file per endpoint, <state-dir>/endpoints/<id>/endpoint.json,
+//     written atomically (pkg/statefile). It is the source of truth across
+//     restarts; the table "endpoints" is rebuilt from it.
+//   - Deleting is idempotent: a container the agent knows nothing about is
+//     ErrNotFound, which the plugin takes as done; leftovers of a creation
+//     the agent did not finish are removed.
+//   - At start a job restores every endpoint on disk, holding three
+//     barriers named "endpoint-restore": an IPAM restorer (no new address is
+//     handed out before every restored one is claimed), an initializer of
+//     the endpoints table (the endpoint map is pruned only after it), and a
+//     readiness barrier (the agent is not ready before it). Creations and
+//     deletions wait for it. Temporary files are removed, state files that
+//     do not parse are moved to <state-dir>/endpoints-invalid/ with a log
+//     line, endpoints still "creating" are undone, endpoints whose netns is
+//     gone are removed and their addresses released, and the rest are
+//     checked against the kernel and fixed where they differ, without
+//     disturbing a pod whose interfaces are intact.
+//
+// --endpoint-test-crash-at, a hidden flag, kills the agent at a named step
+// of every creation: crash tests use it to stop the agent in the middle of
+// a CNI ADD.
+//
+// At start, once the API serves, the agent writes its CNI configuration,
+// 05-cellium.conflist, to --cni-conf-dir, naming its API socket.
+//
+//	ep, err := m.Create(ctx, endpointmanager.CreateRequest{
+//		ContainerID: "3f2a", Netns: "/var/run/netns/cni-1", IfName: "eth0",
+//	})
+//	// ep.IPv4 == 10.244.0.2, ep.HostIfName == "lxc..." ; later:
+//	_, err = m.Delete(ctx, endpointmanager.Selector{ContainerID: "3f2a"})
+package endpointmanager

@@ -1,0 +1,197 @@
+package endpointmanager_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/logtest"
+	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// node is one run of the agent's endpoint cells over a state directory:
+// endpoints are made in the test's (host) network namespace, pods are
+// namespaces the test creates.
+type node struct {
+	mgr      *endpointmanager.Manager
+	db       *statedb.DB
+	eps      statedb.Table[*endpointmanager.Endpoint]
+	ipamTbl  statedb.Table[*ipam.Allocation]
+	client   *client.Client
+	logs     *logtest.Recorder
+	stateDir string
+	stop     func()
+}
+
+// testNet is a test's pod ranges, with host blackhole routes over them.
+type testNet struct {
+	v4, v6 netip.Prefix
+	// dir holds the state directories, socket and CNI configuration.
+	dir string
+}
+
+func newTestNet(t *testing.T) *testNet {
+	v4, v6 := nettest.Ranges(t)
+	return &testNet{v4: v4, v6: netip.PrefixFrom(v6.Addr(), 120), dir: t.TempDir()}
+}
+
+// router is the router address of a pool.
+func router(p netip.Prefix) netip.Addr { return p.Addr().Next() }
+
+// nth is the nth pod address of a pool: 1 is the first after the router.
+func nth(p netip.Prefix, n int) netip.Addr {
+	a := router(p)
+	for range n {
+		a = a.Next()
+	}
+	return a
+}
+
+type nodeOpts struct {
+	cidrs []string
+	grace time.Duration
+}
+
+// start runs the cells over the test's state directory; stop also runs when
+// the test ends.
+func (tn *testNet) start(t *testing.T, o nodeOpts) *node {
+	t.Helper()
+	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
+	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, endpointmanager.Cell,
+		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation]) {
+			n.mgr, n.db, n.eps, n.ipamTbl = m, db, eps, tbl
+		}))
+	socket := filepath.Join(tn.dir, "agent.sock")
+	hive.AddConfigOverride(h, func(c *daemon.Config) { c.StateDir, c.RunDir = n.stateDir, filepath.Join(tn.dir, "run") })
+	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
+	hive.AddConfigOverride(h, func(c *endpointmanager.Config) { c.CNIConfDir = filepath.Join(tn.dir, "net.d") })
+	hive.AddConfigOverride(h, func(c *ipam.Config) {
+		c.PodCIDR = o.cidrs
+		if c.PodCIDR == nil {
+			c.PodCIDR = []string{tn.v4.String(), tn.v6.String()}
+		}
+		c.IPAMLeakGrace = o.grace
+		if c.IPAMLeakGrace == 0 {
+			c.IPAMLeakGrace = time.Hour
+		}
+	})
+	log := slog.New(n.logs)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	var once sync.Once
+	n.stop = func() {
+		once.Do(func() {
+			if err := h.Stop(log, context.Background()); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+		})
+	}
+	t.Cleanup(n.stop)
+	n.client = client.New(socket)
+	return n
+}
+
+// pod is a container: a network namespace and an ID.
+type pod struct {
+	ns ns.NetNS
+	id string
+}
+
+func newPod(t *testing.T) pod {
+	return pod{ns: nettest.NewNS(t), id: fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())}
+}
+
+// req is the creation request a CNI ADD for the pod makes.
+func (p pod) req() endpointmanager.CreateRequest {
+	return endpointmanager.CreateRequest{ContainerID: p.id, Netns: p.ns.Path(), IfName: "eth0", PodNamespace: "default", PodName: "pod"}
+}
+
+func (n *node) create(t *testing.T, p pod) *endpointmanager.Endpoint {
+	t.Helper()
+	ep, err := n.mgr.Create(context.Background(), p.req())
+	if err != nil {
+		t.Fatalf("create endpoint of %s: %v", p.id, err)
+	}
+	return ep
+}
+
+// allocations are the ipam rows other than the routers, as "ip owner state".
+func (n *node) allocations() []string {
+	var out []string
+	for a := range n.ipamTbl.All(n.db.ReadTxn()) {
+		if a.State != ipam.Router {
+			out = append(out, fmt.Sprintf("%s %s %s", a.IP, a.Owner, a.State))
+		}
+	}
+	return out
+}
+
+// endpointIDs are the IDs in the endpoints table.
+func (n *node) endpointIDs() []uint16 {
+	var out []uint16
+	for ep := range n.eps.All(n.db.ReadTxn()) {
+		out = append(out, ep.ID)
+	}
+	return out
+}
+
+// waitRestored waits, on the table's watch channel, for the restore.
+func (n *node) waitRestored(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		init, watch := n.eps.Initialized(n.db.ReadTxn())
+		if init {
+			return
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatal("endpoint restore did not finish")
+		}
+	}
+}
+
+// waitAllocations waits, on the table's watch channel, until allocations()
+// is want.
+func (n *node) waitAllocations(t *testing.T, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		_, watch := n.ipamTbl.AllWatch(n.db.ReadTxn())
+		got := n.allocations()
+		slices.Sort(got)
+		if slices.Equal(got, want) {
+			return
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatalf("allocations = %q, want %q", got, want)
+		}
+	}
+}
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }

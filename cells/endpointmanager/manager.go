@@ -1,0 +1,427 @@
+package endpointmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netns"
+
+	"github.com/cellium/cellium/cells/ipam"
+)
+
+// CreateRequest is what a CNI ADD knows about a container.
+type CreateRequest struct {
+	ContainerID string
+	// Netns is the path of the container's network namespace.
+	Netns string
+	// IfName is the interface to make in it.
+	IfName       string
+	PodNamespace string
+	PodName      string
+}
+
+func (r CreateRequest) validate() error {
+	for _, err := range []error{validContainerID(r.ContainerID), validNetns(r.Netns), validIfName(r.IfName)} {
+		if err != nil {
+			return errorf(ErrInvalid, "%s", err)
+		}
+	}
+	return nil
+}
+
+// Create makes the endpoint of a container: it allocates an address per
+// pool, writes the state file, makes the veth pair, addresses and routes,
+// and writes the state file again as ready before it returns, so that an
+// endpoint reported to the runtime is never lost. Whatever fails is undone.
+// It waits while the restore runs, as long as ctx allows.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	if err := m.waitRestored(ctx); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	txn := m.db.ReadTxn()
+	if old, _, found := m.tbl.Get(txn, EndpointContainerID.Query(req.ContainerID)); found {
+		return nil, errorf(ErrExists, "container %s already has endpoint %d (interface %s, addresses %v): a CNI DEL removes it",
+			req.ContainerID, old.ID, old.IfName, old.IPs())
+	}
+	if err := checkPodNetns(req.Netns); err != nil {
+		return nil, err
+	}
+	id, err := m.freeID(txn)
+	if err != nil {
+		return nil, err
+	}
+	// An earlier ADD of this container that the agent did not finish may
+	// have left a veth pair or addresses: start from nothing.
+	if _, _, err := m.leftovers(req.ContainerID); err != nil {
+		return nil, err
+	}
+
+	ep := &Endpoint{
+		ID: id, ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
+		HostIfName: HostIfName(req.ContainerID), PodNamespace: req.PodNamespace, PodName: req.PodName,
+		Created: time.Now(),
+	}
+	ep, err = m.create(ctx, ep)
+	if err != nil {
+		m.undo(ep)
+		return nil, err
+	}
+	return ep, nil
+}
+
+func (m *Manager) create(ctx context.Context, ep *Endpoint) (*Endpoint, error) {
+	for _, pool := range m.ipam.Pools() {
+		a, err := m.ipam.Allocate(ctx, ipam.Request{Owner: ep.ContainerID, Family: pool.Family})
+		if err != nil {
+			return ep, err
+		}
+		if pool.Family == ipam.IPv4 {
+			ep.IPv4 = a.IP
+		} else {
+			ep.IPv6 = a.IP
+		}
+	}
+	m.crashPoint(CrashIPAMAllocated)
+	if err := m.states.write(ep, phaseCreating); err != nil {
+		return ep, err
+	}
+	if err := m.plumb.plumb(ep, m.routers()); err != nil {
+		return ep, err
+	}
+	ep.State = Ready
+	if err := m.states.write(ep, phaseReady); err != nil {
+		return ep, err
+	}
+	m.crashPoint(CrashEndpointPersisted)
+	if err := m.insert(ep); err != nil {
+		return ep, err
+	}
+	m.log.Info("Created endpoint", "id", ep.ID, "container", ep.ContainerID, "interface", ep.IfName,
+		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6)
+	return ep, nil
+}
+
+// undo removes what a failed creation made, in the reverse order.
+func (m *Manager) undo(ep *Endpoint) {
+	if _, err := unplumb(ep.HostIfName); err != nil {
+		m.log.Error("Undoing a failed endpoint creation: remove veth pair", "container", ep.ContainerID, "error", err)
+	}
+	if err := m.states.remove(ep.ID); err != nil {
+		m.log.Error("Undoing a failed endpoint creation: remove state", "container", ep.ContainerID, "error", err)
+	}
+	if _, err := m.ipam.ReleaseOwner(ep.ContainerID); err != nil {
+		m.log.Error("Undoing a failed endpoint creation: release addresses", "container", ep.ContainerID, "error", err)
+	}
+}
+
+// checkPodNetns checks that a container's netns is a network namespace and
+// not the agent's own: an endpoint there would take over the host's.
+func checkPodNetns(path string) error {
+	ns, err := openNetns(path)
+	if err != nil {
+		return errorf(ErrInvalid, "%s", err)
+	}
+	defer ns.Close()
+	self, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("the agent's own netns: %w", err)
+	}
+	defer self.Close()
+	if ns.Equal(self) {
+		return errorf(ErrInvalid, "netns %s is the host's network namespace, not a container's", path)
+	}
+	return nil
+}
+
+// freeID is the lowest endpoint ID no endpoint has.
+func (m *Manager) freeID(txn statedb.ReadTxn) (uint16, error) {
+	next := uint16(1)
+	for ep := range m.tbl.All(txn) {
+		if ep.ID != next {
+			break
+		}
+		if next == 1<<16-1 {
+			return 0, errorf(ErrExhausted, "every endpoint ID is in use (%d endpoints)", next)
+		}
+		next++
+	}
+	return next, nil
+}
+
+// leftovers removes what a creation for containerID that the agent did not
+// finish left: the host side of its veth pair and its addresses.
+func (m *Manager) leftovers(containerID string) (removedLink bool, released []netip.Addr, err error) {
+	removedLink, err = unplumb(HostIfName(containerID))
+	if err != nil {
+		return false, nil, err
+	}
+	released, err = m.ipam.ReleaseOwner(containerID)
+	if err != nil {
+		return removedLink, nil, err
+	}
+	if removedLink || len(released) > 0 {
+		m.log.Info("Removed what an unfinished endpoint creation left", "container", containerID,
+			"host-interface", HostIfName(containerID), "removed-interface", removedLink, "released", released)
+	}
+	return removedLink, released, nil
+}
+
+// routers are the router addresses of the pools.
+func (m *Manager) routers() []netip.Addr {
+	var out []netip.Addr
+	for _, p := range m.ipam.Pools() {
+		out = append(out, p.Router)
+	}
+	return out
+}
+
+// insert puts ep in the table, for the endpoint map to pick up.
+func (m *Manager) insert(ep *Endpoint) error {
+	ep = ep.Clone()
+	ep.MapStatus = reconciler.StatusPending()
+	txn := m.db.WriteTxn(m.tbl)
+	defer txn.Abort()
+	if _, _, err := m.tbl.Insert(txn, ep); err != nil {
+		return err
+	}
+	txn.Commit()
+	return nil
+}
+
+// Selector names an endpoint: by ID, or by container ID when ContainerID
+// is set.
+type Selector struct {
+	ID          uint16
+	ContainerID string
+}
+
+func (s Selector) String() string {
+	if s.ContainerID != "" {
+		return "container " + s.ContainerID
+	}
+	return fmt.Sprintf("endpoint %d", s.ID)
+}
+
+// Lookup returns the endpoint s names.
+func (m *Manager) Lookup(s Selector) (*Endpoint, bool) {
+	txn := m.db.ReadTxn()
+	if s.ContainerID != "" {
+		ep, _, found := m.tbl.Get(txn, EndpointContainerID.Query(s.ContainerID))
+		return ep, found
+	}
+	ep, _, found := m.tbl.Get(txn, EndpointID.Query(s.ID))
+	return ep, found
+}
+
+// Deleted is what a Delete removed.
+type Deleted struct {
+	// Endpoint is nil when there was no endpoint, only leftovers of an
+	// unfinished creation.
+	Endpoint *Endpoint
+	Released []netip.Addr
+}
+
+// Delete removes an endpoint: its veth pair (and with it the pod's
+// interface and every route through them), its state, its addresses. For a
+// container without an endpoint it removes what an unfinished creation
+// left; with nothing at all to remove it is an ErrNotFound error, which a
+// CNI DEL treats as done.
+func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
+	if err := m.waitRestored(ctx); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	ep, found := m.Lookup(s)
+	if !found {
+		if s.ContainerID != "" {
+			removedLink, released, err := m.leftovers(s.ContainerID)
+			if err != nil {
+				return nil, err
+			}
+			if removedLink || len(released) > 0 {
+				return &Deleted{Released: released}, nil
+			}
+		}
+		return nil, errorf(ErrNotFound, "%s has no endpoint", s)
+	}
+	if _, err := unplumb(ep.HostIfName); err != nil {
+		return nil, err
+	}
+	if err := m.states.remove(ep.ID); err != nil {
+		return nil, err
+	}
+	released, err := m.ipam.ReleaseOwner(ep.ContainerID)
+	if err != nil {
+		return nil, err
+	}
+	txn := m.db.WriteTxn(m.tbl)
+	defer txn.Abort()
+	if _, _, err := m.tbl.Delete(txn, ep); err != nil {
+		return nil, err
+	}
+	txn.Commit()
+	m.log.Info("Deleted endpoint", "id", ep.ID, "container", ep.ContainerID, "released", released)
+	return &Deleted{Endpoint: ep, Released: released}, nil
+}
+
+// Check lists how an endpoint's interfaces, addresses and routes differ
+// from what the agent made; nothing when it is intact.
+func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
+	ep, found := m.Lookup(s)
+	if !found {
+		return nil, nil, errorf(ErrNotFound, "%s has no endpoint", s)
+	}
+	problems := verify(ep, m.routers())
+	if ep.State != Ready {
+		problems = append([]string{fmt.Sprintf("endpoint is %s: %s", ep.State, ep.Error)}, problems...)
+	}
+	return ep, problems, nil
+}
+
+// restore brings back the endpoints on disk, before any new endpoint can
+// get an address (see ipam.IPAM.RegisterRestorer):
+//
+//   - a state file still "creating" is a creation the agent did not finish:
+//     what it made is removed and its addresses released;
+//   - an endpoint whose netns is gone is removed, its addresses released;
+//   - every other endpoint claims its addresses; then, once the pools are
+//     known, its interfaces, addresses and routes are checked and fixed
+//     where they differ (a pod whose veth pair was removed gets a new one),
+//     and it is inserted in the table, from which the endpoint map is
+//     rebuilt.
+func (m *Manager) restore(ctx context.Context, health cell.Health) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	start := time.Now()
+
+	files, err := m.states.load()
+	if err != nil {
+		return err
+	}
+	var keep []*Endpoint
+	rolledBack, gone := 0, 0
+	for _, f := range files {
+		ep := f.endpoint()
+		switch {
+		case f.Phase == phaseCreating:
+			if err := m.remove(ep); err != nil {
+				return err
+			}
+			rolledBack++
+			m.log.Warn("Rolled back an endpoint whose creation did not finish before the agent stopped",
+				"id", ep.ID, "container", ep.ContainerID, "addresses", ep.IPs())
+		case !netnsExists(ep.Netns):
+			if err := m.remove(ep); err != nil {
+				return err
+			}
+			gone++
+			m.log.Info("Removed an endpoint whose network namespace is gone",
+				"id", ep.ID, "container", ep.ContainerID, "netns", ep.Netns, "released", ep.IPs())
+		default:
+			if err := m.claim(ep); err != nil {
+				if err := m.states.quarantine(m.states.endpointDir(ep.ID), err); err != nil {
+					return err
+				}
+				continue
+			}
+			keep = append(keep, ep)
+		}
+	}
+	// Every address held before the restart is claimed: new endpoints may
+	// get addresses from here on.
+	m.ipamRestored()
+	if err := m.ipam.WaitReady(ctx); err != nil {
+		return err
+	}
+
+	routers := m.routers()
+	notReady := 0
+	for _, ep := range keep {
+		before := *ep
+		if err := m.plumb.plumb(ep, routers); err != nil {
+			notReady++
+			ep.State, ep.Error = NotReady, err.Error()
+			m.log.Error("Restored endpoint could not be brought back; its addresses stay reserved",
+				"id", ep.ID, "container", ep.ContainerID, "error", err)
+		} else {
+			ep.State = Ready
+			if ep.HostIfIndex != before.HostIfIndex || ep.MAC.String() != before.MAC.String() {
+				m.log.Info("Restored endpoint got a new veth pair", "id", ep.ID, "container", ep.ContainerID,
+					"host-interface", ep.HostIfName, "ifindex", ep.HostIfIndex)
+				if err := m.states.write(ep, phaseReady); err != nil {
+					return err
+				}
+			}
+		}
+		if err := m.insert(ep); err != nil {
+			return err
+		}
+	}
+	txn := m.db.WriteTxn(m.tbl)
+	m.tableRestored(txn)
+	txn.Commit()
+	m.ready()
+
+	m.log.Info("Restored endpoints", "restored", len(keep), "not-ready", notReady,
+		"rolled-back", rolledBack, "netns-gone", gone, "duration", time.Since(start))
+	if notReady > 0 {
+		health.Degraded(fmt.Sprintf("%d endpoint(s) not ready after the restore", notReady), errors.New("see agent endpoint list"))
+	}
+	return nil
+}
+
+// claim reserves a restored endpoint's addresses for it.
+func (m *Manager) claim(ep *Endpoint) error {
+	for _, ip := range ep.IPs() {
+		if err := m.ipam.Claim(ip, ep.ContainerID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// remove takes away an endpoint that is not restored: its veth pair, its
+// state and its addresses.
+func (m *Manager) remove(ep *Endpoint) error {
+	if _, err := unplumb(ep.HostIfName); err != nil {
+		return err
+	}
+	if err := m.states.remove(ep.ID); err != nil {
+		return err
+	}
+	_, err := m.ipam.ReleaseOwner(ep.ContainerID)
+	return err
+}
+
+// netnsExists says whether a netns path still holds a network namespace.
+func netnsExists(path string) bool {
+	ns, err := openNetns(path)
+	if err != nil {
+		return !errors.Is(err, errNetnsGone)
+	}
+	ns.Close()
+	return true
+}
+
+// Endpoints are every endpoint, by ID.
+func (m *Manager) Endpoints() []*Endpoint {
+	var out []*Endpoint
+	for ep := range m.tbl.All(m.db.ReadTxn()) {
+		out = append(out, ep)
+	}
+	return out
+}

@@ -1,0 +1,182 @@
+package endpointmanager
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/pkg/apiv1"
+)
+
+// maxBody bounds a request body: an endpoint request is a few hundred bytes.
+const maxBody = 64 << 10
+
+// apiRoutes serves /v1/endpoints.
+func apiRoutes(m *Manager) api.Routes {
+	path := apiv1.PathEndpoints + "/{id}"
+	return api.NewRoutes(
+		api.Route{Method: http.MethodGet, Path: apiv1.PathEndpoints, Handler: func(r *http.Request) (any, error) {
+			if _, err := api.QueryParams(r); err != nil {
+				return nil, err
+			}
+			out := []apiv1.Endpoint{}
+			for _, ep := range m.Endpoints() {
+				out = append(out, m.toAPI(ep))
+			}
+			return out, nil
+		}},
+		api.Route{Method: http.MethodGet, Path: path, Handler: func(r *http.Request) (any, error) {
+			s, err := selector(r)
+			if err != nil {
+				return nil, err
+			}
+			ep, found := m.Lookup(s)
+			if !found {
+				return nil, api.NotFound("%s has no endpoint", s)
+			}
+			return m.toAPI(ep), nil
+		}},
+		api.Route{Method: http.MethodGet, Path: path + "/check", Handler: func(r *http.Request) (any, error) {
+			s, err := selector(r)
+			if err != nil {
+				return nil, err
+			}
+			ep, problems, err := m.Check(s)
+			if err != nil {
+				return nil, apiError(err)
+			}
+			return apiv1.EndpointCheck{Endpoint: m.toAPI(ep), Problems: problems}, nil
+		}},
+		api.Route{Method: http.MethodPut, Path: path, Handler: func(r *http.Request) (any, error) {
+			s, err := selector(r)
+			if err != nil {
+				return nil, err
+			}
+			if s.ContainerID == "" {
+				return nil, api.BadRequest("PUT %s/{id} takes %s<container ID>: the agent picks the endpoint ID", apiv1.PathEndpoints, apiv1.ContainerIDPrefix)
+			}
+			var in apiv1.EndpointCreate
+			if err := decodeBody(r, &in); err != nil {
+				return nil, err
+			}
+			if in.ContainerID != "" && in.ContainerID != s.ContainerID {
+				return nil, api.BadRequest("containerID %q in the body is not the %q of the path", in.ContainerID, s.ContainerID)
+			}
+			ep, err := m.Create(r.Context(), CreateRequest{
+				ContainerID: s.ContainerID, Netns: in.Netns, IfName: in.Interface,
+				PodNamespace: in.PodNamespace, PodName: in.PodName,
+			})
+			if err != nil {
+				return nil, apiError(err)
+			}
+			return m.toAPI(ep), nil
+		}},
+		api.Route{Method: http.MethodDelete, Path: path, Handler: func(r *http.Request) (any, error) {
+			s, err := selector(r)
+			if err != nil {
+				return nil, err
+			}
+			d, err := m.Delete(r.Context(), s)
+			if err != nil {
+				return nil, apiError(err)
+			}
+			out := apiv1.EndpointDeleted{ReleasedIPs: addrStrings(d.Released)}
+			if d.Endpoint != nil {
+				ep := m.toAPI(d.Endpoint)
+				out.Endpoint = &ep
+			}
+			return out, nil
+		}},
+	)
+}
+
+// selector parses the {id} of a path and refuses query parameters.
+func selector(r *http.Request) (Selector, error) {
+	if _, err := api.QueryParams(r); err != nil {
+		return Selector{}, err
+	}
+	id := r.PathValue("id")
+	if cid, ok := strings.CutPrefix(id, apiv1.ContainerIDPrefix); ok {
+		if err := validContainerID(cid); err != nil {
+			return Selector{}, api.BadRequest("%s", err)
+		}
+		return Selector{ContainerID: cid}, nil
+	}
+	n, err := strconv.ParseUint(id, 10, 16)
+	if err != nil || n == 0 {
+		return Selector{}, api.BadRequest("invalid endpoint %q: want an endpoint ID (1 to 65535) or %s<container ID>", id, apiv1.ContainerIDPrefix)
+	}
+	return Selector{ID: uint16(n)}, nil
+}
+
+func decodeBody(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return api.BadRequest("read body: %v", err)
+	}
+	if len(body) > maxBody {
+		return api.BadRequest("body larger than %d bytes", maxBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return api.BadRequest("invalid body: %v", err)
+	}
+	return nil
+}
+
+// apiError gives a Manager or IPAM error its HTTP status.
+func apiError(err error) error {
+	switch {
+	case errors.Is(err, ErrInvalid), errors.Is(err, ipam.ErrInvalid):
+		return api.BadRequest("%s", err)
+	case errors.Is(err, ErrNotFound):
+		return api.NotFound("%s", err)
+	case errors.Is(err, ErrExists), errors.Is(err, ipam.ErrInUse):
+		return api.Errorf(http.StatusConflict, "%s", err)
+	case errors.Is(err, ErrNotReady), errors.Is(err, ipam.ErrNotReady),
+		errors.Is(err, ErrExhausted), errors.Is(err, ipam.ErrExhausted):
+		return api.Errorf(http.StatusServiceUnavailable, "%s", err)
+	}
+	return err
+}
+
+func (m *Manager) toAPI(ep *Endpoint) apiv1.Endpoint {
+	out := apiv1.Endpoint{
+		ID: ep.ID, ContainerID: ep.ContainerID, Netns: ep.Netns, Interface: ep.IfName, MAC: ep.MAC.String(),
+		HostInterface: ep.HostIfName, HostIfIndex: ep.HostIfIndex, HostMAC: ep.HostMAC.String(),
+		PodNamespace: ep.PodNamespace, PodName: ep.PodName, Labels: ep.Labels,
+		State: string(ep.State), Error: ep.Error, Created: ep.Created,
+		Datapath: ep.MapStatus.Kind.String(), DatapathError: ep.MapStatus.GetError(),
+	}
+	if ep.IPv4.IsValid() {
+		out.IPv4 = ep.IPv4.String()
+	}
+	if ep.IPv6.IsValid() {
+		out.IPv6 = ep.IPv6.String()
+	}
+	for _, p := range m.ipam.Pools() {
+		if p.Family == ipam.IPv4 && ep.IPv4.IsValid() {
+			out.IPv4Gateway = p.Router.String()
+		}
+		if p.Family == ipam.IPv6 && ep.IPv6.IsValid() {
+			out.IPv6Gateway = p.Router.String()
+		}
+	}
+	return out
+}
+
+func addrStrings(addrs []netip.Addr) []string {
+	var out []string
+	for _, a := range addrs {
+		out = append(out, a.String())
+	}
+	return out
+}

@@ -1,0 +1,213 @@
+package endpointmanager
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cellium/cellium/pkg/statefile"
+)
+
+// The endpoint state on disk: <state-dir>/endpoints/<id>/endpoint.json.
+const (
+	endpointsDir  = "endpoints"
+	invalidDir    = "endpoints-invalid"
+	stateFileName = "endpoint.json"
+	stateVersion  = 1
+)
+
+// Phase is how far the creation of an endpoint got when its state file was
+// written.
+type phase string
+
+const (
+	// phaseCreating is written before the agent touches the kernel: a
+	// restore that finds it undoes whatever the creation made.
+	phaseCreating phase = "creating"
+	// phaseReady is written before the agent answers the CNI ADD: a
+	// restore that finds it brings the endpoint back.
+	phaseReady phase = "ready"
+)
+
+// stateFile is an endpoint on disk. It is the source of truth across
+// restarts: the table is rebuilt from it.
+type stateFile struct {
+	Version      int               `json:"version"`
+	Phase        phase             `json:"phase"`
+	ID           uint16            `json:"id"`
+	ContainerID  string            `json:"containerID"`
+	Netns        string            `json:"netns"`
+	IfName       string            `json:"ifName"`
+	MAC          MAC               `json:"mac,omitempty"`
+	IPv4         netip.Addr        `json:"ipv4,omitzero"`
+	IPv6         netip.Addr        `json:"ipv6,omitzero"`
+	HostIfName   string            `json:"hostIfName"`
+	HostIfIndex  int               `json:"hostIfIndex,omitempty"`
+	HostMAC      MAC               `json:"hostMAC,omitempty"`
+	PodNamespace string            `json:"podNamespace,omitempty"`
+	PodName      string            `json:"podName,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Created      time.Time         `json:"created"`
+}
+
+func toStateFile(ep *Endpoint, ph phase) stateFile {
+	return stateFile{
+		Version: stateVersion, Phase: ph, ID: ep.ID, ContainerID: ep.ContainerID, Netns: ep.Netns,
+		IfName: ep.IfName, MAC: ep.MAC, IPv4: ep.IPv4, IPv6: ep.IPv6, HostIfName: ep.HostIfName,
+		HostIfIndex: ep.HostIfIndex, HostMAC: ep.HostMAC, PodNamespace: ep.PodNamespace,
+		PodName: ep.PodName, Labels: ep.Labels, Created: ep.Created,
+	}
+}
+
+func (f *stateFile) endpoint() *Endpoint {
+	return &Endpoint{
+		ID: f.ID, ContainerID: f.ContainerID, Netns: f.Netns, IfName: f.IfName, MAC: f.MAC,
+		IPv4: f.IPv4, IPv6: f.IPv6, HostIfName: f.HostIfName, HostIfIndex: f.HostIfIndex,
+		HostMAC: f.HostMAC, PodNamespace: f.PodNamespace, PodName: f.PodName, Labels: f.Labels,
+		Created: f.Created,
+	}
+}
+
+// validate checks what a restore relies on.
+func (f *stateFile) validate(dirName string) error {
+	switch {
+	case f.Version != stateVersion:
+		return fmt.Errorf("unknown version %d: this agent reads version %d", f.Version, stateVersion)
+	case f.Phase != phaseCreating && f.Phase != phaseReady:
+		return fmt.Errorf("invalid phase %q: want %s or %s", f.Phase, phaseCreating, phaseReady)
+	case strconv.Itoa(int(f.ID)) != dirName || f.ID == 0:
+		return fmt.Errorf("id %d does not match its directory %q", f.ID, dirName)
+	case f.HostIfName != HostIfName(f.ContainerID):
+		return fmt.Errorf("hostIfName %q is not the one of container %q (%s)", f.HostIfName, f.ContainerID, HostIfName(f.ContainerID))
+	case !f.IPv4.IsValid() && !f.IPv6.IsValid():
+		return errors.New("no address")
+	case f.IPv4.IsValid() && !f.IPv4.Is4(), f.IPv6.IsValid() && !f.IPv6.Is6():
+		return fmt.Errorf("address of the wrong family: ipv4 %s, ipv6 %s", f.IPv4, f.IPv6)
+	}
+	if err := validContainerID(f.ContainerID); err != nil {
+		return err
+	}
+	if err := validNetns(f.Netns); err != nil {
+		return err
+	}
+	return validIfName(f.IfName)
+}
+
+// stateStore reads and writes the endpoints' state files.
+type stateStore struct {
+	log          *slog.Logger
+	dir, invalid string
+}
+
+func newStateStore(log *slog.Logger, stateDir string) *stateStore {
+	return &stateStore{log: log, dir: filepath.Join(stateDir, endpointsDir), invalid: filepath.Join(stateDir, invalidDir)}
+}
+
+func (s *stateStore) endpointDir(id uint16) string {
+	return filepath.Join(s.dir, strconv.Itoa(int(id)))
+}
+
+// write persists ep, atomically: a crash leaves the previous version.
+func (s *stateStore) write(ep *Endpoint, ph phase) error {
+	data, err := json.MarshalIndent(toStateFile(ep, ph), "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := s.endpointDir(ep.ID)
+	if err := statefile.MkdirAll(dir); err != nil {
+		return err
+	}
+	return statefile.Write(filepath.Join(dir, stateFileName), data)
+}
+
+func (s *stateStore) remove(id uint16) error { return statefile.Remove(s.endpointDir(id)) }
+
+// load reads every endpoint directory. Temporary files of interrupted
+// writes are removed; a directory without a state file (the agent died
+// between creating it and writing the file) is removed; a state file that
+// does not parse or validate is moved to the invalid directory with a log
+// line naming the file and the error.
+func (s *stateStore) load() ([]*stateFile, error) {
+	if err := statefile.MkdirAll(s.dir); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint state: %w", err)
+	}
+	var out []*stateFile
+	for _, e := range entries {
+		dir := filepath.Join(s.dir, e.Name())
+		if !e.IsDir() {
+			if err := s.quarantine(dir, errors.New("not an endpoint directory")); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		removed, err := statefile.RemoveTemps(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, path := range removed {
+			s.log.Info("Removed temporary endpoint state file of an interrupted write", "file", path)
+		}
+		path := filepath.Join(dir, stateFileName)
+		data, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			s.log.Info("Removed endpoint directory without a state file, left by an interrupted creation", "dir", dir)
+			if err := statefile.Remove(dir); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read endpoint state: %w", err)
+		}
+		f, err := parseStateFile(data, e.Name())
+		if err != nil {
+			if err := s.quarantine(path, err); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+func parseStateFile(data []byte, dirName string) (*stateFile, error) {
+	var f stateFile
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, err
+	}
+	if err := f.validate(dirName); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// quarantine moves the endpoint directory that holds path to the invalid
+// directory, where it is kept for whoever investigates.
+func (s *stateStore) quarantine(path string, why error) error {
+	dir := path
+	if filepath.Dir(path) != s.dir {
+		dir = filepath.Dir(path)
+	}
+	if err := statefile.MkdirAll(s.invalid); err != nil {
+		return err
+	}
+	to := filepath.Join(s.invalid, fmt.Sprintf("%s.%d", filepath.Base(dir), time.Now().UnixNano()))
+	s.log.Error("Invalid endpoint state file, moved aside; the endpoint is not restored",
+		"file", path, "error", why, "moved-to", to)
+	return statefile.Move(dir, to)
+}

@@ -1,0 +1,171 @@
+package endpointmanager
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/cellium/cellium/cells/internal/tables"
+)
+
+// State is an endpoint's state in the table.
+type State string
+
+const (
+	// Ready: interfaces, addresses and routes are in place.
+	Ready State = "ready"
+	// NotReady: restored, but its interfaces could not be brought back;
+	// Error says why. Its addresses stay reserved until it is deleted.
+	NotReady State = "not-ready"
+)
+
+// MAC is a link-layer address that reads and writes as aa:bb:cc:dd:ee:ff.
+type MAC net.HardwareAddr
+
+func (m MAC) String() string { return net.HardwareAddr(m).String() }
+
+func (m MAC) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+func (m *MAC) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*m = nil
+		return nil
+	}
+	hw, err := net.ParseMAC(string(b))
+	if err != nil {
+		return err
+	}
+	*m = MAC(hw)
+	return nil
+}
+
+// Endpoint is one row of the table "endpoints": a pod's network interface.
+// Rows are immutable: change a copy (Clone) and insert it.
+type Endpoint struct {
+	// ID is the agent's number for the endpoint, unique on the node.
+	ID          uint16 `json:"id" yaml:"id"`
+	ContainerID string `json:"containerID" yaml:"containerID"`
+	// Netns is the path of the pod's network namespace.
+	Netns string `json:"netns" yaml:"netns"`
+	// IfName is the interface's name in the pod (CNI_IFNAME).
+	IfName string     `json:"ifName" yaml:"ifName"`
+	MAC    MAC        `json:"mac" yaml:"mac"`
+	IPv4   netip.Addr `json:"ipv4,omitzero" yaml:"ipv4,omitempty"`
+	IPv6   netip.Addr `json:"ipv6,omitzero" yaml:"ipv6,omitempty"`
+	// HostIfName is the host side of the veth pair: see HostIfName.
+	HostIfName   string            `json:"hostIfName" yaml:"hostIfName"`
+	HostIfIndex  int               `json:"hostIfIndex" yaml:"hostIfIndex"`
+	HostMAC      MAC               `json:"hostMAC" yaml:"hostMAC"`
+	PodNamespace string            `json:"podNamespace,omitempty" yaml:"podNamespace,omitempty"`
+	PodName      string            `json:"podName,omitempty" yaml:"podName,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
+	State        State             `json:"state" yaml:"state"`
+	// Error says why a not-ready endpoint is not ready.
+	Error   string    `json:"error,omitempty" yaml:"error,omitempty"`
+	Created time.Time `json:"created" yaml:"created"`
+	// MapStatus says whether the endpoint is in the BPF endpoint map (the
+	// endpoint-maps cell reconciles it).
+	MapStatus reconciler.Status `json:"mapStatus" yaml:"mapStatus"`
+}
+
+// Clone is a copy of e that may be changed.
+func (e *Endpoint) Clone() *Endpoint {
+	c := *e
+	c.Labels = maps.Clone(e.Labels)
+	return &c
+}
+
+// IPs are the endpoint's addresses, IPv4 first.
+func (e *Endpoint) IPs() []netip.Addr {
+	var ips []netip.Addr
+	for _, ip := range []netip.Addr{e.IPv4, e.IPv6} {
+		if ip.IsValid() {
+			ips = append(ips, ip)
+		}
+	}
+	return ips
+}
+
+func (e *Endpoint) TableHeader() []string {
+	return []string{"ID", "ContainerID", "Pod", "Interface", "IPv4", "IPv6", "Host", "State", "Map", "Error"}
+}
+
+func (e *Endpoint) TableRow() []string {
+	pod := ""
+	if e.PodName != "" {
+		pod = e.PodNamespace + "/" + e.PodName
+	}
+	addr := func(a netip.Addr) string {
+		if a.IsValid() {
+			return a.String()
+		}
+		return ""
+	}
+	errText := e.Error
+	if mapErr := e.MapStatus.GetError(); mapErr != "" {
+		errText = mapErr
+	}
+	return []string{
+		strconv.Itoa(int(e.ID)), shortID(e.ContainerID), pod, e.IfName, addr(e.IPv4), addr(e.IPv6),
+		fmt.Sprintf("%s (%d)", e.HostIfName, e.HostIfIndex), string(e.State), e.MapStatus.Kind.String(), errText,
+	}
+}
+
+// shortID is the first 12 characters of a container ID, as runtimes show it.
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+var (
+	// EndpointID indexes the endpoints table by endpoint ID.
+	EndpointID = statedb.Index[*Endpoint, uint16]{
+		Name:       "id",
+		FromObject: func(e *Endpoint) index.KeySet { return index.NewKeySet(index.Uint16(e.ID)) },
+		FromKey:    index.Uint16,
+		FromString: index.Uint16String,
+		Unique:     true,
+	}
+	// EndpointContainerID indexes the endpoints table by container ID.
+	EndpointContainerID = statedb.Index[*Endpoint, string]{
+		Name:       "container-id",
+		FromObject: func(e *Endpoint) index.KeySet { return index.NewKeySet(index.String(e.ContainerID)) },
+		FromKey:    index.String,
+		FromString: index.FromString,
+		Unique:     true,
+	}
+	// EndpointIP indexes the endpoints table by address.
+	EndpointIP = statedb.Index[*Endpoint, netip.Addr]{
+		Name: "ip",
+		FromObject: func(e *Endpoint) index.KeySet {
+			var keys []index.Key
+			for _, ip := range e.IPs() {
+				keys = append(keys, index.NetIPAddr(ip))
+			}
+			return index.NewKeySet(keys...)
+		},
+		FromKey:    index.NetIPAddr,
+		FromString: index.NetIPAddrString,
+	}
+	// EndpointMapStatus indexes the endpoints table by whether the endpoint
+	// is in the BPF endpoint map yet.
+	EndpointMapStatus = tables.StatusIndex(func(e *Endpoint) reconciler.Status { return e.MapStatus })
+)
+
+// TableName is the name of the endpoints table.
+const TableName = "endpoints"
+
+// NewTable registers the endpoints table. The endpoint-manager cell
+// provides it; tests of the cells that read it may register it themselves.
+func NewTable(db *statedb.DB) (statedb.RWTable[*Endpoint], error) {
+	return statedb.NewTable(db, TableName, EndpointID, EndpointContainerID, EndpointIP, EndpointMapStatus)
+}

@@ -1,0 +1,352 @@
+package endpointmanager
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// errNetnsGone: the endpoint's network namespace no longer exists (the
+// path is gone, or nothing is mounted on it any more).
+var errNetnsGone = errors.New("network namespace is gone")
+
+// openNetns opens the network namespace at path, checking that it is one.
+func openNetns(path string) (netns.NsHandle, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return netns.None(), fmt.Errorf("netns %s: %w", path, errNetnsGone)
+	}
+	if err != nil {
+		return netns.None(), fmt.Errorf("netns %s: %w", path, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		unix.Close(fd)
+		return netns.None(), fmt.Errorf("netns %s: %w", path, err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		unix.Close(fd)
+		return netns.None(), fmt.Errorf("netns %s is not a namespace (nothing is mounted there): %w", path, errNetnsGone)
+	}
+	if typ, err := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE); err != nil || typ != unix.CLONE_NEWNET {
+		unix.Close(fd)
+		return netns.None(), fmt.Errorf("netns %s is a namespace but not a network namespace", path)
+	}
+	return netns.NsHandle(fd), nil
+}
+
+// plumbing makes and checks the kernel side of endpoints: a veth pair with
+// the host side in the agent's network namespace and the other in the pod's,
+// the pod's address on it, a route to the router address and a default
+// route through it in the pod, and on the host the router address on the
+// host side and a route to the pod's address through it.
+//
+// The router address is on the host side of every endpoint: the host then
+// answers the pod's ARP and neighbour solicitations for it, and delivers
+// what the pod sends to it locally. The kernel allows the same address on
+// many links, so no shared device is needed.
+type plumbing struct {
+	mtu int
+	// vethCreated runs right after a new veth pair exists: the test fault
+	// point (--endpoint-test-crash-at).
+	vethCreated func()
+}
+
+// plumb makes the kernel match ep, and fills in its MACs and host ifindex.
+// It is idempotent: on an endpoint that is intact it changes nothing, so a
+// restore does not disturb the pod's traffic. routers are the pools'
+// router addresses.
+func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr) error {
+	podNS, err := openNetns(ep.Netns)
+	if err != nil {
+		return err
+	}
+	defer podNS.Close()
+	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
+	}
+	defer pod.Close()
+
+	host, podLink, err := p.ensureVeth(ep, podNS, pod)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
+	}
+	if err := pod.LinkSetUp(podLink); err != nil {
+		return fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
+	}
+	for _, ip := range ep.IPs() {
+		router, ok := routerOf(ip, routers)
+		if !ok {
+			return fmt.Errorf("no router address for %s: no pod pool of its family", ip)
+		}
+		if err := pod.AddrReplace(podLink, hostAddr(ip)); err != nil {
+			return fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
+		}
+		for _, r := range podRoutes(podLink.Attrs().Index, router) {
+			if err := pod.RouteReplace(r); err != nil {
+				return fmt.Errorf("add route %s in netns %s: %w", r, ep.Netns, err)
+			}
+		}
+		if err := netlink.AddrReplace(host, hostAddr(router)); err != nil {
+			return fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
+		}
+		r := hostRoute(host.Attrs().Index, ip)
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("add route %s: %w", r, err)
+		}
+	}
+	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
+	ep.HostMAC = MAC(host.Attrs().HardwareAddr)
+	ep.HostIfIndex = host.Attrs().Index
+	return nil
+}
+
+// ensureVeth returns the endpoint's veth pair, making it if it is missing.
+// A host side whose peer is not the pod's interface is what an interrupted
+// creation leaves: it is replaced.
+func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle) (host, podLink netlink.Link, err error) {
+	host, err = netlink.LinkByName(ep.HostIfName)
+	switch {
+	case err == nil:
+		podLink, perr := pod.LinkByName(ep.IfName)
+		if perr == nil && paired(host, podLink) {
+			if err := p.ensureMTU(host, podLink, pod); err != nil {
+				return nil, nil, err
+			}
+			return host, podLink, nil
+		}
+		if err := netlink.LinkDel(host); err != nil {
+			return nil, nil, fmt.Errorf("remove %s, whose peer is not %s in netns %s: %w", ep.HostIfName, ep.IfName, ep.Netns, err)
+		}
+	case !isNotFound(err):
+		return nil, nil, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
+	}
+	if _, err := pod.LinkByName(ep.IfName); err == nil {
+		return nil, nil, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: ep.HostIfName, MTU: p.mtu},
+		PeerName:      ep.IfName,
+		PeerNamespace: netlink.NsFd(podNS),
+		PeerMTU:       uint32(p.mtu),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return nil, nil, fmt.Errorf("create veth pair %s (host) and %s (netns %s): %w", ep.HostIfName, ep.IfName, ep.Netns, err)
+	}
+	if p.vethCreated != nil {
+		p.vethCreated()
+	}
+	if host, err = netlink.LinkByName(ep.HostIfName); err != nil {
+		return nil, nil, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
+	}
+	if podLink, err = pod.LinkByName(ep.IfName); err != nil {
+		return nil, nil, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
+	}
+	return host, podLink, nil
+}
+
+func (p *plumbing) ensureMTU(host, podLink netlink.Link, pod *netlink.Handle) error {
+	if host.Attrs().MTU != p.mtu {
+		if err := netlink.LinkSetMTU(host, p.mtu); err != nil {
+			return fmt.Errorf("set MTU of %s: %w", host.Attrs().Name, err)
+		}
+	}
+	if podLink.Attrs().MTU != p.mtu {
+		if err := pod.LinkSetMTU(podLink, p.mtu); err != nil {
+			return fmt.Errorf("set MTU of %s: %w", podLink.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// paired says whether host and pod are the two ends of one veth pair: a
+// veth's link index is its peer's ifindex.
+func paired(host, pod netlink.Link) bool {
+	return host.Type() == "veth" && pod.Type() == "veth" &&
+		host.Attrs().ParentIndex == pod.Attrs().Index && pod.Attrs().ParentIndex == host.Attrs().Index
+}
+
+func isNotFound(err error) bool {
+	_, ok := errors.AsType[netlink.LinkNotFoundError](err)
+	return ok
+}
+
+// unplumb removes the host side of a veth pair, and with it the pod side,
+// their addresses and the routes through them. removed is false when there
+// was nothing to remove.
+func unplumb(hostIfName string) (removed bool, err error) {
+	link, err := netlink.LinkByName(hostIfName)
+	if isNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up %s: %w", hostIfName, err)
+	}
+	if err := netlink.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
+		return false, fmt.Errorf("remove %s: %w", hostIfName, err)
+	}
+	return true, nil
+}
+
+func routerOf(ip netip.Addr, routers []netip.Addr) (netip.Addr, bool) {
+	for _, r := range routers {
+		if r.Is4() == ip.Is4() {
+			return r, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// hostAddr is ip alone: /32 or /128, so that no prefix route comes with it.
+// IPv6 addresses skip duplicate address detection, which would keep them
+// unusable for a second.
+func hostAddr(ip netip.Addr) *netlink.Addr {
+	a := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ip, ip.BitLen()))}
+	if ip.Is6() {
+		a.Flags = unix.IFA_F_NODAD
+	}
+	return a
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// podRoutes are the pod's routes: the router on the link, and the default
+// route through it.
+func podRoutes(linkIndex int, router netip.Addr) []*netlink.Route {
+	any := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if router.Is6() {
+		any = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	return []*netlink.Route{
+		{LinkIndex: linkIndex, Dst: prefixNet(netip.PrefixFrom(router, router.BitLen())), Scope: linkScope(router)},
+		{LinkIndex: linkIndex, Dst: prefixNet(any), Gw: router.AsSlice()},
+	}
+}
+
+// hostRoute is the host's route to a pod address, through its host side.
+func hostRoute(linkIndex int, ip netip.Addr) *netlink.Route {
+	return &netlink.Route{LinkIndex: linkIndex, Dst: prefixNet(netip.PrefixFrom(ip, ip.BitLen())), Scope: linkScope(ip)}
+}
+
+// linkScope is the scope of a route to a neighbour; IPv6 has no scopes on
+// routes.
+func linkScope(ip netip.Addr) netlink.Scope {
+	if ip.Is4() {
+		return netlink.SCOPE_LINK
+	}
+	return netlink.SCOPE_UNIVERSE
+}
+
+func family(ip netip.Addr) int {
+	if ip.Is4() {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+// verify lists how the kernel differs from ep; nothing when it is intact.
+func verify(ep *Endpoint, routers []netip.Addr) []string {
+	podNS, err := openNetns(ep.Netns)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer podNS.Close()
+	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
+	if err != nil {
+		return []string{fmt.Sprintf("netlink in netns %s: %v", ep.Netns, err)}
+	}
+	defer pod.Close()
+
+	var problems []string
+	host, err := netlink.LinkByName(ep.HostIfName)
+	if err != nil {
+		return []string{fmt.Sprintf("host interface %s: %v", ep.HostIfName, err)}
+	}
+	podLink, err := pod.LinkByName(ep.IfName)
+	if err != nil {
+		return []string{fmt.Sprintf("interface %s in netns %s: %v", ep.IfName, ep.Netns, err)}
+	}
+	if !paired(host, podLink) {
+		problems = append(problems, fmt.Sprintf("%s and %s in netns %s are not the two ends of a veth pair", ep.HostIfName, ep.IfName, ep.Netns))
+	}
+	for _, l := range []netlink.Link{host, podLink} {
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			problems = append(problems, fmt.Sprintf("interface %s is down", l.Attrs().Name))
+		}
+	}
+	if !slices.Equal(podLink.Attrs().HardwareAddr, net.HardwareAddr(ep.MAC)) {
+		problems = append(problems, fmt.Sprintf("interface %s has MAC %s, want %s", ep.IfName, podLink.Attrs().HardwareAddr, ep.MAC))
+	}
+	for _, ip := range ep.IPs() {
+		router, ok := routerOf(ip, routers)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("no router address for %s: no pod pool of its family", ip))
+			continue
+		}
+		if !hasAddr(pod, podLink, ip) {
+			problems = append(problems, fmt.Sprintf("%s in netns %s does not have address %s", ep.IfName, ep.Netns, ip))
+		}
+		if !hasAddr(&netlink.Handle{}, host, router) {
+			problems = append(problems, fmt.Sprintf("%s does not have the router address %s", ep.HostIfName, router))
+		}
+		podRouteList, _ := pod.RouteList(podLink, family(ip))
+		for _, want := range podRoutes(podLink.Attrs().Index, router) {
+			if !hasRoute(podRouteList, want) {
+				problems = append(problems, fmt.Sprintf("netns %s has no route %s", ep.Netns, routeString(want)))
+			}
+		}
+		hostRoutes, _ := netlink.RouteList(host, family(ip))
+		if want := hostRoute(host.Attrs().Index, ip); !hasRoute(hostRoutes, want) {
+			problems = append(problems, fmt.Sprintf("the host has no route %s", routeString(want)))
+		}
+	}
+	return problems
+}
+
+func hasAddr(h *netlink.Handle, link netlink.Link, ip netip.Addr) bool {
+	addrs, err := h.AddrList(link, family(ip))
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if got, ok := netip.AddrFromSlice(a.IP); ok && got.Unmap() == ip {
+			return true
+		}
+	}
+	return false
+}
+
+func hasRoute(routes []netlink.Route, want *netlink.Route) bool {
+	for _, r := range routes {
+		dst := r.Dst
+		if dst == nil {
+			dst = want.Dst // the default route may come back without a destination
+			if ones, _ := want.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		if r.LinkIndex == want.LinkIndex && dst.String() == want.Dst.String() && r.Gw.Equal(want.Gw) {
+			return true
+		}
+	}
+	return false
+}
+
+func routeString(r *netlink.Route) string {
+	if r.Gw != nil {
+		return fmt.Sprintf("%s via %s", r.Dst, r.Gw)
+	}
+	return fmt.Sprintf("%s dev #%d", r.Dst, r.LinkIndex)
+}

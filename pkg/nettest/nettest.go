@@ -1,0 +1,232 @@
+// Package nettest gives tests network namespaces of their own, host
+// blackhole routes over their test ranges, and real ICMP echo from inside a
+// namespace, so that test traffic never leaves the machine.
+//
+//	v4, v6 := nettest.Ranges(t)        // 10.244.X.0/24 and fd00:10:244:X::/64, blackholed on the host
+//	pod := nettest.NewNS(t)            // removed when the test ends
+//	err := nettest.Ping(pod.Path(), router, time.Second)
+package nettest
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// RequireRoot skips the test unless it runs as root: it makes namespaces,
+// links and routes.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, veth pairs and routes")
+	}
+}
+
+// NewNS creates a network namespace, bind-mounted under /var/run/netns, and
+// removes it when the test ends. Its loopback is up.
+func NewNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	RequireRoot(t)
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Skipf("cannot create a network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		testutils.UnmountNS(n)
+	})
+	err = n.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	})
+	if err != nil {
+		t.Fatalf("set lo up in %s: %v", n.Path(), err)
+	}
+	return n
+}
+
+// Ranges picks an IPv4 /24 in 10.244.128.0/17 and an IPv6 /64 in
+// fd00:10:244::/48 that no other test uses at the moment, and adds host
+// blackhole routes over both, removed when the test ends: a pod address the
+// test forgot to route is then dropped, not sent out the default route.
+func Ranges(t testing.TB) (v4, v6 netip.Prefix) {
+	t.Helper()
+	RequireRoot(t)
+	for range 64 {
+		n := 128 + rand.IntN(128)
+		v4 = netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n))
+		v6 = netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%x::/64", n))
+		if err := blackhole(v4); errors.Is(err, unix.EEXIST) {
+			continue
+		} else if err != nil {
+			t.Fatalf("blackhole route %s: %v", v4, err)
+		}
+		t.Cleanup(func() { netlink.RouteDel(blackholeRoute(v4)) })
+		if err := blackhole(v6); err != nil {
+			t.Fatalf("blackhole route %s: %v", v6, err)
+		}
+		t.Cleanup(func() { netlink.RouteDel(blackholeRoute(v6)) })
+		return v4, v6
+	}
+	t.Fatal("no free test range in 10.244.128.0/17: every /24 has a blackhole route")
+	return
+}
+
+func blackholeRoute(p netip.Prefix) *netlink.Route {
+	return &netlink.Route{
+		Dst:  &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
+		Type: unix.RTN_BLACKHOLE,
+	}
+}
+
+func blackhole(p netip.Prefix) error { return netlink.RouteAdd(blackholeRoute(p)) }
+
+// Do runs fn on a thread in the network namespace at path. What fn creates
+// there (sockets, processes it starts) stays in that namespace.
+func Do(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter netns %s: %w", path, err)
+	}
+	fnErr := fn()
+	if err := netns.Set(orig); err != nil {
+		// The thread stays locked, and dies with its goroutine, rather
+		// than run other goroutines in the wrong namespace.
+		return fmt.Errorf("leave netns %s: %w", path, err)
+	}
+	runtime.UnlockOSThread()
+	return fnErr
+}
+
+// Ping sends one ICMP echo request from the network namespace at nsPath to
+// dst and waits up to timeout for the reply.
+func Ping(nsPath string, dst netip.Addr, timeout time.Duration) error {
+	domain, proto := unix.AF_INET, unix.IPPROTO_ICMP
+	if dst.Is6() {
+		domain, proto = unix.AF_INET6, unix.IPPROTO_ICMPV6
+	}
+	var fd int
+	err := Do(nsPath, func() error {
+		var err error
+		fd, err = unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ping %s: raw socket: %w", dst, err)
+	}
+	defer unix.Close(fd)
+
+	id, seq := uint16(rand.Uint32()), uint16(rand.Uint32())
+	req := echoRequest(dst.Is6(), id, seq)
+	var sa unix.Sockaddr
+	if dst.Is4() {
+		sa = &unix.SockaddrInet4{Addr: dst.As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Addr: dst.As16()}
+	}
+	if err := unix.Sendto(fd, req, 0, sa); err != nil {
+		return fmt.Errorf("ping %s from %s: %w", dst, nsPath, err)
+	}
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 1500)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("ping %s from %s: no reply within %s", dst, nsPath, timeout)
+		}
+		tv := unix.NsecToTimeval(left.Nanoseconds())
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return err
+		}
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ping %s from %s: %w", dst, nsPath, err)
+		}
+		if isEchoReply(buf[:n], from, dst, id, seq) {
+			return nil
+		}
+	}
+}
+
+func echoRequest(v6 bool, id, seq uint16) []byte {
+	msg := make([]byte, 16)
+	msg[0] = 8 // echo request
+	if v6 {
+		msg[0] = 128
+	}
+	binary.BigEndian.PutUint16(msg[4:], id)
+	binary.BigEndian.PutUint16(msg[6:], seq)
+	copy(msg[8:], "cellium!")
+	if !v6 {
+		// The kernel computes the ICMPv6 checksum; ICMPv4 is ours.
+		binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+	}
+	return msg
+}
+
+// isEchoReply says whether pkt, read from a raw socket, is the reply from
+// dst to the request id, seq. IPv4 raw sockets read the IP header too.
+func isEchoReply(pkt []byte, from unix.Sockaddr, dst netip.Addr, id, seq uint16) bool {
+	replyType := byte(0)
+	switch sa := from.(type) {
+	case *unix.SockaddrInet4:
+		if netip.AddrFrom4(sa.Addr) != dst || len(pkt) < 20 {
+			return false
+		}
+		pkt = pkt[int(pkt[0]&0x0f)*4:]
+	case *unix.SockaddrInet6:
+		if netip.AddrFrom16(sa.Addr) != dst {
+			return false
+		}
+		replyType = 129
+	default:
+		return false
+	}
+	return len(pkt) >= 8 && pkt[0] == replyType &&
+		binary.BigEndian.Uint16(pkt[4:]) == id && binary.BigEndian.Uint16(pkt[6:]) == seq
+}
+
+func checksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
