@@ -14,13 +14,13 @@ import (
 
 // errNetnsGone: the endpoint's network namespace no longer exists (the
 // path is gone, or nothing is mounted on it any more).
-var errNetnsGone = errors.New("network namespace is gone")
+var errNetnsGone = errors.New("the network namespace is gone")
 
 // openNetns opens the network namespace at path, checking that it is one.
 func openNetns(path string) (netns.NsHandle, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return netns.None(), fmt.Errorf("netns %s: %w", path, errNetnsGone)
+		return netns.None(), fmt.Errorf("netns %s does not exist: %w", path, errNetnsGone)
 	}
 	if err != nil {
 		return netns.None(), fmt.Errorf("netns %s: %w", path, err)

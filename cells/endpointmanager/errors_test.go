@@ -1,0 +1,133 @@
+package endpointmanager_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/ipam"
+)
+
+// stateDirs are the endpoint directories on disk.
+func (n *node) stateDirs() []string {
+	entries, _ := os.ReadDir(filepath.Join(n.stateDir, "endpoints"))
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// unchanged checks that a failed creation left nothing: the allocations
+// and state directories are what they were, and there is no host link for
+// the container.
+func (n *node) unchanged(t *testing.T, containerID string, allocations, dirs []string) {
+	t.Helper()
+	if got := n.allocations(); !slices.Equal(got, allocations) {
+		t.Errorf("allocations after a failed creation = %q, want %q", got, allocations)
+	}
+	if got := n.stateDirs(); !slices.Equal(got, dirs) {
+		t.Errorf("state directories after a failed creation = %q, want %q", got, dirs)
+	}
+	if _, err := netlink.LinkByName(endpointmanager.HostIfName(containerID)); err == nil {
+		t.Errorf("host link %s exists after a failed creation", endpointmanager.HostIfName(containerID))
+	}
+}
+
+// Bad input is refused with an error naming it, and changes nothing.
+func TestCreateBadInput(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	existing := newPod(t)
+	ep := n.create(t, existing)
+	allocations, dirs := n.allocations(), n.stateDirs()
+
+	notANamespace := filepath.Join(t.TempDir(), "netns")
+	os.WriteFile(notANamespace, nil, 0o600)
+	p := newPod(t)
+	withNetns := func(path string) endpointmanager.CreateRequest { r := p.req(); r.Netns = path; return r }
+	withIfName := func(name string) endpointmanager.CreateRequest { r := p.req(); r.IfName = name; return r }
+	withID := func(id string) endpointmanager.CreateRequest { r := p.req(); r.ContainerID = id; return r }
+
+	for _, tc := range []struct {
+		name string
+		req  endpointmanager.CreateRequest
+		kind error
+		want string
+	}{
+		{"container ID", withID("-starts-with-dash"), endpointmanager.ErrInvalid, `invalid container ID "-starts-with-dash"`},
+		{"relative netns", withNetns("netns/x"), endpointmanager.ErrInvalid, `invalid netns "netns/x": want the absolute path`},
+		{"missing netns", withNetns("/nonexistent/netns"), endpointmanager.ErrInvalid, "netns /nonexistent/netns does not exist"},
+		{"not a namespace", withNetns(notANamespace), endpointmanager.ErrInvalid, "is not a namespace (nothing is mounted there)"},
+		{"host netns", withNetns("/proc/self/ns/net"), endpointmanager.ErrInvalid, "netns /proc/self/ns/net is the host's network namespace"},
+		{"mount namespace", withNetns("/proc/self/ns/mnt"), endpointmanager.ErrInvalid, "is a namespace but not a network namespace"},
+		{"interface name", withIfName("an-interface-name-too-long"), endpointmanager.ErrInvalid, `invalid interface name "an-interface-name-too-long"`},
+		{"existing container", existing.req(), endpointmanager.ErrExists, "already has endpoint 1 (interface eth0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := n.mgr.Create(context.Background(), tc.req)
+			if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("create = %v, want %v containing %q", err, tc.kind, tc.want)
+			}
+			if tc.req.ContainerID != existing.id {
+				n.unchanged(t, tc.req.ContainerID, allocations, dirs)
+			}
+		})
+	}
+	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
+		t.Fatalf("the existing endpoint after a second ADD for it: %v, %v", problems, err)
+	}
+}
+
+// A creation that fails half way (the pod already has an interface of that
+// name) is undone: no link, no state, no address.
+func TestCreateFailureIsUndone(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	err := p.ns.Do(func(ns.NetNS) error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-peer"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.mgr.Create(context.Background(), p.req())
+	if err == nil || !strings.Contains(err.Error(), "interface eth0 already exists in netns "+p.ns.Path()) {
+		t.Fatalf("create into a pod that has an eth0 = %v, want an error naming it", err)
+	}
+	n.unchanged(t, p.id, nil, nil)
+}
+
+// An exhausted pool is a clear error and leaves nothing behind; the
+// address of a deleted endpoint can then be used again.
+func TestCreateExhaustedPool(t *testing.T) {
+	tn := newTestNet(t)
+	// A /30: the router and one pod.
+	small := tn.v4.Addr().String() + "/30"
+	n := tn.start(t, nodeOpts{cidrs: []string{small}})
+	first := newPod(t)
+	ep := n.create(t, first)
+	allocations, dirs := n.allocations(), n.stateDirs()
+
+	second := newPod(t)
+	_, err := n.mgr.Create(context.Background(), second.req())
+	if !errors.Is(err, ipam.ErrExhausted) || !strings.Contains(err.Error(), "ipv4 pool "+small+" is exhausted") {
+		t.Fatalf("create in an exhausted pool = %v, want ErrExhausted naming the pool", err)
+	}
+	n.unchanged(t, second.id, allocations, dirs)
+
+	if _, err := n.mgr.Delete(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if again := n.create(t, second); again.IPv4 != ep.IPv4 {
+		t.Fatalf("after the delete the pool's one address is %s, want %s", again.IPv4, ep.IPv4)
+	}
+}

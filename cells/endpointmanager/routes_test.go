@@ -1,0 +1,111 @@
+package endpointmanager_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/client"
+)
+
+func wantAPIError(t *testing.T, err error, status int, msg string) {
+	t.Helper()
+	apiErr, ok := errors.AsType[*client.APIError](err)
+	if !ok || apiErr.Status != status || !strings.Contains(apiErr.Message, msg) {
+		t.Fatalf("got %v, want an API error %d containing %q", err, status, msg)
+	}
+}
+
+func TestAPI(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	c, ctx := n.client, context.Background()
+	p := newPod(t)
+	create := apiv1.EndpointCreate{Netns: p.ns.Path(), Interface: "eth0", PodNamespace: "default", PodName: "web"}
+
+	ep, err := c.CreateEndpoint(ctx, p.id, create)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.ID != 1 || ep.ContainerID != p.id || ep.IPv4 != nth(tn.v4, 1).String() || ep.IPv4Gateway != router(tn.v4).String() ||
+		ep.IPv6Gateway != router(tn.v6).String() || ep.Interface != "eth0" || ep.State != apiv1.EndpointReady || ep.PodName != "web" {
+		t.Fatalf("PUT answer = %+v", ep)
+	}
+	_, err = c.CreateEndpoint(ctx, p.id, create)
+	wantAPIError(t, err, http.StatusConflict, "already has endpoint 1")
+
+	for _, id := range []string{"1", client.ContainerEndpointID(p.id)} {
+		got, err := c.Endpoint(ctx, id)
+		if err != nil || got.ID != 1 || got.IPv6 != ep.IPv6 {
+			t.Fatalf("GET %s = %+v, %v", id, got, err)
+		}
+	}
+	list, err := c.Endpoints(ctx)
+	if err != nil || len(list) != 1 || list[0].ContainerID != p.id {
+		t.Fatalf("GET /v1/endpoints = %+v, %v", list, err)
+	}
+	check, err := c.CheckEndpoint(ctx, "1")
+	if err != nil || len(check.Problems) != 0 {
+		t.Fatalf("check = %+v, %v; want no problems", check, err)
+	}
+
+	_, err = c.Endpoint(ctx, "2")
+	wantAPIError(t, err, http.StatusNotFound, "endpoint 2 has no endpoint")
+	_, err = c.Endpoint(ctx, "web")
+	wantAPIError(t, err, http.StatusBadRequest, `invalid endpoint "web": want an endpoint ID (1 to 65535) or container-id:<container ID>`)
+	_, err = c.Endpoint(ctx, "container-id:-x")
+	wantAPIError(t, err, http.StatusBadRequest, `invalid container ID "-x"`)
+	err = c.Do(ctx, http.MethodPut, apiv1.PathEndpoints+"/7", nil, create, nil)
+	wantAPIError(t, err, http.StatusBadRequest, "takes container-id:<container ID>")
+	other := create
+	other.ContainerID = "someone-else"
+	_, err = c.CreateEndpoint(ctx, "another", other)
+	wantAPIError(t, err, http.StatusBadRequest, `containerID "someone-else" in the body is not the "another" of the path`)
+	err = c.Do(ctx, http.MethodPut, apiv1.PathEndpoints+"/container-id:another", nil, map[string]string{"netns": "/x", "ifname": "eth0"}, nil)
+	wantAPIError(t, err, http.StatusBadRequest, `invalid body: json: unknown field "ifname"`)
+	_, err = c.ReleaseIP(ctx, ep.IPv4)
+	wantAPIError(t, err, http.StatusConflict, "is in use by the endpoint of container")
+
+	deleted, err := c.DeleteEndpoint(ctx, client.ContainerEndpointID(p.id))
+	if err != nil || deleted.Endpoint == nil || deleted.Endpoint.ID != 1 || len(deleted.ReleasedIPs) != 2 {
+		t.Fatalf("DELETE = %+v, %v", deleted, err)
+	}
+	_, err = c.DeleteEndpoint(ctx, client.ContainerEndpointID(p.id))
+	wantAPIError(t, err, http.StatusNotFound, "container "+p.id+" has no endpoint")
+}
+
+// The agent writes the CNI configuration that points the plugin at its
+// socket, readable by the runtime.
+func TestCNIConfig(t *testing.T) {
+	tn := newTestNet(t)
+	tn.start(t, nodeOpts{})
+	path := filepath.Join(tn.dir, "net.d", "05-cellium.conflist")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		CNIVersion string `json:"cniVersion"`
+		Name       string `json:"name"`
+		Plugins    []struct {
+			Type   string `json:"type"`
+			Socket string `json:"socket"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &conf); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if conf.CNIVersion != "1.0.0" || conf.Name != "cellium" || len(conf.Plugins) != 1 ||
+		conf.Plugins[0].Type != "cellium-cni" || conf.Plugins[0].Socket != filepath.Join(tn.dir, "agent.sock") {
+		t.Fatalf("CNI configuration = %s", data)
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("CNI configuration mode = %v, want 0644", fi.Mode())
+	}
+}
