@@ -18,7 +18,10 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/sysctl"
 )
@@ -37,10 +40,15 @@ var Infrastructure = cell.Group(
 )
 
 // ControlPlane computes desired state into StateDB tables.
-var ControlPlane = cell.Group()
+var ControlPlane = cell.Group(
+	ipam.Cell,
+	endpointmanager.Cell,
+)
 
 // Datapath reconciles tables into the kernel.
-var Datapath = cell.Group()
+var Datapath = cell.Group(
+	endpointmaps.Cell,
+)
 
 // Agent is every cell of the agent.
 var Agent = cell.Group(

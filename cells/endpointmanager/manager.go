@@ -303,7 +303,7 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //     where they differ (a pod whose veth pair was removed gets a new one),
 //     and it is inserted in the table, from which the endpoint map is
 //     rebuilt.
-func (m *Manager) restore(ctx context.Context, health cell.Health) error {
+func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	start := time.Now()
@@ -378,8 +378,12 @@ func (m *Manager) restore(ctx context.Context, health cell.Health) error {
 
 	m.log.Info("Restored endpoints", "restored", len(keep), "not-ready", notReady,
 		"rolled-back", rolledBack, "netns-gone", gone, "duration", time.Since(start))
+	// On the module, not the job: the job's scope goes when it ends.
 	if notReady > 0 {
-		health.Degraded(fmt.Sprintf("%d endpoint(s) not ready after the restore", notReady), errors.New("see agent endpoint list"))
+		m.health.Degraded(fmt.Sprintf("Restored %d endpoint(s), %d not ready", len(keep), notReady),
+			errors.New("restored endpoints could not be brought back: agent endpoint list shows why"))
+	} else {
+		m.health.OK(fmt.Sprintf("Restored %d endpoint(s)", len(keep)))
 	}
 	return nil
 }

@@ -80,6 +80,7 @@ func (e *agentEnv) runFlags() []string {
 		"--proc-fs", filepath.Join(e.dir, "proc"),
 		"--health-addr", e.healthAddr,
 		"--bpf-root", e.bpfRoot,
+		"--cni-conf-dir", filepath.Join(e.dir, "net.d"),
 	}
 }
 
