@@ -6,6 +6,8 @@
 //	agent config             its effective configuration
 //	agent db list|show       its StateDB tables
 //	agent map list           the BPF maps it owns
+//	agent endpoint list|get  its endpoints (one per pod)
+//	agent ipam list          its pod address pools and allocations
 //	agent version
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
@@ -102,6 +104,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newConfigCmd(stdout),
 		newDBCmd(stdout),
 		newMapCmd(stdout),
+		newEndpointCmd(stdout),
+		newIPAMCmd(stdout),
 	)
 	return root
 }
