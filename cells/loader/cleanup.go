@@ -1,0 +1,47 @@
+package loader
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+)
+
+// linksCleanup contributes the removal of the loader's links to `agent
+// cleanup`: it detaches every link pinned in the links directory, whether
+// or not this agent's programs made it, and removes the directory.
+func linksCleanup(reg *bpfmaps.Registry) bpfmaps.CleanupOut {
+	dir := linksDir(reg)
+	return bpfmaps.CleanupOut{Cleanup: bpfmaps.Cleanup{
+		Name:   "loader",
+		Remove: func() ([]string, error) { return removeLinks(dir) },
+	}}
+}
+
+func removeLinks(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		what, err := detachPinned(filepath.Join(dir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, "detached and removed link "+what)
+	}
+	if err := os.Remove(dir); err != nil {
+		errs = append(errs, err)
+	} else {
+		removed = append(removed, "removed link directory "+dir)
+	}
+	return removed, errors.Join(errs...)
+}

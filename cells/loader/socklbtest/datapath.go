@@ -1,0 +1,56 @@
+package socklbtest
+
+import (
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loader"
+)
+
+// MaglevTableSize is the Maglev table size of the datapath the harness
+// builds: the smallest valid one, so that hand-built tables stay short.
+const MaglevTableSize = 251
+
+// Datapath builds, without starting it, a hive of the datapath cells
+// (bpf-maps, lb-maps, loader, with statedb, jobs and health) plus extra,
+// with the programs attached to e.Cgroup and everything pinned under
+// bpfRoot, a path from bpfmapstest.Root. Its maps are small, with tables of
+// MaglevTableSize. *maps receives the lb-maps cell's Maps once the hive is
+// populated.
+//
+// The settings go through the hive's flag values (Viper), not config
+// overrides, so a test may still override any config type, or set other
+// flags the same way.
+func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *hive.Hive {
+	cells := []cell.Cell{
+		bpfmaps.Cell, lbmaps.Cell, loader.Cell,
+		cell.Invoke(func(m *lbmaps.Maps) { *maps = m }),
+	}
+	h := celltest.New(append(cells, extra...)...)
+	for flag, value := range map[string]any{
+		"bpf-root":               bpfRoot,
+		"cgroup-root":            e.Cgroup,
+		"lb-service-map-max":     1024,
+		"lb-backend-map-max":     1024,
+		"lb-revnat-map-max":      1024,
+		"lb-affinity-map-max":    1024,
+		"lb-sock-revnat-map-max": 4096,
+		"lb-maglev-table-size":   MaglevTableSize,
+	} {
+		h.Viper().Set(flag, value)
+	}
+	return h
+}
+
+// StartDatapath starts a Datapath on a BPF filesystem of the test's own,
+// stops it when the test ends, and returns its maps.
+func (e *Env) StartDatapath(extra ...cell.Cell) *lbmaps.Maps {
+	e.t.Helper()
+	var maps *lbmaps.Maps
+	celltest.Start(e.t, e.Datapath(bpfmapstest.Root(e.t), &maps, extra...))
+	return maps
+}
