@@ -106,6 +106,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newMapCmd(stdout),
 		newEndpointCmd(stdout),
 		newIPAMCmd(stdout),
+		newCleanupCmd(stdout),
 	)
 	return root
 }
