@@ -22,6 +22,8 @@ import (
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/sysctl"
 )
@@ -48,6 +50,8 @@ var ControlPlane = cell.Group(
 // Datapath reconciles tables into the kernel.
 var Datapath = cell.Group(
 	endpointmaps.Cell,
+	lbmaps.Cell,
+	loader.Cell,
 )
 
 // Agent is every cell of the agent.
