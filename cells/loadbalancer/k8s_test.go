@@ -1,0 +1,332 @@
+package loadbalancer_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/script"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// fakeK8s is the API server of the scripts: client-go's fake clientset,
+// with LISTs that a script can hold (to see the tables wait for the initial
+// sync) and watches it can expire (to make the reflectors relist).
+type fakeK8s struct {
+	cs *fake.Clientset
+
+	mu       sync.Mutex
+	listGate chan struct{}
+	watches  []*expirableWatch
+	// calls counts the LISTs and WATCHes per resource ("list services");
+	// called is closed and replaced on each.
+	calls  map[string]int
+	called chan struct{}
+}
+
+func newFakeK8s(t testing.TB) *fakeK8s {
+	f := &fakeK8s{
+		cs:       fake.NewClientset(),
+		listGate: make(chan struct{}),
+		calls:    map[string]int{},
+		called:   make(chan struct{}),
+	}
+	close(f.listGate)
+	f.cs.PrependReactor("list", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		f.mu.Lock()
+		gate := f.listGate
+		f.mu.Unlock()
+		<-gate
+		f.count(action)
+		// Not handled: the tracker answers.
+		return false, nil, nil
+	})
+	f.cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		inner, err := f.cs.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return true, nil, err
+		}
+		w := newExpirableWatch(inner)
+		f.mu.Lock()
+		f.watches = append(f.watches, w)
+		f.mu.Unlock()
+		f.count(action)
+		return true, w, nil
+	})
+	t.Cleanup(f.releaseLists)
+	return f
+}
+
+func (f *fakeK8s) count(action k8stesting.Action) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[action.GetVerb()+" "+action.GetResource().Resource]++
+	close(f.called)
+	f.called = make(chan struct{})
+}
+
+func (f *fakeK8s) holdLists() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.listGate = make(chan struct{})
+}
+
+func (f *fakeK8s) releaseLists() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.listGate:
+	default:
+		close(f.listGate)
+	}
+}
+
+// expireWatches ends every open watch and returns once none passes events
+// on, so whatever the script changes next reaches the reflectors only
+// through their relist.
+func (f *fakeK8s) expireWatches() {
+	f.mu.Lock()
+	watches := f.watches
+	f.watches = nil
+	f.mu.Unlock()
+	for _, w := range watches {
+		w.expire()
+	}
+}
+
+// waitCalls waits until Services and EndpointSlices have each seen n calls
+// of verb (list or watch).
+func (f *fakeK8s) waitCalls(ctx context.Context, verb string, n int) error {
+	for {
+		f.mu.Lock()
+		done := f.calls[verb+" services"] >= n && f.calls[verb+" endpointslices"] >= n
+		called := f.called
+		f.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-called:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %d %s calls on services and endpointslices: %w", n, verb, ctx.Err())
+		}
+	}
+}
+
+func (f *fakeK8s) commands() map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"k8s/add":    f.applyCmd("Create the objects of YAML files", f.create),
+		"k8s/update": f.applyCmd("Update the objects of YAML files", f.update),
+		"k8s/delete": f.applyCmd("Delete the objects of YAML files", f.delete),
+		"k8s/hold-lists": script.Command(
+			script.CmdUsage{Summary: "Make LISTs wait until k8s/release-lists"},
+			func(*script.State, ...string) (script.WaitFunc, error) { f.holdLists(); return nil, nil }),
+		"k8s/release-lists": script.Command(
+			script.CmdUsage{Summary: "Let held LISTs answer"},
+			func(*script.State, ...string) (script.WaitFunc, error) { f.releaseLists(); return nil, nil }),
+		"k8s/expire-watches": script.Command(
+			script.CmdUsage{Summary: "End every open watch with 410 Gone, which makes the reflectors relist"},
+			func(*script.State, ...string) (script.WaitFunc, error) { f.expireWatches(); return nil, nil }),
+		"k8s/wait": script.Command(
+			script.CmdUsage{
+				Summary: "Wait until Services and EndpointSlices have each seen N calls of VERB (list or watch)",
+				Args:    "verb n",
+				Detail: []string{
+					"The fake clientset loses deletions made between a LIST and the WATCH",
+					"that follows it: after a relist, wait for the watches before deleting.",
+				},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 || (args[0] != "list" && args[0] != "watch") {
+					return nil, errors.New("want list or watch, and a number")
+				}
+				n, err := strconv.Atoi(args[1])
+				if err != nil {
+					return nil, fmt.Errorf("invalid number of calls %q", args[1])
+				}
+				ctx, cancel := context.WithTimeout(s.Context(), 10*time.Second)
+				defer cancel()
+				return nil, f.waitCalls(ctx, args[0], n)
+			}),
+	}
+}
+
+func (f *fakeK8s) applyCmd(summary string, fn func(context.Context, runtime.Object) error) script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: summary + " (Services and EndpointSlices)", Args: "file..."},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) == 0 {
+				return nil, errors.New("want one or more YAML files")
+			}
+			for _, file := range args {
+				objs, err := decodeFile(s.Path(file))
+				if err != nil {
+					return nil, err
+				}
+				for _, obj := range objs {
+					if err := fn(s.Context(), obj); err != nil {
+						return nil, fmt.Errorf("%s: %w", file, err)
+					}
+				}
+			}
+			return nil, nil
+		})
+}
+
+func decodeFile(path string) ([]runtime.Object, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var objs []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		objs = append(objs, obj)
+	}
+}
+
+func (f *fakeK8s) create(ctx context.Context, obj runtime.Object) error {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		_, err := f.cs.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		return err
+	case *discoveryv1.EndpointSlice:
+		_, err := f.cs.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		return err
+	}
+	return fmt.Errorf("unsupported object %T", obj)
+}
+
+func (f *fakeK8s) update(ctx context.Context, obj runtime.Object) error {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		_, err := f.cs.CoreV1().Services(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
+		return err
+	case *discoveryv1.EndpointSlice:
+		_, err := f.cs.DiscoveryV1().EndpointSlices(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
+		return err
+	}
+	return fmt.Errorf("unsupported object %T", obj)
+}
+
+func (f *fakeK8s) delete(ctx context.Context, obj runtime.Object) error {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		return f.cs.CoreV1().Services(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
+	case *discoveryv1.EndpointSlice:
+		return f.cs.DiscoveryV1().EndpointSlices(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
+	}
+	return fmt.Errorf("unsupported object %T", obj)
+}
+
+// expirableWatch passes a tracker watch through until expire, which ends it
+// the way an API server ends a watch whose resource version is too old.
+type expirableWatch struct {
+	inner    watch.Interface
+	out      chan watch.Event
+	expired  chan struct{}
+	stopped  chan struct{}
+	finished chan struct{}
+	expireMu sync.Once
+	stopMu   sync.Once
+}
+
+func newExpirableWatch(inner watch.Interface) *expirableWatch {
+	w := &expirableWatch{
+		inner:   inner,
+		out:     make(chan watch.Event),
+		expired: make(chan struct{}),
+		stopped:  make(chan struct{}),
+		finished: make(chan struct{}),
+	}
+	go w.forward()
+	return w
+}
+
+func (w *expirableWatch) forward() {
+	defer close(w.finished)
+	defer close(w.out)
+	defer w.inner.Stop()
+	for {
+		// Expiry first: no event may pass once expire was called.
+		select {
+		case <-w.expired:
+			w.sendGone()
+			return
+		default:
+		}
+		select {
+		case ev, ok := <-w.inner.ResultChan():
+			if !ok {
+				return
+			}
+			select {
+			case w.out <- ev:
+			case <-w.stopped:
+				return
+			}
+		case <-w.expired:
+			w.sendGone()
+			return
+		case <-w.stopped:
+			return
+		}
+	}
+}
+
+func (w *expirableWatch) sendGone() {
+	gone := &metav1.Status{
+		Status:  metav1.StatusFailure,
+		Code:    410,
+		Reason:  metav1.StatusReasonExpired,
+		Message: "the test expired the watch",
+	}
+	select {
+	case w.out <- watch.Event{Type: watch.Error, Object: gone}:
+	case <-w.stopped:
+	}
+}
+
+// expire ends the watch and returns once it passes nothing on.
+func (w *expirableWatch) expire() {
+	w.expireMu.Do(func() { close(w.expired) })
+	<-w.finished
+}
+
+func (w *expirableWatch) Stop() { w.stopMu.Do(func() { close(w.stopped) }) }
+
+func (w *expirableWatch) ResultChan() <-chan watch.Event { return w.out }

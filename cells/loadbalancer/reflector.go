@@ -1,0 +1,161 @@
+package loadbalancer
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
+	"k8s.io/client-go/kubernetes"
+)
+
+// eventQueueSize is how many converted events may wait for the writer. A
+// full queue makes the reflectors wait, so a burst never grows memory
+// beyond it.
+const eventQueueSize = 4 * maxBatch
+
+// objectStore is the store the client-go Reflector writes into. It keeps
+// nothing: each object is converted to its compact form at once and queued
+// for the writer, so no copy of a Kubernetes object outlives the call.
+type objectStore[T any] struct {
+	ctx    context.Context
+	events chan<- k8sEvent
+	kind   string
+
+	upserted func(T) k8sEvent
+	deleted  func(T) k8sEvent
+	listed   func([]T) k8sEvent
+}
+
+func (s *objectStore[T]) send(ev k8sEvent) error {
+	select {
+	case s.events <- ev:
+		return nil
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+}
+
+func (s *objectStore[T]) object(obj any) (T, error) {
+	o, ok := obj.(T)
+	if !ok {
+		return o, fmt.Errorf("%s reflector got a %T", s.kind, obj)
+	}
+	return o, nil
+}
+
+func (s *objectStore[T]) Add(obj any) error {
+	o, err := s.object(obj)
+	if err != nil {
+		return err
+	}
+	return s.send(s.upserted(o))
+}
+
+func (s *objectStore[T]) Update(obj any) error { return s.Add(obj) }
+
+func (s *objectStore[T]) Delete(obj any) error {
+	o, err := s.object(obj)
+	if err != nil {
+		return err
+	}
+	return s.send(s.deleted(o))
+}
+
+// Replace gets the complete listing, at start and on every relist.
+func (s *objectStore[T]) Replace(list []any, _ string) error {
+	objs := make([]T, 0, len(list))
+	for _, obj := range list {
+		o, err := s.object(obj)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, o)
+	}
+	return s.send(s.listed(objs))
+}
+
+// Resync has nothing to do: the tables are the only copy.
+func (s *objectStore[T]) Resync() error { return nil }
+
+func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*corev1.Service] {
+	return &objectStore[*corev1.Service]{
+		ctx: ctx, events: events, kind: "Service",
+		upserted: func(k *corev1.Service) k8sEvent {
+			svc, invalid := convertService(k)
+			return &serviceUpserted{svc, invalid}
+		},
+		deleted: func(k *corev1.Service) k8sEvent {
+			return &serviceDeleted{ServiceName{Namespace: k.Namespace, Name: k.Name}}
+		},
+		listed: func(ks []*corev1.Service) k8sEvent {
+			ev := &servicesListed{services: make([]serviceUpserted, len(ks))}
+			for i, k := range ks {
+				svc, invalid := convertService(k)
+				ev.services[i] = serviceUpserted{svc, invalid}
+			}
+			return ev
+		},
+	}
+}
+
+func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*discoveryv1.EndpointSlice] {
+	return &objectStore[*discoveryv1.EndpointSlice]{
+		ctx: ctx, events: events, kind: "EndpointSlice",
+		upserted: func(k *discoveryv1.EndpointSlice) k8sEvent {
+			s, invalid := convertEndpointSlice(k)
+			return &sliceUpserted{s, invalid}
+		},
+		deleted: func(k *discoveryv1.EndpointSlice) k8sEvent {
+			return &sliceDeleted{sliceID{Namespace: k.Namespace, Name: k.Name}}
+		},
+		listed: func(ks []*discoveryv1.EndpointSlice) k8sEvent {
+			ev := &slicesListed{slices: make([]sliceUpserted, len(ks))}
+			for i, k := range ks {
+				s, invalid := convertEndpointSlice(k)
+				ev.slices[i] = sliceUpserted{s, invalid}
+			}
+			return ev
+		},
+	}
+}
+
+// runReflector lists and watches with a client-go Reflector into store
+// until ctx ends. The Reflector relists on its own after watch errors.
+func runReflector(ctx context.Context, cs kubernetes.Interface, name string, expected runtime.Object, lw *cache.ListWatch, store cache.ReflectorStore) {
+	r := cache.NewReflectorWithOptions(
+		// The fake clientset cannot stream lists; it says so, and this
+		// passes that on to the Reflector.
+		cache.ToListWatcherWithWatchListSemantics(lw, cs),
+		expected, store,
+		cache.ReflectorOptions{Name: name},
+	)
+	r.RunWithContext(ctx)
+}
+
+func servicesListWatch(cs kubernetes.Interface) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return cs.CoreV1().Services(metav1.NamespaceAll).List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, opts)
+		},
+	}
+}
+
+func endpointSlicesListWatch(cs kubernetes.Interface) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, opts)
+		},
+	}
+}

@@ -1,0 +1,396 @@
+package loadbalancer
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/cellium/cellium/cells/internal/tables"
+)
+
+// Table names.
+const (
+	ServicesTableName  = "services"
+	FrontendsTableName = "frontends"
+	BackendsTableName  = "backends"
+)
+
+// Initializers the cell registers on its tables. A table is initialized once
+// the initial listing of each source it depends on has been written.
+const (
+	// InitK8sServices is done once the initial LIST of Services is in the
+	// services and frontends tables.
+	InitK8sServices = "k8s-services"
+	// InitK8sEndpointSlices is done once the initial LIST of EndpointSlices
+	// is in the backends and frontends tables.
+	InitK8sEndpointSlices = "k8s-endpointslices"
+	// InitNodeAddresses is done once the NodePort frontends cover the
+	// initialized node-addresses table.
+	InitNodeAddresses = "node-addresses"
+)
+
+// Service is one Kubernetes Service, in the compact form the load balancer
+// needs. Rows are immutable once inserted.
+type Service struct {
+	Name ServiceName `json:"name"`
+	Type ServiceType `json:"type"`
+	// ClusterIPs is empty for headless and ExternalName services.
+	ClusterIPs      []netip.Addr  `json:"clusterIPs,omitempty"`
+	ExternalIPs     []netip.Addr  `json:"externalIPs,omitempty"`
+	LoadBalancerIPs []netip.Addr  `json:"loadBalancerIPs,omitempty"`
+	Ports           []ServicePort `json:"ports,omitempty"`
+	// SessionAffinity is sessionAffinity ClientIP: a client keeps its
+	// backend for AffinityTimeout after its last packet.
+	SessionAffinity bool          `json:"sessionAffinity,omitempty"`
+	AffinityTimeout time.Duration `json:"affinityTimeout,omitempty"`
+	// ExtTrafficPolicyLocal restricts NodePort, ExternalIP and LoadBalancer
+	// frontends to backends on this node.
+	ExtTrafficPolicyLocal bool `json:"extTrafficPolicyLocal,omitempty"`
+	// IntTrafficPolicyLocal restricts ClusterIP frontends to backends on
+	// this node.
+	IntTrafficPolicyLocal bool `json:"intTrafficPolicyLocal,omitempty"`
+}
+
+// ServicePort is one of spec.ports.
+type ServicePort struct {
+	Name string `json:"name,omitempty"`
+	Port uint16 `json:"port"`
+	// NodePort is 0 when the port has none.
+	NodePort uint16  `json:"nodePort,omitempty"`
+	Protocol L4Proto `json:"protocol"`
+}
+
+func (p ServicePort) String() string {
+	s := strconv.Itoa(int(p.Port))
+	if p.NodePort != 0 {
+		s += ":" + strconv.Itoa(int(p.NodePort))
+	}
+	s += "/" + string(p.Protocol)
+	if p.Name != "" {
+		s = p.Name + "=" + s
+	}
+	return s
+}
+
+func (s *Service) equal(o *Service) bool {
+	return s.Name == o.Name && s.Type == o.Type &&
+		slices.Equal(s.ClusterIPs, o.ClusterIPs) &&
+		slices.Equal(s.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(s.Ports, o.Ports) &&
+		s.SessionAffinity == o.SessionAffinity && s.AffinityTimeout == o.AffinityTimeout &&
+		s.ExtTrafficPolicyLocal == o.ExtTrafficPolicyLocal &&
+		s.IntTrafficPolicyLocal == o.IntTrafficPolicyLocal
+}
+
+func (s *Service) TableHeader() []string {
+	return []string{"Name", "Type", "ClusterIPs", "ExternalIPs", "LoadBalancerIPs", "Ports", "Affinity", "TrafficPolicy"}
+}
+
+func (s *Service) TableRow() []string {
+	return []string{
+		s.Name.String(),
+		string(s.Type),
+		joinAddrs(s.ClusterIPs),
+		joinAddrs(s.ExternalIPs),
+		joinAddrs(s.LoadBalancerIPs),
+		joinStrings(s.Ports),
+		affinityString(s.SessionAffinity, s.AffinityTimeout),
+		trafficPolicyString(s.ExtTrafficPolicyLocal, s.IntTrafficPolicyLocal),
+	}
+}
+
+func affinityString(on bool, timeout time.Duration) string {
+	if !on {
+		return ""
+	}
+	return "ClientIP " + timeout.String()
+}
+
+func trafficPolicyString(extLocal, intLocal bool) string {
+	policy := func(local bool) string {
+		if local {
+			return "Local"
+		}
+		return "Cluster"
+	}
+	return "ext=" + policy(extLocal) + " int=" + policy(intLocal)
+}
+
+// Frontend is an address the datapath load-balances, with everything the
+// datapath needs to program it: the lb-maps reconciler reads nothing else.
+// Rows are immutable once inserted.
+type Frontend struct {
+	// Address is the primary key. NodePort frontends exist at every node
+	// address and at the wildcard 0.0.0.0 / ::, which the datapath serves
+	// for loopback destinations.
+	Address     L3n4Addr     `json:"address"`
+	Type        FrontendType `json:"type"`
+	ServiceName ServiceName  `json:"serviceName"`
+	PortName    string       `json:"portName,omitempty"`
+	// Backends are the backends to use, sorted by address, of the
+	// frontend's address family: filtered by the traffic policy (Local:
+	// only this node's), terminating ones only when no active one exists,
+	// never quarantined ones. Empty means reject connections.
+	Backends        []L3n4Addr    `json:"backends"`
+	SessionAffinity bool          `json:"sessionAffinity,omitempty"`
+	AffinityTimeout time.Duration `json:"affinityTimeout,omitempty"`
+	// Status is Pending whenever anything above changed; the lb-maps
+	// reconciler sets Done or Error.
+	Status reconciler.Status `json:"status"`
+}
+
+// sameContent is whether f and o differ in anything but Status.
+func (f *Frontend) sameContent(o *Frontend) bool {
+	return f.Address == o.Address && f.Type == o.Type && f.ServiceName == o.ServiceName &&
+		f.PortName == o.PortName && slices.Equal(f.Backends, o.Backends) &&
+		f.SessionAffinity == o.SessionAffinity && f.AffinityTimeout == o.AffinityTimeout
+}
+
+func (f *Frontend) TableHeader() []string {
+	return []string{"Address", "Type", "Service", "Port", "Backends", "Affinity", "Status", "Error"}
+}
+
+// maxBackendsShown keeps a frontend's row readable when it has many backends.
+const maxBackendsShown = 4
+
+func (f *Frontend) TableRow() []string {
+	return []string{
+		f.Address.String(),
+		string(f.Type),
+		f.ServiceName.String(),
+		f.PortName,
+		backendsString(f.Backends),
+		affinityString(f.SessionAffinity, f.AffinityTimeout),
+		f.Status.Kind.String(),
+		f.Status.GetError(),
+	}
+}
+
+func backendsString(backends []L3n4Addr) string {
+	if len(backends) == 0 {
+		return "none (reject)"
+	}
+	if len(backends) <= maxBackendsShown {
+		return joinStrings(backends)
+	}
+	return fmt.Sprintf("%s, ... (%d in all)", joinStrings(backends[:maxBackendsShown-1]), len(backends))
+}
+
+// Clone, SetStatus and GetStatus are what reconciler.Register needs.
+func (f *Frontend) Clone() *Frontend {
+	c := *f
+	return &c
+}
+
+func (f *Frontend) SetStatus(s reconciler.Status) *Frontend {
+	f.Status = s
+	return f
+}
+
+func (f *Frontend) GetStatus() reconciler.Status { return f.Status }
+
+// Backend is an address:port that serves one or more services.
+// Rows are immutable once inserted.
+type Backend struct {
+	Address L3n4Addr `json:"address"`
+	// Instances are the (service, port name, EndpointSlice) triples the
+	// backend appears in, sorted. An address listed by two slices of the
+	// same service (as happens while endpoints move between slices) has an
+	// instance for each, so that removing one slice keeps the other.
+	Instances []BackendInstance `json:"instances"`
+	// Quarantined backends are never used; see [BackendHealth].
+	Quarantined bool `json:"quarantined,omitempty"`
+}
+
+// BackendInstance is a backend as one EndpointSlice lists it for one port
+// of one service.
+type BackendInstance struct {
+	ServiceName ServiceName `json:"serviceName"`
+	PortName    string      `json:"portName,omitempty"`
+	// State is active or terminating, as the slice says.
+	State    BackendState `json:"state"`
+	NodeName string       `json:"nodeName,omitempty"`
+	// EndpointSlice is the name of the slice, in the service's namespace.
+	EndpointSlice string `json:"endpointSlice"`
+}
+
+func (i BackendInstance) compare(o BackendInstance) int {
+	if c := strings.Compare(i.ServiceName.Namespace, o.ServiceName.Namespace); c != 0 {
+		return c
+	}
+	if c := strings.Compare(i.ServiceName.Name, o.ServiceName.Name); c != 0 {
+		return c
+	}
+	if c := strings.Compare(i.PortName, o.PortName); c != 0 {
+		return c
+	}
+	return strings.Compare(i.EndpointSlice, o.EndpointSlice)
+}
+
+// StateOf is the state of one of b's instances, quarantine included.
+func (b *Backend) StateOf(i BackendInstance) BackendState {
+	if b.Quarantined {
+		return BackendQuarantined
+	}
+	return i.State
+}
+
+func (b *Backend) equal(o *Backend) bool {
+	return b.Address == o.Address && b.Quarantined == o.Quarantined && slices.Equal(b.Instances, o.Instances)
+}
+
+func (b *Backend) TableHeader() []string {
+	return []string{"Address", "Service", "Port", "State", "Node", "Slice"}
+}
+
+// TableRow lists the instances column by column, in the same order.
+func (b *Backend) TableRow() []string {
+	column := func(f func(BackendInstance) string) string {
+		parts := make([]string, len(b.Instances))
+		for i, inst := range b.Instances {
+			parts[i] = f(inst)
+		}
+		return strings.Join(parts, ", ")
+	}
+	return []string{
+		b.Address.String(),
+		column(func(i BackendInstance) string { return i.ServiceName.String() }),
+		column(func(i BackendInstance) string { return i.PortName }),
+		column(func(i BackendInstance) string { return string(b.StateOf(i)) }),
+		column(func(i BackendInstance) string { return i.NodeName }),
+		column(func(i BackendInstance) string { return i.EndpointSlice }),
+	}
+}
+
+func joinAddrs(addrs []netip.Addr) string { return joinStrings(addrs) }
+
+func joinStrings[T fmt.Stringer](xs []T) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = x.String()
+	}
+	return strings.Join(parts, ", ")
+}
+
+var (
+	// ServiceByName indexes the services table by namespace/name.
+	ServiceByName = statedb.Index[*Service, ServiceName]{
+		Name:       "name",
+		FromObject: func(s *Service) index.KeySet { return index.NewKeySet(s.Name.key()) },
+		FromKey:    ServiceName.key,
+		FromString: serviceNameKey,
+		Unique:     true,
+	}
+
+	// FrontendByAddress indexes the frontends table by address, e.g.
+	// "10.96.0.10:53/UDP".
+	FrontendByAddress = statedb.Index[*Frontend, L3n4Addr]{
+		Name:       "address",
+		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(f.Address.key()) },
+		FromKey:    L3n4Addr.key,
+		FromString: l3n4AddrKey,
+		Unique:     true,
+	}
+	// FrontendByServiceName indexes the frontends table by service.
+	FrontendByServiceName = statedb.Index[*Frontend, ServiceName]{
+		Name:       "service",
+		FromObject: func(f *Frontend) index.KeySet { return index.NewKeySet(f.ServiceName.key()) },
+		FromKey:    ServiceName.key,
+		FromString: serviceNameKey,
+	}
+	// FrontendByStatus indexes the frontends table by reconciliation status.
+	FrontendByStatus = tables.StatusIndex((*Frontend).GetStatus)
+
+	// BackendByAddress indexes the backends table by address.
+	BackendByAddress = statedb.Index[*Backend, L3n4Addr]{
+		Name:       "address",
+		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(b.Address.key()) },
+		FromKey:    L3n4Addr.key,
+		FromString: l3n4AddrKey,
+		Unique:     true,
+	}
+	// BackendByServiceName indexes the backends table by every service the
+	// backend serves.
+	BackendByServiceName = statedb.Index[*Backend, ServiceName]{
+		Name: "service",
+		FromObject: func(b *Backend) index.KeySet {
+			if len(b.Instances) == 1 {
+				return index.NewKeySet(b.Instances[0].ServiceName.key())
+			}
+			keys := make([]index.Key, 0, len(b.Instances))
+			for i, inst := range b.Instances {
+				// Instances are sorted: a service's come together.
+				if i == 0 || inst.ServiceName != b.Instances[i-1].ServiceName {
+					keys = append(keys, inst.ServiceName.key())
+				}
+			}
+			return index.NewKeySet(keys...)
+		},
+		FromKey:    ServiceName.key,
+		FromString: serviceNameKey,
+	}
+)
+
+func serviceNameKey(s string) (index.Key, error) {
+	n, err := ParseServiceName(s)
+	if err != nil {
+		return nil, err
+	}
+	return n.key(), nil
+}
+
+func l3n4AddrKey(s string) (index.Key, error) {
+	a, err := ParseL3n4Addr(s)
+	if err != nil {
+		return nil, err
+	}
+	return a.key(), nil
+}
+
+// lbTables are the cell's three tables and the done-functions of their
+// initializers.
+type lbTables struct {
+	services  statedb.RWTable[*Service]
+	frontends statedb.RWTable[*Frontend]
+	backends  statedb.RWTable[*Backend]
+
+	servicesSynced, slicesSynced, nodeAddressesSynced func(statedb.WriteTxn)
+}
+
+func newTables(db *statedb.DB) (*lbTables, error) {
+	services, err := statedb.NewTable(db, ServicesTableName, ServiceByName)
+	if err != nil {
+		return nil, err
+	}
+	frontends, err := statedb.NewTable(db, FrontendsTableName, FrontendByAddress, FrontendByServiceName, FrontendByStatus)
+	if err != nil {
+		return nil, err
+	}
+	backends, err := statedb.NewTable(db, BackendsTableName, BackendByAddress, BackendByServiceName)
+	if err != nil {
+		return nil, err
+	}
+	t := &lbTables{services: services, frontends: frontends, backends: backends}
+
+	// Registered before anyone can read the tables, so that nobody (the
+	// lb-maps reconciler's pruning above all) mistakes a table still
+	// waiting for Kubernetes for an empty one.
+	txn := db.WriteTxn(services, frontends, backends)
+	svcDone := services.RegisterInitializer(txn, InitK8sServices)
+	feSvcDone := frontends.RegisterInitializer(txn, InitK8sServices)
+	beDone := backends.RegisterInitializer(txn, InitK8sEndpointSlices)
+	feBeDone := frontends.RegisterInitializer(txn, InitK8sEndpointSlices)
+	t.nodeAddressesSynced = frontends.RegisterInitializer(txn, InitNodeAddresses)
+	txn.Commit()
+	t.servicesSynced = func(txn statedb.WriteTxn) { svcDone(txn); feSvcDone(txn) }
+	t.slicesSynced = func(txn statedb.WriteTxn) { beDone(txn); feBeDone(txn) }
+	return t, nil
+}

@@ -1,0 +1,158 @@
+package loadbalancer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/cilium/statedb/index"
+)
+
+// ServiceName names a Kubernetes Service.
+type ServiceName struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// String is "namespace/name".
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// ParseServiceName parses "namespace/name".
+func ParseServiceName(s string) (ServiceName, error) {
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return ServiceName{}, fmt.Errorf("invalid service name %q: want NAMESPACE/NAME, e.g. kube-system/kube-dns", s)
+	}
+	return ServiceName{Namespace: ns, Name: name}, nil
+}
+
+func (n ServiceName) MarshalText() ([]byte, error) { return []byte(n.String()), nil }
+
+func (n *ServiceName) UnmarshalText(b []byte) (err error) {
+	*n, err = ParseServiceName(string(b))
+	return err
+}
+
+// key is the index key: "/" cannot occur in either part, so the key is
+// unambiguous.
+func (n ServiceName) key() index.Key { return index.String(n.String()) }
+
+// L4Proto is a transport protocol as Kubernetes spells it.
+type L4Proto string
+
+const (
+	TCP  L4Proto = "TCP"
+	UDP  L4Proto = "UDP"
+	SCTP L4Proto = "SCTP"
+)
+
+func parseL4Proto(s string) (L4Proto, error) {
+	switch p := L4Proto(s); p {
+	case TCP, UDP, SCTP:
+		return p, nil
+	}
+	return "", fmt.Errorf("invalid protocol %q: want TCP, UDP or SCTP", s)
+}
+
+// L3n4Addr is an address, port and protocol: a frontend or a backend.
+// It is comparable and usable as a map key. Addresses are never
+// IPv4-mapped IPv6: conversion unmaps them.
+type L3n4Addr struct {
+	Addr     netip.Addr `json:"addr"`
+	Port     uint16     `json:"port"`
+	Protocol L4Proto    `json:"protocol"`
+}
+
+// String is "10.96.0.10:80/TCP" or "[fd00::1]:80/TCP".
+func (a L3n4Addr) String() string {
+	return netip.AddrPortFrom(a.Addr, a.Port).String() + "/" + string(a.Protocol)
+}
+
+// ParseL3n4Addr parses the form String returns.
+func ParseL3n4Addr(s string) (L3n4Addr, error) {
+	addrPort, proto, ok := strings.Cut(s, "/")
+	if !ok {
+		return L3n4Addr{}, fmt.Errorf("invalid address %q: want ADDR:PORT/PROTOCOL, e.g. 10.96.0.10:80/TCP or [fd00::1]:80/TCP", s)
+	}
+	ap, err := netip.ParseAddrPort(addrPort)
+	if err != nil {
+		return L3n4Addr{}, fmt.Errorf("invalid address %q: want ADDR:PORT/PROTOCOL, e.g. 10.96.0.10:80/TCP or [fd00::1]:80/TCP", s)
+	}
+	p, err := parseL4Proto(proto)
+	if err != nil {
+		return L3n4Addr{}, fmt.Errorf("invalid address %q: %w", s, err)
+	}
+	return L3n4Addr{Addr: ap.Addr().Unmap(), Port: ap.Port(), Protocol: p}, nil
+}
+
+func (a L3n4Addr) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+func (a *L3n4Addr) UnmarshalText(b []byte) (err error) {
+	*a, err = ParseL3n4Addr(string(b))
+	return err
+}
+
+// Compare orders addresses by family, address, port and protocol.
+func (a L3n4Addr) Compare(b L3n4Addr) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if a.Port != b.Port {
+		return int(a.Port) - int(b.Port)
+	}
+	return strings.Compare(string(a.Protocol), string(b.Protocol))
+}
+
+// key is the index key: family, address bytes, port (big endian, so keys
+// sort like addresses) and protocol.
+func (a L3n4Addr) key() index.Key {
+	raw := a.Addr.AsSlice()
+	k := make([]byte, 0, 1+len(raw)+2+len(a.Protocol))
+	family := byte(4)
+	if a.Addr.Is6() {
+		family = 6
+	}
+	k = append(k, family)
+	k = append(k, raw...)
+	k = binary.BigEndian.AppendUint16(k, a.Port)
+	return append(k, a.Protocol...)
+}
+
+// FrontendType says where a frontend comes from in the Service.
+type FrontendType string
+
+const (
+	// FrontendClusterIP is one of spec.clusterIPs.
+	FrontendClusterIP FrontendType = "ClusterIP"
+	// FrontendNodePort is a node address (or the wildcard) with a nodePort.
+	FrontendNodePort FrontendType = "NodePort"
+	// FrontendExternalIP is one of spec.externalIPs.
+	FrontendExternalIP FrontendType = "ExternalIP"
+	// FrontendLoadBalancer is one of status.loadBalancer.ingress[].ip.
+	FrontendLoadBalancer FrontendType = "LoadBalancer"
+)
+
+// ServiceType is spec.type of a Service.
+type ServiceType string
+
+const (
+	ServiceClusterIP    ServiceType = "ClusterIP"
+	ServiceNodePort     ServiceType = "NodePort"
+	ServiceLoadBalancer ServiceType = "LoadBalancer"
+	ServiceExternalName ServiceType = "ExternalName"
+)
+
+// BackendState says whether a backend may take connections.
+type BackendState string
+
+const (
+	// BackendActive is a ready endpoint.
+	BackendActive BackendState = "active"
+	// BackendTerminating is an endpoint that is shutting down but still
+	// serving; frontends use it only when no active one is left.
+	BackendTerminating BackendState = "terminating"
+	// BackendQuarantined is a backend a health checker took out of service;
+	// frontends never use it.
+	BackendQuarantined BackendState = "quarantined"
+)
