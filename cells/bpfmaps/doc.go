@@ -18,6 +18,11 @@
 //   - Stopping closes the map but keeps its pin: programs attached to
 //     interfaces keep using their maps, and traffic keeps flowing, while the
 //     agent is down.
+//   - A map of maps ([NewMapOfMaps]) holds unpinned inner maps of one
+//     layout, Spec.InnerMap, which opening a pin checks too.
+//   - [Cleaner] removes everything the agent pinned, for `agent cleanup`:
+//     what cells contribute as [Cleanup]s (links under [Registry.PinDir]),
+//     the maps, then the pin directory.
 //   - GET /v1/maps lists every declared map with its layout, origin and
 //     current number of entries (`agent map list`); GET /v1/maps/{name}
 //     shows one.
