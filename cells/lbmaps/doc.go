@@ -21,8 +21,8 @@
 // Filling a service by hand, as the datapath tests do:
 //
 //	fe := netip.MustParseAddr("10.96.0.10")
-//	maps.Services4.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 0), lbmap.NewServiceMaster(1, 1, 0, 0))
-//	maps.Services4.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 1), lbmap.NewServiceSlot(1, 1))
 //	maps.Backends4.Put(1, lbmap.NewBackend4(netip.MustParseAddr("10.244.1.5"), 8080, lbmap.TCP))
+//	maps.Services4.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 1), lbmap.NewServiceSlot(1, 1))
+//	maps.Services4.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 0), lbmap.NewServiceMaster(1, 1, 0, 0))
 //	maps.RevNAT4.Put(1, lbmap.NewRevNAT4(fe, 80))
 package lbmaps

@@ -17,15 +17,16 @@
 // The package knows the layouts only; the maps themselves are declared by
 // the lb-maps cell (cells/lbmaps).
 //
-// A service 10.96.0.10:80/TCP with two backends is a master entry (slot 0)
-// and one entry per slot, plus the backends and the reverse NAT of its
-// frontend:
+// A service 10.96.0.10:80/TCP with two backends is its backends, one entry
+// per slot, a master entry (slot 0) and the reverse NAT of its frontend,
+// written in that order so that the master's count never names a missing
+// slot:
 //
 //	fe := netip.MustParseAddr("10.96.0.10")
-//	services.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 0), lbmap.NewServiceMaster(2, 7, 0, 0))
-//	services.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 1), lbmap.NewServiceSlot(1, 7))
-//	services.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 2), lbmap.NewServiceSlot(2, 7))
 //	backends.Put(1, lbmap.NewBackend4(netip.MustParseAddr("10.244.1.5"), 8080, lbmap.TCP))
 //	backends.Put(2, lbmap.NewBackend4(netip.MustParseAddr("10.244.2.9"), 8080, lbmap.TCP))
+//	services.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 1), lbmap.NewServiceSlot(1, 7))
+//	services.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 2), lbmap.NewServiceSlot(2, 7))
+//	services.Put(lbmap.NewService4Key(fe, 80, lbmap.TCP, 0), lbmap.NewServiceMaster(2, 7, 0, 0))
 //	revNAT.Put(7, lbmap.NewRevNAT4(fe, 80))
 package lbmap
