@@ -35,7 +35,9 @@ type loader struct {
 	links []link.Link
 }
 
-var _ cell.HookInterface = (*loader)(nil)
+var _ cell.HookDescriptiveInterface = (*loader)(nil)
+
+func (l *loader) HookInfo() string { return "socket load-balancing programs" }
 
 func registerLoader(cfg Config, lc cell.Lifecycle, log *slog.Logger, maps *lbmaps.Maps, reg *bpfmaps.Registry, health cell.Health) error {
 	if err := cfg.validate(); err != nil {
@@ -164,7 +166,7 @@ func unusable(lnk link.Link, at ebpf.AttachType, cgroup uint64) string {
 	}
 	cg := info.Cgroup()
 	if info.Type != link.CgroupType || cg == nil {
-		return fmt.Sprintf("it is a link of type %d, not a cgroup link", info.Type)
+		return fmt.Sprintf("it is a %v link, not a cgroup link", info.Type)
 	}
 	if got := ebpf.AttachType(cg.AttachType); got != at {
 		return fmt.Sprintf("it is attached as %s, not %s", got, at)
