@@ -15,6 +15,10 @@
  * The max_entries below only shape the declaration: the agent sizes the
  * maps from its flags and the loader takes the sizes of the maps it hands
  * to the programs.
+ *
+ * Only the agent writes the hash maps, so they allocate entries as it
+ * inserts them (BPF_F_NO_PREALLOC) instead of reserving their whole size
+ * up front; the programs write the LRU maps, which must be preallocated.
  */
 #ifndef CELLIUM_LB_H
 #define CELLIUM_LB_H
@@ -169,6 +173,7 @@ struct lb_maglev_inner {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lb4_key);
 	__type(value, struct lb4_service);
 	__uint(max_entries, 65536);
@@ -176,6 +181,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct lb4_backend);
 	__uint(max_entries, 65536);
@@ -183,6 +189,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u16);
 	__type(value, struct lb4_reverse_nat);
 	__uint(max_entries, 65536);
@@ -190,6 +197,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u16);
 	__uint(max_entries, 65536);
 	__array(values, struct lb_maglev_inner);
@@ -204,6 +212,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lb6_key);
 	__type(value, struct lb6_service);
 	__uint(max_entries, 65536);
@@ -211,6 +220,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct lb6_backend);
 	__uint(max_entries, 65536);
@@ -218,6 +228,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u16);
 	__type(value, struct lb6_reverse_nat);
 	__uint(max_entries, 65536);
@@ -225,6 +236,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u16);
 	__uint(max_entries, 65536);
 	__array(values, struct lb_maglev_inner);

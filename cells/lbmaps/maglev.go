@@ -5,6 +5,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/pkg/lbmap"
@@ -23,6 +24,7 @@ func newMaglevMap(lc cell.Lifecycle, reg *bpfmaps.Registry, name string, fronten
 		Name:       name,
 		Type:       ebpf.HashOfMaps,
 		MaxEntries: frontends,
+		Flags:      unix.BPF_F_NO_PREALLOC,
 		InnerMap: &bpfmaps.InnerSpec{
 			Type:       ebpf.Array,
 			KeySize:    4,

@@ -3,6 +3,7 @@ package lbmaps
 import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
@@ -34,8 +35,9 @@ func newMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*Maps, error
 		m   Maps
 		err error
 	)
+	// See bpf/include/lb.h for the flags.
 	hash := func(name string, max uint32) bpfmaps.Spec {
-		return bpfmaps.Spec{Name: name, Type: ebpf.Hash, MaxEntries: max}
+		return bpfmaps.Spec{Name: name, Type: ebpf.Hash, MaxEntries: max, Flags: unix.BPF_F_NO_PREALLOC}
 	}
 	lru := func(name string, max uint32) bpfmaps.Spec {
 		return bpfmaps.Spec{Name: name, Type: ebpf.LRUHash, MaxEntries: max}
