@@ -65,6 +65,10 @@ func (l *loader) Start(cell.HookContext) (err error) {
 	}
 	l.coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: l.maps.EBPF()})
 	if err != nil {
+		// The error keeps only the end of the verifier's log.
+		if ve, ok := errors.AsType[*ebpf.VerifierError](err); ok {
+			l.log.Error("The verifier refused a socket load-balancing program", "log", fmt.Sprintf("%+v", ve))
+		}
 		return fmt.Errorf("load the socket load-balancing programs: %w", err)
 	}
 	defer func() {
