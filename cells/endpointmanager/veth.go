@@ -78,31 +78,70 @@ func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr) error {
 	if err != nil {
 		return err
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
+	hostNL := &netlink.Handle{}
+	if ep.IPv6.IsValid() {
+		// The host resolves a pod's IPv6 address with a neighbour
+		// solicitation from the host side's link-local address, and sends
+		// none while that address is tentative: a second or two of
+		// duplicate address detection after the link comes up, during which
+		// traffic forwarded to the pod is dropped. The address the kernel
+		// would generate, added without detection before the link is up,
+		// is usable at once.
+		ll := linkLocal(host.Attrs().HardwareAddr)
+		if !hasAddr(hostNL, host, ll) {
+			a := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ll, 64)), Flags: unix.IFA_F_NODAD}
+			if err := netlink.AddrReplace(host, a); err != nil {
+				return fmt.Errorf("add link-local address %s to %s: %w", ll, ep.HostIfName, err)
+			}
+		}
 	}
-	if err := pod.LinkSetUp(podLink); err != nil {
-		return fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
+	// Each piece is changed only when it is missing: replacing an intact
+	// IPv6 address or route drops the pod's packets for a moment.
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(host); err != nil {
+			return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
+		}
+	}
+	if podLink.Attrs().Flags&net.FlagUp == 0 {
+		if err := pod.LinkSetUp(podLink); err != nil {
+			return fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
+		}
 	}
 	for _, ip := range ep.IPs() {
 		router, ok := routerOf(ip, routers)
 		if !ok {
 			return fmt.Errorf("no router address for %s: no pod pool of its family", ip)
 		}
-		if err := pod.AddrReplace(podLink, hostAddr(ip)); err != nil {
-			return fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
-		}
-		for _, r := range podRoutes(podLink.Attrs().Index, router) {
-			if err := pod.RouteReplace(r); err != nil {
-				return fmt.Errorf("add route %s in netns %s: %w", r, ep.Netns, err)
+		if !hasAddr(pod, podLink, ip) {
+			if err := pod.AddrReplace(podLink, hostAddr(ip)); err != nil {
+				return fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
 			}
 		}
-		if err := netlink.AddrReplace(host, hostAddr(router)); err != nil {
-			return fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
+		podRouteList, err := pod.RouteList(podLink, family(ip))
+		if err != nil {
+			return fmt.Errorf("list routes in netns %s: %w", ep.Netns, err)
 		}
-		r := hostRoute(host.Attrs().Index, ip)
-		if err := netlink.RouteReplace(r); err != nil {
-			return fmt.Errorf("add route %s: %w", r, err)
+		for _, r := range podRoutes(podLink.Attrs().Index, router) {
+			if hasRoute(podRouteList, r) {
+				continue
+			}
+			if err := pod.RouteReplace(r); err != nil {
+				return fmt.Errorf("add route %s in netns %s: %w", routeString(r), ep.Netns, err)
+			}
+		}
+		if !hasAddr(hostNL, host, router) {
+			if err := netlink.AddrReplace(host, hostAddr(router)); err != nil {
+				return fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
+			}
+		}
+		hostRoutes, err := netlink.RouteList(host, family(ip))
+		if err != nil {
+			return fmt.Errorf("list routes of %s: %w", ep.HostIfName, err)
+		}
+		if r := hostRoute(host.Attrs().Index, ip); !hasRoute(hostRoutes, r) {
+			if err := netlink.RouteReplace(r); err != nil {
+				return fmt.Errorf("add route %s: %w", routeString(r), err)
+			}
 		}
 	}
 	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
@@ -220,6 +259,19 @@ func hostAddr(ip netip.Addr) *netlink.Addr {
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// linkLocal is the EUI-64 link-local address of a MAC (RFC 4291), the one
+// the kernel generates for a link.
+func linkLocal(mac net.HardwareAddr) netip.Addr {
+	var a [16]byte
+	a[0], a[1] = 0xfe, 0x80
+	if len(mac) == 6 {
+		a[8], a[9], a[10] = mac[0]^0x02, mac[1], mac[2]
+		a[11], a[12] = 0xff, 0xfe
+		a[13], a[14], a[15] = mac[3], mac[4], mac[5]
+	}
+	return netip.AddrFrom16(a)
 }
 
 // podRoutes are the pod's routes: the router on the link, and the default

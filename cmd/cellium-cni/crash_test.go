@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// pinger pings pairs of addresses from pods, over and over, until stopped,
+// and counts the pings that got no answer.
+type pinger struct {
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	sent   atomic.Int64
+	mu     sync.Mutex
+	failed []string
+}
+
+func startPinger(from []*pod, to []netip.Addr) *pinger {
+	p := &pinger{stop: make(chan struct{})}
+	for i := range from {
+		p.wg.Go(func() {
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-p.stop:
+					return
+				case <-tick.C:
+				}
+				p.sent.Add(1)
+				if err := nettest.Ping(from[i].ns.Path(), to[i], time.Second); err != nil {
+					p.mu.Lock()
+					p.failed = append(p.failed, fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err))
+					p.mu.Unlock()
+				}
+			}
+		})
+	}
+	return p
+}
+
+func (p *pinger) halt() (sent int64, failed []string) {
+	close(p.stop)
+	p.wg.Wait()
+	return p.sent.Load(), p.failed
+}
+
+// kill -9 with 20 endpoints, and a restart: every endpoint comes back with
+// its addresses, the pods' traffic (pod to pod, pod to router) never stops,
+// and ADDs sent while the agent restores never get a restored address.
+func TestCrashWithTwentyEndpoints(t *testing.T) {
+	n := newNode(t)
+	n.start()
+	const count = 20
+	var pods []*pod
+	before := map[string]string{}
+	restored := map[netip.Addr]bool{}
+	for i := range count {
+		p := n.newPod(fmt.Sprintf("p%d", i))
+		v4, v6 := n.add(p)
+		pods = append(pods, p)
+		before[p.id] = v4.String() + " " + v6.String()
+		restored[v4], restored[v6] = true, true
+	}
+
+	// Pod to pod (through the node) and pod to router, both families.
+	from := []*pod{pods[0], pods[1], pods[2], pods[3]}
+	to := []netip.Addr{addr(t, before[pods[1].id], 0), addr(t, before[pods[2].id], 1), router(n.v4), router(n.v6)}
+	ping := startPinger(from, to)
+
+	n.kill()
+	if sent, failed := ping.sent.Load(), ping.failed; len(failed) > 0 {
+		t.Fatalf("pings failed before the restart (%d sent): %v", sent, failed)
+	}
+	// ADDs issued as soon as the restarted agent serves its API, racing
+	// the restore.
+	racers := []*pod{n.newPod("racer-1"), n.newPod("racer-2"), n.newPod("racer-3")}
+	start := time.Now()
+	a := n.startAsync()
+	a.waitLog(t, "Serving API")
+	results := make(chan [2]netip.Addr, len(racers))
+	var wg sync.WaitGroup
+	for _, p := range racers {
+		wg.Go(func() {
+			res, err := n.cni.AddNetworkList(context.Background(), n.conflist(), p.runtimeConf())
+			if err != nil {
+				t.Errorf("ADD during the restore: %v", err)
+				return
+			}
+			v4, v6 := resultAddrs(t, res)
+			results <- [2]netip.Addr{v4, v6}
+		})
+	}
+	a.restored = a.waitLog(t, "Started hive", "Restored endpoints")["Restored endpoints"]
+	wg.Wait()
+	close(results)
+	ready := time.Since(start)
+	sent, failed := ping.halt()
+	t.Logf("restart with %d endpoints: ready after %s, restore took %v ms; %d pings during the test", count, ready.Round(time.Millisecond),
+		msOf(n.agent.restored["duration"]), sent)
+	if len(failed) > 0 {
+		t.Errorf("%d of %d pings failed across the crash and restart: %v", len(failed), sent, failed)
+	}
+	if got := n.agent.restored["restored"]; got != float64(count) {
+		t.Errorf("restored %v endpoints, want %d", got, count)
+	}
+
+	for r := range results {
+		for _, ip := range r {
+			if restored[ip] {
+				t.Errorf("an ADD racing the restore got %s, which a restored endpoint holds", ip)
+			}
+		}
+	}
+	after := map[string]string{}
+	for _, ep := range n.endpoints() {
+		after[ep.ContainerID] = ep.IPv4 + " " + ep.IPv6
+	}
+	for id, addrs := range before {
+		if after[id] != addrs {
+			t.Errorf("endpoint of %s after the restart has %q, want %q", id, after[id], addrs)
+		}
+	}
+	if len(after) != count+len(racers) {
+		t.Errorf("%d endpoints after the restart, want %d", len(after), count+len(racers))
+	}
+	for _, p := range pods {
+		if err := n.cni.CheckNetworkList(context.Background(), n.conflist(), p.runtimeConf()); err != nil {
+			t.Errorf("CNI CHECK of %s after the restart: %v", p.name, err)
+		}
+	}
+}
+
+// addr is the i-th address of "v4 v6".
+func addr(t *testing.T, addrs string, i int) netip.Addr {
+	return netip.MustParseAddr(strings.Fields(addrs)[i])
+}
+
+func msOf(d any) float64 {
+	ns, _ := d.(float64)
+	return ns / 1e6
+}
+
+// The agent dies in the middle of an ADD (a test-only fault point at each
+// step). The runtime's ADD fails with "try again later"; after a restart,
+// and the grace period for addresses whose owner never became an endpoint,
+// no address, interface or state is left, with or without the runtime's
+// DEL.
+func TestCrashInTheMiddleOfAdd(t *testing.T) {
+	for _, tc := range []struct {
+		step string
+		// runtimeDEL: the runtime deletes the pod that failed to start
+		// before the agent is back.
+		runtimeDEL bool
+		// log is what the restarted agent logs about the leftover.
+		log string
+	}{
+		{endpointmanager.CrashIPAMAllocated, false, "Released an address allocated before the restart for an owner that never became an endpoint"},
+		{endpointmanager.CrashVethCreated, false, "Rolled back an endpoint whose creation did not finish before the agent stopped"},
+		{endpointmanager.CrashEndpointPersisted, true, "Deleted endpoint"},
+	} {
+		t.Run(tc.step, func(t *testing.T) {
+			n := newNode(t)
+			n.start("--endpoint-test-crash-at", tc.step)
+			p := n.newPod("dies")
+			env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
+			_, cniErr := cniExec(t, env, n.pluginConf("1.0.0"))
+			if cniErr == nil || cniErr.Code != 11 || !strings.Contains(cniErr.Msg, n.socket) {
+				t.Fatalf("ADD into a dying agent = %+v, want code 11 naming the socket", cniErr)
+			}
+			if err := n.agent.wait(); !exitedBySIGKILL(err) {
+				t.Fatalf("agent exit = %v, want killed by the fault point", err)
+			}
+			n.agent = nil
+
+			n.start("--ipam-leak-grace", "200ms")
+			if tc.runtimeDEL {
+				env["CNI_COMMAND"] = "DEL"
+				if _, cniErr := cniExec(t, env, n.pluginConf("1.0.0")); cniErr != nil {
+					t.Fatalf("the runtime's DEL after the failed ADD: %+v", cniErr)
+				}
+			}
+			n.agent.waitLog(t, tc.log)
+			if allocs := n.allocations(); len(allocs) != 0 {
+				t.Errorf("addresses allocated after restart and grace: %v, want none", allocs)
+			}
+			if n.hostLink(endpointmanager.HostIfName(p.id)) {
+				t.Errorf("the node still has the dead ADD's %s", endpointmanager.HostIfName(p.id))
+			}
+			if dirs := n.stateDirs(); len(dirs) != 0 {
+				t.Errorf("endpoint state left: %v", dirs)
+			}
+			// The pod can be added again, and gets the first address.
+			v4, _ := n.add(p)
+			if want := router(n.v4).Next(); v4 != want {
+				t.Errorf("ADD after the crash got %s, want %s", v4, want)
+			}
+			if eps := n.endpoints(); len(eps) != 1 || !slices.ContainsFunc(eps, func(e apiv1.Endpoint) bool { return e.ContainerID == p.id }) {
+				t.Errorf("endpoints after the second ADD: %+v", eps)
+			}
+		})
+	}
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// Three pods get distinct addresses from the built plugin and agent, as a
+// runtime would drive them (libcni with the agent's configuration), reach
+// each other and the router over IPv4 and IPv6, pass CHECK, and DEL removes
+// the veth pair, the addresses and the state; a second DEL, a DEL of an
+// unknown container and a DEL without netns succeed.
+func TestThreePods(t *testing.T) {
+	n := newNode(t)
+	n.start()
+	list := n.conflist()
+	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "cellium-cni" || list.CNIVersion != "1.0.0" {
+		t.Fatalf("the agent's CNI configuration: %s", list.Bytes)
+	}
+
+	pods := []*pod{n.newPod("a"), n.newPod("b"), n.newPod("c")}
+	addrs := map[*pod][2]netip.Addr{}
+	seen := map[netip.Addr]bool{}
+	for _, p := range pods {
+		v4, v6 := n.add(p)
+		if !n.v4.Contains(v4) || !n.v6.Contains(v6) || seen[v4] || seen[v6] {
+			t.Fatalf("pod %s got %s and %s: want distinct addresses in %s and %s", p.name, v4, v6, n.v4, n.v6)
+		}
+		seen[v4], seen[v6] = true, true
+		addrs[p] = [2]netip.Addr{v4, v6}
+	}
+
+	eps := n.endpoints()
+	if len(eps) != 3 {
+		t.Fatalf("agent endpoint list: %d endpoints, want 3", len(eps))
+	}
+	for i, ep := range eps {
+		if ep.ID == 0 || ep.ContainerID != pods[i].id || ep.IPv4 != addrs[pods[i]][0].String() ||
+			ep.IPv6 != addrs[pods[i]][1].String() || ep.Interface != "eth0" || ep.State != "ready" || ep.PodName != pods[i].name {
+			t.Errorf("endpoint %d = %+v, want pod %s's", i, ep, pods[i].name)
+		}
+	}
+	if out := n.agentCLI("endpoint", "get", pods[0].id); !strings.Contains(out, addrs[pods[0]][0].String()) {
+		t.Errorf("agent endpoint get %s:\n%s", pods[0].id, out)
+	}
+
+	for _, src := range pods {
+		dsts := []netip.Addr{router(n.v4), router(n.v6)}
+		for _, dst := range pods {
+			if dst != src {
+				dsts = append(dsts, addrs[dst][0], addrs[dst][1])
+			}
+		}
+		for _, dst := range dsts {
+			if err := nettest.Ping(src.ns.Path(), dst, 5*time.Second); err != nil {
+				t.Errorf("pod %s: %v", src.name, err)
+			}
+		}
+		if err := n.cni.CheckNetworkList(context.Background(), list, src.runtimeConf()); err != nil {
+			t.Errorf("CNI CHECK of pod %s: %v", src.name, err)
+		}
+	}
+
+	gone := pods[0]
+	hostIf := endpointmanager.HostIfName(gone.id)
+	if !n.hostLink(hostIf) {
+		t.Fatalf("the node has no %s for pod a", hostIf)
+	}
+	if err := n.cni.DelNetworkList(context.Background(), list, gone.runtimeConf()); err != nil {
+		t.Fatalf("CNI DEL: %v", err)
+	}
+	if n.hostLink(hostIf) {
+		t.Errorf("%s still exists after DEL", hostIf)
+	}
+	if dirs := n.stateDirs(); len(dirs) != 2 || slices.Contains(dirs, strconv.Itoa(int(eps[0].ID))) {
+		t.Errorf("endpoint state after DEL: %v, want only the two other pods'", dirs)
+	}
+	for _, a := range n.allocations() {
+		if strings.Contains(a, gone.id) {
+			t.Errorf("address still allocated after DEL: %s", a)
+		}
+	}
+	if err := nettest.Ping(pods[1].ns.Path(), addrs[gone][0], 300*time.Millisecond); err == nil {
+		t.Errorf("pod b still reaches the deleted pod's address %s", addrs[gone][0])
+	}
+
+	// DEL is idempotent: again, for a container the agent never saw, and
+	// without a netns.
+	if err := n.cni.DelNetworkList(context.Background(), list, gone.runtimeConf()); err != nil {
+		t.Errorf("second CNI DEL: %v", err)
+	}
+	for _, env := range []map[string]string{
+		{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "never-seen", "CNI_IFNAME": "eth0", "CNI_NETNS": "/nonexistent/netns"},
+		{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": gone.id, "CNI_IFNAME": "eth0"},
+	} {
+		if _, cniErr := cniExec(t, env, n.pluginConf("1.0.0")); cniErr != nil {
+			t.Errorf("DEL %v: %+v", env, cniErr)
+		}
+	}
+	if got := len(n.endpoints()); got != 2 {
+		t.Errorf("%d endpoints after the DELs, want 2", got)
+	}
+}
+
+// STATUS and VERSION, as a CNI 1.1 runtime asks them.
+func TestStatusAndVersion(t *testing.T) {
+	n := newNode(t)
+	env := map[string]string{"CNI_COMMAND": "STATUS"}
+	if _, cniErr := cniExec(t, env, n.pluginConf("1.1.0")); cniErr == nil || cniErr.Code != 50 || !strings.Contains(cniErr.Details, n.socket) {
+		t.Fatalf("STATUS with no agent = %+v, want code 50 naming the socket", cniErr)
+	}
+	n.start()
+	if _, cniErr := cniExec(t, env, n.pluginConf("1.1.0")); cniErr != nil {
+		t.Fatalf("STATUS of a ready agent = %+v", cniErr)
+	}
+	out, cniErr := cniExec(t, map[string]string{"CNI_COMMAND": "VERSION"}, n.pluginConf("1.1.0"))
+	if cniErr != nil || !strings.Contains(string(out), `"supportedVersions":["1.0.0","1.1.0"]`) {
+		t.Fatalf("VERSION = %s, %+v", out, cniErr)
+	}
+}
