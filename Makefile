@@ -11,6 +11,7 @@ GODIRS  := cmd cells pkg bpf
 
 build:
 	$(GO) build -o $(BIN)/agent ./cmd/agent
+	$(GO) build -o $(BIN)/cellium-cni ./cmd/cellium-cni
 
 # Runs with embedded defaults: no cluster, no etcd. Extra flags: make run ARGS="--log-level=debug".
 run: build

@@ -64,6 +64,8 @@ type node struct {
 	ns      ns.NetNS
 	dir     string
 	v4, v6  netip.Prefix
+	// podCIDR is --pod-cidr: v4 and v6 unless a test narrows it.
+	podCIDR string
 	socket  string
 	bpfRoot string
 	agent   *agentProcess
@@ -80,6 +82,7 @@ func newNode(t *testing.T) *node {
 		socket: filepath.Join(dir, "run", "agent.sock"), bpfRoot: bpfmapstest.Root(t),
 		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(dir, "cni-cache"), nil),
 	}
+	n.podCIDR = n.v4.String() + "," + n.v6.String()
 	// The node routes between its pods; the agent's --proc-fs is a
 	// directory, so it does not change the host's forwarding.
 	err := nettest.Do(n.ns.Path(), func() error {
@@ -113,7 +116,7 @@ func (n *node) flags(extra ...string) []string {
 		"--bpf-root", n.bpfRoot,
 		"--proc-fs", filepath.Join(n.dir, "proc"),
 		"--health-addr", freePort(n.t),
-		"--pod-cidr", n.v4.String() + "," + n.v6.String(),
+		"--pod-cidr", n.podCIDR,
 		"--log-format", "json",
 	}, extra...)
 }
