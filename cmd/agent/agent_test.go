@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
 
@@ -48,7 +49,7 @@ func TestMain(m *testing.M) {
 
 // agentEnv is a set of private paths for one agent process.
 type agentEnv struct {
-	dir, socket, healthAddr, bpfRoot string
+	dir, socket, healthAddr, bpfRoot, cgroup string
 }
 
 func newAgentEnv(t *testing.T) *agentEnv {
@@ -69,7 +70,23 @@ func newAgentEnv(t *testing.T) *agentEnv {
 	}
 	// The agent mounts its own bpffs at bpfRoot; take it down afterwards.
 	t.Cleanup(func() { unix.Unmount(env.bpfRoot, unix.MNT_DETACH) })
+	env.cgroup = testCgroup(t)
 	return env
+}
+
+// testCgroup makes an empty cgroup for the agent's socket programs: attached
+// to the real root they would see every socket of the machine.
+func testCgroup(t *testing.T) string {
+	mount, err := loader.Cgroup2Mount()
+	if err != nil {
+		t.Skipf("no cgroup2 mount for the socket programs: %v", err)
+	}
+	dir, err := os.MkdirTemp(mount, "cellium-agent-test-")
+	if err != nil {
+		t.Skipf("cannot create a test cgroup: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	return dir
 }
 
 func (e *agentEnv) runFlags() []string {
