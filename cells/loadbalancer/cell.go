@@ -69,9 +69,10 @@ func newWriter(p writerParams) *writer {
 		tables:    p.Tables,
 		nodeName:  string(p.NodeName),
 		health:    p.Health.NewScope("k8s-objects"),
-		slices:    map[sliceID]ServiceName{},
+		slices:    map[sliceID]string{},
 		problems:  map[string]string{},
 		contested: map[ServiceName]struct{}{},
+		deferred:  map[ServiceName]struct{}{},
 	}
 	events := make(chan k8sEvent, eventQueueSize)
 	p.Jobs.Add(

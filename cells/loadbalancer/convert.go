@@ -3,6 +3,7 @@ package loadbalancer
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 	"unique"
 
@@ -147,7 +148,8 @@ type endpointSlice struct {
 	id sliceID
 	// service is from the kubernetes.io/service-name label; a slice without
 	// it belongs to no service and adds no backends.
-	service  ServiceName
+	service ServiceName
+	// backends are sorted by address.
 	backends []sliceBackend
 }
 
@@ -242,6 +244,7 @@ func convertEndpointSlice(k *discoveryv1.EndpointSlice) (*endpointSlice, []inval
 			})
 		}
 	}
+	slices.SortStableFunc(s.backends, func(a, b sliceBackend) int { return a.addr.Compare(b.addr) })
 	return s, bad
 }
 

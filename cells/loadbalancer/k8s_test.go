@@ -267,9 +267,9 @@ type expirableWatch struct {
 
 func newExpirableWatch(inner watch.Interface) *expirableWatch {
 	w := &expirableWatch{
-		inner:   inner,
-		out:     make(chan watch.Event),
-		expired: make(chan struct{}),
+		inner:    inner,
+		out:      make(chan watch.Event),
+		expired:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 		finished: make(chan struct{}),
 	}

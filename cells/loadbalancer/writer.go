@@ -31,10 +31,11 @@ type writer struct {
 	health   cell.Health
 
 	mu sync.Mutex
-	// slices maps every EndpointSlice with backends to its service, so
-	// that an update that relabels a slice, or a relist that no longer has
-	// it, finds its old backends.
-	slices map[sliceID]ServiceName
+	// slices maps every EndpointSlice with a service label to the name of
+	// its service (in the slice's namespace), so that an update that
+	// relabels a slice, or a relist that no longer has it, finds its old
+	// backends.
+	slices map[sliceID]string
 	// nodeAddrs are the node addresses NodePort frontends use, sorted.
 	nodeAddrs []netip.Addr
 	// problems are the invalid objects and frontend conflicts, by object:
@@ -44,6 +45,40 @@ type writer struct {
 	// contested are services that wanted a frontend address another
 	// service holds; they get another chance whenever a frontend goes.
 	contested map[ServiceName]struct{}
+	// servicesListed and slicesListed say whether the initial listings
+	// are in. Until both are, frontends wait in deferred: computed from
+	// services alone they would reject connections, and the datapath would
+	// be programmed twice.
+	servicesListed, slicesListed bool
+	deferred                     map[ServiceName]struct{}
+
+	// spare is the last batch, whose maps the next one reuses.
+	spare batch
+}
+
+func (w *writer) newBatch(txn statedb.WriteTxn) *batch {
+	b := &w.spare
+	if b.dirty == nil {
+		b.dirty = map[ServiceName]struct{}{}
+		b.addedFrontends = map[ServiceName][]L3n4Addr{}
+		b.addedBackends = map[ServiceName][]L3n4Addr{}
+	}
+	b.txn, b.snapshot, b.frontendsDeleted = txn, w.db.ReadTxn(), false
+	return b
+}
+
+// release lets go of the transaction and the snapshot, which would keep
+// old versions of the tables alive, and of maps that a listing grew large:
+// clearing a map keeps its memory.
+func (b *batch) release() {
+	b.txn, b.snapshot = nil, nil
+	if len(b.dirty) > maxBatch || len(b.addedFrontends) > maxBatch || len(b.addedBackends) > maxBatch {
+		b.dirty, b.addedFrontends, b.addedBackends = nil, nil, nil
+		return
+	}
+	clear(b.dirty)
+	clear(b.addedFrontends)
+	clear(b.addedBackends)
 }
 
 // k8sEvent is a change from one of the reflectors, already converted.
@@ -53,15 +88,82 @@ type k8sEvent interface {
 
 // batch is one write transaction and the services whose frontends it must
 // recompute before committing.
+//
+// Queries by service go to the snapshot from before the transaction, plus
+// what the transaction itself added, then each hit is read again from the
+// transaction by its primary key. Iterating the write transaction instead
+// would freeze its trees, and every later insert would copy the path to its
+// leaf: several times the cost of the insert itself.
 type batch struct {
-	txn   statedb.WriteTxn
-	dirty map[ServiceName]struct{}
+	txn      statedb.WriteTxn
+	snapshot statedb.ReadTxn
+	dirty    map[ServiceName]struct{}
 	// frontendsDeleted says whether an address was freed, which may
 	// settle a contested one.
 	frontendsDeleted bool
+	// addedFrontends and addedBackends are the addresses of rows this
+	// transaction inserted, by service.
+	addedFrontends map[ServiceName][]L3n4Addr
+	addedBackends  map[ServiceName][]L3n4Addr
 }
 
 func (b *batch) markDirty(name ServiceName) { b.dirty[name] = struct{}{} }
+
+func (b *batch) insertFrontend(t *lbTables, fe *Frontend) {
+	t.frontends.Insert(b.txn, fe)
+	b.addedFrontends[fe.ServiceName] = append(b.addedFrontends[fe.ServiceName], fe.Address)
+}
+
+func (b *batch) insertBackend(t *lbTables, be *Backend) {
+	t.backends.Insert(b.txn, be)
+	for i, inst := range be.Instances {
+		// Instances are sorted: a service's come together.
+		if i == 0 || inst.ServiceName != be.Instances[i-1].ServiceName {
+			b.addedBackends[inst.ServiceName] = append(b.addedBackends[inst.ServiceName], be.Address)
+		}
+	}
+}
+
+// frontendsOf are the service's frontends as of the transaction.
+func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
+	addrs := slices.Clip(b.addedFrontends[name])
+	// A service's frontends go in the transaction that deletes it: without
+	// the service, the snapshot has none of its frontends either.
+	if _, _, found := t.services.Get(b.snapshot, ServiceByName.Query(name)); found {
+		for fe := range t.frontends.List(b.snapshot, FrontendByServiceName.Query(name)) {
+			addrs = append(addrs, fe.Address)
+		}
+	}
+	var out []*Frontend
+	for i, addr := range addrs {
+		if slices.Contains(addrs[:i], addr) {
+			continue
+		}
+		if fe, _, found := t.frontends.Get(b.txn, FrontendByAddress.Query(addr)); found && fe.ServiceName == name {
+			out = append(out, fe)
+		}
+	}
+	return out
+}
+
+// backendsOf are the backends serving the service as of the transaction.
+func (b *batch) backendsOf(t *lbTables, name ServiceName) []*Backend {
+	addrs := slices.Clip(b.addedBackends[name])
+	for be := range t.backends.List(b.snapshot, BackendByServiceName.Query(name)) {
+		addrs = append(addrs, be.Address)
+	}
+	var out []*Backend
+	for i, addr := range addrs {
+		if slices.Contains(addrs[:i], addr) {
+			continue
+		}
+		be, _, found := t.backends.Get(b.txn, BackendByAddress.Query(addr))
+		if found && slices.ContainsFunc(be.Instances, func(i BackendInstance) bool { return i.ServiceName == name }) {
+			out = append(out, be)
+		}
+	}
+	return out
+}
 
 // update runs fn in a write transaction and then brings the frontends of
 // every service fn marked dirty up to date.
@@ -70,8 +172,15 @@ func (w *writer) update(fn func(b *batch)) {
 	defer w.mu.Unlock()
 	txn := w.db.WriteTxn(w.tables.services, w.tables.frontends, w.tables.backends)
 	defer txn.Abort()
-	b := &batch{txn: txn, dirty: map[ServiceName]struct{}{}}
+	b := w.newBatch(txn)
 	fn(b)
+	if !w.servicesListed || !w.slicesListed {
+		maps.Copy(w.deferred, b.dirty)
+		clear(b.dirty)
+	} else if len(w.deferred) > 0 {
+		maps.Copy(b.dirty, w.deferred)
+		clear(w.deferred)
+	}
 	for name := range b.dirty {
 		w.updateFrontends(b, name)
 	}
@@ -81,6 +190,7 @@ func (w *writer) update(fn func(b *batch)) {
 		}
 	}
 	txn.Commit()
+	b.release()
 	w.reportHealth()
 }
 
@@ -144,6 +254,7 @@ func (e *servicesListed) apply(w *writer, b *batch) {
 	for _, name := range gone {
 		w.deleteService(b, name)
 	}
+	w.servicesListed = true
 	w.tables.servicesSynced(b.txn)
 }
 
@@ -201,6 +312,7 @@ func (e *slicesListed) apply(w *writer, b *batch) {
 			}
 		}
 	}
+	w.slicesListed = true
 	w.tables.slicesSynced(b.txn)
 }
 
@@ -208,39 +320,53 @@ func sliceProblemKey(id sliceID) string { return "EndpointSlice " + id.String() 
 
 func (w *writer) upsertSlice(b *batch, s *endpointSlice, invalid []invalidField) {
 	w.setProblem(sliceProblemKey(s.id), invalid)
-	if old, ok := w.slices[s.id]; ok && old != s.service {
-		w.removeSliceBackends(b, s.id, old)
+	oldName, known := w.slices[s.id]
+	if known && oldName != s.service.Name {
+		w.removeSliceBackends(b, s.id, ServiceName{Namespace: s.id.Namespace, Name: oldName})
+		known = false
 	}
 	if s.service.Name == "" {
 		delete(w.slices, s.id)
 		return
 	}
-	w.slices[s.id] = s.service
-	if _, _, found := w.tables.services.Get(b.txn, ServiceByName.Query(s.service)); !found {
-		w.log.Debug("EndpointSlice for a Service not seen yet: keeping its backends until the Service appears",
-			"endpointslice", s.id, "service", s.service)
+	if !known {
+		w.slices[s.id] = s.service.Name
 	}
-
-	next := make(map[L3n4Addr][]BackendInstance, len(s.backends))
-	for _, sb := range s.backends {
-		next[sb.addr] = append(next[sb.addr], BackendInstance{
-			ServiceName:   s.service,
-			PortName:      sb.portName,
-			State:         sb.state,
-			NodeName:      sb.nodeName,
-			EndpointSlice: s.id.Name,
-		})
-	}
-	// Backends the slice listed before and no longer does lose its
-	// instances.
-	for _, addr := range w.sliceBackends(b, s.service, s.id.Name) {
-		if _, ok := next[addr]; !ok {
-			next[addr] = nil
+	if w.log.Enabled(context.Background(), slog.LevelDebug) {
+		if _, _, found := w.tables.services.Get(b.txn, ServiceByName.Query(s.service)); !found {
+			w.log.Debug("EndpointSlice for a Service not seen yet: keeping its backends until the Service appears",
+				"endpointslice", s.id, "service", s.service)
 		}
 	}
+
 	changed := false
-	for addr, instances := range next {
-		changed = w.setSliceInstances(b, addr, s.service, s.id.Name, instances) || changed
+	// Backends the slice listed before and no longer does lose their
+	// instances. A slice seen for the first time has none.
+	if known {
+		for _, addr := range w.sliceBackends(b, s.service, s.id.Name) {
+			if !slices.ContainsFunc(s.backends, func(sb sliceBackend) bool { return sb.addr == addr }) {
+				changed = w.setSliceInstances(b, addr, s.service, s.id.Name, nil) || changed
+			}
+		}
+	}
+	// s.backends is sorted by address: each run is one backend.
+	for start := 0; start < len(s.backends); {
+		end := start + 1
+		for end < len(s.backends) && s.backends[end].addr == s.backends[start].addr {
+			end++
+		}
+		instances := make([]BackendInstance, end-start)
+		for i, sb := range s.backends[start:end] {
+			instances[i] = BackendInstance{
+				ServiceName:   s.service,
+				PortName:      sb.portName,
+				State:         sb.state,
+				NodeName:      sb.nodeName,
+				EndpointSlice: s.id.Name,
+			}
+		}
+		changed = w.setSliceInstances(b, s.backends[start].addr, s.service, s.id.Name, instances) || changed
+		start = end
 	}
 	if changed {
 		b.markDirty(s.service)
@@ -249,8 +375,8 @@ func (w *writer) upsertSlice(b *batch, s *endpointSlice, invalid []invalidField)
 
 func (w *writer) deleteSlice(b *batch, id sliceID) {
 	w.setProblem(sliceProblemKey(id), nil)
-	if svc, ok := w.slices[id]; ok {
-		w.removeSliceBackends(b, id, svc)
+	if name, ok := w.slices[id]; ok {
+		w.removeSliceBackends(b, id, ServiceName{Namespace: id.Namespace, Name: name})
 		delete(w.slices, id)
 	}
 }
@@ -268,7 +394,7 @@ func (w *writer) removeSliceBackends(b *batch, id sliceID, svc ServiceName) {
 // sliceBackends are the addresses of svc's backends that came from slice.
 func (w *writer) sliceBackends(b *batch, svc ServiceName, slice string) []L3n4Addr {
 	var addrs []L3n4Addr
-	for be := range w.tables.backends.List(b.txn, BackendByServiceName.Query(svc)) {
+	for _, be := range b.backendsOf(w.tables, svc) {
 		for _, inst := range be.Instances {
 			if inst.ServiceName == svc && inst.EndpointSlice == slice {
 				addrs = append(addrs, be.Address)
@@ -318,7 +444,7 @@ func (w *writer) setSliceInstances(b *batch, addr L3n4Addr, svc ServiceName, sli
 			return false
 		}
 	}
-	w.tables.backends.Insert(b.txn, be)
+	b.insertBackend(w.tables, be)
 	return true
 }
 
@@ -371,7 +497,7 @@ func (w *writer) setQuarantined(addr L3n4Addr, quarantined bool) (err error) {
 		}
 		be := *old
 		be.Quarantined = quarantined
-		w.tables.backends.Insert(b.txn, &be)
+		b.insertBackend(w.tables, &be)
 		for _, inst := range be.Instances {
 			b.markDirty(inst.ServiceName)
 		}
@@ -389,7 +515,7 @@ func (w *writer) updateFrontends(b *batch, name ServiceName) {
 	if svc, _, found := w.tables.services.Get(b.txn, ServiceByName.Query(name)); found {
 		desired = w.desiredFrontends(b, svc)
 	}
-	existing := statedb.Collect(w.tables.frontends.List(b.txn, FrontendByServiceName.Query(name)))
+	existing := b.frontendsOf(w.tables, name)
 
 	var conflicts []string
 	for _, fe := range desired {
@@ -400,7 +526,7 @@ func (w *writer) updateFrontends(b *batch, name ServiceName) {
 		case found && old.sameContent(fe):
 		default:
 			fe.Status = reconciler.StatusPending()
-			w.tables.frontends.Insert(b.txn, fe)
+			b.insertFrontend(w.tables, fe)
 		}
 	}
 	for _, old := range existing {
@@ -425,7 +551,7 @@ func (w *writer) desiredFrontends(b *batch, svc *Service) []*Frontend {
 	if len(svc.Ports) == 0 {
 		return nil
 	}
-	backends := statedb.Collect(w.tables.backends.List(b.txn, BackendByServiceName.Query(svc.Name)))
+	backends := b.backendsOf(w.tables, svc.Name)
 	var out []*Frontend
 	for _, port := range svc.Ports {
 		sel := backendSelector{svc: svc, port: port, backends: backends, nodeName: w.nodeName}
