@@ -48,7 +48,7 @@ type testNet struct {
 	dir string
 }
 
-func newTestNet(t *testing.T) *testNet {
+func newTestNet(t testing.TB) *testNet {
 	v4, v6 := nettest.Ranges(t)
 	return &testNet{v4: v4, v6: netip.PrefixFrom(v6.Addr(), 120), dir: t.TempDir()}
 }
@@ -72,7 +72,7 @@ type nodeOpts struct {
 
 // start runs the cells over the test's state directory; stop also runs when
 // the test ends.
-func (tn *testNet) start(t *testing.T, o nodeOpts) *node {
+func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
 	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, endpointmanager.Cell,
@@ -116,7 +116,7 @@ type pod struct {
 	id string
 }
 
-func newPod(t *testing.T) pod {
+func newPod(t testing.TB) pod {
 	return pod{ns: nettest.NewNS(t), id: fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())}
 }
 

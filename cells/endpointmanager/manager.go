@@ -97,7 +97,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint) (*Endpoint, error) {
 	if err := m.states.write(ep, phaseCreating); err != nil {
 		return ep, err
 	}
-	if err := m.plumb.plumb(ep, m.routers()); err != nil {
+	if err := m.plumb.plumb(ep, m.routers(), nil); err != nil {
 		return ep, err
 	}
 	ep.State = Ready
@@ -349,10 +349,14 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	}
 
 	routers := m.routers()
+	host, err := readHost()
+	if err != nil {
+		return err
+	}
 	notReady := 0
 	for _, ep := range keep {
 		before := *ep
-		if err := m.plumb.plumb(ep, routers); err != nil {
+		if err := m.plumb.plumb(ep, routers, host); err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
 			m.log.Error("Restored endpoint could not be brought back; its addresses stay reserved",

@@ -61,8 +61,9 @@ type plumbing struct {
 // plumb makes the kernel match ep, and fills in its MACs and host ifindex.
 // It is idempotent: on an endpoint that is intact it changes nothing, so a
 // restore does not disturb the pod's traffic. routers are the pools'
-// router addresses.
-func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr) error {
+// router addresses; host is what the host side has, read once for many
+// endpoints (see readHost), or nil to read it here.
+func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr, host *hostView) error {
 	podNS, err := openNetns(ep.Netns)
 	if err != nil {
 		return err
@@ -74,11 +75,22 @@ func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr) error {
 	}
 	defer pod.Close()
 
-	host, podLink, err := p.ensureVeth(ep, podNS, pod)
+	hostLink, podLink, created, err := p.ensureVeth(ep, podNS, pod)
 	if err != nil {
 		return err
 	}
-	hostNL := &netlink.Handle{}
+	if created {
+		// A new link has no addresses or routes: nothing to read.
+		host = &hostView{}
+	} else if host == nil {
+		if host, err = readHost(); err != nil {
+			return err
+		}
+	}
+	hostIndex := hostLink.Attrs().Index
+
+	// Each piece is changed only when it is missing: replacing an intact
+	// IPv6 address or route drops the pod's packets for a moment.
 	if ep.IPv6.IsValid() {
 		// The host resolves a pod's IPv6 address with a neighbour
 		// solicitation from the host side's link-local address, and sends
@@ -87,18 +99,16 @@ func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr) error {
 		// traffic forwarded to the pod is dropped. The address the kernel
 		// would generate, added without detection before the link is up,
 		// is usable at once.
-		ll := linkLocal(host.Attrs().HardwareAddr)
-		if !hasAddr(hostNL, host, ll) {
+		ll := linkLocal(hostLink.Attrs().HardwareAddr)
+		if !host.hasAddr(hostIndex, ll) {
 			a := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ll, 64)), Flags: unix.IFA_F_NODAD}
-			if err := netlink.AddrReplace(host, a); err != nil {
+			if err := netlink.AddrReplace(hostLink, a); err != nil {
 				return fmt.Errorf("add link-local address %s to %s: %w", ll, ep.HostIfName, err)
 			}
 		}
 	}
-	// Each piece is changed only when it is missing: replacing an intact
-	// IPv6 address or route drops the pod's packets for a moment.
-	if host.Attrs().Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(host); err != nil {
+	if hostLink.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(hostLink); err != nil {
 			return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
 		}
 	}
@@ -129,49 +139,90 @@ func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr) error {
 				return fmt.Errorf("add route %s in netns %s: %w", routeString(r), ep.Netns, err)
 			}
 		}
-		if !hasAddr(hostNL, host, router) {
-			if err := netlink.AddrReplace(host, hostAddr(router)); err != nil {
+		if !host.hasAddr(hostIndex, router) {
+			if err := netlink.AddrReplace(hostLink, hostAddr(router)); err != nil {
 				return fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
 			}
 		}
-		hostRoutes, err := netlink.RouteList(host, family(ip))
-		if err != nil {
-			return fmt.Errorf("list routes of %s: %w", ep.HostIfName, err)
-		}
-		if r := hostRoute(host.Attrs().Index, ip); !hasRoute(hostRoutes, r) {
+		if r := hostRoute(hostIndex, ip); !host.hasRoute(ip, hostIndex) {
 			if err := netlink.RouteReplace(r); err != nil {
 				return fmt.Errorf("add route %s: %w", routeString(r), err)
 			}
 		}
 	}
 	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
-	ep.HostMAC = MAC(host.Attrs().HardwareAddr)
-	ep.HostIfIndex = host.Attrs().Index
+	ep.HostMAC = MAC(hostLink.Attrs().HardwareAddr)
+	ep.HostIfIndex = hostIndex
 	return nil
+}
+
+// hostView is what the host has on the endpoints' host sides: addresses
+// by ifindex, and routes to single addresses without gateway. Reading it
+// is a dump of every address and route of the host, so a restore reads it
+// once, not once per endpoint.
+type hostView struct {
+	addrs  map[int][]netip.Addr
+	routes map[netip.Addr][]int
+}
+
+func readHost() (*hostView, error) {
+	v := &hostView{addrs: map[int][]netip.Addr{}, routes: map[netip.Addr][]int{}}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list the host's addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			v.addrs[a.LinkIndex] = append(v.addrs[a.LinkIndex], ip.Unmap())
+		}
+	}
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list the host's routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.Gw != nil {
+			continue
+		}
+		ones, bits := r.Dst.Mask.Size()
+		if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok && ones == bits {
+			ip = ip.Unmap()
+			v.routes[ip] = append(v.routes[ip], r.LinkIndex)
+		}
+	}
+	return v, nil
+}
+
+func (v *hostView) hasAddr(ifindex int, ip netip.Addr) bool {
+	return slices.Contains(v.addrs[ifindex], ip)
+}
+
+func (v *hostView) hasRoute(dst netip.Addr, ifindex int) bool {
+	return slices.Contains(v.routes[dst], ifindex)
 }
 
 // ensureVeth returns the endpoint's veth pair, making it if it is missing.
 // A host side whose peer is not the pod's interface is what an interrupted
 // creation leaves: it is replaced.
-func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle) (host, podLink netlink.Link, err error) {
+func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle) (host, podLink netlink.Link, created bool, err error) {
 	host, err = netlink.LinkByName(ep.HostIfName)
 	switch {
 	case err == nil:
 		podLink, perr := pod.LinkByName(ep.IfName)
 		if perr == nil && paired(host, podLink) {
 			if err := p.ensureMTU(host, podLink, pod); err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
-			return host, podLink, nil
+			return host, podLink, false, nil
 		}
 		if err := netlink.LinkDel(host); err != nil {
-			return nil, nil, fmt.Errorf("remove %s, whose peer is not %s in netns %s: %w", ep.HostIfName, ep.IfName, ep.Netns, err)
+			return nil, nil, false, fmt.Errorf("remove %s, whose peer is not %s in netns %s: %w", ep.HostIfName, ep.IfName, ep.Netns, err)
 		}
 	case !isNotFound(err):
-		return nil, nil, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
+		return nil, nil, false, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
 	}
 	if _, err := pod.LinkByName(ep.IfName); err == nil {
-		return nil, nil, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
+		return nil, nil, false, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
 	}
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: ep.HostIfName, MTU: p.mtu},
@@ -180,18 +231,18 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 		PeerMTU:       uint32(p.mtu),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return nil, nil, fmt.Errorf("create veth pair %s (host) and %s (netns %s): %w", ep.HostIfName, ep.IfName, ep.Netns, err)
+		return nil, nil, false, fmt.Errorf("create veth pair %s (host) and %s (netns %s): %w", ep.HostIfName, ep.IfName, ep.Netns, err)
 	}
 	if p.vethCreated != nil {
 		p.vethCreated()
 	}
 	if host, err = netlink.LinkByName(ep.HostIfName); err != nil {
-		return nil, nil, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
+		return nil, nil, false, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
 	}
 	if podLink, err = pod.LinkByName(ep.IfName); err != nil {
-		return nil, nil, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
+		return nil, nil, false, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
 	}
-	return host, podLink, nil
+	return host, podLink, true, nil
 }
 
 func (p *plumbing) ensureMTU(host, podLink netlink.Link, pod *netlink.Handle) error {
@@ -321,6 +372,10 @@ func verify(ep *Endpoint, routers []netip.Addr) []string {
 	}
 	defer pod.Close()
 
+	view, err := readHost()
+	if err != nil {
+		return []string{err.Error()}
+	}
 	var problems []string
 	host, err := netlink.LinkByName(ep.HostIfName)
 	if err != nil {
@@ -350,7 +405,7 @@ func verify(ep *Endpoint, routers []netip.Addr) []string {
 		if !hasAddr(pod, podLink, ip) {
 			problems = append(problems, fmt.Sprintf("%s in netns %s does not have address %s", ep.IfName, ep.Netns, ip))
 		}
-		if !hasAddr(&netlink.Handle{}, host, router) {
+		if !view.hasAddr(host.Attrs().Index, router) {
 			problems = append(problems, fmt.Sprintf("%s does not have the router address %s", ep.HostIfName, router))
 		}
 		podRouteList, _ := pod.RouteList(podLink, family(ip))
@@ -359,9 +414,8 @@ func verify(ep *Endpoint, routers []netip.Addr) []string {
 				problems = append(problems, fmt.Sprintf("netns %s has no route %s", ep.Netns, routeString(want)))
 			}
 		}
-		hostRoutes, _ := netlink.RouteList(host, family(ip))
-		if want := hostRoute(host.Attrs().Index, ip); !hasRoute(hostRoutes, want) {
-			problems = append(problems, fmt.Sprintf("the host has no route %s", routeString(want)))
+		if !view.hasRoute(ip, host.Attrs().Index) {
+			problems = append(problems, fmt.Sprintf("the host has no route %s", routeString(hostRoute(host.Attrs().Index, ip))))
 		}
 	}
 	return problems

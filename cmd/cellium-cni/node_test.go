@@ -60,7 +60,7 @@ func TestMain(m *testing.M) {
 // sends leaves these namespaces, and the host has blackhole routes over
 // the test's ranges besides.
 type node struct {
-	t       *testing.T
+	t       testing.TB
 	ns      ns.NetNS
 	dir     string
 	v4, v6  netip.Prefix
@@ -72,7 +72,7 @@ type node struct {
 	cni     *libcni.CNIConfig
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	t.Helper()
 	nettest.RequireRoot(t)
 	v4, v6 := nettest.Ranges(t)
@@ -121,7 +121,7 @@ func (n *node) flags(extra ...string) []string {
 	}, extra...)
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func (n *node) startAsync(extra ...string) *agentProcess {
 
 // waitLog waits until the agent has logged every message, in any order,
 // since it started, and returns the lines.
-func (a *agentProcess) waitLog(t *testing.T, msgs ...string) map[string]map[string]any {
+func (a *agentProcess) waitLog(t testing.TB, msgs ...string) map[string]map[string]any {
 	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for {
@@ -269,7 +269,14 @@ type pod struct {
 }
 
 func (n *node) newPod(name string) *pod {
-	return &pod{name: name, id: fmt.Sprintf("%s-%s-%d", strings.ReplaceAll(n.t.Name(), "/", "-"), name, time.Now().UnixNano()), ns: nettest.NewNS(n.t)}
+	// A container ID allows letters, digits, '_', '.' and '-'.
+	test := strings.Map(func(r rune) rune {
+		if r == '_' || r == '.' || r == '-' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9') {
+			return r
+		}
+		return '-'
+	}, n.t.Name())
+	return &pod{name: name, id: fmt.Sprintf("%s-%s-%d", test, name, time.Now().UnixNano()), ns: nettest.NewNS(n.t)}
 }
 
 func (p *pod) runtimeConf() *libcni.RuntimeConf {
@@ -289,7 +296,7 @@ func (n *node) add(p *pod) (netip.Addr, netip.Addr) {
 	return resultAddrs(n.t, res)
 }
 
-func resultAddrs(t *testing.T, res types.Result) (v4, v6 netip.Addr) {
+func resultAddrs(t testing.TB, res types.Result) (v4, v6 netip.Addr) {
 	t.Helper()
 	var r struct {
 		IPs []struct {
@@ -314,7 +321,7 @@ func resultAddrs(t *testing.T, res types.Result) (v4, v6 netip.Addr) {
 // cniExec runs the plugin binary as a runtime does, with the CNI_*
 // variables and the configuration on stdin, and returns its stdout and,
 // when it fails, its CNI error.
-func cniExec(t *testing.T, env map[string]string, stdin []byte) ([]byte, *types.Error) {
+func cniExec(t testing.TB, env map[string]string, stdin []byte) ([]byte, *types.Error) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "cellium-cni"))
 	cmd.Env = []string{"CNI_PATH=" + binDir, "PATH=/usr/bin:/bin"}
