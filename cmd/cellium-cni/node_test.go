@@ -60,10 +60,10 @@ func TestMain(m *testing.M) {
 // sends leaves these namespaces, and the host has blackhole routes over
 // the test's ranges besides.
 type node struct {
-	t       testing.TB
-	ns      ns.NetNS
-	dir     string
-	v4, v6  netip.Prefix
+	t      testing.TB
+	ns     ns.NetNS
+	dir    string
+	v4, v6 netip.Prefix
 	// podCIDR is --pod-cidr: v4 and v6 unless a test narrows it.
 	podCIDR string
 	socket  string
