@@ -282,6 +282,47 @@ func (m *Map[K, V]) Delete(key K) error {
 	return nil
 }
 
+// BatchPut writes keys[i] = values[i] for each i in one system call. It
+// returns how many leading entries were written: on error, entry n failed
+// or was not tried, and the entries after it were not tried.
+func (m *Map[K, V]) BatchPut(keys []K, values []V) (n int, err error) {
+	if len(keys) != len(values) {
+		return 0, fmt.Errorf("bpf map %s: batch put of %d keys and %d values", m.p.spec.Name, len(keys), len(values))
+	}
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	em, err := m.p.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer m.p.mu.RUnlock()
+	n, err = em.BatchUpdate(keys, values, nil)
+	if err != nil {
+		return n, fmt.Errorf("bpf map %s: batch put: %w", m.p.spec.Name, err)
+	}
+	return n, nil
+}
+
+// BatchDelete removes keys in one system call. It returns how many leading
+// keys were removed: on error, key n failed (a missing key matches
+// ebpf.ErrKeyNotExist) and the keys after it were not tried.
+func (m *Map[K, V]) BatchDelete(keys []K) (n int, err error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	em, err := m.p.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer m.p.mu.RUnlock()
+	n, err = em.BatchDelete(keys, nil)
+	if err != nil {
+		return n, fmt.Errorf("bpf map %s: batch delete: %w", m.p.spec.Name, err)
+	}
+	return n, nil
+}
+
 // Iterate calls fn for each entry until fn returns false, and returns the
 // error that ended the iteration early, if any. fn may update the map;
 // deleting keys of a hash map while iterating may visit keys twice. Not for

@@ -1,0 +1,476 @@
+package lbmaps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/cells/metrics"
+	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/maglev"
+)
+
+// InitRestore is the initializer lb-maps holds on the frontends table until
+// it has read the pinned maps: nothing is pruned before that.
+const InitRestore = "lb-maps-restore"
+
+type opsParams struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	DB        *statedb.DB
+	Maps      *Maps
+	Frontends statedb.RWTable[*loadbalancer.Frontend]
+}
+
+// ops programs frontends into the maps. See the package documentation.
+type ops struct {
+	log      *slog.Logger
+	cfg      Config
+	v4       *family[lbmap.Service4Key, lbmap.Backend4, lbmap.RevNAT4]
+	v6       *family[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
+	state    *realized
+	counters *counters
+}
+
+func newOps(p opsParams) *ops {
+	o := &ops{
+		log:      p.Log,
+		cfg:      p.Config,
+		v4:       ipv4(p.Maps),
+		v6:       ipv6(p.Maps),
+		state:    newRealized(min(p.Config.LBRevnatMapMax, 1<<16-1), p.Config.LBBackendMapMax),
+		counters: newCounters(),
+	}
+	txn := p.DB.WriteTxn(p.Frontends)
+	restored := p.Frontends.RegisterInitializer(txn, InitRestore)
+	txn.Commit()
+	// This hook runs after the maps' own (the constructor takes *Maps) and
+	// before the reconciler's job (registerReconciler takes *ops): every
+	// ID in the maps is reserved before one is handed out.
+	p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+		if err := o.restore(); err != nil {
+			return err
+		}
+		txn := p.DB.WriteTxn(p.Frontends)
+		restored(txn)
+		txn.Commit()
+		return nil
+	}})
+	return o
+}
+
+func opsMetrics(o *ops) metrics.Collectors {
+	return metrics.NewCollectors(o.counters.writes, o.counters.deletes)
+}
+
+func (o *ops) restore() error {
+	start := time.Now()
+	var stats restoreStats
+	if err := restore(o.state, o.v4, &stats); err != nil {
+		return fmt.Errorf("restore IPv4 load-balancing maps: %w", err)
+	}
+	if err := restore(o.state, o.v6, &stats); err != nil {
+		return fmt.Errorf("restore IPv6 load-balancing maps: %w", err)
+	}
+	o.log.Info("Restored load-balancing state from the pinned maps",
+		"frontends", stats.frontends, "backends", stats.backends, "dropped", stats.dropped,
+		"duration", time.Since(start))
+	return nil
+}
+
+// Reconciler is the frontends reconciler, for waiting until the maps hold
+// a revision of the frontends table (reconciler.Reconciler's
+// WaitUntilReconciled).
+type Reconciler = reconciler.Reconciler[*loadbalancer.Frontend]
+
+func newReconciler(p reconciler.Params, o *ops, frontends statedb.RWTable[*loadbalancer.Frontend]) (Reconciler, error) {
+	return reconciler.Register(p, frontends,
+		(*loadbalancer.Frontend).Clone,
+		(*loadbalancer.Frontend).SetStatus,
+		(*loadbalancer.Frontend).GetStatus,
+		o, o,
+		reconciler.WithName("frontends"),
+	)
+}
+
+// Update implements reconciler.Operations through the batch path, so that
+// there is one way frontends reach the maps.
+func (o *ops) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, fe *loadbalancer.Frontend) error {
+	batch := []reconciler.BatchEntry[*loadbalancer.Frontend]{{Object: fe, Revision: rev}}
+	o.UpdateBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+func (o *ops) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, fe *loadbalancer.Frontend) error {
+	batch := []reconciler.BatchEntry[*loadbalancer.Frontend]{{Object: fe, Revision: rev}}
+	o.DeleteBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+func (o *ops) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*loadbalancer.Frontend]) {
+	entries := make([]entry, len(batch))
+	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
+	for i := range batch {
+		fe := batch[i].Object
+		if fe.Address.Addr.Is4() {
+			r4.update(&entries[i], fe)
+		} else {
+			r6.update(&entries[i], fe)
+		}
+	}
+	r4.flush()
+	r6.flush()
+	for i := range batch {
+		batch[i].Result = entries[i].err
+	}
+}
+
+func (o *ops) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*loadbalancer.Frontend]) {
+	entries := make([]entry, len(batch))
+	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
+	for i := range batch {
+		fe := batch[i].Object
+		if fe.Address.Addr.Is4() {
+			r4.delete(&entries[i], fe.Address)
+		} else {
+			r6.delete(&entries[i], fe.Address)
+		}
+	}
+	r4.flush()
+	r6.flush()
+	for i := range batch {
+		batch[i].Result = entries[i].err
+	}
+}
+
+// Prune removes what the maps hold for frontends that are not wanted: those
+// deleted while the agent was down, and leftovers found at restore. The
+// reconciler calls it only once the frontends table is initialized, that
+// is after Kubernetes state has synced and restore is done.
+func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
+	wanted := map[loadbalancer.L3n4Addr]struct{}{}
+	for fe := range objects {
+		wanted[fe.Address] = struct{}{}
+	}
+	var stale []entry
+	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
+	for addr := range o.state.frontends {
+		if _, ok := wanted[addr]; ok {
+			continue
+		}
+		stale = append(stale, entry{})
+		if addr.Addr.Is4() {
+			r4.delete(&stale[len(stale)-1], addr)
+		} else {
+			r6.delete(&stale[len(stale)-1], addr)
+		}
+	}
+	// Backends no written slot points at: left over at restore, or whose
+	// delete failed in an earlier round.
+	for _, bs := range o.state.backends {
+		if bs.refs == 0 {
+			if bs.addr.Addr.Is4() {
+				r4.unused[bs] = true
+			} else {
+				r6.unused[bs] = true
+			}
+		}
+	}
+	r4.flush()
+	r6.flush()
+
+	var errs []error
+	for _, e := range stale {
+		errs = append(errs, e.err)
+	}
+	for _, remove := range o.state.orphans {
+		if err := remove(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	o.state.orphans = nil
+	if len(stale) > 0 {
+		o.log.Info("Pruned stale frontends from the load-balancing maps", "frontends", len(stale))
+	}
+	return errors.Join(errs...)
+}
+
+// round is one family's writes of one reconciliation round, issued in the
+// order that keeps the datapath consistent at every moment: backends before
+// the slots that point at them, slots before the master entry that counts
+// them, the master before slots beyond its count are deleted, and backends
+// last, once no slot points at them.
+type round[SK comparable, B, R any] struct {
+	o *ops
+	f *family[SK, B, R]
+
+	backendPuts puts[lbmap.BackendID, B]
+	slotPuts    puts[SK, lbmap.ServiceValue]
+	masterPuts  puts[SK, lbmap.ServiceValue]
+	revNATPuts  puts[lbmap.RevNATIndex, R]
+	// maglevOps replace or delete Maglev tables, one map-in-map swap each.
+	maglevOps     []func()
+	masterDeletes deletes[SK, lbmap.ServiceValue]
+	slotDeletes   deletes[SK, lbmap.ServiceValue]
+	revNATDeletes deletes[lbmap.RevNATIndex, R]
+	backendDels   deletes[lbmap.BackendID, B]
+
+	// queued are backends whose entry this round writes.
+	queued map[*backendState]bool
+	// unused are backends that may have lost their last reference.
+	unused map[*backendState]bool
+	// deleted are frontends being deleted: forgotten once empty.
+	deleted map[loadbalancer.L3n4Addr]*frontendState
+}
+
+func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B, R] {
+	return &round[SK, B, R]{
+		o: o, f: f,
+		queued:  map[*backendState]bool{},
+		unused:  map[*backendState]bool{},
+		deleted: map[loadbalancer.L3n4Addr]*frontendState{},
+	}
+}
+
+// update plans the writes that make the maps hold fe, and only those.
+func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
+	st := r.o.state
+	proto, ok := mapProto(fe.Address.Protocol)
+	if !ok {
+		// The socket programs do not balance SCTP: nothing to write.
+		return
+	}
+	fs, err := st.frontend(fe.Address)
+	if err != nil {
+		e.fail(err)
+		return
+	}
+
+	ids := make([]lbmap.BackendID, len(fe.Backends))
+	for i, be := range fe.Backends {
+		beProto, ok := mapProto(be.Protocol)
+		if !ok || be.Addr.Is4() != fe.Address.Addr.Is4() {
+			e.fail(fmt.Errorf("backend %s cannot serve frontend %s", be, fe.Address))
+			return
+		}
+		bs, err := st.backend(be)
+		if err != nil {
+			e.fail(err)
+			return
+		}
+		if !bs.written && !r.queued[bs] {
+			r.queued[bs] = true
+			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, beProto), func() { bs.written = true })
+		}
+		ids[i] = bs.id
+	}
+
+	addr, port := fe.Address.Addr, fe.Address.Port
+	for i, id := range ids {
+		if i < len(fs.slots) && fs.slots[i] == id {
+			continue
+		}
+		if i < len(fs.slots) {
+			r.noteUnused(fs.slots[i])
+		}
+		n := i + 1
+		r.slotPuts.add(e, r.f.serviceKey(addr, port, proto, uint16(n)), lbmap.NewServiceSlot(id, fs.id),
+			func() { st.slotWritten(fs, n, id) })
+	}
+
+	var flags lbmap.ServiceFlags
+	if fe.SessionAffinity {
+		flags |= lbmap.ServiceAffinity
+	}
+	if fe.Type == loadbalancer.FrontendNodePort && addr.IsUnspecified() {
+		flags |= lbmap.ServiceNodePortWildcard
+	}
+	useMaglev := r.o.cfg.LBAlgorithm == AlgorithmMaglev && len(ids) > 0
+	if useMaglev {
+		flags |= lbmap.ServiceMaglev
+	}
+	master := lbmap.NewServiceMaster(uint16(len(ids)), fs.id, flags, fe.AffinityTimeout)
+	if !fs.hasMaster || fs.master != master {
+		r.masterPuts.add(e, r.f.serviceKey(addr, port, proto, 0), master,
+			func() { fs.master, fs.hasMaster = master, true })
+	}
+	if !fs.revNAT {
+		r.revNATPuts.add(e, fs.id, r.f.revNATOf(addr, port), func() { fs.revNAT = true })
+	}
+
+	switch {
+	case useMaglev:
+		table, err := r.maglevTable(fe.Backends, ids)
+		if err != nil {
+			e.fail(err)
+			return
+		}
+		if h := maglevHash(table); h != fs.maglev {
+			r.maglevOps = append(r.maglevOps, func() {
+				if err := r.f.maglev.Put(fs.id, table); err != nil {
+					e.fail(err)
+					return
+				}
+				r.o.counters.wrote(r.f.maglev.Name(), 1)
+				fs.maglev = h
+			})
+		}
+	case fs.maglev != 0:
+		r.maglevOps = append(r.maglevOps, func() {
+			if err := r.f.maglev.Delete(fs.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				e.fail(err)
+				return
+			}
+			r.o.counters.deleted(r.f.maglev.Name(), 1)
+			fs.maglev = 0
+		})
+	}
+
+	for n := len(ids) + 1; n <= len(fs.slots); n++ {
+		if fs.slots[n-1] == 0 {
+			continue
+		}
+		r.noteUnused(fs.slots[n-1])
+		r.slotDeletes.add(e, r.f.serviceKey(addr, port, proto, uint16(n)), func() { st.slotDeleted(fs, n) })
+	}
+}
+
+// delete plans the removal of everything written for addr.
+func (r *round[SK, B, R]) delete(e *entry, addr loadbalancer.L3n4Addr) {
+	st := r.o.state
+	fs, ok := st.frontends[addr]
+	proto, known := mapProto(addr.Protocol)
+	if !ok || !known {
+		return
+	}
+	r.deleted[addr] = fs
+	if fs.hasMaster {
+		r.masterDeletes.add(e, r.f.serviceKey(addr.Addr, addr.Port, proto, 0), func() { fs.hasMaster = false })
+	}
+	for i, id := range fs.slots {
+		if id == 0 {
+			continue
+		}
+		n := i + 1
+		r.noteUnused(id)
+		r.slotDeletes.add(e, r.f.serviceKey(addr.Addr, addr.Port, proto, uint16(n)), func() { st.slotDeleted(fs, n) })
+	}
+	if fs.revNAT {
+		r.revNATDeletes.add(e, fs.id, func() { fs.revNAT = false })
+	}
+	if fs.maglev != 0 {
+		r.maglevOps = append(r.maglevOps, func() {
+			if err := r.f.maglev.Delete(fs.id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				e.fail(err)
+				return
+			}
+			r.o.counters.deleted(r.f.maglev.Name(), 1)
+			fs.maglev = 0
+		})
+	}
+}
+
+func (r *round[SK, B, R]) noteUnused(id lbmap.BackendID) {
+	if bs, ok := r.o.state.backendByID[id]; ok {
+		r.unused[bs] = true
+	}
+}
+
+// maglevTable is the Maglev table of a frontend's backends. The identities
+// are the backends' addresses, the same on every node and across restarts,
+// so every node and every run computes the same table.
+func (r *round[SK, B, R]) maglevTable(backends []loadbalancer.L3n4Addr, ids []lbmap.BackendID) ([]lbmap.BackendID, error) {
+	identities := make([]string, len(backends))
+	for i, be := range backends {
+		identities[i] = be.String()
+	}
+	slots, err := maglev.Table(identities, r.f.maglev.TableSize())
+	if err != nil {
+		return nil, err
+	}
+	table := make([]lbmap.BackendID, len(slots))
+	for i, s := range slots {
+		table[i] = ids[s]
+	}
+	return table, nil
+}
+
+func (r *round[SK, B, R]) flush() {
+	c := r.o.counters
+	r.backendPuts.flush(r.f.backends, c)
+	r.slotPuts.flush(r.f.services, c)
+	r.masterPuts.flush(r.f.services, c)
+	r.revNATPuts.flush(r.f.revNAT, c)
+	for _, op := range r.maglevOps {
+		op()
+	}
+	r.masterDeletes.flush(r.f.services, c)
+	r.slotDeletes.flush(r.f.services, c)
+	r.revNATDeletes.flush(r.f.revNAT, c)
+
+	st := r.o.state
+	for addr, fs := range r.deleted {
+		if fs.empty() {
+			st.forgetFrontend(addr, fs)
+		}
+	}
+	for bs := range r.queued {
+		r.unused[bs] = true
+	}
+	for bs := range r.unused {
+		switch {
+		case bs.refs > 0:
+		case !bs.written:
+			st.forgetBackend(bs)
+		default:
+			// A failed delete is not a frontend's failure: their entries
+			// are gone. The backend stays known and the next prune retries.
+			r.backendDels.add(nil, bs.id, func() { st.forgetBackend(bs) })
+		}
+	}
+	r.backendDels.flush(r.f.backends, c)
+}
+
+// counters count the entries written and deleted, per map: what a restart
+// that changes nothing must leave at zero.
+type counters struct {
+	writes, deletes *prometheus.CounterVec
+}
+
+func newCounters() *counters {
+	return &counters{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cellium", Subsystem: "lbmaps", Name: "writes_total",
+			Help: "Entries written to the load-balancing maps",
+		}, []string{"map"}),
+		deletes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "cellium", Subsystem: "lbmaps", Name: "deletes_total",
+			Help: "Entries deleted from the load-balancing maps",
+		}, []string{"map"}),
+	}
+}
+
+func (c *counters) wrote(m string, n int) {
+	if n > 0 {
+		c.writes.WithLabelValues(m).Add(float64(n))
+	}
+}
+
+func (c *counters) deleted(m string, n int) {
+	if n > 0 {
+		c.deletes.WithLabelValues(m).Add(float64(n))
+	}
+}

@@ -1,0 +1,318 @@
+package lbmaps
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/lbmap"
+)
+
+// realized is what the kernel's maps hold, as far as the reconciler knows:
+// read from the pinned maps at start, then kept up to date by every write
+// that succeeds. Comparing a frontend with it is how a restart, or a
+// frontend that did not change, writes nothing. Only the reconciler's
+// goroutine touches it, after the start hook has filled it.
+type realized struct {
+	frontends   map[loadbalancer.L3n4Addr]*frontendState
+	backends    map[loadbalancer.L3n4Addr]*backendState
+	backendByID map[lbmap.BackendID]*backendState
+	frontendIDs *idAllocator
+	backendIDs  *idAllocator
+	// orphans delete entries found at restore that belong to no frontend
+	// (a reverse NAT or Maglev entry without its service entry). They are
+	// run by the first prune, after Kubernetes state has synced.
+	orphans []func() error
+}
+
+// frontendState is what is written for one frontend.
+type frontendState struct {
+	id lbmap.RevNATIndex
+	// master is the slot 0 entry as written; hasMaster is false when there
+	// is none (not written yet, or only slots survived in the maps).
+	master    lbmap.ServiceValue
+	hasMaster bool
+	// slots[i] is the backend written at slot i+1; 0 where none is.
+	slots []lbmap.BackendID
+	// revNAT says the reverse NAT entry holds this frontend's address.
+	revNAT bool
+	// maglev is the hash of the Maglev table written, 0 for none.
+	maglev uint64
+}
+
+// unknownBackend marks a slot that holds an entry whose content is not
+// trusted (found at restore pointing nowhere, or under another frontend ID):
+// it equals no real backend ID, so the slot is rewritten or deleted.
+const unknownBackend = lbmap.BackendID(1<<32 - 1)
+
+// backendState is one backend entry.
+type backendState struct {
+	addr    loadbalancer.L3n4Addr
+	id      lbmap.BackendID
+	written bool
+	// refs counts the written slots that point at the backend: at 0 its
+	// entry can go.
+	refs int
+}
+
+func newRealized(maxFrontends, maxBackends uint32) *realized {
+	return &realized{
+		frontends:   map[loadbalancer.L3n4Addr]*frontendState{},
+		backends:    map[loadbalancer.L3n4Addr]*backendState{},
+		backendByID: map[lbmap.BackendID]*backendState{},
+		frontendIDs: newIDAllocator("frontend", maxFrontends),
+		backendIDs:  newIDAllocator("backend", maxBackends),
+	}
+}
+
+// frontend returns the state of addr, creating it, and giving it an ID, if
+// needed.
+func (r *realized) frontend(addr loadbalancer.L3n4Addr) (*frontendState, error) {
+	fs, ok := r.frontends[addr]
+	if !ok {
+		fs = &frontendState{}
+		r.frontends[addr] = fs
+	}
+	if fs.id == 0 {
+		id, err := r.frontendIDs.allocate()
+		if err != nil {
+			return nil, err
+		}
+		fs.id = lbmap.RevNATIndex(id)
+	}
+	return fs, nil
+}
+
+// backend returns the state of addr, creating it with a new ID if needed.
+func (r *realized) backend(addr loadbalancer.L3n4Addr) (*backendState, error) {
+	if bs, ok := r.backends[addr]; ok {
+		return bs, nil
+	}
+	id, err := r.backendIDs.allocate()
+	if err != nil {
+		return nil, err
+	}
+	bs := &backendState{addr: addr, id: lbmap.BackendID(id)}
+	r.backends[addr] = bs
+	r.backendByID[bs.id] = bs
+	return bs, nil
+}
+
+// forgetFrontend drops a frontend whose entries are all gone.
+func (r *realized) forgetFrontend(addr loadbalancer.L3n4Addr, fs *frontendState) {
+	delete(r.frontends, addr)
+	if fs.id != 0 {
+		r.frontendIDs.release(uint32(fs.id))
+	}
+}
+
+// forgetBackend drops a backend whose entry is gone.
+func (r *realized) forgetBackend(bs *backendState) {
+	delete(r.backends, bs.addr)
+	delete(r.backendByID, bs.id)
+	r.backendIDs.release(uint32(bs.id))
+}
+
+// slotWritten records that slot n of fs now points at id, moving the
+// reference from the backend it pointed at before.
+func (r *realized) slotWritten(fs *frontendState, n int, id lbmap.BackendID) {
+	for len(fs.slots) < n {
+		fs.slots = append(fs.slots, 0)
+	}
+	r.unref(fs.slots[n-1])
+	fs.slots[n-1] = id
+	if bs, ok := r.backendByID[id]; ok {
+		bs.refs++
+	}
+}
+
+// slotDeleted records that slot n of fs is gone.
+func (r *realized) slotDeleted(fs *frontendState, n int) {
+	r.unref(fs.slots[n-1])
+	fs.slots[n-1] = 0
+	for len(fs.slots) > 0 && fs.slots[len(fs.slots)-1] == 0 {
+		fs.slots = fs.slots[:len(fs.slots)-1]
+	}
+}
+
+func (r *realized) unref(id lbmap.BackendID) {
+	if bs, ok := r.backendByID[id]; ok {
+		bs.refs--
+	}
+}
+
+// empty says nothing of fs is left in the maps.
+func (fs *frontendState) empty() bool {
+	return !fs.hasMaster && len(fs.slots) == 0 && !fs.revNAT && fs.maglev == 0
+}
+
+// maglevHash identifies a Maglev table, to tell whether the one in the map
+// is the one wanted without keeping tables in memory.
+func maglevHash(table []lbmap.BackendID) uint64 {
+	if len(table) == 0 {
+		return 0
+	}
+	buf := make([]byte, 4*len(table))
+	for i, id := range table {
+		binary.LittleEndian.PutUint32(buf[4*i:], uint32(id))
+	}
+	return xxhash.Sum64(buf) | 1 // never 0, which means "none"
+}
+
+// l4Proto is the protocol of a map entry as the tables spell it.
+func l4Proto(p lbmap.Proto) (loadbalancer.L4Proto, bool) {
+	switch p {
+	case lbmap.TCP:
+		return loadbalancer.TCP, true
+	case lbmap.UDP:
+		return loadbalancer.UDP, true
+	}
+	return "", false
+}
+
+// mapProto is the datapath's protocol number; SCTP has none: the socket
+// programs do not balance it.
+func mapProto(p loadbalancer.L4Proto) (lbmap.Proto, bool) {
+	switch p {
+	case loadbalancer.TCP:
+		return lbmap.TCP, true
+	case loadbalancer.UDP:
+		return lbmap.UDP, true
+	}
+	return 0, false
+}
+
+func l3n4(ap netip.AddrPort, p lbmap.Proto) (loadbalancer.L3n4Addr, error) {
+	proto, ok := l4Proto(p)
+	if !ok {
+		return loadbalancer.L3n4Addr{}, fmt.Errorf("unknown protocol %d", p)
+	}
+	return loadbalancer.L3n4Addr{Addr: ap.Addr().Unmap(), Port: ap.Port(), Protocol: proto}, nil
+}
+
+// restoreStats counts what a restore found.
+type restoreStats struct {
+	frontends, backends, dropped int
+}
+
+// restore reads one family's maps into r. Entries that make no sense (an
+// unknown protocol, an ID used twice) are left out of r, so the reconciler
+// rewrites what is wanted and prune removes the rest. Backend IDs and
+// frontend IDs are reserved here, before any is allocated.
+func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *restoreStats) error {
+	err := f.backends.Iterate(func(id lbmap.BackendID, b B) bool {
+		ap, proto := f.backendOf(b)
+		addr, err := l3n4(ap, proto)
+		if err != nil || r.backendIDs.reserve(uint32(id)) != nil {
+			stats.dropped++
+			return true
+		}
+		if _, dup := r.backends[addr]; dup {
+			// Two IDs for one backend: keep the first; slots pointing at
+			// the other are rewritten.
+			r.backendIDs.release(uint32(id))
+			stats.dropped++
+			return true
+		}
+		bs := &backendState{addr: addr, id: id, written: true}
+		r.backends[addr] = bs
+		r.backendByID[id] = bs
+		stats.backends++
+		return true
+	})
+	if err != nil {
+		return err
+	}
+
+	type slot struct {
+		n      uint16
+		id     lbmap.BackendID
+		revNAT lbmap.RevNATIndex
+	}
+	slots := map[loadbalancer.L3n4Addr][]slot{}
+	err = f.services.Iterate(func(k SK, v lbmap.ServiceValue) bool {
+		ap, proto, n := f.keyOf(k)
+		addr, err := l3n4(ap, proto)
+		if err != nil {
+			stats.dropped++
+			return true
+		}
+		if n > 0 {
+			slots[addr] = append(slots[addr], slot{n, v.BackendID, v.RevNATIndex})
+			return true
+		}
+		if r.frontendIDs.reserve(uint32(v.RevNATIndex)) != nil {
+			stats.dropped++
+			return true
+		}
+		r.frontends[addr] = &frontendState{id: v.RevNATIndex, master: v, hasMaster: true}
+		stats.frontends++
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	for addr, ss := range slots {
+		fs, ok := r.frontends[addr]
+		if !ok {
+			// Slots without a master (a write cut short): a frontend with
+			// no ID yet, so that prune or an update replaces them.
+			fs = &frontendState{}
+			r.frontends[addr] = fs
+		}
+		for _, s := range ss {
+			id := s.id
+			if _, known := r.backendByID[id]; !known || s.revNAT != fs.id || fs.id == 0 {
+				id = unknownBackend
+			}
+			r.slotWritten(fs, int(s.n), id)
+		}
+	}
+
+	type frontend struct {
+		addr loadbalancer.L3n4Addr
+		fs   *frontendState
+	}
+	byID := map[lbmap.RevNATIndex]frontend{}
+	for addr, fs := range r.frontends {
+		if fs.id != 0 {
+			byID[fs.id] = frontend{addr, fs}
+		}
+	}
+	err = f.revNAT.Iterate(func(id lbmap.RevNATIndex, v R) bool {
+		fe, ok := byID[id]
+		if !ok {
+			r.orphans = append(r.orphans, func() error { return f.revNAT.Delete(id) })
+			return true
+		}
+		ap := f.revNATAddr(v)
+		fe.fs.revNAT = ap.Addr().Unmap() == fe.addr.Addr && ap.Port() == fe.addr.Port
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	var maglevIDs []lbmap.RevNATIndex
+	if err := f.maglev.Iterate(func(id lbmap.RevNATIndex) bool {
+		maglevIDs = append(maglevIDs, id)
+		return true
+	}); err != nil {
+		return err
+	}
+	for _, id := range maglevIDs {
+		fe, ok := byID[id]
+		if !ok {
+			r.orphans = append(r.orphans, func() error { return f.maglev.Delete(id) })
+			continue
+		}
+		table, err := f.maglev.Lookup(id)
+		if err != nil {
+			return err
+		}
+		fe.fs.maglev = maglevHash(table)
+	}
+	return nil
+}
