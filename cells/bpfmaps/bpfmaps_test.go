@@ -3,6 +3,7 @@ package bpfmaps_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,8 @@ type flowKey struct {
 	Proto uint8
 	_     [3]byte
 }
+
+func (k flowKey) String() string { return fmt.Sprintf("flow %d/%d", k.ID, k.Proto) }
 
 type flowStats struct {
 	Packets uint64

@@ -184,8 +184,45 @@ func newMap[K, V any](lc cell.Lifecycle, reg *Registry, spec Spec) (*Map[K, V], 
 	if err != nil {
 		return nil, err
 	}
+	m := &Map[K, V]{p: p}
+	p.dump = m.dump
 	lc.Append(p)
-	return &Map[K, V]{p: p}, nil
+	return m, nil
+}
+
+// dump decodes up to limit entries (all if limit is 0) with the key and
+// value types' own formatting, and says whether there were more.
+func (m *Map[K, V]) dump(limit int) (entries []apiv1.MapEntry, truncated bool, err error) {
+	em, err := m.p.acquire()
+	if err != nil {
+		return nil, false, err
+	}
+	it := em.Iterate()
+	var key K
+	if m.p.spec.Type == ebpf.PerCPUHash || m.p.spec.Type == ebpf.PerCPUArray || m.p.spec.Type == ebpf.LRUCPUHash {
+		var values []V
+		for it.Next(&key, &values) {
+			if limit > 0 && len(entries) == limit {
+				truncated = true
+				break
+			}
+			entries = append(entries, apiv1.MapEntry{Key: fmt.Sprint(key), Value: fmt.Sprint(values)})
+		}
+	} else {
+		var value V
+		for it.Next(&key, &value) {
+			if limit > 0 && len(entries) == limit {
+				truncated = true
+				break
+			}
+			entries = append(entries, apiv1.MapEntry{Key: fmt.Sprint(key), Value: fmt.Sprint(value)})
+		}
+	}
+	m.p.mu.RUnlock()
+	if err := it.Err(); err != nil {
+		return nil, false, fmt.Errorf("bpf map %s: dump: %w", m.p.spec.Name, err)
+	}
+	return entries, truncated, nil
 }
 
 // fixedSize is the size of T in a map, which is the size the kernel expects.
@@ -375,6 +412,9 @@ type pinnedMap struct {
 	mu     sync.RWMutex
 	m      *ebpf.Map
 	origin Origin
+
+	// dump decodes the entries with the typed Map's K and V.
+	dump func(limit int) ([]apiv1.MapEntry, bool, error)
 }
 
 var _ cell.HookDescriptiveInterface = (*pinnedMap)(nil)

@@ -146,13 +146,19 @@ func (r *Registry) list() []apiv1.Map {
 
 // lookup describes one map; ok is false when no map has that name.
 func (r *Registry) lookup(name string) (m apiv1.Map, ok bool) {
-	r.mu.Lock()
-	p, ok := r.maps[name]
-	r.mu.Unlock()
+	p, ok := r.pinned(name)
 	if !ok {
 		return apiv1.Map{}, false
 	}
 	return p.describe(), true
+}
+
+// pinned is the declared map called name.
+func (r *Registry) pinned(name string) (*pinnedMap, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.maps[name]
+	return p, ok
 }
 
 // names are the declared map names, sorted.

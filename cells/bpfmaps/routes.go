@@ -2,13 +2,15 @@ package bpfmaps
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
 
-// apiRoutes lists the registry: GET /v1/maps and GET /v1/maps/{name}.
+// apiRoutes lists the registry: GET /v1/maps, GET /v1/maps/{name} and
+// GET /v1/maps/{name}/entries.
 func apiRoutes(r *Registry) api.Routes {
 	return api.NewRoutes(
 		api.Route{Method: http.MethodGet, Path: apiv1.PathMaps, Handler: func(req *http.Request) (any, error) {
@@ -27,6 +29,31 @@ func apiRoutes(r *Registry) api.Routes {
 				return nil, api.NotFound("no bpf map %q; maps: %s", name, strings.Join(r.names(), ", "))
 			}
 			return m, nil
+		}},
+		api.Route{Method: http.MethodGet, Path: apiv1.PathMaps + "/{name}/entries", Handler: func(req *http.Request) (any, error) {
+			q, err := api.QueryParams(req, "limit")
+			if err != nil {
+				return nil, err
+			}
+			limit := 0
+			if s := q.Get("limit"); s != "" {
+				if limit, err = strconv.Atoi(s); err != nil || limit < 0 {
+					return nil, api.BadRequest("invalid limit %q: want a non-negative number of entries (0: all)", s)
+				}
+			}
+			name := req.PathValue("name")
+			p, ok := r.pinned(name)
+			if !ok {
+				return nil, api.NotFound("no bpf map %q; maps: %s", name, strings.Join(r.names(), ", "))
+			}
+			entries, truncated, err := p.dump(limit)
+			if err != nil {
+				return nil, err
+			}
+			if entries == nil {
+				entries = []apiv1.MapEntry{}
+			}
+			return apiv1.MapDump{Map: p.describe(), Entries: entries, Truncated: truncated}, nil
 		}},
 	)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -94,6 +95,31 @@ func TestMapsRoute(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(res, flowsInfo) {
 		t.Fatalf("GET %s/cellium_flows = %+v, %v; want %+v", apiv1.PathMaps, res, err, flowsInfo)
 	}
+	// Entries, decoded by the key and value types: flowKey has a String
+	// method, flowStats prints as a struct.
+	res, err = get(t, routes, apiv1.PathMaps+"/cellium_flows/entries?limit=2")
+	dump, _ := res.(apiv1.MapDump)
+	if err != nil || len(dump.Entries) != 2 || !dump.Truncated || dump.Map.Name != "cellium_flows" {
+		t.Fatalf("GET entries?limit=2 = %+v, %v; want 2 entries, truncated", res, err)
+	}
+	res, err = get(t, routes, apiv1.PathMaps+"/cellium_flows/entries")
+	dump, _ = res.(apiv1.MapDump)
+	var keys []string
+	for _, e := range dump.Entries {
+		keys = append(keys, e.Key)
+		if e.Value != "{0 0}" {
+			t.Errorf("entry %s value = %q, want the struct printed", e.Key, e.Value)
+		}
+	}
+	slices.Sort(keys)
+	if want := []string{"flow 0/0", "flow 1/0", "flow 2/0"}; err != nil || dump.Truncated || !slices.Equal(keys, want) {
+		t.Fatalf("GET entries = keys %v (truncated %v), %v; want %v", keys, dump.Truncated, err, want)
+	}
+	_, err = get(t, routes, apiv1.PathMaps+"/cellium_flows/entries?limit=-1")
+	wantStatus(t, err, http.StatusBadRequest, `invalid limit "-1": want a non-negative number of entries (0: all)`)
+	_, err = get(t, routes, apiv1.PathMaps+"/cellium_nope/entries")
+	wantStatus(t, err, http.StatusNotFound, `no bpf map "cellium_nope"; maps: cellium_flows, cellium_slots`)
+
 	_, err = get(t, routes, apiv1.PathMaps+"/cellium_nope")
 	wantStatus(t, err, http.StatusNotFound, `no bpf map "cellium_nope"; maps: cellium_flows, cellium_slots`)
 	_, err = get(t, routes, apiv1.PathMaps+"?name=cellium_flows")

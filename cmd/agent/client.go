@@ -184,5 +184,33 @@ func newMapCmd(stdout io.Writer) *cobra.Command {
 				return writeTable(w, []string{"NAME", "TYPE", "KEY/VALUE", "MAX", "ENTRIES", "ORIGIN", "PIN"}, rows)
 			})
 		}))
+
+	var limit int
+	dump := newClientCmd("dump NAME", "Print a map's entries with decoded keys and values", cobra.ExactArgs(1),
+		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+			if limit < 0 {
+				return fmt.Errorf("invalid --limit %d: want a number of entries, 0 for all", limit)
+			}
+			d, err := c.MapEntries(ctx, args[0], limit)
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, d, func(w io.Writer) error {
+				rows := make([][]string, 0, len(d.Entries))
+				for _, e := range d.Entries {
+					rows = append(rows, []string{e.Key, e.Value})
+				}
+				if err := writeTable(w, []string{"KEY", "VALUE"}, rows); err != nil {
+					return err
+				}
+				if d.Truncated {
+					_, err := fmt.Fprintf(w, "(first %d entries; --limit 0 shows all)\n", len(d.Entries))
+					return err
+				}
+				return nil
+			})
+		})
+	dump.Flags().IntVar(&limit, "limit", 0, "Print at most this many entries (0: all)")
+	m.AddCommand(dump)
 	return m
 }

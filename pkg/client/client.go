@@ -177,3 +177,12 @@ func (c *Client) TableObjects(ctx context.Context, table string, q TableQuery) (
 func (c *Client) Maps(ctx context.Context) ([]apiv1.Map, error) {
 	return get[[]apiv1.Map](ctx, c, apiv1.PathMaps, nil)
 }
+
+// MapEntries dumps a BPF map's entries, decoded; limit 0 means all.
+func (c *Client) MapEntries(ctx context.Context, name string, limit int) (apiv1.MapDump, error) {
+	var q url.Values
+	if limit > 0 {
+		q = url.Values{"limit": {fmt.Sprint(limit)}}
+	}
+	return get[apiv1.MapDump](ctx, c, apiv1.PathMaps+"/"+url.PathEscape(name)+"/entries", q)
+}
