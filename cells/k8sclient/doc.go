@@ -1,0 +1,64 @@
+// Package k8sclient provides the Clientset through which the agent talks to
+// Kubernetes: a real API server, or, with no cluster, an embedded one (client-go's
+// fake clientset) serving the objects of a directory of manifests. The same
+// informers and reflectors run against either.
+//
+// # Modes
+//
+// --k8s-mode=auto (the default) picks, in this order: kubeconfig mode when
+// --kubeconfig is set; embedded mode when --k8s-manifests-dir is set to
+// something other than its default; in-cluster mode in a pod
+// (KUBERNETES_SERVICE_HOST set and a service account token present);
+// embedded mode otherwise. in-cluster, kubeconfig and embedded force one;
+// contradicting flags are an error. $KUBECONFIG is not read.
+//
+// # Embedded mode: the contract
+//
+//   - Before any cell that takes the Clientset starts, the directory's
+//     objects are in the embedded API server: the initial load is this
+//     cell's start hook. A reflector's first LIST therefore sees them all,
+//     and can mark its table initialized.
+//   - Files named *.yaml, *.yml and *.json directly in the directory hold
+//     objects of any built-in kind, several per file separated by "---".
+//     An object is identified by apiVersion, kind, namespace and name;
+//     namespaced objects without a namespace are in "default".
+//   - Adding, editing, renaming or removing files, including an editor's
+//     rename-over and a mounted ConfigMap's "..data" symlink swap, shows as
+//     ADDED, MODIFIED and DELETED events for exactly the objects that
+//     changed, within a second. Unchanged objects are not written; an
+//     object that moves to another file is at most MODIFIED.
+//   - A file that does not decode changes nothing: its objects stay as
+//     they were until it decodes again, and other files still apply. The
+//     module's health is Degraded, and the table "k8s-manifests" and the
+//     log name the file, line and document. Two files defining the same
+//     object are an error of the one that did not define it first.
+//   - The agent's own Node (daemon.NodeName) exists even when no manifest
+//     defines it, as a kubelet would have registered it: labelled, without
+//     pod CIDRs. A manifest of that Node replaces it.
+//   - An object the agent wrote is written again only when its manifest
+//     changes; changes other cells make to it last until then. Objects
+//     other cells create are left alone.
+//
+// The embedded API server does what client-go's fake does: no defaulting
+// (write "protocol: TCP"), no validation beyond decoding, no conversion
+// between API versions, no resource versions in objects, and watches ignore
+// label and field selectors (lists honour labels). Its watches are queued
+// without bound, unlike the fake's own, which panic once 100 events wait.
+//
+// # Informers
+//
+// The fake cannot stream lists (WatchListClient, on by default in client-go
+// v0.37), and says so through IsWatchListSemanticsUnSupported, which the
+// Clientset passes on. Informers from k8s.io/client-go/informers check it
+// and fall back to LIST and WATCH. A reflector over a hand-made
+// cache.ListWatch does not: wrap it with
+// cache.ToListWatcherWithWatchListSemantics(lw, clientset).
+//
+//	factory := informers.NewSharedInformerFactory(clientset, 0)
+//	services := factory.Core().V1().Services().Informer()
+//	factory.Start(ctx.Done())
+//
+// Tests of other cells use FakeCell in place of Cell:
+//
+//	h := hive.New(k8sclient.FakeCell(&corev1.Service{...}), myCell)
+package k8sclient

@@ -1,0 +1,350 @@
+package k8sclient
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/cilium/hive/cell"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/meta/testrestmapper"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// FakeCell provides a Clientset backed by client-go's fake clientset seeded
+// with objects, for other cells' tests, and the *fake.Clientset itself so a
+// test can create, update and delete objects. It is the embedded mode
+// without the manifests directory: Embedded() is true.
+func FakeCell(objects ...runtime.Object) cell.Cell {
+	return cell.Module(
+		"k8s-client",
+		"Fake Kubernetes clientset for tests",
+
+		cell.Provide(func() (fakeOut, error) {
+			cs, err := newFakeClientset(objects...)
+			if err != nil {
+				return fakeOut{}, fmt.Errorf("k8sclient.FakeCell: %w", err)
+			}
+			return fakeOut{Clientset: embeddedClientset{cs}, Fake: cs}, nil
+		}),
+	)
+}
+
+type fakeOut struct {
+	cell.Out
+
+	Clientset Clientset
+	Fake      *fake.Clientset
+}
+
+// restMapper is the fake clientset's own view of resources and their
+// scopes (it builds the same one), so that objects land where its typed
+// clients look for them.
+var restMapper = sync.OnceValue(func() meta.RESTMapper {
+	return testrestmapper.TestOnlyStaticRESTMapper(scheme.Scheme)
+})
+
+// newFakeClientset is client-go's fake clientset holding objects, with
+// watches that behave like an API server's. It is the variant without field
+// management: that one builds a REST mapper and a field manager on every
+// write, some 6ms each, which a directory of thousands of objects cannot
+// afford. Server-side apply is then a strategic merge patch.
+//
+// The fake falls short of an API server's watches in ways informers notice,
+// which the watchHub makes up for:
+//
+//   - Its watchers panic ("channel full") once 100 events wait unread. Here
+//     every watch is relayed through a queue without bound, and a write
+//     waits until each watch has room for its event.
+//   - It keeps no history, so an object deleted between an informer's LIST
+//     and its WATCH stays in the informer for good (kubernetes/kubernetes
+//     issue 141528). Here a list's resource version stands for what it
+//     returned, and a watch from it first reports the objects since deleted.
+//   - It cannot stream a list (SendInitialEvents): a reflector that was not
+//     told so waits forever for the bookmark ending the initial events.
+//     Here the initial events and that bookmark are sent.
+//
+// Calls through the clientset's API are serialized by the fake, so no
+// write slips in between the steps of a list or a watch; writes straight
+// to Tracker() bypass all of this.
+func newFakeClientset(objects ...runtime.Object) (*fake.Clientset, error) {
+	cs := fake.NewSimpleClientset()
+	tracker := cs.Tracker()
+	for _, obj := range objects {
+		if err := tracker.Add(obj); err != nil {
+			return nil, fmt.Errorf("add %T: %w", obj, err)
+		}
+	}
+	hub := newWatchHub(tracker)
+	cs.PrependReactor("*", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		switch action.GetVerb() {
+		case "create", "update", "patch", "delete":
+			hub.waitForRoom()
+		case "list":
+			return hub.list(action)
+		}
+		return false, nil, nil
+	})
+	cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := hub.watch(action.GetResource(), action.GetNamespace(), opts)
+		return true, w, err
+	})
+	return cs, nil
+}
+
+// maxListSnapshots bounds the lists remembered for watches to start from.
+// Most lists are never followed by a watch; a watch from a forgotten one
+// gets 410 Gone, and its reflector lists again.
+const maxListSnapshots = 64
+
+// watchHub serves the watches of one fake clientset.
+type watchHub struct {
+	tracker k8stesting.ObjectTracker
+	// objects does the tracker's part of a list.
+	objects k8stesting.ReactionFunc
+
+	mu sync.Mutex
+	// drained is signalled whenever a relay takes an event off its source.
+	drained *sync.Cond
+	watches map[*queuedWatch]struct{}
+	// lists are the recent lists by the resource version handed out with
+	// them, oldest first in listOrder.
+	lists     map[string]*listSnapshot
+	listOrder []string
+	lastList  uint64
+}
+
+// listSnapshot is what a list returned.
+type listSnapshot struct {
+	resource  schema.GroupVersionResource
+	namespace string
+	// trackerVersion is the tracker's resource version at the list, from
+	// which its watchers send what changed since.
+	trackerVersion string
+	objects        []runtime.Object
+}
+
+func newWatchHub(tracker k8stesting.ObjectTracker) *watchHub {
+	h := &watchHub{
+		tracker: tracker,
+		objects: k8stesting.ObjectReaction(tracker),
+		watches: map[*queuedWatch]struct{}{},
+		lists:   map[string]*listSnapshot{},
+	}
+	h.drained = sync.NewCond(&h.mu)
+	return h
+}
+
+// list serves a list, and remembers it under the resource version it
+// returns.
+func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) {
+	handled, list, err := h.objects(action)
+	if !handled || err != nil {
+		return handled, list, err
+	}
+	listMeta, err := meta.ListAccessor(list)
+	if err != nil {
+		return true, nil, err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return true, nil, err
+	}
+	listMeta.SetResourceVersion(h.remember(&listSnapshot{
+		resource:       action.GetResource(),
+		namespace:      action.GetNamespace(),
+		trackerVersion: listMeta.GetResourceVersion(),
+		objects:        items,
+	}))
+	return true, list, nil
+}
+
+func (h *watchHub) remember(snap *listSnapshot) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lastList++
+	version := strconv.FormatUint(h.lastList, 10)
+	h.lists[version] = snap
+	h.listOrder = append(h.listOrder, version)
+	if len(h.listOrder) > maxListSnapshots {
+		delete(h.lists, h.listOrder[0])
+		h.listOrder = h.listOrder[1:]
+	}
+	return version
+}
+
+func (h *watchHub) snapshot(version string) *listSnapshot {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lists[version]
+}
+
+// waitForRoom returns once every watch's source can take one more event
+// without panicking. The relays drain their sources without ever waiting
+// for readers, so this is a matter of their being scheduled.
+func (h *watchHub) waitForRoom() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.full() {
+		h.drained.Wait()
+	}
+}
+
+func (h *watchHub) full() bool {
+	for w := range h.watches {
+		if ch := w.source.ResultChan(); len(ch) >= cap(ch) {
+			return true
+		}
+	}
+	return false
+}
+
+// watch opens a watch as an API server would. From a list's resource
+// version, it first reports the listed objects deleted since (the tracker
+// sends those created or changed). Without a resource version ("" or "0"),
+// or for a streaming list, the existing objects come first as ADDED; a
+// streaming list ends them with the bookmark its reflector waits for.
+func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1.ListOptions) (watch.Interface, error) {
+	streaming := opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	var initial []watch.Event
+	if !streaming && opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
+		snap := h.snapshot(opts.ResourceVersion)
+		if snap == nil || snap.resource != gvr || snap.namespace != ns {
+			return nil, apierrors.NewResourceExpired(fmt.Sprintf(
+				"resource version %s of %s is not one of the recent lists: list again", opts.ResourceVersion, gvr.Resource))
+		}
+		for _, obj := range snap.objects {
+			acc, err := meta.Accessor(obj)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := h.tracker.Get(gvr, acc.GetNamespace(), acc.GetName()); apierrors.IsNotFound(err) {
+				initial = append(initial, watch.Event{Type: watch.Deleted, Object: obj})
+			}
+		}
+		opts.ResourceVersion = snap.trackerVersion
+		return h.start(gvr, ns, opts, initial)
+	}
+
+	gvk, err := restMapper().KindFor(gvr)
+	if err != nil {
+		return nil, err
+	}
+	list, err := h.tracker.List(gvr, gvk, ns)
+	if err != nil {
+		return nil, err
+	}
+	listMeta, err := meta.ListAccessor(list)
+	if err != nil {
+		return nil, err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range items {
+		initial = append(initial, watch.Event{Type: watch.Added, Object: obj})
+	}
+	if streaming {
+		bookmark, err := scheme.Scheme.New(gvk)
+		if err != nil {
+			return nil, err
+		}
+		bm, err := meta.Accessor(bookmark)
+		if err != nil {
+			return nil, err
+		}
+		// The reflector watches again from here when this watch ends.
+		bm.SetResourceVersion(h.remember(&listSnapshot{
+			resource: gvr, namespace: ns, trackerVersion: listMeta.GetResourceVersion(), objects: items,
+		}))
+		bm.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+		initial = append(initial, watch.Event{Type: watch.Bookmark, Object: bookmark})
+	}
+	opts.ResourceVersion = listMeta.GetResourceVersion()
+	return h.start(gvr, ns, opts, initial)
+}
+
+// start watches the tracker from opts.ResourceVersion, after initial.
+func (h *watchHub) start(gvr schema.GroupVersionResource, ns string, opts metav1.ListOptions, initial []watch.Event) (watch.Interface, error) {
+	w, err := h.tracker.Watch(gvr, ns, opts)
+	if err != nil {
+		return nil, err
+	}
+	return h.relay(w, initial), nil
+}
+
+// relay starts relaying source, after the initial events.
+func (h *watchHub) relay(source watch.Interface, initial []watch.Event) *queuedWatch {
+	w := &queuedWatch{hub: h, source: source, queue: initial, out: make(chan watch.Event), stop: make(chan struct{})}
+	h.mu.Lock()
+	h.watches[w] = struct{}{}
+	h.mu.Unlock()
+	go w.relay()
+	return w
+}
+
+// queuedWatch relays a watch through a queue without bound, so the writer
+// never waits for the reader.
+type queuedWatch struct {
+	hub    *watchHub
+	source watch.Interface
+	queue  []watch.Event
+	out    chan watch.Event
+	stop   chan struct{}
+	once   sync.Once
+}
+
+func (w *queuedWatch) relay() {
+	defer func() {
+		w.hub.mu.Lock()
+		delete(w.hub.watches, w)
+		w.hub.drained.Broadcast()
+		w.hub.mu.Unlock()
+		close(w.out)
+	}()
+	in := w.source.ResultChan()
+	for in != nil || len(w.queue) > 0 {
+		var out chan watch.Event
+		var next watch.Event
+		if len(w.queue) > 0 {
+			out, next = w.out, w.queue[0]
+		}
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			w.queue = append(w.queue, ev)
+			w.hub.mu.Lock()
+			w.hub.drained.Broadcast()
+			w.hub.mu.Unlock()
+		case out <- next:
+			w.queue[0] = watch.Event{}
+			w.queue = w.queue[1:]
+		case <-w.stop:
+			return
+		}
+	}
+}
+
+func (w *queuedWatch) ResultChan() <-chan watch.Event { return w.out }
+
+func (w *queuedWatch) Stop() {
+	w.once.Do(func() {
+		close(w.stop)
+		w.source.Stop()
+	})
+}

@@ -1,0 +1,212 @@
+package k8sclient_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
+)
+
+func service(name string) *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
+}
+
+// serviceWatcher is the kind of cell FakeCell is for: it takes the
+// Clientset and starts an informer in its start hook.
+type serviceWatcher struct {
+	cs      k8sclient.Clientset
+	stop    chan struct{}
+	initial int
+	added   chan string
+}
+
+func (w *serviceWatcher) Start(ctx cell.HookContext) error {
+	w.stop = make(chan struct{})
+	factory := informers.NewSharedInformerFactory(w.cs, 0)
+	reg, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if initial {
+				w.initial++
+			} else {
+				w.added <- obj.(*corev1.Service).Name
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	factory.Start(w.stop)
+	// Synced once the handler has had the whole initial list.
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (w *serviceWatcher) Stop(cell.HookContext) error {
+	close(w.stop)
+	return nil
+}
+
+func TestFakeCellInAnotherCellsTest(t *testing.T) {
+	w := &serviceWatcher{added: make(chan string, 1)}
+	var cs *fake.Clientset
+	h := celltest.New(
+		k8sclient.FakeCell(service("web"), service("dns")),
+		cell.Module("service-watcher", "Test cell watching services",
+			cell.Invoke(func(lc cell.Lifecycle, c k8sclient.Clientset, f *fake.Clientset) {
+				w.cs, cs = c, f
+				lc.Append(w)
+			}),
+		),
+	)
+	celltest.Start(t, h)
+	if !w.cs.Embedded() {
+		t.Error("FakeCell's Clientset is not Embedded()")
+	}
+	if w.initial != 2 {
+		t.Fatalf("informer listed %d services at start, want the 2 seeded ones", w.initial)
+	}
+	if _, err := cs.CoreV1().Services("default").Create(context.Background(), service("api"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if name := <-w.added; name != "api" {
+		t.Fatalf("informer saw %q added, want api", name)
+	}
+}
+
+func TestFakeCellRejectsDuplicates(t *testing.T) {
+	h := celltest.New(k8sclient.FakeCell(service("web"), service("web")), cell.Invoke(func(k8sclient.Clientset) {}))
+	err := h.Populate(hivetest.Logger(t))
+	if err == nil {
+		t.Fatal("no error for the same Service seeded twice")
+	}
+}
+
+// The fake's own watchers panic once 100 events wait; the embedded API
+// server's queue instead. A watch started without a resource version gets
+// the existing objects first, as from an API server.
+func TestWatchQueuesEvents(t *testing.T) {
+	var cs *fake.Clientset
+	h := celltest.New(k8sclient.FakeCell(), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	celltest.Start(t, h)
+	ctx := context.Background()
+	const existing, added = 300, 1000
+	for i := range existing {
+		if err := cs.Tracker().Add(service(fmt.Sprintf("old-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := cs.CoreV1().Services("").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for i := range added {
+		if _, err := cs.CoreV1().Services("default").Create(ctx, service(fmt.Sprintf("new-%d", i)), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range existing + added {
+		ev := <-w.ResultChan()
+		if ev.Type != watch.Added {
+			t.Fatalf("event %d is %s, want ADDED", i, ev.Type)
+		}
+		want := fmt.Sprintf("new-%d", i-existing)
+		if i < existing {
+			continue // existing objects come in the tracker's order
+		}
+		if name := ev.Object.(*corev1.Service).Name; name != want {
+			t.Fatalf("event %d is for %s, want %s", i, name, want)
+		}
+	}
+}
+
+// A reflector over a hand-made ListWatch asks for a streaming list, which
+// client-go's fake cannot serve; the embedded API server can.
+func TestStreamingListReflector(t *testing.T) {
+	var cs *fake.Clientset
+	h := celltest.New(k8sclient.FakeCell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	celltest.Start(t, h)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return cs.CoreV1().Services("").List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().Services("").Watch(ctx, opts)
+		},
+	}
+	informer := cache.NewSharedIndexInformer(lw, &corev1.Service{}, 0, cache.Indexers{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go informer.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		t.Fatal("informer over a streaming list did not sync")
+	}
+	if keys := informer.GetStore().ListKeys(); len(keys) != 2 {
+		t.Fatalf("informer has %v, want default/web and default/dns", keys)
+	}
+	streamed := false
+	for _, a := range cs.Actions() {
+		if wa, ok := a.(k8stesting.WatchActionImpl); ok && wa.ListOptions.SendInitialEvents != nil && *wa.ListOptions.SendInitialEvents {
+			streamed = true
+		}
+	}
+	if !streamed {
+		t.Fatal("the reflector did not ask for a streaming list: the test no longer covers it")
+	}
+}
+
+// A reflector lists, then watches from the list's resource version. An
+// object deleted in between must be reported, or the informer keeps it for
+// good (client-go's fake alone loses it).
+func TestWatchFromListReportsDeletionsSince(t *testing.T) {
+	var cs *fake.Clientset
+	h := celltest.New(k8sclient.FakeCell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	celltest.Start(t, h)
+	ctx := context.Background()
+	list, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().Services("default").Delete(ctx, "dns", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Services("default").Create(ctx, service("api"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Services("").Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var got []string
+	for range 2 {
+		ev := <-w.ResultChan()
+		got = append(got, fmt.Sprintf("%s %s", ev.Type, ev.Object.(*corev1.Service).Name))
+	}
+	if want := []string{"DELETED dns", "ADDED api"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+
+	// A version that is no list's is expired: the reflector lists again.
+	_, err = cs.CoreV1().Services("").Watch(ctx, metav1.ListOptions{ResourceVersion: "12345"})
+	if !apierrors.IsResourceExpired(err) {
+		t.Fatalf("watch from an unknown version: %v, want 410 Expired", err)
+	}
+}

@@ -1,0 +1,338 @@
+package k8sclient
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/kubernetes/scheme"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// objectKey identifies an object in the embedded API server. The fake keeps
+// each API version apart (it does no conversion), so the version is part of
+// the identity.
+type objectKey struct {
+	resource  schema.GroupVersionResource
+	kind      string
+	namespace string
+	name      string
+}
+
+func (k objectKey) String() string {
+	if k.namespace == "" {
+		return k.kind + " " + k.name
+	}
+	return k.kind + " " + k.namespace + "/" + k.name
+}
+
+// manifest is one object of a manifest file.
+type manifest struct {
+	key  objectKey
+	obj  runtime.Object
+	file string
+	// line is where the object's document starts, doc its position among
+	// the file's documents (from 1).
+	line, doc int
+}
+
+// fileError is a manifest file that cannot be applied, and where.
+type fileError struct {
+	file      string
+	line, doc int
+	msg       string
+}
+
+func (e *fileError) Error() string {
+	switch {
+	case e.line == 0:
+		return fmt.Sprintf("%s: %s", e.file, e.msg)
+	case e.doc == 0:
+		return fmt.Sprintf("%s:%d: %s", e.file, e.line, e.msg)
+	default:
+		return fmt.Sprintf("%s:%d: document %d: %s", e.file, e.line, e.doc, e.msg)
+	}
+}
+
+// decoder turns manifest files into objects with client-go's scheme, so
+// every built-in kind decodes.
+type decoder struct {
+	codec runtime.Decoder
+	mapper meta.RESTMapper
+}
+
+func newDecoder() *decoder {
+	return &decoder{
+		// Strict, as kubectl's server-side field validation is: a misspelt
+		// field is an error, not silently dropped.
+		codec:  serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer(),
+		mapper: restMapper(),
+	}
+}
+
+// document is one "---"-separated part of a file.
+type document struct {
+	// index counts the file's non-empty documents from 1.
+	index int
+	// line is the file line of data's first line; objectLine that of its
+	// first line that is not blank or a comment.
+	line, objectLine int
+	data             []byte
+}
+
+// decodeFile returns the objects of a file, or the first error in it.
+// Namespaced objects without a namespace get "default", as with kubectl.
+func (d *decoder) decodeFile(name string, data []byte) ([]*manifest, error) {
+	docs, err := splitDocuments(name, data)
+	if err != nil {
+		return nil, err
+	}
+	var objs []*manifest
+	seen := map[objectKey]int{}
+	for _, doc := range docs {
+		m, err := d.decodeDocument(name, doc)
+		if err != nil {
+			return nil, err
+		}
+		if line, dup := seen[m.key]; dup {
+			return nil, &fileError{name, doc.objectLine, doc.index,
+				fmt.Sprintf("%s is already defined at line %d of this file", m.key, line)}
+		}
+		seen[m.key] = doc.objectLine
+		objs = append(objs, m)
+	}
+	return objs, nil
+}
+
+// separatorRE is a document separator: "---", optionally followed by a
+// comment. kubectl accepts nothing else on that line either.
+var separatorRE = regexp.MustCompile(`^---\s*(#.*)?$`)
+
+func splitDocuments(name string, data []byte) ([]document, error) {
+	var docs []document
+	cur := document{line: 1}
+	flush := func() {
+		if cur.objectLine != 0 {
+			cur.index = len(docs) + 1
+			docs = append(docs, cur)
+		}
+	}
+	lineNo := 0
+	for line := range bytes.Lines(data) {
+		lineNo++
+		text := strings.TrimRight(string(line), "\r\n")
+		if strings.HasPrefix(text, "---") {
+			if !separatorRE.MatchString(text) {
+				return nil, &fileError{name, lineNo, 0,
+					fmt.Sprintf("invalid document separator %q: put nothing but a comment after ---", text)}
+			}
+			flush()
+			cur = document{line: lineNo + 1}
+			continue
+		}
+		if trimmed := strings.TrimSpace(text); cur.objectLine == 0 && trimmed != "" && !strings.HasPrefix(trimmed, "#") {
+			cur.objectLine = lineNo
+		}
+		cur.data = append(cur.data, line...)
+	}
+	flush()
+	return docs, nil
+}
+
+// header is what every object needs before its kind can be decoded.
+type header struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+	} `json:"metadata"`
+}
+
+func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
+	fail := func(line int, format string, args ...any) error {
+		return &fileError{file, line, doc.index, fmt.Sprintf(format, args...)}
+	}
+	// The same conversion as kubectl's, so YAML 1.1 forms such as
+	// "enabled: yes" mean what they mean there. Strict: a key given twice
+	// is a mistake.
+	js, err := sigsyaml.YAMLToJSONStrict(doc.data)
+	if err != nil {
+		line, msg := yamlErrorLine(err)
+		if line == 0 {
+			return nil, fail(doc.objectLine, "%s", msg)
+		}
+		return nil, fail(doc.line+line-1, "%s", msg)
+	}
+	var h header
+	if err := json.Unmarshal(js, &h); err != nil {
+		return nil, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
+	}
+	// at is the file line of a field of the document, for errors about it.
+	at := func(path string) int {
+		if line := fieldLine(doc.data, path); line > 0 {
+			return doc.line + line - 1
+		}
+		return doc.objectLine
+	}
+	// By convention only list kinds end in "List"; they have no name.
+	if strings.HasSuffix(h.Kind, "List") {
+		return nil, fail(at("kind"), "kind %s holds several objects: put each in its own --- document", h.Kind)
+	}
+	var missing []string
+	for _, f := range []struct{ name, value string }{{"apiVersion", h.APIVersion}, {"kind", h.Kind}, {"metadata.name", h.Metadata.Name}} {
+		if f.value == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fail(doc.objectLine, "missing %s: every object needs apiVersion, kind and metadata.name", strings.Join(missing, ", "))
+	}
+	obj, gvk, err := d.codec.Decode(js, nil, nil)
+	switch {
+	case runtime.IsNotRegisteredError(err):
+		return nil, fail(at("kind"), "unknown kind %q in %s: not a built-in Kubernetes kind", h.Kind, h.APIVersion)
+	case err != nil:
+		return nil, fail(at(decodeErrorPath(err)), "%s %s: %v", h.Kind, h.Metadata.Name, err)
+	}
+	mapping, err := d.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, fail(at("kind"), "kind %s in %s is not a resource the API server stores: %v", h.Kind, h.APIVersion, err)
+	}
+	acc, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, fail(doc.objectLine, "%s %s has no object metadata: %v", h.Kind, h.Metadata.Name, err)
+	}
+	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
+		if acc.GetNamespace() != "" {
+			return nil, fail(at("metadata.namespace"), "%s %s is cluster-scoped: remove metadata.namespace", h.Kind, h.Metadata.Name)
+		}
+	} else if acc.GetNamespace() == "" {
+		acc.SetNamespace("default")
+	}
+	return &manifest{
+		key: objectKey{
+			resource:  mapping.Resource,
+			kind:      gvk.Kind,
+			namespace: acc.GetNamespace(),
+			name:      acc.GetName(),
+		},
+		obj:  obj,
+		file: file,
+		line: doc.objectLine,
+		doc:  doc.index,
+	}, nil
+}
+
+// yamlLineRE finds the line in the YAML parser's messages, which is the only
+// place it reports it.
+var yamlLineRE = regexp.MustCompile(`line (\d+): `)
+
+// yamlErrorLine returns the document line a YAML error names (0 for none)
+// and the message without it, on one line.
+func yamlErrorLine(err error) (int, string) {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	m := yamlLineRE.FindStringSubmatchIndex(msg)
+	if m == nil {
+		return 0, msg
+	}
+	line, _ := strconv.Atoi(msg[m[2]:m[3]])
+	return line, msg[:m[0]] + msg[m[1]:]
+}
+
+// decodeErrorPathRE finds the field a decoding error is about: strict
+// decoding names it in quotes, encoding/json after the Go type's name.
+var decodeErrorPathRE = regexp.MustCompile(`(?:unknown field|duplicate field) "([^"]+)"|Go struct field [A-Za-z0-9_]+\.(\S+) of type`)
+
+func decodeErrorPath(err error) string {
+	m := decodeErrorPathRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	return m[1] + m[2]
+}
+
+// fieldLine returns the line of the field at path ("spec.ports[1].port",
+// or without indexes as encoding/json gives it) in a YAML document, or 0.
+// Without an index a list must have exactly one item with the field;
+// otherwise the list's own line is the best answer.
+func fieldLine(data []byte, path string) int {
+	if path == "" {
+		return 0
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil || len(root.Content) == 0 {
+		return 0
+	}
+	return lineIn(root.Content[0], splitFieldPath(path), 0)
+}
+
+// fieldStep is one step of a field path: a key, then an optional index.
+type fieldStep struct {
+	key   string
+	index int // -1: none
+}
+
+var fieldStepRE = regexp.MustCompile(`^([^\[\]]*)(?:\[(\d+)\])?$`)
+
+func splitFieldPath(path string) []fieldStep {
+	var steps []fieldStep
+	for part := range strings.SplitSeq(path, ".") {
+		m := fieldStepRE.FindStringSubmatch(part)
+		if m == nil {
+			return nil
+		}
+		step := fieldStep{key: m[1], index: -1}
+		if m[2] != "" {
+			step.index, _ = strconv.Atoi(m[2])
+		}
+		steps = append(steps, step)
+	}
+	return steps
+}
+
+// lineIn walks steps from n. keyLine is the line of the key holding n.
+func lineIn(n *yaml.Node, steps []fieldStep, keyLine int) int {
+	if len(steps) == 0 {
+		return keyLine
+	}
+	if n.Kind == yaml.SequenceNode {
+		var found []int
+		for _, item := range n.Content {
+			if line := lineIn(item, steps, item.Line); line > 0 {
+				found = append(found, line)
+			}
+		}
+		if len(found) == 1 {
+			return found[0]
+		}
+		return keyLine
+	}
+	if n.Kind != yaml.MappingNode {
+		return 0
+	}
+	step := steps[0]
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, value := n.Content[i], n.Content[i+1]
+		if key.Value != step.key {
+			continue
+		}
+		if step.index < 0 {
+			return lineIn(value, steps[1:], key.Line)
+		}
+		if value.Kind != yaml.SequenceNode || step.index >= len(value.Content) {
+			return key.Line
+		}
+		item := value.Content[step.index]
+		return lineIn(item, steps[1:], item.Line)
+	}
+	return 0
+}
