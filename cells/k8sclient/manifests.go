@@ -65,7 +65,7 @@ func (e *fileError) Error() string {
 // decoder turns manifest files into objects with client-go's scheme, so
 // every built-in kind decodes.
 type decoder struct {
-	codec runtime.Decoder
+	codec  runtime.Decoder
 	mapper meta.RESTMapper
 }
 

@@ -52,13 +52,21 @@ var watchedKinds = []watchedKind{
 			return f.Discovery().V1().EndpointSlices().Informer()
 		}},
 	{"Namespace", corev1.SchemeGroupVersion.WithResource("namespaces"), false,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer { return f.Core().V1().Namespaces().Informer() }},
+		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().Namespaces().Informer()
+		}},
 	{"Node", corev1.SchemeGroupVersion.WithResource("nodes"), false,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer { return f.Core().V1().Nodes().Informer() }},
+		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().Nodes().Informer()
+		}},
 	{"Pod", corev1.SchemeGroupVersion.WithResource("pods"), true,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer { return f.Core().V1().Pods().Informer() }},
+		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().Pods().Informer()
+		}},
 	{"Service", corev1.SchemeGroupVersion.WithResource("services"), true,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer { return f.Core().V1().Services().Informer() }},
+		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().Services().Informer()
+		}},
 }
 
 // newEngine runs the k8s-client cell in embedded mode on a temporary

@@ -271,8 +271,8 @@ func (s *manifestSync) localNodeManifest() *manifest {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: s.localNode,
 			Labels: map[string]string{
-				corev1.LabelHostname: s.localNode,
-				corev1.LabelOSStable: goruntime.GOOS,
+				corev1.LabelHostname:   s.localNode,
+				corev1.LabelOSStable:   goruntime.GOOS,
 				corev1.LabelArchStable: goruntime.GOARCH,
 			},
 		},
