@@ -198,6 +198,15 @@ func decodeFile(path string) ([]runtime.Object, error) {
 	if err != nil {
 		return nil, err
 	}
+	objs, err := decodeYAML(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return objs, nil
+}
+
+// decodeYAML decodes the Kubernetes objects of a YAML stream.
+func decodeYAML(data []byte) ([]runtime.Object, error) {
 	var objs []runtime.Object
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {
@@ -206,14 +215,14 @@ func decodeFile(path string) ([]runtime.Object, error) {
 			return objs, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return nil, err
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
 		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+			return nil, err
 		}
 		objs = append(objs, obj)
 	}

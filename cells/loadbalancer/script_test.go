@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/hive/script"
@@ -33,54 +34,68 @@ func TestScript(t *testing.T) {
 // nodeName is the name of the node the scripts' agent runs on.
 const nodeName = "node-1"
 
-// newEngine builds the loadbalancer cell over a fake clientset that the
-// script feeds with k8s/add, k8s/update and k8s/delete, a node-addresses
-// table it fills with db/insert, and a stand-in for the lb-maps reconciler
-// that marks frontends Done and counts its writes (lb-maps/writes).
-func newEngine(t testing.TB, args []string) *script.Engine {
-	k8s := newFakeK8s(t)
-	lbMaps := &fakeLBMaps{writes: map[string]int{}}
-	var (
-		nodeAddrs *nodeAddresses
-		db        *statedb.DB
-		bh        *loadbalancer.BackendHealth
-	)
-	h := celltest.New(
+// testAgent is the loadbalancer cell over a fake clientset, a
+// node-addresses table the test fills, and a stand-in for the lb-maps
+// reconciler that marks frontends Done and counts its writes.
+type testAgent struct {
+	hive      *hive.Hive
+	k8s       *fakeK8s
+	lbMaps    *fakeLBMaps
+	nodeAddrs *nodeAddresses
+	db        *statedb.DB
+	frontends statedb.Table[*loadbalancer.Frontend]
+	health    *loadbalancer.BackendHealth
+}
+
+func newTestAgent(t testing.TB, extra ...cell.Cell) *testAgent {
+	a := &testAgent{k8s: newFakeK8s(t), lbMaps: &fakeLBMaps{writes: map[string]int{}}}
+	a.hive = celltest.New(append([]cell.Cell{
 		loadbalancer.Cell,
-		cell.Provide(func() kubernetes.Interface { return k8s.cs }),
+		cell.Provide(func() kubernetes.Interface { return a.k8s.cs }),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
-		cell.Module("test-devices", "Node addresses the script inserts",
+		cell.Module("test-devices", "Node addresses the test inserts",
 			cell.Config(nodeAddressesConfig{NodeAddressesInitialized: true}),
 			cell.Provide(func(cfg nodeAddressesConfig, db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {
 				var err error
-				nodeAddrs, err = newNodeAddresses(cfg, db)
+				a.nodeAddrs, err = newNodeAddresses(cfg, db)
 				if err != nil {
 					return nil, err
 				}
-				return nodeAddrs.tbl, nil
+				return a.nodeAddrs.tbl, nil
 			}),
 		),
-		cell.Invoke(func(d *statedb.DB, b *loadbalancer.BackendHealth) { db, bh = d, b }),
+		cell.Invoke(func(db *statedb.DB, fes statedb.Table[*loadbalancer.Frontend], bh *loadbalancer.BackendHealth) {
+			a.db, a.frontends, a.health = db, fes, bh
+		}),
 		cell.Module("test-lb-maps", "Stand-in for the lb-maps reconciler",
 			cell.ProvidePrivate(job.Registry.NewGroup),
-			cell.Invoke(lbMaps.register),
+			cell.Invoke(a.lbMaps.register),
 		),
-	)
-	cmds := k8s.commands()
-	cmds["lb-maps/writes"] = lbMaps.writesCmd()
+	}, extra...)...)
+	return a
+}
+
+// newEngine runs a script against a testAgent: the script feeds the fake
+// clientset with k8s/add, k8s/update and k8s/delete, fills node-addresses
+// with db/insert, and reads the stand-in reconciler's writes with
+// lb-maps/writes.
+func newEngine(t testing.TB, args []string) *script.Engine {
+	a := newTestAgent(t)
+	cmds := a.k8s.commands()
+	cmds["lb-maps/writes"] = a.lbMaps.writesCmd()
 	cmds["node-addresses/initialize"] = script.Command(
 		script.CmdUsage{Summary: "Mark the node-addresses table initialized, as the devices cell does after its first dump"},
 		func(*script.State, ...string) (script.WaitFunc, error) {
-			if nodeAddrs == nil {
+			if a.nodeAddrs == nil {
 				return nil, errors.New("hive not started")
 			}
-			nodeAddrs.initialize()
+			a.nodeAddrs.initialize()
 			return nil, nil
 		})
-	cmds["db/pending-initializers"] = pendingInitializersCmd(&db)
-	cmds["lb/quarantine"] = quarantineCmd(&bh, true)
-	cmds["lb/unquarantine"] = quarantineCmd(&bh, false)
-	return celltest.ScriptEngine(t, h, args, cmds)
+	cmds["db/pending-initializers"] = pendingInitializersCmd(&a.db)
+	cmds["lb/quarantine"] = quarantineCmd(&a.health, true)
+	cmds["lb/unquarantine"] = quarantineCmd(&a.health, false)
+	return celltest.ScriptEngine(t, a.hive, args, cmds)
 }
 
 // nodeAddressesConfig lets a script hold the node-addresses table

@@ -8,6 +8,7 @@
 //	agent map list           the BPF maps it owns
 //	agent endpoint list|get  its endpoints (one per pod)
 //	agent ipam list          its pod address pools and allocations
+//	agent service list|get   the services it load-balances
 //	agent version
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
@@ -107,6 +108,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newEndpointCmd(stdout),
 		newIPAMCmd(stdout),
 		newCleanupCmd(stdout),
+		newServiceCmd(stdout),
 	)
 	return root
 }
