@@ -22,6 +22,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/metrics"
@@ -38,6 +39,7 @@ var Infrastructure = cell.Group(
 	api.Cell,
 	sysctl.Cell,
 	bpfmaps.Cell,
+	k8sclient.Cell,
 	devices.Cell,
 )
 

@@ -28,7 +28,12 @@ var Cell = cell.Module(
 	cell.Config(defaultConfig),
 	cell.Provide(newClientset, statedb.RWTable[*ManifestFile].ToTable),
 	cell.ProvidePrivate(newManifestFileTable, job.Registry.NewGroup),
+	cell.Invoke(requireClientset),
 )
+
+// requireClientset validates the flags and serves the manifests even while
+// no cell uses the Clientset.
+func requireClientset(Clientset) {}
 
 // Config is the k8s-client cell's configuration.
 type Config struct {
