@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -68,6 +69,9 @@ type node struct {
 	podCIDR string
 	socket  string
 	bpfRoot string
+	// cgroup is the agent's --cgroup-root: its socket programs must not see
+	// every socket of the machine.
+	cgroup string
 	agent   *agentProcess
 	cni     *libcni.CNIConfig
 }
@@ -83,9 +87,17 @@ func newNode(t testing.TB) *node {
 		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(dir, "cni-cache"), nil),
 	}
 	n.podCIDR = n.v4.String() + "," + n.v6.String()
+	mount, err := loader.Cgroup2Mount()
+	if err != nil {
+		t.Skipf("no cgroup2 mount for the agent's socket programs: %v", err)
+	}
+	if n.cgroup, err = os.MkdirTemp(mount, "cellium-cni-test-"); err != nil {
+		t.Skipf("cannot create a cgroup for the agent's socket programs: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(n.cgroup) })
 	// The node routes between its pods; the agent's --proc-fs is a
 	// directory, so it does not change the host's forwarding.
-	err := nettest.Do(n.ns.Path(), func() error {
+	err = nettest.Do(n.ns.Path(), func() error {
 		for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
 			if err := os.WriteFile(p, []byte("1"), 0); err != nil {
 				return err
@@ -117,6 +129,7 @@ func (n *node) flags(extra ...string) []string {
 		"--proc-fs", filepath.Join(n.dir, "proc"),
 		"--health-addr", freePort(n.t),
 		"--pod-cidr", n.podCIDR,
+		"--cgroup-root", n.cgroup,
 		"--log-format", "json",
 	}, extra...)
 }
