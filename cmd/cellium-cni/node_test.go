@@ -72,8 +72,8 @@ type node struct {
 	// cgroup is the agent's --cgroup-root: its socket programs must not see
 	// every socket of the machine.
 	cgroup string
-	agent   *agentProcess
-	cni     *libcni.CNIConfig
+	agent  *agentProcess
+	cni    *libcni.CNIConfig
 }
 
 func newNode(t testing.TB) *node {
