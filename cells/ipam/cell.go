@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/k8sclient"
 )
 
 // Cell provides the IPAM: the pod address pools, the table "ipam" of
@@ -61,7 +62,7 @@ var defaultConfig = Config{
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("ipam", def.IPAM, "Where pod CIDRs come from: static (--pod-cidr) or kubernetes (the Node's spec.podCIDRs)")
-	flags.StringSlice("pod-cidr", def.PodCIDR, "Pod CIDRs for --ipam=static, at most one IPv4 and one IPv6, e.g. 10.244.0.0/24,fd00:10:244::/112")
+	flags.StringSlice("pod-cidr", def.PodCIDR, "Pod CIDRs for --ipam=static, at most one IPv4 and one IPv6, e.g. 10.244.0.0/24,fd00:10:244::/112 (ignored with --ipam=kubernetes)")
 	flags.Duration("ipam-leak-grace", def.IPAMLeakGrace,
 		"After a restart, how long to keep an address allocated for a container that did not become an endpoint (a CNI ADD that died half way) before releasing it")
 }
@@ -103,9 +104,12 @@ type params struct {
 	DB        *statedb.DB
 	Table     statedb.RWTable[*Allocation]
 	Paths     daemon.Paths
+	NodeName  daemon.NodeName
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
 	Health    cell.Health
+	// Clientset is needed by --ipam=kubernetes only.
+	Clientset k8sclient.Clientset `optional:"true"`
 }
 
 // IPAM allocates pod addresses. See the package documentation.
@@ -118,7 +122,10 @@ type IPAM struct {
 	grace  time.Duration
 	health cell.Health
 
-	stateLoaded func(statedb.WriteTxn)
+	stateLoaded   func(statedb.WriteTxn)
+	podCIDRsKnown func(statedb.WriteTxn)
+	clientset     k8sclient.Clientset
+	nodeName      string
 
 	mu      sync.Mutex
 	started bool
@@ -135,49 +142,61 @@ func newIPAM(p params) (*IPAM, error) {
 		return nil, fmt.Errorf("invalid --ipam-leak-grace %s: must not be negative", p.Config.IPAMLeakGrace)
 	}
 	i := &IPAM{
-		log:    p.Log,
-		db:     p.DB,
-		tbl:    p.Table,
-		store:  newStore(p.Log, p.Paths.StateDir),
-		mode:   p.Config.IPAM,
-		grace:  p.Config.IPAMLeakGrace,
-		health: p.Health,
-		cursor: map[Family]netip.Addr{},
+		log:       p.Log,
+		db:        p.DB,
+		tbl:       p.Table,
+		store:     newStore(p.Log, p.Paths.StateDir),
+		mode:      p.Config.IPAM,
+		grace:     p.Config.IPAMLeakGrace,
+		health:    p.Health,
+		cursor:    map[Family]netip.Addr{},
+		clientset: p.Clientset,
+		nodeName:  string(p.NodeName),
 	}
+	txn := p.DB.WriteTxn(p.Table)
+	defer txn.Abort()
 	switch p.Config.IPAM {
 	case ModeStatic:
-		pools, err := staticPools(p.Config.PodCIDR)
+		pools, err := parsePools("--pod-cidr", p.Config.PodCIDR)
 		if err != nil {
 			return nil, err
 		}
 		i.pools = pools
+	case ModeKubernetes:
+		if p.Clientset == nil {
+			return nil, fmt.Errorf("--ipam=%s needs a Kubernetes clientset, and the k8s-client cell is not in the agent", ModeKubernetes)
+		}
+		i.podCIDRsKnown = p.Table.RegisterInitializer(txn, initPodCIDRs)
 	default:
-		return nil, fmt.Errorf("invalid --ipam %q: want %s", p.Config.IPAM, ModeStatic)
+		return nil, fmt.Errorf("invalid --ipam %q: want %s or %s", p.Config.IPAM, ModeStatic, ModeKubernetes)
 	}
-
-	txn := p.DB.WriteTxn(p.Table)
 	i.stateLoaded = p.Table.RegisterInitializer(txn, initState)
 	txn.Commit()
 
-	// The start hook before the job: the job waits for what it loads.
+	// The start hook before the jobs: they need what it loads.
 	p.Lifecycle.Append(cell.Hook{OnStart: i.start})
+	if p.Config.IPAM == ModeKubernetes {
+		p.Jobs.Add(job.OneShot("node-pod-cidrs", i.nodePodCIDRs,
+			job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: time.Minute})))
+	}
 	p.Jobs.Add(job.OneShot("release-unclaimed", i.releaseUnclaimed))
 	return i, nil
 }
 
-// staticPools parses --pod-cidr.
-func staticPools(cidrs []string) ([]Pool, error) {
+// parsePools parses pod CIDRs, at most one per family; what names where
+// they come from in errors.
+func parsePools(what string, cidrs []string) ([]Pool, error) {
 	if len(cidrs) == 0 {
-		return nil, errors.New("invalid --pod-cidr: --ipam=static needs at least one pod CIDR, e.g. 10.244.0.0/24")
+		return nil, fmt.Errorf("invalid %s: no pod CIDR; want one or two, e.g. 10.244.0.0/24", what)
 	}
 	var pools []Pool
 	for _, cidr := range cidrs {
-		pool, err := ParsePool("--pod-cidr", strings.TrimSpace(cidr))
+		pool, err := ParsePool(what, strings.TrimSpace(cidr))
 		if err != nil {
 			return nil, err
 		}
 		if slices.ContainsFunc(pools, func(p Pool) bool { return p.Family == pool.Family }) {
-			return nil, fmt.Errorf("invalid --pod-cidr %q: more than one %s CIDR; give at most one per family", strings.Join(cidrs, ","), pool.Family)
+			return nil, fmt.Errorf("invalid %s %q: more than one %s CIDR; give at most one per family", what, strings.Join(cidrs, ","), pool.Family)
 		}
 		pools = append(pools, pool)
 	}
@@ -243,7 +262,9 @@ func (i *IPAM) start(cell.HookContext) error {
 	}
 	i.log.Info("IPAM ready to restore", "mode", i.mode, "pools", poolsString(pools),
 		"restored-allocations", len(restored), "unclaimed", unclaimed)
-	i.health.OK("Pools " + poolsString(pools))
+	if len(pools) > 0 {
+		i.health.OK("Pools " + poolsString(pools))
+	}
 	return nil
 }
 

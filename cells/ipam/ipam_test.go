@@ -284,8 +284,8 @@ func TestConfigErrors(t *testing.T) {
 		{"host bits", func(c *ipam.Config) { c.PodCIDR = []string{"10.244.0.5/24"} }, `invalid --pod-cidr "10.244.0.5/24": host bits are set; the network is 10.244.0.0/24`},
 		{"too small", func(c *ipam.Config) { c.PodCIDR = []string{"10.244.0.0/31"} }, `too small for a router and a pod; the longest prefix is /30`},
 		{"two of a family", func(c *ipam.Config) { c.PodCIDR = []string{"10.244.0.0/24", "10.245.0.0/24"} }, `more than one ipv4 CIDR`},
-		{"none", func(c *ipam.Config) { c.PodCIDR = nil }, `--ipam=static needs at least one pod CIDR`},
-		{"mode", func(c *ipam.Config) { c.IPAM = "dhcp" }, `invalid --ipam "dhcp"`},
+		{"none", func(c *ipam.Config) { c.PodCIDR = nil }, `invalid --pod-cidr: no pod CIDR; want one or two`},
+		{"mode", func(c *ipam.Config) { c.IPAM = "dhcp" }, `invalid --ipam "dhcp": want static or kubernetes`},
 		{"grace", func(c *ipam.Config) { c.IPAMLeakGrace = -time.Second }, `invalid --ipam-leak-grace -1s: must not be negative`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
