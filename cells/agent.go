@@ -24,6 +24,7 @@ import (
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/sysctl"
@@ -47,6 +48,7 @@ var Infrastructure = cell.Group(
 var ControlPlane = cell.Group(
 	ipam.Cell,
 	endpointmanager.Cell,
+	loadbalancer.Cell,
 )
 
 // Datapath reconciles tables into the kernel.

@@ -23,13 +23,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/loadbalancer"
 )
 
@@ -71,12 +71,12 @@ type runResult struct {
 
 func runK8sToFrontends(b *testing.B, mode string, n int) runResult {
 	b.StopTimer()
-	cs := fake.NewSimpleClientset()
-	feed := newGeneratedK8s(cs, mode, n)
+	feed := &generatedK8s{n: n, mode: mode, start: make(chan struct{})}
 	counter := &reconciledCounter{want: int64(n), done: make(chan struct{})}
 	h := celltest.New(
 		loadbalancer.Cell,
-		cell.Provide(func() kubernetes.Interface { return cs }),
+		k8sclient.FakeCell(),
+		cell.Invoke(feed.attach),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Provide(func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {
 			return statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)
@@ -164,11 +164,12 @@ func (c *reconciledCounter) Prune(context.Context, statedb.ReadTxn, iter.Seq2[*l
 // objects, made only when asked for, once start is closed.
 type generatedK8s struct {
 	n     int
+	mode  string
 	start chan struct{}
 }
 
-func newGeneratedK8s(cs *fake.Clientset, mode string, n int) *generatedK8s {
-	g := &generatedK8s{n: n, start: make(chan struct{})}
+func (g *generatedK8s) attach(cs *fake.Clientset) {
+	mode := g.mode
 	for _, resource := range []string{"services", "endpointslices"} {
 		cs.PrependReactor("list", resource, func(k8stesting.Action) (bool, runtime.Object, error) {
 			<-g.start
@@ -186,7 +187,6 @@ func newGeneratedK8s(cs *fake.Clientset, mode string, n int) *generatedK8s {
 			return true, w, nil
 		})
 	}
-	return g
 }
 
 func (g *generatedK8s) list(resource string, n int) runtime.Object {

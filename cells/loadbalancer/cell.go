@@ -14,7 +14,7 @@ import (
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
-	"k8s.io/client-go/kubernetes"
+	"github.com/cellium/cellium/cells/k8sclient"
 )
 
 // Cell provides the services, frontends and backends tables, kept current
@@ -54,7 +54,7 @@ type writerParams struct {
 	Tables        *lbTables
 	NodeAddresses statedb.Table[*devices.NodeAddress]
 	NodeName      daemon.NodeName
-	Clientset     kubernetes.Interface
+	Clientset     k8sclient.Clientset
 	Jobs          job.Group
 	Health        cell.Health
 }
@@ -76,12 +76,12 @@ func newWriter(p writerParams) *writer {
 	}
 	events := make(chan k8sEvent, eventQueueSize)
 	p.Jobs.Add(
-		job.OneShot("reflect-services", func(ctx context.Context, _ cell.Health) error {
-			runReflector(ctx, p.Clientset, "services", &corev1.Service{}, servicesListWatch(p.Clientset), serviceStore(ctx, events))
+		job.OneShot("reflect-services", func(ctx context.Context, health cell.Health) error {
+			runReflector(ctx, p.Clientset, "services", &corev1.Service{}, servicesListWatch(p.Clientset, health), serviceStore(ctx, events))
 			return nil
 		}),
-		job.OneShot("reflect-endpointslices", func(ctx context.Context, _ cell.Health) error {
-			runReflector(ctx, p.Clientset, "endpointslices", &discoveryv1.EndpointSlice{}, endpointSlicesListWatch(p.Clientset), endpointSliceStore(ctx, events))
+		job.OneShot("reflect-endpointslices", func(ctx context.Context, health cell.Health) error {
+			runReflector(ctx, p.Clientset, "endpointslices", &discoveryv1.EndpointSlice{}, endpointSlicesListWatch(p.Clientset, health), endpointSliceStore(ctx, events))
 			return nil
 		}),
 		job.OneShot("apply-k8s-events", func(ctx context.Context, _ cell.Health) error {

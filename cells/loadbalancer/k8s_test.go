@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -16,8 +17,10 @@ import (
 	"github.com/cilium/hive/script"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -25,15 +28,18 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 )
 
-// fakeK8s is the API server of the scripts: client-go's fake clientset,
-// with LISTs that a script can hold (to see the tables wait for the initial
-// sync) and watches it can expire (to make the reflectors relist).
+// fakeK8s drives the fake clientset of k8sclient.FakeCell for the tests:
+// it creates, updates and deletes objects, holds LISTs (to see the tables
+// wait for the initial sync), fails them, and expires watches (to make the
+// reflectors relist).
 type fakeK8s struct {
 	cs *fake.Clientset
 
 	mu       sync.Mutex
 	listGate chan struct{}
-	watches  []*expirableWatch
+	// listErr, when set, is the answer to every LIST.
+	listErr error
+	watches []*expirableWatch
 	// calls counts the LISTs and WATCHes per resource ("list services");
 	// called is closed and replaced on each.
 	calls  map[string]int
@@ -42,39 +48,56 @@ type fakeK8s struct {
 
 func newFakeK8s(t testing.TB) *fakeK8s {
 	f := &fakeK8s{
-		cs:       fake.NewClientset(),
 		listGate: make(chan struct{}),
 		calls:    map[string]int{},
 		called:   make(chan struct{}),
 	}
 	close(f.listGate)
-	f.cs.PrependReactor("list", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+	t.Cleanup(f.releaseLists)
+	return f
+}
+
+// attach puts the test's reactors in front of the clientset's own. Invoke
+// it from the hive, which builds the clientset.
+func (f *fakeK8s) attach(cs *fake.Clientset) {
+	f.cs = cs
+	watchers := slices.Clone(cs.WatchReactionChain)
+	cs.PrependReactor("list", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		f.mu.Lock()
 		gate := f.listGate
 		f.mu.Unlock()
 		<-gate
 		f.count(action)
-		// Not handled: the tracker answers.
-		return false, nil, nil
-	})
-	f.cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		var opts metav1.ListOptions
-		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
-			opts = wa.ListOptions
-		}
-		inner, err := f.cs.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		f.mu.Lock()
+		err := f.listErr
+		f.mu.Unlock()
 		if err != nil {
 			return true, nil, err
 		}
-		w := newExpirableWatch(inner)
-		f.mu.Lock()
-		f.watches = append(f.watches, w)
-		f.mu.Unlock()
-		f.count(action)
-		return true, w, nil
+		// Not handled: the tracker answers.
+		return false, nil, nil
 	})
-	t.Cleanup(f.releaseLists)
-	return f
+	cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		for _, r := range watchers {
+			if !r.Handles(action) {
+				continue
+			}
+			handled, inner, err := r.React(action)
+			if !handled {
+				continue
+			}
+			if err != nil {
+				return true, nil, err
+			}
+			w := newExpirableWatch(inner)
+			f.mu.Lock()
+			f.watches = append(f.watches, w)
+			f.mu.Unlock()
+			f.count(action)
+			return true, w, nil
+		}
+		return false, nil, nil
+	})
 }
 
 func (f *fakeK8s) count(action k8stesting.Action) {
@@ -144,6 +167,22 @@ func (f *fakeK8s) commands() map[string]script.Cmd {
 		"k8s/release-lists": script.Command(
 			script.CmdUsage{Summary: "Let held LISTs answer"},
 			func(*script.State, ...string) (script.WaitFunc, error) { f.releaseLists(); return nil, nil }),
+		"k8s/fail-lists": script.Command(
+			script.CmdUsage{Summary: "Answer every LIST with 403 Forbidden until k8s/heal-lists"},
+			func(*script.State, ...string) (script.WaitFunc, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				f.listErr = apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "", errors.New("RBAC says no"))
+				return nil, nil
+			}),
+		"k8s/heal-lists": script.Command(
+			script.CmdUsage{Summary: "Answer LISTs again"},
+			func(*script.State, ...string) (script.WaitFunc, error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				f.listErr = nil
+				return nil, nil
+			}),
 		"k8s/expire-watches": script.Command(
 			script.CmdUsage{Summary: "End every open watch with 410 Gone, which makes the reflectors relist"},
 			func(*script.State, ...string) (script.WaitFunc, error) { f.expireWatches(); return nil, nil }),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
-	"k8s.io/client-go/kubernetes"
+	"github.com/cellium/cellium/cells/k8sclient"
 )
 
 // eventQueueSize is how many converted events may wait for the writer. A
@@ -127,7 +128,7 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 
 // runReflector lists and watches with a client-go Reflector into store
 // until ctx ends. The Reflector relists on its own after watch errors.
-func runReflector(ctx context.Context, cs kubernetes.Interface, name string, expected runtime.Object, lw *cache.ListWatch, store cache.ReflectorStore) {
+func runReflector(ctx context.Context, cs k8sclient.Clientset, name string, expected runtime.Object, lw *cache.ListWatch, store cache.ReflectorStore) {
 	r := cache.NewReflectorWithOptions(
 		// The fake clientset cannot stream lists; it says so, and this
 		// passes that on to the Reflector.
@@ -138,24 +139,51 @@ func runReflector(ctx context.Context, cs kubernetes.Interface, name string, exp
 	r.RunWithContext(ctx)
 }
 
-func servicesListWatch(cs kubernetes.Interface) *cache.ListWatch {
+// listWatch lists and watches a resource with list and watch, reporting
+// their failures (an API server that cannot be reached, RBAC that forbids
+// it) as the reflector job's health, since the Reflector only logs them
+// and retries.
+func listWatch(health cell.Health, resource string,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+) *cache.ListWatch {
+	report := func(verb string, err error) {
+		if err != nil {
+			health.Degraded(fmt.Sprintf("%s %s failed, retrying", verb, resource), err)
+		} else {
+			health.OK(fmt.Sprintf("Watching %s", resource))
+		}
+	}
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			return cs.CoreV1().Services(metav1.NamespaceAll).List(ctx, opts)
+			obj, err := list(ctx, opts)
+			report("LIST", err)
+			return obj, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return cs.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, opts)
+			w, err := watchFn(ctx, opts)
+			report("WATCH", err)
+			return w, err
 		},
 	}
 }
 
-func endpointSlicesListWatch(cs kubernetes.Interface) *cache.ListWatch {
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+func servicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWatch {
+	return listWatch(health, "Services",
+		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			return cs.CoreV1().Services(metav1.NamespaceAll).List(ctx, opts)
+		},
+		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, opts)
+		})
+}
+
+func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWatch {
+	return listWatch(health, "EndpointSlices",
+		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, opts)
 		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, opts)
-		},
-	}
+		})
 }

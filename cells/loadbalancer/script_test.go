@@ -19,11 +19,11 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/loadbalancer"
 )
 
@@ -51,7 +51,8 @@ func newTestAgent(t testing.TB, extra ...cell.Cell) *testAgent {
 	a := &testAgent{k8s: newFakeK8s(t), lbMaps: &fakeLBMaps{writes: map[string]int{}}}
 	a.hive = celltest.New(append([]cell.Cell{
 		loadbalancer.Cell,
-		cell.Provide(func() kubernetes.Interface { return a.k8s.cs }),
+		k8sclient.FakeCell(),
+		cell.Invoke(a.k8s.attach),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Module("test-devices", "Node addresses the test inserts",
 			cell.Config(nodeAddressesConfig{NodeAddressesInitialized: true}),

@@ -701,7 +701,7 @@ func (w *writer) reportHealth() {
 	}
 	w.reported = true
 	if len(w.problems) == 0 {
-		w.health.OK("All Kubernetes Services and EndpointSlices applied")
+		w.health.OK("No problem with Services or EndpointSlices")
 		return
 	}
 	keys := slices.Sorted(maps.Keys(w.problems))

@@ -18,13 +18,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
@@ -36,7 +36,7 @@ func startServiceAgent(t *testing.T) string {
 	socket := filepath.Join(t.TempDir(), "agent.sock")
 	ready, port, proto := true, int32(8080), corev1.ProtocolTCP
 	portName, node := "http", "node-1"
-	cs := fake.NewClientset(
+	objects := []runtime.Object{
 		&corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"},
 			Spec: corev1.ServiceSpec{
@@ -53,7 +53,7 @@ func startServiceAgent(t *testing.T) string {
 				{Addresses: []string{"10.244.2.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}},
 			},
 		},
-	)
+	}
 	var (
 		db        *statedb.DB
 		frontends statedb.Table[*loadbalancer.Frontend]
@@ -61,9 +61,8 @@ func startServiceAgent(t *testing.T) string {
 	opts := hive.DefaultOptions()
 	opts.ModuleDecorators = health.ModuleDecorators
 	h := hive.NewWithOptions(opts,
-		statedb.Cell, job.Cell, health.Cell, api.Cell, loadbalancer.Cell,
+		statedb.Cell, job.Cell, health.Cell, api.Cell, loadbalancer.Cell, k8sclient.FakeCell(objects...),
 		cell.Provide(
-			func() kubernetes.Interface { return cs },
 			func() daemon.NodeName { return "node-1" },
 			func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {
 				return statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)
