@@ -98,9 +98,9 @@ func (s *Service) TableRow() []string {
 	return []string{
 		s.Name.String(),
 		string(s.Type),
-		joinAddrs(s.ClusterIPs),
-		joinAddrs(s.ExternalIPs),
-		joinAddrs(s.LoadBalancerIPs),
+		joinStrings(s.ClusterIPs),
+		joinStrings(s.ExternalIPs),
+		joinStrings(s.LoadBalancerIPs),
 		joinStrings(s.Ports),
 		affinityString(s.SessionAffinity, s.AffinityTimeout),
 		trafficPolicyString(s.ExtTrafficPolicyLocal, s.IntTrafficPolicyLocal),
@@ -269,8 +269,6 @@ func (b *Backend) TableRow() []string {
 		column(func(i BackendInstance) string { return i.EndpointSlice }),
 	}
 }
-
-func joinAddrs(addrs []netip.Addr) string { return joinStrings(addrs) }
 
 func joinStrings[T fmt.Stringer](xs []T) string {
 	parts := make([]string, len(xs))

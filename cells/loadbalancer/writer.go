@@ -56,31 +56,6 @@ type writer struct {
 	spare batch
 }
 
-func (w *writer) newBatch(txn statedb.WriteTxn) *batch {
-	b := &w.spare
-	if b.dirty == nil {
-		b.dirty = map[ServiceName]struct{}{}
-		b.addedFrontends = map[ServiceName][]L3n4Addr{}
-		b.addedBackends = map[ServiceName][]L3n4Addr{}
-	}
-	b.txn, b.snapshot, b.frontendsDeleted = txn, w.db.ReadTxn(), false
-	return b
-}
-
-// release lets go of the transaction and the snapshot, which would keep
-// old versions of the tables alive, and of maps that a listing grew large:
-// clearing a map keeps its memory.
-func (b *batch) release() {
-	b.txn, b.snapshot = nil, nil
-	if len(b.dirty) > maxBatch || len(b.addedFrontends) > maxBatch || len(b.addedBackends) > maxBatch {
-		b.dirty, b.addedFrontends, b.addedBackends = nil, nil, nil
-		return
-	}
-	clear(b.dirty)
-	clear(b.addedFrontends)
-	clear(b.addedBackends)
-}
-
 // k8sEvent is a change from one of the reflectors, already converted.
 type k8sEvent interface {
 	apply(w *writer, b *batch)
@@ -105,6 +80,31 @@ type batch struct {
 	// transaction inserted, by service.
 	addedFrontends map[ServiceName][]L3n4Addr
 	addedBackends  map[ServiceName][]L3n4Addr
+}
+
+func (w *writer) newBatch(txn statedb.WriteTxn) *batch {
+	b := &w.spare
+	if b.dirty == nil {
+		b.dirty = map[ServiceName]struct{}{}
+		b.addedFrontends = map[ServiceName][]L3n4Addr{}
+		b.addedBackends = map[ServiceName][]L3n4Addr{}
+	}
+	b.txn, b.snapshot, b.frontendsDeleted = txn, w.db.ReadTxn(), false
+	return b
+}
+
+// release lets go of the transaction and the snapshot, which would keep
+// old versions of the tables alive, and of maps that a listing grew large:
+// clearing a map keeps its memory.
+func (b *batch) release() {
+	b.txn, b.snapshot = nil, nil
+	if len(b.dirty) > maxBatch || len(b.addedFrontends) > maxBatch || len(b.addedBackends) > maxBatch {
+		b.dirty, b.addedFrontends, b.addedBackends = nil, nil, nil
+		return
+	}
+	clear(b.dirty)
+	clear(b.addedFrontends)
+	clear(b.addedBackends)
 }
 
 func (b *batch) markDirty(name ServiceName) { b.dirty[name] = struct{}{} }
