@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 )
 
 // Cell provides the endpoints table, the Manager that creates, deletes and
@@ -127,6 +128,10 @@ type params struct {
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
 	Health    cell.Health
+	NodeName  daemon.NodeName
+	// Clientset gives endpoints their pods' labels; without it they have
+	// none.
+	Clientset k8sclient.Clientset `optional:"true"`
 }
 
 // Manager creates, deletes and restores endpoints. See the package
@@ -139,6 +144,8 @@ type Manager struct {
 	states *stateStore
 	plumb  *plumbing
 	health cell.Health
+	// labels is nil without a Kubernetes clientset.
+	labels *podLabels
 	// crashAt is --endpoint-test-crash-at.
 	crashAt string
 
@@ -183,6 +190,14 @@ func newManager(p params) (*Manager, error) {
 	// allocations, which it claims.
 	p.Jobs.Add(job.OneShot("restore", m.restore,
 		job.WithRetry(-1, &job.ExponentialBackoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})))
+	if p.Clientset != nil {
+		labels, err := newPodLabels(p.Clientset, string(p.NodeName), m)
+		if err != nil {
+			return nil, err
+		}
+		m.labels = labels
+		p.Jobs.Add(job.OneShot("pod-labels", labels.run))
+	}
 	return m, nil
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
@@ -23,6 +25,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/nettest"
 )
@@ -38,7 +41,9 @@ type node struct {
 	client   *client.Client
 	logs     *logtest.Recorder
 	stateDir string
-	stop     func()
+	// k8s is the fake API server the agent watches pods in.
+	k8s  *fake.Clientset
+	stop func()
 }
 
 // testNet is a test's pod ranges, with host blackhole routes over them.
@@ -68,6 +73,8 @@ func nth(p netip.Prefix, n int) netip.Addr {
 type nodeOpts struct {
 	cidrs []string
 	grace time.Duration
+	// k8s are the objects in the fake API server; the node is "node-1".
+	k8s []runtime.Object
 }
 
 // start runs the cells over the test's state directory; stop also runs when
@@ -75,12 +82,14 @@ type nodeOpts struct {
 func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
-	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, endpointmanager.Cell,
-		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation]) {
-			n.mgr, n.db, n.eps, n.ipamTbl = m, db, eps, tbl
+	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, endpointmanager.Cell, k8sclient.FakeCell(o.k8s...),
+		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation], cs *fake.Clientset) {
+			n.mgr, n.db, n.eps, n.ipamTbl, n.k8s = m, db, eps, tbl, cs
 		}))
 	socket := filepath.Join(tn.dir, "agent.sock")
-	hive.AddConfigOverride(h, func(c *daemon.Config) { c.StateDir, c.RunDir = n.stateDir, filepath.Join(tn.dir, "run") })
+	hive.AddConfigOverride(h, func(c *daemon.Config) {
+		c.StateDir, c.RunDir, c.NodeName = n.stateDir, filepath.Join(tn.dir, "run"), "node-1"
+	})
 	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
 	hive.AddConfigOverride(h, func(c *endpointmanager.Config) { c.CNIConfDir = filepath.Join(tn.dir, "net.d") })
 	hive.AddConfigOverride(h, func(c *ipam.Config) {

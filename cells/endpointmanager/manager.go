@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -71,7 +72,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	ep := &Endpoint{
 		ID: id, ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
 		HostIfName: HostIfName(req.ContainerID), PodNamespace: req.PodNamespace, PodName: req.PodName,
-		Created: time.Now(),
+		Labels: m.podLabels(req.PodNamespace, req.PodName), Created: time.Now(),
 	}
 	ep, err = m.create(ctx, ep)
 	if err != nil {
@@ -176,6 +177,14 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 			"host-interface", HostIfName(containerID), "removed-interface", removedLink, "released", released)
 	}
 	return removedLink, released, nil
+}
+
+// podLabels are a pod's labels, when the API server has told them.
+func (m *Manager) podLabels(namespace, name string) map[string]string {
+	if m.labels == nil || name == "" {
+		return nil
+	}
+	return m.labels.lookup(namespace, name)
 }
 
 // routers are the router addresses of the pools.
@@ -356,6 +365,9 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	notReady := 0
 	for _, ep := range keep {
 		before := *ep
+		if labels := m.podLabels(ep.PodNamespace, ep.PodName); labels != nil {
+			ep.Labels = labels
+		}
 		if err := m.plumb.plumb(ep, routers, host); err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
@@ -363,9 +375,12 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 				"id", ep.ID, "container", ep.ContainerID, "error", err)
 		} else {
 			ep.State = Ready
-			if ep.HostIfIndex != before.HostIfIndex || ep.MAC.String() != before.MAC.String() {
+			newVeth := ep.HostIfIndex != before.HostIfIndex || ep.MAC.String() != before.MAC.String()
+			if newVeth {
 				m.log.Info("Restored endpoint got a new veth pair", "id", ep.ID, "container", ep.ContainerID,
 					"host-interface", ep.HostIfName, "ifindex", ep.HostIfIndex)
+			}
+			if newVeth || !maps.Equal(ep.Labels, before.Labels) {
 				if err := m.states.write(ep, phaseReady); err != nil {
 					return err
 				}

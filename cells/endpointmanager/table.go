@@ -156,6 +156,18 @@ var (
 		FromKey:    index.NetIPAddr,
 		FromString: index.NetIPAddrString,
 	}
+	// EndpointPod indexes the endpoints table by pod, "namespace/name".
+	EndpointPod = statedb.Index[*Endpoint, string]{
+		Name: "pod",
+		FromObject: func(e *Endpoint) index.KeySet {
+			if e.PodName == "" {
+				return index.NewKeySet()
+			}
+			return index.NewKeySet(index.String(e.PodNamespace + "/" + e.PodName))
+		},
+		FromKey:    index.String,
+		FromString: index.FromString,
+	}
 	// EndpointMapStatus indexes the endpoints table by whether the endpoint
 	// is in the BPF endpoint map yet.
 	EndpointMapStatus = tables.StatusIndex(func(e *Endpoint) reconciler.Status { return e.MapStatus })
@@ -167,5 +179,5 @@ const TableName = "endpoints"
 // NewTable registers the endpoints table. The endpoint-manager cell
 // provides it; tests of the cells that read it may register it themselves.
 func NewTable(db *statedb.DB) (statedb.RWTable[*Endpoint], error) {
-	return statedb.NewTable(db, TableName, EndpointID, EndpointContainerID, EndpointIP, EndpointMapStatus)
+	return statedb.NewTable(db, TableName, EndpointID, EndpointContainerID, EndpointIP, EndpointPod, EndpointMapStatus)
 }

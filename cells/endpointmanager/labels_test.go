@@ -1,0 +1,84 @@
+package endpointmanager_test
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+)
+
+func k8sPod(name, node string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node},
+	}
+}
+
+// waitLabels waits, on the table's watch channel, until the endpoint of
+// containerID has labels.
+func (n *node) waitLabels(t *testing.T, containerID string, labels map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		ep, _, watch, found := n.eps.GetWatch(n.db.ReadTxn(), endpointmanager.EndpointContainerID.Query(containerID))
+		if found && maps.Equal(ep.Labels, labels) {
+			return
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatalf("endpoint of %s has labels %v, want %v", containerID, ep.Labels, labels)
+		}
+	}
+}
+
+// An endpoint carries the labels of its pod, as the API server has them
+// for the pods of this node, and follows their changes; a pod of another
+// node does not count.
+func TestPodLabels(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{k8s: []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})}})
+	web, db := newPod(t), newPod(t)
+	reqWeb, reqDB := web.req(), db.req()
+	reqWeb.PodName, reqDB.PodName = "web", "db"
+	epWeb, err := n.mgr.Create(context.Background(), reqWeb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.mgr.Create(context.Background(), reqDB); err != nil {
+		t.Fatal(err)
+	}
+	n.waitLabels(t, web.id, map[string]string{"app": "web"})
+
+	// A pod of another node comes by the watch, then web changes: once the
+	// change is seen, so was the other pod.
+	elsewhere := k8sPod("db", "node-2", map[string]string{"app": "db"})
+	if _, err := n.k8s.CoreV1().Pods("default").Create(context.Background(), elsewhere, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := k8sPod("web", "node-1", map[string]string{"app": "web", "tier": "front"})
+	if _, err := n.k8s.CoreV1().Pods("default").Update(context.Background(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n.waitLabels(t, web.id, map[string]string{"app": "web", "tier": "front"})
+	if ep, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: db.id}); len(ep.Labels) != 0 {
+		t.Errorf("endpoint of a pod named like another node's pod got its labels %v", ep.Labels)
+	}
+
+	var file struct{ Labels map[string]string }
+	data, err := os.ReadFile(filepath.Join(n.stateDir, "endpoints", strconv.Itoa(int(epWeb.ID)), "endpoint.json"))
+	if err != nil || json.Unmarshal(data, &file) != nil || file.Labels["tier"] != "front" {
+		t.Errorf("state file after the label change: %s, %v", data, err)
+	}
+}
