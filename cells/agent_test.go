@@ -26,7 +26,7 @@ func TestAgentModules(t *testing.T) {
 	if err := cells.NewHive().PrintObjects(&buf, hivetest.Logger(t)); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"daemon", "statedb", "jobs", "health", "metrics", "api", "sysctl", "bpf-maps", "devices",
+	for _, id := range []string{"daemon", "statedb", "jobs", "health", "metrics", "api", "sysctl", "bpf-maps", "devices", "k8s-client", "loadbalancer",
 		"ipam", "endpoint-manager", "lb-maps", "loader", "endpoint-maps"} {
 		if !strings.Contains(buf.String(), "Ⓜ️ "+id+" (") {
 			t.Errorf("agent hive does not show module %q", id)

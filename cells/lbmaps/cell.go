@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/pkg/maglev"
@@ -16,13 +17,14 @@ var Cell = cell.Module(
 	"BPF maps of socket load balancing",
 
 	cell.Config(defaultConfig),
-	cell.Provide(newMaps),
-	cell.Invoke(requireMaps),
+	cell.Provide(newMaps, newReconciler, opsMetrics),
+	cell.ProvidePrivate(newOps, job.Registry.NewGroup),
+	cell.Invoke(requireReconciler),
 )
 
-// requireMaps validates the flags and declares the maps even before a cell
-// uses them, so that a bad flag fails the start.
-func requireMaps(*Maps) {}
+// requireReconciler pulls the maps and their reconciler into the graph:
+// nothing else needs them, but the datapath does.
+func requireReconciler(*Maps, Reconciler) {}
 
 // Backend selection algorithms, the values of --lb-algorithm.
 const (

@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/pkg/lbmap"
 )
@@ -25,7 +26,7 @@ import (
 // newHive is the bpf-maps and lb-maps cells on the bpffs at root, with cfg
 // applied to the lb-maps flags; maps receives the Maps.
 func newHive(root string, cfg func(*lbmaps.Config), maps **lbmaps.Maps) *hive.Hive {
-	h := hive.New(bpfmaps.Cell, lbmaps.Cell, cell.Invoke(func(m *lbmaps.Maps) { *maps = m }))
+	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, frontendsTable, cell.Invoke(func(m *lbmaps.Maps) { *maps = m }))
 	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = root })
 	if cfg != nil {
 		hive.AddConfigOverride(h, cfg)

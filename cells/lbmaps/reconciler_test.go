@@ -1,0 +1,496 @@
+package lbmaps_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/lbmap"
+)
+
+// frontendsTable stands in for the loadbalancer cell: the tests write the
+// frontends themselves.
+var frontendsTable = cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
+	return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
+})
+
+// lbEnv is one run of the lb-maps cell over a bpffs: a restart is a new
+// lbEnv over the same root.
+type lbEnv struct {
+	t         *testing.T
+	h         *hive.Hive
+	db        *statedb.DB
+	frontends statedb.RWTable[*loadbalancer.Frontend]
+	maps      *lbmaps.Maps
+	registry  *prometheus.Registry
+	rec       lbmaps.Reconciler
+	stop      func()
+	// sync is an initializer of the frontends table that the test holds,
+	// as the loadbalancer cell does until Kubernetes has synced.
+	sync func(statedb.WriteTxn)
+}
+
+func newLBEnv(t *testing.T, root string, cfg func(*lbmaps.Config)) *lbEnv {
+	e := &lbEnv{t: t, registry: prometheus.NewRegistry()}
+	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, frontendsTable,
+		cell.Invoke(func(db *statedb.DB, fe statedb.RWTable[*loadbalancer.Frontend], m *lbmaps.Maps, r lbmaps.Reconciler) {
+			e.db, e.frontends, e.maps, e.rec = db, fe, m, r
+			txn := db.WriteTxn(fe)
+			e.sync = fe.RegisterInitializer(txn, "test-sync")
+			txn.Commit()
+		}),
+		cell.Invoke(func(c struct {
+			cell.In
+			Collectors []prometheus.Collector `group:"metrics"`
+		}) {
+			e.registry.MustRegister(c.Collectors...)
+		}),
+	)
+	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = root })
+	hive.AddConfigOverride(h, func(c *lbmaps.Config) {
+		small(c)
+		if cfg != nil {
+			cfg(c)
+		}
+	})
+	e.h = h
+	e.stop = start(t, h)
+	return e
+}
+
+// set makes the frontends table hold exactly fes (pending), and marks the
+// table synced if synced.
+func (e *lbEnv) set(synced bool, fes ...*loadbalancer.Frontend) {
+	txn := e.db.WriteTxn(e.frontends)
+	want := map[loadbalancer.L3n4Addr]bool{}
+	for _, fe := range fes {
+		fe = fe.Clone()
+		fe.Status = reconciler.StatusPending()
+		e.frontends.Insert(txn, fe)
+		want[fe.Address] = true
+	}
+	for fe := range e.frontends.All(txn) {
+		if !want[fe.Address] {
+			e.frontends.Delete(txn, fe)
+		}
+	}
+	if synced && e.sync != nil {
+		e.sync(txn)
+		e.sync = nil
+	}
+	txn.Commit()
+}
+
+// waitDone waits until the reconciler has processed every change to the
+// table, deletions included, and every frontend is Done, and returns them.
+func (e *lbEnv) waitDone() []*loadbalancer.Frontend {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rev := e.frontends.Revision(e.db.ReadTxn())
+	if _, _, err := e.rec.WaitUntilReconciled(ctx, rev); err != nil {
+		e.t.Fatalf("frontends not reconciled up to revision %d in 30s: %v", rev, err)
+	}
+	for {
+		all, watch := e.frontends.AllWatch(e.db.ReadTxn())
+		var fes []*loadbalancer.Frontend
+		done := true
+		for fe := range all {
+			fes = append(fes, fe)
+			if fe.Status.Kind != reconciler.StatusKindDone {
+				done = false
+			}
+		}
+		if done {
+			return fes
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			e.t.Fatalf("frontends not reconciled in 30s: %v", fes)
+		}
+	}
+}
+
+// writes is the number of entries written to all maps so far.
+func (e *lbEnv) writes() float64 { return e.counter("cellium_lbmaps_writes_total") }
+
+func (e *lbEnv) deletes() float64 { return e.counter("cellium_lbmaps_deletes_total") }
+
+func (e *lbEnv) counter(name string) float64 {
+	families, err := e.registry.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// dump renders every load-balancing map, sorted, for comparisons.
+func (e *lbEnv) dump() []string {
+	e.t.Helper()
+	var out []string
+	add := func(name string, k, v fmt.Stringer) { out = append(out, name+" "+k.String()+" => "+v.String()) }
+	must := func(err error) {
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	must(e.maps.Services4.Iterate(func(k lbmap.Service4Key, v lbmap.ServiceValue) bool { add("svc4", k, v); return true }))
+	must(e.maps.Services6.Iterate(func(k lbmap.Service6Key, v lbmap.ServiceValue) bool { add("svc6", k, v); return true }))
+	must(e.maps.Backends4.Iterate(func(k lbmap.BackendID, v lbmap.Backend4) bool { add("be4", stringer(k), v); return true }))
+	must(e.maps.Backends6.Iterate(func(k lbmap.BackendID, v lbmap.Backend6) bool { add("be6", stringer(k), v); return true }))
+	must(e.maps.RevNAT4.Iterate(func(k lbmap.RevNATIndex, v lbmap.RevNAT4) bool { add("rev4", stringer(k), v); return true }))
+	must(e.maps.RevNAT6.Iterate(func(k lbmap.RevNATIndex, v lbmap.RevNAT6) bool { add("rev6", stringer(k), v); return true }))
+	must(e.maps.Maglev4.Iterate(func(k lbmap.RevNATIndex) bool {
+		table, err := e.maps.Maglev4.Lookup(k)
+		must(err)
+		out = append(out, fmt.Sprintf("maglev4 %d => %d slots, backends %v", k, len(table), distinct(table)))
+		return true
+	}))
+	slices.Sort(out)
+	return out
+}
+
+type stringer uint32
+
+func (s stringer) String() string { return fmt.Sprint(uint32(s)) }
+
+func distinct(table []lbmap.BackendID) []lbmap.BackendID {
+	set := map[lbmap.BackendID]bool{}
+	for _, id := range table {
+		set[id] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+func addr(s string) loadbalancer.L3n4Addr {
+	a, err := loadbalancer.ParseL3n4Addr(s)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+func frontend(fe string, backends ...string) *loadbalancer.Frontend {
+	f := &loadbalancer.Frontend{
+		Address:     addr(fe),
+		Type:        loadbalancer.FrontendClusterIP,
+		ServiceName: loadbalancer.ServiceName{Namespace: "default", Name: "svc"},
+	}
+	for _, be := range backends {
+		f.Backends = append(f.Backends, addr(be))
+	}
+	return f
+}
+
+// service is the entries of one service map for addr:port, by slot.
+func (e *lbEnv) service4(a string) map[uint16]lbmap.ServiceValue {
+	e.t.Helper()
+	fe := addr(a)
+	out := map[uint16]lbmap.ServiceValue{}
+	err := e.maps.Services4.Iterate(func(k lbmap.Service4Key, v lbmap.ServiceValue) bool {
+		if k.AddrPort() == netip.AddrPortFrom(fe.Addr, fe.Port) {
+			out[k.BackendSlot] = v
+		}
+		return true
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *lbEnv) backend4(id lbmap.BackendID) string {
+	e.t.Helper()
+	b, err := e.maps.Backends4.Lookup(id)
+	if err != nil {
+		e.t.Fatalf("backend %d: %v", id, err)
+	}
+	return b.AddrPort().String()
+}
+
+func TestFrontendReachesTheMaps(t *testing.T) {
+	e := newLBEnv(t, bpfmapstest.Root(t), nil)
+	e.set(true, frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP"))
+	e.waitDone()
+
+	svc := e.service4("10.96.0.10:80/TCP")
+	master := svc[0]
+	if len(svc) != 3 || master.Count != 2 || master.RevNATIndex == 0 {
+		t.Fatalf("service entries = %v, want a master counting 2 slots and 2 slots", svc)
+	}
+	var got []string
+	for _, n := range []uint16{1, 2} {
+		if svc[n].RevNATIndex != master.RevNATIndex {
+			t.Errorf("slot %d has reverse NAT %d, want the master's %d", n, svc[n].RevNATIndex, master.RevNATIndex)
+		}
+		got = append(got, e.backend4(svc[n].BackendID))
+	}
+	if want := []string{"10.244.0.1:8080", "10.244.0.2:8080"}; !slices.Equal(got, want) {
+		t.Errorf("slots point at %v, want %v in order", got, want)
+	}
+	rev, err := e.maps.RevNAT4.Lookup(master.RevNATIndex)
+	if err != nil || rev.AddrPort().String() != "10.96.0.10:80" {
+		t.Errorf("reverse NAT %d = %v %v, want 10.96.0.10:80", master.RevNATIndex, rev, err)
+	}
+}
+
+func TestShrinkGrowShareDelete(t *testing.T) {
+	e := newLBEnv(t, bpfmapstest.Root(t), nil)
+	a, b := "10.96.0.10:80/TCP", "10.96.0.11:53/UDP"
+	shared := "10.244.0.1:53/UDP"
+
+	e.set(true, frontend(a, "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP", "10.244.0.3:8080/TCP"))
+	e.waitDone()
+	// Shrink: the master counts 1 and slots 2 and 3 are gone, with the
+	// backends only they used.
+	e.set(true, frontend(a, "10.244.0.2:8080/TCP"))
+	e.waitDone()
+	if svc := e.service4(a); len(svc) != 2 || svc[0].Count != 1 || e.backend4(svc[1].BackendID) != "10.244.0.2:8080" {
+		t.Fatalf("after shrinking: %v", e.dump())
+	}
+	if n := len(e.dumpPrefix("be4")); n != 1 {
+		t.Fatalf("backends after shrinking = %d, want 1:\n%v", n, e.dump())
+	}
+
+	// Two frontends share a backend; deleting one keeps it for the other.
+	e.set(true, frontend(a, "10.244.0.2:8080/TCP"), frontend(b, shared), frontend("10.96.0.12:53/UDP", shared))
+	e.waitDone()
+	e.set(true, frontend(a, "10.244.0.2:8080/TCP"), frontend(b, shared))
+	e.waitDone()
+	if svc := e.service4(b); svc[0].Count != 1 || e.backend4(svc[1].BackendID) != "10.244.0.1:53" {
+		t.Fatalf("shared backend lost with the other frontend: %v", e.dump())
+	}
+	if svc := e.service4("10.96.0.12:53/UDP"); len(svc) != 0 {
+		t.Fatalf("deleted frontend left %v", svc)
+	}
+
+	// A frontend with no backends keeps a master that counts none: the
+	// datapath refuses connections.
+	e.set(true, frontend(a), frontend(b, shared))
+	e.waitDone()
+	if svc := e.service4(a); len(svc) != 1 || svc[0].Count != 0 {
+		t.Fatalf("frontend without backends: %v, want only a master counting 0", svc)
+	}
+
+	// Everything deleted: nothing is left in any map.
+	e.set(true)
+	e.waitDone()
+	if d := e.dump(); len(d) != 0 {
+		t.Fatalf("maps after deleting every frontend:\n%v", d)
+	}
+}
+
+func (e *lbEnv) dumpPrefix(prefix string) []string {
+	var out []string
+	for _, l := range e.dump() {
+		if len(l) > len(prefix) && l[:len(prefix)+1] == prefix+" " {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestRestartRewritesNothing is the restart contract: the same frontends
+// after a restart reuse every ID and write no entry.
+func TestRestartRewritesNothing(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	fes := []*loadbalancer.Frontend{
+		frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP"),
+		frontend("10.96.0.11:53/UDP", "10.244.0.1:53/UDP"),
+		frontend("[fd00::10]:80/TCP", "[fd00:244::1]:8080/TCP"),
+		frontend("10.96.0.12:443/TCP"),
+	}
+	affinity := frontend("10.96.0.13:80/TCP", "10.244.0.3:80/TCP")
+	affinity.SessionAffinity, affinity.AffinityTimeout = true, 3*time.Hour
+	fes = append(fes, affinity)
+
+	first := newLBEnv(t, root, nil)
+	first.set(true, fes...)
+	first.waitDone()
+	before := first.dump()
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	second.set(true, fes...)
+	second.waitDone()
+	if w, d := second.writes(), second.deletes(); w != 0 || d != 0 {
+		t.Fatalf("restart with the same frontends wrote %v and deleted %v entries, want none", w, d)
+	}
+	if after := second.dump(); !slices.Equal(before, after) {
+		t.Fatalf("maps changed across the restart:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// TestRestartConverges: frontends changed while the agent was down converge,
+// and stale ones go only once the table is synced.
+func TestRestartConverges(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	keep := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
+	changed := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
+	gone := frontend("10.96.0.12:80/TCP", "10.244.0.3:8080/TCP")
+
+	first := newLBEnv(t, root, nil)
+	first.set(true, keep, changed, gone)
+	first.waitDone()
+	keepID := first.service4("10.96.0.10:80/TCP")[0].RevNATIndex
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	changed2 := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP", "10.244.0.4:8080/TCP")
+	second.set(false, keep, changed2)
+	second.waitDone()
+	if svc := second.service4("10.96.0.12:80/TCP"); len(svc) != 2 {
+		t.Fatalf("stale frontend pruned before the table synced: %v", svc)
+	}
+	if svc := second.service4("10.96.0.11:80/TCP"); svc[0].Count != 2 {
+		t.Fatalf("changed frontend not updated: %v", svc)
+	}
+	if id := second.service4("10.96.0.10:80/TCP")[0].RevNATIndex; id != keepID {
+		t.Fatalf("unchanged frontend's ID %d became %d", keepID, id)
+	}
+	// Backend entry, slot 2 and the master: 3 writes for the change.
+	if w := second.writes(); w != 3 {
+		t.Fatalf("writes = %v, want 3 (new backend, new slot, master)", w)
+	}
+
+	second.set(true, keep, changed2)
+	second.waitPruned(t, "10.96.0.12:80/TCP")
+	if n := len(second.dumpPrefix("be4")); n != 3 {
+		t.Fatalf("backends after prune = %d, want 3:\n%v", n, second.dump())
+	}
+}
+
+// waitPruned waits until the frontend's entries are gone.
+func (e *lbEnv) waitPruned(t *testing.T, fe string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(e.service4(fe)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stale frontend %s still in the maps 30s after sync", fe)
+		}
+		// Prune runs once the table is initialized; the test has no event
+		// to wait on, so it polls the map.
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestMaglevTables(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	maglev := func(c *lbmaps.Config) { c.LBAlgorithm = lbmaps.AlgorithmMaglev }
+	e := newLBEnv(t, root, maglev)
+	e.set(true, frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP"))
+	e.waitDone()
+	master := e.service4("10.96.0.10:80/TCP")[0]
+	if master.Flags&lbmap.ServiceMaglev == 0 {
+		t.Fatalf("master flags %v lack maglev", master.Flags)
+	}
+	table, err := e.maps.Maglev4.Lookup(master.RevNATIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := distinct(table); len(got) != 2 || len(table) != 251 {
+		t.Fatalf("maglev table has %d slots over %v, want 251 over both backends", len(table), got)
+	}
+	e.stop()
+
+	again := newLBEnv(t, root, maglev)
+	again.set(true, frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP"))
+	again.waitDone()
+	if w := again.writes(); w != 0 {
+		t.Fatalf("restart rewrote %v entries, the Maglev table included", w)
+	}
+	again.set(true, frontend("10.96.0.10:80/TCP", "10.244.0.2:8080/TCP"))
+	again.waitDone()
+	table, err = again.maps.Maglev4.Lookup(master.RevNATIndex)
+	if err != nil || len(distinct(table)) != 1 {
+		t.Fatalf("maglev table after removing a backend: %v %v", distinct(table), err)
+	}
+}
+
+func TestFlags(t *testing.T) {
+	e := newLBEnv(t, bpfmapstest.Root(t), nil)
+	np := frontend("0.0.0.0:30080/TCP", "10.244.0.1:8080/TCP")
+	np.Type = loadbalancer.FrontendNodePort
+	aff := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
+	aff.SessionAffinity, aff.AffinityTimeout = true, 10*time.Second
+	sctp := frontend("10.96.0.11:9/SCTP", "10.244.0.1:9/SCTP")
+	e.set(true, np, aff, sctp)
+	fes := e.waitDone()
+	if len(fes) != 3 {
+		t.Fatalf("frontends = %d, want 3 (SCTP is Done without entries)", len(fes))
+	}
+	if m := e.service4("0.0.0.0:30080/TCP")[0]; m.Flags != lbmap.ServiceNodePortWildcard {
+		t.Errorf("wildcard NodePort flags = %v", m.Flags)
+	}
+	if m := e.service4("10.96.0.10:80/TCP")[0]; m.Flags != lbmap.ServiceAffinity || m.AffinityTimeout() != 10*time.Second {
+		t.Errorf("affinity master = %v", m)
+	}
+	if svc := e.service4("10.96.0.11:9/SCTP"); len(svc) != 0 {
+		t.Errorf("SCTP frontend written: %v", svc)
+	}
+}
+
+// TestRestoreDropsLeftovers: entries that belong to no frontend (a crash
+// between writes, another version's leftovers) are removed by the first
+// prune after sync, and IDs they hold are not handed out twice.
+func TestRestoreDropsLeftovers(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	first := newLBEnv(t, root, nil)
+	first.set(true)
+	first.waitDone()
+	m := first.maps
+	orphanSlot := lbmap.NewService4Key(netip.MustParseAddr("10.96.0.99"), 80, lbmap.TCP, 1)
+	if err := m.Services4.Put(orphanSlot, lbmap.NewServiceSlot(7, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RevNAT4.Put(9, lbmap.NewRevNAT4(netip.MustParseAddr("10.96.0.98"), 80)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Backends4.Put(5, lbmap.NewBackend4(netip.MustParseAddr("10.244.9.9"), 80, lbmap.TCP)); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	second.set(true, frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP"))
+	second.waitDone()
+	second.waitPruned(t, "10.96.0.99:80/TCP")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		d := second.dump()
+		if len(d) == 4 { // the frontend's master, slot, backend and reverse NAT
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("leftovers not pruned:\n%v", d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if id := second.service4("10.96.0.10:80/TCP")[1].BackendID; id == 5 {
+		t.Fatalf("new backend got ID 5, which a leftover entry held at restore")
+	}
+}
