@@ -1,0 +1,60 @@
+package loadbalancer
+
+import (
+	"bytes"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func TestL3n4AddrText(t *testing.T) {
+	for _, s := range []string{"10.96.0.10:80/TCP", "[fd00::1]:53/UDP", "0.0.0.0:30080/SCTP", "[::]:1/TCP"} {
+		a, err := ParseL3n4Addr(s)
+		if err != nil {
+			t.Fatalf("ParseL3n4Addr(%q): %v", s, err)
+		}
+		if a.String() != s {
+			t.Errorf("ParseL3n4Addr(%q).String() = %q", s, a.String())
+		}
+	}
+	// IPv4-mapped addresses are unmapped, so one address has one key.
+	a, err := ParseL3n4Addr("[::ffff:10.0.0.1]:80/TCP")
+	if err != nil || a.String() != "10.0.0.1:80/TCP" {
+		t.Errorf("mapped address = %v, %v; want 10.0.0.1:80/TCP", a, err)
+	}
+	for _, bad := range []string{"10.96.0.10:80", "10.96.0.10/TCP", "10.96.0.999:80/TCP", "10.96.0.10:80/ICMP", "10.96.0.10:70000/TCP", "fd00::1:80/TCP"} {
+		if _, err := ParseL3n4Addr(bad); err == nil {
+			t.Errorf("ParseL3n4Addr(%q) succeeded, want an error", bad)
+		}
+	}
+}
+
+// TestL3n4AddrKeyOrder checks that the index keys sort like Compare, so a
+// table listed by address and a sorted slice agree.
+func TestL3n4AddrKeyOrder(t *testing.T) {
+	var addrs []L3n4Addr
+	for _, ip := range []string{"10.0.0.1", "10.0.0.100", "9.255.255.255", "192.168.0.1", "::", "fd00::1", "2001:db8::1", "0.0.0.0"} {
+		for _, port := range []uint16{80, 443, 8080, 1} {
+			for _, proto := range []L4Proto{TCP, UDP, SCTP} {
+				addrs = append(addrs, L3n4Addr{Addr: netip.MustParseAddr(ip), Port: port, Protocol: proto})
+			}
+		}
+	}
+	byCompare := slices.SortedFunc(slices.Values(addrs), L3n4Addr.Compare)
+	byKey := slices.SortedFunc(slices.Values(addrs), func(a, b L3n4Addr) int { return bytes.Compare(a.key(), b.key()) })
+	if !slices.Equal(byCompare, byKey) {
+		t.Errorf("key order differs from Compare:\n%v\n%v", byKey, byCompare)
+	}
+}
+
+func TestServiceNameText(t *testing.T) {
+	n, err := ParseServiceName("kube-system/kube-dns")
+	if err != nil || n != (ServiceName{"kube-system", "kube-dns"}) || n.String() != "kube-system/kube-dns" {
+		t.Errorf("ParseServiceName = %v, %v", n, err)
+	}
+	for _, bad := range []string{"kube-dns", "/kube-dns", "kube-system/", "a/b/c", ""} {
+		if _, err := ParseServiceName(bad); err == nil {
+			t.Errorf("ParseServiceName(%q) succeeded, want an error", bad)
+		}
+	}
+}
