@@ -2,6 +2,7 @@ package endpointmanager
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 
 	"github.com/cilium/hive/cell"
@@ -17,6 +18,7 @@ import (
 // podLabels keeps endpoints' labels equal to their Pods' labels in the API
 // server: the pods of this node, by namespace and name.
 type podLabels struct {
+	log     *slog.Logger
 	node    string
 	factory informers.SharedInformerFactory
 	store   cache.Store
@@ -28,7 +30,7 @@ func newPodLabels(cs k8sclient.Clientset, node string, m *Manager) (*podLabels, 
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 		}))
 	informer := factory.Core().V1().Pods().Informer()
-	p := &podLabels{node: node, factory: factory, store: informer.GetStore()}
+	p := &podLabels{log: m.log, node: node, factory: factory, store: informer.GetStore()}
 	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.changed(m, obj) },
 		UpdateFunc: func(_, obj any) { p.changed(m, obj) },
@@ -62,11 +64,17 @@ func (p *podLabels) lookup(namespace, name string) map[string]string {
 // run watches the pods until the agent stops.
 func (p *podLabels) run(ctx context.Context, health cell.Health) error {
 	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		p.factory.Shutdown()
+	}()
 	p.factory.Start(ctx.Done())
-	health.OK("Watching the pods of node " + p.node)
+	p.factory.WaitForCacheSync(ctx.Done())
+	if ctx.Err() == nil {
+		p.log.Info("Watching the pods of this node for their labels", "node", p.node, "pods", len(p.store.ListKeys()))
+		health.OK("Watching the pods of node " + p.node)
+	}
 	<-ctx.Done()
-	cancel()
-	p.factory.Shutdown()
 	return nil
 }
 

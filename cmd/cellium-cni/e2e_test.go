@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,5 +127,55 @@ func TestStatusAndVersion(t *testing.T) {
 	out, cniErr := cniExec(t, map[string]string{"CNI_COMMAND": "VERSION"}, n.pluginConf("1.1.0"))
 	if cniErr != nil || !strings.Contains(string(out), `"supportedVersions":["1.0.0","1.1.0"]`) {
 		t.Fatalf("VERSION = %s, %+v", out, cniErr)
+	}
+}
+
+// With the embedded API server (a manifests directory) and --ipam=kubernetes,
+// pods get addresses from their Node's spec.podCIDRs and their endpoints
+// carry their labels.
+func TestKubernetesMode(t *testing.T) {
+	n := newNode(t)
+	manifests := t.TempDir()
+	nodeName := "cellium-e2e-" + strconv.Itoa(int(n.v4.Addr().As4()[2]))
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Node
+metadata:
+  name: %[1]s
+spec:
+  podCIDRs: [%[2]q]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  namespace: shop
+  name: web
+  labels: {app: web, tier: front}
+spec:
+  nodeName: %[1]s
+  containers: [{name: web, image: web}]
+`, nodeName, n.v4.String())
+	if err := os.WriteFile(filepath.Join(manifests, "cluster.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.podCIDR = "192.0.2.0/24" // ignored with --ipam=kubernetes
+	a := n.start("--ipam", "kubernetes", "--k8s-mode", "embedded", "--k8s-manifests-dir", manifests, "--node-name", nodeName)
+	a.waitLog(t, "Watching the pods of this node for their labels")
+
+	p := n.newPod("web")
+	conf := p.runtimeConf()
+	conf.Args = [][2]string{{"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "web"}}
+	res, err := n.cni.AddNetworkList(context.Background(), n.conflist(), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v4, v6 := resultAddrs(t, res); v4 != router(n.v4).Next() || v6.IsValid() {
+		t.Fatalf("ADD got %s and %s, want %s from the Node's only pod CIDR", v4, v6, router(n.v4).Next())
+	}
+	eps := n.endpoints()
+	if len(eps) != 1 || eps[0].PodNamespace != "shop" || eps[0].Labels["app"] != "web" || eps[0].Labels["tier"] != "front" {
+		t.Fatalf("endpoints = %+v, want the pod's with its labels", eps)
+	}
+	if err := nettest.Ping(p.ns.Path(), router(n.v4), 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
