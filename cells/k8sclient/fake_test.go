@@ -196,9 +196,14 @@ func TestWatchFromListReportsDeletionsSince(t *testing.T) {
 	}
 	defer w.Stop()
 	var got []string
+	timeout := time.After(30 * time.Second)
 	for range 2 {
-		ev := <-w.ResultChan()
-		got = append(got, fmt.Sprintf("%s %s", ev.Type, ev.Object.(*corev1.Service).Name))
+		select {
+		case ev := <-w.ResultChan():
+			got = append(got, fmt.Sprintf("%s %s", ev.Type, ev.Object.(*corev1.Service).Name))
+		case <-timeout:
+			t.Fatalf("events %v, then none", got)
+		}
 	}
 	if want := []string{"DELETED dns", "ADDED api"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("events %v, want %v", got, want)

@@ -56,6 +56,16 @@ type manifestSync struct {
 	// logged is the error last logged per file, so a broken file is logged
 	// once, not on every pass.
 	logged map[string]string
+	// decoded is each file's content last decoded: a pass decodes only the
+	// files whose content changed.
+	decoded map[string]decodedFile
+}
+
+// decodedFile is what decoding one content of a file gave.
+type decodedFile struct {
+	digest  string
+	objects []*manifest
+	err     error
 }
 
 // manifestFileExts are the file names read; others (editor swap files,
@@ -171,6 +181,7 @@ func (s *manifestSync) sync() error {
 
 // readFiles reads and decodes every manifest file of the directory, in name
 // order. A file that cannot be read or decoded keeps its last good objects.
+// Decoding is most of a pass, so only changed files are decoded.
 func (s *manifestSync) readFiles() ([]*fileState, error) {
 	entries, err := os.ReadDir(s.dir)
 	if errors.Is(err, fs.ErrNotExist) && !s.required {
@@ -181,6 +192,7 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 	}
 	s.ensureWatched()
 	var files []*fileState
+	decoded := map[string]decodedFile{}
 	for _, e := range entries {
 		if !isManifestFile(e.Name()) {
 			continue
@@ -200,14 +212,21 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 			f.objects, f.err = s.loaded[f.name], &fileError{file: f.name, msg: err.Error()}
 		default:
 			f.digest = contentDigest(data)
-			if objs, err := s.decoder.decodeFile(f.name, data); err != nil {
-				f.objects, f.err = s.loaded[f.name], err
+			d, ok := s.decoded[f.name]
+			if !ok || d.digest != f.digest {
+				d.digest = f.digest
+				d.objects, d.err = s.decoder.decodeFile(f.name, data)
+			}
+			decoded[f.name] = d
+			if d.err != nil {
+				f.objects, f.err = s.loaded[f.name], d.err
 			} else {
-				f.objects, f.fresh = objs, true
+				f.objects, f.fresh = d.objects, true
 			}
 		}
 		files = append(files, f)
 	}
+	s.decoded = decoded
 	return files, nil
 }
 
@@ -296,7 +315,7 @@ func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest)
 	var created, updated, deleted int
 	for _, m := range order {
 		prev := s.applied[m.key]
-		if prev != nil && equality.Semantic.DeepEqual(prev.obj, m.obj) {
+		if prev != nil && (prev.obj == m.obj || equality.Semantic.DeepEqual(prev.obj, m.obj)) {
 			s.applied[m.key] = m // it may have moved to another file
 			continue
 		}
