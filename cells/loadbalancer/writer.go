@@ -258,7 +258,9 @@ func (e *servicesListed) apply(w *writer, b *batch) {
 	w.tables.servicesSynced(b.txn)
 }
 
-func serviceProblemKey(name ServiceName) string { return "Service " + name.String() }
+func serviceProblemKey(name ServiceName) func() string {
+	return func() string { return "Service " + name.String() }
+}
 
 func (w *writer) upsertService(b *batch, svc *Service, invalid []invalidField) {
 	w.setProblem(serviceProblemKey(svc.Name), invalid)
@@ -304,11 +306,13 @@ func (e *slicesListed) apply(w *writer, b *batch) {
 			w.deleteSlice(b, id)
 		}
 	}
+	// A slice without a service label is in no map but may have had a
+	// problem.
 	for key := range w.problems {
 		if id, ok := strings.CutPrefix(key, "EndpointSlice "); ok {
 			ns, name, _ := strings.Cut(id, "/")
 			if _, ok := listed[sliceID{ns, name}]; !ok {
-				delete(w.problems, key)
+				w.setProblemMessage(key, "")
 			}
 		}
 	}
@@ -316,7 +320,9 @@ func (e *slicesListed) apply(w *writer, b *batch) {
 	w.tables.slicesSynced(b.txn)
 }
 
-func sliceProblemKey(id sliceID) string { return "EndpointSlice " + id.String() }
+func sliceProblemKey(id sliceID) func() string {
+	return func() string { return "EndpointSlice " + id.String() }
+}
 
 func (w *writer) upsertSlice(b *batch, s *endpointSlice, invalid []invalidField) {
 	w.setProblem(sliceProblemKey(s.id), invalid)
@@ -536,13 +542,13 @@ func (w *writer) updateFrontends(b *batch, name ServiceName) {
 		}
 	}
 
-	key := "Service " + name.String() + " frontends"
+	key := func() string { return "Service " + name.String() + " frontends" }
 	if len(conflicts) > 0 {
 		w.contested[name] = struct{}{}
-		w.setProblemMessage(key, strings.Join(conflicts, "; "))
-	} else {
+		w.setProblemMessage(key(), strings.Join(conflicts, "; "))
+	} else if _, was := w.contested[name]; was {
 		delete(w.contested, name)
-		w.setProblemMessage(key, "")
+		w.setProblemMessage(key(), "")
 	}
 }
 
@@ -664,8 +670,13 @@ func (s *backendSelector) selectBackends(is6, local bool) []L3n4Addr {
 // Health.
 
 // setProblem records (or with no invalid fields, clears) the invalid
-// fields of an object, logging each change once.
-func (w *writer) setProblem(object string, invalid []invalidField) {
+// fields of an object, logging each change once. object builds the
+// object's key, only when there is something to record or clear: the
+// common case, a valid object and no problems, costs nothing.
+func (w *writer) setProblem(object func() string, invalid []invalidField) {
+	if len(invalid) == 0 && len(w.problems) == 0 {
+		return
+	}
 	var msg string
 	if len(invalid) > 0 {
 		parts := make([]string, len(invalid))
@@ -674,7 +685,7 @@ func (w *writer) setProblem(object string, invalid []invalidField) {
 		}
 		msg = strings.Join(parts, "; ")
 	}
-	w.setProblemMessage(object, msg)
+	w.setProblemMessage(object(), msg)
 }
 
 func (w *writer) setProblemMessage(object, msg string) {
