@@ -216,11 +216,12 @@ type Selector struct {
 	ContainerID string
 }
 
-func (s Selector) String() string {
+// notFound is the error for an endpoint s names that does not exist.
+func (s Selector) notFound() error {
 	if s.ContainerID != "" {
-		return "container " + s.ContainerID
+		return errorf(ErrNotFound, "container %s has no endpoint", s.ContainerID)
 	}
-	return fmt.Sprintf("endpoint %d", s.ID)
+	return errorf(ErrNotFound, "no endpoint %d", s.ID)
 }
 
 // Lookup returns the endpoint s names.
@@ -265,7 +266,7 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 				return &Deleted{Released: released}, nil
 			}
 		}
-		return nil, errorf(ErrNotFound, "%s has no endpoint", s)
+		return nil, s.notFound()
 	}
 	if _, err := unplumb(ep.HostIfName); err != nil {
 		return nil, err
@@ -292,7 +293,7 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 	ep, found := m.Lookup(s)
 	if !found {
-		return nil, nil, errorf(ErrNotFound, "%s has no endpoint", s)
+		return nil, nil, s.notFound()
 	}
 	problems := verify(ep, m.routers())
 	if ep.State != Ready {

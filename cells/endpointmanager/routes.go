@@ -39,7 +39,7 @@ func apiRoutes(m *Manager) api.Routes {
 			}
 			ep, found := m.Lookup(s)
 			if !found {
-				return nil, api.NotFound("%s has no endpoint", s)
+				return nil, apiError(s.notFound())
 			}
 			return m.toAPI(ep), nil
 		}},

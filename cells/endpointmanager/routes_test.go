@@ -56,7 +56,7 @@ func TestAPI(t *testing.T) {
 	}
 
 	_, err = c.Endpoint(ctx, "2")
-	wantAPIError(t, err, http.StatusNotFound, "endpoint 2 has no endpoint")
+	wantAPIError(t, err, http.StatusNotFound, "no endpoint 2")
 	_, err = c.Endpoint(ctx, "web")
 	wantAPIError(t, err, http.StatusBadRequest, `invalid endpoint "web": want an endpoint ID (1 to 65535) or container-id:<container ID>`)
 	_, err = c.Endpoint(ctx, "container-id:-x")
