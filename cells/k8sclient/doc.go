@@ -39,26 +39,32 @@
 //     changes; changes other cells make to it last until then. Objects
 //     other cells create are left alone.
 //
-// The embedded API server does what client-go's fake does: no defaulting
-// (write "protocol: TCP"), no validation beyond decoding, no conversion
-// between API versions, no resource versions in objects, and watches ignore
-// label and field selectors (lists honour labels). Its watches are queued
-// without bound, unlike the fake's own, which panic once 100 events wait.
+// The embedded API server is client-go's fake clientset, so it does what
+// the fake does: no defaulting (write "protocol: TCP"), no validation beyond
+// decoding, no conversion between API versions, no resource versions in
+// objects, and watches ignore label and field selectors (lists honour
+// labels). Its watches are better than the fake's own, in the ways
+// informers notice: they never overflow (the fake's panic once 100 events
+// wait), a watch from a list's resource version first reports the objects
+// deleted since the list (the fake loses them, and the informer keeps them
+// for good), and streaming lists work.
 //
 // # Informers
 //
-// The fake cannot stream lists (WatchListClient, on by default in client-go
-// v0.37), and says so through IsWatchListSemanticsUnSupported, which the
-// Clientset passes on. Informers from k8s.io/client-go/informers check it
-// and fall back to LIST and WATCH. A reflector over a hand-made
-// cache.ListWatch does not: wrap it with
-// cache.ToListWatcherWithWatchListSemantics(lw, clientset).
+// Informers and reflectors need no special setup with either mode. client-go
+// v0.37 asks for streaming lists by default (WatchListClient); the Clientset
+// tells informers from k8s.io/client-go/informers that the embedded server
+// does not stream (IsWatchListSemanticsUnSupported, passed on from the fake),
+// and they LIST then WATCH. A reflector over a hand-made cache.ListWatch does
+// ask for a streaming list, and gets one.
 //
 //	factory := informers.NewSharedInformerFactory(clientset, 0)
 //	services := factory.Core().V1().Services().Informer()
 //	factory.Start(ctx.Done())
 //
-// Tests of other cells use FakeCell in place of Cell:
+// Tests of other cells use FakeCell in place of Cell. It provides the
+// Clientset and the *fake.Clientset behind it; write through its typed
+// clients (Tracker() bypasses the watch machinery above):
 //
 //	h := hive.New(k8sclient.FakeCell(&corev1.Service{...}), myCell)
 package k8sclient

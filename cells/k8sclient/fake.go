@@ -44,9 +44,9 @@ type fakeOut struct {
 	Fake      *fake.Clientset
 }
 
-// restMapper is the fake clientset's own view of resources and their
-// scopes (it builds the same one), so that objects land where its typed
-// clients look for them.
+// restMapper maps the scheme's kinds to resources and scopes as client-go's
+// fake does (its field-managing variant builds this same mapper), so that
+// objects land where the typed clients look for them.
 var restMapper = sync.OnceValue(func() meta.RESTMapper {
 	return testrestmapper.TestOnlyStaticRESTMapper(scheme.Scheme)
 })

@@ -47,6 +47,8 @@ type manifestSync struct {
 	files     statedb.RWTable[*ManifestFile]
 
 	watcher *fsnotify.Watcher
+	// watchErr is why the directory could not be watched, as last logged.
+	watchErr string
 
 	// loaded holds, per file, the objects last applied from it: what a
 	// broken file keeps contributing until it parses again.
@@ -94,6 +96,7 @@ func (s *manifestSync) start(cell.HookContext) error {
 	// Watch before the first read, so no change falls between the two.
 	s.ensureWatched()
 	if err := s.sync(); err != nil {
+		w.Close()
 		return fmt.Errorf("--k8s-manifests-dir: %w", err)
 	}
 	return nil
@@ -109,9 +112,11 @@ func (s *manifestSync) ensureWatched() {
 	if slices.Contains(s.watcher.WatchList(), s.dir) {
 		return
 	}
-	if err := s.watcher.Add(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	err := s.watcher.Add(s.dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && err.Error() != s.watchErr {
 		s.log.Warn("Cannot watch the manifests directory; changes are picked up by the periodic resync only",
 			"dir", s.dir, "error", err)
+		s.watchErr = err.Error()
 	}
 }
 
@@ -413,10 +418,14 @@ func (s *manifestSync) writeTable(files []*fileState) {
 		}
 		s.files.Insert(txn, row)
 	}
+	var gone []*ManifestFile
 	for row := range s.files.All(txn) {
 		if !present[row.Name] {
-			s.files.Delete(txn, row)
+			gone = append(gone, row)
 		}
+	}
+	for _, row := range gone {
+		s.files.Delete(txn, row)
 	}
 	txn.Commit()
 }
