@@ -320,9 +320,6 @@ func (i *IPAM) Pools() []Pool {
 	return slices.Clone(i.pools)
 }
 
-// Mode is --ipam.
-func (i *IPAM) Mode() string { return i.mode }
-
 // releaseUnclaimed releases, once the grace period after the restore has
 // passed, the addresses allocated before the restart whose owners no
 // restorer claimed: what a CNI ADD that died half way left behind.
