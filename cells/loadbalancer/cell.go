@@ -23,8 +23,8 @@ var Cell = cell.Module(
 	"loadbalancer",
 	"Services frontends and backends from Kubernetes",
 
-	cell.ProvidePrivate(newTables, job.Registry.NewGroup),
-	cell.Provide(provideTables, newWriter, newBackendHealth, apiRoutes),
+	cell.ProvidePrivate(newTables, newWriter, job.Registry.NewGroup),
+	cell.Provide(provideTables, newBackendHealth, apiRoutes),
 	cell.Invoke(startWriter),
 )
 

@@ -1,0 +1,113 @@
+package loadbalancer
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestConvertServiceInvalidFields(t *testing.T) {
+	tooLong, zero := int32(100000), int32(0)
+	k := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "odd"},
+		Spec: corev1.ServiceSpec{
+			ClusterIPs:      []string{"10.96.0.7", "fe80::1%eth0"},
+			ExternalIPs:     []string{"not-an-ip"},
+			SessionAffinity: corev1.ServiceAffinityClientIP,
+			SessionAffinityConfig: &corev1.SessionAffinityConfig{
+				ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &tooLong},
+			},
+			Ports: []corev1.ServicePort{
+				{Name: "icmp", Port: 1, Protocol: "ICMP"},
+				{Name: "np", Port: 80, NodePort: 70000},
+				{Name: "ok", Port: 81},
+			},
+		},
+	}
+	svc, bad := convertService(k)
+	want := &Service{
+		Name:            ServiceName{"default", "odd"},
+		Type:            ServiceClusterIP,
+		ClusterIPs:      []netip.Addr{netip.MustParseAddr("10.96.0.7")},
+		ExternalIPs:     []netip.Addr{},
+		Ports:           []ServicePort{{Name: "ok", Port: 81, Protocol: TCP}},
+		SessionAffinity: true,
+		AffinityTimeout: defaultAffinityTimeout,
+	}
+	if !reflect.DeepEqual(svc, want) {
+		t.Errorf("convertService =\n%+v\nwant\n%+v", svc, want)
+	}
+	var fields []string
+	for _, f := range bad {
+		fields = append(fields, f.field)
+	}
+	wantFields := []string{"spec.clusterIPs[1]", "spec.externalIPs[0]", "spec.ports[0].protocol", "spec.ports[1].nodePort",
+		"spec.sessionAffinityConfig.clientIP.timeoutSeconds"}
+	if !reflect.DeepEqual(fields, wantFields) {
+		t.Errorf("invalid fields = %v, want %v", fields, wantFields)
+	}
+
+	k.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds = &zero
+	if _, bad := convertService(k); !strings.Contains(bad[len(bad)-1].Error(), "0 out of range: want 1 to 86400") {
+		t.Errorf("timeoutSeconds 0: %v", bad)
+	}
+	sixty := int32(60)
+	k.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds = &sixty
+	if svc, _ := convertService(k); svc.AffinityTimeout != time.Minute {
+		t.Errorf("timeoutSeconds 60: affinity timeout %s", svc.AffinityTimeout)
+	}
+}
+
+func TestConvertEndpointSlice(t *testing.T) {
+	port, badPort, udp := int32(53), int32(0), corev1.ProtocolUDP
+	yes, no := true, false
+	name, node := "dns", "node-1"
+	k := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "kube-system", Name: "dns-1", Labels: map[string]string{discoveryv1.LabelServiceName: "kube-dns"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: &name, Port: &port, Protocol: &udp},
+			// All ports: no frontend can use it.
+			{Name: &name},
+			{Port: &badPort},
+		},
+		Endpoints: []discoveryv1.Endpoint{
+			// Listed out of order: backends come sorted.
+			{Addresses: []string{"10.244.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}},
+			{Addresses: []string{"10.244.0.3", "10.244.0.4"}, NodeName: &node},
+			{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}},
+		},
+	}
+	s, bad := convertEndpointSlice(k)
+	svc := ServiceName{"kube-system", "kube-dns"}
+	want := &endpointSlice{
+		id:      sliceID{"kube-system", "dns-1"},
+		service: svc,
+		backends: []sliceBackend{
+			{addr: L3n4Addr{netip.MustParseAddr("10.244.0.3"), 53, UDP}, portName: "dns", state: BackendActive, nodeName: "node-1"},
+			{addr: L3n4Addr{netip.MustParseAddr("10.244.0.9"), 53, UDP}, portName: "dns", state: BackendTerminating},
+		},
+	}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("convertEndpointSlice =\n%+v\nwant\n%+v", s, want)
+	}
+	if len(bad) != 1 || bad[0].field != "ports[2].port" {
+		t.Errorf("invalid fields = %v, want ports[2].port", bad)
+	}
+
+	k.AddressType = discoveryv1.AddressTypeFQDN
+	if s, bad := convertEndpointSlice(k); len(s.backends) != 0 || len(bad) != 0 {
+		t.Errorf("FQDN slice = %+v, %v; want no backends, no problem", s, bad)
+	}
+	delete(k.Labels, discoveryv1.LabelServiceName)
+	k.AddressType = discoveryv1.AddressTypeIPv4
+	if s, _ := convertEndpointSlice(k); s.service != (ServiceName{}) || len(s.backends) != 0 {
+		t.Errorf("unlabelled slice = %+v, want no service, no backends", s)
+	}
+}
