@@ -95,10 +95,10 @@ type clusterClientset struct{ *kubernetes.Clientset }
 
 func (clusterClientset) Embedded() bool { return false }
 
-// embeddedClientset is client-go's fake. Embedding the pointer keeps its
-// IsWatchListSemanticsUnSupported method visible to informers, which then
-// list and watch instead of asking the fake for a streaming list it cannot
-// serve.
+// embeddedClientset is client-go's fake. Embedding the pointer passes on
+// its IsWatchListSemanticsUnSupported, so informers list and watch rather
+// than ask for a streaming list: the two are the same to the embedded
+// server, and the former is what every fake-based test exercises.
 type embeddedClientset struct{ *fake.Clientset }
 
 func (embeddedClientset) Embedded() bool { return true }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -103,10 +104,14 @@ func newFakeClientset(objects ...runtime.Object) (*fake.Clientset, error) {
 	return cs, nil
 }
 
-// maxListSnapshots bounds the lists remembered for watches to start from.
-// Most lists are never followed by a watch; a watch from a forgotten one
-// gets 410 Gone, and its reflector lists again.
-const maxListSnapshots = 64
+// A list is remembered for one watch to start from, for listSnapshotTTL,
+// and among the last maxListSnapshots lists: most lists are never followed
+// by a watch, and a reflector watches right after its list. A watch from a
+// forgotten list gets 410 Gone, and its reflector lists again.
+const (
+	listSnapshotTTL  = time.Minute
+	maxListSnapshots = 64
+)
 
 // watchHub serves the watches of one fake clientset.
 type watchHub struct {
@@ -127,6 +132,7 @@ type watchHub struct {
 
 // listSnapshot is what a list returned.
 type listSnapshot struct {
+	taken     time.Time
 	resource  schema.GroupVersionResource
 	namespace string
 	// trackerVersion is the tracker's resource version at the list, from
@@ -173,21 +179,32 @@ func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) 
 func (h *watchHub) remember(snap *listSnapshot) string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	snap.taken = time.Now()
+	for len(h.listOrder) > 0 {
+		oldest := h.lists[h.listOrder[0]]
+		if oldest != nil && len(h.listOrder) < maxListSnapshots && snap.taken.Sub(oldest.taken) < listSnapshotTTL {
+			break
+		}
+		delete(h.lists, h.listOrder[0])
+		h.listOrder = h.listOrder[1:]
+	}
 	h.lastList++
 	version := strconv.FormatUint(h.lastList, 10)
 	h.lists[version] = snap
 	h.listOrder = append(h.listOrder, version)
-	if len(h.listOrder) > maxListSnapshots {
-		delete(h.lists, h.listOrder[0])
-		h.listOrder = h.listOrder[1:]
-	}
 	return version
 }
 
-func (h *watchHub) snapshot(version string) *listSnapshot {
+// takeSnapshot returns the list with that version and forgets it.
+func (h *watchHub) takeSnapshot(version string) *listSnapshot {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lists[version]
+	snap := h.lists[version]
+	delete(h.lists, version)
+	if snap != nil && time.Since(snap.taken) > listSnapshotTTL {
+		return nil
+	}
+	return snap
 }
 
 // waitForRoom returns once every watch's source can take one more event
@@ -219,7 +236,7 @@ func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1
 	streaming := opts.SendInitialEvents != nil && *opts.SendInitialEvents
 	var initial []watch.Event
 	if !streaming && opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
-		snap := h.snapshot(opts.ResourceVersion)
+		snap := h.takeSnapshot(opts.ResourceVersion)
 		if snap == nil || snap.resource != gvr || snap.namespace != ns {
 			return nil, apierrors.NewResourceExpired(fmt.Sprintf(
 				"resource version %s of %s is not one of the recent lists: list again", opts.ResourceVersion, gvr.Resource))

@@ -174,7 +174,10 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	}
 	var h header
 	if err := json.Unmarshal(js, &h); err != nil {
-		return nil, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
+		if !bytes.HasPrefix(js, []byte("{")) {
+			return nil, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
+		}
+		return nil, fail(doc.objectLine, "apiVersion and kind must be strings, metadata a mapping with a name")
 	}
 	// at is the file line of a field of the document, for errors about it.
 	at := func(path string) int {

@@ -105,6 +105,10 @@ func TestDecodeFileErrors(t *testing.T) {
 		data: "- a\n- b\n",
 		want: "f.yaml:1: document 1: not an object: want a mapping with apiVersion, kind and metadata",
 	}, {
+		name: "metadata not a mapping",
+		data: "apiVersion: v1\nkind: Service\nmetadata: web\n",
+		want: "f.yaml:1: document 1: apiVersion and kind must be strings, metadata a mapping with a name",
+	}, {
 		name: "unknown kind",
 		data: svc + "---\napiVersion: v1\nkind: Servce\nmetadata: {name: x}\n",
 		want: `f.yaml:7: document 2: unknown kind "Servce" in v1: not a built-in Kubernetes kind`,
