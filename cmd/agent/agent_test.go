@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/loader"
+	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
 
@@ -28,6 +28,8 @@ import (
 var agentBin string
 
 func TestMain(m *testing.M) {
+	// The socket load-balancing tests run their clients as this binary.
+	socklbtest.ServeIfClient()
 	dir, err := os.MkdirTemp("", "cellium-agent-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -137,58 +139,9 @@ func agentCmd(t *testing.T, args ...string) (stdout, stderr string, code int) {
 func TestAgentProcess(t *testing.T) {
 	requireRoot(t)
 	env := newAgentEnv(t)
-	cmd := exec.Command(agentBin, append([]string{"run"}, env.runFlags()...)...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-
-	// Logs go to a pipe, so they are JSON: read them until the hive has
-	// started, and keep every line for the checks below.
-	logs := make(chan map[string]any, 1024)
-	go func() {
-		defer close(logs)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line map[string]any
-			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-				line = map[string]any{"msg": "NOT JSON: " + sc.Text()}
-			}
-			logs <- line
-		}
-	}()
-	var startedHooks []string
-	waitFor := func(msg string) {
-		t.Helper()
-		timeout := time.After(30 * time.Second)
-		for {
-			select {
-			case line, ok := <-logs:
-				if !ok {
-					t.Fatalf("agent exited before logging %q", msg)
-				}
-				if m, _ := line["msg"].(string); strings.HasPrefix(m, "NOT JSON") {
-					t.Fatalf("log line is not JSON on a pipe: %s", m)
-				}
-				if line["msg"] == "Start hook executed" {
-					startedHooks = append(startedHooks, fmt.Sprint(line["function"]))
-				}
-				if line["level"] == "ERROR" {
-					t.Errorf("agent logged an error: %v", line)
-				}
-				if line["msg"] == msg {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("agent did not log %q within 30s", msg)
-			}
-		}
-	}
-	waitFor("Started hive")
+	agent := startAgent(t, env.runFlags()...)
+	agent.waitFor("Started hive")
+	startedHooks := agent.startedHooks
 
 	// Every cell's start hook was logged, with its module.
 	for _, module := range []string{"(daemon)", "(health)", "(api)", "(bpf-maps)", "(sysctl)"} {
@@ -233,25 +186,7 @@ func TestAgentProcess(t *testing.T) {
 		t.Fatalf("agent db show sysctl = %d:\n%s", code, out)
 	}
 
-	// SIGTERM: a clean exit, within the 5 s a kubelet-style stop allows,
-	// with the socket gone.
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for range logs {
-		}
-	}()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("agent exit after SIGTERM: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("agent still running 5s after SIGTERM")
-	}
+	agent.stop()
 	if _, err := os.Lstat(env.socket); !os.IsNotExist(err) {
 		t.Fatalf("API socket after exit: %v, want it removed", err)
 	}

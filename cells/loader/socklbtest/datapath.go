@@ -3,11 +3,13 @@ package socklbtest
 import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
 )
 
@@ -22,12 +24,16 @@ const MaglevTableSize = 251
 // MaglevTableSize. *maps receives the lb-maps cell's Maps once the hive is
 // populated.
 //
+// The maps are the test's to fill by hand: the lb-maps reconciler gets an
+// empty frontends table that never counts as initialized, so it writes
+// nothing and never prunes what the test wrote, across restarts too.
+//
 // The settings go through the hive's flag values (Viper), not config
 // overrides, so a test may still override any config type, or set other
 // flags the same way.
 func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *hive.Hive {
 	cells := []cell.Cell{
-		bpfmaps.Cell, lbmaps.Cell, loader.Cell,
+		bpfmaps.Cell, lbmaps.Cell, loader.Cell, handFilled,
 		cell.Invoke(func(m *lbmaps.Maps) { *maps = m }),
 	}
 	h := celltest.New(append(cells, extra...)...)
@@ -54,3 +60,15 @@ func (e *Env) StartDatapath(extra ...cell.Cell) *lbmaps.Maps {
 	celltest.Start(e.t, e.Datapath(bpfmapstest.Root(e.t), &maps, extra...))
 	return maps
 }
+
+// handFilled is the frontends table of a datapath without a control plane.
+var handFilled = cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
+	tbl, err := statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
+	if err != nil {
+		return nil, err
+	}
+	txn := db.WriteTxn(tbl)
+	tbl.RegisterInitializer(txn, "maps-filled-by-hand")
+	txn.Commit()
+	return tbl, nil
+})

@@ -69,9 +69,17 @@ const clientEnv = "CELLIUM_SOCKLBTEST_CLIENT_NETNS"
 // and the tests otherwise. Call it from TestMain in every package that uses
 // Env.Run.
 func Main(m *testing.M) {
+	ServeIfClient()
+	os.Exit(m.Run())
+}
+
+// ServeIfClient runs the client and exits when the harness started this
+// test binary as one, and returns otherwise. A TestMain that must do more
+// than m.Run calls it first instead of Main.
+func ServeIfClient() {
 	path := os.Getenv(clientEnv)
 	if path == "" {
-		os.Exit(m.Run())
+		return
 	}
 	if err := runClient(path, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "socklbtest client:", err)
