@@ -19,8 +19,9 @@ import (
 
 // clientCmd is a command that asks the running agent over --api-socket.
 type clientCmd struct {
-	api api.Config
-	out outputFlag
+	api     api.Config
+	out     outputFlag
+	timeout time.Duration
 }
 
 // newClientCmd builds a command with --api-socket (the agent's own flag and
@@ -34,11 +35,14 @@ func newClientCmd(use, short string, args cobra.PositionalArgs, run func(ctx con
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer cancel()
+			ctx, cancelTimeout := context.WithTimeout(ctx, cc.timeout)
+			defer cancelTimeout()
 			socket, _ := cmd.Flags().GetString("api-socket")
 			return run(ctx, client.New(socket), &cc.out, args)
 		},
 	}
 	cc.api.Flags(cmd.Flags())
+	cmd.Flags().DurationVar(&cc.timeout, "timeout", 30*time.Second, "How long to wait for the agent's answer")
 	cc.out.register(cmd)
 	return cmd
 }

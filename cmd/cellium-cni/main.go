@@ -103,6 +103,11 @@ type k8sArgs struct {
 	K8S_POD_NAME      types.UnmarshallableString
 }
 
+// requestTimeout bounds a request to the agent. It waits out an agent that
+// is restoring endpoints (requests wait for the restore), and stays under
+// the runtime's own timeout for a CNI call (containerd allows minutes).
+const requestTimeout = 2 * time.Minute
+
 func cmdAdd(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
@@ -112,8 +117,10 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err := types.LoadArgs(args.Args, &k8s); err != nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
 	c := client.New(conf.Socket)
-	ep, err := c.CreateEndpoint(context.Background(), args.ContainerID, apiv1.EndpointCreate{
+	ep, err := c.CreateEndpoint(ctx, args.ContainerID, apiv1.EndpointCreate{
 		Netns: args.Netns, Interface: args.IfName,
 		PodNamespace: string(k8s.K8S_POD_NAMESPACE), PodName: string(k8s.K8S_POD_NAME),
 	})
@@ -172,7 +179,9 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	_, err = client.New(conf.Socket).DeleteEndpoint(context.Background(), client.ContainerEndpointID(args.ContainerID))
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	_, err = client.New(conf.Socket).DeleteEndpoint(ctx, client.ContainerEndpointID(args.ContainerID))
 	if apiErr, ok := errors.AsType[*client.APIError](err); ok && apiErr.Status == http.StatusNotFound {
 		return nil
 	}
@@ -201,7 +210,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrDecodingFailure, "invalid prevResult", err.Error())
 	}
-	check, err := client.New(conf.Socket).CheckEndpoint(context.Background(), client.ContainerEndpointID(args.ContainerID))
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	check, err := client.New(conf.Socket).CheckEndpoint(ctx, client.ContainerEndpointID(args.ContainerID))
 	if apiErr, ok := errors.AsType[*client.APIError](err); ok && apiErr.Status == http.StatusNotFound {
 		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("the agent has no endpoint for container %s", args.ContainerID), apiErr.Message)
 	}

@@ -31,16 +31,22 @@ type Client struct {
 	http   *http.Client
 }
 
-// New returns a client of the agent serving on socket.
+// New returns a client of the agent serving on socket. A request lasts as
+// long as its context allows: an agent busy restoring state may take a
+// while to answer, and only the caller knows how long it can wait. Reaching
+// the socket is bounded on its own, so a dead agent fails fast.
 func New(socket string) *Client {
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
+			d := net.Dialer{Timeout: dialTimeout}
 			return d.DialContext(ctx, "unix", socket)
 		},
 	}
-	return &Client{socket: socket, http: &http.Client{Transport: transport, Timeout: 30 * time.Second}}
+	return &Client{socket: socket, http: &http.Client{Transport: transport}}
 }
+
+// dialTimeout bounds connecting to the socket.
+const dialTimeout = 5 * time.Second
 
 // UnreachableError is returned when nothing answers on the socket.
 type UnreachableError struct {
@@ -86,7 +92,7 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return fmt.Errorf("no answer from the agent at %s to %s %s: %w", c.socket, method, path, ctx.Err())
 		}
 		return &UnreachableError{Socket: c.socket, Err: unwrapURLError(err)}
 	}
