@@ -9,20 +9,24 @@ type idAllocator struct {
 	what string
 	max  uint32
 	next uint32   // lowest ID never handed out or reserved
-	free []uint32 // released IDs, and gaps below next left by Reserve; may hold used IDs, skipped lazily
-	used map[uint32]struct{}
+	free []uint32 // released IDs, and gaps below next left by reserve; may hold used IDs, skipped lazily
+	used []uint64 // bitmap of IDs in use: 8 KiB for 65536 IDs
 }
 
 func newIDAllocator(what string, max uint32) *idAllocator {
-	return &idAllocator{what: what, max: max, next: 1, used: map[uint32]struct{}{}}
+	return &idAllocator{what: what, max: max, next: 1, used: make([]uint64, max/64+1)}
 }
+
+func (a *idAllocator) isUsed(id uint32) bool { return a.used[id/64]&(1<<(id%64)) != 0 }
+func (a *idAllocator) setUsed(id uint32)     { a.used[id/64] |= 1 << (id % 64) }
+func (a *idAllocator) clearUsed(id uint32)   { a.used[id/64] &^= 1 << (id % 64) }
 
 // reserve marks id as taken, as restored from a map.
 func (a *idAllocator) reserve(id uint32) error {
 	if id == 0 || id > a.max {
 		return fmt.Errorf("%s ID %d out of range 1..%d", a.what, id, a.max)
 	}
-	if _, ok := a.used[id]; ok {
+	if a.isUsed(id) {
 		return fmt.Errorf("%s ID %d is used twice", a.what, id)
 	}
 	for ; a.next < id; a.next++ {
@@ -31,7 +35,7 @@ func (a *idAllocator) reserve(id uint32) error {
 	if id == a.next {
 		a.next++
 	}
-	a.used[id] = struct{}{}
+	a.setUsed(id)
 	return nil
 }
 
@@ -40,8 +44,8 @@ func (a *idAllocator) allocate() (uint32, error) {
 	for len(a.free) > 0 {
 		id := a.free[len(a.free)-1]
 		a.free = a.free[:len(a.free)-1]
-		if _, ok := a.used[id]; !ok {
-			a.used[id] = struct{}{}
+		if !a.isUsed(id) {
+			a.setUsed(id)
 			return id, nil
 		}
 	}
@@ -50,14 +54,14 @@ func (a *idAllocator) allocate() (uint32, error) {
 	}
 	id := a.next
 	a.next++
-	a.used[id] = struct{}{}
+	a.setUsed(id)
 	return id, nil
 }
 
 // release frees id.
 func (a *idAllocator) release(id uint32) {
-	if _, ok := a.used[id]; ok {
-		delete(a.used, id)
+	if id != 0 && id <= a.max && a.isUsed(id) {
+		a.clearUsed(id)
 		a.free = append(a.free, id)
 	}
 }

@@ -142,11 +142,13 @@ func (o *ops) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconcil
 	entries := make([]entry, len(batch))
 	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
 	for i := range batch {
-		fe := batch[i].Object
-		if fe.Address.Addr.Is4() {
-			r4.delete(&entries[i], fe.Address)
-		} else {
-			r6.delete(&entries[i], fe.Address)
+		addr, ok := keyOf(batch[i].Object.Address)
+		switch {
+		case !ok:
+		case addr.is4:
+			r4.delete(&entries[i], addr)
+		default:
+			r6.delete(&entries[i], addr)
 		}
 	}
 	r4.flush()
@@ -161,9 +163,11 @@ func (o *ops) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconcil
 // reconciler calls it only once the frontends table is initialized, that
 // is after Kubernetes state has synced and restore is done.
 func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
-	wanted := map[loadbalancer.L3n4Addr]struct{}{}
+	wanted := map[addrKey]struct{}{}
 	for fe := range objects {
-		wanted[fe.Address] = struct{}{}
+		if addr, ok := keyOf(fe.Address); ok {
+			wanted[addr] = struct{}{}
+		}
 	}
 	var stale []entry
 	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
@@ -172,7 +176,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*loa
 			continue
 		}
 		stale = append(stale, entry{})
-		if addr.Addr.Is4() {
+		if addr.is4 {
 			r4.delete(&stale[len(stale)-1], addr)
 		} else {
 			r6.delete(&stale[len(stale)-1], addr)
@@ -182,7 +186,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*loa
 	// delete failed in an earlier round.
 	for _, bs := range o.state.backends {
 		if bs.refs == 0 {
-			if bs.addr.Addr.Is4() {
+			if bs.addr.is4 {
 				r4.unused[bs] = true
 			} else {
 				r6.unused[bs] = true
@@ -233,7 +237,7 @@ type round[SK comparable, B, R any] struct {
 	// unused are backends that may have lost their last reference.
 	unused map[*backendState]bool
 	// deleted are frontends being deleted: forgotten once empty.
-	deleted map[loadbalancer.L3n4Addr]*frontendState
+	deleted map[addrKey]*frontendState
 }
 
 func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B, R] {
@@ -241,19 +245,20 @@ func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B
 		o: o, f: f,
 		queued:  map[*backendState]bool{},
 		unused:  map[*backendState]bool{},
-		deleted: map[loadbalancer.L3n4Addr]*frontendState{},
+		deleted: map[addrKey]*frontendState{},
 	}
 }
 
 // update plans the writes that make the maps hold fe, and only those.
 func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 	st := r.o.state
-	proto, ok := mapProto(fe.Address.Protocol)
+	key, ok := keyOf(fe.Address)
 	if !ok {
 		// The socket programs do not balance SCTP: nothing to write.
 		return
 	}
-	fs, err := st.frontend(fe.Address)
+	proto := key.proto
+	fs, err := st.frontend(key)
 	if err != nil {
 		e.fail(err)
 		return
@@ -261,19 +266,19 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 
 	ids := make([]lbmap.BackendID, len(fe.Backends))
 	for i, be := range fe.Backends {
-		beProto, ok := mapProto(be.Protocol)
-		if !ok || be.Addr.Is4() != fe.Address.Addr.Is4() {
+		beKey, ok := keyOf(be)
+		if !ok || beKey.is4 != key.is4 {
 			e.fail(fmt.Errorf("backend %s cannot serve frontend %s", be, fe.Address))
 			return
 		}
-		bs, err := st.backend(be)
+		bs, err := st.backend(beKey)
 		if err != nil {
 			e.fail(err)
 			return
 		}
 		if !bs.written && !r.queued[bs] {
 			r.queued[bs] = true
-			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, beProto), func() { bs.written = true })
+			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, beKey.proto), func() { bs.written = true })
 		}
 		ids[i] = bs.id
 	}
@@ -349,16 +354,16 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 }
 
 // delete plans the removal of everything written for addr.
-func (r *round[SK, B, R]) delete(e *entry, addr loadbalancer.L3n4Addr) {
+func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 	st := r.o.state
 	fs, ok := st.frontends[addr]
-	proto, known := mapProto(addr.Protocol)
-	if !ok || !known {
+	if !ok {
 		return
 	}
 	r.deleted[addr] = fs
+	ip, port, proto := addr.ip(), addr.port, addr.proto
 	if fs.hasMaster {
-		r.masterDeletes.add(e, r.f.serviceKey(addr.Addr, addr.Port, proto, 0), func() { fs.hasMaster = false })
+		r.masterDeletes.add(e, r.f.serviceKey(ip, port, proto, 0), func() { fs.hasMaster = false })
 	}
 	for i, id := range fs.slots {
 		if id == 0 {
@@ -366,7 +371,7 @@ func (r *round[SK, B, R]) delete(e *entry, addr loadbalancer.L3n4Addr) {
 		}
 		n := i + 1
 		r.noteUnused(id)
-		r.slotDeletes.add(e, r.f.serviceKey(addr.Addr, addr.Port, proto, uint16(n)), func() { st.slotDeleted(fs, n) })
+		r.slotDeletes.add(e, r.f.serviceKey(ip, port, proto, uint16(n)), func() { st.slotDeleted(fs, n) })
 	}
 	if fs.revNAT {
 		r.revNATDeletes.add(e, fs.id, func() { fs.revNAT = false })
@@ -384,7 +389,7 @@ func (r *round[SK, B, R]) delete(e *entry, addr loadbalancer.L3n4Addr) {
 }
 
 func (r *round[SK, B, R]) noteUnused(id lbmap.BackendID) {
-	if bs, ok := r.o.state.backendByID[id]; ok {
+	if bs := r.o.state.byID(id); bs != nil {
 		r.unused[bs] = true
 	}
 }

@@ -17,9 +17,10 @@ import (
 // frontend that did not change, writes nothing. Only the reconciler's
 // goroutine touches it, after the start hook has filled it.
 type realized struct {
-	frontends   map[loadbalancer.L3n4Addr]*frontendState
-	backends    map[loadbalancer.L3n4Addr]*backendState
-	backendByID map[lbmap.BackendID]*backendState
+	frontends map[addrKey]*frontendState
+	backends  map[addrKey]*backendState
+	// backendByID is indexed by backend ID, which are dense.
+	backendByID []*backendState
 	frontendIDs *idAllocator
 	backendIDs  *idAllocator
 	// orphans delete entries found at restore that belong to no frontend
@@ -50,7 +51,7 @@ const unknownBackend = lbmap.BackendID(1<<32 - 1)
 
 // backendState is one backend entry.
 type backendState struct {
-	addr    loadbalancer.L3n4Addr
+	addr    addrKey
 	id      lbmap.BackendID
 	written bool
 	// refs counts the written slots that point at the backend: at 0 its
@@ -60,9 +61,8 @@ type backendState struct {
 
 func newRealized(maxFrontends, maxBackends uint32) *realized {
 	return &realized{
-		frontends:   map[loadbalancer.L3n4Addr]*frontendState{},
-		backends:    map[loadbalancer.L3n4Addr]*backendState{},
-		backendByID: map[lbmap.BackendID]*backendState{},
+		frontends:   map[addrKey]*frontendState{},
+		backends:    map[addrKey]*backendState{},
 		frontendIDs: newIDAllocator("frontend", maxFrontends),
 		backendIDs:  newIDAllocator("backend", maxBackends),
 	}
@@ -70,7 +70,7 @@ func newRealized(maxFrontends, maxBackends uint32) *realized {
 
 // frontend returns the state of addr, creating it, and giving it an ID, if
 // needed.
-func (r *realized) frontend(addr loadbalancer.L3n4Addr) (*frontendState, error) {
+func (r *realized) frontend(addr addrKey) (*frontendState, error) {
 	fs, ok := r.frontends[addr]
 	if !ok {
 		fs = &frontendState{}
@@ -87,7 +87,7 @@ func (r *realized) frontend(addr loadbalancer.L3n4Addr) (*frontendState, error) 
 }
 
 // backend returns the state of addr, creating it with a new ID if needed.
-func (r *realized) backend(addr loadbalancer.L3n4Addr) (*backendState, error) {
+func (r *realized) backend(addr addrKey) (*backendState, error) {
 	if bs, ok := r.backends[addr]; ok {
 		return bs, nil
 	}
@@ -97,12 +97,12 @@ func (r *realized) backend(addr loadbalancer.L3n4Addr) (*backendState, error) {
 	}
 	bs := &backendState{addr: addr, id: lbmap.BackendID(id)}
 	r.backends[addr] = bs
-	r.backendByID[bs.id] = bs
+	r.setByID(bs)
 	return bs, nil
 }
 
 // forgetFrontend drops a frontend whose entries are all gone.
-func (r *realized) forgetFrontend(addr loadbalancer.L3n4Addr, fs *frontendState) {
+func (r *realized) forgetFrontend(addr addrKey, fs *frontendState) {
 	delete(r.frontends, addr)
 	if fs.id != 0 {
 		r.frontendIDs.release(uint32(fs.id))
@@ -112,8 +112,23 @@ func (r *realized) forgetFrontend(addr loadbalancer.L3n4Addr, fs *frontendState)
 // forgetBackend drops a backend whose entry is gone.
 func (r *realized) forgetBackend(bs *backendState) {
 	delete(r.backends, bs.addr)
-	delete(r.backendByID, bs.id)
+	r.backendByID[bs.id] = nil
 	r.backendIDs.release(uint32(bs.id))
+}
+
+func (r *realized) setByID(bs *backendState) {
+	for int(bs.id) >= len(r.backendByID) {
+		r.backendByID = append(r.backendByID, nil)
+	}
+	r.backendByID[bs.id] = bs
+}
+
+// byID is the backend with id, or nil.
+func (r *realized) byID(id lbmap.BackendID) *backendState {
+	if int(id) < len(r.backendByID) {
+		return r.backendByID[id]
+	}
+	return nil
 }
 
 // slotWritten records that slot n of fs now points at id, moving the
@@ -124,7 +139,7 @@ func (r *realized) slotWritten(fs *frontendState, n int, id lbmap.BackendID) {
 	}
 	r.unref(fs.slots[n-1])
 	fs.slots[n-1] = id
-	if bs, ok := r.backendByID[id]; ok {
+	if bs := r.byID(id); bs != nil {
 		bs.refs++
 	}
 }
@@ -139,7 +154,7 @@ func (r *realized) slotDeleted(fs *frontendState, n int) {
 }
 
 func (r *realized) unref(id lbmap.BackendID) {
-	if bs, ok := r.backendByID[id]; ok {
+	if bs := r.byID(id); bs != nil {
 		bs.refs--
 	}
 }
@@ -162,17 +177,6 @@ func maglevHash(table []lbmap.BackendID) uint64 {
 	return xxhash.Sum64(buf) | 1 // never 0, which means "none"
 }
 
-// l4Proto is the protocol of a map entry as the tables spell it.
-func l4Proto(p lbmap.Proto) (loadbalancer.L4Proto, bool) {
-	switch p {
-	case lbmap.TCP:
-		return loadbalancer.TCP, true
-	case lbmap.UDP:
-		return loadbalancer.UDP, true
-	}
-	return "", false
-}
-
 // mapProto is the datapath's protocol number; SCTP has none: the socket
 // programs do not balance it.
 func mapProto(p loadbalancer.L4Proto) (lbmap.Proto, bool) {
@@ -185,12 +189,42 @@ func mapProto(p loadbalancer.L4Proto) (lbmap.Proto, bool) {
 	return 0, false
 }
 
-func l3n4(ap netip.AddrPort, p lbmap.Proto) (loadbalancer.L3n4Addr, error) {
-	proto, ok := l4Proto(p)
+// addrKey is a frontend or backend address as the reconciler's maps key
+// it: 20 bytes and no pointers, where loadbalancer.L3n4Addr is 48 bytes
+// holding two (the state of 50,000 services is that much smaller, and
+// cheaper to garbage collect).
+type addrKey struct {
+	addr  [16]byte
+	port  uint16
+	proto lbmap.Proto
+	is4   bool
+}
+
+// keyOf is the key of a, and false for protocols the datapath does not
+// balance (SCTP).
+func keyOf(a loadbalancer.L3n4Addr) (addrKey, bool) {
+	proto, ok := mapProto(a.Protocol)
 	if !ok {
-		return loadbalancer.L3n4Addr{}, fmt.Errorf("unknown protocol %d", p)
+		return addrKey{}, false
 	}
-	return loadbalancer.L3n4Addr{Addr: ap.Addr().Unmap(), Port: ap.Port(), Protocol: proto}, nil
+	return addrKey{addr: a.Addr.As16(), port: a.Port, proto: proto, is4: a.Addr.Is4()}, true
+}
+
+// mapKey is the key of an entry read back from a map.
+func mapKey(ap netip.AddrPort, p lbmap.Proto) (addrKey, error) {
+	if p != lbmap.TCP && p != lbmap.UDP {
+		return addrKey{}, fmt.Errorf("unknown protocol %d", p)
+	}
+	a := ap.Addr().Unmap()
+	return addrKey{addr: a.As16(), port: ap.Port(), proto: p, is4: a.Is4()}, nil
+}
+
+func (k addrKey) ip() netip.Addr {
+	a := netip.AddrFrom16(k.addr)
+	if k.is4 {
+		return a.Unmap()
+	}
+	return a
 }
 
 // restoreStats counts what a restore found.
@@ -205,7 +239,7 @@ type restoreStats struct {
 func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *restoreStats) error {
 	err := f.backends.Iterate(func(id lbmap.BackendID, b B) bool {
 		ap, proto := f.backendOf(b)
-		addr, err := l3n4(ap, proto)
+		addr, err := mapKey(ap, proto)
 		if err != nil || r.backendIDs.reserve(uint32(id)) != nil {
 			stats.dropped++
 			return true
@@ -219,7 +253,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		}
 		bs := &backendState{addr: addr, id: id, written: true}
 		r.backends[addr] = bs
-		r.backendByID[id] = bs
+		r.setByID(bs)
 		stats.backends++
 		return true
 	})
@@ -232,10 +266,10 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		id     lbmap.BackendID
 		revNAT lbmap.RevNATIndex
 	}
-	slots := map[loadbalancer.L3n4Addr][]slot{}
+	slots := map[addrKey][]slot{}
 	err = f.services.Iterate(func(k SK, v lbmap.ServiceValue) bool {
 		ap, proto, n := f.keyOf(k)
-		addr, err := l3n4(ap, proto)
+		addr, err := mapKey(ap, proto)
 		if err != nil {
 			stats.dropped++
 			return true
@@ -265,7 +299,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		}
 		for _, s := range ss {
 			id := s.id
-			if _, known := r.backendByID[id]; !known || s.revNAT != fs.id || fs.id == 0 {
+			if r.byID(id) == nil || s.revNAT != fs.id || fs.id == 0 {
 				id = unknownBackend
 			}
 			r.slotWritten(fs, int(s.n), id)
@@ -273,7 +307,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 	}
 
 	type frontend struct {
-		addr loadbalancer.L3n4Addr
+		addr addrKey
 		fs   *frontendState
 	}
 	byID := map[lbmap.RevNATIndex]frontend{}
@@ -289,7 +323,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			return true
 		}
 		ap := f.revNATAddr(v)
-		fe.fs.revNAT = ap.Addr().Unmap() == fe.addr.Addr && ap.Port() == fe.addr.Port
+		fe.fs.revNAT = ap.Addr().Unmap() == fe.addr.ip() && ap.Port() == fe.addr.port
 		return true
 	})
 	if err != nil {
