@@ -7,7 +7,7 @@ ARGS    ?=
 # Go sources that gofmt checks (the generated BPF bindings are gofmt'd too).
 GODIRS  := cmd cells pkg bpf
 
-.PHONY: build run test lint bpf check-bpf docs clean
+.PHONY: build run test lint bpf check-bpf bench-lb docs clean
 
 build:
 	$(GO) build -o $(BIN)/agent ./cmd/agent
@@ -33,6 +33,13 @@ bpf:
 check-bpf: bpf
 	@git diff --exit-code --stat -- bpf/ || \
 	{ echo "bpf/: committed objects are stale: run 'make bpf' and commit the result"; exit 1; }
+
+# Load-balancing pipeline benchmark (as root): Services from Kubernetes
+# events into real BPF maps, at 1k, 10k and 50k services. Ends with the
+# summary line `lb-bench services=... insert_per_s=...`.
+bench-lb:
+	$(GO) test ./cells/lbmaps -run '^$$' -bench Pipeline -benchtime 1x -count 1 | tee $(BIN)/bench-lb.out
+	@grep '^lb-bench' $(BIN)/bench-lb.out | tail -n 1
 
 # Renders the cell graph for docs/architecture.md (needs graphviz).
 docs: build

@@ -5,9 +5,7 @@ import (
 	"flag"
 	"iter"
 	"log/slog"
-	"net/netip"
 	goruntime "runtime"
-	"strconv"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -17,20 +15,13 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/cells/loadbalancer/loadbalancertest"
 )
 
 var benchServices = flag.Int("lb.services", 50000, "Services (each with one endpoint) per benchmark run")
@@ -44,7 +35,7 @@ var benchServices = flag.Int("lb.services", 50000, "Services (each with one endp
 //
 //	go test ./cells/loadbalancer -run '^$' -bench K8sToFrontends -benchtime 1x -cpu 2
 func BenchmarkK8sToFrontends(b *testing.B) {
-	for _, mode := range []string{"watch", "list"} {
+	for _, mode := range []string{loadbalancertest.Watch, loadbalancertest.List} {
 		b.Run(mode, func(b *testing.B) {
 			n := *benchServices
 			var r runResult
@@ -71,12 +62,12 @@ type runResult struct {
 
 func runK8sToFrontends(b *testing.B, mode string, n int) runResult {
 	b.StopTimer()
-	feed := &generatedK8s{n: n, mode: mode, start: make(chan struct{})}
+	feed := loadbalancertest.NewFeed(n, mode)
 	counter := &reconciledCounter{want: int64(n), done: make(chan struct{})}
 	h := celltest.New(
 		loadbalancer.Cell,
 		k8sclient.FakeCell(),
-		cell.Invoke(feed.attach),
+		cell.Invoke(feed.Attach),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Provide(func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {
 			return statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)
@@ -96,7 +87,7 @@ func runK8sToFrontends(b *testing.B, mode string, n int) runResult {
 	cpuBefore := cpuTime()
 	b.StartTimer()
 	start := time.Now()
-	close(feed.start)
+	close(feed.Start)
 	select {
 	case <-counter.done:
 	case <-time.After(5 * time.Minute):
@@ -158,117 +149,4 @@ func (c *reconciledCounter) Delete(context.Context, statedb.ReadTxn, statedb.Rev
 
 func (c *reconciledCounter) Prune(context.Context, statedb.ReadTxn, iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
 	return nil
-}
-
-// generatedK8s answers the reflectors' LISTs and WATCHes with generated
-// objects, made only when asked for, once start is closed.
-type generatedK8s struct {
-	n     int
-	mode  string
-	start chan struct{}
-}
-
-func (g *generatedK8s) attach(cs *fake.Clientset) {
-	mode := g.mode
-	for _, resource := range []string{"services", "endpointslices"} {
-		cs.PrependReactor("list", resource, func(k8stesting.Action) (bool, runtime.Object, error) {
-			<-g.start
-			if mode == "list" {
-				return true, g.list(resource, g.n), nil
-			}
-			return true, g.list(resource, 0), nil
-		})
-		cs.PrependWatchReactor(resource, func(k8stesting.Action) (bool, watch.Interface, error) {
-			events := make(chan watch.Event)
-			w := watch.NewProxyWatcher(events)
-			if mode == "watch" {
-				go g.stream(resource, events, w.StopChan())
-			}
-			return true, w, nil
-		})
-	}
-}
-
-func (g *generatedK8s) list(resource string, n int) runtime.Object {
-	meta := metav1.ListMeta{ResourceVersion: "1"}
-	if resource == "services" {
-		l := &corev1.ServiceList{ListMeta: meta, Items: make([]corev1.Service, n)}
-		for i := range n {
-			l.Items[i] = *benchService(i)
-		}
-		return l
-	}
-	l := &discoveryv1.EndpointSliceList{ListMeta: meta, Items: make([]discoveryv1.EndpointSlice, n)}
-	for i := range n {
-		l.Items[i] = *benchSlice(i)
-	}
-	return l
-}
-
-func (g *generatedK8s) stream(resource string, events chan<- watch.Event, stop <-chan struct{}) {
-	for i := range g.n {
-		var obj runtime.Object
-		if resource == "services" {
-			obj = benchService(i)
-		} else {
-			obj = benchSlice(i)
-		}
-		select {
-		case events <- watch.Event{Type: watch.Added, Object: obj}:
-		case <-stop:
-			return
-		}
-	}
-}
-
-// Some ranges as a real cluster would have them: ClusterIPs from
-// 10.96.0.0/12, pod IPs from 10.244.0.0/16 and up, 100 nodes.
-var (
-	serviceCIDRBase = netip.MustParseAddr("10.96.0.0").As4()
-	podCIDRBase     = netip.MustParseAddr("10.244.0.0").As4()
-)
-
-func nthAddr(base [4]byte, i int) string {
-	v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
-	v += uint32(i) + 1
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
-}
-
-func benchService(i int) *corev1.Service {
-	ip := nthAddr(serviceCIDRBase, i)
-	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: "svc-" + strconv.Itoa(i), Namespace: "bench",
-			ResourceVersion: strconv.Itoa(i + 2),
-			Labels:          map[string]string{"app": "svc-" + strconv.Itoa(i)},
-		},
-		Spec: corev1.ServiceSpec{
-			Type:       corev1.ServiceTypeClusterIP,
-			ClusterIP:  ip,
-			ClusterIPs: []string{ip},
-			Selector:   map[string]string{"app": "svc-" + strconv.Itoa(i)},
-			Ports: []corev1.ServicePort{{
-				Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080),
-			}},
-		},
-	}
-}
-
-func benchSlice(i int) *discoveryv1.EndpointSlice {
-	name, port, proto, ready := "http", int32(8080), corev1.ProtocolTCP, true
-	node := "node-" + strconv.Itoa(i%100)
-	return &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: "svc-" + strconv.Itoa(i) + "-x7k2p", Namespace: "bench",
-			ResourceVersion: strconv.Itoa(i + 2),
-			Labels:          map[string]string{discoveryv1.LabelServiceName: "svc-" + strconv.Itoa(i)},
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{nthAddr(podCIDRBase, i)},
-			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
-			NodeName:   &node,
-		}},
-	}
 }
