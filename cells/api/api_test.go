@@ -34,6 +34,15 @@ func widgetRoutes() api.Routes {
 			}
 			return map[string]string{"name": r.PathValue("name")}, nil
 		}},
+		api.Route{Method: http.MethodPut, Path: "/v1/widgets/{name}", Handler: func(r *http.Request) (any, error) {
+			var w struct {
+				Colour string `json:"colour"`
+			}
+			if err := api.DecodeJSON(r, &w); err != nil {
+				return nil, err
+			}
+			return map[string]string{"name": r.PathValue("name"), "colour": w.Colour}, nil
+		}},
 		api.Route{Method: http.MethodGet, Path: "/v1/panic", Handler: func(*http.Request) (any, error) {
 			panic("handler bug")
 		}},
@@ -87,12 +96,37 @@ func TestContributedRoutes(t *testing.T) {
 	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/fail", nil, nil, nil), http.StatusInternalServerError, "disk on fire")
 }
 
+func TestDecodeJSON(t *testing.T) {
+	c := startAPI(t)
+	ctx := context.Background()
+	var got map[string]string
+	if err := c.Do(ctx, http.MethodPut, "/v1/widgets/gear", nil, map[string]string{"colour": "red"}, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["colour"] != "red" {
+		t.Fatalf("PUT answered %v, want the decoded colour", got)
+	}
+	for _, tc := range []struct {
+		name string
+		body any
+		want string
+	}{
+		{"unknown field", map[string]string{"color": "red"}, `invalid body: json: unknown field "color"`},
+		{"not an object", []int{1}, "invalid body: json: cannot unmarshal array"},
+		{"too large", map[string]string{"colour": strings.Repeat("x", api.MaxBody)}, "body larger than 65536 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantAPIError(t, c.Do(ctx, http.MethodPut, "/v1/widgets/gear", nil, tc.body, nil), http.StatusBadRequest, tc.want)
+		})
+	}
+}
+
 func TestUnknownRoutesAnswerJSON(t *testing.T) {
 	c := startAPI(t)
 	ctx := context.Background()
 	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/nothing", nil, nil, nil), http.StatusNotFound, "no route for GET /v1/nothing")
 	wantAPIError(t, c.Do(ctx, http.MethodDelete, "/v1/widgets/gear", nil, nil, nil),
-		http.StatusMethodNotAllowed, "method DELETE not allowed for /v1/widgets/gear (allowed: GET, HEAD)")
+		http.StatusMethodNotAllowed, "method DELETE not allowed for /v1/widgets/gear (allowed: GET, HEAD, PUT)")
 }
 
 func TestPanickingHandlerIsA500AndTheServerLives(t *testing.T) {

@@ -1,8 +1,11 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -63,6 +66,32 @@ func statusOf(err error) int {
 		return se.Status
 	}
 	return http.StatusInternalServerError
+}
+
+// MaxBody bounds a request body: the API takes small JSON objects.
+const MaxBody = 64 << 10
+
+// DecodeJSON decodes the request's body, one JSON object, into v, strictly:
+// an unknown field, a second value after the object or a body over MaxBody
+// is a BadRequest error saying so, so that a misspelt field never passes
+// silently.
+func DecodeJSON(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil {
+		return BadRequest("read body: %v", err)
+	}
+	if len(body) > MaxBody {
+		return BadRequest("body larger than %d bytes", MaxBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return BadRequest("invalid body: %v", err)
+	}
+	if dec.More() {
+		return BadRequest("invalid body: more than one JSON value")
+	}
+	return nil
 }
 
 // QueryParams returns the request's query parameters, or a BadRequest error

@@ -1,10 +1,7 @@
 package endpointmanager
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -14,9 +11,6 @@ import (
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
-
-// maxBody bounds a request body: an endpoint request is a few hundred bytes.
-const maxBody = 64 << 10
 
 // apiRoutes serves /v1/endpoints.
 func apiRoutes(m *Manager) api.Routes {
@@ -63,7 +57,7 @@ func apiRoutes(m *Manager) api.Routes {
 				return nil, api.BadRequest("PUT %s/{id} takes %s<container ID>: the agent picks the endpoint ID", apiv1.PathEndpoints, apiv1.ContainerIDPrefix)
 			}
 			var in apiv1.EndpointCreate
-			if err := decodeBody(r, &in); err != nil {
+			if err := api.DecodeJSON(r, &in); err != nil {
 				return nil, err
 			}
 			if in.ContainerID != "" && in.ContainerID != s.ContainerID {
@@ -114,22 +108,6 @@ func selector(r *http.Request) (Selector, error) {
 		return Selector{}, api.BadRequest("invalid endpoint %q: want an endpoint ID (1 to 65535) or %s<container ID>", id, apiv1.ContainerIDPrefix)
 	}
 	return Selector{ID: uint16(n)}, nil
-}
-
-func decodeBody(r *http.Request, v any) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return api.BadRequest("read body: %v", err)
-	}
-	if len(body) > maxBody {
-		return api.BadRequest("body larger than %d bytes", maxBody)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return api.BadRequest("invalid body: %v", err)
-	}
-	return nil
 }
 
 // apiError gives a Manager or IPAM error its HTTP status.

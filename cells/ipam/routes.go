@@ -1,10 +1,7 @@
 package ipam
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/netip"
 
@@ -13,9 +10,6 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
-
-// maxBody bounds a request body: a reservation is a few dozen bytes.
-const maxBody = 64 << 10
 
 // apiRoutes serves GET and POST /v1/ipam and DELETE /v1/ipam/{ip}.
 func apiRoutes(i *IPAM) api.Routes {
@@ -31,7 +25,7 @@ func apiRoutes(i *IPAM) api.Routes {
 				return nil, err
 			}
 			var in apiv1.IPAMReserve
-			if err := decodeBody(r, &in); err != nil {
+			if err := api.DecodeJSON(r, &in); err != nil {
 				return nil, err
 			}
 			req := Request{Owner: in.Owner, Family: Family(in.Family), Reserved: true}
@@ -66,24 +60,6 @@ func apiRoutes(i *IPAM) api.Routes {
 			return toAPI(a), nil
 		}},
 	)
-}
-
-// decodeBody decodes a JSON body strictly: an unknown field is an error, so
-// a misspelt one does not pass silently.
-func decodeBody(r *http.Request, v any) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return api.BadRequest("read body: %v", err)
-	}
-	if len(body) > maxBody {
-		return api.BadRequest("body larger than %d bytes", maxBody)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return api.BadRequest("invalid body: %v", err)
-	}
-	return nil
 }
 
 // apiError gives an IPAM error its HTTP status.
