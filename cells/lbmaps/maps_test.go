@@ -26,7 +26,7 @@ import (
 // newHive is the bpf-maps and lb-maps cells on the bpffs at root, with cfg
 // applied to the lb-maps flags; maps receives the Maps.
 func newHive(root string, cfg func(*lbmaps.Config), maps **lbmaps.Maps) *hive.Hive {
-	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, frontendsTable, cell.Invoke(func(m *lbmaps.Maps) { *maps = m }))
+	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, handFilled, cell.Invoke(func(m *lbmaps.Maps) { *maps = m }))
 	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = root })
 	if cfg != nil {
 		hive.AddConfigOverride(h, cfg)

@@ -25,9 +25,26 @@ import (
 
 // frontendsTable stands in for the loadbalancer cell: the tests write the
 // frontends themselves.
-var frontendsTable = cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-	return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
-})
+var frontendsTable = frontendsTableHeldBy("")
+
+// handFilled is the frontends table of tests that fill the maps by hand: it
+// never counts as initialized, so the reconciler never prunes their entries.
+var handFilled = frontendsTableHeldBy("maps-filled-by-hand")
+
+// frontendsTableHeldBy provides the frontends table, holding an initializer
+// named hold that nobody completes, if hold is not empty.
+func frontendsTableHeldBy(hold string) cell.Cell {
+	return cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
+		tbl, err := statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
+		if err != nil || hold == "" {
+			return tbl, err
+		}
+		txn := db.WriteTxn(tbl)
+		tbl.RegisterInitializer(txn, hold)
+		txn.Commit()
+		return tbl, nil
+	})
+}
 
 // lbEnv is one run of the lb-maps cell over a bpffs: a restart is a new
 // lbEnv over the same root.
