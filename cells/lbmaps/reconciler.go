@@ -43,6 +43,10 @@ type ops struct {
 	v6       *family[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
 	state    *realized
 	counters *counters
+
+	db        *statedb.DB
+	frontends statedb.RWTable[*loadbalancer.Frontend]
+	restored  func(statedb.WriteTxn)
 }
 
 func newOps(p opsParams) *ops {
@@ -55,20 +59,13 @@ func newOps(p opsParams) *ops {
 		counters: newCounters(),
 	}
 	txn := p.DB.WriteTxn(p.Frontends)
-	restored := p.Frontends.RegisterInitializer(txn, InitRestore)
+	o.restored = p.Frontends.RegisterInitializer(txn, InitRestore)
 	txn.Commit()
+	o.db, o.frontends = p.DB, p.Frontends
 	// This hook runs after the maps' own (the constructor takes *Maps) and
-	// before the reconciler's job (registerReconciler takes *ops): every
-	// ID in the maps is reserved before one is handed out.
-	p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
-		if err := o.restore(); err != nil {
-			return err
-		}
-		txn := p.DB.WriteTxn(p.Frontends)
-		restored(txn)
-		txn.Commit()
-		return nil
-	}})
+	// before the reconciler's job (newReconciler takes *ops): every ID in
+	// the maps is reserved before one is handed out.
+	p.Lifecycle.Append(cell.Hook{OnStart: o.restore})
 	return o
 }
 
@@ -76,7 +73,9 @@ func opsMetrics(o *ops) metrics.Collectors {
 	return metrics.NewCollectors(o.counters.writes, o.counters.deletes)
 }
 
-func (o *ops) restore() error {
+// restore reads the maps into the realized state and releases the
+// frontends table's initializer.
+func (o *ops) restore(cell.HookContext) error {
 	start := time.Now()
 	var stats restoreStats
 	if err := restore(o.state, o.v4, &stats); err != nil {
@@ -88,6 +87,9 @@ func (o *ops) restore() error {
 	o.log.Info("Restored load-balancing state from the pinned maps",
 		"frontends", stats.frontends, "backends", stats.backends, "dropped", stats.dropped,
 		"duration", time.Since(start))
+	txn := o.db.WriteTxn(o.frontends)
+	o.restored(txn)
+	txn.Commit()
 	return nil
 }
 
