@@ -21,6 +21,7 @@ import (
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/kinderr"
 )
 
 // Cell provides the endpoints table, the Manager that creates, deletes and
@@ -99,17 +100,8 @@ var (
 	ErrExhausted = errors.New("no free endpoint ID")
 )
 
-type managerError struct {
-	kind error
-	msg  string
-}
-
-func (e *managerError) Error() string { return e.msg }
-func (e *managerError) Unwrap() error { return e.kind }
-
-func errorf(kind error, format string, args ...any) error {
-	return &managerError{kind: kind, msg: fmt.Sprintf(format, args...)}
-}
+// errorf is an error of one of the kinds above with its own message.
+var errorf = kinderr.Errorf
 
 // restoreName names the restore wherever something waits for it: the
 // readiness barrier, the IPAM restorer and the endpoints table initializer.

@@ -203,11 +203,8 @@ func (s *stateStore) quarantine(path string, why error) error {
 	if filepath.Dir(path) != s.dir {
 		dir = filepath.Dir(path)
 	}
-	if err := statefile.MkdirAll(s.invalid); err != nil {
-		return err
-	}
-	to := filepath.Join(s.invalid, fmt.Sprintf("%s.%d", filepath.Base(dir), time.Now().UnixNano()))
+	to, err := statefile.MoveAside(dir, s.invalid)
 	s.log.Error("Invalid endpoint state file, moved aside; the endpoint is not restored",
 		"file", path, "error", why, "moved-to", to)
-	return statefile.Move(dir, to)
+	return err
 }

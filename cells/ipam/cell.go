@@ -18,6 +18,7 @@ import (
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/kinderr"
 )
 
 // Cell provides the IPAM: the pod address pools, the table "ipam" of
@@ -77,18 +78,8 @@ var (
 	ErrNotFound  = errors.New("address not allocated")
 )
 
-// ipamError is an error of one of the kinds above with its own message.
-type ipamError struct {
-	kind error
-	msg  string
-}
-
-func (e *ipamError) Error() string { return e.msg }
-func (e *ipamError) Unwrap() error { return e.kind }
-
-func errorf(kind error, format string, args ...any) error {
-	return &ipamError{kind: kind, msg: fmt.Sprintf(format, args...)}
-}
+// errorf is an error of one of the kinds above with its own message.
+var errorf = kinderr.Errorf
 
 // Table initializers that gate allocation.
 const (

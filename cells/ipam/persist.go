@@ -123,11 +123,8 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 // quarantine moves a file that cannot be used out of the way, keeping it
 // for whoever investigates.
 func (s *store) quarantine(path string, why error) error {
-	if err := statefile.MkdirAll(s.invalid); err != nil {
-		return err
-	}
-	to := filepath.Join(s.invalid, fmt.Sprintf("%s.%d", filepath.Base(path), time.Now().UnixNano()))
+	to, err := statefile.MoveAside(path, s.invalid)
 	s.log.Error("Invalid IPAM state file, moved aside; its address is not reserved",
 		"file", path, "error", why, "moved-to", to)
-	return statefile.Move(path, to)
+	return err
 }

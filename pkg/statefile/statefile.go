@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // TempSuffix ends the name of a file that Write has not finished.
@@ -89,6 +90,18 @@ func Move(from, to string) error {
 
 // SyncDir fsyncs a directory, which makes the creation, rename or removal of
 // its entries durable.
+// MoveAside moves path (a file or a directory) into dir, under its name and
+// a time stamp so that repeated failures do not overwrite each other, and
+// returns where it went. State that cannot be read is kept for whoever
+// investigates, out of the way of the next restore.
+func MoveAside(path, dir string) (string, error) {
+	if err := MkdirAll(dir); err != nil {
+		return "", err
+	}
+	to := filepath.Join(dir, fmt.Sprintf("%s.%d", filepath.Base(path), time.Now().UnixNano()))
+	return to, Move(path, to)
+}
+
 func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -152,5 +153,27 @@ func TestRemoveAndMove(t *testing.T) {
 	}
 	if _, err := os.Stat(moved); !os.IsNotExist(err) {
 		t.Fatalf("removed state still there: %v", err)
+	}
+}
+
+func TestMoveAside(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "7.json")
+	if err := os.WriteFile(bad, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	invalid := filepath.Join(dir, "invalid")
+	to, err := statefile.MoveAside(bad, invalid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(to) != invalid || !strings.HasPrefix(filepath.Base(to), "7.json.") {
+		t.Fatalf("moved to %s, want %s/7.json.<time>", to, invalid)
+	}
+	if b, err := os.ReadFile(to); err != nil || string(b) != "{" {
+		t.Fatalf("moved file: %q %v", b, err)
+	}
+	if _, err := os.Stat(bad); !os.IsNotExist(err) {
+		t.Fatalf("original still there: %v", err)
 	}
 }
