@@ -21,6 +21,10 @@
 // wrong). A handler that panics is logged and answered with a 500; the agent
 // keeps running.
 //
+// A route may stream instead: with a [StreamFunc] in Route.Stream it answers
+// with newline-delimited JSON values for as long as the client stays (a
+// live feed such as GET /v1/monitor). Stopping the agent ends every stream.
+//
 // Request and response types live in pkg/apiv1 and the typed client in
 // pkg/client, so client commands and the CNI plugin share them.
 package api

@@ -19,8 +19,12 @@ type Route struct {
 	// Method is the HTTP method: GET, PUT, POST, DELETE.
 	Method string
 	// Path is a net/http ServeMux path pattern, e.g. "/v1/statedb/{table}".
-	Path    string
+	Path string
+	// Handler answers with one JSON value. A route has a Handler or a
+	// Stream, not both.
 	Handler HandlerFunc
+	// Stream answers with a stream of JSON values (see [StreamFunc]).
+	Stream StreamFunc
 }
 
 // HandlerFunc handles a request: it returns the value to send back as JSON,

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +56,11 @@ type Server struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	http *HTTPServer
+	// streams ends when the server stops, and every stream with it: a
+	// stream never ends on its own, so a graceful shutdown would wait for
+	// it forever.
+	streams     context.Context
+	stopStreams context.CancelFunc
 }
 
 func newServer(p serverParams) (*Server, error) {
@@ -76,12 +82,19 @@ func newServer(p serverParams) (*Server, error) {
 // conflicting pattern into an error that names both routes.
 func (s *Server) register(route Route) (err error) {
 	pattern := route.Method + " " + route.Path
+	if (route.Handler == nil) == (route.Stream == nil) {
+		return fmt.Errorf("api route %q: want a Handler or a Stream, one of the two", pattern)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("api route %q: %v", pattern, r)
 		}
 	}()
-	s.mux.Handle(pattern, s.adapt(route))
+	if route.Stream != nil {
+		s.mux.Handle(pattern, s.adaptStream(route))
+	} else {
+		s.mux.Handle(pattern, s.adapt(route))
+	}
 	return nil
 }
 
@@ -93,11 +106,13 @@ func (s *Server) start(cell.HookContext) error {
 	if err != nil {
 		return err
 	}
+	s.streams, s.stopStreams = context.WithCancel(context.Background())
 	s.http.Serve(ln)
 	return nil
 }
 
 func (s *Server) stop(ctx cell.HookContext) error {
+	s.stopStreams()
 	// Closing the listener unlinks the socket.
 	return s.http.Shutdown(ctx)
 }
