@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"runtime/debug"
-	"syscall"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -34,10 +30,6 @@ var DefaultConfig = Config{APISocket: "/var/run/cellium/agent.sock"}
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("api-socket", def.APISocket, "Unix socket of the agent's REST API")
 }
-
-// socketMode lets the socket's group (root's, unless the DaemonSet changes
-// it) use the API; nobody else can.
-const socketMode = 0o660
 
 type serverParams struct {
 	cell.In
@@ -102,7 +94,7 @@ func (s *Server) register(route Route) (err error) {
 func (s *Server) SocketPath() string { return s.cfg.APISocket }
 
 func (s *Server) start(cell.HookContext) error {
-	ln, err := listenUnix(s.cfg.APISocket)
+	ln, err := ListenUnix("api-socket", s.cfg.APISocket)
 	if err != nil {
 		return err
 	}
@@ -115,39 +107,6 @@ func (s *Server) stop(ctx cell.HookContext) error {
 	s.stopStreams()
 	// Closing the listener unlinks the socket.
 	return s.http.Shutdown(ctx)
-}
-
-// listenUnix listens on path, replacing a socket left behind by an agent that
-// died, but refusing to take over one that another agent still serves.
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("--api-socket %s: create directory: %w", path, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("--api-socket %s exists and is not a socket", path)
-		}
-		conn, err := net.Dial("unix", path)
-		if err == nil {
-			conn.Close()
-			return nil, fmt.Errorf("--api-socket %s: another agent is serving on it", path)
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("--api-socket %s: probe existing socket: %w", path, err)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("--api-socket %s: remove stale socket: %w", path, err)
-		}
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("--api-socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, socketMode); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("--api-socket %s: chmod: %w", path, err)
-	}
-	return ln, nil
 }
 
 // ServeHTTP answers requests that match no route with a JSON error, and hands
