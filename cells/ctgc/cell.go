@@ -1,0 +1,30 @@
+package ctgc
+
+import (
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is the ct-gc cell's configuration.
+type Config struct {
+	// ConntrackGCInterval, when not zero, is the wait between passes,
+	// which then no longer adapts.
+	ConntrackGCInterval    time.Duration
+	ConntrackGCIntervalMin time.Duration
+	ConntrackGCIntervalMax time.Duration
+}
+
+var defaultConfig = Config{
+	ConntrackGCIntervalMin: 10 * time.Second,
+	ConntrackGCIntervalMax: 12 * time.Hour,
+}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.Duration("conntrack-gc-interval", def.ConntrackGCInterval,
+		"Wait between conntrack garbage collection passes; 0: adapt it to how much each pass deletes")
+	flags.Duration("conntrack-gc-interval-min", def.ConntrackGCIntervalMin,
+		"Shortest wait between conntrack garbage collection passes when the interval adapts")
+	flags.Duration("conntrack-gc-interval-max", def.ConntrackGCIntervalMax,
+		"Longest wait between conntrack garbage collection passes when the interval adapts")
+}
