@@ -20,8 +20,12 @@
  *
  * The maps are in lb.h. A destination that is no service is left alone,
  * whatever the maps hold about anything else.
+ *
+ * Every translation, either way, is reported as an EVENT_SOCK_LB record in
+ * the event ring buffer (events.h).
  */
 #include "cellium.h"
+#include "events.h"
 #include "lb.h"
 
 #include <stdbool.h>
@@ -173,12 +177,14 @@ static __always_inline __u32 lb4_select_slot(struct lb4_key *key, __u16 count)
 /*
  * lb4_translate replaces the frontend *addr:*port with a backend of the
  * service and records the pair for the reverse direction. It returns
- * LB_TRANSLATED, LB_UNTOUCHED when the destination is no service, or a
- * negative errno when it is a service that cannot take the connection:
- * one without backends, or one whose backend is missing from the maps,
- * which is refused rather than let through to the frontend address.
+ * LB_TRANSLATED, with the service's *rev_nat_index, LB_UNTOUCHED when the
+ * destination is no service, or a negative errno when it is a service that
+ * cannot take the connection: one without backends, or one whose backend
+ * is missing from the maps, which is refused rather than let through to
+ * the frontend address.
  */
-static __always_inline int lb4_translate(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port)
+static __always_inline int lb4_translate(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port,
+					 __u16 *rev_nat_index)
 {
 	struct lb4_key key = {
 		.address = *addr,
@@ -226,6 +232,7 @@ static __always_inline int lb4_translate(struct bpf_sock_addr *ctx, __be32 *addr
 	rval.rev_nat_index = svc->rev_nat_index;
 	bpf_map_update_elem(&cellium_lb4_sock_revnat, &rkey, &rval, BPF_ANY);
 
+	*rev_nat_index = svc->rev_nat_index;
 	*addr = backend->address;
 	*port = backend->port;
 	return LB_TRANSLATED;
@@ -235,9 +242,11 @@ static __always_inline int lb4_translate(struct bpf_sock_addr *ctx, __be32 *addr
  * lb4_reverse replaces the backend *addr:*port with the frontend this
  * socket was translated from, if it was and the frontend still exists
  * under the same index. A wildcard NodePort matches the loopback address
- * the client used. Returns whether it replaced anything.
+ * the client used. Returns whether it replaced anything; when it did,
+ * *rev_nat_index is the frontend's.
  */
-static __always_inline bool lb4_reverse(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port)
+static __always_inline bool lb4_reverse(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port,
+					__u16 *rev_nat_index)
 {
 	struct lb4_sock_revnat_key key = {
 		.cookie = bpf_get_socket_cookie(ctx),
@@ -246,13 +255,12 @@ static __always_inline bool lb4_reverse(struct bpf_sock_addr *ctx, __be32 *addr,
 	};
 	const struct lb4_sock_revnat *val;
 	const struct lb4_reverse_nat *frontend;
-	__u16 rev_nat_index;
 
 	val = bpf_map_lookup_elem(&cellium_lb4_sock_revnat, &key);
 	if (!val)
 		return false;
-	rev_nat_index = val->rev_nat_index;
-	frontend = bpf_map_lookup_elem(&cellium_lb4_revnat, &rev_nat_index);
+	*rev_nat_index = val->rev_nat_index;
+	frontend = bpf_map_lookup_elem(&cellium_lb4_revnat, rev_nat_index);
 	if (!frontend || frontend->port != val->port ||
 	    (frontend->address && frontend->address != val->address))
 		return false;
@@ -304,7 +312,8 @@ static __always_inline __u32 lb6_select_slot(struct lb6_key *key, __u16 count)
 }
 
 /* See lb4_translate. */
-static __always_inline int lb6_translate(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port)
+static __always_inline int lb6_translate(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port,
+					 __u16 *rev_nat_index)
 {
 	struct lb6_key key = {
 		.dport = *port,
@@ -351,13 +360,15 @@ static __always_inline int lb6_translate(struct bpf_sock_addr *ctx, __be32 *addr
 	rval.rev_nat_index = svc->rev_nat_index;
 	bpf_map_update_elem(&cellium_lb6_sock_revnat, &rkey, &rval, BPF_ANY);
 
+	*rev_nat_index = svc->rev_nat_index;
 	ipv6_copy(addr, backend->address);
 	*port = backend->port;
 	return LB_TRANSLATED;
 }
 
 /* See lb4_reverse. */
-static __always_inline bool lb6_reverse(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port)
+static __always_inline bool lb6_reverse(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port,
+					__u16 *rev_nat_index)
 {
 	struct lb6_sock_revnat_key key = {
 		.cookie = bpf_get_socket_cookie(ctx),
@@ -365,14 +376,13 @@ static __always_inline bool lb6_reverse(struct bpf_sock_addr *ctx, __be32 *addr,
 	};
 	const struct lb6_sock_revnat *val;
 	const struct lb6_reverse_nat *frontend;
-	__u16 rev_nat_index;
 
 	ipv6_copy(key.address, addr);
 	val = bpf_map_lookup_elem(&cellium_lb6_sock_revnat, &key);
 	if (!val)
 		return false;
-	rev_nat_index = val->rev_nat_index;
-	frontend = bpf_map_lookup_elem(&cellium_lb6_revnat, &rev_nat_index);
+	*rev_nat_index = val->rev_nat_index;
+	frontend = bpf_map_lookup_elem(&cellium_lb6_revnat, rev_nat_index);
 	if (!frontend || frontend->port != val->port)
 		return false;
 	if ((frontend->address[0] | frontend->address[1] | frontend->address[2] | frontend->address[3]) &&
@@ -384,32 +394,66 @@ static __always_inline bool lb6_reverse(struct bpf_sock_addr *ctx, __be32 *addr,
 	return true;
 }
 
-/* connect() and sendmsg() of IPv4 sockets. */
-static __always_inline int sock4_forward(struct bpf_sock_addr *ctx)
+/*
+ * Reports a translation of the socket's address from orig to xlated, of
+ * family EVENT_FAMILY_IPV4 (addresses of 4 bytes) or EVENT_FAMILY_IPV6.
+ */
+static __always_inline void report_translation(struct bpf_sock_addr *ctx, __u8 hook, __u8 family,
+					       __u16 rev_nat_index, const void *orig, __be16 orig_port,
+					       const void *xlated, __be16 xlated_port)
 {
-	__be32 addr = ctx->user_ip4;
-	__be16 port = ctx->user_port;
+	struct sock_lb_record rec = {};
+
+	event_hdr_init(&rec.hdr, EVENT_SOCK_LB, hook, 0, 0);
+	rec.lb.family = family;
+	rec.lb.proto = ctx->protocol;
+	rec.lb.rev_nat_index = rev_nat_index;
+	rec.lb.sock_cookie = bpf_get_socket_cookie(ctx);
+	rec.lb.netns_cookie = bpf_get_netns_cookie(ctx);
+	if (family == EVENT_FAMILY_IPV4) {
+		__builtin_memcpy(rec.lb.orig_addr, orig, 4);
+		__builtin_memcpy(rec.lb.xlated_addr, xlated, 4);
+	} else {
+		__builtin_memcpy(rec.lb.orig_addr, orig, 16);
+		__builtin_memcpy(rec.lb.xlated_addr, xlated, 16);
+	}
+	rec.lb.orig_port = orig_port;
+	rec.lb.xlated_port = xlated_port;
+	event_output_sock_lb(&rec);
+}
+
+/* connect() and sendmsg() of IPv4 sockets; hook says which. */
+static __always_inline int sock4_forward(struct bpf_sock_addr *ctx, __u8 hook)
+{
+	__be32 frontend = ctx->user_ip4, addr = frontend;
+	__be16 frontend_port = ctx->user_port, port = frontend_port;
+	__u16 rev_nat_index;
 	int ret;
 
-	ret = lb4_translate(ctx, &addr, &port);
+	ret = lb4_translate(ctx, &addr, &port, &rev_nat_index);
 	if (ret < 0)
 		return refuse(ret);
 	if (ret == LB_TRANSLATED) {
 		ctx->user_ip4 = addr;
 		ctx->user_port = port;
+		report_translation(ctx, hook, EVENT_FAMILY_IPV4, rev_nat_index, &frontend, frontend_port, &addr,
+				   port);
 	}
 	return SYS_PROCEED;
 }
 
-/* recvmsg() and getpeername() of IPv4 sockets. */
-static __always_inline int sock4_reverse(struct bpf_sock_addr *ctx)
+/* recvmsg() and getpeername() of IPv4 sockets; hook says which. */
+static __always_inline int sock4_reverse(struct bpf_sock_addr *ctx, __u8 hook)
 {
-	__be32 addr = ctx->user_ip4;
-	__be16 port = ctx->user_port;
+	__be32 backend = ctx->user_ip4, addr = backend;
+	__be16 backend_port = ctx->user_port, port = backend_port;
+	__u16 rev_nat_index;
 
-	if (lb4_reverse(ctx, &addr, &port)) {
+	if (lb4_reverse(ctx, &addr, &port, &rev_nat_index)) {
 		ctx->user_ip4 = addr;
 		ctx->user_port = port;
+		report_translation(ctx, hook, EVENT_FAMILY_IPV4, rev_nat_index, &backend, backend_port, &addr,
+				   port);
 	}
 	return SYS_PROCEED;
 }
@@ -433,92 +477,121 @@ static __always_inline void sock6_write(struct bpf_sock_addr *ctx, const __be32 
 }
 
 /*
+ * Reports a translation of an IPv6 socket's address. An IPv4-mapped one was
+ * translated in the IPv4 maps and is reported as IPv4, as the service is.
+ */
+static __always_inline void report_translation6(struct bpf_sock_addr *ctx, __u8 hook, bool v4mapped,
+						__u16 rev_nat_index, const __be32 *orig, __be16 orig_port,
+						const __be32 *xlated, __be16 xlated_port)
+{
+	if (v4mapped)
+		report_translation(ctx, hook, EVENT_FAMILY_IPV4, rev_nat_index, &orig[3], orig_port, &xlated[3],
+				   xlated_port);
+	else
+		report_translation(ctx, hook, EVENT_FAMILY_IPV6, rev_nat_index, orig, orig_port, xlated,
+				   xlated_port);
+}
+
+/*
  * connect() and sendmsg() of IPv6 sockets. A dual-stack socket reaches an
  * IPv4 service at its IPv4-mapped address (::ffff:a.b.c.d): that is
  * translated with the IPv4 maps and stays mapped, so the socket connects to
  * the IPv4 backend the same way.
  */
-static __always_inline int sock6_forward(struct bpf_sock_addr *ctx)
+static __always_inline int sock6_forward(struct bpf_sock_addr *ctx, __u8 hook)
 {
-	__be32 addr[4];
-	__be16 port;
+	__be32 frontend[4], addr[4];
+	__be16 frontend_port, port;
+	__u16 rev_nat_index;
+	bool v4mapped;
 	int ret;
 
-	sock6_read(ctx, addr, &port);
-	if (ipv6_is_v4mapped(addr))
-		ret = lb4_translate(ctx, &addr[3], &port);
+	sock6_read(ctx, frontend, &frontend_port);
+	ipv6_copy(addr, frontend);
+	port = frontend_port;
+	v4mapped = ipv6_is_v4mapped(addr);
+	if (v4mapped)
+		ret = lb4_translate(ctx, &addr[3], &port, &rev_nat_index);
 	else
-		ret = lb6_translate(ctx, addr, &port);
+		ret = lb6_translate(ctx, addr, &port, &rev_nat_index);
 	if (ret < 0)
 		return refuse(ret);
-	if (ret == LB_TRANSLATED)
+	if (ret == LB_TRANSLATED) {
 		sock6_write(ctx, addr, port);
+		report_translation6(ctx, hook, v4mapped, rev_nat_index, frontend, frontend_port, addr, port);
+	}
 	return SYS_PROCEED;
 }
 
 /* recvmsg() and getpeername() of IPv6 sockets, IPv4-mapped included. */
-static __always_inline int sock6_reverse(struct bpf_sock_addr *ctx)
+static __always_inline int sock6_reverse(struct bpf_sock_addr *ctx, __u8 hook)
 {
-	__be32 addr[4];
-	__be16 port;
-	bool reversed;
+	__be32 backend[4], addr[4];
+	__be16 backend_port, port;
+	__u16 rev_nat_index;
+	bool v4mapped, reversed;
 
-	sock6_read(ctx, addr, &port);
-	if (ipv6_is_v4mapped(addr))
-		reversed = lb4_reverse(ctx, &addr[3], &port);
+	sock6_read(ctx, backend, &backend_port);
+	ipv6_copy(addr, backend);
+	port = backend_port;
+	v4mapped = ipv6_is_v4mapped(addr);
+	if (v4mapped)
+		reversed = lb4_reverse(ctx, &addr[3], &port, &rev_nat_index);
 	else
-		reversed = lb6_reverse(ctx, addr, &port);
-	if (reversed)
+		reversed = lb6_reverse(ctx, addr, &port, &rev_nat_index);
+	if (reversed) {
 		sock6_write(ctx, addr, port);
+		report_translation6(ctx, hook, v4mapped, rev_nat_index, backend, backend_port, addr, port);
+	}
 	return SYS_PROCEED;
 }
 
 SEC("cgroup/connect4")
 int lb4_connect(struct bpf_sock_addr *ctx)
 {
-	return sock4_forward(ctx);
+	return sock4_forward(ctx, SOCK_LB_HOOK_CONNECT);
 }
 
 SEC("cgroup/sendmsg4")
 int lb4_sendmsg(struct bpf_sock_addr *ctx)
 {
-	return sock4_forward(ctx);
+	return sock4_forward(ctx, SOCK_LB_HOOK_SENDMSG);
 }
 
 SEC("cgroup/recvmsg4")
 int lb4_recvmsg(struct bpf_sock_addr *ctx)
 {
-	return sock4_reverse(ctx);
+	return sock4_reverse(ctx, SOCK_LB_HOOK_RECVMSG);
 }
 
 SEC("cgroup/getpeername4")
 int lb4_getpeername(struct bpf_sock_addr *ctx)
 {
-	return sock4_reverse(ctx);
+	return sock4_reverse(ctx, SOCK_LB_HOOK_GETPEERNAME);
 }
 
 SEC("cgroup/connect6")
 int lb6_connect(struct bpf_sock_addr *ctx)
 {
-	return sock6_forward(ctx);
+	return sock6_forward(ctx, SOCK_LB_HOOK_CONNECT);
 }
 
 SEC("cgroup/sendmsg6")
 int lb6_sendmsg(struct bpf_sock_addr *ctx)
 {
-	return sock6_forward(ctx);
+	return sock6_forward(ctx, SOCK_LB_HOOK_SENDMSG);
 }
 
 SEC("cgroup/recvmsg6")
 int lb6_recvmsg(struct bpf_sock_addr *ctx)
 {
-	return sock6_reverse(ctx);
+	return sock6_reverse(ctx, SOCK_LB_HOOK_RECVMSG);
 }
 
 SEC("cgroup/getpeername6")
 int lb6_getpeername(struct bpf_sock_addr *ctx)
 {
-	return sock6_reverse(ctx);
+	return sock6_reverse(ctx, SOCK_LB_HOOK_GETPEERNAME);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

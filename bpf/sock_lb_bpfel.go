@@ -130,6 +130,8 @@ type SockLBLbAffinityVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	SockLBMapCelliumEvents        = "cellium_events"
+	SockLBMapCelliumEventsLost    = "cellium_events_lost"
 	SockLBMapCelliumLb4Backends   = "cellium_lb4_backends"
 	SockLBMapCelliumLb4Maglev     = "cellium_lb4_maglev"
 	SockLBMapCelliumLb4Revnat     = "cellium_lb4_revnat"
@@ -208,6 +210,8 @@ type SockLBProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type SockLBMapSpecs struct {
+	CelliumEvents        *ebpf.MapSpec `ebpf:"cellium_events"`
+	CelliumEventsLost    *ebpf.MapSpec `ebpf:"cellium_events_lost"`
 	CelliumLb4Backends   *ebpf.MapSpec `ebpf:"cellium_lb4_backends"`
 	CelliumLb4Maglev     *ebpf.MapSpec `ebpf:"cellium_lb4_maglev"`
 	CelliumLb4Revnat     *ebpf.MapSpec `ebpf:"cellium_lb4_revnat"`
@@ -248,6 +252,8 @@ func (o *SockLBObjects) Close() error {
 //
 // It can be passed to LoadSockLBObjects or ebpf.CollectionSpec.LoadAndAssign.
 type SockLBMaps struct {
+	CelliumEvents        *ebpf.Map `ebpf:"cellium_events"`
+	CelliumEventsLost    *ebpf.Map `ebpf:"cellium_events_lost"`
 	CelliumLb4Backends   *ebpf.Map `ebpf:"cellium_lb4_backends"`
 	CelliumLb4Maglev     *ebpf.Map `ebpf:"cellium_lb4_maglev"`
 	CelliumLb4Revnat     *ebpf.Map `ebpf:"cellium_lb4_revnat"`
@@ -263,6 +269,8 @@ type SockLBMaps struct {
 
 func (m *SockLBMaps) Close() error {
 	return _SockLBClose(
+		m.CelliumEvents,
+		m.CelliumEventsLost,
 		m.CelliumLb4Backends,
 		m.CelliumLb4Maglev,
 		m.CelliumLb4Revnat,

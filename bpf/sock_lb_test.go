@@ -1,17 +1,24 @@
 package bpf_test
 
 import (
+	"errors"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
 // The sock_lb tests run clients through the programs with the harness of
@@ -482,5 +489,183 @@ func TestIPv4MappedIPv6(t *testing.T) {
 	}
 	if r[1].Backend != backends4[0].String() || r[1].From != mapped(dns) {
 		t.Fatalf("%v; want backend %s answering from %v", r[1], backends4[0], mapped(dns))
+	}
+}
+
+// attachedEventRing opens the event ring buffer of the connect4 program
+// attached to cgroup: whichever map the loader gave the programs, it is
+// the one their records go to.
+func attachedEventRing(t *testing.T, cgroup string) *ringbuf.Reader {
+	t.Helper()
+	dir, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(dir.Fd()), Attach: ebpf.AttachCGroupInet4Connect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Programs) != 1 {
+		t.Fatalf("%d connect4 programs on cgroup %s, want 1", len(res.Programs), cgroup)
+	}
+	prog, err := ebpf.NewProgramFromID(res.Programs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := info.MapIDs()
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		mi, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mi.Type != ebpf.RingBuf || mi.Name != bpf.SockLBMapCelliumEvents {
+			continue
+		}
+		rd, err := ringbuf.NewReader(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rd.Close() })
+		return rd
+	}
+	t.Fatalf("the connect4 program uses no ring buffer %s (maps %v)", bpf.SockLBMapCelliumEvents, ids)
+	return nil
+}
+
+// sockLBEvents drains the ring buffer. The programs write their records
+// during the system calls, so a finished client's are all there.
+func sockLBEvents(t *testing.T, rd *ringbuf.Reader) []*monitorapi.SockLBEvent {
+	t.Helper()
+	boot := monitorapi.SystemBootClock()
+	var evs []*monitorapi.SockLBEvent
+	rd.SetDeadline(time.Now())
+	for {
+		rec, err := rd.Read()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return evs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := monitorapi.Decode(rec.RawSample, boot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, ok := ev.(*monitorapi.SockLBEvent)
+		if !ok {
+			t.Fatalf("event %v from a socket program, want a sock-lb event", ev)
+		}
+		evs = append(evs, lb)
+	}
+}
+
+// Each translation, either way, is reported: what the socket asked for,
+// what it got, and which socket of which network namespace.
+func TestTranslationEvents(t *testing.T) {
+	env := socklbtest.New(t)
+	m := env.StartDatapath()
+	rd := attachedEventRing(t, env.Cgroup)
+	env.ServeTCP(backends4[0])
+	env.ServeUDP(backends4[1])
+	tcpIDs := putBackends(t, m, lbmap.TCP, 1, backends4[0])
+	udpIDs := putBackends(t, m, lbmap.UDP, 2, backends4[1])
+	service{frontend: serviceTCP, proto: lbmap.TCP, revNAT: 7, slots: tcpIDs}.put(t, m)
+	dns := netip.AddrPortFrom(svc4, 53)
+	service{frontend: dns, proto: lbmap.UDP, revNAT: 8, slots: udpIDs}.put(t, m)
+
+	start := time.Now()
+	r := env.Run(
+		socklbtest.Call{Op: socklbtest.TCP, To: serviceTCP},
+		socklbtest.Call{Op: socklbtest.UDP, To: dns},
+	)
+	if r[0].Backend != backends4[0].String() || r[1].Backend != backends4[1].String() {
+		t.Fatalf("%v; want backends %s and %s", r, backends4[0], backends4[1])
+	}
+	evs := sockLBEvents(t, rd)
+	byHook := map[monitorapi.SockLBHook]*monitorapi.SockLBEvent{}
+	for _, ev := range evs {
+		t.Log(ev)
+		if _, dup := byHook[ev.Hook]; dup {
+			t.Fatalf("events %v: want one per hook", evs)
+		}
+		byHook[ev.Hook] = ev
+		if ev.SockCookie == 0 || ev.NetnsCookie != evs[0].NetnsCookie || ev.NetnsCookie == 0 {
+			t.Fatalf("event %v: want a socket cookie and the client's netns cookie", ev)
+		}
+		if ev.Time.Before(start.Add(-time.Second)) || ev.Time.After(time.Now().Add(time.Second)) {
+			t.Fatalf("event %v at %v, not during the run from %v", ev, ev.Time, start)
+		}
+	}
+	for hook, want := range map[monitorapi.SockLBHook]monitorapi.SockLBEvent{
+		monitorapi.SockLBConnect:     {Proto: unix.IPPROTO_TCP, RevNATIndex: 7, Original: serviceTCP, Translated: backends4[0]},
+		monitorapi.SockLBGetpeername: {Proto: unix.IPPROTO_TCP, RevNATIndex: 7, Original: backends4[0], Translated: serviceTCP},
+		monitorapi.SockLBSendmsg:     {Proto: unix.IPPROTO_UDP, RevNATIndex: 8, Original: dns, Translated: backends4[1]},
+		monitorapi.SockLBRecvmsg:     {Proto: unix.IPPROTO_UDP, RevNATIndex: 8, Original: backends4[1], Translated: dns},
+	} {
+		got := byHook[hook]
+		if got == nil || got.Proto != want.Proto || got.RevNATIndex != want.RevNATIndex ||
+			got.Original != want.Original || got.Translated != want.Translated {
+			t.Fatalf("%s event %v; want %s %s -> %s, rev-nat %d", hook, got, want.Proto, want.Original, want.Translated, want.RevNATIndex)
+		}
+	}
+	// One socket each way.
+	if byHook[monitorapi.SockLBConnect].SockCookie != byHook[monitorapi.SockLBGetpeername].SockCookie ||
+		byHook[monitorapi.SockLBSendmsg].SockCookie != byHook[monitorapi.SockLBRecvmsg].SockCookie ||
+		byHook[monitorapi.SockLBConnect].SockCookie == byHook[monitorapi.SockLBSendmsg].SockCookie {
+		t.Fatalf("events %v: want the TCP socket's cookie on connect and getpeername, the UDP socket's on sendmsg and recvmsg", evs)
+	}
+}
+
+// IPv6 sockets are reported with IPv6 addresses, except at an IPv4-mapped
+// address, which the IPv4 maps translate and which is reported as IPv4.
+func TestTranslationEventsIPv6(t *testing.T) {
+	env := socklbtest.New(t)
+	env.RequireIPv6()
+	m := env.StartDatapath()
+	rd := attachedEventRing(t, env.Cgroup)
+	env.AddAddr(netip.PrefixFrom(backends6[0].Addr(), 128))
+	env.ServeTCP(backends6[0], backends4[0])
+	ids6 := putBackends(t, m, lbmap.TCP, 1, backends6[0])
+	ids4 := putBackends(t, m, lbmap.TCP, 2, backends4[0])
+	web := netip.AddrPortFrom(svc6, 80)
+	service{frontend: web, proto: lbmap.TCP, revNAT: 1, slots: ids6}.put(t, m)
+	service{frontend: serviceTCP, proto: lbmap.TCP, revNAT: 2, slots: ids4}.put(t, m)
+	mapped := netip.AddrPortFrom(netip.AddrFrom16(svc4.As16()), serviceTCP.Port())
+
+	r := env.Run(
+		socklbtest.Call{Op: socklbtest.TCP, To: web},
+		socklbtest.Call{Op: socklbtest.TCP, To: mapped},
+	)
+	if r[0].Backend != backends6[0].String() || r[1].Backend != backends4[0].String() {
+		t.Fatalf("%v; want backends %s and %s", r, backends6[0], backends4[0])
+	}
+	type translation struct {
+		hook       monitorapi.SockLBHook
+		revNAT     uint16
+		orig, xlat netip.AddrPort
+	}
+	var got []translation
+	for _, ev := range sockLBEvents(t, rd) {
+		got = append(got, translation{ev.Hook, ev.RevNATIndex, ev.Original, ev.Translated})
+	}
+	want := []translation{
+		{monitorapi.SockLBConnect, 1, web, backends6[0]},
+		{monitorapi.SockLBGetpeername, 1, backends6[0], web},
+		{monitorapi.SockLBConnect, 2, serviceTCP, backends4[0]},
+		{monitorapi.SockLBGetpeername, 2, backends4[0], serviceTCP},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("translations %v, want %v", got, want)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/pkg/lbmap"
@@ -25,8 +26,8 @@ import (
 
 // newHive is the bpf-maps and lb-maps cells on the bpffs at root, with cfg
 // applied to the lb-maps flags; maps receives the Maps.
-func newHive(root string, cfg func(*lbmaps.Config), maps **lbmaps.Maps) *hive.Hive {
-	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, handFilled, cell.Invoke(func(m *lbmaps.Maps) { *maps = m }))
+func newHive(root string, cfg func(*lbmaps.Config), maps **lbmaps.Maps, extra ...cell.Cell) *hive.Hive {
+	h := celltest.New(append([]cell.Cell{bpfmaps.Cell, lbmaps.Cell, handFilled, cell.Invoke(func(m *lbmaps.Maps) { *maps = m })}, extra...)...)
 	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = root })
 	if cfg != nil {
 		hive.AddConfigOverride(h, cfg)
@@ -64,15 +65,24 @@ func small(c *lbmaps.Config) {
 // programs, and the kernel's layout of each must be what the C code uses.
 // Sizes come from the flags, so max entries are compared with the flags.
 func TestMapsMatchProgram(t *testing.T) {
-	var maps *lbmaps.Maps
-	start(t, newHive(bpfmapstest.Root(t), small, &maps))
+	var (
+		maps   *lbmaps.Maps
+		events *ctmaps.Events
+	)
+	// The programs also report to the event ring buffer, which ct-maps
+	// declares.
+	h := newHive(bpfmapstest.Root(t), small, &maps, ctmaps.Cell, cell.Invoke(func(e *ctmaps.Events) { events = e }))
+	start(t, h)
 	spec, err := bpf.LoadSockLB()
 	if err != nil {
 		t.Fatal(err)
 	}
 	declared := maps.EBPF()
+	for name, m := range events.EBPF() {
+		declared[name] = m
+	}
 	if len(declared) != len(spec.Maps)-1 { // less .rodata
-		t.Errorf("lb-maps declares %d maps, the program %d (with .rodata)", len(declared), len(spec.Maps))
+		t.Errorf("lb-maps and ct-maps declare %d maps, the program %d (with .rodata)", len(declared), len(spec.Maps))
 	}
 	for name, want := range spec.Maps {
 		if name == ".rodata" {

@@ -1,0 +1,1017 @@
+package bpf_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/bpf"
+	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/endpointmaps"
+	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/monitorapi"
+)
+
+// The lxc tests run the TC programs on crafted packets with
+// BPF_PROG_TEST_RUN, against maps of their own, and read what the programs
+// left in the conntrack maps and the event ring buffer. Both programs of
+// one load serve every endpoint, as on a node: they tell endpoints apart by
+// the endpoint map.
+
+// Lifetimes of the tests, in seconds: apart from the defaults and from
+// each other, so that an entry's lifetime says which one applied.
+const (
+	lifetimeSyn    = 7
+	lifetimeTCP    = 1000
+	lifetimeClose  = 3
+	lifetimeNonTCP = 50
+)
+
+// Verdicts, as BPF_PROG_TEST_RUN returns them.
+const (
+	verdictNext = uint32(0xffffffff) // TC_ACT_UNSPEC, -1
+	verdictDrop = uint32(2)          // TC_ACT_SHOT
+)
+
+// Endpoints of the node: pods A and B, with their IDs.
+var (
+	podA  = netip.MustParseAddr("10.244.0.2")
+	podB  = netip.MustParseAddr("10.244.0.3")
+	podA6 = netip.MustParseAddr("fd00:244::2")
+	podB6 = netip.MustParseAddr("fd00:244::3")
+	// remote is no endpoint of the node.
+	remote  = netip.MustParseAddr("192.0.2.1")
+	remote6 = netip.MustParseAddr("2001:db8::1")
+)
+
+const (
+	epA uint16 = 11
+	epB uint16 = 12
+)
+
+// lxc is one load of lxc.c with maps of its own.
+type lxc struct {
+	t        *testing.T
+	from, to *ebpf.Program
+	ct       map[string]*ebpf.Map
+	lost     *ebpf.Map
+	ring     *ringbuf.Reader
+	boot     monitorapi.BootClock
+}
+
+type lxcOptions struct {
+	aggregation bool
+	// ringSize is the ring buffer's size; 0 for 64 KiB.
+	ringSize uint32
+	// edit changes the spec before loading.
+	edit func(*ebpf.CollectionSpec)
+}
+
+// loadLXC loads the programs with the test lifetimes, through the
+// ct-maps cell's ProgramConstants, as the loader sets them, and puts pods
+// A and B (both families) into the endpoint map.
+func loadLXC(t *testing.T, opts lxcOptions) *lxc {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs")
+	}
+	spec, err := bpf.LoadLXC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		switch m.Type {
+		case ebpf.RingBuf:
+			m.MaxEntries = 64 << 10
+			if opts.ringSize != 0 {
+				m.MaxEntries = opts.ringSize
+			}
+		case ebpf.LRUHash, ebpf.Hash:
+			m.MaxEntries = 1024
+		}
+	}
+	cfg := ctmaps.Config{
+		ConntrackLifetimeSyn:    lifetimeSyn * time.Second,
+		ConntrackLifetimeTCP:    lifetimeTCP * time.Second,
+		ConntrackLifetimeClose:  lifetimeClose * time.Second,
+		ConntrackLifetimeNonTCP: lifetimeNonTCP * time.Second,
+		MonitorAggregation:      opts.aggregation,
+	}
+	consts := cfg.ProgramConstants()
+	for name, v := range consts {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			t.Fatalf("the program has no constant %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			t.Fatalf("set %s: %v", name, err)
+		}
+	}
+	if opts.edit != nil {
+		opts.edit(spec)
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		if ve, ok := errors.AsType[*ebpf.VerifierError](err); ok {
+			t.Fatalf("load: %+v", ve)
+		}
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { coll.Close() })
+
+	l := &lxc{
+		t:    t,
+		from: coll.Programs[bpf.LXCProgCelliumFromEndpoint],
+		to:   coll.Programs[bpf.LXCProgCelliumToEndpoint],
+		ct:   map[string]*ebpf.Map{},
+		lost: coll.Maps[ctmaps.MapEventsLost],
+		boot: monitorapi.SystemBootClock(),
+	}
+	for _, name := range []string{ctmaps.MapTCP4, ctmaps.MapAny4, ctmaps.MapTCP6, ctmaps.MapAny6} {
+		l.ct[name] = coll.Maps[name]
+	}
+	l.ring, err = ringbuf.NewReader(coll.Maps[ctmaps.MapEvents])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.ring.Close() })
+
+	endpoints := coll.Maps[bpf.LXCMapCelliumEndpoints]
+	for addr, id := range map[netip.Addr]uint16{podA: epA, podB: epB, podA6: epA, podB6: epB} {
+		info := endpointmaps.EndpointInfo{IfIndex: uint32(100 + id), EndpointID: id}
+		if err := endpoints.Put(endpointmaps.KeyOf(addr), info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+// on is l for a subtest: its failures are t's.
+func (l *lxc) on(t *testing.T) *lxc {
+	c := *l
+	c.t = t
+	return &c
+}
+
+// run runs prog on pkt and fails the test unless it returns want.
+func (l *lxc) run(prog *ebpf.Program, pkt []byte, want uint32) {
+	l.t.Helper()
+	l.runWith(&ebpf.RunOptions{Data: pkt}, prog, want)
+}
+
+func (l *lxc) runWith(opts *ebpf.RunOptions, prog *ebpf.Program, want uint32) {
+	l.t.Helper()
+	got, err := prog.Run(opts)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	if got != want {
+		l.t.Fatalf("program returned %#x, want %#x", got, want)
+	}
+}
+
+// events drains the ring buffer. The programs write their records before
+// they return, so whatever a run reported is there already.
+func (l *lxc) events() []monitorapi.Event {
+	l.t.Helper()
+	var evs []monitorapi.Event
+	l.ring.SetDeadline(time.Now())
+	for {
+		rec, err := l.ring.Read()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return evs
+		}
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		ev, err := monitorapi.Decode(rec.RawSample, l.boot)
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+}
+
+// trace is the one event the last runs reported, a trace event.
+func (l *lxc) trace() *monitorapi.TraceEvent {
+	l.t.Helper()
+	evs := l.events()
+	if len(evs) != 1 {
+		l.t.Fatalf("events %v, want one trace event", evs)
+	}
+	ev, ok := evs[0].(*monitorapi.TraceEvent)
+	if !ok {
+		l.t.Fatalf("event %v, want a trace event", evs[0])
+	}
+	return ev
+}
+
+func (l *lxc) drop() *monitorapi.DropEvent {
+	l.t.Helper()
+	evs := l.events()
+	if len(evs) != 1 {
+		l.t.Fatalf("events %v, want one drop event", evs)
+	}
+	ev, ok := evs[0].(*monitorapi.DropEvent)
+	if !ok {
+		l.t.Fatalf("event %v, want a drop event", evs[0])
+	}
+	return ev
+}
+
+func (l *lxc) noEvents() {
+	l.t.Helper()
+	if evs := l.events(); len(evs) != 0 {
+		l.t.Fatalf("events %v, want none", evs)
+	}
+}
+
+// mapOf is the conntrack map of key's family and protocol.
+func (l *lxc) mapOf(key any) *ebpf.Map {
+	switch k := key.(type) {
+	case ctmap.Key4:
+		if k.Proto == unix.IPPROTO_TCP {
+			return l.ct[ctmaps.MapTCP4]
+		}
+		return l.ct[ctmaps.MapAny4]
+	case ctmap.Key6:
+		if k.Proto == unix.IPPROTO_TCP {
+			return l.ct[ctmaps.MapTCP6]
+		}
+		return l.ct[ctmaps.MapAny6]
+	}
+	panic("not a conntrack key")
+}
+
+// entry is key's entry; the test fails if there is none.
+func (l *lxc) entry(key any) ctmap.Entry {
+	l.t.Helper()
+	var e ctmap.Entry
+	if err := l.mapOf(key).Lookup(key, &e); err != nil {
+		l.t.Fatalf("entry %v: %v", key, err)
+	}
+	return e
+}
+
+func (l *lxc) noEntry(key any) {
+	l.t.Helper()
+	var e ctmap.Entry
+	err := l.mapOf(key).Lookup(key, &e)
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		l.t.Fatalf("entry %v: %v, %v; want none", key, e, err)
+	}
+}
+
+// entries counts the entries of every conntrack map.
+func (l *lxc) entries() int {
+	l.t.Helper()
+	n := 0
+	for name, m := range l.ct {
+		key := make([]byte, m.KeySize())
+		val := make([]byte, m.ValueSize())
+		it := m.Iterate()
+		for it.Next(&key, &val) {
+			n++
+		}
+		if err := it.Err(); err != nil {
+			l.t.Fatalf("iterate %s: %v", name, err)
+		}
+	}
+	return n
+}
+
+// lostEvents sums the lost counter over the CPUs.
+func (l *lxc) lostEvents() uint64 {
+	l.t.Helper()
+	var perCPU []uint64
+	if err := l.lost.Lookup(uint32(0), &perCPU); err != nil {
+		l.t.Fatal(err)
+	}
+	var n uint64
+	for _, v := range perCPU {
+		n += v
+	}
+	return n
+}
+
+// window is the span of CLOCK_BOOTTIME seconds some runs happened in.
+type window struct{ from, to uint32 }
+
+func during(fn func()) window {
+	from := ctmap.Now()
+	fn()
+	return window{from, ctmap.Now()}
+}
+
+// lifetime checks that e expires lifetime seconds after a time in w, and
+// that its last packet of the direction was in w.
+func (w window) check(t *testing.T, what string, got, plus uint32) {
+	t.Helper()
+	if got < w.from+plus || got > w.to+plus {
+		t.Fatalf("%s %d, want %d seconds after a time in [%d, %d]", what, got, plus, w.from, w.to)
+	}
+}
+
+func loIndex(t *testing.T) uint32 {
+	t.Helper()
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint32(lo.Index)
+}
+
+// Packets. Checksums stay 0: the programs do not check them.
+
+func ethernet(etherType uint16, payload []byte) []byte {
+	f := make([]byte, 14, 14+len(payload))
+	copy(f[0:6], []byte{0x02, 0, 0, 0, 0, 0x01})
+	copy(f[6:12], []byte{0x02, 0, 0, 0, 0, 0x02})
+	binary.BigEndian.PutUint16(f[12:], etherType)
+	return append(f, payload...)
+}
+
+func ipv4Header(src, dst netip.Addr, proto uint8, payloadLen int) []byte {
+	h := make([]byte, 20)
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:], uint16(20+payloadLen))
+	h[8] = 64
+	h[9] = proto
+	s, d := src.As4(), dst.As4()
+	copy(h[12:], s[:])
+	copy(h[16:], d[:])
+	return h
+}
+
+func ipv6Header(src, dst netip.Addr, nextHeader uint8, payloadLen int) []byte {
+	h := make([]byte, 40)
+	h[0] = 0x60
+	binary.BigEndian.PutUint16(h[4:], uint16(payloadLen))
+	h[6] = nextHeader
+	h[7] = 64
+	s, d := src.As16(), dst.As16()
+	copy(h[8:], s[:])
+	copy(h[24:], d[:])
+	return h
+}
+
+// ipPacket is an Ethernet frame with an IP packet of src's family.
+func ipPacket(src, dst netip.Addr, proto uint8, l4 []byte) []byte {
+	if src.Is4() {
+		return ethernet(unix.ETH_P_IP, append(ipv4Header(src, dst, proto, len(l4)), l4...))
+	}
+	return ethernet(unix.ETH_P_IPV6, append(ipv6Header(src, dst, proto, len(l4)), l4...))
+}
+
+func tcpHeader(sport, dport uint16, flags monitorapi.TCPFlags) []byte {
+	h := make([]byte, 20)
+	binary.BigEndian.PutUint16(h[0:], sport)
+	binary.BigEndian.PutUint16(h[2:], dport)
+	h[12] = 5 << 4
+	h[13] = uint8(flags)
+	return h
+}
+
+func tcpPacket(src, dst netip.AddrPort, flags monitorapi.TCPFlags) []byte {
+	return ipPacket(src.Addr(), dst.Addr(), unix.IPPROTO_TCP, tcpHeader(src.Port(), dst.Port(), flags))
+}
+
+func udpPacket(src, dst netip.AddrPort) []byte {
+	h := make([]byte, 12)
+	binary.BigEndian.PutUint16(h[0:], src.Port())
+	binary.BigEndian.PutUint16(h[2:], dst.Port())
+	binary.BigEndian.PutUint16(h[4:], uint16(len(h)))
+	copy(h[8:], "ping")
+	return ipPacket(src.Addr(), dst.Addr(), unix.IPPROTO_UDP, h)
+}
+
+// icmpPacket is an ICMP (IPv4) or ICMPv6 (IPv6) message with the given
+// type and an echo identifier.
+func icmpPacket(src, dst netip.Addr, typ, code uint8, id uint16) []byte {
+	h := make([]byte, 16)
+	h[0], h[1] = typ, code
+	binary.BigEndian.PutUint16(h[4:], id)
+	binary.BigEndian.PutUint16(h[6:], 1)
+	proto := uint8(unix.IPPROTO_ICMP)
+	if src.Is6() {
+		proto = unix.IPPROTO_ICMPV6
+	}
+	return ipPacket(src, dst, proto, h)
+}
+
+const (
+	icmpEchoReply    = 0
+	icmpUnreachable  = 3
+	icmpEcho         = 8
+	icmp6Echo        = 128
+	icmp6EchoReply   = 129
+	icmp6NeighSolict = 135
+)
+
+const (
+	syn    = monitorapi.TCPSyn
+	synAck = monitorapi.TCPSyn | monitorapi.TCPAck
+	ack    = monitorapi.TCPAck
+	finAck = monitorapi.TCPFin | monitorapi.TCPAck
+	rstAck = monitorapi.TCPRst | monitorapi.TCPAck
+)
+
+// ctKey is the conntrack key of src's family.
+func ctKey(proto uint8, src, dst netip.AddrPort, flags uint8) any {
+	if src.Addr().Is4() {
+		return ctmap.NewKey4(proto, src, dst, flags)
+	}
+	return ctmap.NewKey6(proto, src, dst, flags)
+}
+
+func tcpKey(src, dst netip.AddrPort, flags uint8) any {
+	return ctKey(unix.IPPROTO_TCP, src, dst, flags)
+}
+
+// checkTrace checks a trace event's point, endpoint, conntrack state and
+// tuple.
+func checkTrace(t *testing.T, ev *monitorapi.TraceEvent, point monitorapi.TracePoint, endpoint uint16, state monitorapi.CTState, src, dst netip.AddrPort) {
+	t.Helper()
+	f := ev.Flow
+	if ev.Point != point || ev.EndpointID != endpoint || f.CTState != state ||
+		f.Src != src.Addr() || f.Dst != dst.Addr() || f.SrcPort != src.Port() || f.DstPort != dst.Port() {
+		t.Fatalf("event %v; want %s, endpoint %d, ct=%s, %v -> %v", ev, point, endpoint, state, src, dst)
+	}
+}
+
+// A same-node TCP connection from pod A to pod B, through A's from-endpoint
+// and B's to-endpoint program and back, then closed with FINs both ways,
+// and its tuple reused.
+func TestLXCTCPConnection(t *testing.T) {
+	for _, fam := range []struct {
+		name string
+		a, b netip.Addr
+	}{{"IPv4", podA, podB}, {"IPv6", podA6, podB6}} {
+		t.Run(fam.name, func(t *testing.T) {
+			l := loadLXC(t, lxcOptions{aggregation: true})
+			a := netip.AddrPortFrom(fam.a, 40000)
+			b := netip.AddrPortFrom(fam.b, 80)
+			out := tcpKey(a, b, 0)                // A's from-endpoint entry
+			in := tcpKey(a, b, ctmap.KeyIncoming) // B's to-endpoint entry
+			synPkt := tcpPacket(a, b, syn)
+
+			w := during(func() { l.run(l.from, synPkt, verdictNext) })
+			ev := l.trace()
+			checkTrace(t, ev, monitorapi.TraceFromEndpoint, epA, monitorapi.CTNew, a, b)
+			if ev.Flow.TCPFlags != syn || ev.Flow.Len != uint32(len(synPkt)) || ev.IfIndex != loIndex(t) || ev.Flow.Proto != unix.IPPROTO_TCP {
+				t.Fatalf("event %v: want flags SYN, len %d, ifindex of lo", ev, len(synPkt))
+			}
+			if d := time.Since(ev.Time); d < -time.Second || d > time.Minute {
+				t.Fatalf("event time %v is not about now", ev.Time)
+			}
+			e := l.entry(out)
+			if e.Flags != ctmap.CTFSynSeen || e.EndpointID != epA || e.PacketsTx != 1 || e.BytesTx != uint64(len(synPkt)) || e.PacketsRx != 0 {
+				t.Fatalf("entry after SYN: %v", e)
+			}
+			w.check(t, "lifetime", e.Lifetime, lifetimeSyn)
+			w.check(t, "last tx", e.LastTx, 0)
+
+			l.run(l.to, synPkt, verdictNext)
+			checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epB, monitorapi.CTNew, a, b)
+			if e := l.entry(in); e.Flags != ctmap.CTFSynSeen || e.EndpointID != epB {
+				t.Fatalf("B's entry after SYN: %v", e)
+			}
+
+			// The SYN-ACK: B's from-endpoint and A's to-endpoint find
+			// their entries as replies.
+			synAckPkt := tcpPacket(b, a, synAck)
+			w = during(func() { l.run(l.from, synAckPkt, verdictNext) })
+			checkTrace(t, l.trace(), monitorapi.TraceFromEndpoint, epB, monitorapi.CTReply, b, a)
+			l.run(l.to, synAckPkt, verdictNext)
+			checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epA, monitorapi.CTReply, b, a)
+			established := ctmap.CTFSynSeen | ctmap.CTFEstablished | ctmap.CTFSeenReply
+			for _, key := range []any{out, in} {
+				e := l.entry(key)
+				if e.Flags != established || e.PacketsTx != 1 || e.PacketsRx != 1 || e.BytesRx != uint64(len(synAckPkt)) {
+					t.Fatalf("entry %v after SYN-ACK: %v", key, e)
+				}
+				w.check(t, "lifetime", e.Lifetime, lifetimeTCP)
+				w.check(t, "last rx", e.LastRx, 0)
+			}
+			// Replies create nothing of their own.
+			if n := l.entries(); n != 2 {
+				t.Fatalf("%d entries, want the 2 of the connection", n)
+			}
+
+			ackPkt := tcpPacket(a, b, ack)
+			l.run(l.from, ackPkt, verdictNext)
+			if evs := l.events(); len(evs) > 1 || len(evs) == 1 && evs[0].(*monitorapi.TraceEvent).Flow.CTState != monitorapi.CTEstablished {
+				t.Fatalf("events after ACK %v, want at most an established trace", evs)
+			}
+			if e := l.entry(out); e.PacketsTx != 2 || e.Flags != established {
+				t.Fatalf("entry after ACK: %v", e)
+			}
+
+			// FIN from A half-closes; the FIN from B closes.
+			w = during(func() {
+				l.run(l.from, tcpPacket(a, b, finAck), verdictNext)
+				l.run(l.to, tcpPacket(a, b, finAck), verdictNext)
+			})
+			for _, key := range []any{out, in} {
+				e := l.entry(key)
+				if e.Flags != established|ctmap.CTFTxClosing || e.State() != ctmap.StateHalfClosed {
+					t.Fatalf("entry %v after A's FIN: %v", key, e)
+				}
+				w.check(t, "lifetime", e.Lifetime, lifetimeTCP)
+			}
+			w = during(func() {
+				l.run(l.from, tcpPacket(b, a, finAck), verdictNext)
+				l.run(l.to, tcpPacket(b, a, finAck), verdictNext)
+			})
+			for _, key := range []any{out, in} {
+				e := l.entry(key)
+				if e.Flags != established|ctmap.CTFTxClosing|ctmap.CTFRxClosing || e.State() != ctmap.StateClosing {
+					t.Fatalf("entry %v after B's FIN: %v", key, e)
+				}
+				w.check(t, "lifetime", e.Lifetime, lifetimeClose)
+			}
+			l.events()
+
+			// A new SYN on the closed tuple starts over.
+			w = during(func() { l.run(l.from, synPkt, verdictNext) })
+			checkTrace(t, l.trace(), monitorapi.TraceFromEndpoint, epA, monitorapi.CTNew, a, b)
+			e = l.entry(out)
+			if e.Flags != ctmap.CTFSynSeen || e.PacketsTx != 1 || e.PacketsRx != 0 {
+				t.Fatalf("entry after a SYN on the closed connection: %v", e)
+			}
+			w.check(t, "lifetime", e.Lifetime, lifetimeSyn)
+
+			// B opening a connection on the reversed tuple finds B's old
+			// entry as a reply: it replaces it with one keyed its way.
+			l.run(l.from, tcpPacket(b, a, syn), verdictNext)
+			checkTrace(t, l.trace(), monitorapi.TraceFromEndpoint, epB, monitorapi.CTNew, b, a)
+			l.noEntry(in)
+			if e := l.entry(tcpKey(b, a, 0)); e.Flags != ctmap.CTFSynSeen || e.EndpointID != epB {
+				t.Fatalf("B's new entry: %v", e)
+			}
+		})
+	}
+}
+
+func TestLXCTCPReset(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	a := netip.AddrPortFrom(podA, 40001)
+	x := netip.AddrPortFrom(remote, 443)
+	l.run(l.from, tcpPacket(a, x, syn), verdictNext)
+	checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTNew, a, x)
+
+	w := during(func() { l.run(l.to, tcpPacket(x, a, rstAck), verdictNext) })
+	ev := l.trace()
+	checkTrace(t, ev, monitorapi.TraceToEndpoint, epA, monitorapi.CTReply, x, a)
+	if ev.Flow.TCPFlags != rstAck {
+		t.Fatalf("event %v: want RST|ACK", ev)
+	}
+	e := l.entry(tcpKey(a, x, 0))
+	if e.Flags&ctmap.CTFRstSeen == 0 || e.State() != ctmap.StateClosing {
+		t.Fatalf("entry after RST: %v", e)
+	}
+	w.check(t, "lifetime", e.Lifetime, lifetimeClose)
+}
+
+// A TCP packet of a connection that has no entry (opened before the
+// programs were attached) makes an established entry.
+func TestLXCTCPMidstream(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	a := netip.AddrPortFrom(podA, 40002)
+	x := netip.AddrPortFrom(remote, 443)
+	w := during(func() { l.run(l.from, tcpPacket(a, x, ack), verdictNext) })
+	checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTNew, a, x)
+	e := l.entry(tcpKey(a, x, 0))
+	if e.Flags != ctmap.CTFEstablished {
+		t.Fatalf("entry %v, want ESTABLISHED only", e)
+	}
+	w.check(t, "lifetime", e.Lifetime, lifetimeTCP)
+}
+
+func TestLXCUDP(t *testing.T) {
+	for _, fam := range []struct {
+		name string
+		a, x netip.Addr
+	}{{"IPv4", podA, remote}, {"IPv6", podA6, remote6}} {
+		t.Run(fam.name, func(t *testing.T) {
+			l := loadLXC(t, lxcOptions{aggregation: true})
+			a := netip.AddrPortFrom(fam.a, 5353)
+			x := netip.AddrPortFrom(fam.x, 53)
+			key := ctKey(unix.IPPROTO_UDP, a, x, 0)
+			query := udpPacket(a, x)
+
+			w := during(func() { l.run(l.from, query, verdictNext) })
+			checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTNew, a, x)
+			e := l.entry(key)
+			if e.Flags != 0 || e.EndpointID != epA || e.PacketsTx != 1 || e.State() != ctmap.StateNew {
+				t.Fatalf("entry after the query: %v", e)
+			}
+			w.check(t, "lifetime", e.Lifetime, lifetimeNonTCP)
+
+			answer := udpPacket(x, a)
+			w = during(func() { l.run(l.to, answer, verdictNext) })
+			checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epA, monitorapi.CTReply, x, a)
+			e = l.entry(key)
+			if e.Flags != ctmap.CTFEstablished|ctmap.CTFSeenReply || e.PacketsRx != 1 || e.BytesRx != uint64(len(answer)) {
+				t.Fatalf("entry after the answer: %v", e)
+			}
+			w.check(t, "lifetime", e.Lifetime, lifetimeNonTCP)
+			if n := l.entries(); n != 1 {
+				t.Fatalf("%d entries, want 1", n)
+			}
+		})
+	}
+}
+
+func TestLXCICMP(t *testing.T) {
+	for _, fam := range []struct {
+		name                   string
+		a, x                   netip.Addr
+		proto                  uint8
+		echo, reply, untracked uint8
+	}{
+		{"IPv4", podA, remote, unix.IPPROTO_ICMP, icmpEcho, icmpEchoReply, icmpUnreachable},
+		{"IPv6", podA6, remote6, unix.IPPROTO_ICMPV6, icmp6Echo, icmp6EchoReply, icmp6NeighSolict},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			l := loadLXC(t, lxcOptions{aggregation: true})
+			const id = 0x1234
+			// An echo's key: the identifier as source port, 0 as
+			// destination port.
+			req := netip.AddrPortFrom(fam.a, id)
+			to := netip.AddrPortFrom(fam.x, 0)
+			key := ctKey(fam.proto, req, to, 0)
+
+			w := during(func() { l.run(l.from, icmpPacket(fam.a, fam.x, fam.echo, 0, id), verdictNext) })
+			ev := l.trace()
+			checkTrace(t, ev, monitorapi.TraceToStack, epA, monitorapi.CTNew, req, to)
+			if ev.Flow.ICMPType != fam.echo || ev.Flow.Proto != monitorapi.Proto(fam.proto) {
+				t.Fatalf("event %v: want %s type %d", ev, monitorapi.Proto(fam.proto), fam.echo)
+			}
+			e := l.entry(key)
+			w.check(t, "lifetime", e.Lifetime, lifetimeNonTCP)
+
+			// The reply carries the identifier as destination port.
+			l.run(l.to, icmpPacket(fam.x, fam.a, fam.reply, 0, id), verdictNext)
+			checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epA, monitorapi.CTReply, to, req)
+			if e := l.entry(key); e.Flags != ctmap.CTFEstablished|ctmap.CTFSeenReply || e.PacketsRx != 1 {
+				t.Fatalf("entry after the echo reply: %v", e)
+			}
+
+			// Other messages pass untracked, and each is reported.
+			for range 2 {
+				l.run(l.to, icmpPacket(fam.x, fam.a, fam.untracked, 1, 0), verdictNext)
+				ev = l.trace()
+				checkTrace(t, ev, monitorapi.TraceToEndpoint, epA, monitorapi.CTUnknown,
+					netip.AddrPortFrom(fam.x, 0), netip.AddrPortFrom(fam.a, 0))
+				if ev.Flow.ICMPType != fam.untracked || ev.Flow.ICMPCode != 1 {
+					t.Fatalf("event %v: want type %d code 1", ev, fam.untracked)
+				}
+			}
+			if n := l.entries(); n != 1 {
+				t.Fatalf("%d entries, want the echo's only", n)
+			}
+		})
+	}
+}
+
+// IPv6 extension headers are not walked: a next header the programs do
+// not know is tracked by addresses under its number.
+func TestLXCIPv6OtherNextHeader(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	const noNextHeader = 59
+	w := during(func() { l.run(l.from, ipPacket(podA6, podB6, noNextHeader, make([]byte, 8)), verdictNext) })
+	ev := l.trace()
+	checkTrace(t, ev, monitorapi.TraceFromEndpoint, epA, monitorapi.CTNew, netip.AddrPortFrom(podA6, 0), netip.AddrPortFrom(podB6, 0))
+	if ev.Flow.Proto != noNextHeader {
+		t.Fatalf("event %v: want protocol %d", ev, noNextHeader)
+	}
+	e := l.entry(ctmap.NewKey6(noNextHeader, netip.AddrPortFrom(podA6, 0), netip.AddrPortFrom(podB6, 0), 0))
+	w.check(t, "lifetime", e.Lifetime, lifetimeNonTCP)
+}
+
+// IPv4 fragments after the first have no transport header: they pass
+// untracked; the first is tracked by its ports.
+func TestLXCIPv4Fragments(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	a := netip.AddrPortFrom(podA, 5000)
+	x := netip.AddrPortFrom(remote, 6000)
+	first := udpPacket(a, x)
+	binary.BigEndian.PutUint16(first[14+6:], 0x2000) // more fragments, offset 0
+	l.run(l.from, first, verdictNext)
+	checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTNew, a, x)
+
+	later := udpPacket(a, x)
+	binary.BigEndian.PutUint16(later[14+6:], 185) // offset 1480 bytes, last
+	l.run(l.from, later, verdictNext)
+	checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTUnknown, netip.AddrPortFrom(podA, 0), netip.AddrPortFrom(remote, 0))
+	if e := l.entry(ctmap.NewKey4(unix.IPPROTO_UDP, a, x, 0)); e.PacketsTx != 1 {
+		t.Fatalf("entry %v: want the first fragment counted only", e)
+	}
+}
+
+// A source that is in no endpoint's map entry: the entry and the event
+// have endpoint 0.
+func TestLXCUnknownEndpoint(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	stranger := netip.AddrPortFrom(netip.MustParseAddr("10.244.0.99"), 1234)
+	b := netip.AddrPortFrom(podB, 80)
+	l.run(l.from, tcpPacket(stranger, b, syn), verdictNext)
+	checkTrace(t, l.trace(), monitorapi.TraceFromEndpoint, 0, monitorapi.CTNew, stranger, b)
+	if e := l.entry(tcpKey(stranger, b, 0)); e.EndpointID != 0 {
+		t.Fatalf("entry %v: want endpoint 0", e)
+	}
+	// Into pod B, the endpoint is B's.
+	l.run(l.to, tcpPacket(stranger, b, syn), verdictNext)
+	checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epB, monitorapi.CTNew, stranger, b)
+}
+
+// With aggregation, a packet that changes nothing in the second of the
+// previous one of its direction is not reported; without, every packet is.
+func TestLXCAggregation(t *testing.T) {
+	for _, tc := range []struct {
+		aggregation bool
+		want        int // events of the repeated query
+	}{{true, 0}, {false, 1}} {
+		l := loadLXC(t, lxcOptions{aggregation: tc.aggregation})
+		// The two queries must fall into one second: try again, on a
+		// new connection, when a second boundary fell between them.
+		for port := uint16(1000); ; port++ {
+			if port == 1010 {
+				t.Fatal("no two packets in one second in 10 tries")
+			}
+			a := netip.AddrPortFrom(podA, port)
+			x := netip.AddrPortFrom(remote, 53)
+			var first, second, reply []monitorapi.Event
+			w := during(func() {
+				l.run(l.from, udpPacket(a, x), verdictNext)
+				first = l.events()
+				l.run(l.from, udpPacket(a, x), verdictNext)
+				second = l.events()
+				// The first reply changes the entry's flags.
+				l.run(l.to, udpPacket(x, a), verdictNext)
+				reply = l.events()
+			})
+			if w.from != w.to {
+				continue
+			}
+			if len(first) != 1 || len(second) != tc.want || len(reply) != 1 {
+				t.Fatalf("aggregation %v: %d, %d, %d events for a new query, a repeated one and a reply; want 1, %d, 1",
+					tc.aggregation, len(first), len(second), len(reply), tc.want)
+			}
+			if e := l.entry(ctmap.NewKey4(unix.IPPROTO_UDP, a, x, 0)); e.PacketsTx != 2 {
+				t.Fatalf("entry %v: want both queries counted", e)
+			}
+			break
+		}
+	}
+}
+
+func TestLXCDrops(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	a := netip.AddrPortFrom(podA, 40000)
+	x := netip.AddrPortFrom(remote, 80)
+	good := tcpPacket(a, x, syn)
+	edit := func(pkt []byte, fn func([]byte)) []byte {
+		pkt = slices.Clone(pkt)
+		fn(pkt)
+		return pkt
+	}
+	ip4 := func(src, dst netip.Addr, proto uint8, l4 []byte) []byte { return ipPacket(src, dst, proto, l4) }
+
+	for _, tc := range []struct {
+		name   string
+		pkt    []byte
+		reason monitorapi.DropReason
+		// parsed: the addresses were read before the drop.
+		parsed bool
+	}{
+		// (BPF_PROG_TEST_RUN itself refuses IPv4 and IPv6 packets shorter
+		// than their fixed header.)
+		{"IPv4 header longer than the packet", edit(good, func(p []byte) { p[14] = 0x4f }), monitorapi.DropInvalidPacket, false},
+		{"IPv4 header length 4", edit(good, func(p []byte) { p[14] = 0x44 }), monitorapi.DropInvalidPacket, false},
+		{"IPv4 version 5", edit(good, func(p []byte) { p[14] = 0x55 }), monitorapi.DropInvalidPacket, false},
+		{"IPv4 total length beyond the packet", edit(good, func(p []byte) { binary.BigEndian.PutUint16(p[16:], 41) }), monitorapi.DropInvalidPacket, false},
+		{"IPv4 total length 0", edit(good, func(p []byte) { binary.BigEndian.PutUint16(p[16:], 0) }), monitorapi.DropInvalidPacket, false},
+		{"TCP header cut short", ip4(podA, remote, unix.IPPROTO_TCP, make([]byte, 10)), monitorapi.DropInvalidPacket, true},
+		{"TCP data offset 4", edit(good, func(p []byte) { p[14+20+12] = 4 << 4 }), monitorapi.DropInvalidPacket, true},
+		{"TCP options beyond the packet", edit(good, func(p []byte) { p[14+20+12] = 6 << 4 }), monitorapi.DropInvalidPacket, true},
+		{"UDP header cut short", ip4(podA, remote, unix.IPPROTO_UDP, make([]byte, 6)), monitorapi.DropInvalidPacket, true},
+		{"ICMP header cut short", ip4(podA, remote, unix.IPPROTO_ICMP, make([]byte, 4)), monitorapi.DropInvalidPacket, true},
+		{"IPv6 payload length 0", edit(tcpPacket(netip.AddrPortFrom(podA6, 1), netip.AddrPortFrom(remote6, 2), syn),
+			func(p []byte) { binary.BigEndian.PutUint16(p[14+4:], 0) }), monitorapi.DropInvalidPacket, false},
+		{"IPv6 payload beyond the packet", edit(tcpPacket(netip.AddrPortFrom(podA6, 1), netip.AddrPortFrom(remote6, 2), syn),
+			func(p []byte) { binary.BigEndian.PutUint16(p[14+4:], 21) }), monitorapi.DropInvalidPacket, false},
+		{"IPv6 version 4", edit(tcpPacket(netip.AddrPortFrom(podA6, 1), netip.AddrPortFrom(remote6, 2), syn),
+			func(p []byte) { p[14] = 0x40 }), monitorapi.DropInvalidPacket, false},
+		{"LLDP", ethernet(0x88cc, make([]byte, 46)), monitorapi.DropUnsupportedL3, false},
+		{"VLAN tag", ethernet(unix.ETH_P_8021Q, make([]byte, 46)), monitorapi.DropUnsupportedL3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := l.on(t)
+			for _, prog := range []*ebpf.Program{l.from, l.to} {
+				l.run(prog, tc.pkt, verdictDrop)
+				ev := l.drop()
+				if ev.Reason != tc.reason || ev.Flow.CTState != monitorapi.CTUnknown || ev.Flow.Len != uint32(len(tc.pkt)) || ev.IfIndex != loIndex(t) {
+					t.Fatalf("event %v; want reason %s, ct unknown, len %d", ev, tc.reason, len(tc.pkt))
+				}
+				if tc.parsed != ev.Flow.Src.IsValid() {
+					t.Fatalf("event %v: addresses read %v, want %v", ev, ev.Flow.Src.IsValid(), tc.parsed)
+				}
+				if tc.parsed && (ev.Flow.Src != podA || ev.Flow.Dst != remote || ev.EndpointID != epA && prog == l.from) {
+					t.Fatalf("event %v: want %v -> %v from endpoint %d", ev, podA, remote, epA)
+				}
+			}
+		})
+	}
+	if n := l.entries(); n != 0 {
+		t.Fatalf("%d entries after dropped packets, want none", n)
+	}
+}
+
+// ARP passes both ways, unreported and untracked.
+func TestLXCARP(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: false})
+	arp := ethernet(unix.ETH_P_ARP, make([]byte, 28))
+	l.run(l.from, arp, verdictNext)
+	l.run(l.to, arp, verdictNext)
+	l.noEvents()
+	if n := l.entries(); n != 0 {
+		t.Fatalf("%d entries after ARP, want none", n)
+	}
+}
+
+// An entry the map refuses drops the packet. The conntrack maps are LRU
+// maps, which make room instead; the test loads a plain hash of one entry in
+// place of one.
+func TestLXCCTCreateFailed(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true, edit: func(spec *ebpf.CollectionSpec) {
+		m := spec.Maps[ctmaps.MapAny4]
+		m.Type, m.MaxEntries = ebpf.Hash, 1
+	}})
+	a := netip.AddrPortFrom(podA, 5000)
+	x := netip.AddrPortFrom(remote, 53)
+	l.run(l.from, udpPacket(a, x), verdictNext)
+	l.events()
+	other := netip.AddrPortFrom(remote, 54)
+	l.run(l.from, udpPacket(a, other), verdictDrop)
+	ev := l.drop()
+	if ev.Reason != monitorapi.DropCTCreateFailed || ev.Flow.Dst != other.Addr() || ev.Flow.DstPort != other.Port() || ev.EndpointID != epA {
+		t.Fatalf("event %v; want a ct-create-failed drop of %v -> %v", ev, a, other)
+	}
+	// The known connection still passes.
+	l.run(l.from, udpPacket(a, x), verdictNext)
+}
+
+// skbContext is a struct __sk_buff for BPF_PROG_TEST_RUN with the given
+// fields set, laid out by the BTF of the compiled object.
+func skbContext(t *testing.T, fields map[string]uint32) []byte {
+	t.Helper()
+	spec, err := bpf.LoadLXC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var skb *btf.Struct
+	if err := spec.Types.TypeByName("__sk_buff", &skb); err != nil {
+		t.Fatal(err)
+	}
+	ctx := make([]byte, skb.Size)
+	for name, v := range fields {
+		i := slices.IndexFunc(skb.Members, func(m btf.Member) bool { return m.Name == name })
+		if i < 0 {
+			t.Fatalf("__sk_buff has no field %s", name)
+		}
+		binary.NativeEndian.PutUint32(ctx[skb.Members[i].Offset.Bytes():], v)
+	}
+	return ctx
+}
+
+// A BIG TCP aggregate has IP length 0, and the real length in the skb: it
+// passes tracked when the skb says it is GSO, and is dropped otherwise.
+func TestLXCBigTCP(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true})
+	for _, fam := range []struct {
+		a, x     netip.Addr
+		lenField int
+	}{{podA, remote, 14 + 2}, {podA6, remote6, 14 + 4}} {
+		a := netip.AddrPortFrom(fam.a, 40000)
+		x := netip.AddrPortFrom(fam.x, 80)
+		pkt := tcpPacket(a, x, ack)
+		binary.BigEndian.PutUint16(pkt[fam.lenField:], 0)
+
+		l.run(l.from, pkt, verdictDrop)
+		if ev := l.drop(); ev.Reason != monitorapi.DropInvalidPacket {
+			t.Fatalf("event %v: want invalid-packet without GSO", ev)
+		}
+		gso := &ebpf.RunOptions{Data: pkt, Context: skbContext(t, map[string]uint32{"gso_size": 1448, "gso_segs": 1})}
+		l.runWith(gso, l.from, verdictNext)
+		checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTNew, a, x)
+		if e := l.entry(tcpKey(a, x, 0)); e.BytesTx != uint64(len(pkt)) {
+			t.Fatalf("entry %v: want %d bytes", e, len(pkt))
+		}
+	}
+}
+
+// A full ring buffer loses records, and the lost counter counts each.
+func TestLXCLostEvents(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: true, ringSize: uint32(os.Getpagesize())})
+	// Untracked packets are reported every time.
+	pkt := icmpPacket(remote, podA, icmpUnreachable, 1, 0)
+	const runs = 200
+	for range runs {
+		l.run(l.to, pkt, verdictNext)
+	}
+	read := len(l.events())
+	lost := l.lostEvents()
+	t.Logf("a ring buffer of %d bytes took %d of %d records, lost %d", os.Getpagesize(), read, runs, lost)
+	if lost == 0 || read+int(lost) != runs {
+		t.Fatalf("%d records read, %d lost; want some lost and %d in all", read, lost, runs)
+	}
+	// Room again after reading.
+	l.run(l.to, pkt, verdictNext)
+	l.trace()
+	if n := l.lostEvents(); n != lost {
+		t.Fatalf("lost %d after reading, want still %d", n, lost)
+	}
+}
+
+// TestLXCLayoutsMatchBTF compares the Go mirrors of the conntrack and
+// endpoint maps with the BTF of their C types in lxc.c: sizes, and each
+// field's offset, size and name.
+func TestLXCLayoutsMatchBTF(t *testing.T) {
+	spec, err := bpf.LoadLXC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct {
+		name       string
+		key, value reflect.Type
+	}{
+		{ctmaps.MapTCP4, reflect.TypeFor[ctmap.Key4](), reflect.TypeFor[ctmap.Entry]()},
+		{ctmaps.MapAny4, reflect.TypeFor[ctmap.Key4](), reflect.TypeFor[ctmap.Entry]()},
+		{ctmaps.MapTCP6, reflect.TypeFor[ctmap.Key6](), reflect.TypeFor[ctmap.Entry]()},
+		{ctmaps.MapAny6, reflect.TypeFor[ctmap.Key6](), reflect.TypeFor[ctmap.Entry]()},
+		{bpf.LXCMapCelliumEndpoints, reflect.TypeFor[endpointmaps.EndpointKey](), reflect.TypeFor[endpointmaps.EndpointInfo]()},
+		{ctmaps.MapEventsLost, reflect.TypeFor[uint32](), reflect.TypeFor[uint64]()},
+	} {
+		m, ok := spec.Maps[l.name]
+		if !ok {
+			t.Errorf("the object has no map %s", l.name)
+			continue
+		}
+		compareBTF(t, l.name+" key", m.Key, l.key)
+		compareBTF(t, l.name+" value", m.Value, l.value)
+	}
+	if m := spec.Maps[ctmaps.MapEvents]; m == nil || m.Type != ebpf.RingBuf {
+		t.Errorf("map %s is %v, want a ring buffer", ctmaps.MapEvents, m)
+	}
+}
+
+func compareBTF(t *testing.T, what string, typ btf.Type, goType reflect.Type) {
+	t.Helper()
+	size, err := btf.Sizeof(typ)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+		return
+	}
+	if size != int(goType.Size()) {
+		t.Errorf("%s: %d bytes in C (%v), %d in Go (%v)", what, size, typ, goType.Size(), goType)
+		return
+	}
+	st, ok := btf.UnderlyingType(typ).(*btf.Struct)
+	if !ok || goType.Kind() != reflect.Struct {
+		return
+	}
+	if len(st.Members) != goType.NumField() {
+		t.Errorf("%s: %d fields in C, %d in Go (%v)", what, len(st.Members), goType.NumField(), goType)
+		return
+	}
+	for i, m := range st.Members {
+		f := goType.Field(i)
+		msize, err := btf.Sizeof(m.Type)
+		if err != nil {
+			t.Errorf("%s.%s: %v", what, m.Name, err)
+			continue
+		}
+		name := strings.ReplaceAll(m.Name, "_", "")
+		if f.Name == "_" && !strings.HasPrefix(m.Name, "pad") || f.Name != "_" && !strings.EqualFold(name, f.Name) {
+			t.Errorf("%s: field %d is %s in C, %s in Go", what, i, m.Name, f.Name)
+		}
+		if int(m.Offset.Bytes()) != int(f.Offset) || msize != int(f.Type.Size()) {
+			t.Errorf("%s: C field %s at %d (%d bytes), Go field %s at %d (%d bytes)",
+				what, m.Name, m.Offset.Bytes(), msize, f.Name, f.Offset, f.Type.Size())
+		}
+	}
+}
