@@ -3,8 +3,26 @@ package ctgc
 import (
 	"time"
 
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/spf13/pflag"
 )
+
+// Cell collects garbage from the conntrack maps and serves them over the
+// API: see the package documentation.
+var Cell = cell.Module(
+	"ct-gc",
+	"Conntrack garbage collection with an adaptive interval",
+
+	cell.Config(defaultConfig),
+	cell.ProvidePrivate(job.Registry.NewGroup),
+	cell.Provide(newGC, gcCollectors, apiRoutes),
+	cell.Invoke(requireGC),
+)
+
+// requireGC pulls the GC into the graph: nothing needs to depend on it for
+// it to run.
+func requireGC(*GC) {}
 
 // Config is the ct-gc cell's configuration.
 type Config struct {

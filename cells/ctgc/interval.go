@@ -12,11 +12,11 @@ import (
 // almost nothing to delete came early, and spent a walk of the whole map for
 // nothing.
 const (
-	// shrinkAbove: a pass that deletes more than this share of a map
+	// shrinkAbove: a pass that finds more than this share of a map expired
 	// shortens the interval in proportion, so that the next one would
 	// delete about this share at the same expiry rate.
 	shrinkAbove = 0.25
-	// growBelow: a pass that deletes less than this share of every map
+	// growBelow: a pass that finds less than this share of every map expired
 	// lengthens the interval by growFactor.
 	growBelow  = 0.05
 	growFactor = 2
@@ -27,7 +27,7 @@ const (
 
 // interval decides the wait between passes. With a fixed interval it is
 // always that; otherwise each pass moves it within [min, max] by the share
-// of a map it deleted.
+// of a map it found expired.
 type interval struct {
 	fixed    time.Duration
 	min, max time.Duration
@@ -46,8 +46,8 @@ func newInterval(cfg Config) (*interval, error) {
 	return iv, nil
 }
 
-// next records that a pass deleted share (0..1, the largest over the maps)
-// of a map's capacity, and returns the wait until the next pass.
+// next records that a pass found share (0..1, the largest over the maps) of
+// a map's capacity expired, and returns the wait until the next pass.
 func (iv *interval) next(share float64) time.Duration {
 	if iv.fixed > 0 {
 		return iv.fixed

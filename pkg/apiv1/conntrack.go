@@ -27,15 +27,20 @@ type ConntrackEntry struct {
 	// Map is the conntrack map that holds the entry, e.g. cellium_ct4_tcp.
 	Map    string `json:"map"`
 	Family int    `json:"family"`
-	// Protocol is TCP, UDP, ICMP, ICMPv6, or the IP protocol number.
+	// Protocol is TCP, UDP, ICMP, ICMPv6, SCTP, or proto-N.
 	Protocol string `json:"protocol"`
-	Source   string `json:"source"`
-	SrcPort  uint16 `json:"srcPort"`
+	// Direction is "out" for a connection the endpoint opened (the entry
+	// of the from-endpoint program), "in" for one opened towards it (the
+	// to-endpoint program's).
+	Direction string `json:"direction"`
+	Source    string `json:"source"`
+	SrcPort   uint16 `json:"srcPort"`
 	// Destination and DstPort: for ICMP echo, SrcPort is the echo
 	// identifier and DstPort is 0.
 	Destination string `json:"destination"`
 	DstPort     uint16 `json:"dstPort"`
-	// State is the connection's state, e.g. SYN_SENT, ESTABLISHED, CLOSING.
+	// State is the connection's state: NEW, SYN_SENT, ESTABLISHED,
+	// HALF_CLOSED or CLOSING.
 	State string `json:"state"`
 	// Flags are the entry's CTF_* flags by name.
 	Flags []string `json:"flags,omitempty"`
@@ -93,12 +98,13 @@ type ConntrackGCPass struct {
 	DurationSeconds float64   `json:"durationSeconds"`
 	Scanned         int       `json:"scanned"`
 	Deleted         int       `json:"deleted"`
-	// Share is the largest share of a map's capacity the pass deleted,
-	// which the adaptive interval follows.
+	// Share is the largest share of a map's capacity that the pass found
+	// expired, which the adaptive interval follows.
 	Share float64 `json:"share"`
-	// Interval is the wait until the next pass that this pass decided.
-	Interval time.Duration    `json:"interval"`
-	Maps     []ConntrackGCMap `json:"maps"`
+	// IntervalSeconds is the wait until the next pass, as this pass
+	// decided it.
+	IntervalSeconds int64            `json:"intervalSeconds"`
+	Maps            []ConntrackGCMap `json:"maps"`
 	// Error says why the pass failed; a failed pass may have deleted some
 	// entries.
 	Error string `json:"error,omitempty"`

@@ -1,0 +1,24 @@
+package ctgc
+
+import (
+	"time"
+
+	"github.com/cellium/cellium/pkg/ctmap"
+)
+
+// SetChunkSize makes gc's walks read size entries per system call, so that
+// a test walks a map of a few thousand entries in many chunks.
+func SetChunkSize(gc *GC, size int) {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	gc.bufs4 = newBuffers[ctmap.Key4](size)
+	gc.bufs6 = newBuffers[ctmap.Key6](size)
+}
+
+// SetProgressEvery sets how often a long walk logs its progress; 0 logs
+// after every chunk.
+func SetProgressEvery(gc *GC, every time.Duration) {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	gc.progressEvery = every
+}

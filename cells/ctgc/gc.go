@@ -1,0 +1,367 @@
+package ctgc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/pkg/ctmap"
+)
+
+// Pass is what one garbage collection pass did.
+type Pass struct {
+	// Number counts passes from 1, the first after start: the one that
+	// also removes the entries of endpoints that are gone.
+	Number   uint64
+	Start    time.Time
+	Duration time.Duration
+	Maps     []MapPass
+	// Share is the largest share of a map's capacity that the pass found
+	// expired, which the adaptive interval follows. Entries of endpoints
+	// that are gone do not count: they say nothing of how fast entries
+	// expire.
+	Share float64
+	// Interval is the wait until the next pass, as this pass decided it.
+	Interval time.Duration
+	// Err is why the pass failed. A failed pass may have deleted entries,
+	// and leaves the interval as it was.
+	Err error
+
+	// long: the pass took long enough to log its progress.
+	long bool
+}
+
+// MapPass is what a pass did in one map.
+type MapPass struct {
+	Map      string
+	Capacity int
+	Scanned  int
+	// Expired entries had outlived their lifetime.
+	Expired int
+	// EndpointGone entries belonged to an endpoint that the endpoints
+	// table no longer has (first pass only).
+	EndpointGone int
+}
+
+// Scanned is the number of entries the pass read.
+func (p *Pass) Scanned() int {
+	n := 0
+	for _, m := range p.Maps {
+		n += m.Scanned
+	}
+	return n
+}
+
+// Deleted is the number of entries the pass removed.
+func (p *Pass) Deleted() int {
+	n := 0
+	for _, m := range p.Maps {
+		n += m.Expired + m.EndpointGone
+	}
+	return n
+}
+
+func (p *Pass) endpointGone() int {
+	n := 0
+	for _, m := range p.Maps {
+		n += m.EndpointGone
+	}
+	return n
+}
+
+// Status is what the GC is doing and has done.
+type Status struct {
+	// Waiting, while not empty, says what the first pass waits for.
+	Waiting string
+	// Passes counts the passes since start, failed ones included.
+	Passes uint64
+	// Interval is the current wait between passes; Fixed when
+	// --conntrack-gc-interval sets it.
+	Interval time.Duration
+	Fixed    bool
+	// Last is the latest pass; nil before the first.
+	Last *Pass
+}
+
+// Flushed is what a flush removed from one map.
+type Flushed struct {
+	Map     string
+	Deleted int
+}
+
+// ErrStopped is returned by Run when the GC is not running.
+var ErrStopped = errors.New("conntrack garbage collector is not running")
+
+// GC collects garbage from the conntrack maps. See the package
+// documentation.
+type GC struct {
+	log       *slog.Logger
+	db        *statedb.DB
+	endpoints statedb.Table[*endpointmanager.Endpoint]
+	maps      *ctmaps.Maps
+	metrics   *gcMetrics
+	interval  *interval
+
+	// requests are Run's: each gets the first pass that starts after it.
+	requests chan chan Pass
+	// stopped is closed when the job ends.
+	stopped chan struct{}
+
+	// mu serializes walks that delete, passes and flushes, which share
+	// the buffers.
+	mu    sync.Mutex
+	bufs4 buffers[ctmap.Key4]
+	bufs6 buffers[ctmap.Key6]
+	// progressEvery is how often a long walk logs its progress.
+	progressEvery time.Duration
+
+	statusMu sync.Mutex
+	status   Status
+	changed  chan struct{}
+}
+
+type params struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Endpoints statedb.Table[*endpointmanager.Endpoint]
+	Maps      *ctmaps.Maps
+	Jobs      job.Group
+}
+
+func newGC(p params) (*GC, error) {
+	iv, err := newInterval(p.Config)
+	if err != nil {
+		return nil, err
+	}
+	gc := &GC{
+		log:       p.Log,
+		db:        p.DB,
+		endpoints: p.Endpoints,
+		maps:      p.Maps,
+		metrics:   newGCMetrics(),
+		interval:  iv,
+		requests:  make(chan chan Pass),
+		stopped:   make(chan struct{}),
+		bufs4:     newBuffers[ctmap.Key4](chunkSize),
+		bufs6:     newBuffers[ctmap.Key6](chunkSize),
+		status:    Status{Waiting: "start", Interval: iv.current, Fixed: iv.fixed > 0},
+		changed:   make(chan struct{}),
+
+		progressEvery: progressEvery,
+	}
+	gc.metrics.interval.Set(iv.current.Seconds())
+	// The job group's start hook was appended when the group was built for
+	// this constructor, after the maps' (this constructor takes them): the
+	// job starts once the maps are open.
+	p.Jobs.Add(job.OneShot("gc", gc.run))
+	return gc, nil
+}
+
+// Status returns the GC's status and a channel that is closed when it
+// changes.
+func (gc *GC) Status() (Status, <-chan struct{}) {
+	gc.statusMu.Lock()
+	defer gc.statusMu.Unlock()
+	return gc.status, gc.changed
+}
+
+func (gc *GC) updateStatus(update func(*Status)) {
+	gc.statusMu.Lock()
+	defer gc.statusMu.Unlock()
+	update(&gc.status)
+	close(gc.changed)
+	gc.changed = make(chan struct{})
+}
+
+// Run asks for a pass now and returns it when it is done; the error is the
+// pass's, or ctx's. The first pass waits for the endpoints table to be
+// initialized: before it, Run waits for it, then for a pass of its own.
+func (gc *GC) Run(ctx context.Context) (Pass, error) {
+	reply := make(chan Pass, 1)
+	select {
+	case gc.requests <- reply:
+	case <-gc.stopped:
+		return Pass{}, ErrStopped
+	case <-ctx.Done():
+		return Pass{}, ctx.Err()
+	}
+	select {
+	case p := <-reply:
+		return p, p.Err
+	case <-ctx.Done():
+		return Pass{}, ctx.Err()
+	}
+}
+
+// run is the GC's job: the first pass once the endpoints are restored, then
+// a pass per interval, or sooner when Run asks.
+func (gc *GC) run(ctx context.Context, health cell.Health) error {
+	defer close(gc.stopped)
+	if !gc.waitForEndpoints(ctx, health) {
+		return nil
+	}
+	var waiting []chan Pass
+	for number, checkEndpoints := uint64(1), true; ; number++ {
+		p := gc.pass(number, checkEndpoints)
+		if p.Err == nil {
+			// The endpoint check is done once, but done: a failed first
+			// pass leaves it to the next.
+			checkEndpoints = false
+		}
+		gc.report(&p, health)
+		for _, reply := range waiting {
+			reply <- p
+		}
+		waiting = waiting[:0]
+
+		timer := time.NewTimer(p.Interval)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		case reply := <-gc.requests:
+			timer.Stop()
+			waiting = append(waiting, reply)
+		}
+		// Requests that came meanwhile are served by the same pass.
+		for more := true; more; {
+			select {
+			case reply := <-gc.requests:
+				waiting = append(waiting, reply)
+			default:
+				more = false
+			}
+		}
+	}
+}
+
+// waitForEndpoints waits until the endpoints table is initialized, that is
+// until the endpoint manager has restored the endpoints of the previous
+// run: before that, an entry of an endpoint not yet restored would look
+// like one of an endpoint that is gone. It returns false if ctx ended first.
+func (gc *GC) waitForEndpoints(ctx context.Context, health cell.Health) bool {
+	for {
+		txn := gc.db.ReadTxn()
+		initialized, watch := gc.endpoints.Initialized(txn)
+		if initialized {
+			gc.updateStatus(func(s *Status) { s.Waiting = "" })
+			return true
+		}
+		waiting := fmt.Sprintf("the %s table to be initialized (pending: %s)",
+			endpointmanager.TableName, strings.Join(gc.endpoints.PendingInitializers(txn), ", "))
+		gc.updateStatus(func(s *Status) { s.Waiting = waiting })
+		health.OK("Waiting for " + waiting)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-watch:
+		}
+	}
+}
+
+// pass walks every map once and deletes what has expired and, when
+// checkEndpoints, the entries of endpoints that are gone.
+func (gc *GC) pass(number uint64, checkEndpoints bool) Pass {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	p := Pass{Number: number, Start: time.Now()}
+	j := &judge{now: ctmap.Now()}
+	if checkEndpoints {
+		j.endpoints = newEndpointCheck(gc.db, gc.endpoints)
+	}
+	prog := newProgress(gc.log, fmt.Sprintf("pass %d", number), gc.progressEvery)
+	var errs []error
+	for _, sweep := range gc.sweeps(j, prog) {
+		s, err := sweep()
+		errs = append(errs, err)
+		mp := MapPass{
+			Map: s.Map, Capacity: s.Capacity, Scanned: s.Scanned,
+			Expired: s.Deleted[expired], EndpointGone: s.Deleted[endpointGone],
+		}
+		p.Maps = append(p.Maps, mp)
+		if mp.Capacity > 0 {
+			p.Share = max(p.Share, float64(mp.Expired)/float64(mp.Capacity))
+		}
+	}
+	p.Duration = time.Since(p.Start)
+	p.long = prog.long()
+	p.Err = errors.Join(errs...)
+	if p.Err == nil {
+		p.Interval = gc.interval.next(p.Share)
+	} else {
+		// Retry soon, without reading anything into a pass that saw only
+		// part of the maps.
+		p.Interval = min(gc.interval.current, gc.interval.min)
+	}
+	return p
+}
+
+// sweeps are the walks of the four maps with j.
+func (gc *GC) sweeps(j *judge, prog *progress) []func() (swept, error) {
+	return []func() (swept, error){
+		func() (swept, error) { return sweep(gc.maps.TCP4, gc.bufs4, j, prog) },
+		func() (swept, error) { return sweep(gc.maps.Any4, gc.bufs4, j, prog) },
+		func() (swept, error) { return sweep(gc.maps.TCP6, gc.bufs6, j, prog) },
+		func() (swept, error) { return sweep(gc.maps.Any6, gc.bufs6, j, prog) },
+	}
+}
+
+// report logs, counts and publishes a pass.
+func (gc *GC) report(p *Pass, health cell.Health) {
+	gc.metrics.observe(p)
+	gc.updateStatus(func(s *Status) {
+		s.Passes = p.Number
+		s.Interval = p.Interval
+		s.Last = p
+	})
+	attrs := []any{
+		"pass", p.Number, "scanned", p.Scanned(), "deleted", p.Deleted(), "endpointGone", p.endpointGone(),
+		"share", fmt.Sprintf("%.3f", p.Share), "duration", p.Duration, "next", p.Interval,
+	}
+	if p.Err != nil {
+		gc.log.Warn("Conntrack garbage collection pass failed", append(attrs, "error", p.Err)...)
+		health.Degraded("Conntrack garbage collection pass failed", p.Err)
+		return
+	}
+	level := slog.LevelDebug
+	if p.Share > shrinkAbove || p.endpointGone() > 0 || p.long {
+		level = slog.LevelInfo
+	}
+	gc.log.Log(context.Background(), level, "Conntrack garbage collection pass", attrs...)
+	health.OK(fmt.Sprintf("Pass %d deleted %d of %d entries in %s; next in %s",
+		p.Number, p.Deleted(), p.Scanned(), p.Duration.Round(time.Millisecond), p.Interval))
+}
+
+// Flush deletes every entry of every conntrack map. Connections in flight
+// get new entries with their next packets.
+func (gc *GC) Flush() ([]Flushed, error) {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	j := &judge{flush: true}
+	var (
+		out  []Flushed
+		errs []error
+	)
+	prog := newProgress(gc.log, "flush", gc.progressEvery)
+	for _, sweep := range gc.sweeps(j, prog) {
+		s, err := sweep()
+		out = append(out, Flushed{Map: s.Map, Deleted: s.Deleted[flushed]})
+		errs = append(errs, err)
+		gc.metrics.deleted.WithLabelValues(s.Map, flushed.String()).Add(float64(s.Deleted[flushed]))
+	}
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,268 @@
+package ctgc
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/pkg/ctmap"
+)
+
+// chunkSize is the number of entries a walk reads per system call. Larger
+// chunks save system calls up to about this size, past which the walk is
+// bound by copying entries (`make bench-ctgc` prints the figures).
+const chunkSize = 4096
+
+// progressEvery is how often a walk that takes long logs how far it got.
+const progressEvery = 10 * time.Second
+
+// reason is why a sweep deletes an entry, or keep.
+type reason uint8
+
+const (
+	keep reason = iota
+	expired
+	endpointGone
+	flushed
+	numReasons
+)
+
+var reasonNames = [numReasons]string{keep: "keep", expired: "expired", endpointGone: "endpoint_gone", flushed: "flush"}
+
+func (r reason) String() string { return reasonNames[r] }
+
+// judge decides the fate of each entry of a sweep.
+type judge struct {
+	// now is CLOCK_BOOTTIME in seconds when the pass began: an entry
+	// whose lifetime ends before it has expired.
+	now uint32
+	// endpoints, on the first pass only, tells endpoints that are gone.
+	endpoints *endpointCheck
+	// flush deletes everything.
+	flush bool
+}
+
+func (j *judge) verdict(e *ctmap.Entry) reason {
+	switch {
+	case j.flush:
+		return flushed
+	case e.Lifetime < j.now:
+		return expired
+	case j.endpoints != nil && e.EndpointID != 0 && j.endpoints.gone(e.EndpointID):
+		return endpointGone
+	}
+	return keep
+}
+
+// chunkRead is called after each chunk is read.
+func (j *judge) chunkRead() {
+	if j.endpoints != nil {
+		j.endpoints.chunkRead()
+	}
+}
+
+// endpointCheck says whether endpoints are gone from the endpoints table.
+//
+// An endpoint's row is in the table before the datapath can tag any entry
+// with its ID, so an ID is gone only if a snapshot taken after the entry was
+// read lacks it: the check takes a fresh snapshot for each chunk, when it
+// meets the chunk's first ID not known to exist, and never deletes the
+// entries of an endpoint created during the pass.
+type endpointCheck struct {
+	db        *statedb.DB
+	endpoints statedb.Table[*endpointmanager.Endpoint]
+	txn       statedb.ReadTxn
+	// exists is true for the IDs found in the table; false for those not
+	// found in txn.
+	exists map[uint16]bool
+}
+
+func newEndpointCheck(db *statedb.DB, endpoints statedb.Table[*endpointmanager.Endpoint]) *endpointCheck {
+	return &endpointCheck{db: db, endpoints: endpoints, exists: map[uint16]bool{}}
+}
+
+func (c *endpointCheck) chunkRead() {
+	c.txn = nil
+	for id, exists := range c.exists {
+		if !exists {
+			delete(c.exists, id)
+		}
+	}
+}
+
+func (c *endpointCheck) gone(id uint16) bool {
+	exists, known := c.exists[id]
+	if !known {
+		if c.txn == nil {
+			c.txn = c.db.ReadTxn()
+		}
+		_, _, exists = c.endpoints.Get(c.txn, endpointmanager.EndpointID.Query(id))
+		c.exists[id] = exists
+	}
+	return !exists
+}
+
+// chunk holds a chunk of a walk and the keys to delete from it. Its slices
+// are reused from chunk to chunk and pass to pass.
+type chunk[K any] struct {
+	keys    []K
+	entries []ctmap.Entry
+	doomed  []K
+	reasons []reason
+}
+
+func newChunk[K any](size int) *chunk[K] {
+	return &chunk[K]{
+		keys:    make([]K, size),
+		entries: make([]ctmap.Entry, size),
+		doomed:  make([]K, 0, size),
+		reasons: make([]reason, 0, size),
+	}
+}
+
+// buffers are the two chunks of a walk: the walk reads into one while the
+// entries the other condemned are being deleted.
+type buffers[K any] [2]*chunk[K]
+
+func newBuffers[K any](size int) buffers[K] {
+	return buffers[K]{newChunk[K](size), newChunk[K](size)}
+}
+
+// swept is what a sweep did in one map.
+type swept struct {
+	Map      string
+	Capacity int
+	Scanned  int
+	Deleted  [numReasons]int
+}
+
+// progress logs, during a long walk, how far it got: a pass over full maps
+// of the default sizes (1.5 million entries) takes well under a second, but
+// one that takes much longer (huge maps, a machine short of CPU) should not
+// look like a hang.
+type progress struct {
+	log *slog.Logger
+	// what is the walk, "pass 3" or "flush".
+	what  string
+	every time.Duration
+	start time.Time
+	next  time.Time
+}
+
+func newProgress(log *slog.Logger, what string, every time.Duration) *progress {
+	now := time.Now()
+	return &progress{log: log, what: what, every: every, start: now, next: now.Add(every)}
+}
+
+// chunkRead is called after each chunk of a map, with the map's figures so
+// far.
+func (p *progress) chunkRead(m string, capacity, scanned, condemned int) {
+	if now := time.Now(); !now.Before(p.next) {
+		p.next = now.Add(p.every)
+		p.log.Info("Conntrack garbage collection in progress", "walk", p.what, "map", m, "capacity", capacity,
+			"scanned", scanned, "condemned", condemned, "elapsed", now.Sub(p.start).Round(time.Millisecond))
+	}
+}
+
+// long says whether the walk took long enough to have logged progress.
+func (p *progress) long() bool { return time.Since(p.start) >= p.every }
+
+// sweep walks m with batch lookups, one chunk at a time, and deletes the
+// entries that j condemns with a batch delete per chunk.
+//
+// The walk and the deletes overlap: a goroutine deletes what one chunk
+// condemned while the walk reads the next chunk into the other buffer, so
+// that a pass costs about what reading the map costs (`make bench-ctgc`).
+// Deleting entries of chunks already read does not disturb the walk, which
+// goes bucket by bucket: see bpfmaps.Map.BatchLookup.
+func sweep[K any](m *bpfmaps.Map[K, ctmap.Entry], bufs buffers[K], j *judge, prog *progress) (swept, error) {
+	s := swept{Map: m.Name()}
+	if em := m.EBPF(); em != nil {
+		s.Capacity = int(em.MaxEntries())
+	}
+
+	free := make(chan *chunk[K], len(bufs))
+	for _, c := range bufs {
+		free <- c
+	}
+	// The deleter owns a chunk from its send on condemned until it gives
+	// it back on free.
+	condemned := make(chan *chunk[K], len(bufs))
+	type result struct {
+		deleted [numReasons]int
+		err     error
+	}
+	deleted := make(chan result, 1)
+	var failed atomic.Bool
+	go func() {
+		var r result
+		for c := range condemned {
+			if r.err == nil {
+				if r.err = deleteKeys(m, c, &r.deleted); r.err != nil {
+					failed.Store(true)
+				}
+			}
+			free <- c
+		}
+		deleted <- r
+	}()
+
+	var (
+		cursor bpfmaps.BatchCursor
+		err    error
+		doomed int
+	)
+	for done := false; !done && !failed.Load(); {
+		c := <-free
+		var n int
+		n, done, err = m.BatchLookup(&cursor, c.keys, c.entries)
+		if err != nil {
+			break
+		}
+		s.Scanned += n
+		j.chunkRead()
+		c.doomed, c.reasons = c.doomed[:0], c.reasons[:0]
+		for i := range n {
+			if r := j.verdict(&c.entries[i]); r != keep {
+				c.doomed = append(c.doomed, c.keys[i])
+				c.reasons = append(c.reasons, r)
+			}
+		}
+		doomed += len(c.doomed)
+		condemned <- c
+		if prog != nil {
+			prog.chunkRead(s.Map, s.Capacity, s.Scanned, doomed)
+		}
+	}
+	close(condemned)
+	r := <-deleted
+	s.Deleted = r.deleted
+	return s, errors.Join(err, r.err)
+}
+
+// deleteKeys deletes c's doomed keys and counts them by reason. A key that
+// is already gone (the LRU evicted it, the datapath closed it) is skipped.
+func deleteKeys[K any](m *bpfmaps.Map[K, ctmap.Entry], c *chunk[K], deleted *[numReasons]int) error {
+	for start := 0; start < len(c.doomed); {
+		n, err := m.BatchDelete(c.doomed[start:])
+		for _, r := range c.reasons[start : start+n] {
+			deleted[r]++
+		}
+		start += n
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete %d entries: %w", len(c.doomed)-start, err)
+		}
+		start++
+	}
+	return nil
+}

@@ -1,0 +1,37 @@
+package ctgc
+
+import (
+	"testing"
+
+	"github.com/cellium/cellium/pkg/ctmap"
+)
+
+// TestSweepAllocatesPerWalkNotPerEntry: a sweep's allocations (the
+// goroutine that deletes, its channels, the system calls' own) do not grow
+// with the entries it reads and deletes: a walk of 4000 entries allocates
+// what a walk of 40 does, both in one chunk.
+func TestSweepAllocatesPerWalkNotPerEntry(t *testing.T) {
+	_, m := startGC(t, 8192)
+	bufs := newBuffers[ctmap.Key4](4096)
+	allocs := func(entries int) float64 {
+		keys, values := make([]ctmap.Key4, entries), make([]ctmap.Entry, entries)
+		for i := range entries {
+			keys[i] = ctmap.Key4{SrcAddr: [4]byte{10, 244, byte(i >> 8), byte(i)}, Proto: 6}
+		}
+		return testing.AllocsPerRun(20, func() {
+			if _, err := m.BatchPut(keys, values); err != nil {
+				t.Fatal(err)
+			}
+			// Lifetime 0 has expired: the sweep deletes every entry.
+			s, err := sweep(m, bufs, &judge{now: ctmap.Now()}, nil)
+			if err != nil || s.Scanned != entries || s.Deleted[expired] != entries {
+				t.Fatalf("sweep of %d entries: %+v, %v", entries, s, err)
+			}
+		})
+	}
+	few, many := allocs(40), allocs(4000)
+	t.Logf("allocations of a sweep: %v with 40 entries, %v with 4000", few, many)
+	if many > few+2 {
+		t.Errorf("a sweep of 4000 entries allocates %v times, one of 40 %v: want no allocation per entry", many, few)
+	}
+}

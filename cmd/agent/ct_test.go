@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/ctgc"
+	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/ctmap"
+)
+
+// startCTAgent runs the conntrack maps, their GC and the API in this
+// process, over a bpffs of the test's, and returns the API socket and the
+// maps once the GC's first pass is done.
+func startCTAgent(t *testing.T) (string, *ctmaps.Maps) {
+	root := bpfmapstest.Root(t)
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	var (
+		maps *ctmaps.Maps
+		gc   *ctgc.GC
+	)
+	opts := hive.DefaultOptions()
+	opts.ModuleDecorators = health.ModuleDecorators
+	h := hive.NewWithOptions(opts,
+		statedb.Cell, job.Cell, health.Cell, api.Cell, bpfmaps.Cell, ctmaps.Cell, ctgc.Cell,
+		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
+		cell.Invoke(func(m *ctmaps.Maps, g *ctgc.GC) { maps, gc = m, g }),
+		health.StartedMarker,
+	)
+	hive.AddConfigOverride(h, func(c *health.Config) { c.HealthAddr = "" })
+	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
+	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = root })
+	log := hivetest.Logger(t)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Stop(log, context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := gc.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return socket, maps
+}
+
+func TestCTCommands(t *testing.T) {
+	socket, maps := startCTAgent(t)
+	now := ctmap.Now()
+	if err := maps.TCP4.Put(
+		ctmap.NewKey4(6, netip.MustParseAddrPort("10.244.0.2:40000"), netip.MustParseAddrPort("10.96.0.10:80"), 0),
+		ctmap.Entry{Lifetime: now + 3600, Flags: ctmap.CTFSynSeen | ctmap.CTFEstablished, EndpointID: 7, PacketsTx: 3, BytesTx: 180, PacketsRx: 2, BytesRx: 120},
+	); err != nil {
+		t.Fatal(err)
+	}
+	if err := maps.Any4.Put(
+		ctmap.NewKey4(1, netip.MustParseAddrPort("10.244.0.2:4242"), netip.MustParseAddrPort("10.244.0.3:0"), 0),
+		ctmap.Entry{Lifetime: now - 5, EndpointID: 7},
+	); err != nil {
+		t.Fatal(err)
+	}
+	if err := maps.Any6.Put(
+		ctmap.NewKey6(17, netip.MustParseAddrPort("[fd00::5]:5353"), netip.MustParseAddrPort("[fd00::2]:53"), ctmap.KeyIncoming),
+		ctmap.Entry{Lifetime: now + 60},
+	); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, string, int) {
+		var out, errOut bytes.Buffer
+		code := execute(append(args, "--api-socket", socket), &out, &errOut)
+		return out.String(), errOut.String(), code
+	}
+
+	out, errOut, code := run("ct", "list")
+	// EXPIRES counts down: a second may pass between putting and listing.
+	wantList := regexp.MustCompile(`^PROTO +SOURCE +DESTINATION +DIR +STATE +EXPIRES +ENDPOINT +TX PKTS/BYTES +RX PKTS/BYTES
+TCP +10\.244\.0\.2:40000 +10\.96\.0\.10:80 +out +ESTABLISHED +(1h0m0s|59m5[89]s) +7 +3/180 +2/120
+ICMP +10\.244\.0\.2 id 4242 +10\.244\.0\.3 +out +NEW +expired +7 +0/0 +0/0
+UDP +\[fd00::5\]:5353 +\[fd00::2\]:53 +in +NEW +(1m0s|5[89]s) +- +0/0 +0/0
+$`)
+	if code != 0 || !wantList.MatchString(out) {
+		t.Errorf("ct list = %d %q\n%s\nwant\n%s", code, errOut, out, wantList)
+	}
+
+	out, errOut, code = run("ct", "list", "-o", "json", "--family", "6")
+	var entries apiv1.ConntrackEntries
+	if code != 0 || json.Unmarshal([]byte(out), &entries) != nil || len(entries.Entries) != 1 || entries.Entries[0].Direction != "in" {
+		t.Errorf("ct list -o json --family 6 = %d %q\n%s\nwant the UDP entry, direction in", code, errOut, out)
+	}
+	out, _, code = run("ct", "list", "--endpoint", "7", "--limit", "1")
+	if code != 0 || strings.Count(out, "\n") != 3 || !strings.Contains(out, "10.96.0.10:80") || !strings.Contains(out, "(first 1 entries; --limit 0 shows all)") {
+		t.Errorf("ct list --endpoint 7 --limit 1 = %d\n%s\nwant the TCP entry and a truncation note", code, out)
+	}
+	for _, bad := range [][]string{{"--family", "5"}, {"--endpoint", "70000"}, {"--limit", "-1"}} {
+		_, errOut, code = run(append([]string{"ct", "list"}, bad...)...)
+		if code != 1 || !strings.Contains(errOut, "invalid "+bad[0]+" "+bad[1]) {
+			t.Errorf("ct list %v = %d %q, want an error naming the flag", bad, code, errOut)
+		}
+	}
+
+	out, errOut, code = run("ct", "gc", "--run")
+	wantPass := regexp.MustCompile(`^Pass \d+ at \S+: scanned 3, deleted 1 in \S+; next in \S+
+MAP +CAPACITY +SCANNED +EXPIRED +ENDPOINT GONE
+cellium_ct4_tcp +524288 +1 +0 +0
+cellium_ct4_any +262144 +1 +1 +0
+cellium_ct6_tcp +524288 +0 +0 +0
+cellium_ct6_any +262144 +1 +0 +0
+$`)
+	if code != 0 || !wantPass.MatchString(out) {
+		t.Errorf("ct gc --run = %d %q\n%s\nwant\n%s", code, errOut, out, wantPass)
+	}
+	out, errOut, code = run("ct", "gc", "-o", "json")
+	var st apiv1.ConntrackGC
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Last == nil || st.Last.Number != st.Passes || st.Last.Deleted != 1 || st.IntervalMode != "adaptive" {
+		t.Errorf("ct gc -o json = %d %q\n%s\nwant the last pass, which deleted 1", code, errOut, out)
+	}
+
+	out, errOut, code = run("ct", "flush")
+	if want := "Deleted 2 entries (cellium_ct4_tcp 1, cellium_ct4_any 0, cellium_ct6_tcp 0, cellium_ct6_any 1)\n"; code != 0 || out != want {
+		t.Errorf("ct flush = %d %q\n%s\nwant\n%s", code, errOut, out, want)
+	}
+	out, _, code = run("ct", "list")
+	if code != 0 || strings.Count(out, "\n") != 1 {
+		t.Errorf("ct list after a flush = %d\n%s\nwant only the header", code, out)
+	}
+}
