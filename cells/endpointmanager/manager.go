@@ -196,10 +196,12 @@ func (m *Manager) routers() []netip.Addr {
 	return out
 }
 
-// insert puts ep in the table, for the endpoint map to pick up.
+// insert puts ep in the table, for the datapath to pick up: the endpoint
+// map and the programs on its host-side interface.
 func (m *Manager) insert(ep *Endpoint) error {
 	ep = ep.Clone()
 	ep.MapStatus = reconciler.StatusPending()
+	ep.ProgramStatus = reconciler.StatusPending()
 	txn := m.db.WriteTxn(m.tbl)
 	defer txn.Abort()
 	if _, _, err := m.tbl.Insert(txn, ep); err != nil {

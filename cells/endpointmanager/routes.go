@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cilium/statedb/reconciler"
+
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/pkg/apiv1"
@@ -132,8 +134,8 @@ func (m *Manager) toAPI(ep *Endpoint) apiv1.Endpoint {
 		HostInterface: ep.HostIfName, HostIfIndex: ep.HostIfIndex, HostMAC: ep.HostMAC.String(),
 		PodNamespace: ep.PodNamespace, PodName: ep.PodName, Labels: ep.Labels,
 		State: string(ep.State), Error: ep.Error, Created: ep.Created,
-		Datapath: ep.MapStatus.Kind.String(), DatapathError: ep.MapStatus.GetError(),
 	}
+	out.Datapath, out.DatapathError = datapath(ep)
 	if ep.IPv4.IsValid() {
 		out.IPv4 = ep.IPv4.String()
 	}
@@ -149,6 +151,28 @@ func (m *Manager) toAPI(ep *Endpoint) apiv1.Endpoint {
 		}
 	}
 	return out
+}
+
+// datapath is where the endpoint stands in the datapath as a whole, in the
+// endpoint map and with its programs: Error if either failed, else Pending
+// (or Refreshing) until both are Done.
+func datapath(ep *Endpoint) (kind, errText string) {
+	statuses := []reconciler.Status{ep.MapStatus, ep.ProgramStatus}
+	var errs []string
+	for _, s := range statuses {
+		if s.Kind == reconciler.StatusKindError {
+			errs = append(errs, s.GetError())
+		}
+	}
+	if len(errs) > 0 {
+		return reconciler.StatusKindError.String(), strings.Join(errs, "; ")
+	}
+	for _, s := range statuses {
+		if s.Kind != reconciler.StatusKindDone {
+			return s.Kind.String(), ""
+		}
+	}
+	return reconciler.StatusKindDone.String(), ""
 }
 
 func addrStrings(addrs []netip.Addr) []string {

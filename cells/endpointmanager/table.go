@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/statedb"
@@ -73,6 +74,9 @@ type Endpoint struct {
 	// MapStatus says whether the endpoint is in the BPF endpoint map (the
 	// endpoint-maps cell reconciles it).
 	MapStatus reconciler.Status `json:"mapStatus" yaml:"mapStatus"`
+	// ProgramStatus says whether the datapath programs are attached to the
+	// host-side interface (the loader cell reconciles it).
+	ProgramStatus reconciler.Status `json:"programStatus" yaml:"programStatus"`
 }
 
 // Clone is a copy of e that may be changed.
@@ -94,7 +98,7 @@ func (e *Endpoint) IPs() []netip.Addr {
 }
 
 func (e *Endpoint) TableHeader() []string {
-	return []string{"ID", "ContainerID", "Pod", "Interface", "IPv4", "IPv6", "Host", "State", "Map", "Error"}
+	return []string{"ID", "ContainerID", "Pod", "Interface", "IPv4", "IPv6", "Host", "State", "Map", "Programs", "Error"}
 }
 
 func (e *Endpoint) TableRow() []string {
@@ -108,14 +112,23 @@ func (e *Endpoint) TableRow() []string {
 		}
 		return ""
 	}
-	errText := e.Error
-	if mapErr := e.MapStatus.GetError(); mapErr != "" {
-		errText = mapErr
-	}
 	return []string{
 		strconv.Itoa(int(e.ID)), shortID(e.ContainerID), pod, e.IfName, addr(e.IPv4), addr(e.IPv6),
-		fmt.Sprintf("%s (%d)", e.HostIfName, e.HostIfIndex), string(e.State), e.MapStatus.Kind.String(), errText,
+		fmt.Sprintf("%s (%d)", e.HostIfName, e.HostIfIndex), string(e.State),
+		e.MapStatus.Kind.String(), e.ProgramStatus.Kind.String(), strings.Join(e.problems(), "; "),
 	}
+}
+
+// problems are why the endpoint is not ready and why the datapath does not
+// have it (map, then programs), in that order.
+func (e *Endpoint) problems() []string {
+	var errs []string
+	for _, err := range []string{e.Error, e.MapStatus.GetError(), e.ProgramStatus.GetError()} {
+		if err != "" {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // shortID is the first 12 characters of a container ID, as runtimes show it.

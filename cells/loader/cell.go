@@ -5,17 +5,24 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/spf13/pflag"
 )
 
-// Cell loads and attaches the socket load-balancing programs.
+// Cell loads the datapath programs and attaches them: the socket
+// load-balancing programs to a cgroup, the endpoint programs to the host
+// side of every endpoint's veth pair.
 var Cell = cell.Module(
 	"loader",
-	"Loads the BPF programs and attaches them to cgroups",
+	"Loads the BPF programs and attaches them to cgroups and endpoints",
 
 	cell.Config(defaultConfig),
+	cell.ProvidePrivate(job.Registry.NewGroup),
 	cell.Provide(linksCleanup),
 	cell.Invoke(registerLoader),
+
+	cell.ProvidePrivate(newLXCPrograms),
+	cell.Invoke(registerEndpointReconciler),
 )
 
 // Config is the loader cell's configuration.

@@ -10,8 +10,9 @@ import (
 )
 
 // linksCleanup contributes the removal of the loader's links to `agent
-// cleanup`: it detaches every link pinned in the links directory, whether
-// or not this agent's programs made it, and removes the directory.
+// cleanup`: it detaches every link pinned in the links directory and in
+// the endpoint links directory below it, whether or not this agent's
+// programs made it, and removes the directories.
 func linksCleanup(reg *bpfmaps.Registry) bpfmaps.CleanupOut {
 	dir := linksDir(reg)
 	return bpfmaps.CleanupOut{Cleanup: bpfmaps.Cleanup{
@@ -20,6 +21,8 @@ func linksCleanup(reg *bpfmaps.Registry) bpfmaps.CleanupOut {
 	}}
 }
 
+// removeLinks detaches and removes the links pinned in dir, and those in
+// its endpoint links directory first.
 func removeLinks(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -31,6 +34,14 @@ func removeLinks(dir string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
+		if e.Name() == endpointLinksSubdir && e.IsDir() {
+			lines, err := removeLinks(filepath.Join(dir, e.Name()))
+			removed = append(removed, lines...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		what, err := detachPinned(filepath.Join(dir, e.Name()))
 		if err != nil {
 			errs = append(errs, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
 )
 
@@ -28,6 +29,7 @@ type loader struct {
 	log    *slog.Logger
 	cfg    Config
 	maps   *lbmaps.Maps
+	events *ctmaps.Events
 	dir    string
 	health cell.Health
 
@@ -39,11 +41,11 @@ var _ cell.HookDescriptiveInterface = (*loader)(nil)
 
 func (l *loader) HookInfo() string { return "socket load-balancing programs" }
 
-func registerLoader(cfg Config, lc cell.Lifecycle, log *slog.Logger, maps *lbmaps.Maps, reg *bpfmaps.Registry, health cell.Health) error {
+func registerLoader(cfg Config, lc cell.Lifecycle, log *slog.Logger, maps *lbmaps.Maps, events *ctmaps.Events, reg *bpfmaps.Registry, health cell.Health) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	lc.Append(&loader{log: log, cfg: cfg, maps: maps, dir: linksDir(reg), health: health})
+	lc.Append(&loader{log: log, cfg: cfg, maps: maps, events: events, dir: linksDir(reg), health: health})
 	return nil
 }
 
@@ -63,7 +65,7 @@ func (l *loader) Start(cell.HookContext) (err error) {
 	if err != nil {
 		return err
 	}
-	l.coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: l.maps.EBPF()})
+	l.coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: l.replacements()})
 	if err != nil {
 		// The error keeps only the end of the verifier's log.
 		if ve, ok := errors.AsType[*ebpf.VerifierError](err); ok {
@@ -95,6 +97,15 @@ func (l *loader) Start(cell.HookContext) (err error) {
 	return nil
 }
 
+// replacements are the agent's maps that the programs use instead of their
+// own: the load-balancing maps, and the event ring buffer they report
+// translations to.
+func (l *loader) replacements() map[string]*ebpf.Map {
+	m := l.maps.EBPF()
+	maps.Copy(m, l.events.EBPF())
+	return m
+}
+
 // spec is the compiled object fitted to the agent's maps: their sizes come
 // from flags, and so does the Maglev table size the programs index with.
 func (l *loader) spec() (*ebpf.CollectionSpec, error) {
@@ -102,7 +113,7 @@ func (l *loader) spec() (*ebpf.CollectionSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	for name, m := range l.maps.EBPF() {
+	for name, m := range l.replacements() {
 		ms, ok := spec.Maps[name]
 		if !ok {
 			return nil, fmt.Errorf("the socket load-balancing programs have no map %s", name)
@@ -203,7 +214,8 @@ func pinReplacing(lnk link.Link, pin string) error {
 }
 
 // removeStale detaches and removes the pinned links of programs that no
-// longer exist, and leftovers of an interrupted pinReplacing.
+// longer exist, and leftovers of an interrupted pinReplacing. The endpoint
+// links' directory is the endpoint reconciler's.
 func (l *loader) removeStale(programs []string) {
 	entries, err := os.ReadDir(l.dir)
 	if err != nil {
@@ -211,7 +223,7 @@ func (l *loader) removeStale(programs []string) {
 		return
 	}
 	for _, e := range entries {
-		if slices.Contains(programs, e.Name()) {
+		if slices.Contains(programs, e.Name()) || e.Name() == endpointLinksSubdir {
 			continue
 		}
 		what, err := detachPinned(filepath.Join(l.dir, e.Name()))
@@ -228,8 +240,8 @@ func (l *loader) removeStale(programs []string) {
 func detachPinned(pin string) (string, error) {
 	what := pin
 	if lnk, err := link.LoadPinnedLink(pin, nil); err == nil {
-		if info, err := lnk.Info(); err == nil && info.Cgroup() != nil {
-			what = fmt.Sprintf("%s (%s on cgroup %d)", pin, ebpf.AttachType(info.Cgroup().AttachType), info.Cgroup().CgroupId)
+		if info, err := lnk.Info(); err == nil {
+			what = fmt.Sprintf("%s (%s)", pin, describeLink(info))
 		}
 		// Detach even if another process holds the link open.
 		err := lnk.Detach()

@@ -7,6 +7,9 @@ import (
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
@@ -18,22 +21,24 @@ import (
 const MaglevTableSize = 251
 
 // Datapath builds, without starting it, a hive of the datapath cells
-// (bpf-maps, lb-maps, loader, with statedb, jobs and health) plus extra,
-// with the programs attached to e.Cgroup and everything pinned under
-// bpfRoot, a path from bpfmapstest.Root. Its maps are small, with tables of
-// MaglevTableSize. *maps receives the lb-maps cell's Maps once the hive is
-// populated.
+// (bpf-maps, lb-maps, ct-maps, endpoint-maps, loader, with statedb, jobs and
+// health) plus extra, with the socket programs attached to e.Cgroup and
+// everything pinned under bpfRoot, a path from bpfmapstest.Root. Its maps
+// are small, with tables of MaglevTableSize. *maps receives the lb-maps
+// cell's Maps once the hive is populated.
 //
 // The maps are the test's to fill by hand: the lb-maps reconciler gets an
 // empty frontends table that never counts as initialized, so it writes
-// nothing and never prunes what the test wrote, across restarts too.
+// nothing and never prunes what the test wrote, across restarts too. The
+// endpoints table is the test's to fill as well, through *Endpoints.
 //
 // The settings go through the hive's flag values (Viper), not config
 // overrides, so a test may still override any config type, or set other
 // flags the same way.
 func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *hive.Hive {
 	cells := []cell.Cell{
-		bpfmaps.Cell, lbmaps.Cell, loader.Cell, handFilled,
+		bpfmaps.Cell, lbmaps.Cell, ctmaps.Cell, endpointmaps.Cell, loader.Cell,
+		handFilled, handFilledEndpoints,
 		cell.Invoke(func(m *lbmaps.Maps) { *maps = m }),
 	}
 	h := celltest.New(append(cells, extra...)...)
@@ -46,6 +51,9 @@ func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *
 		"lb-affinity-map-max":    1024,
 		"lb-sock-revnat-map-max": 4096,
 		"lb-maglev-table-size":   MaglevTableSize,
+		"conntrack-tcp-max":      1024,
+		"conntrack-any-max":      1024,
+		"monitor-ringbuf-size":   1 << 16,
 	} {
 		h.Viper().Set(flag, value)
 	}
@@ -72,3 +80,37 @@ var handFilled = cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalance
 	txn.Commit()
 	return tbl, nil
 })
+
+// Endpoints is the endpoints table of a Datapath, which the test fills as
+// the endpoint manager would: rows inserted with MapStatus and
+// ProgramStatus pending. Until Restored, the table is not initialized, so
+// the reconcilers write what the rows say but prune nothing.
+type Endpoints struct {
+	DB    *statedb.DB
+	Table statedb.RWTable[*endpointmanager.Endpoint]
+
+	restored func(statedb.WriteTxn)
+}
+
+// Restored completes the table's restore, as the endpoint manager does once
+// every endpoint on disk is back: from then on, the reconcilers remove what
+// no row has.
+func (e *Endpoints) Restored() {
+	txn := e.DB.WriteTxn(e.Table)
+	e.restored(txn)
+	txn.Commit()
+}
+
+var handFilledEndpoints = cell.Provide(
+	func(db *statedb.DB) (*Endpoints, error) {
+		tbl, err := endpointmanager.NewTable(db)
+		if err != nil {
+			return nil, err
+		}
+		txn := db.WriteTxn(tbl)
+		done := tbl.RegisterInitializer(txn, "endpoint-restore")
+		txn.Commit()
+		return &Endpoints{DB: db, Table: tbl, restored: done}, nil
+	},
+	func(e *Endpoints) statedb.RWTable[*endpointmanager.Endpoint] { return e.Table },
+)

@@ -148,6 +148,13 @@ func New(t testing.TB) *Env {
 	return e
 }
 
+// At is an Env over a cgroup and a network namespace that the caller made
+// and removes, such as a node's --cgroup-root and a pod's namespace: Run
+// runs clients there, ServeTCP and ServeUDP serve there.
+func At(t testing.TB, cgroup, netnsPath string) *Env {
+	return &Env{Cgroup: cgroup, NetNS: netnsPath, t: t}
+}
+
 // newNetNS creates a network namespace and bind-mounts it at a path under
 // the test's temporary directory.
 func newNetNS(t testing.TB) string {

@@ -1,0 +1,296 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"iter"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
+)
+
+// endpointLinksDir is where the links of the endpoints' programs are
+// pinned: <id>-ingress and <id>-egress per endpoint.
+func endpointLinksDir(reg *bpfmaps.Registry) string {
+	return filepath.Join(linksDir(reg), endpointLinksSubdir)
+}
+
+const endpointLinksSubdir = "endpoints"
+
+// endpointHook is one of the two places on an endpoint's host-side veth
+// where a program runs.
+type endpointHook struct {
+	// name ends the pin of the hook's link and names the hook in logs.
+	name   string
+	attach ebpf.AttachType
+	// parent is the clsact parent of the tc filter that stands in for the
+	// link on kernels without tcx.
+	parent uint32
+}
+
+var (
+	// fromEndpoint sees what the pod sends: it arrives at the host side.
+	fromEndpoint = endpointHook{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS}
+	// toEndpoint sees what goes into the pod: it leaves by the host side.
+	toEndpoint    = endpointHook{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS}
+	endpointHooks = []endpointHook{fromEndpoint, toEndpoint}
+)
+
+// pinName is the name of the pin of endpoint id's link at hook h.
+func pinName(id uint16, h endpointHook) string { return strconv.Itoa(int(id)) + "-" + h.name }
+
+// endpointPrograms are the programs the loader attaches to every endpoint.
+// They are loaded by the time the reconciler calls program: their start
+// hook runs before the reconciler's jobs start.
+type endpointPrograms interface {
+	// program is the program for hook h, and its ID.
+	program(h endpointHook) (*ebpf.Program, ebpf.ProgramID)
+}
+
+// hasPrograms says whether an endpoint gets the programs: a not-ready
+// endpoint's host interface may be gone.
+func hasPrograms(ep *endpointmanager.Endpoint) bool {
+	return ep.State == endpointmanager.Ready && ep.HostIfIndex > 0
+}
+
+// endpointLinks are the reconciler's operations: they attach the programs
+// to the host side of every ready endpoint through links pinned in dir.
+// The pins are the whole state: a restarted agent finds the links of the
+// one before in them and moves them to its own programs.
+type endpointLinks struct {
+	log   *slog.Logger
+	dir   string
+	progs endpointPrograms
+	// attachTCX is link.AttachTCX; tests stand in a kernel without tcx.
+	attachTCX func(link.TCXOptions) (link.Link, error)
+	// tc is set once the kernel turned out to have no tcx: the programs
+	// are then tc filters on a clsact qdisc, which have no pins. (The
+	// reconciler calls the operations from one goroutine.)
+	tc bool
+}
+
+func newEndpointLinks(log *slog.Logger, reg *bpfmaps.Registry, progs endpointPrograms) *endpointLinks {
+	return &endpointLinks{log: log, dir: endpointLinksDir(reg), progs: progs, attachTCX: link.AttachTCX}
+}
+
+// registerEndpointReconciler reconciles the endpoints table into links,
+// with the result in each endpoint's ProgramStatus. Taking the programs
+// makes them load first.
+func registerEndpointReconciler(p reconciler.Params, tbl statedb.RWTable[*endpointmanager.Endpoint], reg *bpfmaps.Registry, progs endpointPrograms) error {
+	_, err := reconciler.Register(
+		p, tbl,
+		(*endpointmanager.Endpoint).Clone,
+		func(ep *endpointmanager.Endpoint, s reconciler.Status) *endpointmanager.Endpoint {
+			ep.ProgramStatus = s
+			return ep
+		},
+		func(ep *endpointmanager.Endpoint) reconciler.Status { return ep.ProgramStatus },
+		newEndpointLinks(p.Log, reg, progs),
+		nil,
+		reconciler.WithName("endpoint-programs"),
+	)
+	return err
+}
+
+func (o *endpointLinks) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, ep *endpointmanager.Endpoint) error {
+	if !hasPrograms(ep) {
+		return o.detach(ep)
+	}
+	if err := os.MkdirAll(o.dir, 0o700); err != nil {
+		return fmt.Errorf("create the endpoint link directory: %w", err)
+	}
+	for _, h := range endpointHooks {
+		how, err := o.attach(ep, h)
+		if err != nil {
+			o.log.Warn("Attaching an endpoint's program failed; retrying",
+				"endpoint", ep.ID, "interface", ep.HostIfName, "ifindex", ep.HostIfIndex, "hook", h.name, "error", err)
+			return fmt.Errorf("endpoint %d: attach the %s program to %s (ifindex %d): %w",
+				ep.ID, h.name, ep.HostIfName, ep.HostIfIndex, err)
+		}
+		if how != "" {
+			o.log.Info("Attached endpoint program",
+				"endpoint", ep.ID, "interface", ep.HostIfName, "ifindex", ep.HostIfIndex, "hook", h.name, "link", how)
+		}
+	}
+	return nil
+}
+
+func (o *endpointLinks) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, ep *endpointmanager.Endpoint) error {
+	return o.detach(ep)
+}
+
+// Prune detaches the links of endpoints that are gone or not ready: those
+// deleted while the agent was down, and leftovers of an interrupted
+// pinReplacing. It runs once the endpoints table is initialized, that is
+// once every endpoint is restored, so no restored endpoint loses its
+// programs.
+func (o *endpointLinks) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq2[*endpointmanager.Endpoint, statedb.Revision]) error {
+	want := map[string]bool{}
+	for ep := range eps {
+		if hasPrograms(ep) {
+			for _, h := range endpointHooks {
+				want[pinName(ep.ID, h)] = true
+			}
+		}
+	}
+	entries, err := os.ReadDir(o.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if want[e.Name()] {
+			continue
+		}
+		what, err := detachPinned(filepath.Join(o.dir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		o.log.Info("Detached the program of an endpoint that is gone", "link", what)
+	}
+	return errors.Join(errs...)
+}
+
+// attach makes the link pinned for ep at hook h run the hook's program on
+// ep's host interface, and says how: "" (it already did), "updated" (the
+// pinned link now runs it: the kernel swaps programs atomically, so no
+// packet goes unseen), "attached" (there was no pin) or "replaced" (the pin
+// held a link that could not take the program, such as one on a veth that
+// was since recreated).
+func (o *endpointLinks) attach(ep *endpointmanager.Endpoint, h endpointHook) (string, error) {
+	prog, progID := o.progs.program(h)
+	pin := filepath.Join(o.dir, pinName(ep.ID, h))
+	old, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		defer old.Close()
+		why, current := unusableTCX(old, h, ep.HostIfIndex)
+		if why == "" {
+			if current == progID {
+				return "", nil
+			}
+			if err := old.Update(prog); err != nil {
+				why = err.Error()
+			} else {
+				return "updated", nil
+			}
+		}
+		o.log.Info("Replacing an endpoint's pinned link that cannot run the program",
+			"endpoint", ep.ID, "ifindex", ep.HostIfIndex, "pin", pin, "reason", why)
+	case !errors.Is(err, fs.ErrNotExist):
+		o.log.Warn("Replacing a pin that is no usable link", "endpoint", ep.ID, "pin", pin, "error", err)
+	}
+
+	lnk, err := o.attachTCX(link.TCXOptions{Interface: ep.HostIfIndex, Program: prog, Attach: h.attach})
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		if !o.tc {
+			o.tc = true
+			o.log.Warn("The kernel has no tcx (Linux 6.6+): attaching the endpoints' programs as tc filters, which are not pinned",
+				"error", err)
+		}
+		return "attached as a tc filter", attachTC(ep.HostIfIndex, h, prog)
+	}
+	if err != nil {
+		return "", err
+	}
+	// The pin holds the link from here on; an unpinned link goes with the
+	// handle.
+	defer lnk.Close()
+	if err := pinReplacing(lnk, pin); err != nil {
+		return "", err
+	}
+	if old == nil {
+		return "attached", nil
+	}
+	// Detach the old link only now: should it still be on this interface,
+	// there is never a moment without the program.
+	if err := old.Detach(); err != nil {
+		o.log.Warn("Detach a replaced endpoint link", "endpoint", ep.ID, "pin", pin, "error", err)
+	}
+	return "replaced", nil
+}
+
+// unusableTCX says why a pinned link cannot take the program of hook h on
+// interface ifindex, or "" and the program it runs if it can.
+func unusableTCX(lnk link.Link, h endpointHook, ifindex int) (string, ebpf.ProgramID) {
+	info, err := lnk.Info()
+	if err != nil {
+		return err.Error(), 0
+	}
+	tcx := info.TCX()
+	if info.Type != link.TCXType || tcx == nil {
+		return fmt.Sprintf("it is a %v link, not a tcx link", info.Type), 0
+	}
+	if got := ebpf.AttachType(tcx.AttachType); got != h.attach {
+		return fmt.Sprintf("it is attached as %s, not %s", got, h.attach), 0
+	}
+	if tcx.Ifindex == 0 {
+		return "its interface is gone", 0
+	}
+	if int(tcx.Ifindex) != ifindex {
+		return fmt.Sprintf("it is attached to ifindex %d, not %d", tcx.Ifindex, ifindex), 0
+	}
+	return "", info.Program
+}
+
+// detach removes ep's programs from its host interface, if it still has
+// one: the pinned links and, without tcx, the tc filters.
+func (o *endpointLinks) detach(ep *endpointmanager.Endpoint) error {
+	var errs []error
+	for _, h := range endpointHooks {
+		what, err := detachPinned(filepath.Join(o.dir, pinName(ep.ID, h)))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			o.log.Info("Detached endpoint program", "endpoint", ep.ID, "link", what)
+		}
+		if o.tc && ep.HostIfIndex > 0 {
+			if err := detachTC(ep.HostIfIndex, h); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("endpoint %d: detach its programs from ifindex %d: %w", ep.ID, ep.HostIfIndex, err)
+	}
+	return nil
+}
+
+// describeLink says where a link is attached, for logs and `agent cleanup`.
+func describeLink(info *link.Info) string {
+	if cg := info.Cgroup(); cg != nil {
+		return fmt.Sprintf("%s on cgroup %d", ebpf.AttachType(cg.AttachType), cg.CgroupId)
+	}
+	if tcx := info.TCX(); tcx != nil {
+		at := ebpf.AttachType(tcx.AttachType)
+		hook := at.String()
+		for _, h := range endpointHooks {
+			if h.attach == at {
+				hook = h.name
+			}
+		}
+		if tcx.Ifindex == 0 {
+			return fmt.Sprintf("tcx %s on an interface that is gone", hook)
+		}
+		return fmt.Sprintf("tcx %s on ifindex %d", hook, tcx.Ifindex)
+	}
+	return fmt.Sprintf("%v link", info.Type)
+}

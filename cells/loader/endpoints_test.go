@@ -1,0 +1,582 @@
+package loader_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/cellium/cellium/bpf"
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loader/socklbtest"
+	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// hooks are the endpoint hooks: pin suffix, attach type and the name of the
+// program that runs there.
+var hooks = []struct {
+	name, program string
+	attach        ebpf.AttachType
+}{
+	{"ingress", bpf.LXCProgCelliumFromEndpoint, ebpf.AttachTCXIngress},
+	{"egress", bpf.LXCProgCelliumToEndpoint, ebpf.AttachTCXEgress},
+}
+
+// datapath is one run of the datapath cells with an endpoints table the
+// test fills.
+type datapath struct {
+	eps    *socklbtest.Endpoints
+	ct     *ctmaps.Maps
+	health statedb.Table[*health.Status]
+	stop   func()
+}
+
+func startDatapath(t *testing.T, env *socklbtest.Env, root string) *datapath {
+	t.Helper()
+	var (
+		d    datapath
+		maps *lbmaps.Maps
+	)
+	h := env.Datapath(root, &maps, cell.Invoke(func(eps *socklbtest.Endpoints, ct *ctmaps.Maps, tbl statedb.Table[*health.Status]) {
+		d.eps, d.ct, d.health = eps, ct, tbl
+	}))
+	d.stop = start(t, h)
+	return &d
+}
+
+// pod is a veth pair: the host side in the test's network namespace, as an
+// endpoint's, eth0 in a namespace of the pod's own.
+type pod struct {
+	netns string
+	host  netlink.Link
+}
+
+func newPod(t *testing.T) *pod {
+	t.Helper()
+	ns := nettest.NewNS(t)
+	podNS, err := netns.GetFromPath(ns.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podNS.Close()
+	name := fmt.Sprintf("lxctest%06x", rand.Uint32()>>8)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(podNS),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("veth pair %s: %v", name, err)
+	}
+	t.Cleanup(func() { netlink.LinkDel(veth) })
+	host, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pod{netns: ns.Path(), host: host}
+}
+
+func (p *pod) endpoint(id uint16) *endpointmanager.Endpoint {
+	return &endpointmanager.Endpoint{
+		ID: id, ContainerID: fmt.Sprintf("container-%d", id), Netns: p.netns, IfName: "eth0",
+		HostIfName: p.host.Attrs().Name, HostIfIndex: p.host.Attrs().Index,
+		State: endpointmanager.Ready, Created: time.Now(),
+	}
+}
+
+// put inserts ep as the endpoint manager does: pending in the datapath.
+func (d *datapath) put(t *testing.T, ep *endpointmanager.Endpoint) {
+	t.Helper()
+	ep = ep.Clone()
+	ep.MapStatus, ep.ProgramStatus = reconciler.StatusPending(), reconciler.StatusPending()
+	txn := d.eps.DB.WriteTxn(d.eps.Table)
+	if _, _, err := d.eps.Table.Insert(txn, ep); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+}
+
+func (d *datapath) delete(t *testing.T, id uint16) {
+	t.Helper()
+	txn := d.eps.DB.WriteTxn(d.eps.Table)
+	if _, _, err := d.eps.Table.Delete(txn, &endpointmanager.Endpoint{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+}
+
+// waitPrograms waits until endpoint id's ProgramStatus is of kind and
+// returns the row.
+func (d *datapath) waitPrograms(t *testing.T, id uint16, kind reconciler.StatusKind) *endpointmanager.Endpoint {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		ep, _, watch, found := d.eps.Table.GetWatch(d.eps.DB.ReadTxn(), endpointmanager.EndpointID.Query(id))
+		if found && ep.ProgramStatus.Kind == kind {
+			return ep
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			if !found {
+				t.Fatalf("endpoint %d: no row", id)
+			}
+			t.Fatalf("endpoint %d: programs %s, want %s", id, ep.ProgramStatus, kind)
+		}
+	}
+}
+
+// eventually polls cond until it holds, failing the test after a deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// tcxLink is what a pinned endpoint link holds.
+type tcxLink struct {
+	id      link.ID
+	program ebpf.ProgramID
+	ifindex uint32
+	attach  ebpf.AttachType
+}
+
+func endpointLinksDir(root string) string {
+	return filepath.Join(root, "cellium", "links", "endpoints")
+}
+
+// pinnedEndpointLinks reads every pin of the endpoint links directory.
+func pinnedEndpointLinks(t *testing.T, root string) map[string]tcxLink {
+	t.Helper()
+	entries, err := os.ReadDir(endpointLinksDir(root))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]tcxLink{}
+	for _, e := range entries {
+		l, err := link.LoadPinnedLink(filepath.Join(endpointLinksDir(root), e.Name()), nil)
+		if err != nil {
+			t.Fatalf("pin %s: %v", e.Name(), err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tcx := info.TCX()
+		if tcx == nil {
+			t.Fatalf("pin %s holds a %v link, want tcx", e.Name(), info.Type)
+		}
+		out[e.Name()] = tcxLink{id: info.ID, program: info.Program, ifindex: tcx.Ifindex, attach: ebpf.AttachType(tcx.AttachType)}
+	}
+	return out
+}
+
+// onInterface is what runs at one tcx hook of an interface.
+type onInterface struct {
+	programs []ebpf.ProgramID
+	links    []link.ID
+	revision uint64
+}
+
+func attachedTCX(t *testing.T, ifindex int, at ebpf.AttachType) onInterface {
+	t.Helper()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+	if err != nil {
+		t.Fatalf("query %s on ifindex %d: %v", at, ifindex, err)
+	}
+	out := onInterface{revision: res.Revision}
+	for _, p := range res.Programs {
+		out.programs = append(out.programs, p.ID)
+		id, _ := p.LinkID()
+		out.links = append(out.links, id)
+	}
+	return out
+}
+
+func programName(t *testing.T, id ebpf.ProgramID) string {
+	t.Helper()
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		t.Fatalf("program %d: %v", id, err)
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Name
+}
+
+// wantAttached checks that ep's pinned links are on its host interface,
+// each the only one at its hook and running the right program, and
+// returns them by hook.
+func wantAttached(t *testing.T, root string, ep *endpointmanager.Endpoint) map[string]tcxLink {
+	t.Helper()
+	pins := pinnedEndpointLinks(t, root)
+	out := map[string]tcxLink{}
+	for _, h := range hooks {
+		name := fmt.Sprintf("%d-%s", ep.ID, h.name)
+		l, ok := pins[name]
+		if !ok {
+			t.Fatalf("no link pinned at %s; pins %v", name, pins)
+		}
+		if int(l.ifindex) != ep.HostIfIndex || l.attach != h.attach {
+			t.Fatalf("link %s on ifindex %d as %s, want ifindex %d as %s", name, l.ifindex, l.attach, ep.HostIfIndex, h.attach)
+		}
+		on := attachedTCX(t, ep.HostIfIndex, h.attach)
+		if len(on.programs) != 1 || on.programs[0] != l.program || on.links[0] != l.id {
+			t.Fatalf("%s of ifindex %d runs programs %v (links %v), want only the pinned link %d's program %d",
+				h.name, ep.HostIfIndex, on.programs, on.links, l.id, l.program)
+		}
+		if got := programName(t, l.program); got != h.program {
+			t.Fatalf("%s runs program %q, want %q", h.name, got, h.program)
+		}
+		out[h.name] = l
+	}
+	return out
+}
+
+// wantDetached checks that no program runs on ifindex and that endpoint
+// id has no pins.
+func wantDetached(t *testing.T, root string, id uint16, ifindex int) {
+	t.Helper()
+	for _, h := range hooks {
+		if on := attachedTCX(t, ifindex, h.attach); len(on.programs) != 0 {
+			t.Fatalf("%s of ifindex %d still runs programs %v", h.name, ifindex, on.programs)
+		}
+		name := fmt.Sprintf("%d-%s", id, h.name)
+		if _, err := os.Stat(filepath.Join(endpointLinksDir(root), name)); !os.IsNotExist(err) {
+			t.Fatalf("pin %s left: %v", name, err)
+		}
+	}
+}
+
+func unpinned(root string, id uint16) func() bool {
+	return func() bool {
+		for _, h := range hooks {
+			if _, err := os.Stat(filepath.Join(endpointLinksDir(root), fmt.Sprintf("%d-%s", id, h.name))); !os.IsNotExist(err) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// An endpoint's programs follow its row: attached while it is ready,
+// detached when it is not, and when the row goes.
+func TestEndpointPrograms(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	d := startDatapath(t, env, root)
+	p := newPod(t)
+	ep := p.endpoint(1)
+	ifindex := ep.HostIfIndex
+
+	d.put(t, ep)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	wantAttached(t, root, ep)
+
+	notReady := ep.Clone()
+	notReady.State, notReady.Error = endpointmanager.NotReady, "veth pair could not be made"
+	d.put(t, notReady)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	wantDetached(t, root, 1, ifindex)
+
+	d.put(t, ep)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	wantAttached(t, root, ep)
+
+	d.delete(t, 1)
+	eventually(t, "the deleted endpoint's links are unpinned", unpinned(root, 1))
+	wantDetached(t, root, 1, ifindex)
+}
+
+// A restarted agent moves the pinned links to its own programs in place,
+// without a moment with no program on the interface, and removes the links
+// of endpoints deleted while it was down once the restore is done.
+func TestEndpointProgramsRestart(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	d := startDatapath(t, env, root)
+	kept, gone := newPod(t).endpoint(1), newPod(t).endpoint(2)
+	d.put(t, kept)
+	d.put(t, gone)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	d.waitPrograms(t, 2, reconciler.StatusKindDone)
+	before := wantAttached(t, root, kept)
+	wantAttached(t, root, gone)
+	revisions := map[string]uint64{}
+	for _, h := range hooks {
+		revisions[h.name] = attachedTCX(t, kept.HostIfIndex, h.attach).revision
+	}
+
+	// Watch the kept endpoint's interface through the restart: one program
+	// must run at each hook all along, never none (a detach before the
+	// attach) nor two (an attach before the detach).
+	var (
+		watchDone = make(chan struct{})
+		watching  sync.WaitGroup
+		gaps      []string
+	)
+	watching.Go(func() {
+		for {
+			for _, h := range hooks {
+				res, err := link.QueryPrograms(link.QueryOptions{Target: kept.HostIfIndex, Attach: h.attach})
+				if err != nil || len(res.Programs) != 1 {
+					gaps = append(gaps, fmt.Sprintf("%s: %v %v", h.name, res, err))
+				}
+			}
+			select {
+			case <-watchDone:
+				return
+			default:
+			}
+		}
+	})
+
+	d.stop()
+	wantAttached(t, root, kept) // the agent is down: the pins hold the links
+
+	d = startDatapath(t, env, root)
+	d.put(t, kept) // the restore: only the kept endpoint is back
+	d.eps.Restored()
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	eventually(t, "the links of the endpoint deleted while the agent was down are pruned", unpinned(root, 2))
+	close(watchDone)
+	watching.Wait()
+	if len(gaps) > 0 {
+		t.Fatalf("a hook of the interface ran other than one program %d times during the restart, first: %v", len(gaps), gaps[0])
+	}
+
+	after := wantAttached(t, root, kept)
+	for _, h := range hooks {
+		was, now := before[h.name], after[h.name]
+		if now.id != was.id {
+			t.Errorf("%s: link %d after the restart, want the pinned link %d updated in place", h.name, now.id, was.id)
+		}
+		if now.program == was.program {
+			t.Errorf("%s: still program %d after the restart, want the new run's", h.name, now.program)
+		}
+		// One change of what is attached: a replace. Detach and attach
+		// would be two.
+		if rev := attachedTCX(t, kept.HostIfIndex, h.attach).revision; rev != revisions[h.name]+1 {
+			t.Errorf("%s: revision %d after the restart, want %d (one atomic replace)", h.name, rev, revisions[h.name]+1)
+		}
+	}
+	wantDetached(t, root, 2, gone.HostIfIndex)
+}
+
+// An endpoint whose veth was recreated gets new links on the new
+// interface, replacing the pinned ones.
+func TestEndpointProgramsNewVeth(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	d := startDatapath(t, env, root)
+	ep := newPod(t).endpoint(1)
+	d.put(t, ep)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	before := wantAttached(t, root, ep)
+
+	p := newPod(t)
+	recreated := ep.Clone()
+	recreated.HostIfName, recreated.HostIfIndex = p.host.Attrs().Name, p.host.Attrs().Index
+	d.put(t, recreated)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	after := wantAttached(t, root, recreated)
+	for _, h := range hooks {
+		if after[h.name].id == before[h.name].id {
+			t.Errorf("%s: link %d kept, want a new link on the new interface", h.name, after[h.name].id)
+		}
+	}
+	// The old link was detached, not left behind on the old veth.
+	for _, h := range hooks {
+		if on := attachedTCX(t, ep.HostIfIndex, h.attach); len(on.programs) != 0 {
+			t.Fatalf("%s of the old interface still runs %v", h.name, on.programs)
+		}
+	}
+}
+
+// An interface that does not exist is an error in the endpoint's row and in
+// the loader's health, naming the endpoint and the ifindex.
+func TestEndpointProgramsNoInterface(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	d := startDatapath(t, env, root)
+	ep := &endpointmanager.Endpoint{ID: 3, ContainerID: "c3", HostIfName: "lxcmissing", HostIfIndex: 1 << 30, State: endpointmanager.Ready}
+	d.put(t, ep)
+	row := d.waitPrograms(t, 3, reconciler.StatusKindError)
+	want := "endpoint 3: attach the ingress program to lxcmissing (ifindex 1073741824): attach tcx link: no such device"
+	if got := row.ProgramStatus.GetError(); got != want {
+		t.Fatalf("program status error %q, want %q", got, want)
+	}
+	eventually(t, "the loader's health is degraded naming the endpoint", func() bool {
+		for s := range d.health.All(d.eps.DB.ReadTxn()) {
+			if s.Path[0] == "loader" && s.Level == cell.StatusDegraded && strings.Contains(s.Error, want) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// Packets of a pod go through the programs: a ping and a TCP connection
+// attempt from the pod to the host side leave conntrack entries.
+func TestEndpointTraffic(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	d := startDatapath(t, env, root)
+	v4, _ := nettest.Ranges(t)
+	router, podIP := v4.Addr().Next(), v4.Addr().Next().Next()
+	p := newPod(t)
+	p.address(t, router, podIP)
+
+	ep := p.endpoint(1)
+	ep.IPv4 = podIP
+	d.put(t, ep)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+
+	if err := nettest.Ping(p.netns, router, 5*time.Second); err != nil {
+		t.Fatalf("ping from the pod: %v", err)
+	}
+	icmp := ctEntries(t, d.ct.Any4, podIP, router, 1)
+	if len(icmp) == 0 {
+		t.Fatalf("no ICMP conntrack entry from %s to %s", podIP, router)
+	}
+
+	// Nobody listens: the host answers the SYN with a RST.
+	err := nettest.Do(p.netns, func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(router, 9).String(), 5*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("connect from the pod: %v, want connection refused", err)
+	}
+	tcp := ctEntries(t, d.ct.TCP4, podIP, router, 6)
+	if len(tcp) == 0 {
+		t.Fatalf("no TCP conntrack entry from %s to %s", podIP, router)
+	}
+	// From-endpoint counted the request, to-endpoint the reply.
+	for _, e := range append(icmp, tcp...) {
+		if e.EndpointID != 1 || e.PacketsTx == 0 || e.PacketsRx == 0 {
+			t.Errorf("conntrack entry %+v, want endpoint 1 with packets both ways", e)
+		}
+	}
+}
+
+// address gives the pod podIP and a route to router through eth0, and the
+// host side router and a route back to the pod: the addresses are in a
+// blackholed test range.
+func (p *pod) address(t *testing.T, router, podIP netip.Addr) {
+	t.Helper()
+	host32 := func(a netip.Addr) *net.IPNet { return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)} }
+	if err := netlink.AddrAdd(p.host, &netlink.Addr{IPNet: host32(router)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(p.host); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: p.host.Attrs().Index, Dst: host32(podIP), Scope: netlink.SCOPE_LINK}); err != nil {
+		t.Fatal(err)
+	}
+	err := nettest.Do(p.netns, func() error {
+		eth0, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(eth0, &netlink.Addr{IPNet: host32(podIP)}); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(eth0); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: host32(router), Scope: netlink.SCOPE_LINK})
+	})
+	if err != nil {
+		t.Fatalf("pod addresses: %v", err)
+	}
+}
+
+// ctEntries are the entries of m for connections from src to dst.
+func ctEntries(t *testing.T, m *ctmaps.Map4, src, dst netip.Addr, proto uint8) []ctmap.Entry {
+	t.Helper()
+	var out []ctmap.Entry
+	err := m.Iterate(func(k ctmap.Key4, e ctmap.Entry) bool {
+		if k.Proto == proto && netip.AddrFrom4(k.SrcAddr) == src && netip.AddrFrom4(k.DstAddr) == dst {
+			out = append(out, e)
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// `agent cleanup` detaches and unpins the endpoint links too.
+func TestEndpointCleanup(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	d := startDatapath(t, env, root)
+	ep := newPod(t).endpoint(1)
+	d.put(t, ep)
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	wantAttached(t, root, ep)
+	d.stop()
+
+	var (
+		cleaner *bpfmaps.Cleaner
+		maps    *lbmaps.Maps
+	)
+	h := env.Datapath(root, &maps, cell.Invoke(func(c *bpfmaps.Cleaner) { cleaner = c }))
+	if err := h.Populate(hivetest.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := cleaner.Remove()
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(removed, "\n")
+	for _, want := range []string{
+		"detached and removed link " + filepath.Join(endpointLinksDir(root), "1-ingress") + fmt.Sprintf(" (tcx ingress on ifindex %d)", ep.HostIfIndex),
+		"detached and removed link " + filepath.Join(endpointLinksDir(root), "1-egress") + fmt.Sprintf(" (tcx egress on ifindex %d)", ep.HostIfIndex),
+		"removed link directory " + endpointLinksDir(root),
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("cleanup report does not say %q:\n%s", want, text)
+		}
+	}
+	wantDetached(t, root, 1, ep.HostIfIndex)
+}
