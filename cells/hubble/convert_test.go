@@ -1,0 +1,181 @@
+package hubble
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/cilium/api/v1/flow"
+	"github.com/cilium/statedb"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/monitorapi"
+)
+
+// newTestConverter is a converter over tables holding the test pods and
+// services, without the kernel.
+func newTestConverter(t *testing.T) (*converter, *statedb.DB) {
+	t.Helper()
+	db := statedb.New()
+	eps, err := endpointmanager.NewTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fes, err := statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn := db.WriteTxn(eps, fes)
+	eps.Insert(txn, webPod)
+	eps.Insert(txn, dbPod)
+	fes.Insert(txn, postgresFrontend)
+	fes.Insert(txn, dnsFrontend)
+	txn.Commit()
+	return newConverter("node-1", eps, fes), db
+}
+
+func TestSockFlowReverse(t *testing.T) {
+	c, db := newTestConverter(t)
+	// recvmsg: a reply from postgres-0 is shown to the application as
+	// coming from the service.
+	ev := &monitorapi.SockLBEvent{Time: epoch, Hook: monitorapi.SockLBRecvmsg, Proto: 17, SockCookie: 5,
+		Original:   netip.AddrPortFrom(dbPod.IPv4, 53),
+		Translated: netip.AddrPortFrom(dnsFrontend.Address.Addr, 53)}
+	want := &flow.Flow{
+		Time: timestamppb.New(epoch), Verdict: flow.Verdict_TRANSLATED, Type: flow.FlowType_SOCK, NodeName: "node-1",
+		IP:             &flow.IP{Source: "10.96.0.53", IpVersion: flow.IPVersion_IPv4},
+		L4:             &flow.Layer4{Protocol: &flow.Layer4_UDP{UDP: &flow.UDP{SourcePort: 53}}},
+		SourceService:  &flow.Service{Namespace: "kube-system", Name: "kube-dns"},
+		EventType:      &flow.CiliumEventType{Type: 7, SubType: 4},
+		SockXlatePoint: flow.SocketTranslationPoint_SOCK_XLATE_POINT_POST_DIRECTION_REV,
+		SocketCookie:   5,
+		Summary:        "UDP recvmsg 10.244.0.9:53 -> 10.96.0.53:53 (service kube-system/kube-dns)",
+	}
+	if got := c.flowOf(db.ReadTxn(), ev); !proto.Equal(got, want) {
+		t.Fatalf("flow\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestPacketFlowEdges(t *testing.T) {
+	c, db := newTestConverter(t)
+	tests := []struct {
+		name string
+		ev   monitorapi.Event
+		want *flow.Flow
+	}{
+		{
+			// Dropped before its addresses were read: no IP layer, no
+			// endpoints, a reason this agent has a name for only.
+			name: "drop without addresses, reason Hubble does not know",
+			ev:   &monitorapi.DropEvent{Time: epoch, EndpointID: 1, IfIndex: 9, Reason: 200},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_DROPPED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				EventType: &flow.CiliumEventType{Type: 1}, Interface: &flow.NetworkInterface{Index: 9},
+				Summary: "proto-0 (drop reason reason-200)",
+			},
+		},
+		{
+			name: "unsupported L3",
+			ev:   &monitorapi.DropEvent{Time: epoch, Reason: monitorapi.DropUnsupportedL3},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_DROPPED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				DropReasonDesc: flow.DropReason_UNSUPPORTED_L3_PROTOCOL, DropReason: 139,
+				EventType: &flow.CiliumEventType{Type: 1, SubType: 139}, Summary: "proto-0",
+			},
+		},
+		{
+			// An ICMPv6 error; the trace of a packet into postgres-0
+			// whose direction is unknown.
+			name: "ICMPv6 error, no conntrack state",
+			ev: &monitorapi.TraceEvent{Time: epoch, EndpointID: 2, IfIndex: 8, Point: monitorapi.TraceToEndpoint, Flow: monitorapi.Flow{
+				Src: netip.MustParseAddr("fd00::1"), Dst: dbPod.IPv6, Proto: 58, ICMPType: 1, ICMPCode: 4}},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_FORWARDED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				IP:                    &flow.IP{Source: "fd00::1", Destination: "fd00::9", IpVersion: flow.IPVersion_IPv6},
+				L4:                    &flow.Layer4{Protocol: &flow.Layer4_ICMPv6{ICMPv6: &flow.ICMPv6{Type: 1, Code: 4}}},
+				Destination:           c.enrich.endpointPB(dbPod),
+				EventType:             &flow.CiliumEventType{Type: 4, SubType: 0},
+				TraceObservationPoint: flow.TraceObservationPoint_TO_ENDPOINT,
+				Interface:             &flow.NetworkInterface{Index: 8, Name: "lxc-db"},
+				Summary:               "ICMPv6 DestinationUnreachable(code 4)",
+			},
+		},
+		{
+			// The interface is not the endpoint's: no name.
+			name: "SCTP, an interface not the endpoint's",
+			ev: &monitorapi.TraceEvent{Time: epoch, EndpointID: 1, IfIndex: 99, Point: monitorapi.TraceFromEndpoint, Flow: monitorapi.Flow{
+				Src: webPod.IPv4, Dst: netip.MustParseAddr("10.244.0.77"), Proto: 132, SrcPort: 1000, DstPort: 2000, CTState: monitorapi.CTEstablished}},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_FORWARDED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				IP:                    &flow.IP{Source: "10.244.0.5", Destination: "10.244.0.77", IpVersion: flow.IPVersion_IPv4},
+				L4:                    &flow.Layer4{Protocol: &flow.Layer4_SCTP{SCTP: &flow.SCTP{SourcePort: 1000, DestinationPort: 2000}}},
+				Source:                c.enrich.endpointPB(webPod),
+				EventType:             &flow.CiliumEventType{Type: 4, SubType: 5},
+				TraceObservationPoint: flow.TraceObservationPoint_FROM_ENDPOINT, TraceReason: flow.TraceReason_ESTABLISHED,
+				IsReply: wrapperspb.Bool(false), TrafficDirection: flow.TrafficDirection_EGRESS,
+				Interface: &flow.NetworkInterface{Index: 99},
+				Summary:   "SCTP",
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.flowOf(db.ReadTxn(), tc.ev); !proto.Equal(got, tc.want) {
+				t.Fatalf("flow\n got %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+	if f := c.flowOf(db.ReadTxn(), &monitorapi.AgentEvent{}); f != nil {
+		t.Fatalf("agent event made flow %v", f)
+	}
+}
+
+// Rows are immutable: a changed endpoint is a new row, and its flows show
+// the change.
+func TestEnrichmentFollowsChangedRows(t *testing.T) {
+	c, db := newTestConverter(t)
+	ev := &monitorapi.TraceEvent{Time: epoch, EndpointID: 1, Point: monitorapi.TraceFromEndpoint, Flow: monitorapi.Flow{Src: webPod.IPv4, Dst: dbPod.IPv4, Proto: 17}}
+	before := c.flowOf(db.ReadTxn(), ev)
+	relabelled := webPod.Clone()
+	relabelled.Labels["tier"] = "front"
+	eps := c.enrich.endpoints.(statedb.RWTable[*endpointmanager.Endpoint])
+	txn := db.WriteTxn(eps)
+	eps.Insert(txn, relabelled)
+	txn.Commit()
+	after := c.flowOf(db.ReadTxn(), ev)
+	if got := after.GetSource().GetLabels(); len(got) != 3 || got[2] != "k8s:tier=front" {
+		t.Fatalf("labels after the change %v, want tier=front added", got)
+	}
+	if len(before.GetSource().GetLabels()) != 2 {
+		t.Fatalf("the earlier flow changed: %v", before.GetSource().GetLabels())
+	}
+}
+
+func TestAgentEventOf(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		ev   *monitorapi.AgentEvent
+		want *flow.AgentEvent
+	}{
+		{&monitorapi.AgentEvent{Type: monitorapi.AgentStarted, Message: "agent v1 started", Time: at},
+			&flow.AgentEvent{Type: flow.AgentEventType_AGENT_STARTED, Notification: &flow.AgentEvent_AgentStart{AgentStart: &flow.TimeNotification{Time: timestamppb.New(at)}}}},
+		{&monitorapi.AgentEvent{Type: monitorapi.EndpointCreated, Message: "endpoint 3 pod default/web-2"},
+			unknownAgentEvent(flow.AgentEventType_ENDPOINT_CREATED, monitorapi.EndpointCreated, "endpoint 3 pod default/web-2")},
+		{&monitorapi.AgentEvent{Type: monitorapi.EndpointDeleted, Message: "m"}, unknownAgentEvent(flow.AgentEventType_ENDPOINT_DELETED, monitorapi.EndpointDeleted, "m")},
+		{&monitorapi.AgentEvent{Type: monitorapi.ServiceUpdated, Message: "m"}, unknownAgentEvent(flow.AgentEventType_SERVICE_UPSERTED, monitorapi.ServiceUpdated, "m")},
+		{&monitorapi.AgentEvent{Type: monitorapi.ServiceDeleted, Message: "m"}, unknownAgentEvent(flow.AgentEventType_SERVICE_DELETED, monitorapi.ServiceDeleted, "m")},
+		{&monitorapi.AgentEvent{Type: "something-new", Message: "m"}, unknownAgentEvent(flow.AgentEventType_AGENT_EVENT_UNKNOWN, "something-new", "m")},
+	} {
+		if got := agentEventOf(tc.ev); !proto.Equal(got, tc.want) {
+			t.Errorf("agentEventOf(%+v) = %v, want %v", tc.ev, got, tc.want)
+		}
+	}
+}
+
+func unknownAgentEvent(typ flow.AgentEventType, name, msg string) *flow.AgentEvent {
+	return &flow.AgentEvent{Type: typ, Notification: &flow.AgentEvent_Unknown{Unknown: &flow.AgentEventUnknown{Type: name, Notification: msg}}}
+}

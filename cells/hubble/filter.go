@@ -1,0 +1,450 @@
+package hubble
+
+import (
+	"fmt"
+	"net/netip"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/cilium/api/v1/flow"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// flowPredicate is one condition of a FlowFilter.
+type flowPredicate func(*flow.Flow) bool
+
+// flowMatcher decides whether a flow passes a request's allow list
+// (whitelist) and deny list (blacklist). A flow passes when the allow list
+// is empty or one of its filters matches, and none of the deny list's
+// filters matches. A filter matches when every field it sets matches; a
+// field with several values matches when any of them does.
+type flowMatcher struct {
+	allow, deny [][]flowPredicate
+}
+
+// newFlowMatcher compiles the filters of a GetFlows request. A filter that
+// sets a field this server cannot evaluate, or a value that does not parse,
+// is an error naming it: a filter silently ignored would show flows the
+// user asked not to see.
+func newFlowMatcher(allow, deny []*flow.FlowFilter) (*flowMatcher, error) {
+	m := &flowMatcher{}
+	for _, list := range []struct {
+		name    string
+		filters []*flow.FlowFilter
+		out     *[][]flowPredicate
+	}{{"whitelist", allow, &m.allow}, {"blacklist", deny, &m.deny}} {
+		for i, f := range list.filters {
+			preds, err := compileFilter(f)
+			if err != nil {
+				return nil, fmt.Errorf("%s[%d]: %w", list.name, i, err)
+			}
+			*list.out = append(*list.out, preds)
+		}
+	}
+	return m, nil
+}
+
+func (m *flowMatcher) match(f *flow.Flow) bool {
+	if len(m.allow) > 0 && !slices.ContainsFunc(m.allow, func(p []flowPredicate) bool { return matchAll(p, f) }) {
+		return false
+	}
+	return !slices.ContainsFunc(m.deny, func(p []flowPredicate) bool { return matchAll(p, f) })
+}
+
+func matchAll(preds []flowPredicate, f *flow.Flow) bool {
+	for _, p := range preds {
+		if !p(f) {
+			return false
+		}
+	}
+	return true
+}
+
+// filterFields are the FlowFilter fields this server evaluates, by their
+// protobuf names, with the compiler of each.
+var filterFields = map[protoreflect.Name]func(*flow.FlowFilter) (flowPredicate, error){
+	"source_ip": func(ff *flow.FlowFilter) (flowPredicate, error) { return ipFilter("source_ip", ff.SourceIp, sourceIP) },
+	"destination_ip": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return ipFilter("destination_ip", ff.DestinationIp, destinationIP)
+	},
+	"source_pod": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return nameFilter("source_pod", ff.SourcePod, sourcePod)
+	},
+	"destination_pod": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return nameFilter("destination_pod", ff.DestinationPod, destinationPod)
+	},
+	"source_service": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return nameFilter("source_service", ff.SourceService, sourceService)
+	},
+	"destination_service": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return nameFilter("destination_service", ff.DestinationService, destinationService)
+	},
+	"source_label": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return labelFilter("source_label", ff.SourceLabel, (*flow.Flow).GetSource)
+	},
+	"destination_label": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return labelFilter("destination_label", ff.DestinationLabel, (*flow.Flow).GetDestination)
+	},
+	"source_port": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return portFilter("source_port", ff.SourcePort, sourcePort)
+	},
+	"destination_port": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return portFilter("destination_port", ff.DestinationPort, destinationPort)
+	},
+	"verdict": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return enumFilter(ff.Verdict, (*flow.Flow).GetVerdict), nil
+	},
+	"drop_reason_desc": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return enumFilter(ff.DropReasonDesc, (*flow.Flow).GetDropReasonDesc), nil
+	},
+	"traffic_direction": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return enumFilter(ff.TrafficDirection, (*flow.Flow).GetTrafficDirection), nil
+	},
+	"ip_version": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return enumFilter(ff.IpVersion, func(f *flow.Flow) flow.IPVersion { return f.GetIP().GetIpVersion() }), nil
+	},
+	"protocol":   func(ff *flow.FlowFilter) (flowPredicate, error) { return protocolFilter(ff.Protocol) },
+	"event_type": func(ff *flow.FlowFilter) (flowPredicate, error) { return eventTypeFilter(ff.EventType), nil },
+	"reply":      func(ff *flow.FlowFilter) (flowPredicate, error) { return replyFilter(ff.Reply), nil },
+	"tcp_flags":  func(ff *flow.FlowFilter) (flowPredicate, error) { return tcpFlagsFilter(ff.TcpFlags), nil },
+	"node_name":  func(ff *flow.FlowFilter) (flowPredicate, error) { return nodeNameFilter(ff.NodeName) },
+	"interface":  func(ff *flow.FlowFilter) (flowPredicate, error) { return interfaceFilter(ff.Interface), nil },
+}
+
+// supportedFilterFields lists the FlowFilter fields the server evaluates.
+func supportedFilterFields() []string {
+	var names []string
+	for name := range filterFields {
+		names = append(names, string(name))
+	}
+	slices.Sort(names)
+	return names
+}
+
+// compileFilter turns the fields ff sets into predicates, all of which a
+// flow must match.
+func compileFilter(ff *flow.FlowFilter) ([]flowPredicate, error) {
+	var (
+		preds []flowPredicate
+		err   error
+	)
+	ff.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
+		compile, ok := filterFields[fd.Name()]
+		if !ok {
+			err = fmt.Errorf("filter field %s is not supported by this server (supported: %s)",
+				fd.Name(), strings.Join(supportedFilterFields(), ", "))
+			return false
+		}
+		var p flowPredicate
+		if p, err = compile(ff); err != nil {
+			return false
+		}
+		preds = append(preds, p)
+		return true
+	})
+	return preds, err
+}
+
+func sourceIP(f *flow.Flow) string      { return f.GetIP().GetSource() }
+func destinationIP(f *flow.Flow) string { return f.GetIP().GetDestination() }
+
+// ipFilter matches addresses and CIDRs, "10.244.0.5" or "10.244.0.0/16".
+func ipFilter(field string, values []string, get func(*flow.Flow) string) (flowPredicate, error) {
+	prefixes := make([]netip.Prefix, 0, len(values))
+	for _, v := range values {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			a, aerr := netip.ParseAddr(v)
+			if aerr != nil {
+				return nil, fmt.Errorf("invalid %s %q: want an address such as 10.244.0.5 or a CIDR such as 10.244.0.0/16", field, v)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		prefixes = append(prefixes, p.Masked())
+	}
+	return func(f *flow.Flow) bool {
+		a, err := netip.ParseAddr(get(f))
+		if err != nil {
+			return false
+		}
+		return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
+	}, nil
+}
+
+func sourcePod(f *flow.Flow) (string, string) {
+	return f.GetSource().GetNamespace(), f.GetSource().GetPodName()
+}
+func destinationPod(f *flow.Flow) (string, string) {
+	return f.GetDestination().GetNamespace(), f.GetDestination().GetPodName()
+}
+func sourceService(f *flow.Flow) (string, string) {
+	return f.GetSourceService().GetNamespace(), f.GetSourceService().GetName()
+}
+func destinationService(f *flow.Flow) (string, string) {
+	return f.GetDestinationService().GetNamespace(), f.GetDestinationService().GetName()
+}
+
+// nameFilter matches pods or services by "namespace/name-prefix":
+// "default/web" matches web-1 and web-2 in default, "default/" every one
+// in default, "/web" web-1 in any namespace and "/" every one; a value
+// without a namespace, as in kubectl, means the default namespace. These
+// are the values the hubble CLI sends for --pod, --namespace and
+// --all-namespaces.
+func nameFilter(field string, values []string, get func(*flow.Flow) (ns, name string)) (flowPredicate, error) {
+	type want struct{ ns, prefix string }
+	wants := make([]want, 0, len(values))
+	for _, v := range values {
+		ns, prefix, found := strings.Cut(v, "/")
+		if !found {
+			ns, prefix = "default", v
+		}
+		if v == "" || strings.Contains(prefix, "/") {
+			return nil, fmt.Errorf("invalid %s %q: want namespace/name-prefix, namespace/, /name-prefix (any namespace) or a name in namespace default", field, v)
+		}
+		wants = append(wants, want{ns, prefix})
+	}
+	return func(f *flow.Flow) bool {
+		ns, name := get(f)
+		if name == "" {
+			return false
+		}
+		return slices.ContainsFunc(wants, func(w want) bool {
+			return (w.ns == "" || w.ns == ns) && strings.HasPrefix(name, w.prefix)
+		})
+	}, nil
+}
+
+// labelRequirement is one term of a label selector.
+type labelRequirement struct {
+	// source is the label source the term asks for ("k8s"), "" for any.
+	source, key, value string
+	// op is "=", "!=", "exists" or "!exists".
+	op string
+}
+
+// label is one of an endpoint's labels, "source:key=value".
+type label struct{ source, key, value string }
+
+func parseLabel(s string) label {
+	kv, value, _ := strings.Cut(s, "=")
+	source, key, found := strings.Cut(kv, ":")
+	if !found {
+		source, key = "", kv
+	}
+	return label{source, key, value}
+}
+
+// labelFilter matches endpoints' labels ("k8s:app=web") against
+// selectors: comma-separated terms "k=v", "k!=v", "k" (has k) and "!k"
+// (lacks k), all of which must hold. A key with a source ("k8s:app")
+// matches labels of that source only, a key without one labels of any
+// source, as Cilium's selectors do.
+func labelFilter(field string, selectors []string, get func(*flow.Flow) *flow.Endpoint) (flowPredicate, error) {
+	var sels [][]labelRequirement
+	for _, s := range selectors {
+		var sel []labelRequirement
+		for term := range strings.SplitSeq(s, ",") {
+			r, err := parseLabelRequirement(strings.TrimSpace(term))
+			if err != nil {
+				return nil, fmt.Errorf("invalid %s %q: %w", field, s, err)
+			}
+			sel = append(sel, r)
+		}
+		sels = append(sels, sel)
+	}
+	return func(f *flow.Flow) bool {
+		var labels []label
+		for _, l := range get(f).GetLabels() {
+			labels = append(labels, parseLabel(l))
+		}
+		return slices.ContainsFunc(sels, func(sel []labelRequirement) bool {
+			for _, r := range sel {
+				if !r.holds(labels) {
+					return false
+				}
+			}
+			return true
+		})
+	}, nil
+}
+
+// holds is whether the requirement holds for an endpoint's labels.
+func (r labelRequirement) holds(labels []label) bool {
+	var values []string
+	for _, l := range labels {
+		if l.key == r.key && (r.source == "" || r.source == l.source) {
+			values = append(values, l.value)
+		}
+	}
+	switch r.op {
+	case "=":
+		return slices.Contains(values, r.value)
+	case "!=":
+		return !slices.Contains(values, r.value)
+	case "exists":
+		return len(values) > 0
+	}
+	return len(values) == 0
+}
+
+func parseLabelRequirement(term string) (labelRequirement, error) {
+	var r labelRequirement
+	var key string
+	switch {
+	case strings.Contains(term, "!="):
+		key, r.value, _ = strings.Cut(term, "!=")
+		r.op = "!="
+	case strings.Contains(term, "="):
+		key, r.value, _ = strings.Cut(term, "=")
+		r.op = "="
+	case strings.HasPrefix(term, "!"):
+		key, r.op = term[1:], "!exists"
+	default:
+		key, r.op = term, "exists"
+	}
+	if source, k, found := strings.Cut(key, ":"); found {
+		r.source, r.key = source, k
+	} else {
+		r.key = key
+	}
+	if r.key == "" {
+		return r, fmt.Errorf("term %q has no label key: want k=v, k!=v, k or !k", term)
+	}
+	return r, nil
+}
+
+func sourcePort(f *flow.Flow) (uint32, bool) {
+	switch l4 := f.GetL4().GetProtocol().(type) {
+	case *flow.Layer4_TCP:
+		return l4.TCP.GetSourcePort(), true
+	case *flow.Layer4_UDP:
+		return l4.UDP.GetSourcePort(), true
+	case *flow.Layer4_SCTP:
+		return l4.SCTP.GetSourcePort(), true
+	}
+	return 0, false
+}
+
+func destinationPort(f *flow.Flow) (uint32, bool) {
+	switch l4 := f.GetL4().GetProtocol().(type) {
+	case *flow.Layer4_TCP:
+		return l4.TCP.GetDestinationPort(), true
+	case *flow.Layer4_UDP:
+		return l4.UDP.GetDestinationPort(), true
+	case *flow.Layer4_SCTP:
+		return l4.SCTP.GetDestinationPort(), true
+	}
+	return 0, false
+}
+
+// portFilter matches TCP, UDP and SCTP ports.
+func portFilter(field string, values []string, get func(*flow.Flow) (uint32, bool)) (flowPredicate, error) {
+	ports := make([]uint32, 0, len(values))
+	for _, v := range values {
+		p, err := strconv.ParseUint(v, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s %q: want a port number 0-65535", field, v)
+		}
+		ports = append(ports, uint32(p))
+	}
+	return func(f *flow.Flow) bool {
+		p, ok := get(f)
+		return ok && slices.Contains(ports, p)
+	}, nil
+}
+
+func enumFilter[E comparable](values []E, get func(*flow.Flow) E) flowPredicate {
+	return func(f *flow.Flow) bool { return slices.Contains(values, get(f)) }
+}
+
+// protocols are the values of the protocol filter: "icmp" is either ICMP.
+var protocols = map[string]func(*flow.Layer4) bool{
+	"tcp":    func(l4 *flow.Layer4) bool { return l4.GetTCP() != nil },
+	"udp":    func(l4 *flow.Layer4) bool { return l4.GetUDP() != nil },
+	"sctp":   func(l4 *flow.Layer4) bool { return l4.GetSCTP() != nil },
+	"icmpv4": func(l4 *flow.Layer4) bool { return l4.GetICMPv4() != nil },
+	"icmpv6": func(l4 *flow.Layer4) bool { return l4.GetICMPv6() != nil },
+	"icmp":   func(l4 *flow.Layer4) bool { return l4.GetICMPv4() != nil || l4.GetICMPv6() != nil },
+}
+
+func protocolFilter(values []string) (flowPredicate, error) {
+	var tests []func(*flow.Layer4) bool
+	for _, v := range values {
+		test, ok := protocols[strings.ToLower(v)]
+		if !ok {
+			return nil, fmt.Errorf("invalid protocol %q: want tcp, udp, sctp, icmp, icmpv4 or icmpv6", v)
+		}
+		tests = append(tests, test)
+	}
+	return func(f *flow.Flow) bool {
+		l4 := f.GetL4()
+		return l4 != nil && slices.ContainsFunc(tests, func(t func(*flow.Layer4) bool) bool { return t(l4) })
+	}, nil
+}
+
+func eventTypeFilter(values []*flow.EventTypeFilter) flowPredicate {
+	return func(f *flow.Flow) bool {
+		et := f.GetEventType()
+		if et == nil {
+			return false
+		}
+		return slices.ContainsFunc(values, func(want *flow.EventTypeFilter) bool {
+			return want.GetType() == et.GetType() && (!want.GetMatchSubType() || want.GetSubType() == et.GetSubType())
+		})
+	}
+}
+
+// replyFilter matches flows known to be replies (true) or not (false);
+// flows of packets whose direction is unknown match neither.
+func replyFilter(values []bool) flowPredicate {
+	return func(f *flow.Flow) bool {
+		r := f.GetIsReply()
+		return r != nil && slices.Contains(values, r.GetValue())
+	}
+}
+
+// tcpFlagsFilter matches TCP flows that carry every flag of one value.
+func tcpFlagsFilter(values []*flow.TCPFlags) flowPredicate {
+	return func(f *flow.Flow) bool {
+		have := f.GetL4().GetTCP().GetFlags()
+		if have == nil {
+			return false
+		}
+		return slices.ContainsFunc(values, func(want *flow.TCPFlags) bool {
+			return (!want.SYN || have.SYN) && (!want.ACK || have.ACK) && (!want.FIN || have.FIN) &&
+				(!want.RST || have.RST) && (!want.PSH || have.PSH) && (!want.URG || have.URG) &&
+				(!want.ECE || have.ECE) && (!want.CWR || have.CWR) && (!want.NS || have.NS)
+		})
+	}
+}
+
+// nodeNameFilter matches node names against shell patterns ("node-*").
+func nodeNameFilter(patterns []string) (flowPredicate, error) {
+	for _, p := range patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("invalid node_name %q: want a name or a pattern such as node-*", p)
+		}
+	}
+	return func(f *flow.Flow) bool {
+		return slices.ContainsFunc(patterns, func(p string) bool {
+			ok, _ := path.Match(p, f.GetNodeName())
+			return ok
+		})
+	}, nil
+}
+
+// interfaceFilter matches the interface a packet was seen on, by the index
+// and name each value sets.
+func interfaceFilter(values []*flow.NetworkInterface) flowPredicate {
+	return func(f *flow.Flow) bool {
+		have := f.GetInterface()
+		if have == nil {
+			return false
+		}
+		return slices.ContainsFunc(values, func(want *flow.NetworkInterface) bool {
+			return (want.Index == 0 || want.Index == have.Index) && (want.Name == "" || want.Name == have.Name)
+		})
+	}
+}
