@@ -7,7 +7,7 @@ ARGS    ?=
 # Go sources that gofmt checks (the generated BPF bindings are gofmt'd too).
 GODIRS  := cmd cells pkg bpf
 
-.PHONY: build run test lint bpf check-bpf bench-lb docs clean
+.PHONY: build run test lint bpf check-bpf bench-lb bench-hubble bench-ctgc docs clean
 
 build:
 	$(GO) build -o $(BIN)/agent ./cmd/agent
@@ -40,6 +40,22 @@ check-bpf: bpf
 bench-lb:
 	$(GO) test ./cells/lbmaps -run '^$$' -bench Pipeline -benchtime 1x -count 1 | tee $(BIN)/bench-lb.out
 	@grep '^lb-bench' $(BIN)/bench-lb.out | tail -n 1
+
+# Hubble pipeline benchmark (as root): datapath event records written into
+# the real ring buffer, decoded by the monitor, converted to flows into the
+# Hubble ring. Ends with the summary line `hubble-bench flows_per_s=...`.
+bench-hubble:
+	@mkdir -p $(BIN)
+	$(GO) test ./cells/hubble -run '^$$' -bench HubblePipeline -benchtime 1x -count 1 | tee $(BIN)/bench-hubble.out
+	@grep '^hubble-bench' $(BIN)/bench-hubble.out | tail -n 1
+
+# Conntrack GC benchmark (as root): a real conntrack map of a million
+# entries, half expired; one GC pass against a raw batch dump of the same
+# map. Ends with the summary line `ctgc-bench entries=... gc_entries_per_s=...`.
+bench-ctgc:
+	@mkdir -p $(BIN)
+	$(GO) test ./cells/ctgc -run '^$$' -bench '^BenchmarkGCPass$$' -benchtime 1x -count 1 | tee $(BIN)/bench-ctgc.out
+	@grep '^ctgc-bench' $(BIN)/bench-ctgc.out | tail -n 1
 
 # Renders the cell graph for docs/architecture.md (needs graphviz).
 docs: build

@@ -16,17 +16,21 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/ctgc"
+	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/metrics"
+	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/sysctl"
 )
 
@@ -55,7 +59,11 @@ var ControlPlane = cell.Group(
 var Datapath = cell.Group(
 	endpointmaps.Cell,
 	lbmaps.Cell,
+	ctmaps.Cell,
 	loader.Cell,
+	ctgc.Cell,
+	monitor.Cell,
+	hubble.Cell,
 )
 
 // Agent is every cell of the agent.

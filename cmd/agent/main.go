@@ -9,6 +9,9 @@
 //	agent endpoint list|get  its endpoints (one per pod)
 //	agent ipam list          its pod address pools and allocations
 //	agent service list|get   the services it load-balances
+//	agent ct list|flush|gc   its conntrack maps and their garbage collection
+//	agent monitor            its datapath events and notifications, live
+//	agent observe            Hubble flows from its Hubble server
 //	agent version
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
@@ -109,6 +112,9 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newIPAMCmd(stdout),
 		newCleanupCmd(stdout),
 		newServiceCmd(stdout),
+		newCTCmd(stdout),
+		newMonitorCmd(stdout),
+		newObserveCmd(stdout, agentFlags),
 	)
 	return root
 }

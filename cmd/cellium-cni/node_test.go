@@ -26,6 +26,7 @@ import (
 
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/loader"
+	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -36,6 +37,9 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	// The socket clients of the datapath tests are this binary, started
+	// in a pod's namespace and the node's cgroup.
+	socklbtest.ServeIfClient()
 	dir, err := os.MkdirTemp("", "cellium-cni-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
