@@ -4,8 +4,9 @@
  *
  * These layouts are a contract with the agent, which declares the maps
  * (cells/ctmaps), collects their garbage (cells/ctgc) and mirrors every
- * struct in Go (pkg/ctmap, whose tests compare the Go types with the BTF of
- * these structs). Change a struct here and there together.
+ * struct in Go (pkg/ctmap; TestLXCLayoutsMatchBTF in bpf/lxc_test.go
+ * compares the Go types with the BTF of these structs). Change a struct
+ * here and there together.
  *
  * A key is the tuple of a connection's ORIGINAL direction, as the
  * initiator sent its first packet; a reply is looked up with the tuple

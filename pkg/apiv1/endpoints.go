@@ -60,8 +60,10 @@ type Endpoint struct {
 	// Error says why a not-ready endpoint is not ready.
 	Error   string    `json:"error,omitempty"`
 	Created time.Time `json:"created"`
-	// Datapath says whether the endpoint is in the BPF endpoint map:
-	// Pending, Done or Error (with DatapathError).
+	// Datapath says whether the datapath has the endpoint: its entries in
+	// the BPF endpoint map and its programs on the host-side interface.
+	// Error (with DatapathError) if either failed, else Done once both
+	// are, else Pending or Refreshing.
 	Datapath      string `json:"datapath,omitempty"`
 	DatapathError string `json:"datapathError,omitempty"`
 }

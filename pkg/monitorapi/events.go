@@ -301,6 +301,9 @@ func (f *Flow) IsICMP() bool { return f.Proto == unix.IPPROTO_ICMP || f.Proto ==
 func (f *Flow) String() string {
 	var b strings.Builder
 	switch {
+	case !f.Src.IsValid():
+		// Dropped before its addresses were read.
+		fmt.Fprintf(&b, "%s (addresses not read)", f.Proto)
 	case f.IsICMP():
 		fmt.Fprintf(&b, "%s %s -> %s type %d code %d", f.Proto, f.Src, f.Dst, f.ICMPType, f.ICMPCode)
 	case f.SrcPort != 0 || f.DstPort != 0:
