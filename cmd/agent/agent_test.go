@@ -100,6 +100,9 @@ func (e *agentEnv) runFlags() []string {
 		"--health-addr", e.healthAddr,
 		"--bpf-root", e.bpfRoot,
 		"--cni-conf-dir", filepath.Join(e.dir, "net.d"),
+		// Never the machine's cgroup root: the socket programs would
+		// translate every socket of the host.
+		"--cgroup-root", e.cgroup,
 	}
 }
 

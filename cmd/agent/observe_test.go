@@ -301,8 +301,7 @@ func TestObserveAgainstTheAgent(t *testing.T) {
 	requireRoot(t)
 	env := newAgentEnv(t)
 	runDir := filepath.Join(env.dir, "run")
-	// The socket programs attach to the test's empty cgroup.
-	agent := startAgent(t, append(env.runFlags(), "--cgroup-root", env.cgroup)...)
+	agent := startAgent(t, env.runFlags()...)
 	agent.waitFor("Started hive")
 
 	out, errOut, code := agentCmd(t, "observe", "-o", "json", "--last", "5", "--run-dir", runDir)
