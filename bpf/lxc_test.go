@@ -8,7 +8,6 @@ import (
 	"os"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/bpf"
+	"github.com/cellium/cellium/bpf/bpftest"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/pkg/ctmap"
@@ -182,54 +182,56 @@ func (l *lxc) runWith(opts *ebpf.RunOptions, prog *ebpf.Program, want uint32) {
 	}
 }
 
-// events drains the ring buffer. The programs write their records before
-// they return, so whatever a run reported is there already.
-func (l *lxc) events() []monitorapi.Event {
-	l.t.Helper()
+// ringEvents drains a ring buffer of event records. The programs write
+// their records before they return, and the socket programs during the
+// system calls, so whatever a run or a finished client reported is there
+// already.
+func ringEvents(t *testing.T, rd *ringbuf.Reader, boot monitorapi.BootClock) []monitorapi.Event {
+	t.Helper()
 	var evs []monitorapi.Event
-	l.ring.SetDeadline(time.Now())
+	rd.SetDeadline(time.Now())
 	for {
-		rec, err := l.ring.Read()
+		rec, err := rd.Read()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return evs
 		}
 		if err != nil {
-			l.t.Fatal(err)
+			t.Fatal(err)
 		}
-		ev, err := monitorapi.Decode(rec.RawSample, l.boot)
+		ev, err := monitorapi.Decode(rec.RawSample, boot)
 		if err != nil {
-			l.t.Fatal(err)
+			t.Fatal(err)
 		}
 		evs = append(evs, ev)
 	}
 }
 
-// trace is the one event the last runs reported, a trace event.
-func (l *lxc) trace() *monitorapi.TraceEvent {
+// events drains the ring buffer.
+func (l *lxc) events() []monitorapi.Event {
+	l.t.Helper()
+	return ringEvents(l.t, l.ring, l.boot)
+}
+
+// oneEvent is the one event the last runs of l reported, of type T; what
+// names it in failures.
+func oneEvent[T monitorapi.Event](l *lxc, what string) T {
 	l.t.Helper()
 	evs := l.events()
 	if len(evs) != 1 {
-		l.t.Fatalf("events %v, want one trace event", evs)
+		l.t.Fatalf("events %v, want one %s event", evs, what)
 	}
-	ev, ok := evs[0].(*monitorapi.TraceEvent)
+	ev, ok := evs[0].(T)
 	if !ok {
-		l.t.Fatalf("event %v, want a trace event", evs[0])
+		l.t.Fatalf("event %v, want a %s event", evs[0], what)
 	}
 	return ev
 }
 
-func (l *lxc) drop() *monitorapi.DropEvent {
-	l.t.Helper()
-	evs := l.events()
-	if len(evs) != 1 {
-		l.t.Fatalf("events %v, want one drop event", evs)
-	}
-	ev, ok := evs[0].(*monitorapi.DropEvent)
-	if !ok {
-		l.t.Fatalf("event %v, want a drop event", evs[0])
-	}
-	return ev
-}
+// trace is the one event the last runs reported, a trace event.
+func (l *lxc) trace() *monitorapi.TraceEvent { return oneEvent[*monitorapi.TraceEvent](l, "trace") }
+
+// drop is the one event the last runs reported, a drop event.
+func (l *lxc) drop() *monitorapi.DropEvent { return oneEvent[*monitorapi.DropEvent](l, "drop") }
 
 func (l *lxc) noEvents() {
 	l.t.Helper()
@@ -315,8 +317,8 @@ func during(fn func()) window {
 	return window{from, ctmap.Now()}
 }
 
-// lifetime checks that e expires lifetime seconds after a time in w, and
-// that its last packet of the direction was in w.
+// check checks that a time of an entry, got, is plus seconds after a time
+// in w: an expiry with plus its lifetime, a last-seen time with plus 0.
 func (w window) check(t *testing.T, what string, got, plus uint32) {
 	t.Helper()
 	if got < w.from+plus || got > w.to+plus {
@@ -948,8 +950,8 @@ func TestLXCLostEvents(t *testing.T) {
 }
 
 // TestLXCLayoutsMatchBTF compares the Go mirrors of the conntrack and
-// endpoint maps with the BTF of their C types in lxc.c: sizes, and each
-// field's offset, size and name.
+// endpoint maps with the BTF of their C types in lxc.c (see
+// bpftest.CompareLayout).
 func TestLXCLayoutsMatchBTF(t *testing.T) {
 	spec, err := bpf.LoadLXC()
 	if err != nil {
@@ -971,47 +973,9 @@ func TestLXCLayoutsMatchBTF(t *testing.T) {
 			t.Errorf("the object has no map %s", l.name)
 			continue
 		}
-		compareBTF(t, l.name+" key", m.Key, l.key)
-		compareBTF(t, l.name+" value", m.Value, l.value)
+		bpftest.CompareMap(t, l.name, m, l.key, l.value)
 	}
 	if m := spec.Maps[ctmaps.MapEvents]; m == nil || m.Type != ebpf.RingBuf {
 		t.Errorf("map %s is %v, want a ring buffer", ctmaps.MapEvents, m)
-	}
-}
-
-func compareBTF(t *testing.T, what string, typ btf.Type, goType reflect.Type) {
-	t.Helper()
-	size, err := btf.Sizeof(typ)
-	if err != nil {
-		t.Errorf("%s: %v", what, err)
-		return
-	}
-	if size != int(goType.Size()) {
-		t.Errorf("%s: %d bytes in C (%v), %d in Go (%v)", what, size, typ, goType.Size(), goType)
-		return
-	}
-	st, ok := btf.UnderlyingType(typ).(*btf.Struct)
-	if !ok || goType.Kind() != reflect.Struct {
-		return
-	}
-	if len(st.Members) != goType.NumField() {
-		t.Errorf("%s: %d fields in C, %d in Go (%v)", what, len(st.Members), goType.NumField(), goType)
-		return
-	}
-	for i, m := range st.Members {
-		f := goType.Field(i)
-		msize, err := btf.Sizeof(m.Type)
-		if err != nil {
-			t.Errorf("%s.%s: %v", what, m.Name, err)
-			continue
-		}
-		name := strings.ReplaceAll(m.Name, "_", "")
-		if f.Name == "_" && !strings.HasPrefix(m.Name, "pad") || f.Name != "_" && !strings.EqualFold(name, f.Name) {
-			t.Errorf("%s: field %d is %s in C, %s in Go", what, i, m.Name, f.Name)
-		}
-		if int(m.Offset.Bytes()) != int(f.Offset) || msize != int(f.Type.Size()) {
-			t.Errorf("%s: C field %s at %d (%d bytes), Go field %s at %d (%d bytes)",
-				what, m.Name, m.Offset.Bytes(), msize, f.Name, f.Offset, f.Type.Size())
-		}
 	}
 }

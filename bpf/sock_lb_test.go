@@ -1,7 +1,6 @@
 package bpf_test
 
 import (
-	"errors"
 	"maps"
 	"net/netip"
 	"os"
@@ -543,31 +542,19 @@ func attachedEventRing(t *testing.T, cgroup string) *ringbuf.Reader {
 	return nil
 }
 
-// sockLBEvents drains the ring buffer. The programs write their records
-// during the system calls, so a finished client's are all there.
+// sockLBEvents drains the ring buffer (see ringEvents): sock-lb events
+// only.
 func sockLBEvents(t *testing.T, rd *ringbuf.Reader) []*monitorapi.SockLBEvent {
 	t.Helper()
-	boot := monitorapi.SystemBootClock()
 	var evs []*monitorapi.SockLBEvent
-	rd.SetDeadline(time.Now())
-	for {
-		rec, err := rd.Read()
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return evs
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev, err := monitorapi.Decode(rec.RawSample, boot)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, ev := range ringEvents(t, rd, monitorapi.SystemBootClock()) {
 		lb, ok := ev.(*monitorapi.SockLBEvent)
 		if !ok {
 			t.Fatalf("event %v from a socket program, want a sock-lb event", ev)
 		}
 		evs = append(evs, lb)
 	}
+	return evs
 }
 
 // Each translation, either way, is reported: what the socket asked for,

@@ -2,6 +2,10 @@ package ctmap_test
 
 import (
 	"net/netip"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,5 +104,45 @@ func TestNowIsBootTime(t *testing.T) {
 	}
 	if int64(now) < before.Sec || int64(now) > after.Sec {
 		t.Fatalf("Now() = %d, want between %d and %d (CLOCK_BOOTTIME seconds)", now, before.Sec, after.Sec)
+	}
+}
+
+// TestFlagsMatchC compares the Go flags, and the names FlagNames gives
+// them, with ct.h's #defines, which BTF does not carry.
+func TestFlagsMatchC(t *testing.T) {
+	src, err := os.ReadFile("../../bpf/include/ct.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defines := map[string]uint64{}
+	for _, m := range regexp.MustCompile(`(?m)^#define ((?:CTF|CT_KEY_F)_\w+) \(1 << (\d+)\)$`).FindAllSubmatch(src, -1) {
+		shift, err := strconv.Atoi(string(m[2]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defines[string(m[1])] = 1 << shift
+	}
+	want := map[string]uint64{
+		"CT_KEY_F_INCOMING": uint64(ctmap.KeyIncoming),
+		"CTF_SYN_SEEN":      uint64(ctmap.CTFSynSeen),
+		"CTF_ESTABLISHED":   uint64(ctmap.CTFEstablished),
+		"CTF_TX_CLOSING":    uint64(ctmap.CTFTxClosing),
+		"CTF_RX_CLOSING":    uint64(ctmap.CTFRxClosing),
+		"CTF_RST_SEEN":      uint64(ctmap.CTFRstSeen),
+		"CTF_SEEN_REPLY":    uint64(ctmap.CTFSeenReply),
+	}
+	if len(defines) != len(want) {
+		t.Errorf("ct.h defines %v, Go has %v", defines, want)
+	}
+	for name, flag := range want {
+		if defines[name] != flag {
+			t.Errorf("%s is %#x in ct.h, %#x in Go", name, defines[name], flag)
+		}
+		// An entry's flag reads as its C name without the prefix.
+		if name, ok := strings.CutPrefix(name, "CTF_"); ok {
+			if got := (ctmap.Entry{Flags: uint16(flag)}).FlagNames(); got != name {
+				t.Errorf("flag %#x is named %s, want %s as in ct.h", flag, got, name)
+			}
+		}
 	}
 }

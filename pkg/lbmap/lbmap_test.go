@@ -8,13 +8,13 @@ import (
 	"reflect"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf/btf"
 
 	"github.com/cellium/cellium/bpf"
+	"github.com/cellium/cellium/bpf/bpftest"
 	"github.com/cellium/cellium/pkg/lbmap"
 )
 
@@ -36,9 +36,7 @@ var layouts = []struct {
 }
 
 // TestLayoutsMatchBTF compares every Go key and value with the BTF of its C
-// type: size, and for structs each field's offset, size and name (C's
-// snake_case against Go's CamelCase; Go's blank fields against C's pad
-// fields), so that two fields swapped in one language fail too.
+// type (see bpftest.CompareLayout).
 func TestLayoutsMatchBTF(t *testing.T) {
 	spec, err := bpf.LoadSockLB()
 	if err != nil {
@@ -50,81 +48,23 @@ func TestLayoutsMatchBTF(t *testing.T) {
 			t.Errorf("the object has no map %s", l.name)
 			continue
 		}
-		compareLayout(t, l.name+" key", m.Key, l.key)
-		compareLayout(t, l.name+" value", m.Value, l.value)
-		if want := uint32(l.key.Size()); m.KeySize != want {
-			t.Errorf("%s: key size %d in the object, %d in Go", l.name, m.KeySize, want)
-		}
-		if want := uint32(l.value.Size()); m.ValueSize != want {
-			t.Errorf("%s: value size %d in the object, %d in Go", l.name, m.ValueSize, want)
-		}
+		bpftest.CompareMap(t, l.name, m, l.key, l.value)
 	}
 
 	// Maglev: keyed by RevNATIndex; the inner arrays hold backend IDs.
 	for _, name := range []string{bpf.SockLBMapCelliumLb4Maglev, bpf.SockLBMapCelliumLb6Maglev} {
 		m := spec.Maps[name]
-		compareLayout(t, name+" key", m.Key, reflect.TypeFor[lbmap.RevNATIndex]())
+		bpftest.CompareLayout(t, name+" key", m.Key, reflect.TypeFor[lbmap.RevNATIndex]())
 		if m.InnerMap == nil {
 			t.Fatalf("%s has no inner map", name)
 		}
-		compareLayout(t, name+" inner key", m.InnerMap.Key, reflect.TypeFor[uint32]())
+		bpftest.CompareLayout(t, name+" inner key", m.InnerMap.Key, reflect.TypeFor[uint32]())
 		table, ok := btf.UnderlyingType(m.InnerMap.Value).(*btf.Array)
 		if !ok {
 			t.Fatalf("%s: inner value is %v, want an array of backend IDs", name, m.InnerMap.Value)
 		}
-		compareLayout(t, name+" table entry", table.Type, reflect.TypeFor[lbmap.BackendID]())
+		bpftest.CompareLayout(t, name+" table entry", table.Type, reflect.TypeFor[lbmap.BackendID]())
 	}
-}
-
-func compareLayout(t *testing.T, what string, typ btf.Type, goType reflect.Type) {
-	t.Helper()
-	if typ == nil {
-		t.Errorf("%s: no BTF type", what)
-		return
-	}
-	size, err := btf.Sizeof(typ)
-	if err != nil {
-		t.Errorf("%s: %v", what, err)
-		return
-	}
-	if size != int(goType.Size()) {
-		t.Errorf("%s: %d bytes in C (%v), %d in Go (%v)", what, size, typ, goType.Size(), goType)
-		return
-	}
-	st, isStruct := btf.UnderlyingType(typ).(*btf.Struct)
-	if isStruct != (goType.Kind() == reflect.Struct) {
-		t.Errorf("%s: C type %v and Go type %v are not both structs", what, typ, goType)
-		return
-	}
-	if !isStruct {
-		return
-	}
-	if len(st.Members) != goType.NumField() {
-		t.Errorf("%s: %d fields in C (%v), %d in Go (%v)", what, len(st.Members), st, goType.NumField(), goType)
-		return
-	}
-	for i, m := range st.Members {
-		f := goType.Field(i)
-		msize, err := btf.Sizeof(m.Type)
-		if err != nil {
-			t.Errorf("%s.%s: %v", what, m.Name, err)
-			continue
-		}
-		if int(m.Offset.Bytes()) != int(f.Offset) || msize != int(f.Type.Size()) {
-			t.Errorf("%s: C field %s at %d (%d bytes), Go field %s at %d (%d bytes)",
-				what, m.Name, m.Offset.Bytes(), msize, f.Name, f.Offset, f.Type.Size())
-		}
-		if !sameName(m.Name, f.Name) {
-			t.Errorf("%s: field %d is %s in C, %s in Go", what, i, m.Name, f.Name)
-		}
-	}
-}
-
-func sameName(c, goName string) bool {
-	if goName == "_" {
-		return strings.HasPrefix(c, "pad")
-	}
-	return strings.EqualFold(strings.ReplaceAll(c, "_", ""), goName)
 }
 
 // TestFlagsMatchC compares the Go service flags with lb.h's #defines, which
