@@ -86,6 +86,11 @@ func (e *Endpoint) Clone() *Endpoint {
 	return &c
 }
 
+// InDatapath says whether the datapath has the endpoint, in the endpoint
+// map and with programs on its host interface: a not-ready endpoint's host
+// interface may be gone.
+func (e *Endpoint) InDatapath() bool { return e.State == Ready && e.HostIfIndex > 0 }
+
 // IPs are the endpoint's addresses, IPv4 first.
 func (e *Endpoint) IPs() []netip.Addr {
 	var ips []netip.Addr

@@ -116,14 +116,8 @@ func registerReconciler(p reconciler.Params, tbl statedb.RWTable[*endpointmanage
 // ops writes endpoints into the map.
 type ops struct{ m *EndpointMap }
 
-// inMap says whether an endpoint belongs in the map: a not-ready endpoint's
-// host interface may be gone.
-func inMap(ep *endpointmanager.Endpoint) bool {
-	return ep.State == endpointmanager.Ready && ep.HostIfIndex > 0
-}
-
 func (o *ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, ep *endpointmanager.Endpoint) error {
-	if !inMap(ep) {
+	if !ep.InDatapath() {
 		return o.delete(ep)
 	}
 	info := InfoOf(ep)
@@ -164,7 +158,7 @@ func (o *ops) delete(ep *endpointmanager.Endpoint) error {
 func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq2[*endpointmanager.Endpoint, statedb.Revision]) error {
 	want := map[EndpointKey]bool{}
 	for ep := range eps {
-		if inMap(ep) {
+		if ep.InDatapath() {
 			for _, ip := range ep.IPs() {
 				want[KeyOf(ip)] = true
 			}

@@ -59,12 +59,6 @@ type endpointPrograms interface {
 	program(h endpointHook) (*ebpf.Program, ebpf.ProgramID)
 }
 
-// hasPrograms says whether an endpoint gets the programs: a not-ready
-// endpoint's host interface may be gone.
-func hasPrograms(ep *endpointmanager.Endpoint) bool {
-	return ep.State == endpointmanager.Ready && ep.HostIfIndex > 0
-}
-
 // endpointLinks are the reconciler's operations: they attach the programs
 // to the host side of every ready endpoint through links pinned in dir.
 // The pins are the whole state: a restarted agent finds the links of the
@@ -105,7 +99,7 @@ func registerEndpointReconciler(p reconciler.Params, tbl statedb.RWTable[*endpoi
 }
 
 func (o *endpointLinks) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, ep *endpointmanager.Endpoint) error {
-	if !hasPrograms(ep) {
+	if !ep.InDatapath() {
 		return o.detach(ep)
 	}
 	if err := os.MkdirAll(o.dir, 0o700); err != nil {
@@ -139,7 +133,7 @@ func (o *endpointLinks) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.R
 func (o *endpointLinks) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq2[*endpointmanager.Endpoint, statedb.Revision]) error {
 	want := map[string]bool{}
 	for ep := range eps {
-		if hasPrograms(ep) {
+		if ep.InDatapath() {
 			for _, h := range endpointHooks {
 				want[pinName(ep.ID, h)] = true
 			}

@@ -2,7 +2,6 @@ package loader_test
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -15,19 +14,17 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/bpf"
-	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -74,27 +71,8 @@ type pod struct {
 
 func newPod(t *testing.T) *pod {
 	t.Helper()
-	ns := nettest.NewNS(t)
-	podNS, err := netns.GetFromPath(ns.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer podNS.Close()
-	name := fmt.Sprintf("lxctest%06x", rand.Uint32()>>8)
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: name},
-		PeerName:      "eth0",
-		PeerNamespace: netlink.NsFd(podNS),
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("veth pair %s: %v", name, err)
-	}
-	t.Cleanup(func() { netlink.LinkDel(veth) })
-	host, err := netlink.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &pod{netns: ns.Path(), host: host}
+	host, netnsPath := loader.NewHostVeth(t)
+	return &pod{netns: netnsPath, host: host}
 }
 
 func (p *pod) endpoint(id uint16) *endpointmanager.Endpoint {
@@ -556,19 +534,7 @@ func TestEndpointCleanup(t *testing.T) {
 	wantAttached(t, root, ep)
 	d.stop()
 
-	var (
-		cleaner *bpfmaps.Cleaner
-		maps    *lbmaps.Maps
-	)
-	h := env.Datapath(root, &maps, cell.Invoke(func(c *bpfmaps.Cleaner) { cleaner = c }))
-	if err := h.Populate(hivetest.Logger(t)); err != nil {
-		t.Fatal(err)
-	}
-	removed, err := cleaner.Remove()
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(removed, "\n")
+	text, _ := agentCleanup(t, env, root)
 	for _, want := range []string{
 		"detached and removed link " + filepath.Join(endpointLinksDir(root), "1-ingress") + fmt.Sprintf(" (tcx ingress on ifindex %d)", ep.HostIfIndex),
 		"detached and removed link " + filepath.Join(endpointLinksDir(root), "1-egress") + fmt.Sprintf(" (tcx egress on ifindex %d)", ep.HostIfIndex),

@@ -178,6 +178,25 @@ func loaderHealth(t *testing.T, db *statedb.DB, tbl statedb.Table[*health.Status
 	return s
 }
 
+// agentCleanup runs what `agent cleanup` runs, on a graph built for the
+// same flags, and returns its report.
+func agentCleanup(t *testing.T, env *socklbtest.Env, root string) (string, *bpfmaps.Cleaner) {
+	t.Helper()
+	var (
+		cleaner *bpfmaps.Cleaner
+		lb      *lbmaps.Maps
+	)
+	h := env.Datapath(root, &lb, cell.Invoke(func(c *bpfmaps.Cleaner) { cleaner = c }))
+	if err := h.Populate(hivetest.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := cleaner.Remove()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(removed, "\n"), cleaner
+}
+
 // TestAttachRestartCleanup follows the links through an agent's life:
 // attached at start, kept while the agent is down, updated in place by the
 // next run, gone after `agent cleanup`.
@@ -236,17 +255,7 @@ func TestAttachRestartCleanup(t *testing.T) {
 	wantTranslated(t, env, "after the restart")
 	stop()
 
-	// agent cleanup: what it runs, on a graph built for the same flags.
-	var cleaner *bpfmaps.Cleaner
-	h := env.Datapath(root, &m, cell.Invoke(func(c *bpfmaps.Cleaner) { cleaner = c }))
-	if err := h.Populate(hivetest.Logger(t)); err != nil {
-		t.Fatal(err)
-	}
-	removed, err := cleaner.Remove()
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(removed, "\n")
+	text, cleaner := agentCleanup(t, env, root)
 	for _, want := range append(slices.Clone(programs), "removed link directory", "removed map", bpf.SockLBMapCelliumLb4Services, "removed pin directory") {
 		if !strings.Contains(text, want) {
 			t.Errorf("cleanup report does not mention %q:\n%s", want, text)

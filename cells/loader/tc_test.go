@@ -53,9 +53,9 @@ func programID(p *ebpf.Program) ebpf.ProgramID {
 }
 
 // newHostVeth makes a veth pair with its host side in the test's network
-// namespace, as an endpoint's, and the other end in a namespace of the
-// test's own, and returns the host side.
-func newHostVeth(t *testing.T) netlink.Link {
+// namespace, as an endpoint's, and eth0 in a namespace of the test's own,
+// and returns the host side and the path of that namespace.
+func newHostVeth(t *testing.T) (host netlink.Link, netnsPath string) {
 	t.Helper()
 	pod := nettest.NewNS(t)
 	podNS, err := netns.GetFromPath(pod.Path())
@@ -73,11 +73,11 @@ func newHostVeth(t *testing.T) netlink.Link {
 		t.Fatalf("veth pair %s: %v", name, err)
 	}
 	t.Cleanup(func() { netlink.LinkDel(veth) })
-	host, err := netlink.LinkByName(name)
+	host, err = netlink.LinkByName(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return host
+	return host, pod.Path()
 }
 
 // bpfFilters are the IDs of the programs of the bpf filters at a hook's
@@ -110,7 +110,7 @@ func noTCX(link.TCXOptions) (link.Link, error) {
 // Without tcx the programs become tc filters: attached, replaced in place
 // by the next agent's programs, removed with the endpoint.
 func TestTCFallback(t *testing.T) {
-	host := newHostVeth(t)
+	host, _ := newHostVeth(t)
 	ep := &endpointmanager.Endpoint{ID: 7, HostIfName: host.Attrs().Name, HostIfIndex: host.Attrs().Index, State: endpointmanager.Ready}
 	ctx := context.Background()
 	newOps := func(progs testPrograms) *endpointLinks {

@@ -47,8 +47,9 @@ type flowLine struct {
 	} `json:"flow"`
 }
 
-// observe is `agent observe -o json` with args, against the node's agent.
-func (n *node) observe(args ...string) []flowLine {
+// observe is `agent observe -o json` with args, against the node's agent:
+// the flows, and the output they came from.
+func (n *node) observe(args ...string) ([]flowLine, string) {
 	n.t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(filepath.Join(binDir, "agent"),
@@ -70,34 +71,25 @@ func (n *node) observe(args ...string) []flowLine {
 			flows = append(flows, f)
 		}
 	}
-	return flows
-}
-
-// agentCLIRaw is agentCLI for commands that find the agent from --run-dir.
-func (n *node) agentCLIRaw(args ...string) string {
-	out, err := exec.Command(filepath.Join(binDir, "agent"), append(args, "--run-dir", filepath.Join(n.dir, "run"))...).CombinedOutput()
-	if err != nil {
-		return fmt.Sprintf("agent %v: %v\n%s", args, err, out)
-	}
-	return string(out)
+	return flows, stdout.String()
 }
 
 // waitFlow polls `agent observe` until a flow satisfies ok, and says how
 // long after since it first saw one.
 func (n *node) waitFlow(what string, since time.Time, ok func(flowLine) bool) time.Duration {
 	n.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		for _, f := range n.observe("--last", "1000") {
+	var took time.Duration
+	poll(n.t, "a flow of "+what+" in agent observe", func() (bool, string) {
+		flows, out := n.observe("--last", "1000")
+		for _, f := range flows {
 			if ok(f) {
-				return time.Since(since)
+				took = time.Since(since)
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("no flow of %s in agent observe:\n%s", what, n.agentCLIRaw("observe", "--last", "1000"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, "\n" + out
+	})
+	return took
 }
 
 // conntrack is `agent ct list -o json`.
@@ -217,8 +209,11 @@ func TestDatapathConntrackAndFlows(t *testing.T) {
 
 		clusterIP := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, n.v4.Addr().As4()[2], 10}), 80)
 		writeServiceManifest(t, manifests, clusterIP, b4, 8080)
-		poll(t, "the web frontend in the datapath", func() bool {
-			objs, _ := n.client().TableObjects(context.Background(), "frontends", client.TableQuery{})
+		poll(t, "the web frontend in the datapath", func() (bool, string) {
+			objs, err := n.client().TableObjects(context.Background(), "frontends", client.TableQuery{})
+			if err != nil {
+				return false, err.Error()
+			}
 			for _, raw := range objs {
 				var fe struct {
 					Address string `json:"address"`
@@ -227,10 +222,10 @@ func TestDatapathConntrackAndFlows(t *testing.T) {
 					} `json:"status"`
 				}
 				if json.Unmarshal(raw, &fe) == nil && fe.Address == clusterIP.String()+"/TCP" && fe.Status.Kind == "Done" {
-					return true
+					return true, ""
 				}
 			}
-			return false
+			return false, fmt.Sprintf("frontends %s", objs)
 		})
 		since := time.Now()
 		r := clients.Run(socklbtest.Call{Op: socklbtest.TCP, To: clusterIP})[0]
@@ -290,12 +285,18 @@ endpoints:
 	}
 }
 
-func poll(t *testing.T, what string, ok func() bool) {
+// poll calls ok every 20ms until it is true, for up to 10s, and fails
+// the test with what ok last said otherwise.
+func poll(t testing.TB, what string, ok func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
+	for {
+		done, last := ok()
+		if done {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s; last: %s", what, last)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

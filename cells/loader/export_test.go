@@ -1,0 +1,4 @@
+package loader
+
+// NewHostVeth is newHostVeth for the external tests.
+var NewHostVeth = newHostVeth
