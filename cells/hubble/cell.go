@@ -67,7 +67,7 @@ const maxBufferSize = 1 << 20
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Bool("hubble-enabled", def.HubbleEnabled, "Serve flows with the Hubble Observer API (gRPC)")
 	flags.Int("hubble-buffer-size", def.HubbleBufferSize,
-		"Flows the Hubble ring keeps for GetFlows (exactly this many; any number from 1 on)")
+		fmt.Sprintf("Flows the Hubble ring keeps for GetFlows (exactly this many, 1 to %d)", maxBufferSize))
 	flags.Int("hubble-event-queue-size", def.HubbleEventQueueSize,
 		"Monitor events queued for conversion to flows before Hubble loses them (0: --hubble-buffer-size)")
 	flags.String("hubble-listen-address", def.HubbleListenAddress,

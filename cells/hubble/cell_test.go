@@ -2,16 +2,13 @@ package hubble
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -89,15 +86,22 @@ var (
 	}
 )
 
-func newCellEnv(t testing.TB, opts envOptions) *cellEnv {
-	t.Helper()
-	root := bpfmapstest.Root(t)
-	e := &cellEnv{t: t, boot: monitorapi.SystemBootClock()}
-	h := celltest.New(daemon.Cell, bpfmaps.Cell, ctmaps.Cell, monitor.Cell, Cell,
+// newTestHive is the hubble cell in a hive with the cells it needs, empty
+// endpoints and frontends tables, and extra.
+func newTestHive(extra ...cell.Cell) *hive.Hive {
+	return celltest.New(append([]cell.Cell{daemon.Cell, bpfmaps.Cell, ctmaps.Cell, monitor.Cell, Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
 			return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
 		}, statedb.RWTable[*loadbalancer.Frontend].ToTable),
+	}, extra...)...)
+}
+
+func newCellEnv(t testing.TB, opts envOptions) *cellEnv {
+	t.Helper()
+	root := bpfmapstest.Root(t)
+	e := &cellEnv{t: t, boot: monitorapi.SystemBootClock()}
+	h := newTestHive(
 		cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint], fes statedb.RWTable[*loadbalancer.Frontend],
 			hs statedb.Table[*health.Status], hb *Hubble, events *ctmaps.Events) {
 			e.db, e.endpoints, e.frontends, e.health, e.hubble, e.events = db, eps, fes, hs, hb, events
@@ -129,19 +133,14 @@ func newCellEnv(t testing.TB, opts envOptions) *cellEnv {
 	if opts.config != nil {
 		hive.AddConfigOverride(h, opts.config)
 	}
-	log := hivetest.Logger(t)
-	if err := h.Start(log, context.Background()); err != nil {
-		t.Fatalf("start hive: %v", err)
-	}
-	var once sync.Once
+	celltest.Start(t, h)
 	e.stop = func() {
-		once.Do(func() {
-			if err := h.Stop(log, context.Background()); err != nil {
-				t.Errorf("stop hive: %v", err)
-			}
-		})
+		// Stopping a stopped hive does nothing, so the stop at the test's
+		// end may follow this one.
+		if err := h.Stop(hivetest.Logger(t), context.Background()); err != nil {
+			t.Errorf("stop hive: %v", err)
+		}
 	}
-	t.Cleanup(e.stop)
 
 	w, err := monitortest.NewRecordWriter(e.events.Ring.EBPF(), e.events.Lost.EBPF())
 	if err != nil {
@@ -428,15 +427,12 @@ func TestGetFlowsFromTheCell(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			resps, err := recvAll(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
 			var got []string
-			for {
-				resp, err := stream.Recv()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+			for _, resp := range resps {
 				got = append(got, flowIndex(base, resp))
 			}
 			if strings.Join(got, " ") != tc.want {
@@ -606,12 +602,7 @@ func TestStartFailsOnAPathThatIsNoSocket(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := celltest.New(daemon.Cell, bpfmaps.Cell, ctmaps.Cell, monitor.Cell, Cell,
-		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
-		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-			return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress)
-		}, statedb.RWTable[*loadbalancer.Frontend].ToTable),
-	)
+	h := newTestHive()
 	dir := t.TempDir()
 	hive.AddConfigOverride(h, func(c *daemon.Config) {
 		c.StateDir, c.RunDir = filepath.Join(dir, "state"), filepath.Join(dir, "run")
@@ -682,14 +673,11 @@ func TestLostEventsOfTheCell(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for {
-			resp, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		resps, err := recvAll(stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, resp := range resps {
 			switch l := resp.GetLostEvents(); l.GetSource() {
 			case flow.LostEventSource_PERF_EVENT_RING_BUFFER:
 				datapath += l.GetNumEventsLost()
@@ -723,17 +711,11 @@ func countAgentEvents(t *testing.T, c observer.ObserverClient) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n uint64
-	for {
-		_, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return n
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		n++
+	resps, err := recvAll(stream)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return uint64(len(resps))
 }
 
 func TestAgentEventsOfTheCell(t *testing.T) {

@@ -315,28 +315,28 @@ func parseLabelRequirement(term string) (labelRequirement, error) {
 	return r, nil
 }
 
-func sourcePort(f *flow.Flow) (uint32, bool) {
+// Ports is a flow's TCP, UDP or SCTP source and destination ports; ok is
+// false for a flow of another protocol, which has none.
+func Ports(f *flow.Flow) (src, dst uint32, ok bool) {
 	switch l4 := f.GetL4().GetProtocol().(type) {
 	case *flow.Layer4_TCP:
-		return l4.TCP.GetSourcePort(), true
+		return l4.TCP.GetSourcePort(), l4.TCP.GetDestinationPort(), true
 	case *flow.Layer4_UDP:
-		return l4.UDP.GetSourcePort(), true
+		return l4.UDP.GetSourcePort(), l4.UDP.GetDestinationPort(), true
 	case *flow.Layer4_SCTP:
-		return l4.SCTP.GetSourcePort(), true
+		return l4.SCTP.GetSourcePort(), l4.SCTP.GetDestinationPort(), true
 	}
-	return 0, false
+	return 0, 0, false
+}
+
+func sourcePort(f *flow.Flow) (uint32, bool) {
+	src, _, ok := Ports(f)
+	return src, ok
 }
 
 func destinationPort(f *flow.Flow) (uint32, bool) {
-	switch l4 := f.GetL4().GetProtocol().(type) {
-	case *flow.Layer4_TCP:
-		return l4.TCP.GetDestinationPort(), true
-	case *flow.Layer4_UDP:
-		return l4.UDP.GetDestinationPort(), true
-	case *flow.Layer4_SCTP:
-		return l4.SCTP.GetDestinationPort(), true
-	}
-	return 0, false
+	_, dst, ok := Ports(f)
+	return dst, ok
 }
 
 // portFilter matches TCP, UDP and SCTP ports.

@@ -206,8 +206,10 @@ func setWindow[T any](sel *selection[T], number uint64, first, follow bool, sinc
 	return nil
 }
 
-// streamEnd is what a following stream returns: nothing when the client
-// went away or the server stops, which are how follow streams end.
+// streamEnd is what a following stream returns. A follow ends when the
+// client goes away (its context is canceled or its deadline passes), which
+// gets the matching gRPC code rather than Unknown, or when the server
+// stops, which is no error.
 func streamEnd(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return status.FromContextError(err).Err()

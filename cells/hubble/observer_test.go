@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -81,37 +82,37 @@ func getFlows(t *testing.T, c observer.ObserverClient, req *observer.GetFlowsReq
 	if err != nil {
 		return nil, err
 	}
+	resps, err := recvAll(stream)
 	var got []string
+	for _, resp := range resps {
+		got = append(got, describe(resp))
+	}
+	return got, err
+}
+
+// recvAll receives from a stream that ends (does not follow) until its end,
+// and returns what it received before an error.
+func recvAll[T any](stream interface{ Recv() (T, error) }) ([]T, error) {
+	var all []T
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return got, nil
+			return all, nil
 		}
 		if err != nil {
-			return got, err
+			return all, err
 		}
-		got = append(got, describe(resp))
+		all = append(all, resp)
 	}
 }
 
 func describe(resp *observer.GetFlowsResponse) string {
 	if l := resp.GetLostEvents(); l != nil {
-		return "lost:" + l.GetSource().String() + ":" + itoa(l.GetNumEventsLost())
+		return "lost:" + l.GetSource().String() + ":" + strconv.FormatUint(l.GetNumEventsLost(), 10)
 	}
 	f := resp.GetFlow()
 	sec := f.GetTime().AsTime().Sub(epoch) / time.Second
-	return itoa(uint64(sec)) + ":" + f.GetIP().GetSource() + ">" + f.GetIP().GetDestination()
-}
-
-func itoa(n uint64) string {
-	if n == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-	}
-	return string(b)
+	return strconv.FormatUint(uint64(sec), 10) + ":" + f.GetIP().GetSource() + ">" + f.GetIP().GetDestination()
 }
 
 func TestGetFlows(t *testing.T) {
@@ -384,15 +385,12 @@ func TestGetAgentEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	resps, err := recvAll(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got []string
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, resp := range resps {
 		got = append(got, resp.GetAgentEvent().GetType().String()+"@"+resp.GetTime().AsTime().Sub(epoch).String()+"@"+resp.GetNodeName())
 	}
 	if strings.Join(got, " ") != "ENDPOINT_CREATED@1s@node-1 ENDPOINT_DELETED@2s@node-1" {

@@ -301,46 +301,41 @@ func (f *flowFilterFlags) build() ([]*flow.FlowFilter, error) {
 }
 
 func (f *flowFilterFlags) validate() error {
-	for _, ip := range []struct {
+	type flagValues struct {
 		flag   string
 		values []string
-	}{{"ip", f.ip}, {"from-ip", f.fromIP}, {"to-ip", f.toIP}} {
-		for _, v := range ip.values {
-			if _, err := netip.ParsePrefix(v); err == nil {
-				continue
-			}
-			if _, err := netip.ParseAddr(v); err != nil {
-				return fmt.Errorf("invalid --%s %q: want an address such as 10.244.0.5 or a CIDR such as 10.244.0.0/16", ip.flag, v)
-			}
-		}
 	}
-	for _, port := range []struct {
-		flag   string
-		values []string
-	}{{"port", f.port}, {"from-port", f.fromPort}, {"to-port", f.toPort}} {
-		for _, v := range port.values {
-			if _, err := strconv.ParseUint(v, 10, 16); err != nil {
-				return fmt.Errorf("invalid --%s %q: want a port number 0-65535", port.flag, v)
-			}
-		}
+	checks := []struct {
+		flags []flagValues
+		ok    func(string) bool
+		want  string
+	}{
+		{[]flagValues{{"ip", f.ip}, {"from-ip", f.fromIP}, {"to-ip", f.toIP}}, func(v string) bool {
+			_, errPrefix := netip.ParsePrefix(v)
+			_, errAddr := netip.ParseAddr(v)
+			return errPrefix == nil || errAddr == nil
+		}, "an address such as 10.244.0.5 or a CIDR such as 10.244.0.0/16"},
+		{[]flagValues{{"port", f.port}, {"from-port", f.fromPort}, {"to-port", f.toPort}}, func(v string) bool {
+			_, err := strconv.ParseUint(v, 10, 16)
+			return err == nil
+		}, "a port number 0-65535"},
+		{[]flagValues{{"verdict", f.verdict}}, func(v string) bool {
+			_, ok := flow.Verdict_value[strings.ToUpper(v)]
+			return ok && !strings.EqualFold(v, flow.Verdict_VERDICT_UNKNOWN.String())
+		}, "FORWARDED, DROPPED or TRANSLATED"},
+		{[]flagValues{{"protocol", f.protocol}}, func(v string) bool {
+			return slices.Contains([]string{"tcp", "udp", "sctp", "icmp", "icmpv4", "icmpv6"}, strings.ToLower(v))
+		}, "tcp, udp, sctp, icmp, icmpv4 or icmpv6"},
+		{[]flagValues{{"namespace", f.namespace}, {"from-namespace", f.fromNamespace}, {"to-namespace", f.toNS}}, func(v string) bool {
+			return v != "" && !strings.Contains(v, "/")
+		}, "a namespace name"},
 	}
-	for _, v := range f.verdict {
-		if _, ok := flow.Verdict_value[strings.ToUpper(v)]; !ok || strings.EqualFold(v, flow.Verdict_VERDICT_UNKNOWN.String()) {
-			return fmt.Errorf("invalid --verdict %q: want FORWARDED, DROPPED or TRANSLATED", v)
-		}
-	}
-	for _, v := range f.protocol {
-		if !slices.Contains([]string{"tcp", "udp", "sctp", "icmp", "icmpv4", "icmpv6"}, strings.ToLower(v)) {
-			return fmt.Errorf("invalid --protocol %q: want tcp, udp, sctp, icmp, icmpv4 or icmpv6", v)
-		}
-	}
-	for _, ns := range []struct {
-		flag   string
-		values []string
-	}{{"namespace", f.namespace}, {"from-namespace", f.fromNamespace}, {"to-namespace", f.toNS}} {
-		for _, v := range ns.values {
-			if v == "" || strings.Contains(v, "/") {
-				return fmt.Errorf("invalid --%s %q: want a namespace name", ns.flag, v)
+	for _, c := range checks {
+		for _, fv := range c.flags {
+			for _, v := range fv.values {
+				if !c.ok(v) {
+					return fmt.Errorf("invalid --%s %q: want %s", fv.flag, v, c.want)
+				}
 			}
 		}
 	}
@@ -410,11 +405,8 @@ func (p *flowPrinter) print(resp *observer.GetFlowsResponse) error {
 		_, err = fmt.Fprintf(p.w, "%s\n", b)
 		return err
 	}
-	if !p.headerOut {
-		p.headerOut = true
-		if _, err := fmt.Fprintf(p.w, flowRow, "TIME", "SOURCE", "DESTINATION", "VERDICT", "TYPE", "SUMMARY"); err != nil {
-			return err
-		}
+	if err := p.header(); err != nil {
+		return err
 	}
 	when := resp.GetTime().AsTime().Local().Format(time.StampMilli)
 	if l := resp.GetLostEvents(); l != nil {
@@ -425,7 +417,7 @@ func (p *flowPrinter) print(resp *observer.GetFlowsResponse) error {
 	if f == nil {
 		return nil
 	}
-	srcPort, dstPort := ports(f)
+	srcPort, dstPort, _ := hubble.Ports(f)
 	summary := f.GetSummary()
 	if f.GetVerdict() == flow.Verdict_DROPPED && f.GetDropReasonDesc() != flow.DropReason_DROP_REASON_UNKNOWN {
 		summary += "; drop reason " + f.GetDropReasonDesc().String()
@@ -440,23 +432,20 @@ func (p *flowPrinter) print(resp *observer.GetFlowsResponse) error {
 // flush prints the header of an empty table, so that an empty answer
 // still reads as one.
 func (p *flowPrinter) flush() error {
-	if p.json || p.headerOut {
+	if p.json {
 		return nil
 	}
-	_, err := fmt.Fprintf(p.w, flowRow, "TIME", "SOURCE", "DESTINATION", "VERDICT", "TYPE", "SUMMARY")
-	return err
+	return p.header()
 }
 
-func ports(f *flow.Flow) (src, dst uint32) {
-	switch l4 := f.GetL4().GetProtocol().(type) {
-	case *flow.Layer4_TCP:
-		return l4.TCP.GetSourcePort(), l4.TCP.GetDestinationPort()
-	case *flow.Layer4_UDP:
-		return l4.UDP.GetSourcePort(), l4.UDP.GetDestinationPort()
-	case *flow.Layer4_SCTP:
-		return l4.SCTP.GetSourcePort(), l4.SCTP.GetDestinationPort()
+// header prints the table's header, once.
+func (p *flowPrinter) header() error {
+	if p.headerOut {
+		return nil
 	}
-	return 0, 0
+	p.headerOut = true
+	_, err := fmt.Fprintf(p.w, flowRow, "TIME", "SOURCE", "DESTINATION", "VERDICT", "TYPE", "SUMMARY")
+	return err
 }
 
 // endpointName is a side of a flow as the table shows it: the pod, or the

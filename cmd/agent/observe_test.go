@@ -32,14 +32,19 @@ import (
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
+// agentFlagSet is the agent's flags, as the root command registers them.
+func agentFlagSet() *pflag.FlagSet {
+	f := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	cells.NewHive().RegisterFlags(f)
+	return f
+}
+
 // observeCmd runs `agent observe args...` in this process with the
 // agent's flags, as the root command registers them.
 func observeCmd(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	agentFlags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cells.NewHive().RegisterFlags(agentFlags)
 	var out, errOut bytes.Buffer
-	cmd := newObserveCmd(&out, agentFlags)
+	cmd := newObserveCmd(&out, agentFlagSet())
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
 	cmd.SetArgs(args)
@@ -51,9 +56,7 @@ func observeCmd(t *testing.T, args ...string) (stdout, stderr string, err error)
 // observeRequest is the request `agent observe args...` would send.
 func observeRequest(t *testing.T, now time.Time, args ...string) (*observer.GetFlowsRequest, error) {
 	t.Helper()
-	agentFlags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cells.NewHive().RegisterFlags(agentFlags)
-	cmd, o := newObserveCmdOpts(&bytes.Buffer{}, agentFlags)
+	cmd, o := newObserveCmdOpts(&bytes.Buffer{}, agentFlagSet())
 	if err := cmd.ParseFlags(args); err != nil {
 		return nil, err
 	}
@@ -165,10 +168,13 @@ func TestObserveBadFlags(t *testing.T) {
 		{[]string{"--first", "1", "--follow"}, "--first and --follow exclude each other"},
 		{[]string{"--first", "1", "--last", "1"}, "--last, --first and --all exclude each other"},
 		{[]string{"--since", "yesterday"}, `invalid --since "yesterday": want a time such as 2026-01-02T15:04:05Z or a duration ago such as 5m`},
-		{[]string{"--to-ip", "10.0.0.300"}, `invalid --to-ip "10.0.0.300"`},
+		{[]string{"--to-ip", "10.0.0.300"}, `invalid --to-ip "10.0.0.300": want an address such as 10.244.0.5 or a CIDR such as 10.244.0.0/16`},
 		{[]string{"--port", "http"}, `invalid --port "http": want a port number 0-65535`},
 		{[]string{"--verdict", "MAYBE"}, `invalid --verdict "MAYBE": want FORWARDED, DROPPED or TRANSLATED`},
-		{[]string{"--protocol", "gopher"}, `invalid --protocol "gopher"`},
+		{[]string{"--protocol", "gopher"}, `invalid --protocol "gopher": want tcp, udp, sctp, icmp, icmpv4 or icmpv6`},
+		{[]string{"--to-namespace", "a/b"}, `invalid --to-namespace "a/b": want a namespace name`},
+		{[]string{"--from-port", "65536"}, `invalid --from-port "65536": want a port number 0-65535`},
+		{[]string{"--verdict", "verdict_unknown"}, `invalid --verdict "verdict_unknown"`},
 		{[]string{"--namespace", "a/b"}, `invalid --namespace "a/b": want a namespace name`},
 		{[]string{"--not", "colour=red"}, `invalid --not "colour=red": want KEY=VALUE with KEY one of ip, from-ip`},
 		{[]string{"--not", "port=x"}, `--not port=x: invalid --port "x"`},
@@ -270,9 +276,7 @@ func TestObserveOutput(t *testing.T) {
 	// Follow: the last flow, then new ones, until the context ends.
 	ctx, cancel := context.WithCancel(context.Background())
 	var followOut syncBuffer
-	agentFlags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	cells.NewHive().RegisterFlags(agentFlags)
-	cmd := newObserveCmd(&followOut, agentFlags)
+	cmd := newObserveCmd(&followOut, agentFlagSet())
 	cmd.SetArgs([]string{"--run-dir", runDir, "-f", "--last", "1", "-o", "json"})
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
