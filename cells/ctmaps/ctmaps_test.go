@@ -3,6 +3,7 @@ package ctmaps_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"os"
 	"strings"
@@ -120,13 +121,8 @@ func TestProgramConstants(t *testing.T) {
 	}
 	got := cfg.ProgramConstants()
 	want := map[string]uint32{"ct_lifetime_syn": 7, "ct_lifetime_tcp": 7200, "ct_lifetime_close": 3, "ct_lifetime_nontcp": 45, "monitor_aggregation": 0}
-	if len(got) != len(want) {
+	if !maps.Equal(got, want) {
 		t.Fatalf("ProgramConstants = %v, want %v", got, want)
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Fatalf("ProgramConstants = %v, want %v", got, want)
-		}
 	}
 }
 

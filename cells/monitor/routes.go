@@ -57,17 +57,7 @@ func (m *Monitor) stream(r *http.Request, s *api.Stream) error {
 		return err
 	}
 
-	var reported apiv1.MonitorLost
-	reported.Datapath = m.Lost()
-	reportLost := func() error {
-		now := apiv1.MonitorLost{Stream: sub.Lost(), Datapath: m.Lost()}
-		if now == reported {
-			return nil
-		}
-		delta := apiv1.MonitorLost{Stream: now.Stream - reported.Stream, Datapath: now.Datapath - reported.Datapath}
-		reported = now
-		return s.Send(apiv1.MonitorMessage{Kind: apiv1.MonitorLostKind, Lost: &delta})
-	}
+	reported := apiv1.MonitorLost{Datapath: m.Lost()}
 	tick := time.NewTicker(lostCheck)
 	defer tick.Stop()
 	for {
@@ -75,12 +65,6 @@ func (m *Monitor) stream(r *http.Request, s *api.Stream) error {
 		case <-r.Context().Done():
 			return nil
 		case <-tick.C:
-			if err := reportLost(); err != nil {
-				return err
-			}
-			if err := s.Flush(); err != nil {
-				return err
-			}
 		case ev, ok := <-sub.Events():
 			if !ok {
 				// The monitor stopped.
@@ -89,18 +73,24 @@ func (m *Monitor) stream(r *http.Request, s *api.Stream) error {
 			if err := m.send(s, ev, kinds); err != nil {
 				return err
 			}
-			// Send what else is waiting in one write, then flush.
-			for pending := len(sub.Events()); pending > 0; pending-- {
+			// Send what else is waiting in the same write.
+			for range len(sub.Events()) {
 				if err := m.send(s, <-sub.Events(), kinds); err != nil {
 					return err
 				}
 			}
-			if err := reportLost(); err != nil {
+		}
+		// Losses since the last marker: after the events, and at least
+		// every lostCheck when none come.
+		if now := (apiv1.MonitorLost{Stream: sub.Lost(), Datapath: m.Lost()}); now != reported {
+			delta := apiv1.MonitorLost{Stream: now.Stream - reported.Stream, Datapath: now.Datapath - reported.Datapath}
+			reported = now
+			if err := s.Send(apiv1.MonitorMessage{Kind: apiv1.MonitorLostKind, Lost: &delta}); err != nil {
 				return err
 			}
-			if err := s.Flush(); err != nil {
-				return err
-			}
+		}
+		if err := s.Flush(); err != nil {
+			return err
 		}
 	}
 }

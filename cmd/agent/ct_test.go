@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,32 +29,40 @@ import (
 	"github.com/cellium/cellium/pkg/ctmap"
 )
 
-// startCTAgent runs the conntrack maps, their GC and the API in this
-// process, over a bpffs of the test's, and returns the API socket and the
-// maps once the GC's first pass is done.
-func startCTAgent(t *testing.T) (string, *ctmaps.Maps) {
-	root := bpfmapstest.Root(t)
-	socket := filepath.Join(t.TempDir(), "agent.sock")
-	var (
-		maps *ctmaps.Maps
-		gc   *ctgc.GC
-	)
+// startCells runs cells with statedb, jobs, health, the API and the BPF
+// maps cell in this process, as the agent's hive does, over a bpffs of the
+// test's. It returns the API socket, and stop, which stops the hive once
+// (the test's end calls it too).
+func startCells(t *testing.T, cells ...cell.Cell) (socket string, stop func() error) {
+	socket = filepath.Join(t.TempDir(), "agent.sock")
 	opts := hive.DefaultOptions()
 	opts.ModuleDecorators = health.ModuleDecorators
-	h := hive.NewWithOptions(opts,
-		statedb.Cell, job.Cell, health.Cell, api.Cell, bpfmaps.Cell, ctmaps.Cell, ctgc.Cell,
-		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
-		cell.Invoke(func(m *ctmaps.Maps, g *ctgc.GC) { maps, gc = m, g }),
-		health.StartedMarker,
-	)
+	all := append([]cell.Cell{statedb.Cell, job.Cell, health.Cell, api.Cell, bpfmaps.Cell}, cells...)
+	h := hive.NewWithOptions(opts, append(all, health.StartedMarker)...)
 	hive.AddConfigOverride(h, func(c *health.Config) { c.HealthAddr = "" })
 	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
-	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = root })
+	hive.AddConfigOverride(h, func(c *bpfmaps.Config) { c.BPFRoot = bpfmapstest.Root(t) })
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.Stop(log, context.Background()) })
+	stop = sync.OnceValue(func() error { return h.Stop(log, context.Background()) })
+	t.Cleanup(func() { stop() })
+	return socket, stop
+}
+
+// startCTAgent runs the conntrack maps, their GC and the API in this
+// process and returns the API socket and the maps once the GC's first pass
+// is done.
+func startCTAgent(t *testing.T) (string, *ctmaps.Maps) {
+	var (
+		maps *ctmaps.Maps
+		gc   *ctgc.GC
+	)
+	socket, _ := startCells(t, ctmaps.Cell, ctgc.Cell,
+		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
+		cell.Invoke(func(m *ctmaps.Maps, g *ctgc.GC) { maps, gc = m, g }),
+	)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := gc.Run(ctx); err != nil {

@@ -61,8 +61,6 @@ not write because its ring buffer was full.`,
 				return err
 			}
 			defer s.Close()
-			// Closing the body is what ends a Recv blocked on a quiet stream.
-			context.AfterFunc(ctx, func() { s.Close() })
 			return printMonitor(ctx, stdout, s, out.format == "json")
 		},
 	}
