@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
@@ -122,18 +123,6 @@ func (d *datapath) waitPrograms(t *testing.T, id uint16, kind reconciler.StatusK
 			}
 			t.Fatalf("endpoint %d: programs %s, want %s", id, ep.ProgramStatus, kind)
 		}
-	}
-}
-
-// eventually polls cond until it holds, failing the test after a deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -295,7 +284,7 @@ func TestEndpointPrograms(t *testing.T) {
 	wantAttached(t, root, ep)
 
 	d.delete(t, 1)
-	eventually(t, "the deleted endpoint's links are unpinned", unpinned(root, 1))
+	celltest.Eventually(t, "the deleted endpoint's links are unpinned", unpinned(root, 1))
 	wantDetached(t, root, 1, ifindex)
 }
 
@@ -349,7 +338,7 @@ func TestEndpointProgramsRestart(t *testing.T) {
 	d.put(t, kept) // the restore: only the kept endpoint is back
 	d.eps.Restored()
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	eventually(t, "the links of the endpoint deleted while the agent was down are pruned", unpinned(root, 2))
+	celltest.Eventually(t, "the links of the endpoint deleted while the agent was down are pruned", unpinned(root, 2))
 	close(watchDone)
 	watching.Wait()
 	if len(gaps) > 0 {
@@ -417,7 +406,7 @@ func TestEndpointProgramsNoInterface(t *testing.T) {
 	if got := row.ProgramStatus.GetError(); got != want {
 		t.Fatalf("program status error %q, want %q", got, want)
 	}
-	eventually(t, "the loader's health is degraded naming the endpoint", func() bool {
+	celltest.Eventually(t, "the loader's health is degraded naming the endpoint", func() bool {
 		for s := range d.health.All(d.eps.DB.ReadTxn()) {
 			if s.Path[0] == "loader" && s.Level == cell.StatusDegraded && strings.Contains(s.Error, want) {
 				return true

@@ -168,17 +168,6 @@ func isKind(kind string) func(monitorapi.Event) bool {
 	return func(ev monitorapi.Event) bool { return ev.Kind() == kind }
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestDatapathRecordsReachSubscribersDecoded(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	sub := e.monitor.Subscribe("test", 16)
@@ -213,7 +202,7 @@ func TestSlowSubscriberLosesWithoutStallingOthers(t *testing.T) {
 		next(t, fast, isKind(monitorapi.KindTrace))
 	}
 	// The slow one held the first event and lost the rest.
-	eventually(t, "the slow subscriber's losses", func() bool { return slow.Lost() == n-1 })
+	celltest.Eventually(t, "the slow subscriber's losses", func() bool { return slow.Lost() == n-1 })
 	if fast.Lost() != 0 {
 		t.Errorf("fast subscriber lost %d events", fast.Lost())
 	}
@@ -232,7 +221,7 @@ func TestFullRingBufferCountsLostEvents(t *testing.T) {
 	const n = 20000
 	e.write(e.trace(40000), n)
 	received := 0
-	eventually(t, "every record received or counted lost", func() bool {
+	celltest.Eventually(t, "every record received or counted lost", func() bool {
 		for len(sub.Events()) > 0 {
 			if (<-sub.Events()).Kind() == monitorapi.KindTrace {
 				received++

@@ -15,6 +15,7 @@ import (
 	"context"
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
@@ -50,6 +51,19 @@ func Start(t testing.TB, h *hive.Hive) {
 			t.Errorf("stop hive: %v", err)
 		}
 	})
+}
+
+// Eventually polls cond until it holds, and fails the test if it does not
+// within 10 seconds: for state that has no watch channel to wait on.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // ScriptEngine returns a script engine for a txtar test of h: the default
