@@ -71,7 +71,8 @@ type endpointLinks struct {
 	attachTCX func(link.TCXOptions) (link.Link, error)
 	// tc is set once the kernel turned out to have no tcx: the programs
 	// are then tc filters on a clsact qdisc, which have no pins. (The
-	// reconciler calls the operations from one goroutine.)
+	// reconciler calls the operations from one goroutine.) Detaching does
+	// not rely on it: see detach.
 	tc bool
 }
 
@@ -249,14 +250,18 @@ func (o *endpointLinks) detach(ep *endpointmanager.Endpoint) error {
 	var errs []error
 	for _, h := range endpointHooks {
 		what, err := detachPinned(filepath.Join(o.dir, pinName(ep.ID, h)))
+		unpinned := errors.Is(err, fs.ErrNotExist)
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
+		case unpinned:
 		case err != nil:
 			errs = append(errs, err)
 		default:
 			o.log.Info("Detached endpoint program", "endpoint", ep.ID, "link", what)
 		}
-		if o.tc && ep.HostIfIndex > 0 {
+		// Without a pin the programs can only be tc filters: an agent
+		// that has attached nothing yet does not know that the kernel has
+		// no tcx, and its predecessor may have left filters.
+		if (o.tc || unpinned) && ep.HostIfIndex > 0 {
 			if err := detachTC(ep.HostIfIndex, h); err != nil {
 				errs = append(errs, err)
 			}

@@ -139,7 +139,11 @@ func TestTCFallback(t *testing.T) {
 		}
 	}
 
-	if err := ops.Delete(ctx, nil, 0, ep); err != nil {
+	// A third agent deletes the endpoint before it attached anything: it
+	// has not learnt yet that the kernel has no tcx, and the filters must
+	// go all the same.
+	third := newOps(newTestPrograms(t))
+	if err := third.Delete(ctx, nil, 0, ep); err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range endpointHooks {
@@ -156,6 +160,18 @@ func TestTCFallback(t *testing.T) {
 	}
 	if err := ops.Delete(ctx, nil, 0, ep); err != nil {
 		t.Fatalf("delete with the interface gone: %v", err)
+	}
+}
+
+// Deleting an endpoint that has neither pins nor filters (its programs
+// were never attached) is done, whether or not the kernel has tcx: the
+// look for filters finds no clsact qdisc.
+func TestDetachNeverAttached(t *testing.T) {
+	host, _ := newHostVeth(t)
+	ep := &endpointmanager.Endpoint{ID: 9, HostIfName: host.Attrs().Name, HostIfIndex: host.Attrs().Index, State: endpointmanager.Ready}
+	ops := &endpointLinks{log: hivetest.Logger(t), dir: t.TempDir(), progs: newTestPrograms(t), attachTCX: link.AttachTCX}
+	if err := ops.Delete(context.Background(), nil, 0, ep); err != nil {
+		t.Fatalf("delete of an endpoint never attached: %v", err)
 	}
 }
 
