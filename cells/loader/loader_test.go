@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"os"
@@ -45,7 +46,12 @@ var programs = func() []string {
 
 func start(t *testing.T, h *hive.Hive) (stop func()) {
 	t.Helper()
-	log := hivetest.Logger(t)
+	return startLogging(t, h, hivetest.Logger(t))
+}
+
+// startLogging is start with the hive logging to log.
+func startLogging(t *testing.T, h *hive.Hive, log *slog.Logger) (stop func()) {
+	t.Helper()
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatalf("start hive: %v", err)
 	}
