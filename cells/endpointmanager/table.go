@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/pkg/identity"
 )
 
 // State is an endpoint's state in the table.
@@ -67,7 +68,10 @@ type Endpoint struct {
 	PodNamespace string            `json:"podNamespace,omitempty" yaml:"podNamespace,omitempty"`
 	PodName      string            `json:"podName,omitempty" yaml:"podName,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
-	State        State             `json:"state" yaml:"state"`
+	// Identity is the security identity of the endpoint's label set:
+	// identity.Init until the allocator has resolved it.
+	Identity identity.NumericIdentity `json:"identity,omitempty" yaml:"identity,omitempty"`
+	State    State                    `json:"state" yaml:"state"`
 	// Error says why a not-ready endpoint is not ready.
 	Error   string    `json:"error,omitempty" yaml:"error,omitempty"`
 	Created time.Time `json:"created" yaml:"created"`
