@@ -1,0 +1,163 @@
+// Package etcdtest runs a real etcd server for tests: Debian's etcd-server
+// binary (`etcd` on the PATH, or $ETCD_BIN), on loopback ports of its own,
+// with its data in the test's temporary directory. A test that finds no
+// etcd binary skips, naming what to install.
+//
+// The server can be stopped and started again on the same ports and data,
+// which is how tests take etcd away from a running agent and give it back.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is one etcd server process.
+type Server struct {
+	t       testing.TB
+	bin     string
+	dir     string
+	client  string // http://127.0.0.1:port
+	peer    string
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	logFile *os.File
+}
+
+// Binary is the etcd binary tests use, or an error saying how to get one.
+func Binary() (string, error) {
+	if bin := os.Getenv("ETCD_BIN"); bin != "" {
+		return bin, nil
+	}
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		return "", fmt.Errorf("no etcd binary on the PATH (install Debian's etcd-server, or set ETCD_BIN)")
+	}
+	return bin, nil
+}
+
+// Start starts an etcd server for t and stops it at cleanup. It skips t
+// when there is no etcd binary.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		t.Skip(err)
+	}
+	s := &Server{
+		t:      t,
+		bin:    bin,
+		dir:    t.TempDir(),
+		client: "http://" + freeAddr(t),
+		peer:   "http://" + freeAddr(t),
+	}
+	t.Cleanup(func() { s.Stop() })
+	s.Restart()
+	return s
+}
+
+// freeAddr is a loopback address with a port nobody listens on now.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Endpoint is the client URL, http://127.0.0.1:port.
+func (s *Server) Endpoint() string { return s.client }
+
+// Restart starts the server if it is stopped, on the same ports and data,
+// and waits until it answers its health check.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return
+	}
+	log, err := os.OpenFile(filepath.Join(s.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.t.Fatalf("etcd log: %v", err)
+	}
+	cmd := exec.Command(s.bin,
+		"--name", "test",
+		"--data-dir", filepath.Join(s.dir, "data"),
+		"--listen-client-urls", s.client,
+		"--advertise-client-urls", s.client,
+		"--listen-peer-urls", s.peer,
+		"--initial-advertise-peer-urls", s.peer,
+		"--initial-cluster", "test="+s.peer,
+		"--heartbeat-interval", "50",
+		"--election-timeout", "500",
+	)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		s.t.Fatalf("start etcd: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	s.cmd, s.exited, s.logFile = cmd, exited, log
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if healthy(ctx, s.client) {
+			return
+		}
+		select {
+		case <-exited:
+			s.t.Fatalf("etcd exited at start; its log: %s", s.Log())
+		case <-ctx.Done():
+			s.t.Fatalf("etcd not healthy after 30s; its log: %s", s.Log())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func healthy(ctx context.Context, endpoint string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/health", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Stop stops the server (SIGKILL: as a crash would) and waits for it to exit.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.exited
+	s.logFile.Close()
+	s.cmd = nil
+}
+
+// Log is what the server has logged so far.
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "etcd.log"))
+	return string(b)
+}
