@@ -38,6 +38,7 @@ check-bpf: bpf
 # events into real BPF maps, at 1k, 10k and 50k services. Ends with the
 # summary line `lb-bench services=... insert_per_s=...`.
 bench-lb:
+	@mkdir -p $(BIN)
 	$(GO) test ./cells/lbmaps -run '^$$' -bench Pipeline -benchtime 1x -count 1 | tee $(BIN)/bench-lb.out
 	@grep '^lb-bench' $(BIN)/bench-lb.out | tail -n 1
 
