@@ -26,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
@@ -45,6 +46,7 @@ var Infrastructure = cell.Group(
 	sysctl.Cell,
 	bpfmaps.Cell,
 	k8sclient.Cell,
+	kvstore.Cell,
 	devices.Cell,
 )
 

@@ -54,11 +54,17 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, h, func(w io.Writer) error { return printHealth(w, h) })
+			return out.print(stdout, h, func(w io.Writer) error {
+				kv, err := c.KVStore(ctx)
+				if err != nil {
+					return err
+				}
+				return printHealth(w, h, kv)
+			})
 		})
 }
 
-func printHealth(w io.Writer, h apiv1.Health) error {
+func printHealth(w io.Writer, h apiv1.Health, kv apiv1.KVStore) error {
 	state := "ready"
 	switch {
 	case !h.Started:
@@ -66,7 +72,7 @@ func printHealth(w io.Writer, h apiv1.Health) error {
 	case !h.Ready:
 		state = "not ready, waiting for: " + strings.Join(h.Pending, ", ")
 	}
-	fmt.Fprintf(w, "Agent:   %s\nHealth:  %s\n\n", state, h.Level)
+	fmt.Fprintf(w, "Agent:   %s\nHealth:  %s\nKVStore: %s\n\n", state, h.Level, kvstoreLine(kv))
 
 	rows := [][]string{}
 	var walk func(indent string, nodes []apiv1.HealthNode, top bool)
@@ -90,6 +96,19 @@ func printHealth(w io.Writer, h apiv1.Health) error {
 	}
 	walk("", h.Modules, true)
 	return writeTable(w, []string{"MODULE", "LEVEL", "SINCE", "MESSAGE"}, rows)
+}
+
+// kvstoreLine is the kvstore's state in one line: "disabled", or the
+// state, endpoints, leases and the last error.
+func kvstoreLine(kv apiv1.KVStore) string {
+	if kv.State == "disabled" {
+		return "disabled"
+	}
+	line := fmt.Sprintf("%s to %s since %s, %d leases, %d leased keys", kv.State, strings.Join(kv.Endpoints, ","), since(kv.Since), kv.Leases, kv.LeasedKeys)
+	if kv.State != "connected" && kv.LastError != "" {
+		line += " (last error: " + kv.LastError + ")"
+	}
+	return line
 }
 
 func since(t time.Time) string {

@@ -110,6 +110,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newMapCmd(stdout),
 		newEndpointCmd(stdout),
 		newIPAMCmd(stdout),
+		newKVStoreCmd(stdout),
 		newCleanupCmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),

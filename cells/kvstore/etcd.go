@@ -1,0 +1,372 @@
+package kvstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/time/rate"
+)
+
+// etcdClient is the Client of --kvstore=etcd. Its etcd connection is made
+// by the cell's start hook (connect); before that, and while etcd cannot
+// be reached, calls fail with ErrUnavailable when their context ends.
+type etcdClient struct {
+	log    *slog.Logger
+	prefix string // "<kvstore-prefix>/"
+	cli    *clientv3.Client
+	limit  *rate.Limiter // nil: no etcd.qps
+
+	leases *leases
+	locks  *locks
+
+	// Set by the start hook.
+	configFile string
+	ctx        context.Context
+	cancel     context.CancelFunc
+
+	// statusBase and statusTimeout pace kvstore-status (see
+	// statusInterval).
+	statusBase, statusTimeout time.Duration
+
+	mu     sync.Mutex
+	status Status
+}
+
+func newEtcdClient(log *slog.Logger, cfg Config, opts etcdOptions) *etcdClient {
+	c := &etcdClient{
+		log:    log,
+		prefix: cfg.KVStorePrefix + "/",
+		status: Status{State: StateConnecting, Endpoints: opts.endpoints, Since: time.Now()},
+
+		statusBase:    statusIntervalBase,
+		statusTimeout: statusTimeout,
+	}
+	if opts.qps > 0 {
+		c.limit = rate.NewLimiter(rate.Limit(opts.qps), max(1, int(opts.qps)))
+	}
+	c.leases = newLeases(c, cfg.KVStoreLeaseTTL)
+	c.locks = newLocks(c, defaultLockTTL)
+	return c
+}
+
+func (c *etcdClient) Enabled() bool { return true }
+
+func (c *etcdClient) Status() Status {
+	c.mu.Lock()
+	s := c.status
+	c.mu.Unlock()
+	s.Leases, s.LeasedKeys = c.leases.counts()
+	return s
+}
+
+// setState records a state change and says whether it is one.
+func (c *etcdClient) setState(state State, lastErr error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	changed := c.status.State != state
+	if changed {
+		c.status.State, c.status.Since = state, time.Now()
+	}
+	if lastErr != nil {
+		c.status.LastError = lastErr.Error()
+	}
+	return changed
+}
+
+// wait takes a request from the etcd.qps budget.
+func (c *etcdClient) wait(ctx context.Context) error {
+	if c.cli == nil {
+		<-ctx.Done()
+		return fmt.Errorf("%w: not connected: %w", ErrUnavailable, ctx.Err())
+	}
+	if c.limit != nil {
+		if err := c.limit.Wait(ctx); err != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+	}
+	return nil
+}
+
+// wrap gives an etcd error the kind callers test for: a call that did not
+// get through before its context ended is ErrUnavailable.
+func wrap(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, ErrUnavailable) {
+			return fmt.Errorf("kvstore %s %s: %w", op, key, err)
+		}
+		return fmt.Errorf("kvstore %s %s: %w: %w", op, key, ErrUnavailable, err)
+	}
+	return fmt.Errorf("kvstore %s %s: %w", op, key, err)
+}
+
+func (c *etcdClient) Get(ctx context.Context, key string) ([]byte, bool, error) {
+	if err := c.wait(ctx); err != nil {
+		return nil, false, wrap("get", key, err)
+	}
+	resp, err := c.cli.Get(ctx, c.prefix+key)
+	if err != nil {
+		return nil, false, wrap("get", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, false, nil
+	}
+	return resp.Kvs[0].Value, true, nil
+}
+
+func (c *etcdClient) List(ctx context.Context, prefix string) ([]KeyValue, error) {
+	if err := c.wait(ctx); err != nil {
+		return nil, wrap("list", prefix, err)
+	}
+	resp, err := c.cli.Get(ctx, c.prefix+prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, wrap("list", prefix, err)
+	}
+	out := make([]KeyValue, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out = append(out, KeyValue{
+			Key:         strings.TrimPrefix(string(kv.Key), c.prefix),
+			Value:       kv.Value,
+			ModRevision: kv.ModRevision,
+			Lease:       kv.Lease,
+		})
+	}
+	return out, nil
+}
+
+func (c *etcdClient) CreateOnly(ctx context.Context, key string, value []byte, opts ...WriteOption) (bool, error) {
+	o := writeOpts(opts)
+	if err := c.wait(ctx); err != nil {
+		return false, wrap("create", key, err)
+	}
+	k := c.prefix + key
+	if !o.leased {
+		resp, err := c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, string(value))).Commit()
+		if err != nil {
+			return false, wrap("create", key, err)
+		}
+		return resp.Succeeded, nil
+	}
+	created := false
+	err := c.leases.write(ctx, key, value, func(lease clientv3.LeaseID) (bool, error) {
+		resp, err := c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, string(value), clientv3.WithLease(lease))).Commit()
+		if err != nil {
+			return false, err
+		}
+		created = resp.Succeeded
+		return created, nil
+	})
+	return created, wrap("create", key, err)
+}
+
+func (c *etcdClient) UpdateIfDifferent(ctx context.Context, key string, value []byte, opts ...WriteOption) (bool, error) {
+	o := writeOpts(opts)
+	if err := c.wait(ctx); err != nil {
+		return false, wrap("update", key, err)
+	}
+	k := c.prefix + key
+	changed := false
+	update := func(lease clientv3.LeaseID) (bool, error) {
+		put := clientv3.OpPut(k, string(value))
+		if lease != clientv3.NoLease {
+			put = clientv3.OpPut(k, string(value), clientv3.WithLease(lease))
+		}
+		// One round trip: write unless the key holds value on this lease.
+		resp, err := c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(k), "=", string(value)),
+				clientv3.Compare(clientv3.LeaseValue(k), "=", lease)).
+			Else(put).Commit()
+		if err != nil {
+			return false, err
+		}
+		changed = !resp.Succeeded
+		return true, nil
+	}
+	var err error
+	if o.leased {
+		err = c.leases.write(ctx, key, value, update)
+	} else {
+		_, err = update(clientv3.NoLease)
+	}
+	return changed, wrap("update", key, err)
+}
+
+func (c *etcdClient) Delete(ctx context.Context, key string) error {
+	if err := c.wait(ctx); err != nil {
+		return wrap("delete", key, err)
+	}
+	c.leases.forget(key)
+	_, err := c.cli.Delete(ctx, c.prefix+key)
+	return wrap("delete", key, err)
+}
+
+func (c *etcdClient) DeleteIfRevision(ctx context.Context, key string, rev int64) (bool, error) {
+	if err := c.wait(ctx); err != nil {
+		return false, wrap("delete", key, err)
+	}
+	k := c.prefix + key
+	resp, err := c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+		Then(clientv3.OpDelete(k)).Commit()
+	if err != nil {
+		return false, wrap("delete", key, err)
+	}
+	if resp.Succeeded {
+		c.leases.forget(key)
+	}
+	return resp.Succeeded, nil
+}
+
+func (c *etcdClient) Lock(ctx context.Context, key string) (Unlocker, error) {
+	if err := c.wait(ctx); err != nil {
+		return nil, wrap("lock", key, err)
+	}
+	u, err := c.locks.lock(ctx, key, false)
+	return u, wrap("lock", key, err)
+}
+
+func (c *etcdClient) TryLock(ctx context.Context, key string) (Unlocker, error) {
+	if err := c.wait(ctx); err != nil {
+		return nil, wrap("lock", key, err)
+	}
+	u, err := c.locks.lock(ctx, key, true)
+	if errors.Is(err, ErrLocked) {
+		return nil, fmt.Errorf("kvstore lock %s: %w", key, ErrLocked)
+	}
+	return u, wrap("lock", key, err)
+}
+
+// Watch: see Client. One goroutine per call: list, then watch from the
+// listing's revision; any break in the watch (compaction, lost leader,
+// closed stream) lists again and reports what changed meanwhile.
+func (c *etcdClient) Watch(ctx context.Context, prefix string) <-chan Event {
+	ch := make(chan Event, 128)
+	go c.watch(ctx, prefix, ch)
+	return ch
+}
+
+func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) {
+	defer close(ch)
+	send := func(ev Event) bool {
+		select {
+		case ch <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	known := map[string][]byte{}
+	backoff := newBackoff()
+	for ctx.Err() == nil {
+		if err := c.wait(ctx); err != nil {
+			return
+		}
+		resp, err := c.cli.Get(ctx, c.prefix+prefix, clientv3.WithPrefix())
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Debug("kvstore watch: listing failed, retrying", "prefix", prefix, "error", err)
+				backoff.wait(ctx)
+			}
+			continue
+		}
+		var events []Event
+		known, events = relist(known, c.prefix, resp.Kvs)
+		for _, ev := range events {
+			if !send(ev) {
+				return
+			}
+		}
+		backoff.reset()
+
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := c.cli.Watch(wctx, c.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				c.log.Debug("kvstore watch broken, listing again", "prefix", prefix, "error", err)
+				break
+			}
+			for _, ev := range wr.Events {
+				key := strings.TrimPrefix(string(ev.Kv.Key), c.prefix)
+				e := Event{Kind: EventUpsert, Key: key, Value: ev.Kv.Value}
+				if ev.Type == clientv3.EventTypeDelete {
+					e = Event{Kind: EventDelete, Key: key}
+					delete(known, key)
+				} else {
+					known[key] = ev.Kv.Value
+				}
+				if !send(e) {
+					cancel()
+					return
+				}
+			}
+		}
+		cancel()
+		if ctx.Err() == nil {
+			backoff.wait(ctx)
+		}
+	}
+}
+
+// relist compares a new listing with what a watch had sent: the events
+// that bring its consumer up to date (changed or new keys, then deleted
+// ones), and the new state. Keys sent before with the same value are not
+// sent again.
+func relist(known map[string][]byte, prefix string, kvs []*mvccpb.KeyValue) (map[string][]byte, []Event) {
+	listed := make(map[string][]byte, len(kvs))
+	var events []Event
+	for _, kv := range kvs {
+		key := strings.TrimPrefix(string(kv.Key), prefix)
+		listed[key] = kv.Value
+		if old, ok := known[key]; ok && bytes.Equal(old, kv.Value) {
+			continue
+		}
+		events = append(events, Event{Kind: EventUpsert, Key: key, Value: kv.Value})
+	}
+	for _, key := range slices.Sorted(maps.Keys(known)) {
+		if _, ok := listed[key]; !ok {
+			events = append(events, Event{Kind: EventDelete, Key: key})
+		}
+	}
+	return listed, append(events, Event{Kind: EventListed})
+}
+
+func writeOpts(opts []WriteOption) writeOptions {
+	var o writeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// backoff is an exponential wait between retries, 100ms to 10s.
+type backoff struct{ d time.Duration }
+
+func newBackoff() *backoff { return &backoff{d: 100 * time.Millisecond} }
+
+func (b *backoff) reset() { b.d = 100 * time.Millisecond }
+
+func (b *backoff) wait(ctx context.Context) {
+	t := time.NewTimer(b.d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	b.d = min(2*b.d, 10*time.Second)
+}

@@ -1,0 +1,413 @@
+package kvstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/pkg/etcdtest"
+)
+
+// startClient runs the kvstore cell against endpoint under a prefix of its
+// own and returns its Client.
+func startClient(t *testing.T, endpoint, prefix string, tweak func(*etcdClient)) *etcdClient {
+	t.Helper()
+	var c Client
+	h := celltest.New(Cell, cell.Invoke(func(cl Client) {
+		c = cl
+		if tweak != nil {
+			tweak(cl.(*etcdClient))
+		}
+	}))
+	hive.AddConfigOverride(h, func(cfg *Config) {
+		cfg.KVStore = "etcd"
+		cfg.KVStoreOpt = []string{"etcd.address=" + endpoint}
+		cfg.KVStorePrefix = prefix
+		cfg.KVStoreLeaseTTL = 5 * time.Second
+	})
+	celltest.Start(t, h)
+	return c.(*etcdClient)
+}
+
+// rawClient is a plain etcd client: "another agent", or an operator.
+func rawClient(t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestOperations(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t1", nil)
+	ctx := ctxT(t)
+
+	created, err := c.CreateOnly(ctx, "state/a", []byte("1"))
+	if err != nil || !created {
+		t.Fatalf("CreateOnly new key = %v, %v", created, err)
+	}
+	if created, err := c.CreateOnly(ctx, "state/a", []byte("2")); err != nil || created {
+		t.Fatalf("CreateOnly existing key = %v, %v; want false, nil", created, err)
+	}
+	if v, found, err := c.Get(ctx, "state/a"); err != nil || !found || string(v) != "1" {
+		t.Fatalf("Get = %q, %v, %v; want 1", v, found, err)
+	}
+	if _, found, err := c.Get(ctx, "state/none"); err != nil || found {
+		t.Fatalf("Get of a missing key = found %v, %v", found, err)
+	}
+	if changed, err := c.UpdateIfDifferent(ctx, "state/a", []byte("1")); err != nil || changed {
+		t.Fatalf("UpdateIfDifferent with the same value = %v, %v; want no write", changed, err)
+	}
+	if changed, err := c.UpdateIfDifferent(ctx, "state/a", []byte("3")); err != nil || !changed {
+		t.Fatalf("UpdateIfDifferent with a new value = %v, %v", changed, err)
+	}
+	kvs, err := c.List(ctx, "state/")
+	if err != nil || len(kvs) != 1 || kvs[0].Key != "state/a" || string(kvs[0].Value) != "3" {
+		t.Fatalf("List = %+v, %v", kvs, err)
+	}
+	// The key is stored under the prefix.
+	raw, err := rawClient(t, etcd.Endpoint()).Get(ctx, "t1/state/a")
+	if err != nil || len(raw.Kvs) != 1 {
+		t.Fatalf("raw get t1/state/a = %v, %v", raw, err)
+	}
+	if deleted, err := c.DeleteIfRevision(ctx, "state/a", kvs[0].ModRevision-1); err != nil || deleted {
+		t.Fatalf("DeleteIfRevision with a stale revision = %v, %v", deleted, err)
+	}
+	if deleted, err := c.DeleteIfRevision(ctx, "state/a", kvs[0].ModRevision); err != nil || !deleted {
+		t.Fatalf("DeleteIfRevision = %v, %v", deleted, err)
+	}
+	if err := c.Delete(ctx, "state/a"); err != nil {
+		t.Fatalf("Delete of a missing key: %v", err)
+	}
+}
+
+func TestLeasedKeysSpreadOverLeases(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t2", func(c *etcdClient) { c.leases.maxKeys = 3 })
+	ctx := ctxT(t)
+	for i := range 7 {
+		if _, err := c.UpdateIfDifferent(ctx, fmt.Sprintf("state/k%d", i), []byte("v"), Leased()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvs, err := c.List(ctx, "state/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	perLease := map[int64]int{}
+	for _, kv := range kvs {
+		if kv.Lease == 0 {
+			t.Fatalf("key %s has no lease", kv.Key)
+		}
+		perLease[kv.Lease]++
+	}
+	if len(perLease) != 3 {
+		t.Fatalf("7 keys at 3 per lease on %d leases, want 3: %v", len(perLease), perLease)
+	}
+	for l, n := range perLease {
+		if n > 3 {
+			t.Fatalf("lease %x holds %d keys, more than 3", l, n)
+		}
+	}
+	if st := c.Status(); st.Leases != 3 || st.LeasedKeys != 7 {
+		t.Fatalf("Status leases=%d keys=%d, want 3 and 7", st.Leases, st.LeasedKeys)
+	}
+	// Rewriting a key keeps it on its lease.
+	before := kvs[0]
+	if _, err := c.UpdateIfDifferent(ctx, before.Key, []byte("w"), Leased()); err != nil {
+		t.Fatal(err)
+	}
+	kvs, _ = c.List(ctx, before.Key)
+	if kvs[0].Lease != before.Lease {
+		t.Fatalf("rewritten key moved from lease %x to %x", before.Lease, kvs[0].Lease)
+	}
+}
+
+func TestLostLeaseWritesKeysAgain(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t3", nil)
+	ctx := ctxT(t)
+	for _, k := range []string{"state/ip/v1/10.0.0.1", "state/ip/v1/10.0.0.2"} {
+		if _, err := c.UpdateIfDifferent(ctx, k, []byte(k), Leased()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A key deleted by its owner must not come back.
+	if err := c.Delete(ctx, "state/ip/v1/10.0.0.2"); err != nil {
+		t.Fatal(err)
+	}
+	kvs, _ := c.List(ctx, "state/ip/v1/")
+	raw := rawClient(t, etcd.Endpoint())
+	if _, err := raw.Revoke(ctx, clientv3.LeaseID(kvs[0].Lease)); err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
+	celltest.Eventually(t, "the key of the revoked lease written again", func() bool {
+		kvs, err := c.List(ctx, "state/ip/v1/")
+		return err == nil && len(kvs) == 1 && kvs[0].Lease != 0 && string(kvs[0].Value) == "state/ip/v1/10.0.0.1"
+	})
+	kvs2, _ := c.List(ctx, "state/ip/v1/")
+	if kvs2[0].Lease == kvs[0].Lease {
+		t.Fatalf("key still on the revoked lease %x", kvs[0].Lease)
+	}
+	if _, found, _ := c.Get(ctx, "state/ip/v1/10.0.0.2"); found {
+		t.Fatal("a deleted key came back with its lease's rewrite")
+	}
+}
+
+func TestWatchListsThenFollowsAndRelists(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t4", nil)
+	ctx := ctxT(t)
+	raw := rawClient(t, etcd.Endpoint())
+	put := func(k, v string) {
+		t.Helper()
+		if _, err := raw.Put(ctx, "t4/"+k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("state/w/a", "1")
+	put("state/w/b", "1")
+	put("state/other", "x")
+	ch := c.Watch(ctx, "state/w/")
+	next := func() Event {
+		t.Helper()
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatal("watch channel closed")
+			}
+			return ev
+		case <-ctx.Done():
+			t.Fatal("no event")
+		}
+		return Event{}
+	}
+	got := []string{}
+	for {
+		ev := next()
+		if ev.Kind == EventListed {
+			break
+		}
+		got = append(got, ev.Kind.String()+" "+ev.Key+"="+string(ev.Value))
+	}
+	if strings.Join(got, ",") != "upsert state/w/a=1,upsert state/w/b=1" {
+		t.Fatalf("listing = %v", got)
+	}
+	put("state/w/a", "2")
+	if ev := next(); ev.Kind != EventUpsert || ev.Key != "state/w/a" || string(ev.Value) != "2" {
+		t.Fatalf("after a put: %+v", ev)
+	}
+
+	// etcd goes away and comes back: the watch goes on, nothing is lost.
+	etcd.Stop()
+	etcd.Restart()
+	if _, err := raw.Delete(ctx, "t4/state/w/b"); err != nil {
+		t.Fatal(err)
+	}
+	put("state/w/c", "1")
+	state := map[string]string{"state/w/a": "2", "state/w/b": "1"}
+	for len(state) != 2 || state["state/w/c"] != "1" {
+		ev := next()
+		switch ev.Kind {
+		case EventUpsert:
+			state[ev.Key] = string(ev.Value)
+		case EventDelete:
+			delete(state, ev.Key)
+		}
+	}
+	if _, ok := state["state/w/b"]; ok {
+		t.Fatalf("deleted key still there: %v", state)
+	}
+}
+
+// TestRelist: a listing after a broken watch sends what changed, and a
+// delete for what went, then listed.
+func TestRelist(t *testing.T) {
+	known := map[string][]byte{"k/a": []byte("1"), "k/b": []byte("1"), "k/d": []byte("1")}
+	kvs := []*mvccpb.KeyValue{
+		{Key: []byte("p/k/a"), Value: []byte("1")},
+		{Key: []byte("p/k/b"), Value: []byte("2")},
+		{Key: []byte("p/k/c"), Value: []byte("1")},
+	}
+	now, events := relist(known, "p/", kvs)
+	var got []string
+	for _, ev := range events {
+		got = append(got, ev.Kind.String()+" "+ev.Key+"="+string(ev.Value))
+	}
+	want := "upsert k/b=2,upsert k/c=1,delete k/d=,listed ="
+	if strings.Join(got, ",") != want {
+		t.Fatalf("events %v, want %s", got, want)
+	}
+	if len(now) != 3 || string(now["k/b"]) != "2" {
+		t.Fatalf("state after relisting %v", now)
+	}
+}
+
+func TestLocks(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startClient(t, etcd.Endpoint(), "t5", nil)
+	b := startClient(t, etcd.Endpoint(), "t5", func(c *etcdClient) { c.locks.ttl = 2 * time.Second })
+	ctx := ctxT(t)
+
+	// Mutual exclusion between two agents.
+	var inside, max atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 8 {
+		c := a
+		if i%2 == 1 {
+			c = b
+		}
+		wg.Go(func() {
+			u, err := c.Lock(ctx, "state/locks/x")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			n := inside.Add(1)
+			if n > max.Load() {
+				max.Store(n)
+			}
+			inside.Add(-1)
+			if err := u.Unlock(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if max.Load() != 1 {
+		t.Fatalf("%d holders at once", max.Load())
+	}
+
+	// TryLock sees a held lock.
+	u, err := a.TryLock(ctx, "state/locks/y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryLock(ctx, "state/locks/y"); !errors.Is(err, ErrLocked) {
+		t.Fatalf("TryLock of a held lock = %v, want ErrLocked", err)
+	}
+	u.Unlock(ctx)
+
+	// A dead holder's lock expires with its session: b takes a lock and
+	// its session is orphaned without unlocking, as a killed agent's.
+	if _, err := b.Lock(ctx, "state/locks/z"); err != nil {
+		t.Fatal(err)
+	}
+	b.locks.mu.Lock()
+	b.locks.sess.Orphan()
+	b.locks.mu.Unlock()
+	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if _, err := a.Lock(lctx, "state/locks/z"); err != nil {
+		t.Fatalf("the dead holder's lock did not expire: %v", err)
+	}
+}
+
+func TestLocksGCReleasesStaleLocks(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startClient(t, etcd.Endpoint(), "t6", func(c *etcdClient) { c.locks.stale = 0 })
+	ctx := ctxT(t)
+	if _, err := a.Lock(ctx, "state/locks/stuck"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.locks.gc(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.locks.count(); n != 0 {
+		t.Fatalf("%d locks still held after GC", n)
+	}
+	if _, err := a.TryLock(ctx, "state/locks/stuck"); err != nil {
+		t.Fatalf("lock not free after GC: %v", err)
+	}
+}
+
+func TestOutage(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t7", func(c *etcdClient) {
+		c.statusBase, c.statusTimeout = 50*time.Millisecond, 500*time.Millisecond
+	})
+	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+	etcd.Stop()
+	celltest.Eventually(t, "not connected", func() bool { return c.Status().State != StateConnected })
+	if c.Status().LastError == "" {
+		t.Fatal("no last error while etcd is down")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, _, err := c.Get(ctx, "state/x")
+	cancel()
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Get while etcd is down = %v, want ErrUnavailable", err)
+	}
+	etcd.Restart()
+	celltest.Eventually(t, "connected again", func() bool { return c.Status().State == StateConnected })
+	if _, err := c.UpdateIfDifferent(ctxT(t), "state/x", []byte("1")); err != nil {
+		t.Fatalf("write after etcd returned: %v", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	badYAML := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(badYAML, []byte("endpoints: [\n"), 0o600)
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{KVStore: "consul", KVStorePrefix: "c", KVStoreLeaseTTL: time.Minute}, `invalid --kvstore "consul"`},
+		{Config{KVStore: "etcd", KVStorePrefix: "c", KVStoreLeaseTTL: time.Minute}, "needs --kvstore-opt etcd.address"},
+		{Config{KVStore: "etcd", KVStoreOpt: []string{"etcd.address"}, KVStorePrefix: "c", KVStoreLeaseTTL: time.Minute}, `invalid --kvstore-opt "etcd.address"`},
+		{Config{KVStore: "etcd", KVStoreOpt: []string{"etcd.address=127.0.0.1:2379"}, KVStorePrefix: "c", KVStoreLeaseTTL: time.Minute}, "not an http:// or https:// URL"},
+		{Config{KVStore: "etcd", KVStoreOpt: []string{"etcd.qps=-1", "etcd.address=http://a"}, KVStorePrefix: "c", KVStoreLeaseTTL: time.Minute}, "etcd.qps=-1"},
+		{Config{KVStore: "etcd", KVStoreOpt: []string{"etcd.bogus=1"}, KVStorePrefix: "c", KVStoreLeaseTTL: time.Minute}, `unknown --kvstore-opt "etcd.bogus"`},
+		{Config{KVStore: "etcd", KVStoreOpt: []string{"etcd.address=http://a"}, KVStorePrefix: "/c/", KVStoreLeaseTTL: time.Minute}, "invalid --kvstore-prefix"},
+		{Config{KVStore: "etcd", KVStoreOpt: []string{"etcd.address=http://a"}, KVStorePrefix: "c", KVStoreLeaseTTL: time.Second}, "invalid --kvstore-lease-ttl"},
+		{Config{KVStoreOpt: []string{"etcd.address=http://a"}}, "without --kvstore"},
+	} {
+		if _, err := tc.cfg.parse(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want it to say %q", tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := readConfigFile(badYAML); err == nil || !strings.Contains(err.Error(), badYAML) {
+		t.Errorf("bad etcd.config: %v, want an error naming the file", err)
+	}
+	if _, err := readConfigFile(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("missing etcd.config: %v", err)
+	}
+}
+
+func TestDisabled(t *testing.T) {
+	var c Client
+	h := celltest.New(Cell, cell.Invoke(func(cl Client) { c = cl }))
+	celltest.Start(t, h)
+	if c.Enabled() || c.Status().State != StateDisabled {
+		t.Fatalf("default client enabled: %+v", c.Status())
+	}
+	if _, _, err := c.Get(context.Background(), "x"); !errors.Is(err, ErrDisabled) {
+		t.Fatalf("Get = %v, want ErrDisabled", err)
+	}
+	if _, ok := <-c.Watch(context.Background(), "x"); ok {
+		t.Fatal("Watch of a disabled store sent an event")
+	}
+}
