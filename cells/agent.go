@@ -24,6 +24,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/hubble"
+	"github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
@@ -53,6 +54,7 @@ var Infrastructure = cell.Group(
 // ControlPlane computes desired state into StateDB tables.
 var ControlPlane = cell.Group(
 	ipam.Cell,
+	identity.Cell,
 	endpointmanager.Cell,
 	loadbalancer.Cell,
 )

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/health"
+	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/kinderr"
@@ -110,17 +111,19 @@ const restoreName = "endpoint-restore"
 type params struct {
 	cell.In
 
-	Config    Config
-	Log       *slog.Logger
-	DB        *statedb.DB
-	Table     statedb.RWTable[*Endpoint]
-	IPAM      *ipam.IPAM
-	Paths     daemon.Paths
-	Readiness *health.Readiness
-	Lifecycle cell.Lifecycle
-	Jobs      job.Group
-	Health    cell.Health
-	NodeName  daemon.NodeName
+	Config Config
+	Log    *slog.Logger
+	DB     *statedb.DB
+	Table  statedb.RWTable[*Endpoint]
+	IPAM   *ipam.IPAM
+	// Identities gives endpoints their security identities.
+	Identities *idalloc.Allocator
+	Paths      daemon.Paths
+	Readiness  *health.Readiness
+	Lifecycle  cell.Lifecycle
+	Jobs       job.Group
+	Health     cell.Health
+	NodeName   daemon.NodeName
 	// Clientset gives endpoints their pods' labels; without it they have
 	// none.
 	Clientset k8sclient.Clientset `optional:"true"`
@@ -133,6 +136,7 @@ type Manager struct {
 	db     *statedb.DB
 	tbl    statedb.RWTable[*Endpoint]
 	ipam   *ipam.IPAM
+	ids    *idalloc.Allocator
 	states *stateStore
 	plumb  *plumbing
 	health cell.Health
@@ -159,6 +163,7 @@ func newManager(p params) (*Manager, error) {
 		db:      p.DB,
 		tbl:     p.Table,
 		ipam:    p.IPAM,
+		ids:     p.Identities,
 		states:  newStateStore(p.Log, p.Paths.StateDir),
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
@@ -182,6 +187,7 @@ func newManager(p params) (*Manager, error) {
 	// allocations, which it claims.
 	p.Jobs.Add(job.OneShot("restore", m.restore,
 		job.WithRetry(-1, &job.ExponentialBackoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})))
+	p.Jobs.Add(job.Timer("resolve-identities", m.resolveIdentities, resolveInterval))
 	if p.Clientset != nil {
 		labels, err := newPodLabels(p.Clientset, string(p.NodeName), m)
 		if err != nil {

@@ -10,8 +10,10 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/kvstore"
 )
 
 func TestConfigErrors(t *testing.T) {
@@ -25,7 +27,7 @@ func TestConfigErrors(t *testing.T) {
 		{"cni conf dir", func(c *endpointmanager.Config) { c.CNIConfDir = "net.d" }, `invalid --cni-conf-dir "net.d": must be an absolute path`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, endpointmanager.Cell)
+			h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell)
 			hive.AddConfigOverride(h, func(c *daemon.Config) { c.StateDir, c.RunDir = t.TempDir(), t.TempDir() })
 			hive.AddConfigOverride(h, tc.cfg)
 			err := h.Populate(hivetest.Logger(t))

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/identity"
 )
 
 // podLabels keeps endpoints' labels equal to their Pods' labels in the API
@@ -78,28 +79,26 @@ func (p *podLabels) run(ctx context.Context, health cell.Health) error {
 	return nil
 }
 
-// setLabels gives the endpoint of a pod its labels, on disk and in the
-// table; the endpoint map does not hold labels, so its status stays.
+// setLabels gives the endpoint of a pod its labels, and the identity of
+// its new label set, on disk and in the table. The datapath keeps the
+// endpoint's connections: only the identity it is known by changes.
 func (m *Manager) setLabels(namespace, name string, labels map[string]string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	txn := m.db.WriteTxn(m.tbl)
-	defer txn.Abort()
-	for ep := range m.tbl.List(txn, EndpointPod.Query(namespace+"/"+name)) {
+	for ep := range m.tbl.List(m.db.ReadTxn(), EndpointPod.Query(namespace+"/"+name)) {
 		if maps.Equal(ep.Labels, labels) {
 			continue
 		}
+		old := ep
 		ep = ep.Clone()
 		ep.Labels = maps.Clone(labels)
-		if err := m.states.write(ep, phaseReady); err != nil {
+		ep.Identity, ep.IdentityPending = m.acquireIdentity(context.Background(), ep, identity.Unknown)
+		if err := m.update(ep); err != nil {
 			m.log.Error("Write the endpoint's new pod labels", "id", ep.ID, "pod", namespace+"/"+name, "error", err)
+			m.releaseIdentity(ep)
 			continue
 		}
-		if _, _, err := m.tbl.Insert(txn, ep); err != nil {
-			m.log.Error("Update the endpoint's pod labels", "id", ep.ID, "error", err)
-			return
-		}
-		m.log.Debug("Endpoint has new pod labels", "id", ep.ID, "pod", namespace+"/"+name, "labels", labels)
+		m.releaseIdentity(old)
+		m.log.Info("Endpoint has new pod labels", "id", ep.ID, "pod", namespace+"/"+name, "identity", ep.Identity, "was", old.Identity)
 	}
-	txn.Commit()
 }

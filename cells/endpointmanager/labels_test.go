@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/pkg/identity"
 )
 
 func k8sPod(name, node string, labels map[string]string) *corev1.Pod {
@@ -60,6 +61,10 @@ func TestPodLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.waitLabels(t, web.id, map[string]string{"app": "web"})
+	first, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: web.id})
+	if !first.Identity.IsLocal() || first.IdentityPending {
+		t.Fatalf("endpoint with pod labels has identity %v (pending %v), want a node-local one", first.Identity, first.IdentityPending)
+	}
 
 	// A pod of another node comes by the watch, then web changes: once the
 	// change is seen, so was the other pod.
@@ -76,9 +81,27 @@ func TestPodLabels(t *testing.T) {
 		t.Errorf("endpoint of a pod named like another node's pod got its labels %v", ep.Labels)
 	}
 
-	var file struct{ Labels map[string]string }
+	// The label change moved the endpoint to the new label set's identity.
+	moved, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: web.id})
+	if !moved.Identity.IsLocal() || moved.Identity == first.Identity {
+		t.Fatalf("after the label change the identity is %v, was %v: want another node-local one", moved.Identity, first.Identity)
+	}
+
+	var file struct {
+		Labels   map[string]string
+		Identity identity.NumericIdentity
+	}
 	data, err := os.ReadFile(filepath.Join(n.stateDir, "endpoints", strconv.Itoa(int(epWeb.ID)), "endpoint.json"))
-	if err != nil || json.Unmarshal(data, &file) != nil || file.Labels["tier"] != "front" {
+	if err != nil || json.Unmarshal(data, &file) != nil || file.Labels["tier"] != "front" || file.Identity != moved.Identity {
 		t.Errorf("state file after the label change: %s, %v", data, err)
+	}
+
+	// A restart keeps the endpoint's identity.
+	n.stop()
+	n = tn.start(t, nodeOpts{k8s: []runtime.Object{pod}})
+	n.waitRestored(t)
+	restored, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: web.id})
+	if restored.Identity != moved.Identity || restored.IdentityPending {
+		t.Fatalf("after a restart the identity is %v (pending %v), want %v", restored.Identity, restored.IdentityPending, moved.Identity)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/pkg/identity"
 )
 
 // CreateRequest is what a CNI ADD knows about a container.
@@ -74,9 +75,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 		HostIfName: HostIfName(req.ContainerID), PodNamespace: req.PodNamespace, PodName: req.PodName,
 		Labels: m.podLabels(req.PodNamespace, req.PodName), Created: time.Now(),
 	}
+	ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, identity.Unknown)
 	ep, err = m.create(ctx, ep)
 	if err != nil {
 		m.undo(ep)
+		m.releaseIdentity(ep)
 		return nil, err
 	}
 	return ep, nil
@@ -286,6 +289,7 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 		return nil, err
 	}
 	txn.Commit()
+	m.releaseIdentity(ep)
 	m.log.Info("Deleted endpoint", "id", ep.ID, "container", ep.ContainerID, "released", released)
 	return &Deleted{Endpoint: ep, Released: released}, nil
 }
@@ -371,6 +375,9 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 		if labels := m.podLabels(ep.PodNamespace, ep.PodName); labels != nil {
 			ep.Labels = labels
 		}
+		// Taken again by labels before the endpoint is ready; the number
+		// it had stays while the allocator cannot answer.
+		ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, ep.Identity)
 		if err := m.plumb.plumb(ep, routers, host); err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
@@ -383,7 +390,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 				m.log.Info("Restored endpoint got a new veth pair", "id", ep.ID, "container", ep.ContainerID,
 					"host-interface", ep.HostIfName, "ifindex", ep.HostIfIndex)
 			}
-			if newVeth || !maps.Equal(ep.Labels, before.Labels) {
+			if newVeth || !maps.Equal(ep.Labels, before.Labels) || ep.Identity != before.Identity {
 				if err := m.states.write(ep, phaseReady); err != nil {
 					return err
 				}
@@ -392,6 +399,9 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 		if err := m.insert(ep); err != nil {
 			return err
 		}
+	}
+	if err := m.ids.RestoreDone(); err != nil {
+		return err
 	}
 	txn := m.db.WriteTxn(m.tbl)
 	m.tableRestored(txn)

@@ -71,7 +71,10 @@ type Endpoint struct {
 	// Identity is the security identity of the endpoint's label set:
 	// identity.Init until the allocator has resolved it.
 	Identity identity.NumericIdentity `json:"identity,omitempty" yaml:"identity,omitempty"`
-	State    State                    `json:"state" yaml:"state"`
+	// IdentityPending: Identity is provisional (init, or the number from
+	// before a restart) until the allocator answers.
+	IdentityPending bool  `json:"identityPending,omitempty" yaml:"identityPending,omitempty"`
+	State           State `json:"state" yaml:"state"`
 	// Error says why a not-ready endpoint is not ready.
 	Error   string    `json:"error,omitempty" yaml:"error,omitempty"`
 	Created time.Time `json:"created" yaml:"created"`
@@ -107,7 +110,7 @@ func (e *Endpoint) IPs() []netip.Addr {
 }
 
 func (e *Endpoint) TableHeader() []string {
-	return []string{"ID", "ContainerID", "Pod", "Interface", "IPv4", "IPv6", "Host", "State", "Map", "Programs", "Error"}
+	return []string{"ID", "ContainerID", "Pod", "Identity", "Interface", "IPv4", "IPv6", "Host", "State", "Map", "Programs", "Error"}
 }
 
 func (e *Endpoint) TableRow() []string {
@@ -122,10 +125,17 @@ func (e *Endpoint) TableRow() []string {
 		return ""
 	}
 	return []string{
-		strconv.Itoa(int(e.ID)), shortID(e.ContainerID), pod, e.IfName, addr(e.IPv4), addr(e.IPv6),
+		strconv.Itoa(int(e.ID)), shortID(e.ContainerID), pod, e.identityString(), e.IfName, addr(e.IPv4), addr(e.IPv6),
 		fmt.Sprintf("%s (%d)", e.HostIfName, e.HostIfIndex), string(e.State),
 		e.MapStatus.Kind.String(), e.ProgramStatus.Kind.String(), strings.Join(e.problems(), "; "),
 	}
+}
+
+func (e *Endpoint) identityString() string {
+	if e.IdentityPending {
+		return e.Identity.String() + " (pending)"
+	}
+	return e.Identity.String()
 }
 
 // problems are why the endpoint is not ready and why the datapath does not

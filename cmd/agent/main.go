@@ -111,6 +111,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newEndpointCmd(stdout),
 		newIPAMCmd(stdout),
 		newKVStoreCmd(stdout),
+		newIdentityCmd(stdout),
 		newCleanupCmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),

@@ -1,0 +1,497 @@
+package identity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/labels"
+	"github.com/cellium/cellium/pkg/statefile"
+)
+
+// Cell provides the Allocator of security identities and the table
+// "identities".
+var Cell = cell.Module(
+	"identity",
+	"Security identities of label sets node-local or through the kvstore",
+
+	cell.Config(defaultConfig),
+	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
+	cell.Provide(newAllocator, statedb.RWTable[*Identity].ToTable, apiRoutes),
+)
+
+// Config is the identity cell's configuration.
+type Config struct {
+	// Labels filters the pod labels that make an identity.
+	Labels []string
+}
+
+var defaultConfig = Config{Labels: defaultLabelFilter}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.StringSlice("labels", def.Labels,
+		"Which pod labels make a pod's identity: label keys or key prefixes ending in *; a leading ! drops what matches; when any pattern has no !, only labels matching one are kept. Replaces the default list")
+}
+
+// Key layout in the kvstore (docs/kvstore.md).
+const (
+	idPrefix    = "state/identities/v1/id/"
+	valuePrefix = "state/identities/v1/value/"
+	lockPrefix  = "state/identities/v1/locks/"
+)
+
+// checkpointFile holds the node-local identities in the state dir.
+const checkpointFile = "identities.json"
+
+type params struct {
+	cell.In
+
+	Config    Config
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Table     statedb.RWTable[*Identity]
+	KVStore   kvstore.Client
+	Paths     daemon.Paths
+	NodeName  daemon.NodeName
+	Lifecycle cell.Lifecycle
+	Jobs      job.Group
+	Health    cell.Health
+}
+
+// Allocator gives label sets their identities. Each Allocate is matched by
+// a Release when the endpoint that asked goes; an identity lives while a
+// local endpoint uses it (and, cluster-wide, while any node does).
+//
+// With the kvstore, an identity is the number every node gets for the same
+// label set: under the label set's lock, the allocator reuses the number
+// another node holds (its key identities/v1/value/<labels>/<node>) or a
+// master key already naming the set, and else creates a new master key
+// identities/v1/id/<N> for a free N; then it writes this node's leased
+// value key. Without the kvstore, numbers come from the local range and
+// are checkpointed in the state dir before they are handed out.
+type Allocator struct {
+	log    *slog.Logger
+	db     *statedb.DB
+	tbl    statedb.RWTable[*Identity]
+	filter labelFilter
+	kv     kvstore.Client
+	node   string
+	path   string
+	health cell.Health
+
+	mu sync.Mutex
+	// used are the identities of this node's endpoints by canonical label
+	// string; restored local identities wait here with refs 0 until
+	// RestoreDone.
+	used map[string]*Identity
+}
+
+func newAllocator(p params) (*Allocator, error) {
+	filter, err := parseLabelFilter(p.Config.Labels)
+	if err != nil {
+		return nil, err
+	}
+	a := &Allocator{
+		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore,
+		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health,
+		used: map[string]*Identity{},
+	}
+	p.Lifecycle.Append(cell.Hook{OnStart: a.start})
+	if a.kv.Enabled() {
+		txn := p.DB.WriteTxn(p.Table)
+		listed := p.Table.RegisterInitializer(txn, "kvstore-identities")
+		txn.Commit()
+		p.Jobs.Add(job.OneShot("watch-identities", func(ctx context.Context, h cell.Health) error {
+			return a.watch(ctx, h, listed)
+		}))
+	}
+	return a, nil
+}
+
+// start writes the reserved identities and, without the kvstore, loads the
+// checkpoint of the local ones.
+func (a *Allocator) start(cell.HookContext) error {
+	txn := a.db.WriteTxn(a.tbl)
+	defer txn.Abort()
+	for _, row := range reservedRows() {
+		if _, _, err := a.tbl.Insert(txn, row); err != nil {
+			return err
+		}
+	}
+	if !a.kv.Enabled() {
+		restored, err := a.loadCheckpoint()
+		if err != nil {
+			return err
+		}
+		for _, id := range restored {
+			a.used[id.Labels.String()] = id
+		}
+		if len(restored) > 0 {
+			a.log.Info("Restored node-local identities", "identities", len(restored), "file", a.path)
+		}
+		a.health.OK(fmt.Sprintf("Node-local identities (no kvstore), %d restored", len(restored)))
+	}
+	txn.Commit()
+	return nil
+}
+
+type checkpoint struct {
+	Version    int `json:"version"`
+	Identities []struct {
+		ID     identity.NumericIdentity `json:"id"`
+		Labels string                   `json:"labels"`
+	} `json:"identities"`
+}
+
+// loadCheckpoint reads the local identities; a file that cannot be used is
+// moved aside (its endpoints get new identities) rather than stop the agent.
+func (a *Allocator) loadCheckpoint() ([]*Identity, error) {
+	b, err := os.ReadFile(a.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var cp checkpoint
+	if err == nil {
+		err = json.Unmarshal(b, &cp)
+	}
+	var out []*Identity
+	if err == nil && cp.Version != 1 {
+		err = fmt.Errorf("unknown version %d, want 1", cp.Version)
+	}
+	for _, e := range cp.Identities {
+		if err != nil {
+			break
+		}
+		var ls labels.Labels
+		ls, err = labels.Parse(e.Labels)
+		if err == nil && !e.ID.IsLocal() {
+			err = fmt.Errorf("identity %d is outside the local range", e.ID)
+		}
+		out = append(out, &Identity{ID: e.ID, Labels: ls, Kind: KindLocal})
+	}
+	if err != nil {
+		to, merr := statefile.MoveAside(a.path, filepath.Join(filepath.Dir(a.path), "invalid"))
+		if merr != nil {
+			return nil, fmt.Errorf("identity checkpoint %s: %w; moving it aside: %w", a.path, err, merr)
+		}
+		a.log.Error("Invalid identity checkpoint moved aside; restored endpoints get new identities", "file", a.path, "moved-to", to, "error", err)
+		return nil, nil
+	}
+	return out, nil
+}
+
+// writeCheckpoint writes every local identity in use or restored, with
+// a.mu held.
+func (a *Allocator) writeCheckpoint() error {
+	cp := checkpoint{Version: 1}
+	for _, id := range a.used {
+		if id.Kind == KindLocal {
+			cp.Identities = append(cp.Identities, struct {
+				ID     identity.NumericIdentity `json:"id"`
+				Labels string                   `json:"labels"`
+			}{id.ID, id.Labels.String()})
+		}
+	}
+	b, err := json.Marshal(cp)
+	if err != nil {
+		return err
+	}
+	if err := statefile.Write(a.path, b); err != nil {
+		return fmt.Errorf("write identity checkpoint %s: %w", a.path, err)
+	}
+	return nil
+}
+
+// Allocate is the identity of a label set, counted as one more user. An
+// empty set is the init identity (the pod's labels are not known yet).
+// With the kvstore and etcd away it fails when ctx ends; callers that
+// must not wait fall back with Lookup, or to identity.Init.
+func (a *Allocator) Allocate(ctx context.Context, ls labels.Labels) (identity.NumericIdentity, error) {
+	if len(ls) == 0 {
+		return identity.Init, nil
+	}
+	key := ls.String()
+	a.mu.Lock()
+	if id := a.used[key]; id != nil {
+		id.Refs++
+		a.publish(id)
+		a.mu.Unlock()
+		return id.ID, nil
+	}
+	if !a.kv.Enabled() {
+		defer a.mu.Unlock()
+		id := &Identity{ID: a.freeLocal(), Labels: ls, Kind: KindLocal, Refs: 1}
+		a.used[key] = id
+		if err := a.writeCheckpoint(); err != nil {
+			delete(a.used, key)
+			return 0, err
+		}
+		a.publish(id)
+		a.log.Info("Allocated a node-local identity", "identity", id.ID, "labels", key)
+		return id.ID, nil
+	}
+	a.mu.Unlock()
+
+	n, err := a.allocateCluster(ctx, ls)
+	if err != nil {
+		return 0, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id := a.used[key]
+	if id == nil {
+		id = &Identity{ID: n, Labels: ls, Kind: KindCluster}
+		a.used[key] = id
+	}
+	id.Refs++
+	a.publish(id)
+	return id.ID, nil
+}
+
+// Lookup is the identity the table knows for a label set, with no kvstore
+// round trip.
+func (a *Allocator) Lookup(ls labels.Labels) (identity.NumericIdentity, bool) {
+	id, _, found := a.tbl.Get(a.db.ReadTxn(), ByLabels.Query(ls.String()))
+	if !found {
+		return 0, false
+	}
+	return id.ID, true
+}
+
+// Release drops one user of id; the last one frees it (local), or deletes
+// this node's value key (kvstore).
+func (a *Allocator) Release(ctx context.Context, n identity.NumericIdentity) error {
+	if n.IsReserved() || n == identity.Unknown {
+		return nil
+	}
+	a.mu.Lock()
+	var id *Identity
+	for _, u := range a.used {
+		if u.ID == n {
+			id = u
+			break
+		}
+	}
+	if id == nil || id.Refs == 0 {
+		a.mu.Unlock()
+		return fmt.Errorf("release identity %d: not in use on this node", n)
+	}
+	id.Refs--
+	if id.Refs > 0 {
+		a.publish(id)
+		a.mu.Unlock()
+		return nil
+	}
+	key := id.Labels.String()
+	delete(a.used, key)
+	a.unpublish(id)
+	var err error
+	if id.Kind == KindLocal {
+		err = a.writeCheckpoint()
+	}
+	a.mu.Unlock()
+	if id.Kind == KindCluster {
+		err = a.kv.Delete(ctx, valuePrefix+key+"/"+a.node)
+	}
+	if err != nil {
+		return fmt.Errorf("release identity %d: %w", n, err)
+	}
+	return nil
+}
+
+// RestoreDone forgets the restored local identities that no restored
+// endpoint took back.
+func (a *Allocator) RestoreDone() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	dropped := 0
+	for key, id := range a.used {
+		if id.Refs == 0 {
+			delete(a.used, key)
+			dropped++
+		}
+	}
+	if dropped == 0 {
+		return nil
+	}
+	return a.writeCheckpoint()
+}
+
+// freeLocal is the lowest local identity not in use, with a.mu held.
+func (a *Allocator) freeLocal() identity.NumericIdentity {
+	taken := make(map[identity.NumericIdentity]bool, len(a.used))
+	for _, id := range a.used {
+		taken[id.ID] = true
+	}
+	for n := identity.MinLocal; ; n++ {
+		if !taken[n] {
+			return n
+		}
+	}
+}
+
+// publish writes id's row; unpublish removes a local one (a cluster
+// identity stays while its master key does).
+func (a *Allocator) publish(id *Identity) {
+	txn := a.db.WriteTxn(a.tbl)
+	row := *id
+	a.tbl.Insert(txn, &row)
+	txn.Commit()
+}
+
+func (a *Allocator) unpublish(id *Identity) {
+	txn := a.db.WriteTxn(a.tbl)
+	row := *id
+	if id.Kind == KindLocal {
+		a.tbl.Delete(txn, &row)
+	} else {
+		a.tbl.Insert(txn, &row)
+	}
+	txn.Commit()
+}
+
+// allocateCluster is the cluster-wide number of ls, and writes this node's
+// value key for it.
+func (a *Allocator) allocateCluster(ctx context.Context, ls labels.Labels) (identity.NumericIdentity, error) {
+	key := ls.String()
+	unlock, err := a.kv.Lock(ctx, lockPrefix+key)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		unlock.Unlock(uctx)
+	}()
+	n, err := a.existing(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	for attempt := 0; n == 0; attempt++ {
+		if attempt == 64 {
+			return 0, fmt.Errorf("no free cluster identity for %s after %d tries", key, attempt)
+		}
+		cand := identity.MinCluster + identity.NumericIdentity(rand.IntN(int(identity.MaxCluster-identity.MinCluster+1)))
+		if _, _, taken := a.tbl.Get(a.db.ReadTxn(), ByID.Query(cand)); taken {
+			continue
+		}
+		created, err := a.kv.CreateOnly(ctx, idPrefix+cand.String(), []byte(key))
+		if err != nil {
+			return 0, err
+		}
+		if created {
+			n = cand
+			a.log.Info("Allocated a cluster identity", "identity", n, "labels", key)
+		}
+	}
+	if _, err := a.kv.UpdateIfDifferent(ctx, valuePrefix+key+"/"+a.node, []byte(n.String()), kvstore.Leased()); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// existing is the number another node holds for the label set key, or
+// that a master key names, 0 for none; with the set's lock held.
+func (a *Allocator) existing(ctx context.Context, key string) (identity.NumericIdentity, error) {
+	values, err := a.kv.List(ctx, valuePrefix+key+"/")
+	if err != nil {
+		return 0, err
+	}
+	for _, v := range values {
+		n, err := strconv.ParseUint(string(v.Value), 10, 32)
+		if err != nil {
+			a.log.Warn("Ignoring an identity value key that is not a number", "key", v.Key, "value", string(v.Value))
+			continue
+		}
+		master, found, err := a.kv.Get(ctx, idPrefix+strconv.FormatUint(n, 10))
+		if err != nil {
+			return 0, err
+		}
+		if found && string(master) == key {
+			return identity.NumericIdentity(n), nil
+		}
+	}
+	if row, _, found := a.tbl.Get(a.db.ReadTxn(), ByLabels.Query(key)); found && row.Kind == KindCluster {
+		master, found, err := a.kv.Get(ctx, idPrefix+row.ID.String())
+		if err != nil {
+			return 0, err
+		}
+		if found && string(master) == key {
+			return row.ID, nil
+		}
+	}
+	return 0, nil
+}
+
+// watch keeps the table's cluster identities equal to the master keys.
+func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
+	for ev := range a.kv.Watch(ctx, idPrefix) {
+		switch ev.Kind {
+		case kvstore.EventListed:
+			if listed != nil {
+				txn := a.db.WriteTxn(a.tbl)
+				listed(txn)
+				txn.Commit()
+				listed = nil
+			}
+			health.OK("Cluster identities listed")
+		case kvstore.EventUpsert, kvstore.EventDelete:
+			a.apply(ev)
+		}
+	}
+	return nil
+}
+
+func (a *Allocator) apply(ev kvstore.Event) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, idPrefix), 10, 32)
+	if err != nil || !identity.NumericIdentity(n).IsCluster() {
+		a.log.Warn("Ignoring an identity master key outside the cluster range", "key", ev.Key)
+		return
+	}
+	id := identity.NumericIdentity(n)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	txn := a.db.WriteTxn(a.tbl)
+	defer txn.Commit()
+	old, _, found := a.tbl.Get(txn, ByID.Query(id))
+	if ev.Kind == kvstore.EventDelete {
+		if found && old.Refs == 0 {
+			a.tbl.Delete(txn, old)
+		}
+		return
+	}
+	ls, err := labels.Parse(string(ev.Value))
+	if err != nil {
+		a.log.Warn("Ignoring an identity master key whose value is not a label set", "key", ev.Key, "error", err)
+		return
+	}
+	row := &Identity{ID: id, Labels: ls, Kind: KindCluster}
+	if u := a.used[ls.String()]; u != nil && u.ID == id {
+		row.Refs = u.Refs
+	}
+	if found && old.Labels.String() != row.Labels.String() {
+		a.tbl.Delete(txn, old)
+	}
+	if _, _, err := a.tbl.Insert(txn, row); err != nil {
+		// Another number holds this label set (a race two agents lost
+		// together): keep the one in use.
+		a.log.Warn("Two identities for one label set; keeping the first", "identity", id, "labels", ls.String(), "error", err)
+	}
+}

@@ -1,0 +1,30 @@
+// Package identity gives label sets their security identities (numbers
+// from pkg/identity) and keeps the table "identities" of every identity
+// the node knows.
+//
+// The contract:
+//
+//   - The reserved identities (host, world, unmanaged, health, init,
+//     remote-node, kube-apiserver) are rows from the start.
+//   - [Allocator.Allocate] counts one more user of a label set's identity
+//     and [Allocator.Release] one fewer. The same label set has the same
+//     number on every node when --kvstore is set, and on this node across
+//     restarts when it is not (the checkpoint identities.json in the state
+//     dir, written before a new number is handed out).
+//   - With the kvstore, allocation takes the label set's lock
+//     (identities/v1/locks/<labels>), reuses the number that another node's
+//     value key or an existing master key names, else creates the master
+//     key identities/v1/id/<N> for a free N; then writes this node's leased
+//     value key identities/v1/value/<labels>/<node>. The last release
+//     deletes that value key. The job watch-identities keeps every master
+//     key in the table, so a known label set resolves with no round trip
+//     ([Allocator.Lookup]) and any number can be named.
+//   - An empty label set is the init identity: the pod's labels are not
+//     known yet.
+//   - [Allocator.PodLabels] makes a pod's label set: its labels that the
+//     --labels filter keeps, and its namespace.
+//
+// The endpoint manager is the allocator's user: each endpoint holds one
+// use of its identity, takes it again by labels on restore, and moves to a
+// new one when its pod's labels change.
+package identity

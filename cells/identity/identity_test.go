@@ -1,0 +1,245 @@
+package identity
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/labels"
+)
+
+// startAllocator runs the identity cell for node, with its state in dir,
+// and with the kvstore at etcd (under prefix) when etcd is not "".
+func startAllocator(t *testing.T, node, dir, etcd, prefix string) (*Allocator, *hive.Hive) {
+	t.Helper()
+	var a *Allocator
+	h := celltest.New(daemon.Cell, kvstore.Cell, Cell, cell.Invoke(func(al *Allocator) { a = al }))
+	hive.AddConfigOverride(h, func(c *daemon.Config) {
+		c.StateDir, c.RunDir, c.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), node
+	})
+	if etcd != "" {
+		hive.AddConfigOverride(h, func(c *kvstore.Config) {
+			c.KVStore, c.KVStoreOpt, c.KVStorePrefix = "etcd", []string{"etcd.address=" + etcd}, prefix
+		})
+	}
+	celltest.Start(t, h)
+	return a, h
+}
+
+func web(ns string) labels.Labels {
+	return labels.New(labels.Label{Source: "k8s", Key: "app", Value: "web"}, labels.Label{Source: "k8s", Key: NamespaceLabel, Value: ns})
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestLocalAllocator(t *testing.T) {
+	dir := t.TempDir()
+	a, h := startAllocator(t, "n1", dir, "", "")
+	ctx := ctxT(t)
+	id1, err := a.Allocate(ctx, web("default"))
+	if err != nil || !id1.IsLocal() {
+		t.Fatalf("Allocate = %v, %v; want a local identity", id1, err)
+	}
+	if again, _ := a.Allocate(ctx, web("default")); again != id1 {
+		t.Fatalf("same labels got %v then %v", id1, again)
+	}
+	id2, _ := a.Allocate(ctx, web("other"))
+	if id2 == id1 {
+		t.Fatal("two label sets share an identity")
+	}
+	if id, _ := a.Allocate(ctx, nil); id != identity.Init {
+		t.Fatalf("empty label set = %v, want init", id)
+	}
+	if n, ok := a.Lookup(web("default")); !ok || n != id1 {
+		t.Fatalf("Lookup = %v, %v", n, ok)
+	}
+	// Two users of id1, one of id2; id2's last user goes.
+	if err := a.Release(ctx, id2); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Lookup(web("other")); ok {
+		t.Fatal("released identity still in the table")
+	}
+	if err := a.Release(ctx, id2); err == nil {
+		t.Fatal("releasing an identity no longer in use is no error")
+	}
+
+	// A restart keeps id1 for the endpoint that takes it back; RestoreDone
+	// forgets the rest.
+	h.Stop(hivetest.Logger(t), context.Background())
+	b, _ := startAllocator(t, "n1", dir, "", "")
+	if got, _ := b.Allocate(ctx, web("default")); got != id1 {
+		t.Fatalf("after a restart the label set got %v, want %v", got, id1)
+	}
+	if err := b.RestoreDone(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := b.Allocate(ctx, web("third")); got == id1 {
+		t.Fatal("a new label set got an identity in use")
+	}
+}
+
+func TestCorruptCheckpointMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "state"), 0o700)
+	path := filepath.Join(dir, "state", checkpointFile)
+	os.WriteFile(path, []byte(`{"version":1,"identities":[{"id":300,"labels":"k8s:a=b"}]}`), 0o600)
+	a, _ := startAllocator(t, "n1", dir, "", "")
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("invalid checkpoint (a cluster number in the local file) still in place: %v", err)
+	}
+	moved, _ := filepath.Glob(filepath.Join(dir, "state", "invalid", "*"))
+	if len(moved) != 1 {
+		t.Fatalf("moved aside: %v", moved)
+	}
+	if id, err := a.Allocate(ctxT(t), web("default")); err != nil || !id.IsLocal() {
+		t.Fatalf("allocation after a corrupt checkpoint = %v, %v", id, err)
+	}
+}
+
+func TestLabelFilter(t *testing.T) {
+	a := &Allocator{}
+	var err error
+	if a.filter, err = parseLabelFilter(defaultLabelFilter); err != nil {
+		t.Fatal(err)
+	}
+	got := a.PodLabels("prod", map[string]string{
+		"app": "web", "pod-template-hash": "abc", "kubernetes.io/x": "1", "app.kubernetes.io/name": "web",
+		"statefulset.kubernetes.io/pod-name": "web-0",
+	}).String()
+	want := "k8s:app=web;k8s:app.kubernetes.io/name=web;k8s:io.kubernetes.pod.namespace=prod"
+	if got != want {
+		t.Fatalf("PodLabels = %s, want %s", got, want)
+	}
+	if a.filter, err = parseLabelFilter([]string{"app", "!tier"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.PodLabels("prod", map[string]string{"app": "web", "tier": "x", "other": "y"}).String(); got != "k8s:app=web;k8s:io.kubernetes.pod.namespace=prod" {
+		t.Fatalf("with keep patterns: %s", got)
+	}
+	for _, bad := range []string{"", "!", "a=b", "*"} {
+		if _, err := parseLabelFilter([]string{bad}); err == nil || !strings.Contains(err.Error(), "--labels") {
+			t.Errorf("pattern %q: %v", bad, err)
+		}
+	}
+}
+
+func TestClusterAllocator(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "c1")
+	b, _ := startAllocator(t, "node-b", t.TempDir(), etcd.Endpoint(), "c1")
+	ctx := ctxT(t)
+
+	// Racing allocations of one new label set on both nodes give one number.
+	var mu sync.Mutex
+	got := map[identity.NumericIdentity]int{}
+	var wg sync.WaitGroup
+	for i := range 16 {
+		al := a
+		if i%2 == 1 {
+			al = b
+		}
+		wg.Go(func() {
+			id, err := al.Allocate(ctx, web("race"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			got[id]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if len(got) != 1 {
+		t.Fatalf("one label set got %d numbers: %v", len(got), got)
+	}
+	var n identity.NumericIdentity
+	for id := range got {
+		n = id
+	}
+	if !n.IsCluster() {
+		t.Fatalf("identity %v is not in the cluster range", n)
+	}
+	// Both nodes have their value key; the other node's table learns the
+	// identity from the master key.
+	raw := etcdKeys(t, a, "state/identities/v1/value/"+web("race").String()+"/")
+	if len(raw) != 2 {
+		t.Fatalf("value keys %v, want one per node", raw)
+	}
+	celltest.Eventually(t, "node b's table knows the identity", func() bool {
+		id, ok := b.Lookup(web("race"))
+		return ok && id == n
+	})
+	// A label set allocated later on one node gets the same number on the
+	// other.
+	first, _ := a.Allocate(ctx, web("later"))
+	second, _ := b.Allocate(ctx, web("later"))
+	if first != second {
+		t.Fatalf("same labels, numbers %v and %v", first, second)
+	}
+
+	// Releasing every use on node a deletes its value key only.
+	for range 8 {
+		if err := a.Release(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if raw := etcdKeys(t, a, "state/identities/v1/value/"+web("race").String()+"/"); len(raw) != 1 || !strings.HasSuffix(raw[0], "/node-b") {
+		t.Fatalf("value keys after node a released: %v", raw)
+	}
+}
+
+func TestClusterAllocatorOutage(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "c2")
+	ctx := ctxT(t)
+	known, err := a.Allocate(ctx, web("known"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd.Stop()
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := a.Allocate(short, web("new")); err == nil {
+		t.Fatal("a new label set was allocated with etcd down")
+	}
+	if id, ok := a.Lookup(web("known")); !ok || id != known {
+		t.Fatalf("Lookup of a known label set with etcd down = %v, %v", id, ok)
+	}
+	etcd.Restart()
+	id, err := a.Allocate(ctx, web("new"))
+	if err != nil || !id.IsCluster() {
+		t.Fatalf("allocation after etcd returned = %v, %v", id, err)
+	}
+}
+
+func etcdKeys(t *testing.T, a *Allocator, prefix string) []string {
+	t.Helper()
+	kvs, err := a.kv.List(ctxT(t), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range kvs {
+		keys = append(keys, kv.Key)
+	}
+	return keys
+}
