@@ -26,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/lbmaps"
@@ -56,6 +57,7 @@ var ControlPlane = cell.Group(
 	ipam.Cell,
 	identity.Cell,
 	endpointmanager.Cell,
+	ipcache.Cell,
 	loadbalancer.Cell,
 )
 

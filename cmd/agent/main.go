@@ -112,6 +112,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newIPAMCmd(stdout),
 		newKVStoreCmd(stdout),
 		newIdentityCmd(stdout),
+		newIPCacheCmd(stdout),
 		newCleanupCmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),

@@ -1,0 +1,268 @@
+package ipcache
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/ipcachemap"
+)
+
+// Cell provides the table "ipcache", fills it from its sources, and
+// reconciles it into the BPF map cellium_ipcache.
+var Cell = cell.Module(
+	"ipcache",
+	"Prefix to security identity table and its LPM BPF map",
+
+	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
+	cell.Provide(newMap, statedb.RWTable[*Entry].ToTable, apiRoutes),
+	cell.Invoke(newIPCache, registerReconciler),
+)
+
+// Map is the pinned ipcache map the datapath reads.
+type Map = bpfmaps.Map[ipcachemap.Key, ipcachemap.Value]
+
+func newMap(lc cell.Lifecycle, reg *bpfmaps.Registry) (*Map, error) {
+	return bpfmaps.NewMap[ipcachemap.Key, ipcachemap.Value](lc, reg, bpfmaps.Spec{
+		Name: ipcachemap.MapName, Type: ebpf.LPMTrie, MaxEntries: ipcachemap.MaxEntries, Flags: unix.BPF_F_NO_PREALLOC,
+	})
+}
+
+// Table initializers: the map is pruned, and restored claims dropped,
+// once all are done.
+const (
+	initLocal     = "ipcache-local-endpoints"
+	initReserved  = "ipcache-node-addresses"
+	initKVStore   = "ipcache-kvstore"
+	initPublished = "ipcache-restored"
+)
+
+type params struct {
+	cell.In
+
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Table     statedb.RWTable[*Entry]
+	Map       *Map
+	Endpoints statedb.Table[*endpointmanager.Endpoint]
+	Addresses statedb.Table[*devices.NodeAddress]
+	KVStore   kvstore.Client
+	Lifecycle cell.Lifecycle
+	Jobs      job.Group
+}
+
+// ipCache writes the claims of its sources into the table.
+type ipCache struct {
+	log *slog.Logger
+	db  *statedb.DB
+	tbl statedb.RWTable[*Entry]
+	m   *Map
+	kv  kvstore.Client
+
+	restoredDone func(statedb.WriteTxn)
+}
+
+func newIPCache(p params) {
+	c := &ipCache{log: p.Log, db: p.DB, tbl: p.Table, m: p.Map, kv: p.KVStore}
+	txn := p.DB.WriteTxn(p.Table)
+	local := p.Table.RegisterInitializer(txn, initLocal)
+	reserved := p.Table.RegisterInitializer(txn, initReserved)
+	c.restoredDone = p.Table.RegisterInitializer(txn, initPublished)
+	var kvListed func(statedb.WriteTxn)
+	if p.KVStore.Enabled() {
+		kvListed = p.Table.RegisterInitializer(txn, initKVStore)
+	}
+	txn.Commit()
+
+	// After the map's open hook (appended by newMap, which this needs).
+	p.Lifecycle.Append(cell.Hook{OnStart: c.restore})
+	p.Jobs.Add(
+		job.OneShot("local-endpoints", func(ctx context.Context, _ cell.Health) error {
+			return c.follow(ctx, SourceLocal, local, func(txn statedb.ReadTxn) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+				return localClaims(txn, p.Endpoints)
+			})
+		}),
+		job.OneShot("node-addresses", func(ctx context.Context, _ cell.Health) error {
+			return c.follow(ctx, SourceReserved, reserved, func(txn statedb.ReadTxn) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+				return reservedClaims(txn, p.Addresses)
+			})
+		}),
+		job.OneShot("drop-restored", c.dropRestored),
+	)
+	if p.KVStore.Enabled() {
+		p.Jobs.Add(
+			job.OneShot("kvstore-watch", func(ctx context.Context, h cell.Health) error { return c.watchKVStore(ctx, h, kvListed) }),
+			job.OneShot("kvstore-publish", func(ctx context.Context, h cell.Health) error { return c.publish(ctx, h, p.Endpoints) }),
+		)
+	}
+}
+
+// restore reads the pinned map back as restored claims, so the datapath
+// keeps its entries until every source has synced.
+func (c *ipCache) restore(cell.HookContext) error {
+	txn := c.db.WriteTxn(c.tbl)
+	defer txn.Abort()
+	n := 0
+	err := c.m.Iterate(func(k ipcachemap.Key, v ipcachemap.Value) bool {
+		p := k.Prefix()
+		if !p.IsValid() {
+			return true
+		}
+		c.claim(txn, p, Claim{Source: SourceRestored, Identity: identity.NumericIdentity(v.Identity), HostIP: v.TunnelAddr(), Flags: v.Flags})
+		n++
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	txn.Commit()
+	if n > 0 {
+		c.log.Info("Restored ipcache entries from the pinned map", "entries", n)
+	}
+	return nil
+}
+
+// dropRestored removes the restored claims once every source is synced:
+// what no source claims then leaves the map.
+func (c *ipCache) dropRestored(ctx context.Context, _ cell.Health) error {
+	txn := c.db.WriteTxn(c.tbl)
+	c.restoredDone(txn)
+	txn.Commit()
+	for {
+		init, watch := c.tbl.Initialized(c.db.ReadTxn())
+		if init {
+			break
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	wtxn := c.db.WriteTxn(c.tbl)
+	defer wtxn.Abort()
+	dropped := 0
+	for e := range c.tbl.All(wtxn) {
+		if c.unclaim(wtxn, e.Prefix, SourceRestored) {
+			dropped++
+		}
+	}
+	wtxn.Commit()
+	c.log.Info("Every ipcache source has synced", "stale-restored-dropped", dropped)
+	return nil
+}
+
+// claim sets source's claim on p; unclaim removes it.
+func (c *ipCache) claim(txn statedb.WriteTxn, p netip.Prefix, cl Claim) {
+	e, _, found := c.tbl.Get(txn, ByPrefix.Query(p))
+	if !found {
+		e = &Entry{Prefix: p}
+	}
+	e, changed := e.withClaim(cl)
+	if changed {
+		e.Status = reconciler.StatusPending()
+		c.tbl.Insert(txn, e)
+	}
+}
+
+func (c *ipCache) unclaim(txn statedb.WriteTxn, p netip.Prefix, source Source) bool {
+	e, _, found := c.tbl.Get(txn, ByPrefix.Query(p))
+	if !found {
+		return false
+	}
+	out, changed := e.withoutClaim(source)
+	switch {
+	case !changed:
+	case out == nil:
+		c.tbl.Delete(txn, e)
+	default:
+		out.Status = reconciler.StatusPending()
+		c.tbl.Insert(txn, out)
+	}
+	return changed
+}
+
+// follow keeps source's claims equal to what desired computes from the
+// tables it reads, again whenever they change; done marks the source's
+// initializer once desired says its inputs are complete.
+func (c *ipCache) follow(ctx context.Context, source Source, done func(statedb.WriteTxn),
+	desired func(statedb.ReadTxn) (map[netip.Prefix]Claim, <-chan struct{}, bool)) error {
+	applied := map[netip.Prefix]Claim{}
+	for {
+		want, watch, complete := desired(c.db.ReadTxn())
+		if !maps.Equal(want, applied) || (complete && done != nil) {
+			txn := c.db.WriteTxn(c.tbl)
+			for p := range applied {
+				if _, ok := want[p]; !ok {
+					c.unclaim(txn, p, source)
+				}
+			}
+			for p, cl := range want {
+				if applied[p] != cl {
+					c.claim(txn, p, cl)
+				}
+			}
+			if complete && done != nil {
+				done(txn)
+				done = nil
+			}
+			txn.Commit()
+			applied = want
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func hostPrefix(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen())
+}
+
+// localClaims are the addresses of the endpoints of this node.
+func localClaims(txn statedb.ReadTxn, eps statedb.Table[*endpointmanager.Endpoint]) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+	out := map[netip.Prefix]Claim{}
+	all, watch := eps.AllWatch(txn)
+	for ep := range all {
+		id := ep.Identity
+		if id == identity.Unknown {
+			id = identity.Init
+		}
+		for _, ip := range ep.IPs() {
+			out[hostPrefix(ip)] = Claim{Source: SourceLocal, Identity: id, Namespace: ep.PodNamespace, PodName: ep.PodName,
+				Flags: ipcachemap.FlagLocalEndpoint}
+		}
+	}
+	init, _ := eps.Initialized(txn)
+	return out, watch, init
+}
+
+// reservedClaims are the world prefixes and the node's own addresses.
+func reservedClaims(txn statedb.ReadTxn, addrs statedb.Table[*devices.NodeAddress]) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+	out := map[netip.Prefix]Claim{
+		netip.MustParsePrefix("0.0.0.0/0"): {Source: SourceReserved, Identity: identity.World},
+		netip.MustParsePrefix("::/0"):      {Source: SourceReserved, Identity: identity.World},
+	}
+	all, watch := addrs.AllWatch(txn)
+	for a := range all {
+		out[hostPrefix(a.Addr)] = Claim{Source: SourceReserved, Identity: identity.Host}
+	}
+	init, _ := addrs.Initialized(txn)
+	return out, watch, init
+}

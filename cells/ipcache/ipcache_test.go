@@ -1,0 +1,200 @@
+package ipcache_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/ipcache"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/ipcachemap"
+)
+
+// node is the ipcache cell over tables the test fills: endpoints and node
+// addresses, as the endpoint manager and devices cells would.
+type node struct {
+	h     *hive.Hive
+	db    *statedb.DB
+	eps   statedb.RWTable[*endpointmanager.Endpoint]
+	addrs statedb.RWTable[*devices.NodeAddress]
+	tbl   statedb.Table[*ipcache.Entry]
+	m     *ipcache.Map
+}
+
+func startNode(t *testing.T, root, etcd, prefix string) *node {
+	t.Helper()
+	n := &node{}
+	newAddrs := func(db *statedb.DB) (statedb.RWTable[*devices.NodeAddress], statedb.Table[*devices.NodeAddress], error) {
+		tbl, err := statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)
+		return tbl, tbl, err
+	}
+	n.h = celltest.New(bpfmaps.Cell, kvstore.Cell, ipcache.Cell,
+		cell.Module("test-tables", "Endpoints and node addresses filled by the test",
+			cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable, newAddrs),
+			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint], addrs statedb.RWTable[*devices.NodeAddress],
+				tbl statedb.Table[*ipcache.Entry], m *ipcache.Map) {
+				n.db, n.eps, n.addrs, n.tbl, n.m = db, eps, addrs, tbl, m
+			}),
+		),
+	)
+	hive.AddConfigOverride(n.h, func(c *bpfmaps.Config) { c.BPFRoot = root })
+	if etcd != "" {
+		hive.AddConfigOverride(n.h, func(c *kvstore.Config) {
+			c.KVStore, c.KVStoreOpt, c.KVStorePrefix = "etcd", []string{"etcd.address=" + etcd}, prefix
+		})
+	}
+	if err := n.h.Start(hivetest.Logger(t), context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.stop(t) })
+	return n
+}
+
+func (n *node) stop(t *testing.T) {
+	n.h.Stop(hivetest.Logger(t), context.Background())
+}
+
+// mapHas waits until a lookup of addr in the BPF map (the kernel's longest
+// prefix match) gives identity id.
+func (n *node) mapHas(t *testing.T, addr string, id identity.NumericIdentity, tunnel string) {
+	t.Helper()
+	k := ipcachemap.KeyOf(netip.PrefixFrom(netip.MustParseAddr(addr), netip.MustParseAddr(addr).BitLen()))
+	celltest.Eventually(t, "map lookup of "+addr, func() bool {
+		v, err := n.m.EBPF().LookupBytes(&k)
+		if err != nil || v == nil {
+			return false
+		}
+		var val ipcachemap.Value
+		if err := n.m.EBPF().Lookup(&k, &val); err != nil {
+			return false
+		}
+		got := ""
+		if val.TunnelAddr().IsValid() {
+			got = val.TunnelAddr().String()
+		}
+		return identity.NumericIdentity(val.Identity) == id && got == tunnel
+	})
+}
+
+func (n *node) mapLacks(t *testing.T, prefix string) {
+	t.Helper()
+	// Not a lookup: the trie would answer with a shorter prefix.
+	want := netip.MustParsePrefix(prefix)
+	celltest.Eventually(t, "no map entry for "+prefix, func() bool {
+		found := false
+		n.m.Iterate(func(k ipcachemap.Key, _ ipcachemap.Value) bool {
+			found = found || k.Prefix() == want
+			return !found
+		})
+		return !found
+	})
+}
+
+func TestIPCache(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	root := bpfmapstest.Root(t)
+	n := startNode(t, root, etcd.Endpoint(), "ipc")
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	txn := n.db.WriteTxn(n.eps, n.addrs)
+	n.eps.Insert(txn, &endpointmanager.Endpoint{ID: 1, ContainerID: "c1", IPv4: netip.MustParseAddr("10.0.0.5"),
+		PodNamespace: "default", PodName: "web", Identity: identity.MinLocal})
+	n.addrs.Insert(txn, &devices.NodeAddress{Addr: netip.MustParseAddr("192.168.50.1"), Device: "eth0"})
+	txn.Commit()
+
+	// Local endpoint, host address, and the world through the kernel's
+	// longest-prefix match.
+	n.mapHas(t, "10.0.0.5", identity.MinLocal, "")
+	n.mapHas(t, "192.168.50.1", identity.Host, "")
+	n.mapHas(t, "8.8.4.4", identity.World, "")
+	n.mapHas(t, "2001:db8::1", identity.World, "")
+
+	// The endpoint's address is published, leased.
+	celltest.Eventually(t, "the local address in the kvstore", func() bool {
+		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
+		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false
+		}
+		var v ipcache.IPValue
+		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == identity.MinLocal && v.PodName == "web"
+	})
+
+	// Another node's pod, and a garbage value that changes nothing else.
+	remote, _ := json.Marshal(ipcache.IPValue{IP: netip.MustParseAddr("10.0.1.7"), HostIP: netip.MustParseAddr("192.168.50.2"),
+		Identity: 300, Namespace: "default", PodName: "db"})
+	raw.Put(ctx, "ipc/state/ip/v1/10.0.1.8", "{not json")
+	raw.Put(ctx, "ipc/state/ip/v1/10.0.1.7", string(remote))
+	n.mapHas(t, "10.0.1.7", 300, "192.168.50.2")
+	if e, ok := ipcache.Lookup(n.db.ReadTxn(), n.tbl, netip.MustParseAddr("10.0.1.8")); !ok || e.Prefix.Bits() != 0 {
+		t.Fatalf("the garbage key made an entry: %+v", e)
+	}
+
+	// A kvstore claim on a host address loses to the host; when the host
+	// address goes, the kvstore claim takes over.
+	hostClaim, _ := json.Marshal(ipcache.IPValue{IP: netip.MustParseAddr("192.168.50.1"), Identity: 301})
+	raw.Put(ctx, "ipc/state/ip/v1/192.168.50.1", string(hostClaim))
+	celltest.Eventually(t, "both claims on the host address", func() bool {
+		e, ok := ipcache.Lookup(n.db.ReadTxn(), n.tbl, netip.MustParseAddr("192.168.50.1"))
+		return ok && len(e.Claims) == 2 && e.Winner().Source == ipcache.SourceReserved
+	})
+	n.mapHas(t, "192.168.50.1", identity.Host, "")
+	txn = n.db.WriteTxn(n.addrs)
+	n.addrs.DeleteAll(txn)
+	txn.Commit()
+	n.mapHas(t, "192.168.50.1", 301, "")
+
+	// The remote pod goes: its entry leaves the map.
+	raw.Delete(ctx, "ipc/state/ip/v1/10.0.1.7")
+	n.mapLacks(t, "10.0.1.7/32")
+
+	// The endpoint goes: its key leaves the kvstore.
+	txn = n.db.WriteTxn(n.eps)
+	n.eps.DeleteAll(txn)
+	txn.Commit()
+	n.mapLacks(t, "10.0.0.5/32")
+	celltest.Eventually(t, "the local address gone from the kvstore", func() bool {
+		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
+		return err == nil && len(resp.Kvs) == 0
+	})
+}
+
+// TestRestoredStaleEntryGoes: a restart reads the pinned map back;
+// an entry that no source claims goes once every
+// source has synced.
+func TestRestoredStaleEntryGoes(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	n := startNode(t, root, "", "")
+	txn := n.db.WriteTxn(n.eps)
+	n.eps.Insert(txn, &endpointmanager.Endpoint{ID: 1, ContainerID: "c1", IPv4: netip.MustParseAddr("10.0.0.5"), Identity: 400})
+	txn.Commit()
+	n.mapHas(t, "10.0.0.5", 400, "")
+	n.stop(t)
+
+	// The endpoint was removed while the agent was down: this run's
+	// endpoints table does not have it. Its restored entry goes once the
+	// sources have synced; the world entries stay.
+	m2 := startNode(t, root, "", "")
+	m2.mapLacks(t, "10.0.0.5/32")
+	m2.mapHas(t, "1.2.3.4", identity.World, "")
+}

@@ -1,0 +1,134 @@
+package ipcache
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/identity"
+)
+
+// ipPrefix is where nodes publish their pods' addresses (docs/kvstore.md).
+const ipPrefix = "state/ip/v1/"
+
+// IPValue is the value of an ip/v1/<ip> key.
+type IPValue struct {
+	IP        netip.Addr               `json:"ip"`
+	HostIP    netip.Addr               `json:"hostIP,omitzero"`
+	Identity  identity.NumericIdentity `json:"identity"`
+	Namespace string                   `json:"namespace,omitempty"`
+	PodName   string                   `json:"podName,omitempty"`
+}
+
+// parseIPKey reads an ip/v1 key and its value; the error names what is wrong.
+func parseIPKey(key string, value []byte) (netip.Prefix, Claim, error) {
+	addr, err := netip.ParseAddr(strings.TrimPrefix(key, ipPrefix))
+	if err != nil {
+		return netip.Prefix{}, Claim{}, fmt.Errorf("key %s: not an address", key)
+	}
+	var v IPValue
+	dec := json.NewDecoder(strings.NewReader(string(value)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return netip.Prefix{}, Claim{}, fmt.Errorf("key %s: value %q: %w", key, value, err)
+	}
+	if v.IP != addr {
+		return netip.Prefix{}, Claim{}, fmt.Errorf("key %s: value names another address, %s", key, v.IP)
+	}
+	return hostPrefix(addr), Claim{Source: SourceKVStore, Identity: v.Identity, HostIP: v.HostIP, Namespace: v.Namespace, PodName: v.PodName}, nil
+}
+
+// watchKVStore keeps the kvstore's claims equal to the ip/v1 keys.
+func (c *ipCache) watchKVStore(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
+	claimed := map[string]netip.Prefix{}
+	for ev := range c.kv.Watch(ctx, ipPrefix) {
+		txn := c.db.WriteTxn(c.tbl)
+		switch ev.Kind {
+		case kvstore.EventListed:
+			if listed != nil {
+				listed(txn)
+				listed = nil
+			}
+			health.OK(fmt.Sprintf("Following %d remote addresses", len(claimed)))
+		case kvstore.EventUpsert:
+			p, cl, err := parseIPKey(ev.Key, ev.Value)
+			if err != nil {
+				c.log.Warn("Ignoring an invalid ipcache key from the kvstore", "error", err)
+				break
+			}
+			claimed[ev.Key] = p
+			c.claim(txn, p, cl)
+		case kvstore.EventDelete:
+			if p, ok := claimed[ev.Key]; ok {
+				delete(claimed, ev.Key)
+				c.unclaim(txn, p, SourceKVStore)
+			}
+		}
+		txn.Commit()
+	}
+	return nil
+}
+
+// publish writes the addresses of this node's endpoints to ip/v1 (leased)
+// and deletes those of endpoints that went, retrying what fails. Every
+// 30 s it writes them all again if different, so a key still ours that
+// someone else deleted comes back.
+func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.Table[*endpointmanager.Endpoint]) error {
+	published := map[string][]byte{}
+	for {
+		txn := c.db.ReadTxn()
+		all, watch := eps.AllWatch(txn)
+		want := map[string][]byte{}
+		for ep := range all {
+			for _, ip := range ep.IPs() {
+				v, _ := json.Marshal(IPValue{IP: ip, Identity: ep.Identity, Namespace: ep.PodNamespace, PodName: ep.PodName})
+				want[ipPrefix+ip.String()] = v
+			}
+		}
+		var failed error
+		for key, v := range want {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := c.kv.UpdateIfDifferent(wctx, key, v, kvstore.Leased())
+			cancel()
+			if err != nil {
+				failed = err
+				continue
+			}
+			published[key] = v
+		}
+		for key := range published {
+			if _, ok := want[key]; ok {
+				continue
+			}
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := c.kv.Delete(wctx, key)
+			cancel()
+			if err != nil {
+				failed = err
+				continue
+			}
+			delete(published, key)
+		}
+		retry := time.After(30 * time.Second)
+		if failed != nil {
+			health.Degraded("Publishing local addresses to the kvstore", failed)
+			retry = time.After(time.Second)
+		} else {
+			health.OK(fmt.Sprintf("Published %d local addresses", len(published)))
+		}
+		select {
+		case <-watch:
+		case <-retry:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
