@@ -14,7 +14,9 @@
  *
  * They translate nothing and rewrite nothing (the socket programs of
  * sock_lb.c translate services): they parse the packet, account it in
- * the conntrack maps of ct.h, and write trace and drop events (events.h).
+ * the conntrack maps of ct.h, find the source's and the destination's
+ * security identities in the ipcache (ipcache.h), and write trace and drop
+ * events (events.h) that carry them.
  * A packet they pass goes on with TC_ACT_UNSPEC, which is tcx's TCX_NEXT,
  * so that other programs on the same hook still see it.
  *
@@ -38,6 +40,7 @@
 #include "ct.h"
 #include "endpoints.h"
 #include "events.h"
+#include "ipcache.h"
 
 #include <stdbool.h>
 #include <linux/in.h>
@@ -460,6 +463,14 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 		return TC_ACT_UNSPEC;
 
 	if (flow->family != EVENT_FAMILY_NONE) {
+		const struct ipcache_value *id;
+
+		id = ipcache_lookup(flow->family, flow->src);
+		if (id)
+			flow->src_identity = id->identity;
+		id = ipcache_lookup(flow->family, flow->dst);
+		if (id)
+			flow->dst_identity = id->identity;
 		ep = endpoint_lookup(flow, to_endpoint ? flow->dst : flow->src);
 		if (ep)
 			endpoint_id = ep->endpoint_id;

@@ -64,6 +64,23 @@ type LXCEndpointKey struct {
 	Pad    [3]uint8
 }
 
+type LXCIpcacheKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
+type LXCIpcacheValue struct {
+	_              structs.HostLayout
+	Identity       uint32
+	TunnelEndpoint [16]uint8
+	TunnelFamily   uint8
+	Flags          uint8
+	Pad            [2]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -75,6 +92,7 @@ const (
 	LXCMapCelliumEndpoints     = "cellium_endpoints"
 	LXCMapCelliumEvents        = "cellium_events"
 	LXCMapCelliumEventsLost    = "cellium_events_lost"
+	LXCMapCelliumIpcache       = "cellium_ipcache"
 	LXCProgCelliumFromEndpoint = "cellium_from_endpoint"
 	LXCProgCelliumToEndpoint   = "cellium_to_endpoint"
 	LXCVarCtLifetimeClose      = "ct_lifetime_close"
@@ -141,6 +159,7 @@ type LXCMapSpecs struct {
 	CelliumEndpoints  *ebpf.MapSpec `ebpf:"cellium_endpoints"`
 	CelliumEvents     *ebpf.MapSpec `ebpf:"cellium_events"`
 	CelliumEventsLost *ebpf.MapSpec `ebpf:"cellium_events_lost"`
+	CelliumIpcache    *ebpf.MapSpec `ebpf:"cellium_ipcache"`
 }
 
 // LXCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -181,6 +200,7 @@ type LXCMaps struct {
 	CelliumEndpoints  *ebpf.Map `ebpf:"cellium_endpoints"`
 	CelliumEvents     *ebpf.Map `ebpf:"cellium_events"`
 	CelliumEventsLost *ebpf.Map `ebpf:"cellium_events_lost"`
+	CelliumIpcache    *ebpf.Map `ebpf:"cellium_ipcache"`
 }
 
 func (m *LXCMaps) Close() error {
@@ -192,6 +212,7 @@ func (m *LXCMaps) Close() error {
 		m.CelliumEndpoints,
 		m.CelliumEvents,
 		m.CelliumEventsLost,
+		m.CelliumIpcache,
 	)
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/ipcachemap"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
@@ -66,6 +67,7 @@ type lxc struct {
 	t        *testing.T
 	from, to *ebpf.Program
 	ct       map[string]*ebpf.Map
+	ipcache  *ebpf.Map
 	lost     *ebpf.Map
 	ring     *ringbuf.Reader
 	boot     monitorapi.BootClock
@@ -132,12 +134,13 @@ func loadLXC(t *testing.T, opts lxcOptions) *lxc {
 	t.Cleanup(func() { coll.Close() })
 
 	l := &lxc{
-		t:    t,
-		from: coll.Programs[bpf.LXCProgCelliumFromEndpoint],
-		to:   coll.Programs[bpf.LXCProgCelliumToEndpoint],
-		ct:   map[string]*ebpf.Map{},
-		lost: coll.Maps[ctmaps.MapEventsLost],
-		boot: monitorapi.SystemBootClock(),
+		t:       t,
+		from:    coll.Programs[bpf.LXCProgCelliumFromEndpoint],
+		to:      coll.Programs[bpf.LXCProgCelliumToEndpoint],
+		ct:      map[string]*ebpf.Map{},
+		lost:    coll.Maps[ctmaps.MapEventsLost],
+		ipcache: coll.Maps[ipcachemap.MapName],
+		boot:    monitorapi.SystemBootClock(),
 	}
 	for _, name := range []string{ctmaps.MapTCP4, ctmaps.MapAny4, ctmaps.MapTCP6, ctmaps.MapAny6} {
 		l.ct[name] = coll.Maps[name]
@@ -967,6 +970,7 @@ func TestLXCLayoutsMatchBTF(t *testing.T) {
 		{ctmaps.MapAny6, reflect.TypeFor[ctmap.Key6](), reflect.TypeFor[ctmap.Entry]()},
 		{bpf.LXCMapCelliumEndpoints, reflect.TypeFor[endpointmaps.EndpointKey](), reflect.TypeFor[endpointmaps.EndpointInfo]()},
 		{ctmaps.MapEventsLost, reflect.TypeFor[uint32](), reflect.TypeFor[uint64]()},
+		{ipcachemap.MapName, reflect.TypeFor[ipcachemap.Key](), reflect.TypeFor[ipcachemap.Value]()},
 	} {
 		m, ok := spec.Maps[l.name]
 		if !ok {
@@ -977,5 +981,41 @@ func TestLXCLayoutsMatchBTF(t *testing.T) {
 	}
 	if m := spec.Maps[ctmaps.MapEvents]; m == nil || m.Type != ebpf.RingBuf {
 		t.Errorf("map %s is %v, want a ring buffer", ctmaps.MapEvents, m)
+	}
+}
+
+// TestLXCIdentities: trace events carry the identities of the longest
+// ipcache prefixes that hold the source and the destination, 0 where no
+// prefix does.
+func TestLXCIdentities(t *testing.T) {
+	l := loadLXC(t, lxcOptions{})
+	put := func(prefix string, id uint32) {
+		t.Helper()
+		if err := l.ipcache.Put(ipcachemap.KeyOf(netip.MustParsePrefix(prefix)), ipcachemap.Value{Identity: id}); err != nil {
+			t.Fatalf("put %s: %v", prefix, err)
+		}
+	}
+	put("10.244.0.0/24", 2000)
+	put(podA.String()+"/32", 1000)
+	put("0.0.0.0/0", 2)
+	put(podA6.String()+"/128", 1000)
+
+	for _, tc := range []struct {
+		name     string
+		src, dst netip.Addr
+		want     [2]uint32
+	}{
+		{"pod to pod: /32 and the /24", podA, podB, [2]uint32{1000, 2000}},
+		{"pod to outside: world", podA, remote, [2]uint32{1000, 2}},
+		{"IPv6 without a default: 0", podA6, podB6, [2]uint32{1000, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := l.on(t)
+			l.run(l.from, udpPacket(netip.AddrPortFrom(tc.src, 5000), netip.AddrPortFrom(tc.dst, 53)), verdictNext)
+			ev := l.trace()
+			if got := [2]uint32{ev.Flow.SrcIdentity, ev.Flow.DstIdentity}; got != tc.want {
+				t.Fatalf("identities %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -95,6 +95,10 @@ struct flow_summary {
 	__u32 len;
 	__u8 src[16];
 	__u8 dst[16];
+	/* The security identities of the source and the destination, from
+	 * the ipcache's longest prefix match; 0 where it has none. */
+	__u32 src_identity;
+	__u32 dst_identity;
 };
 
 /*

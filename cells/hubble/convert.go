@@ -96,8 +96,8 @@ func (c *converter) packetFlow(txn statedb.ReadTxn, t *timestamppb.Timestamp, en
 		L4:       l4Of(pkt),
 		Summary:  summaryOf(pkt),
 	}
-	f.Source = c.enrich.endpointAt(txn, pkt.Src)
-	f.Destination = c.enrich.endpointAt(txn, pkt.Dst)
+	f.Source = c.enrich.peerAt(txn, pkt.Src, pkt.SrcIdentity)
+	f.Destination = c.enrich.peerAt(txn, pkt.Dst, pkt.DstIdentity)
 	proto := l4Proto(pkt.Proto)
 	f.SourceService = c.enrich.serviceAt(txn, pkt.Src, pkt.SrcPort, proto)
 	f.DestinationService = c.enrich.serviceAt(txn, pkt.Dst, pkt.DstPort, proto)

@@ -179,3 +179,31 @@ func TestAgentEventOf(t *testing.T) {
 func unknownAgentEvent(typ flow.AgentEventType, name, msg string) *flow.AgentEvent {
 	return &flow.AgentEvent{Type: typ, Notification: &flow.AgentEvent_Unknown{Unknown: &flow.AgentEventUnknown{Type: name, Notification: msg}}}
 }
+
+// TestFlowIdentities: a flow's endpoints carry the identities the datapath
+// found; a local endpoint is named by its row (with its identity), any
+// other address by its identity, with a reserved identity's name as label.
+func TestFlowIdentities(t *testing.T) {
+	c, db := newTestConverter(t)
+	txn := db.WriteTxn(c.enrich.endpoints.(statedb.RWTable[*endpointmanager.Endpoint]))
+	web := webPod.Clone()
+	web.Identity = 1 << 24
+	c.enrich.endpoints.(statedb.RWTable[*endpointmanager.Endpoint]).Insert(txn, web)
+	txn.Commit()
+
+	ev := &monitorapi.TraceEvent{Time: epoch, EndpointID: web.ID, Point: monitorapi.TraceToStack, Flow: monitorapi.Flow{
+		Src: web.IPv4, Dst: netip.MustParseAddr("192.0.2.1"), Proto: 17, SrcPort: 5000, DstPort: 53,
+		SrcIdentity: 1 << 24, DstIdentity: 2}}
+	f := c.flowOf(db.ReadTxn(), ev)
+	if f.Source.GetIdentity() != 1<<24 || f.Source.GetPodName() != web.PodName {
+		t.Errorf("source %v, want the web pod with identity %d", f.Source, 1<<24)
+	}
+	if f.Destination.GetIdentity() != 2 || len(f.Destination.GetLabels()) != 1 || f.Destination.GetLabels()[0] != "reserved:world" {
+		t.Errorf("destination %v, want identity 2 labelled reserved:world", f.Destination)
+	}
+	// An address the ipcache has no prefix for has no endpoint.
+	ev.Flow.DstIdentity = 0
+	if f := c.flowOf(db.ReadTxn(), ev); f.Destination != nil {
+		t.Errorf("destination without identity: %v, want none", f.Destination)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/identity"
 )
 
 // labelSourceK8s is the source of the endpoints' labels, which all come
@@ -53,6 +54,24 @@ func (e *enricher) endpointAt(txn statedb.ReadTxn, addr netip.Addr) *flow.Endpoi
 	return e.endpointPB(row)
 }
 
+// peerAt is the flow endpoint at addr: the local endpoint there, or, for
+// any other address, the identity the datapath found for it (id, from
+// the ipcache), named "reserved:<name>" when it is a reserved one. Nil
+// when neither is known.
+func (e *enricher) peerAt(txn statedb.ReadTxn, addr netip.Addr, id uint32) *flow.Endpoint {
+	if pb := e.endpointAt(txn, addr); pb != nil {
+		return pb
+	}
+	if id == 0 {
+		return nil
+	}
+	pb := &flow.Endpoint{Identity: id}
+	if name := identity.NumericIdentity(id).ReservedName(); name != "" {
+		pb.Labels = []string{"reserved:" + name}
+	}
+	return pb
+}
+
 // endpointRow is the endpoint with id, or nil.
 func (e *enricher) endpointRow(txn statedb.ReadTxn, id uint16) *endpointmanager.Endpoint {
 	if id == 0 {
@@ -79,6 +98,7 @@ func (e *enricher) endpointPB(row *endpointmanager.Endpoint) *flow.Endpoint {
 	}
 	pb := &flow.Endpoint{
 		ID:        uint32(row.ID),
+		Identity:  uint32(row.Identity),
 		Namespace: row.PodNamespace,
 		PodName:   row.PodName,
 		Labels:    labels,

@@ -28,14 +28,16 @@ var Cell = cell.Module(
 	"Prefix to security identity table and its LPM BPF map",
 
 	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
-	cell.Provide(newMap, statedb.RWTable[*Entry].ToTable, apiRoutes),
+	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes),
 	cell.Invoke(newIPCache, registerReconciler),
 )
 
 // Map is the pinned ipcache map the datapath reads.
 type Map = bpfmaps.Map[ipcachemap.Key, ipcachemap.Value]
 
-func newMap(lc cell.Lifecycle, reg *bpfmaps.Registry) (*Map, error) {
+// NewMap declares the map. The ipcache cell provides it; tests of the
+// programs that read it may provide it alone.
+func NewMap(lc cell.Lifecycle, reg *bpfmaps.Registry) (*Map, error) {
 	return bpfmaps.NewMap[ipcachemap.Key, ipcachemap.Value](lc, reg, bpfmaps.Spec{
 		Name: ipcachemap.MapName, Type: ebpf.LPMTrie, MaxEntries: ipcachemap.MaxEntries, Flags: unix.BPF_F_NO_PREALLOC,
 	})
@@ -87,7 +89,7 @@ func newIPCache(p params) {
 	}
 	txn.Commit()
 
-	// After the map's open hook (appended by newMap, which this needs).
+	// After the map's open hook (appended by NewMap, which this needs).
 	p.Lifecycle.Append(cell.Hook{OnStart: c.restore})
 	p.Jobs.Add(
 		job.OneShot("local-endpoints", func(ctx context.Context, _ cell.Health) error {

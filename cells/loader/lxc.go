@@ -12,6 +12,7 @@ import (
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmaps"
+	"github.com/cellium/cellium/cells/ipcache"
 )
 
 // lxcPrograms are the endpoint programs of bpf/lxc.c, loaded once per
@@ -23,6 +24,7 @@ type lxcPrograms struct {
 	ct        *ctmaps.Maps
 	events    *ctmaps.Events
 	endpoints *endpointmaps.EndpointMap
+	ipcache   *ipcache.Map
 
 	coll  *ebpf.Collection
 	progs map[endpointHook]*ebpf.Program
@@ -37,8 +39,9 @@ var lxcProgramNames = map[endpointHook]string{
 
 // newLXCPrograms takes the maps so that they open before the programs
 // load, which needs them.
-func newLXCPrograms(lc cell.Lifecycle, log *slog.Logger, cfg ctmaps.Config, ct *ctmaps.Maps, events *ctmaps.Events, endpoints *endpointmaps.EndpointMap) endpointPrograms {
-	p := &lxcPrograms{log: log, cfg: cfg, ct: ct, events: events, endpoints: endpoints}
+func newLXCPrograms(lc cell.Lifecycle, log *slog.Logger, cfg ctmaps.Config, ct *ctmaps.Maps, events *ctmaps.Events,
+	endpoints *endpointmaps.EndpointMap, ipc *ipcache.Map) endpointPrograms {
+	p := &lxcPrograms{log: log, cfg: cfg, ct: ct, events: events, endpoints: endpoints, ipcache: ipc}
 	lc.Append(p)
 	return p
 }
@@ -100,6 +103,7 @@ func (p *lxcPrograms) spec() (*ebpf.CollectionSpec, map[string]*ebpf.Map, error)
 	replacements := p.ct.EBPF()
 	maps.Copy(replacements, p.events.EBPF())
 	replacements[p.endpoints.Name()] = p.endpoints.EBPF()
+	replacements[p.ipcache.Name()] = p.ipcache.EBPF()
 	for name, m := range replacements {
 		ms, ok := spec.Maps[name]
 		if !ok {

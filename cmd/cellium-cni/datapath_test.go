@@ -40,11 +40,16 @@ type flowLine struct {
 				Type uint32 `json:"type"`
 			} `json:"ICMPv4"`
 		} `json:"l4"`
-		Source      *struct{ PodName, Namespace string } `json:"source"`
-		Destination *struct{ PodName, Namespace string } `json:"destination"`
-		DestService *struct{ Name, Namespace string }    `json:"destinationService"`
-		Summary     string                               `json:"Summary"`
+		Source      *flowEndpoint                     `json:"source"`
+		Destination *flowEndpoint                     `json:"destination"`
+		DestService *struct{ Name, Namespace string } `json:"destinationService"`
+		Summary     string                            `json:"Summary"`
 	} `json:"flow"`
+}
+
+type flowEndpoint struct {
+	PodName, Namespace string
+	Identity           uint32
 }
 
 // observe is `agent observe -o json` with args, against the node's agent:
@@ -185,6 +190,24 @@ func TestDatapathConntrackAndFlows(t *testing.T) {
 		})
 		n.waitFlow("ICMP echo client -> server", start, func(f flowLine) bool {
 			return podToPod(f) && f.Flow.L4.ICMPv4 != nil && f.Flow.L4.ICMPv4.Type == 8
+		})
+	})
+
+	// Both pods have a node-local identity (no kvstore), the same as the
+	// ipcache gives their addresses, and flows carry it.
+	t.Run("identities", func(t *testing.T) {
+		var entry struct {
+			Identity uint32
+			Source   string
+		}
+		if err := json.Unmarshal([]byte(n.agentCLI("ipcache", "get", a4.String(), "-o", "json")), &entry); err != nil {
+			t.Fatal(err)
+		}
+		if entry.Identity < 1<<24 || entry.Source != "local" {
+			t.Fatalf("agent ipcache get %s = %+v, want a local endpoint with a node-local identity", a4, entry)
+		}
+		n.waitFlow("TCP client -> server with identities", start, func(f flowLine) bool {
+			return podToPod(f) && f.Flow.Source.Identity == entry.Identity && f.Flow.Destination.Identity >= 1<<24
 		})
 	})
 

@@ -77,6 +77,9 @@ func decodeFlow(b []byte) (Flow, error) {
 		SrcPort:  binary.BigEndian.Uint16(b[6:]),
 		DstPort:  binary.BigEndian.Uint16(b[8:]),
 		Len:      le.Uint32(b[12:]),
+
+		SrcIdentity: le.Uint32(b[48:]),
+		DstIdentity: le.Uint32(b[52:]),
 	}
 	var err error
 	if f.Src, err = addrOf(b[0], b[16:32]); err != nil {
@@ -157,6 +160,8 @@ func encodeFlow(b []byte, f *Flow) error {
 	binary.BigEndian.PutUint16(b[6:], f.SrcPort)
 	binary.BigEndian.PutUint16(b[8:], f.DstPort)
 	le.PutUint32(b[12:], f.Len)
+	le.PutUint32(b[48:], f.SrcIdentity)
+	le.PutUint32(b[52:], f.DstIdentity)
 	return nil
 }
 

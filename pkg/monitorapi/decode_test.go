@@ -27,6 +27,8 @@ var traceRecord = []byte{
 	74, 0, 0, 0, // len 74
 	10, 244, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // saddr
 	10, 244, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // daddr
+	0x2c, 0x01, 0, 0, // src identity 300
+	2, 0, 0, 0, // dst identity 2 (world)
 }
 
 var dropRecord = []byte{
@@ -36,6 +38,7 @@ var dropRecord = []byte{
 	6, 58, 0, 1, 128, 0, 0x12, 0x34, 0, 0, 0, 0, 0x40, 0, 0, 0,
 	0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2,
 	0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3,
+	0, 0, 0, 0, 0, 0, 0, 0, // identities unknown
 }
 
 var sockLBRecord = []byte{
@@ -67,6 +70,7 @@ func TestDecode(t *testing.T) {
 				Flow: monitorapi.Flow{
 					Src: netip.MustParseAddr("10.244.0.2"), Dst: netip.MustParseAddr("10.244.0.3"), Proto: 6,
 					SrcPort: 40000, DstPort: 80, TCPFlags: monitorapi.TCPSyn | monitorapi.TCPAck, CTState: monitorapi.CTReply, Len: 74,
+					SrcIdentity: 300, DstIdentity: 2,
 				},
 			},
 			text: "trace to-stack endpoint 258 ifindex 7: TCP 10.244.0.2:40000 -> 10.244.0.3:80 SYN|ACK ct=reply len=74",
@@ -139,8 +143,8 @@ func TestDecodeErrors(t *testing.T) {
 		want string
 	}{
 		{"empty", nil, "record of 0 bytes, shorter than the 16-byte header"},
-		{"header only", traceRecord[:16], "decode trace event: flow summary of 0 bytes, want 48"},
-		{"short drop", dropRecord[:40], "decode drop event: flow summary of 24 bytes, want 48"},
+		{"header only", traceRecord[:16], "decode trace event: flow summary of 0 bytes, want 56"},
+		{"short drop", dropRecord[:40], "decode drop event: flow summary of 24 bytes, want 56"},
 		{"short sock-lb", sockLBRecord[:79], "decode sock-lb event: socket summary of 63 bytes, want 64"},
 		{"unknown type", unknownType, "unknown record type 9: want 1 (trace), 2 (drop) or 3 (sock-lb)"},
 		{"unknown family", unknownFamily, "decode trace event: unknown address family 5: want 4 or 6"},
@@ -191,7 +195,7 @@ func TestJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"time":"2026-01-02T03:04:06.5Z","endpointID":258,"ifindex":7,"point":"to-stack","flow":{"src":"10.244.0.2","dst":"10.244.0.3","proto":"TCP","srcPort":40000,"dstPort":80,"tcpFlags":"SYN|ACK","ctState":"reply","len":74}}`
+	want := `{"time":"2026-01-02T03:04:06.5Z","endpointID":258,"ifindex":7,"point":"to-stack","flow":{"src":"10.244.0.2","dst":"10.244.0.3","proto":"TCP","srcPort":40000,"dstPort":80,"tcpFlags":"SYN|ACK","ctState":"reply","len":74,"srcIdentity":300,"dstIdentity":2}}`
 	if string(b) != want {
 		t.Fatalf("JSON:\n got %s\nwant %s", b, want)
 	}

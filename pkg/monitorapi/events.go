@@ -23,7 +23,7 @@ const (
 // Sizes of the parts of a record.
 const (
 	HeaderLen        = 16
-	FlowSummaryLen   = 48
+	FlowSummaryLen   = 56
 	SockLBSummaryLen = 64
 )
 
@@ -292,6 +292,10 @@ type Flow struct {
 	ICMPCode uint8    `json:"icmpCode,omitempty"`
 	// Len is the packet's length, Ethernet header included.
 	Len uint32 `json:"len"`
+	// SrcIdentity and DstIdentity are the security identities the
+	// datapath found for the addresses in the ipcache; 0 for none.
+	SrcIdentity uint32 `json:"srcIdentity,omitempty"`
+	DstIdentity uint32 `json:"dstIdentity,omitempty"`
 }
 
 // IsICMP says whether the flow is ICMP or ICMPv6, whose type and code are

@@ -114,7 +114,7 @@ func TestFlowRecordMatchesBTF(t *testing.T) {
 		Flow: monitorapi.Flow{
 			Src: netip.MustParseAddr("fd00::2"), Dst: netip.MustParseAddr("fd00::3"),
 			Proto: 6, SrcPort: 40000, DstPort: 80, TCPFlags: 0x12, CTState: 3,
-			ICMPType: 9, ICMPCode: 10, Len: 0x11223344,
+			ICMPType: 9, ICMPCode: 10, Len: 0x11223344, SrcIdentity: 0x01000001, DstIdentity: 0x0102,
 		},
 	}
 	rec, err := monitorapi.Encode(ev, layoutBoot)
@@ -129,6 +129,7 @@ func TestFlowRecordMatchesBTF(t *testing.T) {
 		"family": {6}, "proto": {6}, "tcp_flags": {0x12}, "ct_state": {3}, "icmp_type": {9}, "icmp_code": {10},
 		"sport": be16(40000), "dport": be16(80), "pad": {0, 0}, "len": le32(0x11223344),
 		"src": addr16("fd00::2"), "dst": addr16("fd00::3"),
+		"src_identity": le32(0x01000001), "dst_identity": le32(0x0102),
 	})
 }
 

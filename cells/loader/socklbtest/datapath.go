@@ -10,6 +10,7 @@ import (
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/endpointmaps"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
@@ -39,6 +40,9 @@ func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *
 	cells := []cell.Cell{
 		bpfmaps.Cell, lbmaps.Cell, ctmaps.Cell, endpointmaps.Cell, loader.Cell,
 		handFilled, handFilledEndpoints,
+		// The ipcache map alone: the endpoint programs read it, and a test
+		// fills it by hand (the ipcache cell would need its sources).
+		cell.Module("test-ipcache-map", "The ipcache map filled by the test", cell.Provide(ipcache.NewMap)),
 		cell.Invoke(func(m *lbmaps.Maps) { *maps = m }),
 	}
 	h := celltest.New(append(cells, extra...)...)
