@@ -23,7 +23,7 @@ import (
 
 // startAllocator runs the identity cell for node, with its state in dir,
 // and with the kvstore at etcd (under prefix) when etcd is not "".
-func startAllocator(t *testing.T, node, dir, etcd, prefix string) (*Allocator, *hive.Hive) {
+func startAllocator(t testing.TB, node, dir, etcd, prefix string) (*Allocator, *hive.Hive) {
 	t.Helper()
 	var a *Allocator
 	h := celltest.New(daemon.Cell, kvstore.Cell, Cell, cell.Invoke(func(al *Allocator) { a = al }))
@@ -37,6 +37,10 @@ func startAllocator(t *testing.T, node, dir, etcd, prefix string) (*Allocator, *
 	}
 	celltest.Start(t, h)
 	return a, h
+}
+
+func startBenchAllocator(b *testing.B, etcd string) (*Allocator, *hive.Hive) {
+	return startAllocator(b, "bench-node", b.TempDir(), etcd, "bench")
 }
 
 func web(ns string) labels.Labels {

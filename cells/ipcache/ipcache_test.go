@@ -36,7 +36,7 @@ type node struct {
 	m     *ipcache.Map
 }
 
-func startNode(t *testing.T, root, etcd, prefix string) *node {
+func startNode(t testing.TB, root, etcd, prefix string) *node {
 	t.Helper()
 	n := &node{}
 	newAddrs := func(db *statedb.DB) (statedb.RWTable[*devices.NodeAddress], statedb.Table[*devices.NodeAddress], error) {
@@ -65,7 +65,7 @@ func startNode(t *testing.T, root, etcd, prefix string) *node {
 	return n
 }
 
-func (n *node) stop(t *testing.T) {
+func (n *node) stop(t testing.TB) {
 	n.h.Stop(hivetest.Logger(t), context.Background())
 }
 
