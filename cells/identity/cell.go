@@ -41,13 +41,18 @@ var Cell = cell.Module(
 type Config struct {
 	// Labels filters the pod labels that make an identity.
 	Labels []string
+	// IdentityGCInterval is how often an agent collects the cluster
+	// identities nobody uses (with the kvstore).
+	IdentityGCInterval time.Duration
 }
 
-var defaultConfig = Config{Labels: defaultLabelFilter}
+var defaultConfig = Config{Labels: defaultLabelFilter, IdentityGCInterval: 15 * time.Minute}
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("labels", def.Labels,
 		"Which pod labels make a pod's identity: label keys or key prefixes ending in *; a leading ! drops what matches; when any pattern has no !, only labels matching one are kept. Replaces the default list")
+	flags.Duration("identity-gc-interval", def.IdentityGCInterval,
+		"With --kvstore: how often one agent (elected through a kvstore lock) deletes cluster identities that no node has used for two rounds")
 }
 
 // Key layout in the kvstore (docs/kvstore.md).
@@ -97,6 +102,9 @@ type Allocator struct {
 	health cell.Health
 
 	mu sync.Mutex
+	// gcCandidates are the master keys the last GC round found unused.
+	gcCandidates map[string]gcCandidate
+
 	// used are the identities of this node's endpoints by canonical label
 	// string; restored local identities wait here with refs 0 until
 	// RestoreDone.
@@ -108,6 +116,9 @@ func newAllocator(p params) (*Allocator, error) {
 	if err != nil {
 		return nil, err
 	}
+	if p.Config.IdentityGCInterval < time.Second {
+		return nil, fmt.Errorf("invalid --identity-gc-interval %s: want 1s or more", p.Config.IdentityGCInterval)
+	}
 	a := &Allocator{
 		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore,
 		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health,
@@ -118,9 +129,12 @@ func newAllocator(p params) (*Allocator, error) {
 		txn := p.DB.WriteTxn(p.Table)
 		listed := p.Table.RegisterInitializer(txn, "kvstore-identities")
 		txn.Commit()
-		p.Jobs.Add(job.OneShot("watch-identities", func(ctx context.Context, h cell.Health) error {
-			return a.watch(ctx, h, listed)
-		}))
+		p.Jobs.Add(
+			job.OneShot("watch-identities", func(ctx context.Context, h cell.Health) error {
+				return a.watch(ctx, h, listed)
+			}),
+			job.Timer("identity-gc", a.gcRound, p.Config.IdentityGCInterval),
+		)
 	}
 	return a, nil
 }

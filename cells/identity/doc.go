@@ -19,6 +19,8 @@
 //     deletes that value key. The job watch-identities keeps every master
 //     key in the table, so a known label set resolves with no round trip
 //     ([Allocator.Lookup]) and any number can be named.
+//   - The job identity-gc (kvstore only) deletes master keys that no value
+//     key has named for two rounds of the agent holding the GC lock.
 //   - An empty label set is the init identity: the pod's labels are not
 //     known yet.
 //   - [Allocator.PodLabels] makes a pod's label set: its labels that the

@@ -247,3 +247,65 @@ func etcdKeys(t *testing.T, a *Allocator, prefix string) []string {
 	}
 	return keys
 }
+
+// TestGC: a master key that no node uses is deleted by the second GC round
+// that finds it unused, never the first; one in use, or used again between
+// rounds, stays; only the agent holding the GC lock collects.
+func TestGC(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "gc")
+	b, _ := startAllocator(t, "node-b", t.TempDir(), etcd.Endpoint(), "gc")
+	ctx := ctxT(t)
+	unused, _ := a.Allocate(ctx, web("unused"))
+	reused, _ := a.Allocate(ctx, web("reused"))
+	kept, _ := b.Allocate(ctx, web("kept"))
+	a.Release(ctx, unused)
+	a.Release(ctx, reused)
+	master := func(n identity.NumericIdentity) bool {
+		_, found, err := a.kv.Get(ctx, idPrefix+n.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return found
+	}
+
+	// While b holds the GC lock, a's rounds do nothing.
+	u, err := b.kv.TryLock(ctx, gcLock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := a.gcRound(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !master(unused) {
+		t.Fatal("a collected without the GC lock")
+	}
+	u.Unlock(ctx)
+
+	if err := a.gcRound(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !master(unused) || !master(reused) {
+		t.Fatal("the first round that found a key unused deleted it")
+	}
+	// reused gets a user again between the rounds, on b, which knows its
+	// master key (a label set nobody uses may otherwise get a new number).
+	celltest.Eventually(t, "node b knows the reused identity", func() bool {
+		id, ok := b.Lookup(web("reused"))
+		return ok && id == reused
+	})
+	if again, err := b.Allocate(ctx, web("reused")); err != nil || again != reused {
+		t.Fatalf("reallocating %v = %v, %v; want the same number", reused, again, err)
+	}
+	if err := a.gcRound(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if master(unused) {
+		t.Fatal("unused for two rounds and still there")
+	}
+	if !master(reused) || !master(kept) {
+		t.Fatal("GC deleted an identity in use")
+	}
+}
