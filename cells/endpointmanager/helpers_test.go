@@ -77,6 +77,8 @@ type nodeOpts struct {
 	grace time.Duration
 	// k8s are the objects in the fake API server; the node is "node-1".
 	k8s []runtime.Object
+	// etcd is the kvstore's address; "" for none (node-local identities).
+	etcd string
 }
 
 // start runs the cells over the test's state directory; stop also runs when
@@ -104,6 +106,11 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 			c.IPAMLeakGrace = time.Hour
 		}
 	})
+	if o.etcd != "" {
+		hive.AddConfigOverride(h, func(c *kvstore.Config) {
+			c.KVStore, c.KVStoreOpt, c.KVStorePrefix = "etcd", []string{"etcd.address=" + o.etcd}, "em"
+		})
+	}
 	log := slog.New(n.logs)
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatalf("start: %v", err)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
@@ -103,5 +104,41 @@ func TestPodLabels(t *testing.T) {
 	restored, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: web.id})
 	if restored.Identity != moved.Identity || restored.IdentityPending {
 		t.Fatalf("after a restart the identity is %v (pending %v), want %v", restored.Identity, restored.IdentityPending, moved.Identity)
+	}
+}
+
+// TestIdentityDuringKVStoreOutage: with etcd away, a new pod still gets its
+// endpoint at once, with the init identity, and gets its cluster identity
+// when etcd comes back, with no restart.
+func TestIdentityDuringKVStoreOutage(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{etcd: etcd.Endpoint(), k8s: []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})}})
+	etcd.Stop()
+
+	web := newPod(t)
+	req := web.req()
+	req.PodName = "web"
+	ep, err := n.mgr.Create(context.Background(), req)
+	if err != nil {
+		t.Fatalf("ADD with etcd away: %v", err)
+	}
+	if ep.Identity != identity.Init || !ep.IdentityPending {
+		t.Fatalf("endpoint created with etcd away has identity %v (pending %v), want init, pending", ep.Identity, ep.IdentityPending)
+	}
+
+	etcd.Restart()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		row, _, watch, _ := n.eps.GetWatch(n.db.ReadTxn(), endpointmanager.EndpointContainerID.Query(web.id))
+		if row.Identity.IsCluster() && !row.IdentityPending {
+			break
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatalf("identity after etcd returned: %v (pending %v), want a cluster identity", row.Identity, row.IdentityPending)
+		}
 	}
 }
