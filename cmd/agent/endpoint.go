@@ -33,10 +33,10 @@ func newEndpointCmd(stdout io.Writer) *cobra.Command {
 					if e.Error != "" {
 						state += " (" + e.Error + ")"
 					}
-					rows = append(rows, []string{strconv.Itoa(int(e.ID)), shortContainerID(e.ContainerID), pod, e.Interface,
+					rows = append(rows, []string{strconv.Itoa(int(e.ID)), shortContainerID(e.ContainerID), pod, endpointIdentity(e), e.Interface,
 						e.IPv4, e.IPv6, e.HostInterface, state, e.Datapath})
 				}
-				return writeTable(w, []string{"ID", "CONTAINER", "POD", "INTERFACE", "IPV4", "IPV6", "HOST", "STATE", "DATAPATH"}, rows)
+				return writeTable(w, []string{"ID", "CONTAINER", "POD", "IDENTITY", "INTERFACE", "IPV4", "IPV6", "HOST", "STATE", "DATAPATH"}, rows)
 			})
 		}))
 	ep.AddCommand(newClientCmd("get ID", "Show one endpoint; ID is its number or a container ID", cobra.ExactArgs(1),
@@ -48,6 +48,14 @@ func newEndpointCmd(stdout io.Writer) *cobra.Command {
 			return out.print(stdout, e, func(w io.Writer) error { return printEndpoint(w, e) })
 		}))
 	return ep
+}
+
+// endpointIdentity is the endpoint's identity, marked when provisional.
+func endpointIdentity(e apiv1.Endpoint) string {
+	if e.IdentityPending {
+		return fmt.Sprintf("%d (pending)", e.Identity)
+	}
+	return strconv.FormatUint(uint64(e.Identity), 10)
 }
 
 // endpointArg turns what a user types into an endpoint {id}: a number is an
@@ -71,6 +79,7 @@ func printEndpoint(w io.Writer, e apiv1.Endpoint) error {
 		{"ID", strconv.Itoa(int(e.ID))},
 		{"Container", e.ContainerID},
 		{"Pod", strings.Trim(e.PodNamespace+"/"+e.PodName, "/")},
+		{"Identity", endpointIdentity(e)},
 		{"State", e.State},
 		{"Netns", e.Netns},
 		{"Interface", fmt.Sprintf("%s (%s)", e.Interface, e.MAC)},

@@ -206,6 +206,18 @@ func TestDatapathConntrackAndFlows(t *testing.T) {
 		if entry.Identity < 1<<24 || entry.Source != "local" {
 			t.Fatalf("agent ipcache get %s = %+v, want a local endpoint with a node-local identity", a4, entry)
 		}
+		var eps []struct {
+			IPv4     string
+			Identity uint32
+		}
+		if err := json.Unmarshal([]byte(n.agentCLI("endpoint", "list", "-o", "json")), &eps); err != nil {
+			t.Fatal(err)
+		}
+		for _, ep := range eps {
+			if ep.IPv4 == a4.String() && ep.Identity != entry.Identity {
+				t.Fatalf("agent endpoint list gives %s identity %d, the ipcache %d", a4, ep.Identity, entry.Identity)
+			}
+		}
 		n.waitFlow("TCP client -> server with identities", start, func(f flowLine) bool {
 			return podToPod(f) && f.Flow.Source.Identity == entry.Identity && f.Flow.Destination.Identity >= 1<<24
 		})

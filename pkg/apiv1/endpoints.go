@@ -56,7 +56,11 @@ type Endpoint struct {
 	PodNamespace  string            `json:"podNamespace,omitempty"`
 	PodName       string            `json:"podName,omitempty"`
 	Labels        map[string]string `json:"labels,omitempty"`
-	State         string            `json:"state"`
+	// Identity is the security identity of the endpoint's labels;
+	// IdentityPending says it is provisional until the allocator answers.
+	Identity        uint32 `json:"identity"`
+	IdentityPending bool   `json:"identityPending,omitempty"`
+	State           string `json:"state"`
 	// Error says why a not-ready endpoint is not ready.
 	Error   string    `json:"error,omitempty"`
 	Created time.Time `json:"created"`
