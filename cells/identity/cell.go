@@ -34,7 +34,7 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
-	cell.Provide(newAllocator, statedb.RWTable[*Identity].ToTable, apiRoutes),
+	cell.Provide(newAllocator, statedb.RWTable[*Identity].ToTable, apiRoutes, newMetrics),
 )
 
 // Config is the identity cell's configuration.

@@ -24,8 +24,17 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(newClient, apiRoutes),
+	cell.Provide(newClient, apiRoutes, newKVMetrics),
+	cell.Invoke(useMetrics),
 )
+
+// useMetrics gives the etcd client its metrics (they take the Client, to
+// report its leased keys, so the client cannot take them).
+func useMetrics(c Client, m *kvMetrics) {
+	if ec, ok := c.(*etcdClient); ok {
+		ec.metrics = m
+	}
+}
 
 type params struct {
 	cell.In
@@ -140,6 +149,9 @@ func (c *etcdClient) watchStatus(ctx context.Context, health cell.Health) error 
 			state := StateConnecting
 			if c.reachable(ctx) {
 				state = StateQuorumLost
+				if c.metrics != nil {
+					c.metrics.quorumErrors.Inc()
+				}
 			}
 			if c.setState(state, err) {
 				c.log.Warn("etcd not available; the datapath keeps working and the agent retries", "state", state, "error", err)

@@ -26,8 +26,9 @@ type etcdClient struct {
 	cli    *clientv3.Client
 	limit  *rate.Limiter // nil: no etcd.qps
 
-	leases *leases
-	locks  *locks
+	leases  *leases
+	locks   *locks
+	metrics *kvMetrics
 
 	// Set by the start hook.
 	configFile string
@@ -112,7 +113,8 @@ func wrap(op, key string, err error) error {
 	return fmt.Errorf("kvstore %s %s: %w", op, key, err)
 }
 
-func (c *etcdClient) Get(ctx context.Context, key string) ([]byte, bool, error) {
+func (c *etcdClient) Get(ctx context.Context, key string) (_ []byte, _ bool, err error) {
+	defer c.metrics.observe("get", time.Now(), &err)
 	if err := c.wait(ctx); err != nil {
 		return nil, false, wrap("get", key, err)
 	}
@@ -126,7 +128,8 @@ func (c *etcdClient) Get(ctx context.Context, key string) ([]byte, bool, error) 
 	return resp.Kvs[0].Value, true, nil
 }
 
-func (c *etcdClient) List(ctx context.Context, prefix string) ([]KeyValue, error) {
+func (c *etcdClient) List(ctx context.Context, prefix string) (_ []KeyValue, err error) {
+	defer c.metrics.observe("list", time.Now(), &err)
 	if err := c.wait(ctx); err != nil {
 		return nil, wrap("list", prefix, err)
 	}
@@ -146,7 +149,8 @@ func (c *etcdClient) List(ctx context.Context, prefix string) ([]KeyValue, error
 	return out, nil
 }
 
-func (c *etcdClient) CreateOnly(ctx context.Context, key string, value []byte, opts ...WriteOption) (bool, error) {
+func (c *etcdClient) CreateOnly(ctx context.Context, key string, value []byte, opts ...WriteOption) (_ bool, err error) {
+	defer c.metrics.observe("create", time.Now(), &err)
 	o := writeOpts(opts)
 	if err := c.wait(ctx); err != nil {
 		return false, wrap("create", key, err)
@@ -162,7 +166,7 @@ func (c *etcdClient) CreateOnly(ctx context.Context, key string, value []byte, o
 		return resp.Succeeded, nil
 	}
 	created := false
-	err := c.leases.write(ctx, key, value, func(lease clientv3.LeaseID) (bool, error) {
+	err = c.leases.write(ctx, key, value, func(lease clientv3.LeaseID) (bool, error) {
 		resp, err := c.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 			Then(clientv3.OpPut(k, string(value), clientv3.WithLease(lease))).Commit()
@@ -175,7 +179,8 @@ func (c *etcdClient) CreateOnly(ctx context.Context, key string, value []byte, o
 	return created, wrap("create", key, err)
 }
 
-func (c *etcdClient) UpdateIfDifferent(ctx context.Context, key string, value []byte, opts ...WriteOption) (bool, error) {
+func (c *etcdClient) UpdateIfDifferent(ctx context.Context, key string, value []byte, opts ...WriteOption) (_ bool, err error) {
+	defer c.metrics.observe("update", time.Now(), &err)
 	o := writeOpts(opts)
 	if err := c.wait(ctx); err != nil {
 		return false, wrap("update", key, err)
@@ -198,7 +203,6 @@ func (c *etcdClient) UpdateIfDifferent(ctx context.Context, key string, value []
 		changed = !resp.Succeeded
 		return true, nil
 	}
-	var err error
 	if o.leased {
 		err = c.leases.write(ctx, key, value, update)
 	} else {
@@ -207,16 +211,18 @@ func (c *etcdClient) UpdateIfDifferent(ctx context.Context, key string, value []
 	return changed, wrap("update", key, err)
 }
 
-func (c *etcdClient) Delete(ctx context.Context, key string) error {
+func (c *etcdClient) Delete(ctx context.Context, key string) (err error) {
+	defer c.metrics.observe("delete", time.Now(), &err)
 	if err := c.wait(ctx); err != nil {
 		return wrap("delete", key, err)
 	}
 	c.leases.forget(key)
-	_, err := c.cli.Delete(ctx, c.prefix+key)
+	_, err = c.cli.Delete(ctx, c.prefix+key)
 	return wrap("delete", key, err)
 }
 
-func (c *etcdClient) DeleteIfRevision(ctx context.Context, key string, rev int64) (bool, error) {
+func (c *etcdClient) DeleteIfRevision(ctx context.Context, key string, rev int64) (_ bool, err error) {
+	defer c.metrics.observe("delete", time.Now(), &err)
 	if err := c.wait(ctx); err != nil {
 		return false, wrap("delete", key, err)
 	}
@@ -233,7 +239,8 @@ func (c *etcdClient) DeleteIfRevision(ctx context.Context, key string, rev int64
 	return resp.Succeeded, nil
 }
 
-func (c *etcdClient) Lock(ctx context.Context, key string) (Unlocker, error) {
+func (c *etcdClient) Lock(ctx context.Context, key string) (_ Unlocker, err error) {
+	defer c.metrics.observe("lock", time.Now(), &err)
 	if err := c.wait(ctx); err != nil {
 		return nil, wrap("lock", key, err)
 	}

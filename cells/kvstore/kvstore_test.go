@@ -14,6 +14,9 @@ import (
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -101,6 +104,16 @@ func TestOperations(t *testing.T) {
 	if err := c.Delete(ctx, "state/a"); err != nil {
 		t.Fatalf("Delete of a missing key: %v", err)
 	}
+	var got strings.Builder
+	for _, op := range []string{"get", "list", "create", "update", "delete"} {
+		var m dto.Metric
+		if err := c.metrics.duration.WithLabelValues(op, "ok").(prometheus.Metric).Write(&m); err != nil || m.GetHistogram().GetSampleCount() == 0 {
+			fmt.Fprintf(&got, "%s: %v; ", op, err)
+		}
+	}
+	if got.Len() > 0 {
+		t.Fatalf("operation latency not recorded: %s", got.String())
+	}
 }
 
 func TestLeasedKeysSpreadOverLeases(t *testing.T) {
@@ -173,6 +186,9 @@ func TestLostLeaseWritesKeysAgain(t *testing.T) {
 	}
 	if _, found, _ := c.Get(ctx, "state/ip/v1/10.0.0.2"); found {
 		t.Fatal("a deleted key came back with its lease's rewrite")
+	}
+	if n := testutil.ToFloat64(c.metrics.leasesLost); n != 1 {
+		t.Fatalf("lease renewals failed = %v, want 1", n)
 	}
 }
 

@@ -30,8 +30,6 @@ type leases struct {
 	// lost are keys whose lease was lost, to be written again.
 	lost    map[string]struct{}
 	trigger chan struct{}
-	// renewFailures counts leases lost while the agent ran.
-	renewFailures int
 }
 
 type lease struct {
@@ -145,8 +143,10 @@ func (ls *leases) keepAlive(ctx context.Context, l *lease, alive <-chan *clientv
 			n++
 		}
 	}
-	ls.renewFailures++
 	ls.mu.Unlock()
+	if ls.c.metrics != nil {
+		ls.c.metrics.leasesLost.Inc()
+	}
 	ls.c.log.Warn("kvstore lease lost; writing its keys again on a new lease", "lease", int64(l.id), "keys", n)
 	select {
 	case ls.trigger <- struct{}{}:

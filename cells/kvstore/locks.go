@@ -132,6 +132,9 @@ func (l *locks) gc(ctx context.Context) error {
 	l.mu.Unlock()
 	for _, h := range stale {
 		l.c.log.Warn("Releasing a kvstore lock held for too long", "lock", h.key, "held", time.Since(h.since).Round(time.Second), "stale-timeout", l.stale)
+		if l.c.metrics != nil {
+			l.c.metrics.locksReleased.Inc()
+		}
 		if err := h.Unlock(ctx); err != nil {
 			l.c.log.Warn("Releasing a stale kvstore lock failed; its session's TTL will", "lock", h.key, "error", err)
 		}

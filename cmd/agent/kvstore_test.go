@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +72,20 @@ func TestAgentKVStore(t *testing.T) {
 	}
 	if _, errOut, code := agentCmd(t, "kvstore", "get", "state/none", "--api-socket", env.socket); code == 0 || !strings.Contains(errOut, "state/none") {
 		t.Fatalf("agent kvstore get of a missing key = %d: %s", code, errOut)
+	}
+
+	// The metrics of the three cells.
+	resp, err := http.Get("http://" + env.healthAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`cellium_identities{kind="reserved"} 7`, `cellium_ipcache_entries `,
+		`cellium_kvstore_operation_duration_seconds_count{operation="get",result="ok"}`, `cellium_kvstore_leased_keys `} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
 	}
 
 	// etcd goes away: the agent says so and keeps running.

@@ -1,0 +1,17 @@
+package ipcache
+
+import (
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cellium/cellium/cells/metrics"
+)
+
+// newMetrics is cellium_ipcache_entries: the prefixes of the table, which
+// the map holds once reconciled.
+func newMetrics(db *statedb.DB, tbl statedb.Table[*Entry]) metrics.Collectors {
+	return metrics.NewCollectors(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "cellium", Subsystem: "ipcache", Name: "entries",
+		Help: "Prefixes in the ipcache (and, once reconciled, its BPF map)",
+	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }))
+}
