@@ -59,7 +59,6 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 const (
 	idPrefix    = "state/identities/v1/id/"
 	valuePrefix = "state/identities/v1/value/"
-	lockPrefix  = "state/identities/v1/locks/"
 )
 
 // checkpointFile holds the node-local identities in the state dir.
@@ -85,12 +84,8 @@ type params struct {
 // local endpoint uses it (and, cluster-wide, while any node does).
 //
 // With the kvstore, an identity is the number every node gets for the same
-// label set: under the label set's lock, the allocator reuses the number
-// another node holds (its key identities/v1/value/<labels>/<node>) or a
-// master key already naming the set, and else creates a new master key
-// identities/v1/id/<N> for a free N; then it writes this node's leased
-// value key. Without the kvstore, numbers come from the local range and
-// are checkpointed in the state dir before they are handed out.
+// label set (see allocateCluster). Without it, numbers come from the local
+// range and are checkpointed in the state dir before they are handed out.
 type Allocator struct {
 	log    *slog.Logger
 	db     *statedb.DB
@@ -102,6 +97,9 @@ type Allocator struct {
 	health cell.Health
 
 	mu sync.Mutex
+	// sets serializes this node's allocations and releases of each label
+	// set.
+	sets keyedMutex
 	// gcCandidates are the master keys the last GC round found unused.
 	gcCandidates map[string]gcCandidate
 
@@ -242,47 +240,79 @@ func (a *Allocator) Allocate(ctx context.Context, ls labels.Labels) (identity.Nu
 		return identity.Init, nil
 	}
 	key := ls.String()
-	a.mu.Lock()
-	if id := a.used[key]; id != nil {
-		id.Refs++
-		a.publish(id)
-		a.mu.Unlock()
-		return id.ID, nil
+	if id, ok := a.useKnown(key); ok {
+		return id, nil
 	}
 	if !a.kv.Enabled() {
-		defer a.mu.Unlock()
-		id := &Identity{ID: a.freeLocal(), Labels: ls, Kind: KindLocal, Refs: 1}
-		a.used[key] = id
-		if err := a.writeCheckpoint(); err != nil {
-			delete(a.used, key)
-			return 0, err
-		}
-		a.publish(id)
-		a.log.Info("Allocated a node-local identity", "identity", id.ID, "labels", key)
-		return id.ID, nil
+		return a.allocateLocal(ls)
 	}
-	a.mu.Unlock()
-
-	n, err := a.allocateCluster(ctx, ls)
+	// This node's allocations and releases of one label set go one at a
+	// time: a release deleting the value key must not race an allocation
+	// writing it.
+	unlock := a.sets.lock(key)
+	defer unlock()
+	if id, ok := a.useKnown(key); ok {
+		return id, nil
+	}
+	n, err := a.allocateCluster(ctx, key)
 	if err != nil {
 		return 0, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	id := &Identity{ID: n, Labels: ls, Kind: KindCluster, Refs: 1}
+	a.used[key] = id
+	a.publish(id)
+	return n, nil
+}
+
+// useKnown counts one more user of a label set this node already uses.
+func (a *Allocator) useKnown(key string) (identity.NumericIdentity, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	id := a.used[key]
 	if id == nil {
-		id = &Identity{ID: n, Labels: ls, Kind: KindCluster}
-		a.used[key] = id
+		return 0, false
 	}
 	id.Refs++
 	a.publish(id)
+	return id.ID, true
+}
+
+// allocateLocal gives a new label set the lowest free node-local number,
+// checkpointed before it is handed out.
+func (a *Allocator) allocateLocal(ls labels.Labels) (identity.NumericIdentity, error) {
+	key := ls.String()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if id := a.used[key]; id != nil {
+		id.Refs++
+		a.publish(id)
+		return id.ID, nil
+	}
+	id := &Identity{ID: a.freeLocal(), Labels: ls, Kind: KindLocal, Refs: 1}
+	a.used[key] = id
+	if err := a.writeCheckpoint(); err != nil {
+		delete(a.used, key)
+		return 0, err
+	}
+	a.publish(id)
+	a.log.Info("Allocated a node-local identity", "identity", id.ID, "labels", key)
 	return id.ID, nil
 }
 
 // Lookup is the identity the table knows for a label set, with no kvstore
 // round trip.
 func (a *Allocator) Lookup(ls labels.Labels) (identity.NumericIdentity, bool) {
-	id, _, found := a.tbl.Get(a.db.ReadTxn(), ByLabels.Query(ls.String()))
+	key := ls.String()
+	a.mu.Lock()
+	u := a.used[key]
+	a.mu.Unlock()
+	if u != nil {
+		return u.ID, true
+	}
+	// The lowest number, when two name the set (see lookupCluster).
+	id, _, found := a.tbl.Get(a.db.ReadTxn(), ByLabels.Query(key))
 	if !found {
 		return 0, false
 	}
@@ -296,36 +326,52 @@ func (a *Allocator) Release(ctx context.Context, n identity.NumericIdentity) err
 		return nil
 	}
 	a.mu.Lock()
-	var id *Identity
-	for _, u := range a.used {
-		if u.ID == n {
-			id = u
-			break
-		}
-	}
+	id := a.usedByID(n)
 	if id == nil || id.Refs == 0 {
 		a.mu.Unlock()
 		return fmt.Errorf("release identity %d: not in use on this node", n)
 	}
 	id.Refs--
+	a.publish(id)
 	if id.Refs > 0 {
-		a.publish(id)
 		a.mu.Unlock()
 		return nil
 	}
 	key := id.Labels.String()
-	delete(a.used, key)
-	a.unpublish(id)
-	var err error
 	if id.Kind == KindLocal {
-		err = a.writeCheckpoint()
+		defer a.mu.Unlock()
+		delete(a.used, key)
+		a.unpublish(id)
+		if err := a.writeCheckpoint(); err != nil {
+			return fmt.Errorf("release identity %d: %w", n, err)
+		}
+		return nil
 	}
 	a.mu.Unlock()
-	if id.Kind == KindCluster {
-		err = a.kv.Delete(ctx, valuePrefix+key+"/"+a.node)
+
+	unlock := a.sets.lock(key)
+	defer unlock()
+	a.mu.Lock()
+	if id.Refs > 0 || a.used[key] != id {
+		// Used again meanwhile.
+		a.mu.Unlock()
+		return nil
 	}
-	if err != nil {
+	delete(a.used, key)
+	a.unpublish(id)
+	a.mu.Unlock()
+	if err := a.kv.Delete(ctx, a.valueKey(key)); err != nil {
 		return fmt.Errorf("release identity %d: %w", n, err)
+	}
+	return nil
+}
+
+// usedByID is the identity n of this node's endpoints, with a.mu held.
+func (a *Allocator) usedByID(n identity.NumericIdentity) *Identity {
+	for _, u := range a.used {
+		if u.ID == n {
+			return u
+		}
 	}
 	return nil
 }
@@ -381,74 +427,108 @@ func (a *Allocator) unpublish(id *Identity) {
 	txn.Commit()
 }
 
-// allocateCluster is the cluster-wide number of ls, and writes this node's
-// value key for it.
-func (a *Allocator) allocateCluster(ctx context.Context, ls labels.Labels) (identity.NumericIdentity, error) {
-	key := ls.String()
-	unlock, err := a.kv.Lock(ctx, lockPrefix+key)
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		unlock.Unlock(uctx)
-	}()
-	n, err := a.existing(ctx, key)
-	if err != nil {
-		return 0, err
-	}
-	for attempt := 0; n == 0; attempt++ {
-		if attempt == 64 {
-			return 0, fmt.Errorf("no free cluster identity for %s after %d tries", key, attempt)
+// maxAllocateAttempts bounds the transactions of one allocation: each
+// failed one means another node changed the label set's keys meanwhile, or
+// a random number was taken.
+const maxAllocateAttempts = 64
+
+func (a *Allocator) valueKey(labels string) string { return valuePrefix + labels + "/" + a.node }
+
+// allocateCluster is the cluster-wide number of the label set key, with
+// this node's value key for it written. Each step is one compare-and-swap
+// transaction, which keeps the invariant "every value key of a label set
+// names one number, whose master key names the set" without a lock:
+//
+//   - a new number's master key is created only together with the set's
+//     first value key, and only while the set has none;
+//   - a node joins a number only while its master key names the set and
+//     every value key of the set (if any) names that number;
+//   - the collector deletes a master key only while its set has no value
+//     key (gcRound).
+//
+// A label set the table knows costs one round trip, a new one usually
+// one. A node whose table missed an unused master key may create a second
+// number for the set; the unused one is collected.
+func (a *Allocator) allocateCluster(ctx context.Context, key string) (identity.NumericIdentity, error) {
+	values := valuePrefix + key + "/"
+	n, _ := a.lookupCluster(key)
+	for attempt := 0; attempt < maxAllocateAttempts; attempt++ {
+		if n != 0 {
+			master := kvstore.ValueIs(idPrefix+n.String(), []byte(key))
+			put := []kvstore.Op{kvstore.Put(a.valueKey(key), []byte(n.String()), kvstore.Leased())}
+			i, err := a.kv.Txn(ctx,
+				kvstore.Branch{If: []kvstore.Cond{master, kvstore.NoneUnder(values)}, Then: put},
+				kvstore.Branch{If: []kvstore.Cond{master, kvstore.EveryValueUnder(values, []byte(n.String()))}, Then: put})
+			if err != nil || i >= 0 {
+				return n, err
+			}
+		} else {
+			cand := a.freeCluster()
+			i, err := a.kv.Txn(ctx, kvstore.Branch{
+				If: []kvstore.Cond{kvstore.Absent(idPrefix + cand.String()), kvstore.NoneUnder(values)},
+				Then: []kvstore.Op{kvstore.Put(idPrefix+cand.String(), []byte(key)),
+					kvstore.Put(a.valueKey(key), []byte(cand.String()), kvstore.Leased())},
+			})
+			if err != nil {
+				return 0, err
+			}
+			if i >= 0 {
+				a.log.Info("Allocated a cluster identity", "identity", cand, "labels", key)
+				return cand, nil
+			}
 		}
-		cand := identity.MinCluster + identity.NumericIdentity(rand.IntN(int(identity.MaxCluster-identity.MinCluster+1)))
-		if _, _, taken := a.tbl.Get(a.db.ReadTxn(), ByID.Query(cand)); taken {
-			continue
-		}
-		created, err := a.kv.CreateOnly(ctx, idPrefix+cand.String(), []byte(key))
-		if err != nil {
+		// The set's keys changed, or the number was taken: what etcd says.
+		var err error
+		if n, err = a.existing(ctx, key); err != nil {
 			return 0, err
 		}
-		if created {
-			n = cand
-			a.log.Info("Allocated a cluster identity", "identity", n, "labels", key)
-		}
 	}
-	if _, err := a.kv.UpdateIfDifferent(ctx, valuePrefix+key+"/"+a.node, []byte(n.String()), kvstore.Leased()); err != nil {
-		return 0, err
-	}
-	return n, nil
+	return 0, fmt.Errorf("no cluster identity for %s after %d attempts: the label set's keys or the numbers keep changing", key, maxAllocateAttempts)
 }
 
-// existing is the number another node holds for the label set key, or
-// that a master key names, 0 for none; with the set's lock held.
+// freeCluster is a random cluster number the table does not know.
+func (a *Allocator) freeCluster() identity.NumericIdentity {
+	txn := a.db.ReadTxn()
+	for {
+		cand := identity.MinCluster + identity.NumericIdentity(rand.IntN(int(identity.MaxCluster-identity.MinCluster+1)))
+		if _, _, taken := a.tbl.Get(txn, ByID.Query(cand)); !taken {
+			return cand
+		}
+	}
+}
+
+// lookupCluster is the cluster number the table knows for the label set
+// key. With two (two nodes raced a collector, see existing), it is the
+// lowest, so every node picks the same.
+func (a *Allocator) lookupCluster(key string) (identity.NumericIdentity, bool) {
+	for id := range a.tbl.List(a.db.ReadTxn(), ByLabels.Query(key)) {
+		if id.Kind == KindCluster {
+			return id.ID, true
+		}
+	}
+	return 0, false
+}
+
+// existing is the number the value keys of the label set key name (any
+// node's, this one's from before a restart included), when its master key
+// still names the set; 0 for none.
 func (a *Allocator) existing(ctx context.Context, key string) (identity.NumericIdentity, error) {
 	values, err := a.kv.List(ctx, valuePrefix+key+"/")
 	if err != nil {
 		return 0, err
 	}
 	for _, v := range values {
-		n, err := strconv.ParseUint(string(v.Value), 10, 32)
-		if err != nil {
-			a.log.Warn("Ignoring an identity value key that is not a number", "key", v.Key, "value", string(v.Value))
+		n, err := identity.Parse(string(v.Value))
+		if err != nil || !n.IsCluster() {
+			a.log.Warn("Ignoring an identity value key that is not a cluster identity", "key", v.Key, "value", string(v.Value))
 			continue
 		}
-		master, found, err := a.kv.Get(ctx, idPrefix+strconv.FormatUint(n, 10))
+		master, found, err := a.kv.Get(ctx, idPrefix+n.String())
 		if err != nil {
 			return 0, err
 		}
 		if found && string(master) == key {
-			return identity.NumericIdentity(n), nil
-		}
-	}
-	if row, _, found := a.tbl.Get(a.db.ReadTxn(), ByLabels.Query(key)); found && row.Kind == KindCluster {
-		master, found, err := a.kv.Get(ctx, idPrefix+row.ID.String())
-		if err != nil {
-			return 0, err
-		}
-		if found && string(master) == key {
-			return row.ID, nil
+			return n, nil
 		}
 	}
 	return 0, nil
@@ -467,17 +547,39 @@ func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(s
 			}
 			health.OK("Cluster identities listed")
 		case kvstore.EventUpsert, kvstore.EventDelete:
-			a.apply(ev)
+			if ls := a.apply(ev); ls != nil {
+				a.writeBack(ctx, ev.Key, ls)
+			}
 		}
 	}
 	return nil
 }
 
-func (a *Allocator) apply(ev kvstore.Event) {
+// writeBack creates again the master key of an identity this node uses,
+// which someone deleted: its endpoints keep their number, and the number
+// must keep naming their label set.
+func (a *Allocator) writeBack(ctx context.Context, key string, ls labels.Labels) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	created, err := a.kv.CreateOnly(ctx, key, []byte(ls.String()))
+	switch {
+	case err != nil:
+		a.log.Error("An identity in use lost its master key and writing it back failed", "key", key, "labels", ls.String(), "error", err)
+	case created:
+		a.log.Warn("Wrote back the deleted master key of an identity in use", "key", key, "labels", ls.String())
+	default:
+		a.log.Error("An identity in use lost its master key to another label set; its endpoints need new identities", "key", key, "labels", ls.String())
+	}
+}
+
+// apply writes a master key's change into the table. It returns the label
+// set of a master key that was deleted while this node uses it, for the
+// watcher to write back.
+func (a *Allocator) apply(ev kvstore.Event) (writeBack labels.Labels) {
 	n, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, idPrefix), 10, 32)
 	if err != nil || !identity.NumericIdentity(n).IsCluster() {
 		a.log.Warn("Ignoring an identity master key outside the cluster range", "key", ev.Key)
-		return
+		return nil
 	}
 	id := identity.NumericIdentity(n)
 	a.mu.Lock()
@@ -486,26 +588,23 @@ func (a *Allocator) apply(ev kvstore.Event) {
 	defer txn.Commit()
 	old, _, found := a.tbl.Get(txn, ByID.Query(id))
 	if ev.Kind == kvstore.EventDelete {
-		if found && old.Refs == 0 {
+		if u := a.usedByID(id); u != nil && u.Kind == KindCluster {
+			return u.Labels
+		}
+		if found {
 			a.tbl.Delete(txn, old)
 		}
-		return
+		return nil
 	}
 	ls, err := labels.Parse(string(ev.Value))
-	if err != nil {
-		a.log.Warn("Ignoring an identity master key whose value is not a label set", "key", ev.Key, "error", err)
-		return
+	if err != nil || len(ls) == 0 {
+		a.log.Warn("Ignoring an identity master key whose value is not a label set", "key", ev.Key, "value", string(ev.Value), "error", err)
+		return nil
 	}
 	row := &Identity{ID: id, Labels: ls, Kind: KindCluster}
 	if u := a.used[ls.String()]; u != nil && u.ID == id {
 		row.Refs = u.Refs
 	}
-	if found && old.Labels.String() != row.Labels.String() {
-		a.tbl.Delete(txn, old)
-	}
-	if _, _, err := a.tbl.Insert(txn, row); err != nil {
-		// Another number holds this label set (a race two agents lost
-		// together): keep the one in use.
-		a.log.Warn("Two identities for one label set; keeping the first", "identity", id, "labels", ls.String(), "error", err)
-	}
+	a.tbl.Insert(txn, row)
+	return nil
 }

@@ -11,16 +11,19 @@
 //     number on every node when --kvstore is set, and on this node across
 //     restarts when it is not (the checkpoint identities.json in the state
 //     dir, written before a new number is handed out).
-//   - With the kvstore, allocation takes the label set's lock
-//     (identities/v1/locks/<labels>), reuses the number that another node's
-//     value key or an existing master key names, else creates the master
-//     key identities/v1/id/<N> for a free N; then writes this node's leased
-//     value key identities/v1/value/<labels>/<node>. The last release
-//     deletes that value key. The job watch-identities keeps every master
-//     key in the table, so a known label set resolves with no round trip
-//     ([Allocator.Lookup]) and any number can be named.
+//   - With the kvstore, every value key of a label set
+//     (identities/v1/value/<labels>/<node>) names one number, whose master
+//     key (identities/v1/id/<N>) names the set. Allocation keeps this with
+//     compare-and-swap transactions, no lock: it joins the number the
+//     table or the value keys name, or creates a new master key together
+//     with the set's first value key. The last release deletes this node's
+//     value key. The job watch-identities keeps every master key in the
+//     table, so a known label set resolves with no round trip
+//     ([Allocator.Lookup]) and any number can be named, and writes back a
+//     master key deleted while this node uses it.
 //   - The job identity-gc (kvstore only) deletes master keys that no value
-//     key has named for two rounds of the agent holding the GC lock.
+//     key has named for two rounds of the agent holding the GC lock, by a
+//     transaction that checks they are still unused.
 //   - An empty label set is the init identity: the pod's labels are not
 //     known yet.
 //   - [Allocator.PodLabels] makes a pod's label set: its labels that the

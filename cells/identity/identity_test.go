@@ -309,3 +309,66 @@ func TestGC(t *testing.T) {
 		t.Fatal("GC deleted an identity in use")
 	}
 }
+
+// TestMasterKeyWrittenBack: a master key deleted (by hand, or a collector
+// that lost its value key's race) while a node uses the identity is
+// written back by that node with the same label set.
+func TestMasterKeyWrittenBack(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "wb")
+	ctx := ctxT(t)
+	n, err := a.Allocate(ctx, web("wb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.kv.Delete(ctx, idPrefix+n.String()); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the master key written back", func() bool {
+		v, found, err := a.kv.Get(ctx, idPrefix+n.String())
+		return err == nil && found && string(v) == web("wb").String()
+	})
+	if id, ok := a.Lookup(web("wb")); !ok || id != n {
+		t.Fatalf("Lookup after the write-back = %v, %v; want %v", id, ok, n)
+	}
+}
+
+// TestTwoMastersForOneLabelSet: when a node that did not know an unused
+// master key created a second one for the same label set, every node
+// still resolves the set to one number, and the unused one is collected.
+func TestTwoMastersForOneLabelSet(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "two")
+	ctx := ctxT(t)
+	ls := web("two").String()
+	// An unused master key (its users went) and one in use by node-x.
+	for _, kv := range [][2]string{{idPrefix + "300", ls}, {idPrefix + "400", ls}, {valuePrefix + ls + "/node-x", "400"}} {
+		if _, err := a.kv.UpdateIfDifferent(ctx, kv[0], []byte(kv[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	celltest.Eventually(t, "both numbers in the table", func() bool {
+		n := 0
+		for range a.tbl.List(a.db.ReadTxn(), ByLabels.Query(ls)) {
+			n++
+		}
+		return n == 2
+	})
+	// The allocator joins the number in use, not the lowest one the
+	// table names.
+	n, err := a.Allocate(ctx, web("two"))
+	if err != nil || n != 400 {
+		t.Fatalf("Allocate = %v, %v; want 400, the number node-x uses", n, err)
+	}
+	for range 2 {
+		if err := a.gcRound(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, found, _ := a.kv.Get(ctx, idPrefix+"300"); found {
+		t.Fatal("the unused second master key was not collected")
+	}
+	if _, found, _ := a.kv.Get(ctx, idPrefix+"400"); !found {
+		t.Fatal("the master key in use was collected")
+	}
+}

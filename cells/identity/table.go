@@ -51,12 +51,13 @@ var (
 		Unique:     true,
 	}
 	// ByLabels indexes identities by their label set's canonical string.
+	// Not unique: for a while two cluster numbers may name one set (see
+	// Allocator.allocateCluster); queries list them lowest first.
 	ByLabels = statedb.Index[*Identity, string]{
 		Name:       "labels",
 		FromObject: func(i *Identity) index.KeySet { return index.NewKeySet(index.String(i.Labels.String())) },
 		FromKey:    index.String,
 		FromString: index.FromString,
-		Unique:     true,
 	}
 )
 

@@ -210,10 +210,8 @@ func (disabled) CreateOnly(context.Context, string, []byte, ...WriteOption) (boo
 func (disabled) UpdateIfDifferent(context.Context, string, []byte, ...WriteOption) (bool, error) {
 	return false, ErrDisabled
 }
-func (disabled) Delete(context.Context, string) error { return ErrDisabled }
-func (disabled) DeleteIfRevision(context.Context, string, int64) (bool, error) {
-	return false, ErrDisabled
-}
+func (disabled) Delete(context.Context, string) error              { return ErrDisabled }
+func (disabled) Txn(context.Context, ...Branch) (int, error)       { return -1, ErrDisabled }
 func (disabled) Lock(context.Context, string) (Unlocker, error)    { return nil, ErrDisabled }
 func (disabled) TryLock(context.Context, string) (Unlocker, error) { return nil, ErrDisabled }
 func (disabled) Status() Status                                    { return Status{State: StateDisabled} }

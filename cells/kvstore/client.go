@@ -46,9 +46,12 @@ type Client interface {
 	// written again when its lease is lost). A missing key is no error.
 	Delete(ctx context.Context, key string) error
 
-	// DeleteIfRevision removes key only if its ModRevision is still rev;
-	// deleted says whether it did.
-	DeleteIfRevision(ctx context.Context, key string, rev int64) (deleted bool, err error)
+	// Txn applies, in one transaction, the writes of the first branch
+	// whose conditions all hold, and returns that branch's index, -1 when
+	// none held (and nothing was written): a compare-and-swap over several
+	// keys in one round trip. The branches may have one Leased write
+	// between them, of one key.
+	Txn(ctx context.Context, branches ...Branch) (applied int, err error)
 
 	// Lock takes the cluster-wide lock named key, waiting for it until ctx
 	// ends. The lock lives on a short lease (about 25 s), so the locks of an
@@ -121,7 +124,75 @@ type Event struct {
 	Value []byte
 }
 
-// WriteOption changes how CreateOnly and UpdateIfDifferent write.
+// Branch is one alternative of a Txn: its writes, if its conditions hold.
+type Branch struct {
+	If   []Cond
+	Then []Op
+}
+
+// Cond is a condition of a Txn, on one key or on every key under a prefix.
+type Cond struct {
+	key    string
+	prefix bool
+	kind   condKind
+	value  []byte
+	rev    int64
+}
+
+type condKind uint8
+
+const (
+	condAbsent condKind = iota
+	condValue
+	condValueNot
+	condModRevision
+)
+
+// Absent holds when key does not exist.
+func Absent(key string) Cond { return Cond{key: key, kind: condAbsent} }
+
+// NoneUnder holds when no key exists under prefix.
+func NoneUnder(prefix string) Cond { return Cond{key: prefix, prefix: true, kind: condAbsent} }
+
+// ValueIs holds when key exists and holds value.
+func ValueIs(key string, value []byte) Cond { return Cond{key: key, kind: condValue, value: value} }
+
+// EveryValueUnder holds when there are keys under prefix and all of them
+// hold value.
+func EveryValueUnder(prefix string, value []byte) Cond {
+	return Cond{key: prefix, prefix: true, kind: condValue, value: value}
+}
+
+// EveryValueUnderIsNot holds when there are keys under prefix and none of
+// them holds value.
+func EveryValueUnderIsNot(prefix string, value []byte) Cond {
+	return Cond{key: prefix, prefix: true, kind: condValueNot, value: value}
+}
+
+// ModRevisionIs holds when key was last written at revision rev (a
+// KeyValue's ModRevision).
+func ModRevisionIs(key string, rev int64) Cond {
+	return Cond{key: key, kind: condModRevision, rev: rev}
+}
+
+// Op is a write of a Txn.
+type Op struct {
+	key    string
+	value  []byte
+	delete bool
+	leased bool
+}
+
+// Put writes key; with Leased it goes on one of the agent's leases, as with
+// UpdateIfDifferent.
+func Put(key string, value []byte, opts ...WriteOption) Op {
+	return Op{key: key, value: value, leased: writeOpts(opts).leased}
+}
+
+// Del deletes key.
+func Del(key string) Op { return Op{key: key, delete: true} }
+
+// WriteOption changes how CreateOnly, UpdateIfDifferent and Put write.
 type WriteOption func(*writeOptions)
 
 type writeOptions struct {

@@ -20,6 +20,9 @@
 //     applies a put with a lease in time linear in the keys on it). When a
 //     lease is lost, the job kvstore-lease-rewrite writes its keys again on
 //     a new lease.
+//   - [Client.Txn] is a compare-and-swap over several keys in one round
+//     trip: the writes of the first branch whose conditions hold, on
+//     single keys or on every key under a prefix.
 //   - Locks are etcd mutexes on a session with a 25 s TTL, so a dead
 //     agent's locks expire; one process serialises its own holders of a
 //     lock, and kvstore-locks-gc releases a lock held here for longer than

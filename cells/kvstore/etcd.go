@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/time/rate"
@@ -221,22 +222,126 @@ func (c *etcdClient) Delete(ctx context.Context, key string) (err error) {
 	return wrap("delete", key, err)
 }
 
-func (c *etcdClient) DeleteIfRevision(ctx context.Context, key string, rev int64) (_ bool, err error) {
-	defer c.metrics.observe("delete", time.Now(), &err)
+func (c *etcdClient) Txn(ctx context.Context, branches ...Branch) (_ int, err error) {
+	defer c.metrics.observe("txn", time.Now(), &err)
+	what := "transaction"
+	var leased *Op
+	for _, b := range branches {
+		for i, op := range b.Then {
+			if what == "transaction" {
+				what = op.key
+			}
+			if !op.leased {
+				continue
+			}
+			if leased != nil && leased.key != op.key {
+				return -1, fmt.Errorf("kvstore txn %s: leased writes of two keys (%s, %s)", what, leased.key, op.key)
+			}
+			leased = &b.Then[i]
+		}
+	}
 	if err := c.wait(ctx); err != nil {
-		return false, wrap("delete", key, err)
+		return -1, wrap("txn", what, err)
 	}
-	k := c.prefix + key
-	resp, err := c.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
-		Then(clientv3.OpDelete(k)).Commit()
+	applied := -1
+	commit := func(lease clientv3.LeaseID) (bool, error) {
+		// Branch i is tried in the Else of branch i-1: one request.
+		var resp *clientv3.TxnResponse
+		var err error
+		if len(branches) > 0 {
+			first := branches[0]
+			txn := c.cli.Txn(ctx).If(c.cmps(first.If)...).Then(c.ops(first.Then, lease)...)
+			if len(branches) > 1 {
+				txn = txn.Else(c.nested(branches[1:], lease))
+			}
+			if resp, err = txn.Commit(); err != nil {
+				return false, err
+			}
+			applied = branchApplied(resp.Succeeded, resp.Responses, 0, len(branches))
+		}
+		return applied >= 0, nil
+	}
+	if leased != nil {
+		err = c.leases.write(ctx, leased.key, leased.value, commit)
+	} else {
+		_, err = commit(clientv3.NoLease)
+	}
 	if err != nil {
-		return false, wrap("delete", key, err)
+		return -1, wrap("txn", what, err)
 	}
-	if resp.Succeeded {
-		c.leases.forget(key)
+	if applied >= 0 {
+		for _, op := range branches[applied].Then {
+			if !op.leased {
+				// Deleted, or no longer leased: not written again when its
+				// old lease is lost.
+				c.leases.forget(op.key)
+			}
+		}
 	}
-	return resp.Succeeded, nil
+	return applied, nil
+}
+
+// nested is branches as one etcd op: the first branch's compares and
+// writes, with the rest nested in its else.
+func (c *etcdClient) nested(branches []Branch, lease clientv3.LeaseID) clientv3.Op {
+	var els []clientv3.Op
+	if len(branches) > 1 {
+		els = []clientv3.Op{c.nested(branches[1:], lease)}
+	}
+	return clientv3.OpTxn(c.cmps(branches[0].If), c.ops(branches[0].Then, lease), els)
+}
+
+// branchApplied is the index of the branch a response applied, from
+// branch i on: a failed compare's response holds its else, the next
+// branch's transaction.
+func branchApplied(succeeded bool, responses []*etcdserverpb.ResponseOp, i, n int) int {
+	if succeeded {
+		return i
+	}
+	if i+1 >= n || len(responses) != 1 || responses[0].GetResponseTxn() == nil {
+		return -1
+	}
+	inner := responses[0].GetResponseTxn()
+	return branchApplied(inner.Succeeded, inner.Responses, i+1, n)
+}
+
+func (c *etcdClient) cmps(conds []Cond) []clientv3.Cmp {
+	cmps := make([]clientv3.Cmp, len(conds))
+	for i, cond := range conds {
+		k := c.prefix + cond.key
+		switch cond.kind {
+		case condAbsent:
+			cmps[i] = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
+		case condValue:
+			cmps[i] = clientv3.Compare(clientv3.Value(k), "=", string(cond.value))
+		case condValueNot:
+			cmps[i] = clientv3.Compare(clientv3.Value(k), "!=", string(cond.value))
+		case condModRevision:
+			cmps[i] = clientv3.Compare(clientv3.ModRevision(k), "=", cond.rev)
+		}
+		if cond.prefix {
+			// Over a range, a compare holds when it holds for every key in
+			// it; for an empty range a creation revision of 0 holds and a
+			// value never does.
+			cmps[i] = cmps[i].WithPrefix()
+		}
+	}
+	return cmps
+}
+
+func (c *etcdClient) ops(ops []Op, lease clientv3.LeaseID) []clientv3.Op {
+	out := make([]clientv3.Op, len(ops))
+	for i, op := range ops {
+		switch {
+		case op.delete:
+			out[i] = clientv3.OpDelete(c.prefix + op.key)
+		case op.leased:
+			out[i] = clientv3.OpPut(c.prefix+op.key, string(op.value), clientv3.WithLease(lease))
+		default:
+			out[i] = clientv3.OpPut(c.prefix+op.key, string(op.value))
+		}
+	}
+	return out
 }
 
 func (c *etcdClient) Lock(ctx context.Context, key string) (_ Unlocker, err error) {

@@ -95,17 +95,20 @@ func TestOperations(t *testing.T) {
 	if err != nil || len(raw.Kvs) != 1 {
 		t.Fatalf("raw get t1/state/a = %v, %v", raw, err)
 	}
-	if deleted, err := c.DeleteIfRevision(ctx, "state/a", kvs[0].ModRevision-1); err != nil || deleted {
-		t.Fatalf("DeleteIfRevision with a stale revision = %v, %v", deleted, err)
+	delIfRev := func(rev int64) Branch {
+		return Branch{If: []Cond{ModRevisionIs("state/a", rev)}, Then: []Op{Del("state/a")}}
 	}
-	if deleted, err := c.DeleteIfRevision(ctx, "state/a", kvs[0].ModRevision); err != nil || !deleted {
-		t.Fatalf("DeleteIfRevision = %v, %v", deleted, err)
+	if i, err := c.Txn(ctx, delIfRev(kvs[0].ModRevision-1)); err != nil || i != -1 {
+		t.Fatalf("Txn delete with a stale revision = %v, %v", i, err)
+	}
+	if i, err := c.Txn(ctx, delIfRev(kvs[0].ModRevision)); err != nil || i != 0 {
+		t.Fatalf("Txn delete at the key's revision = %v, %v", i, err)
 	}
 	if err := c.Delete(ctx, "state/a"); err != nil {
 		t.Fatalf("Delete of a missing key: %v", err)
 	}
 	var got strings.Builder
-	for _, op := range []string{"get", "list", "create", "update", "delete"} {
+	for _, op := range []string{"get", "list", "create", "update", "txn", "delete"} {
 		var m dto.Metric
 		if err := c.metrics.duration.WithLabelValues(op, "ok").(prometheus.Metric).Write(&m); err != nil || m.GetHistogram().GetSampleCount() == 0 {
 			fmt.Fprintf(&got, "%s: %v; ", op, err)
@@ -113,6 +116,72 @@ func TestOperations(t *testing.T) {
 	}
 	if got.Len() > 0 {
 		t.Fatalf("operation latency not recorded: %s", got.String())
+	}
+}
+
+// TestTxn: a transaction applies the writes of its first branch whose
+// conditions hold, all of them or none, on conditions over single keys and
+// over every key under a prefix; its leased write lives on the agent's
+// leases like any other.
+func TestTxn(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "tx", nil)
+	ctx := ctxT(t)
+	// The identity allocator's two transactions: create a number with the
+	// first value key of a set, or join the number every value key names.
+	create := func(n, node string) (int, error) {
+		return c.Txn(ctx, Branch{
+			If:   []Cond{Absent("state/id/" + n), NoneUnder("state/value/web/")},
+			Then: []Op{Put("state/id/"+n, []byte("web")), Put("state/value/web/"+node, []byte(n), Leased())},
+		})
+	}
+	join := func(n, node string) (int, error) {
+		put := []Op{Put("state/value/web/"+node, []byte(n), Leased())}
+		return c.Txn(ctx,
+			Branch{If: []Cond{ValueIs("state/id/"+n, []byte("web")), NoneUnder("state/value/web/")}, Then: put},
+			Branch{If: []Cond{ValueIs("state/id/"+n, []byte("web")), EveryValueUnder("state/value/web/", []byte(n))}, Then: put})
+	}
+	if i, err := create("300", "a"); err != nil || i != 0 {
+		t.Fatalf("Txn on an empty prefix = %v, %v", i, err)
+	}
+	// The prefix now holds a key: a second creation, even of another
+	// number, writes nothing.
+	if i, err := create("301", "b"); err != nil || i != -1 {
+		t.Fatalf("Txn with a key under the prefix = %v, %v; want not applied", i, err)
+	}
+	if _, found, _ := c.Get(ctx, "state/id/301"); found {
+		t.Fatal("a transaction that was not applied wrote one of its keys")
+	}
+	kvs, err := c.List(ctx, "state/value/web/")
+	if err != nil || len(kvs) != 1 || kvs[0].Lease == 0 || string(kvs[0].Value) != "300" {
+		t.Fatalf("leased write of the transaction: %+v, %v", kvs, err)
+	}
+	// Joining: the second branch applies (there is a value key, naming
+	// the same number); a number no value key names is refused.
+	if i, err := join("300", "b"); err != nil || i != 1 {
+		t.Fatalf("join 300 = %v, %v; want the second branch", i, err)
+	}
+	if _, err := c.UpdateIfDifferent(ctx, "state/id/302", []byte("web")); err != nil {
+		t.Fatal(err)
+	}
+	if i, err := join("302", "c"); err != nil || i != -1 {
+		t.Fatalf("join a number the value keys do not name = %v, %v", i, err)
+	}
+	if st := c.Status(); st.LeasedKeys != 2 {
+		t.Fatalf("leased keys %d, want 2", st.LeasedKeys)
+	}
+	// With no value key left, the first branch applies.
+	for _, k := range []string{"state/value/web/a", "state/value/web/b"} {
+		if err := c.Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if i, err := join("302", "c"); err != nil || i != 0 {
+		t.Fatalf("join with no value key = %v, %v; want the first branch", i, err)
+	}
+	two := Branch{Then: []Op{Put("state/x", nil, Leased()), Put("state/y", nil, Leased())}}
+	if _, err := c.Txn(ctx, two); err == nil || !strings.Contains(err.Error(), "leased writes of two keys") {
+		t.Fatalf("leased writes of two keys in one Txn: %v", err)
 	}
 }
 

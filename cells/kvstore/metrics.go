@@ -22,7 +22,7 @@ func newKVMetrics(c Client) (*kvMetrics, metrics.Collectors) {
 	m := &kvMetrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "operation_duration_seconds",
-			Help:    "Duration of kvstore operations, by operation (get, list, create, update, delete, lock) and result (ok, error)",
+			Help:    "Duration of kvstore operations, by operation (get, list, create, update, delete, txn, lock) and result (ok, error)",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 9),
 		}, []string{"operation", "result"}),
 		quorumErrors: prometheus.NewCounter(prometheus.CounterOpts{
