@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -61,7 +62,12 @@ func Start(t testing.TB) *Server {
 		client: "http://" + freeAddr(t),
 		peer:   "http://" + freeAddr(t),
 	}
-	t.Cleanup(func() { s.Stop() })
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			t.Logf("the test failed; etcd's log:\n%s", s.Log())
+		}
+	})
 	s.Restart()
 	return s
 }
@@ -105,13 +111,27 @@ func (s *Server) Restart() {
 		"--election-timeout", "500",
 	)
 	cmd.Stdout, cmd.Stderr = log, log
+	// etcd dies with the test process. The kernel sends Pdeathsig when the
+	// thread that forked the child exits, not the process: the fork runs on
+	// a thread locked to a goroutine that lives as long as etcd does, or
+	// etcd would be killed when the Go runtime retires that thread (as it
+	// does after a goroutine that entered a netns ends locked).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	started, exited := make(chan error), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			cmd.Wait()
+			close(exited)
+		}
+	}()
+	if err := <-started; err != nil {
 		log.Close()
 		s.t.Fatalf("start etcd: %v", err)
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
 	s.cmd, s.exited, s.logFile = cmd, exited, log
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
