@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/health"
 	idalloc "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/kinderr"
@@ -124,8 +125,8 @@ type params struct {
 	Jobs       job.Group
 	Health     cell.Health
 	NodeName   daemon.NodeName
-	// Clientset gives endpoints their pods' labels; without it they have
-	// none.
+	// Clientset gives endpoints their pods' labels, service accounts and
+	// namespaces' labels; without it they have none.
 	Clientset k8sclient.Clientset `optional:"true"`
 }
 
@@ -140,8 +141,8 @@ type Manager struct {
 	states *stateStore
 	plumb  *plumbing
 	health cell.Health
-	// labels is nil without a Kubernetes clientset.
-	labels *podLabels
+	// pods is nil without a Kubernetes clientset.
+	pods *podWatcher
 	// crashAt is --endpoint-test-crash-at.
 	crashAt string
 
@@ -189,12 +190,12 @@ func newManager(p params) (*Manager, error) {
 		job.WithRetry(-1, &job.ExponentialBackoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})))
 	p.Jobs.Add(job.Timer("resolve-identities", m.resolveIdentities, resolveInterval))
 	if p.Clientset != nil {
-		labels, err := newPodLabels(p.Clientset, string(p.NodeName), m)
+		pods, err := newPodWatcher(p.Clientset, string(p.NodeName), m)
 		if err != nil {
 			return nil, err
 		}
-		m.labels = labels
-		p.Jobs.Add(job.OneShot("pod-labels", labels.run))
+		m.pods = pods
+		p.Jobs.Add(job.OneShot("pod-labels", pods.run))
 	}
 	return m, nil
 }
@@ -212,15 +213,8 @@ func (m *Manager) crashPoint(step string) {
 
 // waitRestored waits until the restore is done, as long as ctx allows.
 func (m *Manager) waitRestored(ctx context.Context) error {
-	for {
-		init, watch := m.tbl.Initialized(m.db.ReadTxn())
-		if init {
-			return nil
-		}
-		select {
-		case <-watch:
-		case <-ctx.Done():
-			return errorf(ErrNotReady, "the agent is restoring its endpoints; try again: %v", context.Cause(ctx))
-		}
+	if err := tables.WaitInitialized(ctx, m.db, m.tbl); err != nil {
+		return errorf(ErrNotReady, "the agent is restoring its endpoints; try again: %v", err)
 	}
+	return nil
 }

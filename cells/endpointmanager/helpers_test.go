@@ -25,6 +25,7 @@ import (
 	"github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
@@ -40,6 +41,7 @@ type node struct {
 	db       *statedb.DB
 	eps      statedb.Table[*endpointmanager.Endpoint]
 	ipamTbl  statedb.Table[*ipam.Allocation]
+	ids      statedb.Table[*identity.Identity]
 	client   *client.Client
 	logs     *logtest.Recorder
 	stateDir string
@@ -87,8 +89,9 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
 	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclient.FakeCell(o.k8s...),
-		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation], cs *fake.Clientset) {
-			n.mgr, n.db, n.eps, n.ipamTbl, n.k8s = m, db, eps, tbl, cs
+		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
+			ids statedb.Table[*identity.Identity], cs *fake.Clientset) {
+			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.k8s = m, db, eps, tbl, ids, cs
 		}))
 	socket := filepath.Join(tn.dir, "agent.sock")
 	hive.AddConfigOverride(h, func(c *daemon.Config) {
@@ -177,16 +180,8 @@ func (n *node) waitRestored(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for {
-		init, watch := n.eps.Initialized(n.db.ReadTxn())
-		if init {
-			return
-		}
-		select {
-		case <-watch:
-		case <-ctx.Done():
-			t.Fatal("endpoint restore did not finish")
-		}
+	if err := tables.WaitInitialized(ctx, n.db, n.eps); err != nil {
+		t.Fatalf("endpoint restore did not finish: %v", err)
 	}
 }
 

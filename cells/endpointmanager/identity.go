@@ -2,20 +2,35 @@ package endpointmanager
 
 import (
 	"context"
+	"maps"
+	"sync"
 	"time"
 
+	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
 // identityTimeout bounds how long an ADD, a restore or a label change
 // waits for the kvstore before the endpoint goes on with the init identity
 // (or, restored, with the number it had); the resolve-identities job
-// acquires the real one later.
+// acquires the real one later. No identity is acquired with m.mu held, so
+// the wait holds back no other endpoint.
 const identityTimeout = 2 * time.Second
 
 // resolveInterval is how often resolve-identities looks for endpoints
 // whose identity is not acquired yet.
 const resolveInterval = 5 * time.Second
+
+// identityPod is what ep's identity is made of.
+func identityPod(ep *Endpoint) idalloc.Pod {
+	return idalloc.Pod{Namespace: ep.PodNamespace, Labels: ep.Labels, ServiceAccount: ep.ServiceAccount, NamespaceLabels: ep.NamespaceLabels}
+}
+
+// sameIdentityInputs says whether a and b have the same identity inputs.
+func sameIdentityInputs(a, b *Endpoint) bool {
+	return a.PodNamespace == b.PodNamespace && a.ServiceAccount == b.ServiceAccount &&
+		maps.Equal(a.Labels, b.Labels) && maps.Equal(a.NamespaceLabels, b.NamespaceLabels)
+}
 
 // acquireIdentity is the identity of ep's labels, counted for ep. When the
 // allocator cannot answer in time, it is fallback (not counted) and
@@ -23,7 +38,7 @@ const resolveInterval = 5 * time.Second
 func (m *Manager) acquireIdentity(ctx context.Context, ep *Endpoint, fallback identity.NumericIdentity) (id identity.NumericIdentity, pending bool) {
 	ctx, cancel := context.WithTimeout(ctx, identityTimeout)
 	defer cancel()
-	ls := m.ids.PodLabels(ep.PodNamespace, ep.Labels)
+	ls := m.ids.PodLabels(identityPod(ep))
 	id, err := m.ids.Allocate(ctx, ls)
 	if err == nil {
 		return id, false
@@ -39,6 +54,30 @@ func (m *Manager) acquireIdentity(ctx context.Context, ep *Endpoint, fallback id
 	return fallback, true
 }
 
+// acquireIdentities acquires the identities of restored endpoints, many at
+// once and within one identityTimeout for all of them, each keeping the
+// number it had while the allocator cannot answer.
+func (m *Manager) acquireIdentities(ctx context.Context, eps []*Endpoint) {
+	ctx, cancel := context.WithTimeout(ctx, identityTimeout)
+	defer cancel()
+	// With the cluster's identities listed, a label set gets the number it
+	// had even when no node holds it any more (the agent was down longer
+	// than its lease).
+	if err := m.ids.WaitSynced(ctx); err != nil {
+		m.log.Warn("The cluster's identities are not listed yet; restored endpoints may keep provisional identities", "error", err)
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 32)
+	for _, ep := range eps {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, ep.Identity)
+		})
+	}
+	wg.Wait()
+}
+
 // releaseIdentity drops ep's use of its identity.
 func (m *Manager) releaseIdentity(ep *Endpoint) {
 	if ep.IdentityPending {
@@ -51,25 +90,86 @@ func (m *Manager) releaseIdentity(ep *Endpoint) {
 	}
 }
 
+// reidentify moves the endpoint old to the identity of next's inputs. The
+// identity is acquired without m.mu; the endpoint is then changed only if
+// its identity and inputs are still those of old, else what was acquired
+// is released (a later event, which saw the newer row, does the work).
+func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why string) {
+	fallback := identity.Unknown
+	if sameIdentityInputs(old, next) {
+		// Resolving a provisional identity: keep it until the allocator answers.
+		fallback = old.Identity
+	}
+	next.Identity, next.IdentityPending = m.acquireIdentity(ctx, next, fallback)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, _, found := m.tbl.Get(m.db.ReadTxn(), EndpointID.Query(old.ID))
+	if !found || cur.ContainerID != old.ContainerID || !sameIdentityInputs(cur, old) ||
+		cur.Identity != old.Identity || cur.IdentityPending != old.IdentityPending {
+		m.releaseIdentity(next)
+		return
+	}
+	if sameIdentityInputs(cur, next) && cur.Identity == next.Identity && cur.IdentityPending == next.IdentityPending {
+		// Still provisional: nothing to write.
+		return
+	}
+	ep := cur.Clone()
+	ep.Labels, ep.ServiceAccount, ep.NamespaceLabels = next.Labels, next.ServiceAccount, next.NamespaceLabels
+	ep.Identity, ep.IdentityPending = next.Identity, next.IdentityPending
+	if err := m.update(ep); err != nil {
+		m.log.Error("Write the endpoint's new identity", "id", ep.ID, "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
+		m.releaseIdentity(ep)
+		return
+	}
+	m.releaseIdentity(old)
+	if ep.Identity != old.Identity || ep.IdentityPending != old.IdentityPending {
+		m.log.Info("Endpoint has a new identity", "id", ep.ID, "pod", ep.PodNamespace+"/"+ep.PodName, "why", why,
+			"identity", ep.identityString(), "was", old.identityString())
+	}
+}
+
+// podChanged gives the endpoints of a pod what the API server now says of
+// it; namespaceChanged does it for every endpoint of a namespace. The
+// datapath keeps the endpoints' connections: only the identity they are
+// known by changes.
+func (m *Manager) podChanged(namespace, name string) {
+	for ep := range m.tbl.List(m.db.ReadTxn(), EndpointPod.Query(namespace+"/"+name)) {
+		m.refreshPod(ep, "pod labels changed")
+	}
+}
+
+func (m *Manager) namespaceChanged(namespace string) {
+	for ep := range m.tbl.All(m.db.ReadTxn()) {
+		if ep.PodNamespace == namespace && ep.PodName != "" {
+			m.refreshPod(ep, "namespace labels changed")
+		}
+	}
+}
+
+func (m *Manager) refreshPod(ep *Endpoint, why string) {
+	meta, ok := m.podMeta(ep.PodNamespace, ep.PodName)
+	if !ok {
+		return
+	}
+	next := ep.Clone()
+	meta.apply(next)
+	if sameIdentityInputs(ep, next) {
+		return
+	}
+	m.reidentify(context.Background(), ep, next, why)
+}
+
 // resolveIdentities acquires the identities that ADDs, restores and label
 // changes could not get in time (the kvstore was away).
 func (m *Manager) resolveIdentities(ctx context.Context) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	for ep := range m.tbl.All(m.db.ReadTxn()) {
 		if !ep.IdentityPending {
 			continue
 		}
-		id, pending := m.acquireIdentity(ctx, ep, ep.Identity)
-		if pending {
+		m.reidentify(ctx, ep, ep.Clone(), "identity resolved")
+		if cur, found := m.Lookup(Selector{ID: ep.ID}); found && cur.IdentityPending {
 			return nil // still away: the next round tries again
 		}
-		ep = ep.Clone()
-		ep.Identity, ep.IdentityPending = id, false
-		if err := m.update(ep); err != nil {
-			return err
-		}
-		m.log.Info("Endpoint has its identity", "id", ep.ID, "identity", id)
 	}
 	return nil
 }

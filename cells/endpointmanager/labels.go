@@ -13,92 +13,103 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/k8sclient"
-	"github.com/cellium/cellium/pkg/identity"
 )
 
-// podLabels keeps endpoints' labels equal to their Pods' labels in the API
-// server: the pods of this node, by namespace and name.
-type podLabels struct {
-	log     *slog.Logger
-	node    string
-	factory informers.SharedInformerFactory
-	store   cache.Store
+// podMeta is what the endpoint of a pod learns from the API server: what
+// its identity is made of.
+type podMeta struct {
+	labels          map[string]string
+	serviceAccount  string
+	namespaceLabels map[string]string
 }
 
-func newPodLabels(cs k8sclient.Clientset, node string, m *Manager) (*podLabels, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0,
+// apply sets an endpoint's fields from m.
+func (m podMeta) apply(ep *Endpoint) {
+	ep.Labels, ep.ServiceAccount, ep.NamespaceLabels = maps.Clone(m.labels), m.serviceAccount, maps.Clone(m.namespaceLabels)
+}
+
+// podWatcher keeps endpoints' pod metadata equal to what the API server
+// has: the pods of this node, and every namespace (for its labels).
+type podWatcher struct {
+	log        *slog.Logger
+	node       string
+	pods       informers.SharedInformerFactory
+	namespaces informers.SharedInformerFactory
+	podStore   cache.Store
+	nsStore    cache.Store
+}
+
+func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher, error) {
+	pods := informers.NewSharedInformerFactoryWithOptions(cs, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 		}))
-	informer := factory.Core().V1().Pods().Informer()
-	p := &podLabels{log: m.log, node: node, factory: factory, store: informer.GetStore()}
-	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.changed(m, obj) },
-		UpdateFunc: func(_, obj any) { p.changed(m, obj) },
+	namespaces := informers.NewSharedInformerFactory(cs, 0)
+	podInformer := pods.Core().V1().Pods().Informer()
+	nsInformer := namespaces.Core().V1().Namespaces().Informer()
+	w := &podWatcher{log: m.log, node: node, pods: pods, namespaces: namespaces,
+		podStore: podInformer.GetStore(), nsStore: nsInformer.GetStore()}
+	podChanged := func(obj any) {
+		// The embedded API server ignores field selectors in watches.
+		if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName == node {
+			m.podChanged(pod.Namespace, pod.Name)
+		}
+	}
+	if _, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    podChanged,
+		UpdateFunc: func(_, obj any) { podChanged(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	nsChanged := func(obj any) {
+		if ns, ok := obj.(*corev1.Namespace); ok {
+			m.namespaceChanged(ns.Name)
+		}
+	}
+	_, err := nsInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    nsChanged,
+		UpdateFunc: func(_, obj any) { nsChanged(obj) },
 	})
-	return p, err
+	return w, err
 }
 
-// changed applies a pod's labels to its endpoint.
-func (p *podLabels) changed(m *Manager, obj any) {
-	pod, ok := obj.(*corev1.Pod)
-	// The embedded API server ignores field selectors in watches.
-	if !ok || pod.Spec.NodeName != p.node {
-		return
-	}
-	m.setLabels(pod.Namespace, pod.Name, pod.Labels)
-}
-
-// lookup is the labels of a pod of this node, when the informer has it.
-func (p *podLabels) lookup(namespace, name string) map[string]string {
-	obj, found, err := p.store.GetByKey(namespace + "/" + name)
+// lookup is what the API server says of a pod of this node, when the
+// informer has it.
+func (w *podWatcher) lookup(namespace, name string) (podMeta, bool) {
+	obj, found, err := w.podStore.GetByKey(namespace + "/" + name)
 	if err != nil || !found {
-		return nil
+		return podMeta{}, false
 	}
 	pod, ok := obj.(*corev1.Pod)
-	if !ok || pod.Spec.NodeName != p.node {
-		return nil
+	if !ok || pod.Spec.NodeName != w.node {
+		return podMeta{}, false
 	}
-	return maps.Clone(pod.Labels)
+	meta := podMeta{labels: pod.Labels, serviceAccount: pod.Spec.ServiceAccountName}
+	if obj, found, err := w.nsStore.GetByKey(namespace); err == nil && found {
+		if ns, ok := obj.(*corev1.Namespace); ok {
+			meta.namespaceLabels = ns.Labels
+		}
+	}
+	return meta, true
 }
 
-// run watches the pods until the agent stops.
-func (p *podLabels) run(ctx context.Context, health cell.Health) error {
+// run watches pods and namespaces until the agent stops.
+func (w *podWatcher) run(ctx context.Context, health cell.Health) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
 		cancel()
-		p.factory.Shutdown()
+		w.pods.Shutdown()
+		w.namespaces.Shutdown()
 	}()
-	p.factory.Start(ctx.Done())
-	p.factory.WaitForCacheSync(ctx.Done())
+	w.pods.Start(ctx.Done())
+	w.namespaces.Start(ctx.Done())
+	w.pods.WaitForCacheSync(ctx.Done())
+	w.namespaces.WaitForCacheSync(ctx.Done())
 	if ctx.Err() == nil {
-		p.log.Info("Watching the pods of this node for their labels", "node", p.node, "pods", len(p.store.ListKeys()))
-		health.OK("Watching the pods of node " + p.node)
+		w.log.Info("Watching the pods of this node and the namespaces for their labels", "node", w.node,
+			"pods", len(w.podStore.ListKeys()), "namespaces", len(w.nsStore.ListKeys()))
+		health.OK("Watching the pods of node " + w.node + " and the namespaces")
 	}
 	<-ctx.Done()
 	return nil
-}
-
-// setLabels gives the endpoint of a pod its labels, and the identity of
-// its new label set, on disk and in the table. The datapath keeps the
-// endpoint's connections: only the identity it is known by changes.
-func (m *Manager) setLabels(namespace, name string, labels map[string]string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for ep := range m.tbl.List(m.db.ReadTxn(), EndpointPod.Query(namespace+"/"+name)) {
-		if maps.Equal(ep.Labels, labels) {
-			continue
-		}
-		old := ep
-		ep = ep.Clone()
-		ep.Labels = maps.Clone(labels)
-		ep.Identity, ep.IdentityPending = m.acquireIdentity(context.Background(), ep, identity.Unknown)
-		if err := m.update(ep); err != nil {
-			m.log.Error("Write the endpoint's new pod labels", "id", ep.ID, "pod", namespace+"/"+name, "error", err)
-			m.releaseIdentity(ep)
-			continue
-		}
-		m.releaseIdentity(old)
-		m.log.Info("Endpoint has new pod labels", "id", ep.ID, "pod", namespace+"/"+name, "identity", ep.Identity, "was", old.Identity)
-	}
 }

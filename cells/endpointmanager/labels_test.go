@@ -7,14 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -140,5 +144,121 @@ func TestIdentityDuringKVStoreOutage(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("identity after etcd returned: %v (pending %v), want a cluster identity", row.Identity, row.IdentityPending)
 		}
+	}
+}
+
+// waitEndpoint waits, on the table's watch channel, until the endpoint of
+// containerID satisfies ok, and returns it.
+func (n *node) waitEndpoint(t *testing.T, containerID, what string, ok func(*endpointmanager.Endpoint) bool) *endpointmanager.Endpoint {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		ep, _, watch, found := n.eps.GetWatch(n.db.ReadTxn(), endpointmanager.EndpointContainerID.Query(containerID))
+		if found && ok(ep) {
+			return ep
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatalf("endpoint of %s: %s: last seen %+v", containerID, what, ep)
+		}
+	}
+}
+
+// identityLabels are the labels of identity id in the identities table.
+func (n *node) identityLabels(t *testing.T, id identity.NumericIdentity) string {
+	t.Helper()
+	row, _, found := n.ids.Get(n.db.ReadTxn(), idalloc.ByID.Query(id))
+	if !found {
+		t.Fatalf("identity %v is not in the identities table", id)
+	}
+	return row.Labels.String()
+}
+
+// An endpoint's identity is made of its pod's labels, namespace and
+// service account and its namespace's labels; a change of the namespace's
+// labels moves every endpoint of the namespace to the new identity, and
+// the old one goes with its last user.
+func TestIdentityFromNamespaceAndServiceAccount(t *testing.T) {
+	tn := newTestNet(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{"team": "a"}}}
+	web := k8sPod("web", "node-1", map[string]string{"app": "web"})
+	web.Spec.ServiceAccountName = "web-sa"
+	n := tn.start(t, nodeOpts{k8s: []runtime.Object{ns, web}})
+	p := newPod(t)
+	req := p.req()
+	req.PodName = "web"
+	if _, err := n.mgr.Create(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	const want = "k8s:app=web;k8s:io.cellium.k8s.namespace.labels.team=a;k8s:io.cellium.k8s.policy.serviceaccount=web-sa;k8s:io.kubernetes.pod.namespace=default"
+	first := n.waitEndpoint(t, p.id, "has the service account and namespace labels", func(ep *endpointmanager.Endpoint) bool {
+		return ep.ServiceAccount == "web-sa" && ep.NamespaceLabels["team"] == "a"
+	})
+	if got := n.identityLabels(t, first.Identity); got != want {
+		t.Fatalf("identity %v has labels\n%s, want\n%s", first.Identity, got, want)
+	}
+
+	ns.Labels["team"] = "b"
+	if _, err := n.k8s.CoreV1().Namespaces().Update(context.Background(), ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	moved := n.waitEndpoint(t, p.id, "moved to the new namespace labels' identity", func(ep *endpointmanager.Endpoint) bool {
+		return ep.NamespaceLabels["team"] == "b" && ep.Identity != first.Identity && !ep.IdentityPending
+	})
+	if got := n.identityLabels(t, moved.Identity); !strings.Contains(got, "k8s:io.cellium.k8s.namespace.labels.team=b") {
+		t.Fatalf("new identity %v has labels %s", moved.Identity, got)
+	}
+	// The old identity goes with its last user (released just after the
+	// endpoint moved).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		_, _, watch, found := n.ids.GetWatch(n.db.ReadTxn(), idalloc.ByID.Query(first.Identity))
+		if !found {
+			break
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatalf("the old node-local identity %v outlived its last user", first.Identity)
+		}
+	}
+}
+
+// With the kvstore, a restart takes each endpoint's cluster identity back
+// by labels before the endpoint is ready: the same number, acquired (not
+// provisional), and this node's value key for it written again.
+func TestRestoreClusterIdentity(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	tn := newTestNet(t)
+	pods := []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})}
+	n := tn.start(t, nodeOpts{etcd: etcd.Endpoint(), k8s: pods})
+	p := newPod(t)
+	req := p.req()
+	req.PodName = "web"
+	if _, err := n.mgr.Create(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	before := n.waitEndpoint(t, p.id, "has its cluster identity", func(ep *endpointmanager.Endpoint) bool {
+		return ep.Identity.IsCluster() && !ep.IdentityPending
+	})
+	n.stop()
+
+	n = tn.start(t, nodeOpts{etcd: etcd.Endpoint(), k8s: pods})
+	n.waitRestored(t)
+	after, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if after.Identity != before.Identity || after.IdentityPending {
+		t.Fatalf("restored identity %v (pending %v), want %v acquired", after.Identity, after.IdentityPending, before.Identity)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	resp, err := cli.Get(context.Background(), "em/state/identities/v1/value/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != before.Identity.String() || !strings.HasSuffix(string(resp.Kvs[0].Key), "/node-1") {
+		t.Fatalf("value keys after the restart: %v, %v", resp, err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"time"
 
@@ -49,6 +48,25 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	if err := m.waitRestored(ctx); err != nil {
 		return nil, err
 	}
+	ep := &Endpoint{
+		ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
+		HostIfName: HostIfName(req.ContainerID), PodNamespace: req.PodNamespace, PodName: req.PodName,
+		Created: time.Now(),
+	}
+	if meta, ok := m.podMeta(req.PodNamespace, req.PodName); ok {
+		meta.apply(ep)
+	}
+	// Before m.mu: the allocator may wait for the kvstore.
+	ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, identity.Unknown)
+	created, err := m.createLocked(ctx, req, ep)
+	if err != nil {
+		m.releaseIdentity(ep)
+		return nil, err
+	}
+	return created, nil
+}
+
+func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpoint) (*Endpoint, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -69,17 +87,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	if _, _, err := m.leftovers(req.ContainerID); err != nil {
 		return nil, err
 	}
-
-	ep := &Endpoint{
-		ID: id, ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
-		HostIfName: HostIfName(req.ContainerID), PodNamespace: req.PodNamespace, PodName: req.PodName,
-		Labels: m.podLabels(req.PodNamespace, req.PodName), Created: time.Now(),
-	}
-	ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, identity.Unknown)
+	ep.ID = id
 	ep, err = m.create(ctx, ep)
 	if err != nil {
 		m.undo(ep)
-		m.releaseIdentity(ep)
 		return nil, err
 	}
 	return ep, nil
@@ -182,12 +193,12 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 	return removedLink, released, nil
 }
 
-// podLabels are a pod's labels, when the API server has told them.
-func (m *Manager) podLabels(namespace, name string) map[string]string {
-	if m.labels == nil || name == "" {
-		return nil
+// podMeta is what the API server says of a pod, when it has told.
+func (m *Manager) podMeta(namespace, name string) (podMeta, bool) {
+	if m.pods == nil || name == "" {
+		return podMeta{}, false
 	}
-	return m.labels.lookup(namespace, name)
+	return m.pods.lookup(namespace, name)
 }
 
 // routers are the router addresses of the pools.
@@ -369,15 +380,28 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	if err != nil {
 		return err
 	}
+	// Identities are taken again by labels before the endpoints are ready,
+	// all within one timeout; an endpoint keeps the number it had while the
+	// allocator cannot answer.
+	before := make(map[uint16]Endpoint, len(keep))
+	for _, ep := range keep {
+		before[ep.ID] = *ep
+		if meta, ok := m.podMeta(ep.PodNamespace, ep.PodName); ok {
+			meta.apply(ep)
+		}
+	}
+	m.acquireIdentities(ctx, keep)
+	done := false
+	defer func() {
+		if !done { // the job retries the whole restore
+			for _, ep := range keep {
+				m.releaseIdentity(ep)
+			}
+		}
+	}()
 	notReady := 0
 	for _, ep := range keep {
-		before := *ep
-		if labels := m.podLabels(ep.PodNamespace, ep.PodName); labels != nil {
-			ep.Labels = labels
-		}
-		// Taken again by labels before the endpoint is ready; the number
-		// it had stays while the allocator cannot answer.
-		ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, ep.Identity)
+		before := before[ep.ID]
 		if err := m.plumb.plumb(ep, routers, host); err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
@@ -390,7 +414,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 				m.log.Info("Restored endpoint got a new veth pair", "id", ep.ID, "container", ep.ContainerID,
 					"host-interface", ep.HostIfName, "ifindex", ep.HostIfIndex)
 			}
-			if newVeth || !maps.Equal(ep.Labels, before.Labels) || ep.Identity != before.Identity {
+			if newVeth || !sameIdentityInputs(ep, &before) || ep.Identity != before.Identity {
 				if err := m.states.write(ep, phaseReady); err != nil {
 					return err
 				}
@@ -407,6 +431,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	m.tableRestored(txn)
 	txn.Commit()
 	m.ready()
+	done = true
 
 	m.log.Info("Restored endpoints", "restored", len(keep), "not-ready", notReady,
 		"rolled-back", rolledBack, "netns-gone", gone, "duration", time.Since(start))

@@ -56,6 +56,9 @@ type stateFile struct {
 	PodNamespace string            `json:"podNamespace,omitempty"`
 	PodName      string            `json:"podName,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
+	// ServiceAccount and NamespaceLabels, with Labels, make the identity.
+	ServiceAccount  string            `json:"serviceAccount,omitempty"`
+	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty"`
 	// Identity is the security identity the endpoint had; a restore
 	// acquires it again by labels, and keeps this number meanwhile.
 	Identity identity.NumericIdentity `json:"identity,omitempty"`
@@ -67,7 +70,8 @@ func toStateFile(ep *Endpoint, ph phase) stateFile {
 		Version: stateVersion, Phase: ph, ID: ep.ID, ContainerID: ep.ContainerID, Netns: ep.Netns,
 		IfName: ep.IfName, MAC: ep.MAC, IPv4: ep.IPv4, IPv6: ep.IPv6, HostIfName: ep.HostIfName,
 		HostIfIndex: ep.HostIfIndex, HostMAC: ep.HostMAC, PodNamespace: ep.PodNamespace,
-		PodName: ep.PodName, Labels: ep.Labels, Identity: ep.Identity, Created: ep.Created,
+		PodName: ep.PodName, Labels: ep.Labels, ServiceAccount: ep.ServiceAccount, NamespaceLabels: ep.NamespaceLabels,
+		Identity: ep.Identity, Created: ep.Created,
 	}
 }
 
@@ -76,7 +80,7 @@ func (f *stateFile) endpoint() *Endpoint {
 		ID: f.ID, ContainerID: f.ContainerID, Netns: f.Netns, IfName: f.IfName, MAC: f.MAC,
 		IPv4: f.IPv4, IPv6: f.IPv6, HostIfName: f.HostIfName, HostIfIndex: f.HostIfIndex,
 		HostMAC: f.HostMAC, PodNamespace: f.PodNamespace, PodName: f.PodName, Labels: f.Labels,
-		Identity: f.Identity, Created: f.Created,
+		ServiceAccount: f.ServiceAccount, NamespaceLabels: f.NamespaceLabels, Identity: f.Identity, Created: f.Created,
 	}
 }
 

@@ -68,6 +68,10 @@ type Endpoint struct {
 	PodNamespace string            `json:"podNamespace,omitempty" yaml:"podNamespace,omitempty"`
 	PodName      string            `json:"podName,omitempty" yaml:"podName,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
+	// ServiceAccount and NamespaceLabels are the pod's service account and
+	// its namespace's labels: with Labels, what its identity is made of.
+	ServiceAccount  string            `json:"serviceAccount,omitempty" yaml:"serviceAccount,omitempty"`
+	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty" yaml:"namespaceLabels,omitempty"`
 	// Identity is the security identity of the endpoint's label set:
 	// identity.Init until the allocator has resolved it.
 	Identity identity.NumericIdentity `json:"identity,omitempty" yaml:"identity,omitempty"`
@@ -90,6 +94,7 @@ type Endpoint struct {
 func (e *Endpoint) Clone() *Endpoint {
 	c := *e
 	c.Labels = maps.Clone(e.Labels)
+	c.NamespaceLabels = maps.Clone(e.NamespaceLabels)
 	return &c
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/labels"
@@ -299,6 +300,12 @@ func (a *Allocator) allocateLocal(ls labels.Labels) (identity.NumericIdentity, e
 	a.publish(id)
 	a.log.Info("Allocated a node-local identity", "identity", id.ID, "labels", key)
 	return id.ID, nil
+}
+
+// WaitSynced waits until the table has every identity the node can know
+// of: with the kvstore, until the master keys are listed.
+func (a *Allocator) WaitSynced(ctx context.Context) error {
+	return tables.WaitInitialized(ctx, a.db, a.tbl)
 }
 
 // Lookup is the identity the table knows for a label set, with no kvstore

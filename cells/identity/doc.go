@@ -26,8 +26,9 @@
 //     transaction that checks they are still unused.
 //   - An empty label set is the init identity: the pod's labels are not
 //     known yet.
-//   - [Allocator.PodLabels] makes a pod's label set: its labels that the
-//     --labels filter keeps, and its namespace.
+//   - [Allocator.PodLabels] makes a pod's label set: its labels and its
+//     namespace's labels that the --labels filter keeps, its namespace and
+//     its service account.
 //
 // The endpoint manager is the allocator's user: each endpoint holds one
 // use of its identity, takes it again by labels on restore, and moves to a

@@ -7,8 +7,17 @@ import (
 	"github.com/cellium/cellium/pkg/labels"
 )
 
-// NamespaceLabel is the label every pod's identity has: its namespace.
-const NamespaceLabel = "io.kubernetes.pod.namespace"
+// Keys of the labels a pod's identity has besides its own labels, all with
+// source k8s.
+const (
+	// NamespaceLabel: the pod's namespace.
+	NamespaceLabel = "io.kubernetes.pod.namespace"
+	// ServiceAccountLabel: the pod's service account.
+	ServiceAccountLabel = "io.cellium.k8s.policy.serviceaccount"
+	// NamespaceLabelsPrefix, followed by a label key of the pod's
+	// namespace: that namespace label.
+	NamespaceLabelsPrefix = "io.cellium.k8s.namespace.labels."
+)
 
 // defaultLabelFilter drops the labels that differ between pods of one
 // workload: with them, every pod would have an identity of its own.
@@ -75,17 +84,36 @@ func (f labelFilter) accepts(key string) bool {
 	return false
 }
 
-// PodLabels is the label set of a pod's identity: the pod's labels that
-// the filter keeps, and its namespace, all from source k8s.
-func (a *Allocator) PodLabels(namespace string, podLabels map[string]string) labels.Labels {
-	ls := make([]labels.Label, 0, len(podLabels)+1)
-	for k, v := range podLabels {
-		if k != NamespaceLabel && a.filter.accepts(k) {
-			ls = append(ls, labels.Label{Source: labels.SourceK8s, Key: k, Value: v})
+// Pod is what a pod's identity is made of, as the API server tells it.
+type Pod struct {
+	Namespace       string
+	Labels          map[string]string
+	ServiceAccount  string
+	NamespaceLabels map[string]string
+}
+
+// PodLabels is the label set of a pod's identity, all from source k8s: the
+// pod's labels and its namespace's labels that the filter keeps (the
+// latter under NamespaceLabelsPrefix), its namespace and its service
+// account.
+func (a *Allocator) PodLabels(p Pod) labels.Labels {
+	ls := make([]labels.Label, 0, len(p.Labels)+len(p.NamespaceLabels)+2)
+	add := func(k, v string) { ls = append(ls, labels.Label{Source: labels.SourceK8s, Key: k, Value: v}) }
+	for k, v := range p.Labels {
+		if k != NamespaceLabel && k != ServiceAccountLabel && !strings.HasPrefix(k, NamespaceLabelsPrefix) && a.filter.accepts(k) {
+			add(k, v)
 		}
 	}
-	if namespace != "" {
-		ls = append(ls, labels.Label{Source: labels.SourceK8s, Key: NamespaceLabel, Value: namespace})
+	for k, v := range p.NamespaceLabels {
+		if a.filter.accepts(k) {
+			add(NamespaceLabelsPrefix+k, v)
+		}
+	}
+	if p.Namespace != "" {
+		add(NamespaceLabel, p.Namespace)
+	}
+	if p.ServiceAccount != "" {
+		add(ServiceAccountLabel, p.ServiceAccount)
 	}
 	return labels.New(ls...)
 }

@@ -124,18 +124,26 @@ func TestLabelFilter(t *testing.T) {
 	if a.filter, err = parseLabelFilter(defaultLabelFilter); err != nil {
 		t.Fatal(err)
 	}
-	got := a.PodLabels("prod", map[string]string{
-		"app": "web", "pod-template-hash": "abc", "kubernetes.io/x": "1", "app.kubernetes.io/name": "web",
-		"statefulset.kubernetes.io/pod-name": "web-0",
+	got := a.PodLabels(Pod{Namespace: "prod", ServiceAccount: "web-sa",
+		Labels: map[string]string{
+			"app": "web", "pod-template-hash": "abc", "kubernetes.io/x": "1", "app.kubernetes.io/name": "web",
+			"statefulset.kubernetes.io/pod-name": "web-0",
+			// A pod cannot pose as another namespace or service account.
+			NamespaceLabel: "kube-system", ServiceAccountLabel: "admin", NamespaceLabelsPrefix + "team": "root",
+		},
+		NamespaceLabels: map[string]string{"team": "payments", "kubernetes.io/metadata.name": "prod"},
 	}).String()
-	want := "k8s:app=web;k8s:app.kubernetes.io/name=web;k8s:io.kubernetes.pod.namespace=prod"
+	want := "k8s:app=web;k8s:app.kubernetes.io/name=web;k8s:io.cellium.k8s.namespace.labels.team=payments;" +
+		"k8s:io.cellium.k8s.policy.serviceaccount=web-sa;k8s:io.kubernetes.pod.namespace=prod"
 	if got != want {
-		t.Fatalf("PodLabels = %s, want %s", got, want)
+		t.Fatalf("PodLabels =\n%s, want\n%s", got, want)
 	}
 	if a.filter, err = parseLabelFilter([]string{"app", "!tier"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.PodLabels("prod", map[string]string{"app": "web", "tier": "x", "other": "y"}).String(); got != "k8s:app=web;k8s:io.kubernetes.pod.namespace=prod" {
+	got = a.PodLabels(Pod{Namespace: "prod", Labels: map[string]string{"app": "web", "tier": "x", "other": "y"},
+		NamespaceLabels: map[string]string{"team": "payments"}}).String()
+	if got != "k8s:app=web;k8s:io.kubernetes.pod.namespace=prod" {
 		t.Fatalf("with keep patterns: %s", got)
 	}
 	for _, bad := range []string{"", "!", "a=b", "*"} {

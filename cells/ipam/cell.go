@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/kinderr"
 )
@@ -288,19 +289,10 @@ func poolsString(pools []Pool) string {
 // WaitReady waits until allocation is served: the pools are known and every
 // restorer is done. The error, when ctx ends first, names what is pending.
 func (i *IPAM) WaitReady(ctx context.Context) error {
-	for {
-		txn := i.db.ReadTxn()
-		init, watch := i.tbl.Initialized(txn)
-		if init {
-			return nil
-		}
-		select {
-		case <-watch:
-		case <-ctx.Done():
-			return errorf(ErrNotReady, "IPAM is not ready yet, waiting for %s: %v",
-				strings.Join(i.tbl.PendingInitializers(txn), ", "), context.Cause(ctx))
-		}
+	if err := tables.WaitInitialized(ctx, i.db, i.tbl); err != nil {
+		return errorf(ErrNotReady, "IPAM is not ready yet, %v", err)
 	}
+	return nil
 }
 
 // Pools are the pod address pools, one per family. They are known once

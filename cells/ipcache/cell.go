@@ -16,6 +16,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/ipcachemap"
@@ -143,16 +144,8 @@ func (c *ipCache) dropRestored(ctx context.Context, _ cell.Health) error {
 	txn := c.db.WriteTxn(c.tbl)
 	c.restoredDone(txn)
 	txn.Commit()
-	for {
-		init, watch := c.tbl.Initialized(c.db.ReadTxn())
-		if init {
-			break
-		}
-		select {
-		case <-watch:
-		case <-ctx.Done():
-			return nil
-		}
+	if tables.WaitInitialized(ctx, c.db, c.tbl) != nil {
+		return nil // stopping
 	}
 	wtxn := c.db.WriteTxn(c.tbl)
 	defer wtxn.Abort()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/monitorapi"
 	"github.com/cellium/cellium/pkg/version"
@@ -67,16 +68,8 @@ func changes[Obj any](ctx context.Context, db *statedb.DB, tbl statedb.Table[Obj
 
 	// Rows written before the table is initialized are restored or synced
 	// state, not changes: waiting keeps them out of the notifications.
-	for {
-		init, watch := tbl.Initialized(db.ReadTxn())
-		if init {
-			break
-		}
-		select {
-		case <-watch:
-		case <-ctx.Done():
-			return nil
-		}
+	if tables.WaitInitialized(ctx, db, tbl) != nil {
+		return nil // stopping
 	}
 	var buf []statedb.Change[Obj]
 	for first := true; ; first = false {

@@ -56,6 +56,10 @@ type Endpoint struct {
 	PodNamespace  string            `json:"podNamespace,omitempty"`
 	PodName       string            `json:"podName,omitempty"`
 	Labels        map[string]string `json:"labels,omitempty"`
+	// ServiceAccount and NamespaceLabels are the pod's service account and
+	// its namespace's labels, which with Labels make its identity.
+	ServiceAccount  string            `json:"serviceAccount,omitempty"`
+	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty"`
 	// Identity is the security identity of the endpoint's labels;
 	// IdentityPending says it is provisional until the allocator answers.
 	Identity        uint32 `json:"identity"`
