@@ -76,10 +76,12 @@ type ipCache struct {
 	kv  kvstore.Client
 
 	restoredDone func(statedb.WriteTxn)
+	// republish asks the publisher to write every local address again.
+	republish chan struct{}
 }
 
 func newIPCache(p params) {
-	c := &ipCache{log: p.Log, db: p.DB, tbl: p.Table, m: p.Map, kv: p.KVStore}
+	c := &ipCache{log: p.Log, db: p.DB, tbl: p.Table, m: p.Map, kv: p.KVStore, republish: make(chan struct{}, 1)}
 	txn := p.DB.WriteTxn(p.Table)
 	local := p.Table.RegisterInitializer(txn, initLocal)
 	reserved := p.Table.RegisterInitializer(txn, initReserved)

@@ -18,5 +18,6 @@
 //     other source claims leaves the map, only once every initializer is
 //     done. The reconciler writes nothing that is already right.
 //   - With the kvstore, this node's endpoint addresses are published as
-//     leased ip/v1 keys, and deleted when the endpoint goes.
+//     leased ip/v1 keys, and deleted when the endpoint goes; a key of ours
+//     that someone else deletes is written back.
 package ipcache

@@ -140,6 +140,17 @@ func TestIPCache(t *testing.T) {
 		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == identity.MinLocal && v.PodName == "web"
 	})
 
+	// Deleted by someone else while the endpoint still has the address:
+	// written back.
+	if _, err := raw.Delete(ctx, "ipc/state/ip/v1/10.0.0.5"); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the deleted local address written back", func() bool {
+		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
+		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
+	})
+	n.mapHas(t, "10.0.0.5", identity.MinLocal, "")
+
 	// Another node's pod, and a garbage value that changes nothing else.
 	remote, _ := json.Marshal(ipcache.IPValue{IP: netip.MustParseAddr("10.0.1.7"), HostIP: netip.MustParseAddr("192.168.50.2"),
 		Identity: 300, Namespace: "default", PodName: "db"})

@@ -1,6 +1,7 @@
 package ipcache
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -46,7 +47,9 @@ func parseIPKey(key string, value []byte) (netip.Prefix, Claim, error) {
 	return hostPrefix(addr), Claim{Source: SourceKVStore, Identity: v.Identity, HostIP: v.HostIP, Namespace: v.Namespace, PodName: v.PodName}, nil
 }
 
-// watchKVStore keeps the kvstore's claims equal to the ip/v1 keys.
+// watchKVStore keeps the kvstore's claims equal to the ip/v1 keys. A
+// delete of a key this node publishes (its endpoint still has the address)
+// asks the publisher to write it back.
 func (c *ipCache) watchKVStore(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
 	claimed := map[string]netip.Prefix{}
 	for ev := range c.kv.Watch(ctx, ipPrefix) {
@@ -71,6 +74,15 @@ func (c *ipCache) watchKVStore(ctx context.Context, health cell.Health, listed f
 				delete(claimed, ev.Key)
 				c.unclaim(txn, p, SourceKVStore)
 			}
+			if addr, err := netip.ParseAddr(strings.TrimPrefix(ev.Key, ipPrefix)); err == nil {
+				if e, _, found := c.tbl.Get(txn, ByPrefix.Query(hostPrefix(addr))); found && e.Winner().Source == SourceLocal {
+					c.log.Warn("A local endpoint's address was deleted from the kvstore; writing it back", "key", ev.Key)
+					select {
+					case c.republish <- struct{}{}:
+					default:
+					}
+				}
+			}
 		}
 		txn.Commit()
 	}
@@ -78,11 +90,13 @@ func (c *ipCache) watchKVStore(ctx context.Context, health cell.Health, listed f
 }
 
 // publish writes the addresses of this node's endpoints to ip/v1 (leased)
-// and deletes those of endpoints that went, retrying what fails. Every
-// 30 s it writes them all again if different, so a key still ours that
-// someone else deleted comes back.
+// and deletes those of endpoints that went: on each change of the
+// endpoints table, the keys whose value changed; on a request of the
+// watcher (a key of ours was deleted), all of them; after a failure, what
+// failed, a second later. A lost lease is the kvstore's to write again.
 func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.Table[*endpointmanager.Endpoint]) error {
 	published := map[string][]byte{}
+	resync := false
 	for {
 		txn := c.db.ReadTxn()
 		all, watch := eps.AllWatch(txn)
@@ -95,11 +109,15 @@ func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.T
 		}
 		var failed error
 		for key, v := range want {
+			if !resync && bytes.Equal(published[key], v) {
+				continue
+			}
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := c.kv.UpdateIfDifferent(wctx, key, v, kvstore.Leased())
 			cancel()
 			if err != nil {
 				failed = err
+				delete(published, key)
 				continue
 			}
 			published[key] = v
@@ -117,7 +135,8 @@ func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.T
 			}
 			delete(published, key)
 		}
-		retry := time.After(30 * time.Second)
+		resync = false
+		var retry <-chan time.Time
 		if failed != nil {
 			health.Degraded("Publishing local addresses to the kvstore", failed)
 			retry = time.After(time.Second)
@@ -127,6 +146,8 @@ func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.T
 		select {
 		case <-watch:
 		case <-retry:
+		case <-c.republish:
+			resync = true
 		case <-ctx.Done():
 			return nil
 		}
