@@ -103,7 +103,7 @@ func BenchmarkHubblePipeline(b *testing.B) {
 func userspaceCeiling(b *testing.B, e *cellEnv, records [][]byte) float64 {
 	const n = 1 << 19
 	o := NewObserver(DefaultConfig.HubbleBufferSize, "node-1", time.Now)
-	c := newConverter("node-1", e.endpoints, e.frontends)
+	c := newConverter("node-1", e.hubble.convert.enrich.Tables)
 	began := time.Now()
 	txn := e.db.ReadTxn()
 	for i := range n {

@@ -15,8 +15,6 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
-	"github.com/cellium/cellium/cells/endpointmanager"
-	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
@@ -115,8 +113,7 @@ type params struct {
 	Node      daemon.NodeName
 	Monitor   *monitor.Monitor
 	DB        *statedb.DB
-	Endpoints statedb.Table[*endpointmanager.Endpoint]
-	Frontends statedb.Table[*loadbalancer.Frontend]
+	Tables    Tables
 }
 
 func newHubble(p params) (*Hubble, error) {
@@ -136,7 +133,7 @@ func newHubble(p params) (*Hubble, error) {
 		return h, nil
 	}
 	h.monitor, h.db = p.Monitor, p.DB
-	h.convert = newConverter(string(p.Node), p.Endpoints, p.Frontends)
+	h.convert = newConverter(string(p.Node), p.Tables)
 	h.observer = NewObserver(p.Config.HubbleBufferSize, string(p.Node), time.Now)
 	h.server = newGRPCServer(h.observer)
 	// This constructor takes daemon.Paths and the Monitor: the run

@@ -29,6 +29,8 @@ import (
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	idalloc "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/loadbalancer"
@@ -94,6 +96,8 @@ func newTestHive(extra ...cell.Cell) *hive.Hive {
 		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
 			return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
 		}, statedb.RWTable[*loadbalancer.Frontend].ToTable),
+		cell.Provide(ipcache.NewTable, statedb.RWTable[*ipcache.Entry].ToTable),
+		cell.Provide(idalloc.NewTable, statedb.RWTable[*idalloc.Identity].ToTable),
 	}, extra...)...)
 }
 

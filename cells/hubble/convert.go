@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
@@ -67,8 +66,8 @@ type converter struct {
 	enrich *enricher
 }
 
-func newConverter(node string, endpoints statedb.Table[*endpointmanager.Endpoint], frontends statedb.Table[*loadbalancer.Frontend]) *converter {
-	return &converter{node: node, enrich: newEnricher(endpoints, frontends)}
+func newConverter(node string, tables Tables) *converter {
+	return &converter{node: node, enrich: newEnricher(tables)}
 }
 
 // flowOf is the flow of a datapath event, or nil for an event that is no

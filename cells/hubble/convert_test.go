@@ -2,6 +2,7 @@ package hubble
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,7 +13,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	idalloc "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/labels"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
@@ -29,13 +33,21 @@ func newTestConverter(t *testing.T) (*converter, *statedb.DB) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ipc, err := ipcache.NewTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := idalloc.NewTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
 	txn := db.WriteTxn(eps, fes)
 	eps.Insert(txn, webPod)
 	eps.Insert(txn, dbPod)
 	fes.Insert(txn, postgresFrontend)
 	fes.Insert(txn, dnsFrontend)
 	txn.Commit()
-	return newConverter("node-1", eps, fes), db
+	return newConverter("node-1", Tables{Endpoints: eps, Frontends: fes, IPCache: ipc, Identities: ids}), db
 }
 
 func TestSockFlowReverse(t *testing.T) {
@@ -97,7 +109,7 @@ func TestPacketFlowEdges(t *testing.T) {
 				Time: timestamppb.New(epoch), Verdict: flow.Verdict_FORWARDED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
 				IP:                    &flow.IP{Source: "fd00::1", Destination: "fd00::9", IpVersion: flow.IPVersion_IPv6},
 				L4:                    &flow.Layer4{Protocol: &flow.Layer4_ICMPv6{ICMPv6: &flow.ICMPv6{Type: 1, Code: 4}}},
-				Destination:           c.enrich.endpointPB(dbPod),
+				Destination:           c.enrich.endpointPB(db.ReadTxn(), dbPod),
 				EventType:             &flow.CiliumEventType{Type: 4, SubType: 0},
 				TraceObservationPoint: flow.TraceObservationPoint_TO_ENDPOINT,
 				Interface:             &flow.NetworkInterface{Index: 8, Name: "lxc-db"},
@@ -113,7 +125,7 @@ func TestPacketFlowEdges(t *testing.T) {
 				Time: timestamppb.New(epoch), Verdict: flow.Verdict_FORWARDED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
 				IP:                    &flow.IP{Source: "10.244.0.5", Destination: "10.244.0.77", IpVersion: flow.IPVersion_IPv4},
 				L4:                    &flow.Layer4{Protocol: &flow.Layer4_SCTP{SCTP: &flow.SCTP{SourcePort: 1000, DestinationPort: 2000}}},
-				Source:                c.enrich.endpointPB(webPod),
+				Source:                c.enrich.endpointPB(db.ReadTxn(), webPod),
 				EventType:             &flow.CiliumEventType{Type: 4, SubType: 5},
 				TraceObservationPoint: flow.TraceObservationPoint_FROM_ENDPOINT, TraceReason: flow.TraceReason_ESTABLISHED,
 				IsReply: wrapperspb.Bool(false), TrafficDirection: flow.TrafficDirection_EGRESS,
@@ -142,7 +154,7 @@ func TestEnrichmentFollowsChangedRows(t *testing.T) {
 	before := c.flowOf(db.ReadTxn(), ev)
 	relabelled := webPod.Clone()
 	relabelled.Labels["tier"] = "front"
-	eps := c.enrich.endpoints.(statedb.RWTable[*endpointmanager.Endpoint])
+	eps := c.enrich.Endpoints.(statedb.RWTable[*endpointmanager.Endpoint])
 	txn := db.WriteTxn(eps)
 	eps.Insert(txn, relabelled)
 	txn.Commit()
@@ -181,29 +193,66 @@ func unknownAgentEvent(typ flow.AgentEventType, name, msg string) *flow.AgentEve
 }
 
 // TestFlowIdentities: a flow's endpoints carry the identities the datapath
-// found; a local endpoint is named by its row (with its identity), any
-// other address by its identity, with a reserved identity's name as label.
+// found; a local endpoint is named by its row, with its identity's labels
+// once the node knows it; another node's pod by the namespace and name its
+// node published (ipcache) and its identity's labels; any other address by
+// its identity, a reserved one by its name.
 func TestFlowIdentities(t *testing.T) {
 	c, db := newTestConverter(t)
-	txn := db.WriteTxn(c.enrich.endpoints.(statedb.RWTable[*endpointmanager.Endpoint]))
+	eps := c.enrich.Endpoints.(statedb.RWTable[*endpointmanager.Endpoint])
+	ids := c.enrich.Identities.(statedb.RWTable[*idalloc.Identity])
+	ipc := c.enrich.IPCache.(statedb.RWTable[*ipcache.Entry])
 	web := webPod.Clone()
 	web.Identity = 1 << 24
-	c.enrich.endpoints.(statedb.RWTable[*endpointmanager.Endpoint]).Insert(txn, web)
+	api := netip.MustParseAddr("10.244.1.20")
+	txn := db.WriteTxn(eps, ids, ipc)
+	eps.Insert(txn, web)
+	ids.Insert(txn, &idalloc.Identity{ID: 300, Kind: idalloc.KindCluster,
+		Labels: labels.New(labels.Label{Source: "k8s", Key: "app", Value: "api"}, labels.Label{Source: "k8s", Key: labelPodNamespace, Value: "shop"})})
+	ipc.Insert(txn, &ipcache.Entry{Prefix: netip.PrefixFrom(api, 32),
+		Claims: []ipcache.Claim{{Source: ipcache.SourceKVStore, Identity: 300, Namespace: "shop", PodName: "api-7"}}})
 	txn.Commit()
 
 	ev := &monitorapi.TraceEvent{Time: epoch, EndpointID: web.ID, Point: monitorapi.TraceToStack, Flow: monitorapi.Flow{
 		Src: web.IPv4, Dst: netip.MustParseAddr("192.0.2.1"), Proto: 17, SrcPort: 5000, DstPort: 53,
 		SrcIdentity: 1 << 24, DstIdentity: 2}}
 	f := c.flowOf(db.ReadTxn(), ev)
-	if f.Source.GetIdentity() != 1<<24 || f.Source.GetPodName() != web.PodName {
-		t.Errorf("source %v, want the web pod with identity %d", f.Source, 1<<24)
+	if f.Source.GetIdentity() != 1<<24 || f.Source.GetPodName() != web.PodName ||
+		!slices.Equal(f.Source.GetLabels(), []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=default"}) {
+		t.Errorf("source %v, want the web pod with identity %d and its pod labels (the identity is not in the table)", f.Source, 1<<24)
 	}
-	if f.Destination.GetIdentity() != 2 || len(f.Destination.GetLabels()) != 1 || f.Destination.GetLabels()[0] != "reserved:world" {
+	if f.Destination.GetIdentity() != 2 || !slices.Equal(f.Destination.GetLabels(), []string{"reserved:world"}) {
 		t.Errorf("destination %v, want identity 2 labelled reserved:world", f.Destination)
 	}
+
+	// Another node's pod.
+	ev.Flow.Dst, ev.Flow.DstIdentity = api, 300
+	f = c.flowOf(db.ReadTxn(), ev)
+	want := &flow.Endpoint{Identity: 300, Namespace: "shop", PodName: "api-7", Labels: []string{"k8s:app=api", "k8s:io.kubernetes.pod.namespace=shop"}}
+	if !proto.Equal(f.Destination, want) {
+		t.Errorf("remote destination\n got %v\nwant %v", f.Destination, want)
+	}
+	// The datapath's identity names the peer: an ipcache entry of another
+	// identity (a stale one) lends it no pod.
+	ev.Flow.DstIdentity = 301
+	if f := c.flowOf(db.ReadTxn(), ev); f.Destination.GetPodName() != "" || f.Destination.GetIdentity() != 301 {
+		t.Errorf("destination with another identity than the ipcache's: %v", f.Destination)
+	}
+
+	// Once the local identity is in the table, its labels name the pod.
+	txn = db.WriteTxn(ids)
+	ids.Insert(txn, &idalloc.Identity{ID: 1 << 24, Kind: idalloc.KindLocal,
+		Labels: labels.New(labels.Label{Source: "k8s", Key: "app", Value: "web"}, labels.Label{Source: "k8s", Key: "io.cellium.k8s.policy.serviceaccount", Value: "web"})})
+	txn.Commit()
+	f = c.flowOf(db.ReadTxn(), ev)
+	if !slices.Equal(f.Source.GetLabels(), []string{"k8s:app=web", "k8s:io.cellium.k8s.policy.serviceaccount=web"}) {
+		t.Errorf("source labels %v, want its identity's", f.Source.GetLabels())
+	}
+
 	// An address the ipcache has no prefix for has no endpoint.
 	ev.Flow.DstIdentity = 0
 	if f := c.flowOf(db.ReadTxn(), ev); f.Destination != nil {
 		t.Errorf("destination without identity: %v, want none", f.Destination)
 	}
 }
+

@@ -6,9 +6,12 @@ import (
 	"slices"
 
 	"github.com/cilium/cilium/api/v1/flow"
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	idalloc "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -21,25 +24,39 @@ const (
 	labelPodNamespace = "io.kubernetes.pod.namespace"
 )
 
+// Tables are the agent's tables a flow is enriched from.
+type Tables struct {
+	cell.In
+
+	Endpoints  statedb.Table[*endpointmanager.Endpoint]
+	Frontends  statedb.Table[*loadbalancer.Frontend]
+	IPCache    statedb.Table[*ipcache.Entry]
+	Identities statedb.Table[*idalloc.Identity]
+}
+
 // enricher looks up what the agent's tables know about a flow's addresses:
-// the local endpoint (pod) at an address, the service at an address and
-// port. It is used by one goroutine only.
+// the local endpoint (pod) at an address, the pod and identity another
+// node published for it, the service at an address and port. It is used by
+// one goroutine only.
 type enricher struct {
-	endpoints statedb.Table[*endpointmanager.Endpoint]
-	frontends statedb.Table[*loadbalancer.Frontend]
+	Tables
 	// known holds each endpoint's flow form, made once per row: rows are
-	// immutable, so a new row (a changed endpoint) makes a new one. Flows
-	// share these: nothing changes a flow once it is in the ring.
+	// immutable, so a new row (a changed endpoint or identity) makes a new
+	// one. Flows share these: nothing changes a flow once it is in the
+	// ring.
 	known map[uint16]knownEndpoint
+	// labels holds each identity row's labels in flow form.
+	labels map[*idalloc.Identity][]string
 }
 
 type knownEndpoint struct {
 	row *endpointmanager.Endpoint
+	id  *idalloc.Identity
 	pb  *flow.Endpoint
 }
 
-func newEnricher(endpoints statedb.Table[*endpointmanager.Endpoint], frontends statedb.Table[*loadbalancer.Frontend]) *enricher {
-	return &enricher{endpoints: endpoints, frontends: frontends, known: map[uint16]knownEndpoint{}}
+func newEnricher(t Tables) *enricher {
+	return &enricher{Tables: t, known: map[uint16]knownEndpoint{}, labels: map[*idalloc.Identity][]string{}}
 }
 
 // endpointAt is the local endpoint with address addr, or nil.
@@ -47,17 +64,18 @@ func (e *enricher) endpointAt(txn statedb.ReadTxn, addr netip.Addr) *flow.Endpoi
 	if !addr.IsValid() {
 		return nil
 	}
-	row, _, found := e.endpoints.Get(txn, endpointmanager.EndpointIP.Query(addr.Unmap()))
+	row, _, found := e.Endpoints.Get(txn, endpointmanager.EndpointIP.Query(addr.Unmap()))
 	if !found {
 		return nil
 	}
-	return e.endpointPB(row)
+	return e.endpointPB(txn, row)
 }
 
 // peerAt is the flow endpoint at addr: the local endpoint there, or, for
-// any other address, the identity the datapath found for it (id, from
-// the ipcache), named "reserved:<name>" when it is a reserved one. Nil
-// when neither is known.
+// any other address, the identity the datapath found for it (id, from the
+// ipcache) with its labels ("reserved:<name>" for a reserved one), and the
+// namespace and pod another node published for the address. Nil when
+// neither is known.
 func (e *enricher) peerAt(txn statedb.ReadTxn, addr netip.Addr, id uint32) *flow.Endpoint {
 	if pb := e.endpointAt(txn, addr); pb != nil {
 		return pb
@@ -65,11 +83,37 @@ func (e *enricher) peerAt(txn statedb.ReadTxn, addr netip.Addr, id uint32) *flow
 	if id == 0 {
 		return nil
 	}
-	pb := &flow.Endpoint{Identity: id}
-	if name := identity.NumericIdentity(id).ReservedName(); name != "" {
-		pb.Labels = []string{"reserved:" + name}
+	n := identity.NumericIdentity(id)
+	pb := &flow.Endpoint{Identity: id, Labels: e.identityLabels(txn, n)}
+	if !n.IsReserved() && addr.IsValid() {
+		if entry, found := ipcache.Lookup(txn, e.IPCache, addr); found {
+			if w := entry.Winner(); w.Identity == n {
+				pb.Namespace, pb.PodName = w.Namespace, w.PodName
+			}
+		}
 	}
 	return pb
+}
+
+// identityLabels are the labels of identity n, in flow form; nil when the
+// node does not know it.
+func (e *enricher) identityLabels(txn statedb.ReadTxn, n identity.NumericIdentity) []string {
+	if name := n.ReservedName(); name != "" {
+		return []string{"reserved:" + name}
+	}
+	row, _, found := e.Identities.Get(txn, idalloc.ByID.Query(n))
+	if !found {
+		return nil
+	}
+	if ls, ok := e.labels[row]; ok {
+		return ls
+	}
+	if len(e.labels) > 4096 {
+		clear(e.labels) // rows replaced by newer ones are never asked for again
+	}
+	ls := row.Labels.Strings()
+	e.labels[row] = ls
+	return ls
 }
 
 // endpointRow is the endpoint with id, or nil.
@@ -77,24 +121,36 @@ func (e *enricher) endpointRow(txn statedb.ReadTxn, id uint16) *endpointmanager.
 	if id == 0 {
 		return nil
 	}
-	row, _, _ := e.endpoints.Get(txn, endpointmanager.EndpointID.Query(id))
+	row, _, _ := e.Endpoints.Get(txn, endpointmanager.EndpointID.Query(id))
 	return row
 }
 
-func (e *enricher) endpointPB(row *endpointmanager.Endpoint) *flow.Endpoint {
-	if k, ok := e.known[row.ID]; ok && k.row == row {
+// endpointPB is a local endpoint in flow form. Its labels are those of its
+// identity, as on every node that names it; while the identity is not
+// resolved yet (init), its pod's labels and namespace.
+func (e *enricher) endpointPB(txn statedb.ReadTxn, row *endpointmanager.Endpoint) *flow.Endpoint {
+	var id *idalloc.Identity
+	if !row.Identity.IsReserved() {
+		id, _, _ = e.Identities.Get(txn, idalloc.ByID.Query(row.Identity))
+	}
+	if k, ok := e.known[row.ID]; ok && k.row == row && k.id == id {
 		return k.pb
 	}
-	// Labels in Cilium's form, "source:key=value", with the pod's
-	// namespace as Cilium adds it, so that label filters written for
-	// Cilium's Hubble work here.
-	labels := make([]string, 0, len(row.Labels)+1)
-	for _, k := range slices.Sorted(maps.Keys(row.Labels)) {
-		labels = append(labels, labelSourceK8s+":"+k+"="+row.Labels[k])
-	}
-	if row.PodNamespace != "" {
-		labels = append(labels, labelSourceK8s+":"+labelPodNamespace+"="+row.PodNamespace)
-		slices.Sort(labels)
+	var labels []string
+	if id != nil {
+		labels = e.identityLabels(txn, row.Identity)
+	} else {
+		// Labels in Cilium's form, "source:key=value", with the pod's
+		// namespace as Cilium adds it, so that label filters written for
+		// Cilium's Hubble work here.
+		labels = make([]string, 0, len(row.Labels)+1)
+		for _, k := range slices.Sorted(maps.Keys(row.Labels)) {
+			labels = append(labels, labelSourceK8s+":"+k+"="+row.Labels[k])
+		}
+		if row.PodNamespace != "" {
+			labels = append(labels, labelSourceK8s+":"+labelPodNamespace+"="+row.PodNamespace)
+			slices.Sort(labels)
+		}
 	}
 	pb := &flow.Endpoint{
 		ID:        uint32(row.ID),
@@ -103,7 +159,7 @@ func (e *enricher) endpointPB(row *endpointmanager.Endpoint) *flow.Endpoint {
 		PodName:   row.PodName,
 		Labels:    labels,
 	}
-	e.known[row.ID] = knownEndpoint{row, pb}
+	e.known[row.ID] = knownEndpoint{row, id, pb}
 	return pb
 }
 
@@ -112,7 +168,7 @@ func (e *enricher) serviceAt(txn statedb.ReadTxn, addr netip.Addr, port uint16, 
 	if !addr.IsValid() || port == 0 || proto == "" {
 		return nil
 	}
-	fe, _, found := e.frontends.Get(txn, loadbalancer.FrontendByAddress.Query(loadbalancer.L3n4Addr{Addr: addr.Unmap(), Port: port, Protocol: proto}))
+	fe, _, found := e.Frontends.Get(txn, loadbalancer.FrontendByAddress.Query(loadbalancer.L3n4Addr{Addr: addr.Unmap(), Port: port, Protocol: proto}))
 	if !found {
 		return nil
 	}

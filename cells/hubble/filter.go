@@ -87,6 +87,12 @@ var filterFields = map[protoreflect.Name]func(*flow.FlowFilter) (flowPredicate, 
 	"destination_label": func(ff *flow.FlowFilter) (flowPredicate, error) {
 		return labelFilter("destination_label", ff.DestinationLabel, (*flow.Flow).GetDestination)
 	},
+	"source_identity": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return identityFilter(ff.SourceIdentity, (*flow.Flow).GetSource), nil
+	},
+	"destination_identity": func(ff *flow.FlowFilter) (flowPredicate, error) {
+		return identityFilter(ff.DestinationIdentity, (*flow.Flow).GetDestination), nil
+	},
 	"source_port": func(ff *flow.FlowFilter) (flowPredicate, error) {
 		return portFilter("source_port", ff.SourcePort, sourcePort)
 	},
@@ -214,6 +220,14 @@ func nameFilter(field string, values []string, get func(*flow.Flow) (ns, name st
 			return (w.ns == "" || w.ns == ns) && strings.HasPrefix(name, w.prefix)
 		})
 	}, nil
+}
+
+// identityFilter matches the flow endpoint get gives by security identity.
+func identityFilter(ids []uint32, get func(*flow.Flow) *flow.Endpoint) flowPredicate {
+	return func(f *flow.Flow) bool {
+		ep := get(f)
+		return ep != nil && slices.Contains(ids, ep.GetIdentity())
+	}
 }
 
 // labelRequirement is one term of a label selector.

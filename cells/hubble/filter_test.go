@@ -17,8 +17,8 @@ var (
 		Verdict: flow.Verdict_FORWARDED,
 		IP:      &flow.IP{Source: "10.244.0.5", Destination: "10.244.0.9", IpVersion: flow.IPVersion_IPv4},
 		L4:      &flow.Layer4{Protocol: &flow.Layer4_TCP{TCP: &flow.TCP{SourcePort: 40000, DestinationPort: 5432, Flags: &flow.TCPFlags{SYN: true}}}},
-		Source:  &flow.Endpoint{ID: 1, Namespace: "default", PodName: "web-1", Labels: []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=default", "k8s:tier=front"}},
-		Destination: &flow.Endpoint{ID: 2, Namespace: "db", PodName: "postgres-0",
+		Source:  &flow.Endpoint{ID: 1, Identity: 300, Namespace: "default", PodName: "web-1", Labels: []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=default", "k8s:tier=front"}},
+		Destination: &flow.Endpoint{ID: 2, Identity: 301, Namespace: "db", PodName: "postgres-0",
 			Labels: []string{"k8s:app=postgres", "k8s:io.kubernetes.pod.namespace=db"}},
 		DestinationService: &flow.Service{Namespace: "db", Name: "postgres"},
 		NodeName:           "node-1",
@@ -34,7 +34,7 @@ var (
 		DropReasonDesc: flow.DropReason_CT_MAP_INSERTION_FAILED,
 		IP:             &flow.IP{Source: "10.244.0.5", Destination: "10.96.0.10", IpVersion: flow.IPVersion_IPv4},
 		L4:             &flow.Layer4{Protocol: &flow.Layer4_UDP{UDP: &flow.UDP{SourcePort: 33000, DestinationPort: 53}}},
-		Source:         &flow.Endpoint{ID: 1, Namespace: "default", PodName: "web-1", Labels: []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=default", "k8s:tier=front"}},
+		Source:         &flow.Endpoint{ID: 1, Identity: 300, Namespace: "default", PodName: "web-1", Labels: []string{"k8s:app=web", "k8s:io.kubernetes.pod.namespace=default", "k8s:tier=front"}},
 		NodeName:       "node-1",
 		EventType:      &flow.CiliumEventType{Type: 1, SubType: 155},
 	}
@@ -78,6 +78,9 @@ func TestFilters(t *testing.T) {
 		{"blacklist only", nil, []*flow.FlowFilter{{Verdict: []flow.Verdict{flow.Verdict_DROPPED}}}, []*flow.Flow{webToDB, ping6}},
 		{"whitelist minus blacklist", []*flow.FlowFilter{{SourceIp: []string{"10.244.0.0/16"}}}, []*flow.FlowFilter{{Protocol: []string{"udp"}}}, []*flow.Flow{webToDB}},
 		{"source label", []*flow.FlowFilter{{SourceLabel: []string{"k8s:app=web"}}}, nil, []*flow.Flow{webToDB, dnsDrop}},
+		{"source identity", []*flow.FlowFilter{{SourceIdentity: []uint32{301, 300}}}, nil, []*flow.Flow{webToDB, dnsDrop}},
+		{"destination identity", []*flow.FlowFilter{{DestinationIdentity: []uint32{301}}}, nil, []*flow.Flow{webToDB}},
+		{"identity no flow has", []*flow.FlowFilter{{SourceIdentity: []uint32{2}}}, nil, nil},
 		{"label without source: any source", []*flow.FlowFilter{{SourceLabel: []string{"app=web"}}}, nil, []*flow.Flow{webToDB, dnsDrop}},
 		{"label of another source", []*flow.FlowFilter{{SourceLabel: []string{"reserved:app=web"}}}, nil, nil},
 		{"namespace label", []*flow.FlowFilter{{DestinationLabel: []string{"io.kubernetes.pod.namespace=db"}}}, nil, []*flow.Flow{webToDB}},
@@ -131,7 +134,7 @@ func TestInvalidFilters(t *testing.T) {
 		{"bad label", &flow.FlowFilter{SourceLabel: []string{"=web"}}, `invalid source_label "=web": term "=web" has no label key`},
 		{"bad node pattern", &flow.FlowFilter{NodeName: []string{"node-["}}, `invalid node_name "node-["`},
 		{"field this server cannot evaluate", &flow.FlowFilter{SourceFqdn: []string{"example.com"}},
-			"whitelist[0]: filter field source_fqdn is not supported by this server (supported: destination_ip, "},
+			"whitelist[0]: filter field source_fqdn is not supported by this server (supported: destination_identity, destination_ip, "},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

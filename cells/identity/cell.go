@@ -34,7 +34,7 @@ var Cell = cell.Module(
 	"Security identities of label sets node-local or through the kvstore",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup),
 	cell.Provide(newAllocator, statedb.RWTable[*Identity].ToTable, apiRoutes, newMetrics),
 )
 

@@ -64,7 +64,9 @@ var (
 // TableName is the name of the identities table.
 const TableName = "identities"
 
-func newTable(db *statedb.DB) (statedb.RWTable[*Identity], error) {
+// NewTable registers the identities table: the cell provides it; tests of
+// its readers may provide it alone.
+func NewTable(db *statedb.DB) (statedb.RWTable[*Identity], error) {
 	return statedb.NewTable(db, TableName, ByID, ByLabels)
 }
 

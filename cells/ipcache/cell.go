@@ -28,7 +28,7 @@ var Cell = cell.Module(
 	"ipcache",
 	"Prefix to security identity table and its LPM BPF map",
 
-	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup),
 	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes, newMetrics),
 	cell.Invoke(newIPCache, registerReconciler),
 )

@@ -139,7 +139,9 @@ var (
 // TableName is the name of the ipcache table.
 const TableName = "ipcache"
 
-func newTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
+// NewTable registers the ipcache table: the cell provides it; tests of its
+// readers may provide it alone.
+func NewTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 	return statedb.NewTable(db, TableName, ByPrefix)
 }
 

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cellium/cellium/cells/hubble"
+	"github.com/cellium/cellium/pkg/identity"
 )
 
 // defaultLast is how many flows `agent observe` shows when asked for
@@ -51,6 +52,8 @@ type flowFilterFlags struct {
 	namespace, fromNamespace, toNS []string
 	verdict, protocol              []string
 	port, fromPort, toPort         []string
+	identity, fromID, toID         []string
+	label, fromLabel, toLabel      []string
 }
 
 // filterFlag is one filter flag: its name, help and the list it fills.
@@ -74,6 +77,12 @@ var filterFlags = []filterFlag{
 	{"port", "Flows from or to a port", func(f *flowFilterFlags) *[]string { return &f.port }},
 	{"from-port", "Flows from a port", func(f *flowFilterFlags) *[]string { return &f.fromPort }},
 	{"to-port", "Flows to a port", func(f *flowFilterFlags) *[]string { return &f.toPort }},
+	{"identity", "Flows from or to a security identity: a number or a reserved name (host, world, ...)", func(f *flowFilterFlags) *[]string { return &f.identity }},
+	{"from-identity", "Flows from a security identity", func(f *flowFilterFlags) *[]string { return &f.fromID }},
+	{"to-identity", "Flows to a security identity", func(f *flowFilterFlags) *[]string { return &f.toID }},
+	{"label", "Flows from or to endpoints whose labels match a selector, e.g. app=web,k8s:tier!=db (terms ANDed)", func(f *flowFilterFlags) *[]string { return &f.label }},
+	{"from-label", "Flows from endpoints whose labels match a selector", func(f *flowFilterFlags) *[]string { return &f.fromLabel }},
+	{"to-label", "Flows to endpoints whose labels match a selector", func(f *flowFilterFlags) *[]string { return &f.toLabel }},
 }
 
 func filterFlagNames() []string {
@@ -290,6 +299,9 @@ func (f *flowFilterFlags) build() ([]*flow.FlowFilter, error) {
 		srcPods, dstPods := either(asSource, f.pod, f.fromPod, f.toPod)
 		srcNS, dstNS := either(asSource, f.namespace, f.fromNamespace, f.toNS)
 		ff.SourcePod, ff.DestinationPod = inNamespaces(srcPods, srcNS), inNamespaces(dstPods, dstNS)
+		srcIDs, dstIDs := either(asSource, f.identity, f.fromID, f.toID)
+		ff.SourceIdentity, ff.DestinationIdentity = identities(srcIDs), identities(dstIDs)
+		ff.SourceLabel, ff.DestinationLabel = either(asSource, f.label, f.fromLabel, f.toLabel)
 	}
 	switch {
 	case proto.Equal(src, &flow.FlowFilter{}):
@@ -329,6 +341,10 @@ func (f *flowFilterFlags) validate() error {
 		{[]flagValues{{"namespace", f.namespace}, {"from-namespace", f.fromNamespace}, {"to-namespace", f.toNS}}, func(v string) bool {
 			return v != "" && !strings.Contains(v, "/")
 		}, "a namespace name"},
+		{[]flagValues{{"identity", f.identity}, {"from-identity", f.fromID}, {"to-identity", f.toID}}, func(v string) bool {
+			_, err := identity.Parse(v)
+			return err == nil
+		}, "a security identity number or a reserved name (host, world, unmanaged, health, init, remote-node, kube-apiserver)"},
 	}
 	for _, c := range checks {
 		for _, fv := range c.flags {
@@ -340,6 +356,16 @@ func (f *flowFilterFlags) validate() error {
 		}
 	}
 	return nil
+}
+
+// identities are the numbers of validated --identity values.
+func identities(values []string) []uint32 {
+	var out []uint32
+	for _, v := range values {
+		n, _ := identity.Parse(v)
+		out = append(out, uint32(n))
+	}
+	return out
 }
 
 func verdicts(names []string) []flow.Verdict {

@@ -142,6 +142,11 @@ func TestObserveRequest(t *testing.T) {
 		{"from a namespace to a pod", []string{"--from-namespace", "shop", "--to-pod", "db/postgres"}, &observer.GetFlowsRequest{Number: 20, Whitelist: []*flow.FlowFilter{
 			{SourcePod: []string{"shop/"}, DestinationPod: []string{"db/postgres"}},
 		}}},
+		{"identity and labels", []string{"--from-identity", "world", "--to-identity", "300", "--label", "app=web"},
+			&observer.GetFlowsRequest{Number: 20, Whitelist: []*flow.FlowFilter{
+				{SourceIdentity: []uint32{2}, DestinationIdentity: []uint32{300}, SourceLabel: []string{"app=web"}},
+				{SourceIdentity: []uint32{2}, DestinationIdentity: []uint32{300}, DestinationLabel: []string{"app=web"}},
+			}}},
 		{"deny", []string{"--not", "namespace=kube-system", "--not", "verdict=FORWARDED"}, &observer.GetFlowsRequest{Number: 20, Blacklist: []*flow.FlowFilter{
 			{SourcePod: []string{"kube-system/"}}, {DestinationPod: []string{"kube-system/"}},
 			{Verdict: []flow.Verdict{flow.Verdict_FORWARDED}},
@@ -176,6 +181,7 @@ func TestObserveBadFlags(t *testing.T) {
 		{[]string{"--from-port", "65536"}, `invalid --from-port "65536": want a port number 0-65535`},
 		{[]string{"--verdict", "verdict_unknown"}, `invalid --verdict "verdict_unknown"`},
 		{[]string{"--namespace", "a/b"}, `invalid --namespace "a/b": want a namespace name`},
+		{[]string{"--to-identity", "nobody"}, `invalid --to-identity "nobody": want a security identity number or a reserved name`},
 		{[]string{"--not", "colour=red"}, `invalid --not "colour=red": want KEY=VALUE with KEY one of ip, from-ip`},
 		{[]string{"--not", "port=x"}, `--not port=x: invalid --port "x"`},
 		{[]string{"-o", "yaml"}, `invalid --output "yaml": want table or json`},
