@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +52,7 @@ type flowLine struct {
 type flowEndpoint struct {
 	PodName, Namespace string
 	Identity           uint32
+	Labels             []string
 }
 
 // observe is `agent observe -o json` with args, against the node's agent:
@@ -123,7 +126,17 @@ func hasEntry(entries []apiv1.ConntrackEntry, proto, dir, src, dst string, dport
 func TestDatapathConntrackAndFlows(t *testing.T) {
 	n := newNode(t)
 	manifests := t.TempDir()
-	n.start("--k8s-manifests-dir", manifests)
+	// The pods' objects, for their labels.
+	const nodeName = "cellium-flows"
+	pods := ""
+	for _, name := range []string{"client", "server"} {
+		pods += fmt.Sprintf("---\napiVersion: v1\nkind: Pod\nmetadata: {name: %[1]s, namespace: default, labels: {app: %[1]s}}\n"+
+			"spec: {nodeName: %s, containers: [{name: c, image: c}]}\n", name, nodeName)
+	}
+	if err := os.WriteFile(filepath.Join(manifests, "pods.yaml"), []byte(pods), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.start("--k8s-manifests-dir", manifests, "--node-name", nodeName)
 	a, b := n.newPod("client"), n.newPod("server")
 	a4, _ := n.add(a)
 	b4, b6 := n.add(b)
@@ -196,6 +209,30 @@ func TestDatapathConntrackAndFlows(t *testing.T) {
 	// Both pods have a node-local identity (no kvstore), the same as the
 	// ipcache gives their addresses, and flows carry it.
 	t.Run("identities", func(t *testing.T) {
+		// The endpoints have their pods' labels (the agent may have seen
+		// the pods after their ADDs), then new traffic.
+		poll(t, "the endpoints with their pods' labels", func() (bool, string) {
+			var eps []struct {
+				PodName         string
+				Labels          map[string]string
+				IdentityPending bool
+			}
+			out := n.agentCLI("endpoint", "list", "-o", "json")
+			if err := json.Unmarshal([]byte(out), &eps); err != nil {
+				return false, err.Error()
+			}
+			labelled := 0
+			for _, ep := range eps {
+				if ep.Labels["app"] == ep.PodName && !ep.IdentityPending {
+					labelled++
+				}
+			}
+			return labelled == 2, out
+		})
+		start := time.Now()
+		if err := nettest.Ping(a.ns.Path(), b4, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		var entry struct {
 			Identity uint32
 			Source   string
@@ -221,6 +258,27 @@ func TestDatapathConntrackAndFlows(t *testing.T) {
 		n.waitFlow("TCP client -> server with identities", start, func(f flowLine) bool {
 			return podToPod(f) && f.Flow.Source.Identity == entry.Identity && f.Flow.Destination.Identity >= 1<<24
 		})
+
+		// Flows carry the identities' labels, and Hubble's label and
+		// identity filters select on them.
+		hasLabel := func(ep *flowEndpoint, l string) bool { return ep != nil && slices.Contains(ep.Labels, l) }
+		n.waitFlow("client -> server with the pods' labels", start, func(f flowLine) bool {
+			return podToPod(f) && hasLabel(f.Flow.Source, "k8s:app=client") && hasLabel(f.Flow.Destination, "k8s:app=server")
+		})
+		for _, filter := range [][]string{
+			{"--from-label", "app=client", "--to-label", "k8s:app=server"},
+			{"--from-identity", strconv.Itoa(int(entry.Identity)), "--to-label", "app=server"},
+		} {
+			flows, out := n.observe(append([]string{"--last", "1000"}, filter...)...)
+			if len(flows) == 0 {
+				t.Fatalf("agent observe %v: no flows", filter)
+			}
+			for _, f := range flows {
+				if f.Flow == nil || f.Flow.Source.Identity != entry.Identity || !hasLabel(f.Flow.Destination, "k8s:app=server") {
+					t.Fatalf("agent observe %v gave a flow it should not have:\n%s", filter, out)
+				}
+			}
+		}
 	})
 
 	t.Run("service translation", func(t *testing.T) {

@@ -159,7 +159,7 @@ spec:
 	}
 	n.podCIDR = "192.0.2.0/24" // ignored with --ipam=kubernetes
 	a := n.start("--ipam", "kubernetes", "--k8s-mode", "embedded", "--k8s-manifests-dir", manifests, "--node-name", nodeName)
-	a.waitLog(t, "Watching the pods of this node for their labels")
+	a.waitLog(t, "Watching the pods of this node and the namespaces for their labels")
 
 	p := n.newPod("web")
 	conf := p.runtimeConf()
