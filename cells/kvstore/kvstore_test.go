@@ -496,3 +496,82 @@ func TestDisabled(t *testing.T) {
 		t.Fatal("Watch of a disabled store sent an event")
 	}
 }
+
+// TestTLS: with an etcd.config file the client talks TLS with a client
+// certificate, and reads the CA and its certificate again when their files
+// change: after both sides rotate to a new CA, it reconnects without a
+// restart.
+func TestTLS(t *testing.T) {
+	serverDir, clientDir := t.TempDir(), t.TempDir()
+	serverFiles := etcdtest.NewCA(t, "ca-1").Issue(serverDir, "server")
+	clientCA := etcdtest.NewCA(t, "ca-1")
+	// The server trusts the client's CA too: one CA file holds both.
+	appendFile(t, serverFiles.CA, clientCA.Issue(clientDir, "client").CA)
+	etcd := etcdtest.StartTLS(t, serverFiles)
+	clientFiles := etcdtest.TLSFiles{CA: filepath.Join(clientDir, "trusted.pem"), Cert: filepath.Join(clientDir, "client.pem"), Key: filepath.Join(clientDir, "client-key.pem")}
+	copyFile(t, serverFiles.CA, clientFiles.CA)
+	config := filepath.Join(t.TempDir(), "etcd.yaml")
+	writeFile(t, config, fmt.Sprintf("endpoints: [%s]\ntrusted-ca-file: %s\ncert-file: %s\nkey-file: %s\n",
+		etcd.Endpoint(), clientFiles.CA, clientFiles.Cert, clientFiles.Key))
+
+	var c Client
+	h := celltest.New(Cell, cell.Invoke(func(cl Client) { c = cl }))
+	hive.AddConfigOverride(h, func(cfg *Config) {
+		cfg.KVStore, cfg.KVStoreOpt, cfg.KVStorePrefix = "etcd", []string{"etcd.config=" + config}, "tls"
+	})
+	celltest.Start(t, h)
+	ctx := ctxT(t)
+	if _, err := c.UpdateIfDifferent(ctx, "state/a", []byte("1")); err != nil {
+		t.Fatalf("write over TLS: %v", err)
+	}
+
+	// The server moves to CA 2 (a certificate the client's CA file does
+	// not verify; it trusts only client certificates of CA 2): the client
+	// with the old files fails.
+	ca2 := etcdtest.NewCA(t, "ca-2")
+	etcd.Stop()
+	ca2.Issue(serverDir, "server")
+	etcd.Restart()
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, _, err := c.Get(short, "state/a"); err == nil {
+		t.Fatal("the client with CA 1's certificates reached the server of CA 2")
+	}
+	// Its files are rotated (CA and certificate): it gets through, with no
+	// restart.
+	ca2.Issue(clientDir, "client")
+	copyFile(t, filepath.Join(clientDir, "client-ca.pem"), clientFiles.CA)
+	celltest.Eventually(t, "the client with rotated certificates reaches etcd", func() bool {
+		v, found, err := c.Get(ctx, "state/a")
+		return err == nil && found && string(v) == "1"
+	})
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func appendFile(t *testing.T, to, from string) {
+	t.Helper()
+	a, err := os.ReadFile(to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, to, string(a)+string(b))
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, to, string(b))
+}

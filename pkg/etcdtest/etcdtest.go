@@ -27,8 +27,9 @@ type Server struct {
 	t       testing.TB
 	bin     string
 	dir     string
-	client  string // http://127.0.0.1:port
+	client  string // http://127.0.0.1:port, https with TLS
 	peer    string
+	tls     *TLSFiles
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -49,18 +50,31 @@ func Binary() (string, error) {
 
 // Start starts an etcd server for t and stops it at cleanup. It skips t
 // when there is no etcd binary.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return start(t, nil) }
+
+// StartTLS is Start with a client URL served over TLS from files, which
+// requires client certificates signed by files.CA. The files are read at
+// each (re)start: a test rotates the server's certificates by writing new
+// ones and calling Restart.
+func StartTLS(t testing.TB, files TLSFiles) *Server { return start(t, &files) }
+
+func start(t testing.TB, tlsFiles *TLSFiles) *Server {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
 		t.Skip(err)
 	}
+	scheme := "http://"
+	if tlsFiles != nil {
+		scheme = "https://"
+	}
 	s := &Server{
 		t:      t,
 		bin:    bin,
 		dir:    t.TempDir(),
-		client: "http://" + freeAddr(t),
+		client: scheme + freeAddr(t),
 		peer:   "http://" + freeAddr(t),
+		tls:    tlsFiles,
 	}
 	t.Cleanup(func() {
 		s.Stop()
@@ -99,17 +113,22 @@ func (s *Server) Restart() {
 	if err != nil {
 		s.t.Fatalf("etcd log: %v", err)
 	}
-	cmd := exec.Command(s.bin,
+	args := []string{
 		"--name", "test",
 		"--data-dir", filepath.Join(s.dir, "data"),
 		"--listen-client-urls", s.client,
 		"--advertise-client-urls", s.client,
 		"--listen-peer-urls", s.peer,
 		"--initial-advertise-peer-urls", s.peer,
-		"--initial-cluster", "test="+s.peer,
+		"--initial-cluster", "test=" + s.peer,
 		"--heartbeat-interval", "50",
 		"--election-timeout", "500",
-	)
+	}
+	if s.tls != nil {
+		args = append(args, "--cert-file", s.tls.Cert, "--key-file", s.tls.Key,
+			"--trusted-ca-file", s.tls.CA, "--client-cert-auth")
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// etcd dies with the test process. The kernel sends Pdeathsig when the
 	// thread that forked the child exits, not the process: the fork runs on
@@ -137,7 +156,7 @@ func (s *Server) Restart() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		if healthy(ctx, s.client) {
+		if s.healthy(ctx) {
 			return
 		}
 		select {
@@ -150,12 +169,23 @@ func (s *Server) Restart() {
 	}
 }
 
-func healthy(ctx context.Context, endpoint string) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/health", nil)
+// healthy says whether the server answers its health check; with TLS it
+// presents the server's own certificate, which is also a client one.
+func (s *Server) healthy(ctx context.Context) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.client+"/health", nil)
 	if err != nil {
 		return false
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc := http.DefaultClient
+	if s.tls != nil {
+		cfg, err := s.tls.ClientConfig()
+		if err != nil {
+			return false
+		}
+		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+		defer hc.CloseIdleConnections()
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return false
 	}
