@@ -255,4 +255,3 @@ func TestFlowIdentities(t *testing.T) {
 		t.Errorf("destination without identity: %v, want none", f.Destination)
 	}
 }
-
