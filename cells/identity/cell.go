@@ -543,20 +543,28 @@ func (a *Allocator) existing(ctx context.Context, key string) (identity.NumericI
 
 // watch keeps the table's cluster identities equal to the master keys.
 func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
-	for ev := range a.kv.Watch(ctx, idPrefix) {
-		switch ev.Kind {
-		case kvstore.EventListed:
-			if listed != nil {
-				txn := a.db.WriteTxn(a.tbl)
-				listed(txn)
-				txn.Commit()
-				listed = nil
+	for batch := range kvstore.Batches(a.kv.Watch(ctx, idPrefix), 1024) {
+		var writeBack []kvstore.Event
+		a.mu.Lock()
+		txn := a.db.WriteTxn(a.tbl)
+		for _, ev := range batch {
+			switch ev.Kind {
+			case kvstore.EventListed:
+				if listed != nil {
+					listed(txn)
+					listed = nil
+				}
+				health.OK("Cluster identities listed")
+			case kvstore.EventUpsert, kvstore.EventDelete:
+				if ls := a.apply(txn, ev); ls != nil {
+					writeBack = append(writeBack, kvstore.Event{Key: ev.Key, Value: []byte(ls.String())})
+				}
 			}
-			health.OK("Cluster identities listed")
-		case kvstore.EventUpsert, kvstore.EventDelete:
-			if ls := a.apply(ev); ls != nil {
-				a.writeBack(ctx, ev.Key, ls)
-			}
+		}
+		txn.Commit()
+		a.mu.Unlock()
+		for _, ev := range writeBack {
+			a.writeBack(ctx, ev.Key, string(ev.Value))
 		}
 	}
 	return nil
@@ -565,34 +573,30 @@ func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(s
 // writeBack creates again the master key of an identity this node uses,
 // which someone deleted: its endpoints keep their number, and the number
 // must keep naming their label set.
-func (a *Allocator) writeBack(ctx context.Context, key string, ls labels.Labels) {
+func (a *Allocator) writeBack(ctx context.Context, key, ls string) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	created, err := a.kv.CreateOnly(ctx, key, []byte(ls.String()))
+	created, err := a.kv.CreateOnly(ctx, key, []byte(ls))
 	switch {
 	case err != nil:
-		a.log.Error("An identity in use lost its master key and writing it back failed", "key", key, "labels", ls.String(), "error", err)
+		a.log.Error("An identity in use lost its master key and writing it back failed", "key", key, "labels", ls, "error", err)
 	case created:
-		a.log.Warn("Wrote back the deleted master key of an identity in use", "key", key, "labels", ls.String())
+		a.log.Warn("Wrote back the deleted master key of an identity in use", "key", key, "labels", ls)
 	default:
-		a.log.Error("An identity in use lost its master key to another label set; its endpoints need new identities", "key", key, "labels", ls.String())
+		a.log.Error("An identity in use lost its master key to another label set; its endpoints need new identities", "key", key, "labels", ls)
 	}
 }
 
-// apply writes a master key's change into the table. It returns the label
-// set of a master key that was deleted while this node uses it, for the
-// watcher to write back.
-func (a *Allocator) apply(ev kvstore.Event) (writeBack labels.Labels) {
+// apply writes a master key's change into the table, with a.mu held. It
+// returns the label set of a master key that was deleted while this node
+// uses it, for the watcher to write back.
+func (a *Allocator) apply(txn statedb.WriteTxn, ev kvstore.Event) (writeBack labels.Labels) {
 	n, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, idPrefix), 10, 32)
 	if err != nil || !identity.NumericIdentity(n).IsCluster() {
 		a.log.Warn("Ignoring an identity master key outside the cluster range", "key", ev.Key)
 		return nil
 	}
 	id := identity.NumericIdentity(n)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	txn := a.db.WriteTxn(a.tbl)
-	defer txn.Commit()
 	old, _, found := a.tbl.Get(txn, ByID.Query(id))
 	if ev.Kind == kvstore.EventDelete {
 		if u := a.usedByID(id); u != nil && u.Kind == KindCluster {

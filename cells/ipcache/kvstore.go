@@ -52,41 +52,51 @@ func parseIPKey(key string, value []byte) (netip.Prefix, Claim, error) {
 // asks the publisher to write it back.
 func (c *ipCache) watchKVStore(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
 	claimed := map[string]netip.Prefix{}
-	for ev := range c.kv.Watch(ctx, ipPrefix) {
+	for batch := range kvstore.Batches(c.kv.Watch(ctx, ipPrefix), 1024) {
 		txn := c.db.WriteTxn(c.tbl)
-		switch ev.Kind {
-		case kvstore.EventListed:
-			if listed != nil {
-				listed(txn)
-				listed = nil
-			}
-			health.OK(fmt.Sprintf("Following %d remote addresses", len(claimed)))
-		case kvstore.EventUpsert:
-			p, cl, err := parseIPKey(ev.Key, ev.Value)
-			if err != nil {
-				c.log.Warn("Ignoring an invalid ipcache key from the kvstore", "error", err)
-				break
-			}
-			claimed[ev.Key] = p
-			c.claim(txn, p, cl)
-		case kvstore.EventDelete:
-			if p, ok := claimed[ev.Key]; ok {
-				delete(claimed, ev.Key)
-				c.unclaim(txn, p, SourceKVStore)
-			}
-			if addr, err := netip.ParseAddr(strings.TrimPrefix(ev.Key, ipPrefix)); err == nil {
-				if e, _, found := c.tbl.Get(txn, ByPrefix.Query(hostPrefix(addr))); found && e.Winner().Source == SourceLocal {
-					c.log.Warn("A local endpoint's address was deleted from the kvstore; writing it back", "key", ev.Key)
-					select {
-					case c.republish <- struct{}{}:
-					default:
-					}
+		for _, ev := range batch {
+			switch ev.Kind {
+			case kvstore.EventListed:
+				if listed != nil {
+					listed(txn)
+					listed = nil
 				}
+				health.OK(fmt.Sprintf("Following %d remote addresses", len(claimed)))
+			case kvstore.EventUpsert:
+				p, cl, err := parseIPKey(ev.Key, ev.Value)
+				if err != nil {
+					c.log.Warn("Ignoring an invalid ipcache key from the kvstore", "error", err)
+					break
+				}
+				claimed[ev.Key] = p
+				c.claim(txn, p, cl)
+			case kvstore.EventDelete:
+				if p, ok := claimed[ev.Key]; ok {
+					delete(claimed, ev.Key)
+					c.unclaim(txn, p, SourceKVStore)
+				}
+				c.writeBackIfLocal(txn, ev.Key)
 			}
 		}
 		txn.Commit()
 	}
 	return nil
+}
+
+// writeBackIfLocal asks the publisher to write back the deleted key of an
+// address a local endpoint still has.
+func (c *ipCache) writeBackIfLocal(txn statedb.ReadTxn, key string) {
+	addr, err := netip.ParseAddr(strings.TrimPrefix(key, ipPrefix))
+	if err != nil {
+		return
+	}
+	if e, _, found := c.tbl.Get(txn, ByPrefix.Query(hostPrefix(addr))); found && e.Winner().Source == SourceLocal {
+		c.log.Warn("A local endpoint's address was deleted from the kvstore; writing it back", "key", key)
+		select {
+		case c.republish <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // publish writes the addresses of this node's endpoints to ip/v1 (leased)
