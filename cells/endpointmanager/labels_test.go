@@ -145,6 +145,21 @@ func TestIdentityDuringKVStoreOutage(t *testing.T) {
 			t.Fatalf("identity after etcd returned: %v (pending %v), want a cluster identity", row.Identity, row.IdentityPending)
 		}
 	}
+	// Its keys are in etcd: the master key and this node's value key.
+	row, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: web.id})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	master, err := cli.Get(ctx, "em/state/identities/v1/id/"+row.Identity.String())
+	if err != nil || len(master.Kvs) != 1 {
+		t.Fatalf("master key of %v after the outage: %v, %v", row.Identity, master, err)
+	}
+	values, err := cli.Get(ctx, "em/state/identities/v1/value/"+string(master.Kvs[0].Value)+"/node-1")
+	if err != nil || len(values.Kvs) != 1 || values.Kvs[0].Lease == 0 {
+		t.Fatalf("node-1's leased value key after the outage: %v, %v", values, err)
+	}
 }
 
 // waitEndpoint waits, on the table's watch channel, until the endpoint of
