@@ -24,6 +24,33 @@ type clientCmd struct {
 	timeout time.Duration
 }
 
+// listGetCmds are a "list" and a "get ARG" command over one kind of row,
+// printed by table or as JSON with -o json.
+type listGetCmds[T any] struct {
+	list  func(c *client.Client, ctx context.Context) ([]T, error)
+	get   func(c *client.Client, ctx context.Context, arg string) (T, error)
+	table func(w io.Writer, rows []T) error
+}
+
+func (l listGetCmds[T]) commands(stdout io.Writer, listShort, getUse, getShort string) []*cobra.Command {
+	return []*cobra.Command{
+		newClientCmd("list", listShort, cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+			rows, err := l.list(c, ctx)
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, rows, func(w io.Writer) error { return l.table(w, rows) })
+		}),
+		newClientCmd(getUse, getShort, cobra.ExactArgs(1), func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+			row, err := l.get(c, ctx, args[0])
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, row, func(w io.Writer) error { return l.table(w, []T{row}) })
+		}),
+	}
+}
+
 // newClientCmd builds a command with --api-socket (the agent's own flag and
 // default) and -o.
 func newClientCmd(use, short string, args cobra.PositionalArgs, run func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error) *cobra.Command {

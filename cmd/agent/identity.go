@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -21,23 +20,8 @@ func newIdentityCmd(stdout io.Writer) *cobra.Command {
 		}
 		return writeTable(w, []string{"ID", "KIND", "REFS", "LABELS"}, rows)
 	}
-	cmd.AddCommand(
-		newClientCmd("list", "List identities: reserved, cluster-wide and node-local", cobra.NoArgs,
-			func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
-				ids, err := c.Identities(ctx)
-				if err != nil {
-					return err
-				}
-				return out.print(stdout, ids, func(w io.Writer) error { return table(w, ids) })
-			}),
-		newClientCmd("get ID", "Show one identity, by number or reserved name (host, world, ...)", cobra.ExactArgs(1),
-			func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
-				id, err := c.Identity(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				return out.print(stdout, id, func(w io.Writer) error { return table(w, []apiv1.Identity{id}) })
-			}),
-	)
+	cmd.AddCommand(listGetCmds[apiv1.Identity]{list: (*client.Client).Identities, get: (*client.Client).Identity, table: table}.
+		commands(stdout, "List identities: reserved, cluster-wide and node-local",
+			"get ID", "Show one identity, by number or reserved name (host, world, ...)")...)
 	return cmd
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -25,23 +24,7 @@ func newIPCacheCmd(stdout io.Writer) *cobra.Command {
 		}
 		return writeTable(w, []string{"PREFIX", "IDENTITY", "SOURCE", "HOST IP", "POD", "SHADOWED", "STATUS"}, rows)
 	}
-	cmd.AddCommand(
-		newClientCmd("list", "List every prefix with its identity and source", cobra.NoArgs,
-			func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
-				es, err := c.IPCache(ctx)
-				if err != nil {
-					return err
-				}
-				return out.print(stdout, es, func(w io.Writer) error { return table(w, es) })
-			}),
-		newClientCmd("get IP", "Show the longest prefix that holds IP", cobra.ExactArgs(1),
-			func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
-				e, err := c.IPCacheLookup(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				return out.print(stdout, e, func(w io.Writer) error { return table(w, []apiv1.IPCacheEntry{e}) })
-			}),
-	)
+	cmd.AddCommand(listGetCmds[apiv1.IPCacheEntry]{list: (*client.Client).IPCache, get: (*client.Client).IPCacheLookup, table: table}.
+		commands(stdout, "List every prefix with its identity and source", "get IP", "Show the longest prefix that holds IP")...)
 	return cmd
 }
