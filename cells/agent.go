@@ -34,6 +34,7 @@ import (
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/monitor"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/cells/sysctl"
 )
 
@@ -58,6 +59,7 @@ var ControlPlane = cell.Group(
 	identity.Cell,
 	endpointmanager.Cell,
 	ipcache.Cell,
+	nodes.Cell,
 	loadbalancer.Cell,
 )
 

@@ -113,6 +113,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newKVStoreCmd(stdout),
 		newIdentityCmd(stdout),
 		newIPCacheCmd(stdout),
+		newNodeCmd(stdout),
 		newCleanupCmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),

@@ -1,0 +1,31 @@
+// Package nodes keeps the table "nodes": this node and every other node of
+// the cluster, with the addresses other nodes reach it at, its pod CIDRs
+// and its health endpoint's addresses.
+//
+// The contract:
+//
+//   - Sources claim nodes: this agent its own node (SourceLocal: its name
+//     from --node-name, its addresses from --node-ip or the device holding
+//     the default route, its pod CIDRs from the IPAM), Kubernetes Node
+//     objects (SourceK8s), and with --kvstore=etcd the nodes/v1/<name> keys
+//     agents publish (SourceKVStore). A row is the strongest source's
+//     description: local > k8s > kvstore.
+//   - What cannot be used is left out of a row and said in its Problems: a
+//     node without address is listed but unreachable; a pod CIDR that
+//     overlaps this node's, or that of a node whose name sorts first, is
+//     dropped (a route for it would take another node's pods). Invalid
+//     values of a Node object or a key are logged with the object and
+//     ignored; nothing else is affected.
+//   - The table is initialized once this node is known, the Node objects
+//     are synced and (with the kvstore) the node keys are listed: consumers
+//     that remove what the table does not have (routes, ipcache entries)
+//     wait for it.
+//   - This node is published to the kvstore as a leased key, written back
+//     if someone deletes it.
+//   - On its Node object the agent keeps the annotations
+//     network.cellium.io/pod-cidrs and /health-ips, and those other cells
+//     contribute (group "node-annotations"), patching only when they differ;
+//     once the agent is ready it sets the condition NetworkUnavailable=False
+//     (reason CelliumIsUp) and removes the taint
+//     node.cellium.io/agent-not-ready.
+package nodes

@@ -1,0 +1,170 @@
+package nodes
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/ipam"
+)
+
+// localNode describes this node: its addresses (--node-ip, else those of
+// the device holding the default route) and its pod CIDRs (the IPAM's
+// pools), again whenever devices, addresses or default routes change.
+type localNode struct {
+	log        *slog.Logger
+	nodes      *nodes
+	ipam       *ipam.IPAM
+	configured []netip.Addr
+	devices    statedb.Table[*devices.Device]
+	addrs      statedb.Table[*devices.NodeAddress]
+	// netnsPath is --devices-netns: the namespace whose routes count.
+	netnsPath string
+}
+
+func (l *localNode) run(ctx context.Context, health cell.Health) error {
+	if err := l.ipam.WaitReady(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	handle, ns, err := l.handle()
+	if err != nil {
+		return err
+	}
+	defer handle.Close()
+	if ns != nil {
+		defer ns.Close()
+	}
+	routes := make(chan netlink.RouteUpdate, 16)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns}); err != nil {
+		return fmt.Errorf("subscribe to route changes: %w", err)
+	}
+	var last Spec
+	for {
+		txn := l.nodes.db.ReadTxn()
+		_, devWatch := l.devices.AllWatch(txn)
+		_, addrWatch := l.addrs.AllWatch(txn)
+		spec, err := l.spec(txn, handle)
+		switch {
+		case err != nil:
+			health.Degraded("Cannot tell this node's address", err)
+			l.nodes.claims.set(l.nodes.name, SourceLocal, Spec{}, false)
+		case !spec.equal(last):
+			l.log.Info("This node", "node", l.nodes.name, "addresses", spec.Addresses, "pod-cidrs", spec.PodCIDRs)
+			health.OK(fmt.Sprintf("Node %s at %v", l.nodes.name, ipsOf(spec.Addresses)))
+			l.nodes.claims.set(l.nodes.name, SourceLocal, spec, true)
+		}
+		last = spec
+		select {
+		case <-devWatch:
+		case <-addrWatch:
+		case _, ok := <-routes:
+			if !ok {
+				return fmt.Errorf("route subscription ended")
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// handle is a netlink handle in --devices-netns (and that namespace), or
+// in the agent's own.
+func (l *localNode) handle() (*netlink.Handle, *netns.NsHandle, error) {
+	if l.netnsPath == "" {
+		h, err := netlink.NewHandle()
+		return h, nil, err
+	}
+	ns, err := netns.GetFromPath(l.netnsPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--devices-netns %s: %w", l.netnsPath, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, nil, err
+	}
+	return h, &ns, nil
+}
+
+// spec is the local node's description now.
+func (l *localNode) spec(txn statedb.ReadTxn, handle *netlink.Handle) (Spec, error) {
+	var s Spec
+	for _, p := range l.ipam.Pools() {
+		s.PodCIDRs = append(s.PodCIDRs, p.CIDR)
+	}
+	ips := l.configured
+	if len(ips) == 0 {
+		var err error
+		if ips, err = l.defaultRouteIPs(txn, handle); err != nil {
+			return s, err
+		}
+	}
+	for _, ip := range ips {
+		s.Addresses = append(s.Addresses, Address{Type: InternalIP, IP: ip})
+	}
+	return s, nil
+}
+
+// defaultRouteIPs are the primary node addresses, one per family, of the
+// devices that hold a default route.
+func (l *localNode) defaultRouteIPs(txn statedb.ReadTxn, handle *netlink.Handle) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := handle.RouteListFiltered(family, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst != nil {
+				if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+					continue
+				}
+			}
+			ip, ok := l.primaryOn(txn, r.LinkIndex, family == netlink.FAMILY_V4)
+			if ok {
+				out = append(out, ip)
+				break
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no device with a default route has a node address: give --node-ip")
+	}
+	return out, nil
+}
+
+// primaryOn is the primary node address of a family on the device with
+// index ifindex.
+func (l *localNode) primaryOn(txn statedb.ReadTxn, ifindex int, v4 bool) (netip.Addr, bool) {
+	d, _, found := l.devices.Get(txn, devices.DeviceIfIndex.Query(ifindex))
+	if !found {
+		return netip.Addr{}, false
+	}
+	for a := range l.addrs.All(txn) {
+		if a.Device == d.Name && a.Primary && a.Addr.Is4() == v4 {
+			return a.Addr, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func ipsOf(addrs []Address) []netip.Addr {
+	out := make([]netip.Addr, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.IP
+	}
+	return slices.Clip(out)
+}

@@ -1,0 +1,264 @@
+package nodes_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+type agent struct {
+	db  *statedb.DB
+	tbl statedb.Table[*nodes.Node]
+	k8s *fake.Clientset
+	kv  kvstore.Client
+	h   *hive.Hive
+}
+
+type opts struct {
+	name, podCIDR string
+	nodeIP        []string
+	netns         string
+	k8s           []runtime.Object
+	etcd          string
+}
+
+// annotationOut contributes an annotation, as the routing cell does.
+type annotationOut struct {
+	cell.Out
+	A nodes.Annotation `group:"node-annotations"`
+}
+
+func start(t *testing.T, o opts) *agent {
+	t.Helper()
+	a := &agent{}
+	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclient.FakeCell(o.k8s...), nodes.Cell,
+		cell.Provide(func() annotationOut { return annotationOut{A: nodes.Annotation{Key: "example.com/test", Value: "yes"}} }),
+		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *fake.Clientset, kv kvstore.Client) {
+			a.db, a.tbl, a.k8s, a.kv = db, tbl, cs, kv
+		}))
+	dir := t.TempDir()
+	hive.AddConfigOverride(a.h, func(c *daemon.Config) {
+		c.StateDir, c.RunDir, c.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), o.name
+	})
+	hive.AddConfigOverride(a.h, func(c *ipam.Config) { c.PodCIDR = []string{o.podCIDR} })
+	hive.AddConfigOverride(a.h, func(c *nodes.Config) { c.NodeIP = o.nodeIP })
+	hive.AddConfigOverride(a.h, func(c *devices.Config) { c.DevicesNetns = o.netns })
+	if o.etcd != "" {
+		hive.AddConfigOverride(a.h, func(c *kvstore.Config) {
+			c.KVStore, c.KVStoreOpt, c.KVStorePrefix = "etcd", []string{"etcd.address=" + o.etcd}, "nodes"
+		})
+	}
+	celltest.Start(t, a.h)
+	return a
+}
+
+// wait waits, on the table's watch channel, until ok holds for the rows.
+func (a *agent) wait(t *testing.T, what string, ok func(map[string]*nodes.Node) bool) map[string]*nodes.Node {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		all, watch := a.tbl.AllWatch(a.db.ReadTxn())
+		rows := map[string]*nodes.Node{}
+		for n := range all {
+			rows[n.Name] = n
+		}
+		if ok(rows) {
+			return rows
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			var seen []string
+			for _, n := range rows {
+				seen = append(seen, strings.Join(n.TableRow(), " | "))
+			}
+			t.Fatalf("nodes table: %s; has:\n%s", what, strings.Join(seen, "\n"))
+		}
+	}
+}
+
+func k8sNode(name, ip string, podCIDRs ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDRs: podCIDRs}}
+	if ip != "" {
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	}
+	return n
+}
+
+// TestNodesFromKubernetes: Node objects make the table's remote nodes; a
+// Node without address, or with a pod CIDR that overlaps this node's, is
+// listed with its problem and its overlapping CIDR left out; this node's
+// Node object gets its annotations, the NetworkUnavailable=False condition
+// and loses the not-ready taint once the agent is ready; a deleted Node
+// leaves the table.
+func TestNodesFromKubernetes(t *testing.T) {
+	self := k8sNode("node-1", "192.0.2.10")
+	self.Spec.Taints = []corev1.Taint{{Key: "other", Effect: corev1.TaintEffectNoSchedule}, {Key: nodes.TaintAgentNotReady, Effect: corev1.TaintEffectNoSchedule}}
+	self.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionTrue, Reason: "NoRouteCreated"}}
+	a := start(t, opts{name: "node-1", podCIDR: "10.244.1.0/24", nodeIP: []string{"192.0.2.10"}, k8s: []runtime.Object{
+		self,
+		k8sNode("node-2", "192.0.2.11", "10.244.2.0/24", "fd00:10:244:2::/64"),
+		k8sNode("node-3", "", "10.244.3.0/24"),
+		k8sNode("node-4", "192.0.2.14", "10.244.1.128/25"),
+	}})
+	rows := a.wait(t, "four nodes and the local one from --node-ip", func(r map[string]*nodes.Node) bool {
+		return len(r) == 4 && r["node-1"].Local && r["node-1"].Source == nodes.SourceLocal && r["node-4"] != nil
+	})
+	if ip := rows["node-1"].PrimaryIP(); ip != netip.MustParseAddr("192.0.2.10") || !slices.Equal(rows["node-1"].PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) {
+		t.Errorf("local node %+v", rows["node-1"])
+	}
+	if n := rows["node-2"]; n.Source != nodes.SourceK8s || n.PrimaryIP() != netip.MustParseAddr("192.0.2.11") || len(n.PodCIDRs) != 2 || len(n.Problems) != 0 {
+		t.Errorf("node-2 %+v", n)
+	}
+	if n := rows["node-3"]; len(n.Problems) != 1 || !strings.Contains(n.Problems[0], "no InternalIP or ExternalIP") {
+		t.Errorf("node-3 without address: problems %q", n.Problems)
+	}
+	if n := rows["node-4"]; len(n.PodCIDRs) != 0 || len(n.Problems) != 1 || !strings.Contains(n.Problems[0], "overlaps 10.244.1.0/24 of node node-1") {
+		t.Errorf("node-4 overlapping this node: %+v", n)
+	}
+	if err := tables.WaitInitialized(context.Background(), a.db, a.tbl); err != nil {
+		t.Fatal(err)
+	}
+
+	// This node's Node object.
+	celltest.Eventually(t, "node-1 annotated, marked ready and untainted", func() bool {
+		n, err := a.k8s.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		ready := false
+		for _, c := range n.Status.Conditions {
+			ready = ready || (c.Type == corev1.NodeNetworkUnavailable && c.Status == corev1.ConditionFalse && c.Reason == "CelliumIsUp")
+		}
+		return ready && n.Annotations[nodes.AnnotationPodCIDRs] == "10.244.1.0/24" && n.Annotations["example.com/test"] == "yes" &&
+			len(n.Spec.Taints) == 1 && n.Spec.Taints[0].Key == "other"
+	})
+
+	if err := a.k8s.CoreV1().Nodes().Delete(context.Background(), "node-2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "node-2 gone", func(r map[string]*nodes.Node) bool { return r["node-2"] == nil && r["node-1"] != nil })
+}
+
+// TestNodesThroughKVStore: agents publish their node to the kvstore and
+// see each other's; a key with garbage changes nothing else; a node whose
+// key is deleted leaves the table, and a deleted key of a running agent is
+// written back.
+func TestNodesThroughKVStore(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := start(t, opts{name: "node-a", podCIDR: "10.244.10.0/24", nodeIP: []string{"192.0.2.20"}, etcd: etcd.Endpoint()})
+	b := start(t, opts{name: "node-b", podCIDR: "10.244.11.0/24", nodeIP: []string{"192.0.2.21"}, etcd: etcd.Endpoint()})
+	seen := a.wait(t, "node-b from the kvstore", func(r map[string]*nodes.Node) bool {
+		return r["node-b"] != nil && r["node-b"].Source == nodes.SourceKVStore && len(r["node-b"].PodCIDRs) == 1
+	})
+	if seen["node-b"].PrimaryIP() != netip.MustParseAddr("192.0.2.21") || seen["node-b"].PodCIDRs[0] != netip.MustParsePrefix("10.244.11.0/24") {
+		t.Fatalf("node-b as node-a sees it: %+v", seen["node-b"])
+	}
+	b.wait(t, "node-a from the kvstore", func(r map[string]*nodes.Node) bool { return r["node-a"] != nil })
+
+	ctx := context.Background()
+	if _, err := a.kv.UpdateIfDifferent(ctx, "state/nodes/v1/node-x", []byte("{garbage")); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := json.Marshal(nodes.Value{Name: "node-c", Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.22")}}}})
+	if _, err := a.kv.UpdateIfDifferent(ctx, "state/nodes/v1/node-c", v); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "node-c, not the garbage key", func(r map[string]*nodes.Node) bool { return r["node-c"] != nil && r["node-x"] == nil && len(r) == 3 })
+	if err := a.kv.Delete(ctx, "state/nodes/v1/node-c"); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "node-c gone with its key", func(r map[string]*nodes.Node) bool { return r["node-c"] == nil && r["node-b"] != nil })
+
+	// node-b's own key deleted while it runs: written back.
+	if err := a.kv.Delete(ctx, "state/nodes/v1/node-b"); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "node-b's key written back", func() bool {
+		_, found, err := a.kv.Get(ctx, "state/nodes/v1/node-b")
+		return err == nil && found
+	})
+}
+
+// TestLocalNodeFromDefaultRoute: without --node-ip, this node's address is
+// the primary address of the device that holds the default route, and
+// follows it when the default route moves.
+func TestLocalNodeFromDefaultRoute(t *testing.T) {
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	var eth0, eth1 netlink.Link
+	err := nettest.Do(ns.Path(), func() error {
+		for i, name := range []string{"eth0", "eth1"} {
+			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}
+			if err := netlink.LinkAdd(veth); err != nil {
+				return err
+			}
+			for _, l := range []string{name, name + "-peer"} {
+				link, err := netlink.LinkByName(l)
+				if err != nil {
+					return err
+				}
+				if err := netlink.LinkSetUp(link); err != nil {
+					return err
+				}
+			}
+			link, _ := netlink.LinkByName(name)
+			addr, _ := netlink.ParseAddr([]string{"192.0.2.30/24", "198.51.100.30/24"}[i])
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				return err
+			}
+			if i == 0 {
+				eth0 = link
+			} else {
+				eth1 = link
+			}
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, opts{name: "node-d", podCIDR: "10.244.12.0/24", netns: ns.Path()})
+	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
+		return r["node-d"] != nil && r["node-d"].PrimaryIP() == netip.MustParseAddr("192.0.2.30")
+	})
+	err = nettest.Do(ns.Path(), func() error {
+		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")}); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Gw: net.ParseIP("198.51.100.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "the local node at eth1's address once the default route moved", func(r map[string]*nodes.Node) bool {
+		return r["node-d"] != nil && r["node-d"].PrimaryIP() == netip.MustParseAddr("198.51.100.30")
+	})
+}
