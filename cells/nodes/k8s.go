@@ -41,8 +41,8 @@ const TaintAgentNotReady = "node.cellium.io/agent-not-ready"
 // claims, and the local one is what the annotate and mark-ready jobs look
 // at.
 type nodeWatcher struct {
-	log     *slog.Logger
-	nodes   *nodes
+	log      *slog.Logger
+	nodes    *nodes
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	store    cache.Store
