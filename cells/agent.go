@@ -35,6 +35,7 @@ import (
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/cells/sysctl"
 )
 
@@ -60,6 +61,7 @@ var ControlPlane = cell.Group(
 	endpointmanager.Cell,
 	ipcache.Cell,
 	nodes.Cell,
+	routing.Cell,
 	loadbalancer.Cell,
 )
 

@@ -1,0 +1,220 @@
+package routing
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"iter"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/nodes"
+)
+
+// TunnelDevice is the VXLAN device of --routing-mode=tunnel.
+const TunnelDevice = "cellium_vxlan"
+
+// tunnelVNI is the VXLAN network identifier of the tunnel, the same on
+// every node.
+const tunnelVNI = 2
+
+// router keeps the routes, neighbors and fdb tables equal to what the
+// nodes table asks for, and, in tunnel mode, the tunnel device in place.
+type router struct {
+	cfg       Config
+	log       *slog.Logger
+	db        *statedb.DB
+	nodes     statedb.Table[*nodes.Node]
+	devices   statedb.Table[*devices.Device]
+	routes    statedb.RWTable[*Route]
+	neighbors statedb.RWTable[*Neighbor]
+	fdb       statedb.RWTable[*FDBEntry]
+	nl        *Netlink
+
+	initialized []func(statedb.WriteTxn)
+}
+
+// desired is the routing state for a set of nodes.
+type desired struct {
+	routes    map[netip.Prefix]*Route
+	neighbors map[netip.Addr]*Neighbor
+	fdb       map[MAC]*FDBEntry
+	// skipped are the nodes, or parts of them, that cannot be routed to.
+	skipped []string
+}
+
+func (r *router) run(ctx context.Context, health cell.Health) error {
+	health.OK("Waiting for the nodes table")
+	if err := tables.WaitInitialized(ctx, r.db, r.nodes); err != nil {
+		return nil // stopping
+	}
+	var lastSkipped []string
+	for {
+		txn := r.db.ReadTxn()
+		all, nodesChanged := r.nodes.AllWatch(txn)
+		_, devicesChanged := r.devices.AllWatch(txn)
+		local, _ := nodes.LocalNode(txn, r.nodes)
+		var retry <-chan time.Time
+		var err error
+		if r.cfg.RoutingMode == ModeTunnel {
+			err = r.ensureTunnel(txn, local)
+		} else {
+			err = r.nl.removeTunnel()
+		}
+		if err != nil {
+			health.Degraded("Tunnel device", err)
+			retry = time.After(time.Second)
+		} else {
+			want := r.desired(local, all)
+			r.write(want)
+			if !slices.Equal(want.skipped, lastSkipped) {
+				for _, s := range want.skipped {
+					r.log.Warn("No route to part of a node", "problem", s)
+				}
+				lastSkipped = want.skipped
+			}
+			health.OK(fmt.Sprintf("%s mode: %d routes", r.cfg.RoutingMode, len(want.routes)))
+		}
+		select {
+		case <-nodesChanged:
+		case <-devicesChanged:
+		case <-retry:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// ensureTunnel puts the tunnel device in place: VXLAN on --tunnel-port, no
+// learning, this node's VTEP MAC (the one other nodes' neighbor entries
+// give it: frames for another MAC would not be taken in), MTU the
+// underlay's less the encapsulation. Without the local node yet, it waits.
+func (r *router) ensureTunnel(txn statedb.ReadTxn, local *nodes.Node) error {
+	if local == nil || !local.PrimaryIP().IsValid() {
+		return fmt.Errorf("this node's address is not known yet (see the nodes module)")
+	}
+	ip, mtu := local.PrimaryIP(), 1500
+	if dev := r.deviceOf(txn, ip); dev != nil {
+		mtu = dev.MTU
+	}
+	return r.nl.ensureTunnel(tunnelParams{port: r.cfg.TunnelPort, vni: tunnelVNI, mac: vtepMAC(ip), mtu: mtu - r.cfg.Overhead(ip.Is6())})
+}
+
+// deviceOf is the device that holds ip, nil for none.
+func (r *router) deviceOf(txn statedb.ReadTxn, ip netip.Addr) *devices.Device {
+	for d := range r.devices.All(txn) {
+		for _, a := range d.Addrs {
+			if a.Addr == ip {
+				return d
+			}
+		}
+	}
+	return nil
+}
+
+// desired computes the routes, neighbors and fdb entries to the remote
+// nodes. Tunnel: each remote pod CIDR is routed onlink through the tunnel
+// device to a gateway address standing for the node's VTEP (the CIDR's
+// first address), whose neighbor entry is the VTEP's MAC (derived from the
+// node's address, the same on every node), whose fdb entry is the node's
+// address. Native: each remote pod CIDR is routed via the node's address of
+// its family.
+func (r *router) desired(local *nodes.Node, all iter.Seq2[*nodes.Node, statedb.Revision]) desired {
+	d := desired{routes: map[netip.Prefix]*Route{}, neighbors: map[netip.Addr]*Neighbor{}, fdb: map[MAC]*FDBEntry{}}
+	var underlay netip.Addr
+	if local != nil {
+		underlay = local.PrimaryIP()
+	}
+	for n := range all {
+		if n.Local || len(n.PodCIDRs) == 0 {
+			continue
+		}
+		if r.cfg.RoutingMode == ModeTunnel {
+			remote := n.IP(underlay)
+			if !remote.IsValid() {
+				d.skipped = append(d.skipped, fmt.Sprintf("node %s has no address of the underlay's family (%s)", n.Name, underlay))
+				continue
+			}
+			mac := vtepMAC(remote)
+			d.fdb[mac] = &FDBEntry{MAC: mac, Dst: remote, Device: TunnelDevice, Node: n.Name}
+			for _, cidr := range n.PodCIDRs {
+				gw := cidr.Addr()
+				d.routes[cidr] = &Route{Prefix: cidr, Gateway: gw, Device: TunnelDevice, OnLink: true, Node: n.Name}
+				d.neighbors[gw] = &Neighbor{IP: gw, MAC: mac, Device: TunnelDevice, Node: n.Name}
+			}
+			continue
+		}
+		for _, cidr := range n.PodCIDRs {
+			gw := n.IP(cidr.Addr())
+			if !gw.IsValid() {
+				d.skipped = append(d.skipped, fmt.Sprintf("node %s: pod CIDR %s has no node address of its family to route via", n.Name, cidr))
+				continue
+			}
+			d.routes[cidr] = &Route{Prefix: cidr, Gateway: gw, Node: n.Name}
+		}
+	}
+	return d
+}
+
+// vtepMAC is the MAC address of the VTEP of the node at ip: locally
+// administered, unicast, from the address (IPv4) or a hash of it (IPv6).
+func vtepMAC(ip netip.Addr) MAC {
+	m := MAC{0x0e, 0xce}
+	if ip.Is4() {
+		a := ip.As4()
+		copy(m[2:], a[:])
+		return m
+	}
+	h := fnv.New32a()
+	a := ip.As16()
+	h.Write(a[:])
+	binary.BigEndian.PutUint32(m[2:], h.Sum32())
+	return m
+}
+
+// write makes the tables equal to d: rows that differ (status aside) are
+// written pending, rows not in d deleted; the first write marks the tables
+// initialized, after which the reconcilers prune what the kernel has that
+// d does not.
+func (r *router) write(d desired) {
+	txn := r.db.WriteTxn(r.routes, r.neighbors, r.fdb)
+	defer txn.Commit()
+	syncTable(txn, r.routes, RoutePrefix, d.routes, func(r *Route) netip.Prefix { return r.Prefix }, func(a, b *Route) bool {
+		return a.Prefix == b.Prefix && a.Gateway == b.Gateway && a.Device == b.Device && a.OnLink == b.OnLink && a.Node == b.Node
+	}, func(r *Route) *Route { r.Status = reconciler.StatusPending(); return r })
+	syncTable(txn, r.neighbors, NeighborIP, d.neighbors, func(n *Neighbor) netip.Addr { return n.IP }, func(a, b *Neighbor) bool {
+		return a.IP == b.IP && a.MAC == b.MAC && a.Device == b.Device && a.Node == b.Node
+	}, func(n *Neighbor) *Neighbor { n.Status = reconciler.StatusPending(); return n })
+	syncTable(txn, r.fdb, FDBMAC, d.fdb, func(f *FDBEntry) MAC { return f.MAC }, func(a, b *FDBEntry) bool {
+		return a.MAC == b.MAC && a.Dst == b.Dst && a.Device == b.Device && a.Node == b.Node
+	}, func(f *FDBEntry) *FDBEntry { f.Status = reconciler.StatusPending(); return f })
+	for _, done := range r.initialized {
+		done(txn)
+	}
+	r.initialized = nil
+}
+
+// syncTable makes tbl hold exactly want: what differs from the row there
+// (by same) is inserted through pending, what want lacks is deleted.
+func syncTable[K comparable, T any](txn statedb.WriteTxn, tbl statedb.RWTable[T], idx statedb.Index[T, K], want map[K]T,
+	key func(T) K, same func(a, b T) bool, pending func(T) T) {
+	for row := range tbl.All(txn) {
+		if _, ok := want[key(row)]; !ok {
+			tbl.Delete(txn, row)
+		}
+	}
+	for k, w := range want {
+		if have, _, found := tbl.Get(txn, idx.Query(k)); !found || !same(have, w) {
+			tbl.Insert(txn, pending(w))
+		}
+	}
+}
