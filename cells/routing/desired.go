@@ -64,17 +64,19 @@ func (r *router) run(ctx context.Context, health cell.Health) error {
 		_, devicesChanged := r.devices.AllWatch(txn)
 		local, _ := nodes.LocalNode(txn, r.nodes)
 		var retry <-chan time.Time
+		want := r.desired(local, all)
 		var err error
-		if r.cfg.RoutingMode == ModeTunnel {
-			err = r.ensureTunnel(txn, local)
-		} else {
+		switch {
+		case r.cfg.RoutingMode == ModeNative:
 			err = r.nl.removeTunnel()
+		case len(want.routes) > 0:
+			// Made once there is a node to reach: a single node needs none.
+			err = r.ensureTunnel(txn, local)
 		}
 		if err != nil {
 			health.Degraded("Tunnel device", err)
 			retry = time.After(time.Second)
 		} else {
-			want := r.desired(local, all)
 			r.write(want)
 			if !slices.Equal(want.skipped, lastSkipped) {
 				for _, s := range want.skipped {

@@ -7,7 +7,8 @@
 // The contract:
 //
 //   - --routing-mode=tunnel (default): a VXLAN device, cellium_vxlan (UDP
-//     --tunnel-port, VNI 2, no learning), carries pod traffic between node
+//     --tunnel-port, VNI 2, no learning), made once there is another node
+//     to reach, carries pod traffic between node
 //     addresses. Each node's VTEP MAC is derived from its address, so no
 //     node needs another's to be told: a remote pod CIDR is routed onlink
 //     through the device to its first address, whose permanent neighbor
