@@ -8,9 +8,9 @@
 //
 //   - --routing-mode=tunnel (default): a VXLAN device, cellium_vxlan (UDP
 //     --tunnel-port, VNI 2, no learning), made once there is another node
-//     to reach, carries pod traffic between node
-//     addresses. Each node's VTEP MAC is derived from its address, so no
-//     node needs another's to be told: a remote pod CIDR is routed onlink
+//     to reach, carries pod traffic between node addresses. Each node's
+//     VTEP MAC is derived from its address, so no node needs another's to
+//     be told: a remote pod CIDR is routed onlink
 //     through the device to its first address, whose permanent neighbor
 //     entry is the remote VTEP's MAC, whose FDB entry is the remote node's
 //     address. The device's MTU is the underlay's less the encapsulation
