@@ -25,6 +25,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -143,7 +144,8 @@ func BenchmarkStartListed(b *testing.B) {
 	}
 	h := celltest.New(daemon.Cell, bpfmaps.Cell, kvstore.Cell, idalloc.Cell, ipcache.Cell,
 		cell.Module("test-tables", "Endpoints and node addresses filled by the test",
-			cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable, newAddrs),
+			cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable, newAddrs,
+				nodes.NewTable, statedb.RWTable[*nodes.Node].ToTable),
 			cell.Invoke(func(d *statedb.DB, i statedb.Table[*idalloc.Identity], c statedb.Table[*ipcache.Entry], _ *idalloc.Allocator) {
 				db, ids, ipc = d, i, c
 			}),

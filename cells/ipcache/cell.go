@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/ipcachemap"
 )
@@ -50,6 +51,7 @@ const (
 	initLocal     = "ipcache-local-endpoints"
 	initReserved  = "ipcache-node-addresses"
 	initKVStore   = "ipcache-kvstore"
+	initNodes     = "ipcache-nodes"
 	initPublished = "ipcache-restored"
 )
 
@@ -62,6 +64,7 @@ type params struct {
 	Map       *Map
 	Endpoints statedb.Table[*endpointmanager.Endpoint]
 	Addresses statedb.Table[*devices.NodeAddress]
+	Nodes     statedb.Table[*nodes.Node]
 	KVStore   kvstore.Client
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
@@ -85,6 +88,7 @@ func newIPCache(p params) {
 	txn := p.DB.WriteTxn(p.Table)
 	local := p.Table.RegisterInitializer(txn, initLocal)
 	reserved := p.Table.RegisterInitializer(txn, initReserved)
+	nodesDone := p.Table.RegisterInitializer(txn, initNodes)
 	c.restoredDone = p.Table.RegisterInitializer(txn, initPublished)
 	var kvListed func(statedb.WriteTxn)
 	if p.KVStore.Enabled() {
@@ -105,12 +109,17 @@ func newIPCache(p params) {
 				return reservedClaims(txn, p.Addresses)
 			})
 		}),
+		job.OneShot("nodes", func(ctx context.Context, _ cell.Health) error {
+			return c.follow(ctx, SourceNode, nodesDone, func(txn statedb.ReadTxn) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+				return nodeClaims(txn, p.Nodes)
+			})
+		}),
 		job.OneShot("drop-restored", c.dropRestored),
 	)
 	if p.KVStore.Enabled() {
 		p.Jobs.Add(
 			job.OneShot("kvstore-watch", func(ctx context.Context, h cell.Health) error { return c.watchKVStore(ctx, h, kvListed) }),
-			job.OneShot("kvstore-publish", func(ctx context.Context, h cell.Health) error { return c.publish(ctx, h, p.Endpoints) }),
+			job.OneShot("kvstore-publish", func(ctx context.Context, h cell.Health) error { return c.publish(ctx, h, p.Endpoints, p.Nodes) }),
 		)
 	}
 }
@@ -261,5 +270,27 @@ func reservedClaims(txn statedb.ReadTxn, addrs statedb.Table[*devices.NodeAddres
 		out[hostPrefix(a.Addr)] = Claim{Source: SourceReserved, Identity: identity.Host}
 	}
 	init, _ := addrs.Initialized(txn)
+	return out, watch, init
+}
+
+// nodeClaims are the other nodes' addresses (remote-node) and pod CIDRs
+// (world, behind the node: its address is their tunnel endpoint; the
+// kvstore names each pod within them).
+func nodeClaims(txn statedb.ReadTxn, tbl statedb.Table[*nodes.Node]) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+	out := map[netip.Prefix]Claim{}
+	all, watch := tbl.AllWatch(txn)
+	for n := range all {
+		if n.Local {
+			continue
+		}
+		for _, a := range n.Addresses {
+			out[hostPrefix(a.IP)] = Claim{Source: SourceNode, Identity: identity.RemoteNode}
+		}
+		tunnel := n.PrimaryIP()
+		for _, cidr := range n.PodCIDRs {
+			out[cidr] = Claim{Source: SourceNode, Identity: identity.World, HostIP: tunnel}
+		}
+	}
+	init, _ := tbl.Initialized(txn)
 	return out, watch, init
 }

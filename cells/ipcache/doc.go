@@ -7,11 +7,13 @@
 //   - The table "ipcache" has one row per prefix holding every source's
 //     claim on it, strongest first: local endpoint > reserved (this node's
 //     addresses as host, 0.0.0.0/0 and ::/0 as world) > kvstore (other
-//     nodes' pods, ip/v1) > k8s > restored. The map gets the strongest;
+//     nodes' pods, ip/v1) > k8s > node (other nodes' addresses as
+//     remote-node, their pod CIDRs as world behind them) > restored. The
+//     map gets the strongest;
 //     when it goes, the next one takes over.
 //   - Each source is level-triggered: a job recomputes the source's claims
 //     from what it follows (the endpoints table, the node-addresses table,
-//     the kvstore's ip/v1 keys) and applies the difference. Each has a
+//     the nodes table, the kvstore's ip/v1 keys) and applies the difference. Each has a
 //     table initializer, done once its input is complete.
 //   - At start the pinned map is read back as restored claims, so the
 //     datapath keeps the identities it had; they are dropped, and what no

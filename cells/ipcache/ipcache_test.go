@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/ipcachemap"
@@ -32,6 +33,7 @@ type node struct {
 	db    *statedb.DB
 	eps   statedb.RWTable[*endpointmanager.Endpoint]
 	addrs statedb.RWTable[*devices.NodeAddress]
+	nodes statedb.RWTable[*nodes.Node]
 	tbl   statedb.Table[*ipcache.Entry]
 	m     *ipcache.Map
 }
@@ -45,10 +47,11 @@ func startNode(t testing.TB, root, etcd, prefix string) *node {
 	}
 	n.h = celltest.New(bpfmaps.Cell, kvstore.Cell, ipcache.Cell,
 		cell.Module("test-tables", "Endpoints and node addresses filled by the test",
-			cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable, newAddrs),
+			cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable, newAddrs,
+				nodes.NewTable, statedb.RWTable[*nodes.Node].ToTable),
 			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint], addrs statedb.RWTable[*devices.NodeAddress],
-				tbl statedb.Table[*ipcache.Entry], m *ipcache.Map) {
-				n.db, n.eps, n.addrs, n.tbl, n.m = db, eps, addrs, tbl, m
+				nodeTbl statedb.RWTable[*nodes.Node], tbl statedb.Table[*ipcache.Entry], m *ipcache.Map) {
+				n.db, n.eps, n.addrs, n.nodes, n.tbl, n.m = db, eps, addrs, nodeTbl, tbl, m
 			}),
 		),
 	)
@@ -117,10 +120,14 @@ func TestIPCache(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	txn := n.db.WriteTxn(n.eps, n.addrs)
+	txn := n.db.WriteTxn(n.eps, n.addrs, n.nodes)
 	n.eps.Insert(txn, &endpointmanager.Endpoint{ID: 1, ContainerID: "c1", IPv4: netip.MustParseAddr("10.0.0.5"),
 		PodNamespace: "default", PodName: "web", Identity: identity.MinLocal})
 	n.addrs.Insert(txn, &devices.NodeAddress{Addr: netip.MustParseAddr("192.168.50.1"), Device: "eth0"})
+	n.nodes.Insert(txn, &nodes.Node{Name: "self", Local: true, Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.168.50.1")}}}})
+	n.nodes.Insert(txn, &nodes.Node{Name: "other", Spec: nodes.Spec{
+		Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.168.50.2")}},
+		PodCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}}})
 	txn.Commit()
 
 	// Local endpoint, host address, and the world through the kernel's
@@ -137,8 +144,14 @@ func TestIPCache(t *testing.T) {
 			return false
 		}
 		var v ipcache.IPValue
-		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == identity.MinLocal && v.PodName == "web"
+		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == identity.MinLocal && v.PodName == "web" &&
+			v.HostIP == netip.MustParseAddr("192.168.50.1")
 	})
+
+	// Another node: its address is a remote node, its pod CIDR is behind
+	// it (world, until the kvstore names a pod in it).
+	n.mapHas(t, "192.168.50.2", identity.RemoteNode, "")
+	n.mapHas(t, "10.0.1.99", identity.World, "192.168.50.2")
 
 	// Deleted by someone else while the endpoint still has the address:
 	// written back.
@@ -157,7 +170,7 @@ func TestIPCache(t *testing.T) {
 	raw.Put(ctx, "ipc/state/ip/v1/10.0.1.8", "{not json")
 	raw.Put(ctx, "ipc/state/ip/v1/10.0.1.7", string(remote))
 	n.mapHas(t, "10.0.1.7", 300, "192.168.50.2")
-	if e, ok := ipcache.Lookup(n.db.ReadTxn(), n.tbl, netip.MustParseAddr("10.0.1.8")); !ok || e.Prefix.Bits() != 0 {
+	if e, ok := ipcache.Lookup(n.db.ReadTxn(), n.tbl, netip.MustParseAddr("10.0.1.8")); !ok || e.Prefix.Bits() == 32 {
 		t.Fatalf("the garbage key made an entry: %+v", e)
 	}
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
@@ -104,16 +105,22 @@ func (c *ipCache) writeBackIfLocal(txn statedb.ReadTxn, key string) {
 // endpoints table, the keys whose value changed; on a request of the
 // watcher (a key of ours was deleted), all of them; after a failure, what
 // failed, a second later. A lost lease is the kvstore's to write again.
-func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.Table[*endpointmanager.Endpoint]) error {
+func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.Table[*endpointmanager.Endpoint], nodeTbl statedb.Table[*nodes.Node]) error {
 	published := map[string][]byte{}
 	resync := false
 	for {
 		txn := c.db.ReadTxn()
 		all, watch := eps.AllWatch(txn)
+		// The node's address, for other nodes to reach the pods through.
+		_, nodesChanged := nodeTbl.AllWatch(txn)
+		var hostIP netip.Addr
+		if local, ok := nodes.LocalNode(txn, nodeTbl); ok {
+			hostIP = local.PrimaryIP()
+		}
 		want := map[string][]byte{}
 		for ep := range all {
 			for _, ip := range ep.IPs() {
-				v, _ := json.Marshal(IPValue{IP: ip, Identity: ep.Identity, Namespace: ep.PodNamespace, PodName: ep.PodName})
+				v, _ := json.Marshal(IPValue{IP: ip, HostIP: hostIP, Identity: ep.Identity, Namespace: ep.PodNamespace, PodName: ep.PodName})
 				want[ipPrefix+ip.String()] = v
 			}
 		}
@@ -155,6 +162,7 @@ func (c *ipCache) publish(ctx context.Context, health cell.Health, eps statedb.T
 		}
 		select {
 		case <-watch:
+		case <-nodesChanged:
 		case <-retry:
 		case <-c.republish:
 			resync = true

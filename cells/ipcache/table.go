@@ -21,6 +21,9 @@ const (
 	// SourceRestored: read back from the pinned map at start; kept until
 	// every other source has synced.
 	SourceRestored Source = iota
+	// SourceNode: another node's addresses and pod CIDRs, from the nodes
+	// table.
+	SourceNode
 	// SourceK8s: from Kubernetes objects.
 	SourceK8s
 	// SourceKVStore: from another node, through the kvstore (ip/v1).
@@ -31,7 +34,7 @@ const (
 	SourceLocal
 )
 
-var sourceNames = []string{"restored", "k8s", "kvstore", "reserved", "local"}
+var sourceNames = []string{"restored", "node", "k8s", "kvstore", "reserved", "local"}
 
 func (s Source) String() string {
 	if int(s) < len(sourceNames) {
