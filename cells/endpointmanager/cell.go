@@ -18,11 +18,13 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
 	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/kinderr"
 )
 
@@ -52,7 +54,7 @@ type Config struct {
 
 var defaultConfig = Config{
 	CNIConfDir:  "/etc/cni/net.d",
-	EndpointMTU: 1500,
+	EndpointMTU: 0,
 }
 
 // Steps of endpoint creation where --endpoint-test-crash-at can kill the
@@ -73,15 +75,16 @@ var crashSteps = []string{CrashIPAMAllocated, CrashVethCreated, CrashEndpointPer
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("cni-conf-dir", def.CNIConfDir, "Directory the agent writes its CNI configuration (05-cellium.conflist) to at start; empty: do not write it")
-	flags.Int("endpoint-mtu", def.EndpointMTU, "MTU of the endpoints' veth pairs")
+	flags.Int("endpoint-mtu", def.EndpointMTU,
+		"MTU of the endpoints' veth pairs; 0: the lowest MTU of the devices holding node addresses (1500 without any), less the tunnel's overhead with --routing-mode=tunnel")
 	flags.String("endpoint-test-crash-at", def.EndpointTestCrashAt,
 		"TEST ONLY: kill the agent with SIGKILL at this step of every endpoint creation ("+strings.Join(crashSteps, ", ")+")")
 	flags.MarkHidden("endpoint-test-crash-at")
 }
 
 func (cfg Config) validate() error {
-	if cfg.EndpointMTU < 1280 || cfg.EndpointMTU > 65535 {
-		return fmt.Errorf("invalid --endpoint-mtu %d: want 1280 (the IPv6 minimum) to 65535", cfg.EndpointMTU)
+	if cfg.EndpointMTU != 0 && (cfg.EndpointMTU < 1280 || cfg.EndpointMTU > 65535) {
+		return fmt.Errorf("invalid --endpoint-mtu %d: want 1280 (the IPv6 minimum) to 65535, or 0 for automatic", cfg.EndpointMTU)
 	}
 	if cfg.EndpointTestCrashAt != "" && !slices.Contains(crashSteps, cfg.EndpointTestCrashAt) {
 		return fmt.Errorf("invalid --endpoint-test-crash-at %q: want one of %s", cfg.EndpointTestCrashAt, strings.Join(crashSteps, ", "))
@@ -125,6 +128,11 @@ type params struct {
 	Jobs       job.Group
 	Health     cell.Health
 	NodeName   daemon.NodeName
+	// Routing, Devices and NodeAddresses make the automatic MTU; without
+	// them (tests of this cell alone) it is 1500.
+	Routing       routing.Config                      `optional:"true"`
+	Devices       statedb.Table[*devices.Device]      `optional:"true"`
+	NodeAddresses statedb.Table[*devices.NodeAddress] `optional:"true"`
 	// Clientset gives endpoints their pods' labels, service accounts and
 	// namespaces' labels; without it they have none.
 	Clientset k8sclient.Clientset `optional:"true"`
@@ -169,7 +177,8 @@ func newManager(p params) (*Manager, error) {
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
 	}
-	m.plumb = &plumbing{mtu: p.Config.EndpointMTU, vethCreated: func() { m.crashPoint(CrashVethCreated) }}
+	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Routing, p.Devices, p.NodeAddresses) },
+		vethCreated: func() { m.crashPoint(CrashVethCreated) }}
 	if m.crashAt != "" {
 		p.Log.Warn("Test fault point armed: the agent kills itself when it creates an endpoint", "step", m.crashAt)
 	}
@@ -217,4 +226,29 @@ func (m *Manager) waitRestored(ctx context.Context) error {
 		return errorf(ErrNotReady, "the agent is restoring its endpoints; try again: %v", err)
 	}
 	return nil
+}
+
+// mtu is the MTU of new endpoints: --endpoint-mtu, or the lowest MTU of the
+// devices holding node addresses (1500 without any) less what the routing
+// mode's encapsulation adds, so that a pod's full-size packet still fits
+// once encapsulated.
+func (m *Manager) mtu(configured int, cfg routing.Config, devs statedb.Table[*devices.Device], addrs statedb.Table[*devices.NodeAddress]) int {
+	if configured != 0 {
+		return configured
+	}
+	if devs == nil || addrs == nil {
+		return 1500 - cfg.Overhead(false)
+	}
+	txn := m.db.ReadTxn()
+	base, v6only := 0, true
+	for a := range addrs.All(txn) {
+		v6only = v6only && a.Addr.Is6()
+		if d, _, found := devs.Get(txn, devices.DeviceName.Query(a.Device)); found && (base == 0 || d.MTU < base) {
+			base = d.MTU
+		}
+	}
+	if base == 0 {
+		base, v6only = 1500, false
+	}
+	return base - cfg.Overhead(v6only)
 }

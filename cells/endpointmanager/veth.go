@@ -52,7 +52,8 @@ func openNetns(path string) (netns.NsHandle, error) {
 // what the pod sends to it locally. The kernel allows the same address on
 // many links, so no shared device is needed.
 type plumbing struct {
-	mtu int
+	// mtu is the MTU endpoints get now (see Manager.mtu).
+	mtu func() int
 	// vethCreated runs right after a new veth pair exists: the test fault
 	// point (--endpoint-test-crash-at).
 	vethCreated func()
@@ -64,6 +65,7 @@ type plumbing struct {
 // router addresses; host is what the host side has, read once for many
 // endpoints (see readHost), or nil to read it here.
 func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr, host *hostView) error {
+	mtu := p.mtu()
 	podNS, err := openNetns(ep.Netns)
 	if err != nil {
 		return err
@@ -75,7 +77,7 @@ func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr, host *hostView) err
 	}
 	defer pod.Close()
 
-	hostLink, podLink, created, err := p.ensureVeth(ep, podNS, pod)
+	hostLink, podLink, created, err := p.ensureVeth(ep, podNS, pod, mtu)
 	if err != nil {
 		return err
 	}
@@ -204,13 +206,13 @@ func (v *hostView) hasRoute(dst netip.Addr, ifindex int) bool {
 // ensureVeth returns the endpoint's veth pair, making it if it is missing.
 // A host side whose peer is not the pod's interface is what an interrupted
 // creation leaves: it is replaced.
-func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle) (host, podLink netlink.Link, created bool, err error) {
+func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle, mtu int) (host, podLink netlink.Link, created bool, err error) {
 	host, err = netlink.LinkByName(ep.HostIfName)
 	switch {
 	case err == nil:
 		podLink, perr := pod.LinkByName(ep.IfName)
 		if perr == nil && paired(host, podLink) {
-			if err := p.ensureMTU(host, podLink, pod); err != nil {
+			if err := p.ensureMTU(host, podLink, pod, mtu); err != nil {
 				return nil, nil, false, err
 			}
 			return host, podLink, false, nil
@@ -225,10 +227,10 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 		return nil, nil, false, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
 	}
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: ep.HostIfName, MTU: p.mtu},
+		LinkAttrs:     netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu},
 		PeerName:      ep.IfName,
 		PeerNamespace: netlink.NsFd(podNS),
-		PeerMTU:       uint32(p.mtu),
+		PeerMTU:       uint32(mtu),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, nil, false, fmt.Errorf("create veth pair %s (host) and %s (netns %s): %w", ep.HostIfName, ep.IfName, ep.Netns, err)
@@ -245,14 +247,14 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 	return host, podLink, true, nil
 }
 
-func (p *plumbing) ensureMTU(host, podLink netlink.Link, pod *netlink.Handle) error {
-	if host.Attrs().MTU != p.mtu {
-		if err := netlink.LinkSetMTU(host, p.mtu); err != nil {
+func (p *plumbing) ensureMTU(host, podLink netlink.Link, pod *netlink.Handle, mtu int) error {
+	if host.Attrs().MTU != mtu {
+		if err := netlink.LinkSetMTU(host, mtu); err != nil {
 			return fmt.Errorf("set MTU of %s: %w", host.Attrs().Name, err)
 		}
 	}
-	if podLink.Attrs().MTU != p.mtu {
-		if err := pod.LinkSetMTU(podLink, p.mtu); err != nil {
+	if podLink.Attrs().MTU != mtu {
+		if err := pod.LinkSetMTU(podLink, mtu); err != nil {
 			return fmt.Errorf("set MTU of %s: %w", podLink.Attrs().Name, err)
 		}
 	}
