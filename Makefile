@@ -7,7 +7,7 @@ ARGS    ?=
 # Go sources that gofmt checks (the generated BPF bindings are gofmt'd too).
 GODIRS  := cmd cells pkg bpf
 
-.PHONY: build run test lint bpf check-bpf bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache docs clean
+.PHONY: build run test lint bpf check-bpf bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes docs clean
 
 build:
 	$(GO) build -o $(BIN)/agent ./cmd/agent
@@ -74,6 +74,14 @@ bench-ipcache:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/ipcache -run '^$$' -bench 'KVStoreToMap|StartListed' -benchtime 1x -count 1 | tee $(BIN)/bench-ipcache.out
 	@grep -E '^(ipcache-bench|kvstore-start-bench)' $(BIN)/bench-ipcache.out
+
+# Nodes (as root, with etcd-server): 1,000 nodes appearing in the kvstore
+# until their routes, neighbors, fdb entries and ipcache entries are in the
+# kernel. Ends with `nodes-bench ...`.
+bench-nodes:
+	@mkdir -p $(BIN)
+	$(GO) test ./cells/routing -run '^$$' -bench NodesAppear -benchtime 1x -count 1 | tee $(BIN)/bench-nodes.out
+	@grep '^nodes-bench' $(BIN)/bench-nodes.out | tail -n 1
 
 # Renders the cell graph for docs/architecture.md (needs graphviz).
 docs: build

@@ -124,16 +124,16 @@ func newRouter(p params) error {
 func registerReconcilers(p reconciler.Params, nl *Netlink, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry]) error {
 	if _, err := reconciler.Register(p, routes, (*Route).Clone,
 		func(r *Route, s reconciler.Status) *Route { r.Status = s; return r },
-		(*Route).status, &routeOps{nl}, nil, reconciler.WithName("routes")); err != nil {
+		(*Route).status, &routeOps{nl}, &routeOps{nl}, reconciler.WithName("routes")); err != nil {
 		return err
 	}
 	if _, err := reconciler.Register(p, neighbors, (*Neighbor).Clone,
 		func(n *Neighbor, s reconciler.Status) *Neighbor { n.Status = s; return n },
-		(*Neighbor).status, &neighborOps{nl}, nil, reconciler.WithName("neighbors")); err != nil {
+		(*Neighbor).status, &neighborOps{nl}, &neighborOps{nl}, reconciler.WithName("neighbors")); err != nil {
 		return err
 	}
 	_, err := reconciler.Register(p, fdb, (*FDBEntry).Clone,
 		func(f *FDBEntry, s reconciler.Status) *FDBEntry { f.Status = s; return f },
-		(*FDBEntry).status, &fdbOps{nl}, nil, reconciler.WithName("fdb"))
+		(*FDBEntry).status, &fdbOps{nl}, &fdbOps{nl}, reconciler.WithName("fdb"))
 	return err
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -156,20 +157,44 @@ func (o *routeOps) ours(fam int) ([]netlink.Route, error) {
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 }
 
-func (o *routeOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *Route) error {
+func (o *routeOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, r *Route) error {
+	batch := []reconciler.BatchEntry[*Route]{{Object: r, Revision: rev}}
+	o.UpdateBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// UpdateBatch writes the routes that the kernel does not have as they are,
+// after one listing of the agent's routes: a route already right is not
+// written again (a restart rewrites nothing), and a batch of N routes
+// costs one dump, not N.
+func (o *routeOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*Route]) {
+	have := map[netip.Prefix][]netlink.Route{}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := o.ours(fam)
+		if err != nil {
+			for i := range batch {
+				batch[i].Result = fmt.Errorf("list routes: %w", err)
+			}
+			return
+		}
+		for _, k := range routes {
+			if p, ok := prefixOf(k.Dst); ok {
+				have[p] = append(have[p], k)
+			}
+		}
+	}
+	for i := range batch {
+		batch[i].Result = o.update(batch[i].Object, have[batch[i].Object.Prefix])
+	}
+}
+
+func (o *routeOps) update(r *Route, have []netlink.Route) error {
 	want, err := o.kernel(r)
 	if err != nil {
 		return err
 	}
-	// A route already right is not written again: a restart rewrites
-	// nothing.
-	have, err := o.nl.h.RouteListFiltered(family(r.Prefix.Addr()), &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: want.Dst},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
-	if err != nil {
-		return fmt.Errorf("list routes to %s: %w", r.Prefix, err)
-	}
 	for _, h := range have {
-		if h.Protocol == RouteProtocol && h.Gw.Equal(want.Gw) && (want.LinkIndex == 0 || h.LinkIndex == want.LinkIndex) &&
+		if h.Gw.Equal(want.Gw) && (want.LinkIndex == 0 || h.LinkIndex == want.LinkIndex) &&
 			(h.Flags&int(netlink.FLAG_ONLINK) != 0) == r.OnLink {
 			return nil
 		}
@@ -186,6 +211,12 @@ func (o *routeOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 		return fmt.Errorf("delete route %s: %w", r.Prefix, err)
 	}
 	return nil
+}
+
+func (o *routeOps) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*Route]) {
+	for i := range batch {
+		batch[i].Result = o.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
+	}
 }
 
 func (o *routeOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*Route, statedb.Revision]) error {
@@ -232,15 +263,38 @@ func (o *neighborOps) kernel(n *Neighbor) (*netlink.Neigh, error) {
 	return &netlink.Neigh{LinkIndex: ifindex, Family: family(n.IP), State: netlink.NUD_PERMANENT, IP: n.IP.AsSlice(), HardwareAddr: n.MAC[:]}, nil
 }
 
-func (o *neighborOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, n *Neighbor) error {
-	want, err := o.kernel(n)
-	if err != nil {
-		return err
+func (o *neighborOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, n *Neighbor) error {
+	batch := []reconciler.BatchEntry[*Neighbor]{{Object: n, Revision: rev}}
+	o.UpdateBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// UpdateBatch writes the entries the device does not have as they are,
+// after one listing per device and family.
+func (o *neighborOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*Neighbor]) {
+	type list struct{ ifindex, family int }
+	lists := map[list][]netlink.Neigh{}
+	for i := range batch {
+		n := batch[i].Object
+		want, err := o.kernel(n)
+		if err != nil {
+			batch[i].Result = err
+			continue
+		}
+		key := list{want.LinkIndex, want.Family}
+		have, listed := lists[key]
+		if !listed {
+			if have, err = o.nl.h.NeighList(want.LinkIndex, want.Family); err != nil {
+				batch[i].Result = fmt.Errorf("list neighbors of %s: %w", n.Device, err)
+				continue
+			}
+			lists[key] = have
+		}
+		batch[i].Result = o.update(n, want, have)
 	}
-	have, err := o.nl.h.NeighList(want.LinkIndex, want.Family)
-	if err != nil {
-		return fmt.Errorf("list neighbors of %s: %w", n.Device, err)
-	}
+}
+
+func (o *neighborOps) update(n *Neighbor, want *netlink.Neigh, have []netlink.Neigh) error {
 	for _, h := range have {
 		if h.IP.Equal(want.IP) && h.HardwareAddr.String() == n.MAC.String() && h.State&netlink.NUD_PERMANENT != 0 {
 			return nil
@@ -261,6 +315,12 @@ func (o *neighborOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Rev
 		return fmt.Errorf("delete neighbor %s: %w", n.IP, err)
 	}
 	return nil
+}
+
+func (o *neighborOps) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*Neighbor]) {
+	for i := range batch {
+		batch[i].Result = o.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
+	}
 }
 
 func (o *neighborOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*Neighbor, statedb.Revision]) error {
@@ -304,15 +364,36 @@ func (o *fdbOps) kernel(f *FDBEntry) (*netlink.Neigh, error) {
 		IP: f.Dst.AsSlice(), HardwareAddr: f.MAC[:]}, nil
 }
 
-func (o *fdbOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, f *FDBEntry) error {
-	want, err := o.kernel(f)
-	if err != nil {
-		return err
+func (o *fdbOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, f *FDBEntry) error {
+	batch := []reconciler.BatchEntry[*FDBEntry]{{Object: f, Revision: rev}}
+	o.UpdateBatch(ctx, txn, batch)
+	return batch[0].Result
+}
+
+// UpdateBatch writes the entries the device does not have as they are,
+// after one listing per device.
+func (o *fdbOps) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*FDBEntry]) {
+	lists := map[int][]netlink.Neigh{}
+	for i := range batch {
+		f := batch[i].Object
+		want, err := o.kernel(f)
+		if err != nil {
+			batch[i].Result = err
+			continue
+		}
+		have, listed := lists[want.LinkIndex]
+		if !listed {
+			if have, err = o.nl.h.NeighList(want.LinkIndex, unix.AF_BRIDGE); err != nil {
+				batch[i].Result = fmt.Errorf("list fdb entries of %s: %w", f.Device, err)
+				continue
+			}
+			lists[want.LinkIndex] = have
+		}
+		batch[i].Result = o.update(f, want, have)
 	}
-	have, err := o.nl.h.NeighList(want.LinkIndex, unix.AF_BRIDGE)
-	if err != nil {
-		return fmt.Errorf("list fdb entries of %s: %w", f.Device, err)
-	}
+}
+
+func (o *fdbOps) update(f *FDBEntry, want *netlink.Neigh, have []netlink.Neigh) error {
 	for _, h := range have {
 		if h.HardwareAddr.String() == f.MAC.String() && h.IP.Equal(want.IP) {
 			return nil
@@ -340,6 +421,12 @@ func (o *fdbOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision
 		return fmt.Errorf("delete fdb entry %s: %w", f.MAC, err)
 	}
 	return nil
+}
+
+func (o *fdbOps) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*FDBEntry]) {
+	for i := range batch {
+		batch[i].Result = o.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
+	}
 }
 
 func (o *fdbOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*FDBEntry, statedb.Revision]) error {
