@@ -25,7 +25,8 @@ const healthPort = "9879"
 // agentFlags are the flags of node n's agent, for `agent run` and for
 // `agent cleanup` alike: everything that would collide between agents on
 // one machine gets a value of the node's own, and Kubernetes, IPAM and the
-// kvstore are the cluster's.
+// kvstore are the cluster's. The cluster's AgentArgs come last, so they
+// override these.
 func agentFlags(s *state, n Node) []string {
 	return append([]string{
 		"--node-name", n.Name,
@@ -44,6 +45,12 @@ func agentFlags(s *state, n Node) []string {
 		"--k8s-manifests-dir", s.manifestsDir(),
 		"--ipam", "kubernetes",
 		"--log-format", "text",
+		// An eighth of the default sizes: the maps are preallocated kernel
+		// memory (some 300 MB per agent at the defaults), and a cluster on
+		// one machine carries little traffic.
+		"--conntrack-tcp-max", "65536",
+		"--conntrack-any-max", "32768",
+		"--lb-sock-revnat-map-max", "32768",
 	}, s.AgentArgs...)
 }
 

@@ -56,8 +56,8 @@ func (o *Options) complete() error {
 	if o.Name == "" {
 		o.Name = DefaultName
 	}
-	if !clusterNameRE.MatchString(o.Name) {
-		return fmt.Errorf("invalid cluster name %q: want at most 24 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. dev", o.Name)
+	if err := CheckName(o.Name); err != nil {
+		return err
 	}
 	if o.Nodes == 0 {
 		o.Nodes = 2
@@ -109,6 +109,14 @@ func (o *Options) complete() error {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// CheckName says what is wrong with a cluster name, if anything.
+func CheckName(name string) error {
+	if !clusterNameRE.MatchString(name) {
+		return fmt.Errorf("invalid cluster name %q: want at most 24 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. dev", name)
 	}
 	return nil
 }
