@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
@@ -148,5 +152,77 @@ func TestDevCluster(t *testing.T) {
 	}
 	if out, _, code := dc("down"); code != 0 || !strings.HasPrefix(out, "No cluster in "+dir) {
 		t.Errorf("second down = %d: %s", code, out)
+	}
+}
+
+// An up killed half way leaves a cluster that down takes down whole:
+// processes it did not get to record included.
+func TestDevClusterDownAfterKilledUp(t *testing.T) {
+	if err := devcluster.CheckHost(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := devcluster.EtcdBinary(); err != nil {
+		t.Skip(err)
+	}
+	buildCNI(t)
+	name := devclustertest.RandomName()
+	dir, err := os.MkdirTemp("", "cdc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	sel := []string{"dev-cluster", "--name", name, "--dir", dir}
+
+	up := exec.Command(agentBin, append(sel, "up", "--nodes", "3")...)
+	stderr, err := up.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.Contains(sc.Text(), `"msg":"Started etcd"`) {
+	}
+	up.Process.Kill()
+	up.Wait()
+	t.Cleanup(func() { agentCmd(t, append(sel, "down")...) })
+
+	var st devcluster.Status
+	out, _, _ := agentCmd(t, append(sel, "status", "-o", "json")...)
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Phase != devcluster.PhaseCreating {
+		t.Fatalf("status after a killed up = %s (%v), want phase creating", out, err)
+	}
+	namespaces, _ := filepath.Glob("/var/run/netns/cellium-" + name + ".*")
+	if len(namespaces) != 4 {
+		t.Fatalf("namespaces after a killed up: %v, want the bridge's and 3 nodes'", namespaces)
+	}
+	var inos []uint64
+	for _, ns := range namespaces {
+		var s unix.Stat_t
+		if err := unix.Stat(ns, &s); err != nil {
+			t.Fatal(err)
+		}
+		inos = append(inos, s.Ino)
+	}
+	if !st.Etcd.Running {
+		t.Fatalf("etcd does not run after up was killed past starting it: %+v", st.Etcd)
+	}
+
+	if out, errOut, code := agentCmd(t, append(sel, "down")...); code != 0 {
+		t.Fatalf("down = %d: %s%s", code, out, errOut)
+	}
+	for _, glob := range []string{"/var/run/netns/cellium-" + name + ".*", "/sys/fs/bpf/cellium_" + name + "_*",
+		"/sys/fs/cgroup/*/cellium-devcluster-" + name, filepath.Join(dir, "*")} {
+		if left, _ := filepath.Glob(glob); len(left) > 0 {
+			t.Errorf("left after down: %v", left)
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+	for _, p := range procs {
+		var s unix.Stat_t
+		if unix.Stat(p, &s) == nil && slices.Contains(inos, s.Ino) {
+			t.Errorf("%s is still in one of the cluster's namespaces after down", filepath.Dir(filepath.Dir(p)))
+		}
 	}
 }

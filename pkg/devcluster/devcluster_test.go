@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -152,11 +153,39 @@ endpoints:
 	})
 
 	t.Run("down", func(t *testing.T) {
+		// A process the cluster knows nothing of, in a node's namespace:
+		// Down ends it too, or the namespace would live on.
+		stray := exec.Command("nsenter", "--net="+c.Node("node-1").NetNS, "sleep", "600")
+		if err := stray.Start(); err != nil {
+			t.Skipf("nsenter: %v", err)
+		}
+		strayExited := make(chan error, 1)
+		go func() { strayExited <- stray.Wait() }()
+		var node1 unix.Stat_t
+		if err := unix.Stat(c.Node("node-1").NetNS, &node1); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			var s unix.Stat_t
+			if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", stray.Process.Pid), &s) == nil && s.Ino == node1.Ino {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("nsenter did not enter node-1's namespace within 10s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		made := inventory(t, c.Cluster)
 		if err := c.Down(ctx); err != nil {
 			t.Fatal(err)
 		}
 		made.checkGone(t)
+		select {
+		case <-strayExited:
+		default:
+			t.Errorf("a process in node-1's namespace (pid %d) runs after Down", stray.Process.Pid)
+			stray.Process.Kill()
+		}
 		if err := c.Down(ctx); err != nil {
 			t.Errorf("second Down: %v", err)
 		}
