@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/cellium/cellium/pkg/statefile"
@@ -20,35 +18,45 @@ import (
 func nodeManifest(node string) string { return "node." + node + ".yaml" }
 func podManifest(pod string) string   { return "pod." + pod + ".yaml" }
 
+// object is a manifest's object: only the fields that are set, which
+// typed objects would not give (their zero structs print too).
+type object = map[string]any
+
 // nodeObject is the Node a kubelet would register and the controller
 // manager would give pod CIDRs.
-func nodeObject(n Node) *corev1.Node {
+func nodeObject(n Node) object {
 	cidrs := make([]string, len(n.PodCIDRs))
 	for i, p := range n.PodCIDRs {
 		cidrs[i] = p.String()
 	}
-	return &corev1.Node{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:   n.Name,
-			Labels: map[string]string{"kubernetes.io/hostname": n.Name, "kubernetes.io/os": "linux"},
+	return object{
+		"apiVersion": "v1",
+		"kind":       "Node",
+		"metadata": object{
+			"name":   n.Name,
+			"labels": object{"kubernetes.io/hostname": n.Name, "kubernetes.io/os": "linux"},
 		},
-		Spec: corev1.NodeSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
-		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
-			{Type: corev1.NodeInternalIP, Address: n.IPv4.String()},
-			{Type: corev1.NodeInternalIP, Address: n.IPv6.String()},
-			{Type: corev1.NodeHostName, Address: n.Name},
+		"spec": object{"podCIDR": cidrs[0], "podCIDRs": cidrs},
+		"status": object{"addresses": []object{
+			{"type": "InternalIP", "address": n.IPv4.String()},
+			{"type": "InternalIP", "address": n.IPv6.String()},
+			{"type": "Hostname", "address": n.Name},
 		}},
 	}
 }
 
-func podObject(p Pod) *corev1.Pod {
-	return &corev1.Pod{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels},
-		Spec: corev1.PodSpec{
-			NodeName:   p.Node,
-			Containers: []corev1.Container{{Name: "main", Image: "none"}},
+func podObject(p Pod) object {
+	meta := object{"name": p.Name, "namespace": p.Namespace}
+	if len(p.Labels) > 0 {
+		meta["labels"] = p.Labels
+	}
+	return object{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata":   meta,
+		"spec": object{
+			"nodeName":   p.Node,
+			"containers": []object{{"name": "main", "image": "none"}},
 		},
 	}
 }
