@@ -183,7 +183,8 @@ func (c *Cluster) RestartAgent(ctx context.Context, node string) error {
 	return c.StartAgent(ctx, node)
 }
 
-// RemoveNode takes a node out of the cluster: its pods, its agent
+// RemoveNode takes a node out of the cluster: its pods (CNI DEL while its
+// agent runs, so the agent withdraws them), its agent
 // (stopped, then `agent cleanup`), its Node manifest, its namespace (and so
 // its link to the bridge), its cgroup, pins and directory. The other agents
 // see the Node deleted.
@@ -200,7 +201,9 @@ func (c *Cluster) RemoveNode(ctx context.Context, node string) error {
 				kept = append(kept, p)
 				continue
 			}
-			if err := removePod(s, p); err != nil {
+			// With its agent dead, a DEL could not be answered, and the
+			// node's endpoints and addresses go with the node anyway.
+			if err := removePod(s, p, !n.Agent.Alive()); err != nil {
 				errs = append(errs, err)
 				kept = append(kept, p)
 			}

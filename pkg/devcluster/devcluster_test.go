@@ -130,8 +130,10 @@ endpoints:
 			t.Errorf("TCP a -> b after node-1's agent restarted: %+v", r)
 		}
 
+		// A node whose agent died is removed with its pods all the same.
 		c.AddPod("node-3", "gone", nil)
 		agent3 := c.Node("node-3").Agent
+		c.KillAgent("node-3")
 		c.RemoveNode("node-3")
 		for _, n := range c.Nodes() {
 			if n.Name == "node-3" {

@@ -76,7 +76,7 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string, labels map[stri
 			return err
 		}
 		if err := c.makePod(ctx, s, *n, &p); err != nil {
-			if rerr := removePod(s, p); rerr != nil {
+			if rerr := removePod(s, p, false); rerr != nil {
 				return fmt.Errorf("add pod %s on %s: %w; removing what was made failed: %w", name, n.Name, err, rerr)
 			}
 			s.Pods = slices.DeleteFunc(s.Pods, func(q Pod) bool { return q.Name == name })
@@ -171,15 +171,15 @@ func runtimeConf(p Pod) *libcni.RuntimeConf {
 	}
 }
 
-// removePod is the CNI DEL of p, then the removal of its manifest and
-// namespace. A DEL that fails stops it: the agent would keep the pod's
-// endpoint and addresses.
-func removePod(s *state, p Pod) error {
+// removePod is the CNI DEL of p, unless skipDel, then the removal of its
+// manifest and namespace. A DEL that fails stops it: the agent would keep
+// the pod's endpoint and addresses.
+func removePod(s *state, p Pod, skipDel bool) error {
 	n, err := s.node(p.Node)
 	if err != nil {
 		return err
 	}
-	if netnsExists(n.NetNS) {
+	if !skipDel && netnsExists(n.NetNS) {
 		cni, list, err := cniConfig(s, *n)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -204,7 +204,7 @@ func (c *Cluster) DeletePod(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
-		if err := removePod(s, *p); err != nil {
+		if err := removePod(s, *p, false); err != nil {
 			return err
 		}
 		s.Pods = slices.DeleteFunc(s.Pods, func(q Pod) bool { return q.Name == name })
