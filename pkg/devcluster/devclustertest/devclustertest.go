@@ -246,6 +246,16 @@ func (c *Cluster) KillAgent(node string) {
 	}
 }
 
+// StopAgent stops node's agent with SIGTERM (SIGKILL after 10s).
+func (c *Cluster) StopAgent(node string) {
+	c.t.Helper()
+	ctx, cancel := c.ctx()
+	defer cancel()
+	if err := c.Cluster.StopAgent(ctx, node); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
 // StartAgent starts node's agent again and waits until it is ready.
 func (c *Cluster) StartAgent(node string) {
 	c.t.Helper()
