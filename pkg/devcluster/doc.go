@@ -54,10 +54,11 @@
 //
 // # Down
 //
-// Down stops the agents (SIGTERM, SIGKILL after 10s) and etcd, runs
-// `agent cleanup` for each node's pinned programs and maps, kills what is
-// left in the node cgroups, and removes the namespaces, cgroups, pin
-// directories and the cluster directory. It works on a cluster that Up left
+// Down stops the agents (SIGTERM, SIGKILL after 10s) and etcd, kills what
+// else runs in the cluster's namespaces and node cgroups (what an Up that
+// died had not recorded yet, processes of Exec), runs `agent cleanup` for
+// each node's pinned programs and maps, and removes the namespaces,
+// cgroups, pin directories and the cluster directory. It works on a cluster that Up left
 // half made and is idempotent; what it cannot remove it reports, keeping
 // cluster.json so that Down can be run again.
 //
