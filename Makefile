@@ -7,7 +7,7 @@ ARGS    ?=
 # Go sources that gofmt checks (the generated BPF bindings are gofmt'd too).
 GODIRS  := cmd cells pkg bpf
 
-.PHONY: build run test lint bpf check-bpf bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes docs clean
+.PHONY: build run dev-cluster dev-cluster-down test lint bpf check-bpf bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes docs clean
 
 build:
 	$(GO) build -o $(BIN)/agent ./cmd/agent
@@ -16,6 +16,14 @@ build:
 # Runs with embedded defaults: no cluster, no etcd. Extra flags: make run ARGS="--log-level=debug".
 run: build
 	./$(BIN)/agent run $(ARGS)
+
+# A cluster of agents on this machine (as root, needs Debian's etcd-server):
+# make dev-cluster ARGS="--nodes 3"; make dev-cluster-down. docs/dev-cluster.md.
+dev-cluster: build
+	./$(BIN)/agent dev-cluster up $(ARGS)
+
+dev-cluster-down: build
+	./$(BIN)/agent dev-cluster down $(ARGS)
 
 test: lint
 	$(GO) test -race -count=1 ./...

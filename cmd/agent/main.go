@@ -12,6 +12,7 @@
 //	agent ct list|flush|gc   its conntrack maps and their garbage collection
 //	agent monitor            its datapath events and notifications, live
 //	agent observe            Hubble flows from its Hubble server
+//	agent dev-cluster        a cluster of agents on this machine (up, pod, exec, status, down)
 //	agent version
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
@@ -19,6 +20,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -42,6 +44,9 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
+		if ec, ok := errors.AsType[exitCodeError](err); ok {
+			return ec.code
+		}
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return 1
 	}
@@ -119,6 +124,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newCTCmd(stdout),
 		newMonitorCmd(stdout),
 		newObserveCmd(stdout, agentFlags),
+		newDevClusterCmd(stdout, stderr),
 	)
 	return root
 }

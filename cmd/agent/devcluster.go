@@ -1,0 +1,403 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cellium/cellium/pkg/devcluster"
+)
+
+// devClusterFlags are the flags every dev-cluster command has: which
+// cluster.
+type devClusterFlags struct {
+	name, dir string
+}
+
+func (f *devClusterFlags) directory() (string, error) {
+	if f.dir != "" {
+		return f.dir, nil
+	}
+	if err := devcluster.CheckName(f.name); err != nil {
+		return "", fmt.Errorf("--name: %w", err)
+	}
+	return devcluster.DefaultDir(f.name), nil
+}
+
+// load opens the cluster, or says how to make one.
+func (f *devClusterFlags) load() (*devcluster.Cluster, error) {
+	dir, err := f.directory()
+	if err != nil {
+		return nil, err
+	}
+	c, err := devcluster.Load(dir, slog.Default())
+	if errors.Is(err, devcluster.ErrNoCluster) {
+		return nil, fmt.Errorf("no dev cluster in %s: start one with agent dev-cluster up%s", dir, f.nameFlag())
+	}
+	return c, err
+}
+
+// nameFlag is how to name this cluster again on a command line.
+func (f *devClusterFlags) nameFlag() string {
+	switch {
+	case f.dir != "":
+		return " --dir " + f.dir
+	case f.name != devcluster.DefaultName:
+		return " --name " + f.name
+	}
+	return ""
+}
+
+func requireRootFor(cmd *cobra.Command) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%s needs root: it works with network namespaces, cgroups and BPF pins", cmd.CommandPath())
+	}
+	return nil
+}
+
+// signalContext is cancelled by SIGINT and SIGTERM.
+func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+func newDevClusterCmd(stdout, stderr io.Writer) *cobra.Command {
+	var f devClusterFlags
+	dc := &cobra.Command{
+		Use:   "dev-cluster",
+		Short: "Run a cluster of agents on this machine: a network namespace per node, a shared etcd",
+		Long: "Build a cluster of N nodes on this machine, to try Cellium or to test it: a network\n" +
+			"namespace per node on a private bridge, a shared etcd, one agent per node with its own\n" +
+			"state, BPF pins and cgroup, and pods made through the agents' CNI plugin. Nothing the\n" +
+			"cluster sends leaves the machine. Needs root. See docs/dev-cluster.md.",
+	}
+	pf := dc.PersistentFlags()
+	pf.StringVar(&f.name, "name", devcluster.DefaultName, "Name of the cluster: several can run side by side")
+	pf.StringVar(&f.dir, "dir", "", "Directory of the cluster's state, logs and manifests (default /var/run/cellium-dev/NAME)")
+	dc.AddCommand(
+		newDevClusterUpCmd(&f, stdout),
+		newDevClusterStatusCmd(&f, stdout),
+		newDevClusterDownCmd(&f, stdout),
+		newDevClusterPodCmd(&f, stdout),
+		newDevClusterExecCmd(&f, stdout, stderr),
+	)
+	return dc
+}
+
+func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
+	var (
+		o   devcluster.Options
+		out outputFlag
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build the cluster and wait until every agent is ready",
+		Long: "Build the cluster: the bridge namespace, a namespace and a cgroup per node, etcd,\n" +
+			"the Node manifests, and an agent per node (this binary, `agent run`); return once\n" +
+			"every agent is ready and print the cluster's status. The agents and etcd keep\n" +
+			"running until `agent dev-cluster down`. On failure, what was made is removed.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			o.Name, o.Dir, o.Log = f.name, f.dir, slog.Default()
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			c, err := devcluster.Up(ctx, o)
+			if err != nil {
+				return err
+			}
+			st := c.Status(ctx)
+			return out.print(stdout, st, func(w io.Writer) error { return printDevClusterStatus(w, st, f) })
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&o.Nodes, "nodes", 2, fmt.Sprintf("Number of nodes, 1 to %d", devcluster.MaxNodes))
+	fl.StringArrayVar(&o.AgentArgs, "agent-flag", nil, "A flag for every agent, such as --agent-flag=--log-level=debug (repeat for more)")
+	fl.StringVar(&o.CNIBinary, "cni-bin", "", "The cellium-cni plugin (default: next to this binary)")
+	fl.StringVar(&o.EtcdBinary, "etcd-bin", "", "The etcd server (default: $ETCD_BIN, else etcd on the PATH)")
+	fl.DurationVar(&o.ReadyTimeout, "ready-timeout", 2*time.Minute, "How long each agent may take to be ready")
+	out.register(cmd)
+	return cmd
+}
+
+func newDevClusterStatusCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster's nodes, whether their agents run and are ready, and its pods",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			st := c.Status(ctx)
+			return out.print(stdout, st, func(w io.Writer) error { return printDevClusterStatus(w, st, f) })
+		},
+	}
+	out.register(cmd)
+	return cmd
+}
+
+func printDevClusterStatus(w io.Writer, st devcluster.Status, f *devClusterFlags) error {
+	etcd := "not running"
+	switch {
+	case st.Etcd.Running && st.Etcd.Healthy:
+		etcd = fmt.Sprintf("healthy (pid %d)", st.Etcd.PID)
+	case st.Etcd.Running:
+		etcd = fmt.Sprintf("unhealthy (pid %d)", st.Etcd.PID)
+	}
+	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\nManifests: %s\n\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd, st.ManifestsDir)
+	rows := [][]string{}
+	for _, n := range st.Nodes {
+		agent := "not running"
+		switch {
+		case n.Running && n.Ready:
+			agent = "ready"
+		case n.Running && n.Error != "":
+			agent = "unreachable: " + n.Error
+		case n.Running:
+			agent = "not ready, waiting for " + strings.Join(n.Pending, ", ")
+		}
+		cidrs := make([]string, len(n.PodCIDRs))
+		for i, p := range n.PodCIDRs {
+			cidrs[i] = p.String()
+		}
+		rows = append(rows, []string{n.Name, n.IPv4.String(), n.IPv6.String(), strings.Join(cidrs, ","), fmt.Sprint(n.Agent.PID), agent})
+	}
+	if err := writeTable(w, []string{"NODE", "IPV4", "IPV6", "POD CIDRS", "PID", "AGENT"}, rows); err != nil {
+		return err
+	}
+	if len(st.Pods) > 0 {
+		fmt.Fprintln(w)
+		if err := printPods(w, st.Pods); err != nil {
+			return err
+		}
+	}
+	if len(st.Nodes) > 0 {
+		n := st.Nodes[0]
+		fmt.Fprintf(w, "\nAsk %s's agent:  agent status --api-socket %s\nEnter %s:        nsenter --net=%s\nAdd a pod:           agent dev-cluster%s pod add %s NAME --label app=NAME\n",
+			n.Name, n.APISocket, n.Name, n.NetNS, f.nameFlag(), n.Name)
+	}
+	return nil
+}
+
+func printPods(w io.Writer, pods []devcluster.Pod) error {
+	rows := [][]string{}
+	for _, p := range pods {
+		var labels []string
+		for _, k := range slices.Sorted(maps.Keys(p.Labels)) {
+			labels = append(labels, k+"="+p.Labels[k])
+		}
+		state := "ready"
+		if !p.Ready {
+			state = "incomplete (delete it)"
+		}
+		rows = append(rows, []string{p.Name, p.Node, p.IPv4.String(), p.IPv6.String(), strings.Join(labels, ","), state})
+	}
+	return writeTable(w, []string{"POD", "NODE", "IPV4", "IPV6", "LABELS", "STATE"}, rows)
+}
+
+func newDevClusterDownCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Stop the cluster's agents and etcd and remove everything the cluster made",
+		Long: "Stop the agents (SIGTERM, then SIGKILL after 10s) and etcd, remove the agents'\n" +
+			"programs and pins (`agent cleanup`), the pods', nodes' and bridge's namespaces, the\n" +
+			"cgroups and the cluster's directory. Works on a cluster that `up` left half made;\n" +
+			"without a cluster it does nothing.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			dir, err := f.directory()
+			if err != nil {
+				return err
+			}
+			c, err := devcluster.Load(dir, slog.Default())
+			if errors.Is(err, devcluster.ErrNoCluster) {
+				fmt.Fprintf(stdout, "No cluster in %s: nothing to take down\n", dir)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			if err := c.Down(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "Cluster %s is down\n", c.Name())
+			return nil
+		},
+	}
+}
+
+func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
+	pod := &cobra.Command{Use: "pod", Short: "Add, delete and list the cluster's pods"}
+
+	var (
+		labels []string
+		addOut outputFlag
+	)
+	add := &cobra.Command{
+		Use:   "add NODE NAME",
+		Short: "Add a pod on a node: its network namespace, its Pod manifest and the CNI ADD",
+		Long: "Make pod NAME on NODE: a network namespace, a Pod manifest (namespace default, the\n" +
+			"labels) that every agent sees, and the CNI ADD through the node agent's configuration\n" +
+			"and the cellium-cni plugin. Returns once the agent has the pod's endpoint with its\n" +
+			"labels, and prints the pod's addresses.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			lbls, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			p, err := c.AddPod(ctx, args[0], args[1], lbls)
+			if err != nil {
+				return err
+			}
+			return addOut.print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
+		},
+	}
+	add.Flags().StringArrayVar(&labels, "label", nil, "A label of the pod, key=value (repeat for more)")
+	addOut.register(add)
+
+	del := &cobra.Command{
+		Use:   "del NAME",
+		Short: "Delete a pod: the CNI DEL, its manifest and its network namespace",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			if err := c.DeletePod(ctx, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "Deleted pod %s\n", args[0])
+			return nil
+		},
+	}
+
+	var listOut outputFlag
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the pods: node, addresses, labels",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			pods := c.Pods()
+			if pods == nil {
+				pods = []devcluster.Pod{}
+			}
+			return listOut.print(stdout, pods, func(w io.Writer) error { return printPods(w, pods) })
+		},
+	}
+	listOut.register(list)
+
+	pod.AddCommand(add, del, list)
+	return pod
+}
+
+// parseLabels parses --label key=value flags.
+func parseLabels(flags []string) (map[string]string, error) {
+	labels := map[string]string{}
+	for _, kv := range flags {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("invalid --label %q: want key=value, e.g. app=web", kv)
+		}
+		if _, dup := labels[k]; dup {
+			return nil, fmt.Errorf("invalid --label %q: label %s is given twice", kv, k)
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+// exitCodeError ends the program with a command's exit code; the command
+// said why itself.
+type exitCodeError struct{ code int }
+
+func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+func newDevClusterExecCmd(f *devClusterFlags, stdout, stderr io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "exec POD -- COMMAND [ARG...]",
+		Short: "Run a command in a pod: its network namespace and its node's cgroup",
+		Long: "Run COMMAND in POD's network namespace and in its node's cgroup, as a container's\n" +
+			"process runs, so the node agent's socket load balancing applies to its sockets.\n" +
+			"Standard input and output are this command's; its exit code is this command's.",
+		Args: func(cmd *cobra.Command, args []string) error {
+			dash := cmd.ArgsLenAtDash()
+			if dash != 1 || len(args) < 2 {
+				return fmt.Errorf("want a pod, --, and a command: agent dev-cluster exec POD -- COMMAND [ARG...]")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			run := exec.Command(args[1], args[2:]...)
+			if run.Err != nil {
+				return fmt.Errorf("exec in pod %s: %w", args[0], run.Err)
+			}
+			run.Stdin, run.Stdout, run.Stderr = os.Stdin, stdout, stderr
+			if err := c.Start(args[0], run); err != nil {
+				return err
+			}
+			// Ctrl-C reaches the command, which shares the terminal; this
+			// process waits for it to end rather than end first.
+			signal.Ignore(syscall.SIGINT)
+			defer signal.Reset(syscall.SIGINT)
+			err = run.Wait()
+			if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					// As a shell reports it.
+					return exitCodeError{128 + int(ws.Signal())}
+				}
+				return exitCodeError{ee.ExitCode()}
+			}
+			return err
+		},
+	}
+}

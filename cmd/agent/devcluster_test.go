@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/devcluster"
+	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+)
+
+var cniBuild struct {
+	once sync.Once
+	err  error
+	out  []byte
+}
+
+// buildCNI puts the CNI plugin next to the agent, where dev-cluster up
+// looks for it.
+func buildCNI(t *testing.T) {
+	cniBuild.once.Do(func() {
+		cniBuild.out, cniBuild.err = exec.Command("go", "build", "-o", filepath.Join(filepath.Dir(agentBin), "cellium-cni"), "../cellium-cni").CombinedOutput()
+	})
+	if cniBuild.err != nil {
+		t.Fatalf("build cellium-cni: %v\n%s", cniBuild.err, cniBuild.out)
+	}
+}
+
+// The dev-cluster commands as a user runs them: up, status, pods, exec,
+// down, and what each says to bad input.
+func TestDevCluster(t *testing.T) {
+	if err := devcluster.CheckHost(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := devcluster.EtcdBinary(); err != nil {
+		t.Skip(err)
+	}
+	buildCNI(t)
+	name := devclustertest.RandomName()
+	dir, err := os.MkdirTemp("", "cdc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	sel := []string{"--name", name, "--dir", dir}
+	dc := func(args ...string) (string, string, int) {
+		t.Helper()
+		return agentCmd(t, append(append([]string{"dev-cluster"}, sel...), args...)...)
+	}
+	// The agents outlive `up`: whatever happens, take them down.
+	t.Cleanup(func() {
+		if _, errOut, code := dc("down"); code != 0 {
+			t.Errorf("dev-cluster down at cleanup = %d: %s", code, errOut)
+		}
+	})
+
+	out, errOut, code := dc("up", "--nodes", "2", "-o", "json")
+	if code != 0 {
+		t.Fatalf("dev-cluster up = %d: %s", code, errOut)
+	}
+	var st devcluster.Status
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("up -o json is not a status: %v\n%s", err, out)
+	}
+	if st.Name != name || len(st.Nodes) != 2 || !st.Nodes[0].Ready || !st.Nodes[1].Ready || st.Phase != devcluster.PhaseUp {
+		t.Fatalf("status after up = %+v, want 2 ready nodes", st)
+	}
+	if !strings.Contains(errOut, `"msg":"Agent ready"`) {
+		t.Errorf("up logged no progress:\n%s", errOut)
+	}
+
+	out, _, code = dc("status")
+	if code != 0 || !strings.Contains(out, "node-1   10.90.0.11") || strings.Count(out, "   ready\n") != 2 {
+		t.Errorf("status = %d, want both nodes ready in a table:\n%s", code, out)
+	}
+
+	out, errOut, code = dc("pod", "add", "node-2", "web", "--label", "app=web", "-o", "json")
+	if code != 0 {
+		t.Fatalf("pod add = %d: %s", code, errOut)
+	}
+	var pod devcluster.Pod
+	if err := json.Unmarshal([]byte(out), &pod); err != nil || pod.Node != "node-2" || pod.Labels["app"] != "web" || !st.Nodes[1].PodCIDRs[0].Contains(pod.IPv4) {
+		t.Fatalf("pod add -o json = %s (%v), want web on node-2 with an address of node-2's", out, err)
+	}
+
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pod", "add", "node-9", "x"}, `cluster ` + name + ` has no node "node-9": its nodes are [node-1 node-2]`},
+		{[]string{"pod", "add", "node-1", "X"}, `invalid pod name "X"`},
+		{[]string{"pod", "add", "node-1", "x", "--label", "app"}, `invalid --label "app": want key=value`},
+		{[]string{"pod", "add", "node-1", "x", "--label", "a b=c"}, `invalid label key "a b"`},
+		{[]string{"pod", "add", "node-1", "web"}, `has a pod "web" already`},
+		{[]string{"pod", "del", "nope"}, `has no pod "nope"`},
+		{[]string{"exec", "web", "cat"}, "want a pod, --, and a command"},
+		{[]string{"exec", "nope", "--", "true"}, `has no pod "nope"`},
+		{[]string{"up"}, "a cluster exists in " + dir + " already"},
+		{[]string{"status", "-o", "yaml"}, `invalid --output "yaml"`},
+	} {
+		_, errOut, code := dc(bad.args...)
+		if code != 1 || !strings.Contains(errOut, bad.want) {
+			t.Errorf("dev-cluster %v = %d, %q; want 1 and %q", bad.args, code, errOut, bad.want)
+		}
+	}
+	if _, errOut, code := agentCmd(t, "dev-cluster", "status", "--name", "Bad_Name"); code != 1 || !strings.Contains(errOut, `--name: invalid cluster name "Bad_Name"`) {
+		t.Errorf("status --name Bad_Name = %d, %q", code, errOut)
+	}
+
+	// exec runs in the pod's namespace (its eth0, no node's links) and in
+	// node-2's cgroup, and exits with the command's code.
+	out, errOut, code = dc("exec", "web", "--", "sh", "-c", "cat /proc/net/dev /proc/self/cgroup")
+	if code != 0 || !strings.Contains(out, "eth0:") || strings.Contains(out, "lxc") || !strings.Contains(out, "0::/cellium-devcluster-"+name+"/node-2\n") {
+		t.Errorf("exec = %d (%s), want the pod's devices and node-2's cgroup:\n%s", code, errOut, out)
+	}
+	if _, _, code := dc("exec", "web", "--", "sh", "-c", "exit 7"); code != 7 {
+		t.Errorf("exec of a command that exits 7 = %d", code)
+	}
+
+	out, _, _ = dc("pod", "list")
+	if !strings.Contains(out, "web   node-2   "+pod.IPv4.String()) {
+		t.Errorf("pod list does not show web:\n%s", out)
+	}
+	if out, errOut, code := dc("pod", "del", "web"); code != 0 || out != "Deleted pod web\n" {
+		t.Errorf("pod del = %d: %s%s", code, out, errOut)
+	}
+	if out, _, _ := dc("pod", "list", "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("pod list -o json after del = %s, want []", out)
+	}
+	if _, err := os.Stat(pod.NetNS); !os.IsNotExist(err) {
+		t.Errorf("the pod's namespace is left after del: %v", err)
+	}
+
+	if out, errOut, code := dc("down"); code != 0 || out != "Cluster "+name+" is down\n" {
+		t.Fatalf("down = %d: %s%s", code, out, errOut)
+	}
+	for _, n := range st.Nodes {
+		if n.Agent.Alive() {
+			t.Errorf("%s's agent runs after down", n.Name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "cluster.json")); !os.IsNotExist(err) {
+		t.Errorf("cluster.json after down: %v", err)
+	}
+	if out, _, code := dc("down"); code != 0 || !strings.HasPrefix(out, "No cluster in "+dir) {
+		t.Errorf("second down = %d: %s", code, out)
+	}
+}
+
+// An up killed half way leaves a cluster that down takes down whole:
+// processes it did not get to record included.
+func TestDevClusterDownAfterKilledUp(t *testing.T) {
+	if err := devcluster.CheckHost(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := devcluster.EtcdBinary(); err != nil {
+		t.Skip(err)
+	}
+	buildCNI(t)
+	name := devclustertest.RandomName()
+	dir, err := os.MkdirTemp("", "cdc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	sel := []string{"dev-cluster", "--name", name, "--dir", dir}
+
+	up := exec.Command(agentBin, append(sel, "up", "--nodes", "3")...)
+	stderr, err := up.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() && !strings.Contains(sc.Text(), `"msg":"Started etcd"`) {
+	}
+	up.Process.Kill()
+	up.Wait()
+	t.Cleanup(func() { agentCmd(t, append(sel, "down")...) })
+
+	var st devcluster.Status
+	out, _, _ := agentCmd(t, append(sel, "status", "-o", "json")...)
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Phase != devcluster.PhaseCreating {
+		t.Fatalf("status after a killed up = %s (%v), want phase creating", out, err)
+	}
+	namespaces, _ := filepath.Glob("/var/run/netns/cellium-" + name + ".*")
+	if len(namespaces) != 4 {
+		t.Fatalf("namespaces after a killed up: %v, want the bridge's and 3 nodes'", namespaces)
+	}
+	var inos []uint64
+	for _, ns := range namespaces {
+		var s unix.Stat_t
+		if err := unix.Stat(ns, &s); err != nil {
+			t.Fatal(err)
+		}
+		inos = append(inos, s.Ino)
+	}
+	if !st.Etcd.Running {
+		t.Fatalf("etcd does not run after up was killed past starting it: %+v", st.Etcd)
+	}
+
+	if out, errOut, code := agentCmd(t, append(sel, "down")...); code != 0 {
+		t.Fatalf("down = %d: %s%s", code, out, errOut)
+	}
+	for _, glob := range []string{"/var/run/netns/cellium-" + name + ".*", "/sys/fs/bpf/cellium_" + name + "_*",
+		"/sys/fs/cgroup/*/cellium-devcluster-" + name, filepath.Join(dir, "*")} {
+		if left, _ := filepath.Glob(glob); len(left) > 0 {
+			t.Errorf("left after down: %v", left)
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+	for _, p := range procs {
+		var s unix.Stat_t
+		if unix.Stat(p, &s) == nil && slices.Contains(inos, s.Ino) {
+			t.Errorf("%s is still in one of the cluster's namespaces after down", filepath.Dir(filepath.Dir(p)))
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package devcluster
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Status is what runs of a cluster, and how it is.
+type Status struct {
+	Name    string    `json:"name"`
+	Dir     string    `json:"dir"`
+	Phase   Phase     `json:"phase"`
+	Created time.Time `json:"created"`
+	// ManifestsDir is the directory every agent serves.
+	ManifestsDir string       `json:"manifestsDir"`
+	Etcd         EtcdStatus   `json:"etcd"`
+	Nodes        []NodeStatus `json:"nodes"`
+	Pods         []Pod        `json:"pods"`
+}
+
+// EtcdStatus is the cluster's etcd.
+type EtcdStatus struct {
+	URL     string `json:"url"`
+	PID     int    `json:"pid"`
+	Running bool   `json:"running"`
+	Healthy bool   `json:"healthy"`
+}
+
+// NodeStatus is a node and its agent.
+type NodeStatus struct {
+	Node
+	// Running says the agent's process runs.
+	Running bool `json:"running"`
+	// Ready is the agent's own readiness (GET /v1/healthz).
+	Ready bool `json:"ready"`
+	// Pending names what a running agent that is not ready waits for.
+	Pending []string `json:"pending,omitempty"`
+	// Error says why the agent's readiness is unknown.
+	Error string `json:"error,omitempty"`
+}
+
+// Status asks every agent and etcd how they are.
+func (c *Cluster) Status(ctx context.Context) Status {
+	s := c.snapshot()
+	st := Status{
+		Name: s.Name, Dir: s.Dir, Phase: s.Phase, Created: s.Created, ManifestsDir: s.manifestsDir(),
+		Etcd:  EtcdStatus{URL: s.etcdURL(), PID: s.Etcd.PID, Running: s.Etcd.Alive()},
+		Nodes: make([]NodeStatus, len(s.Nodes)),
+		Pods:  append([]Pod{}, s.Pods...),
+	}
+	var wg sync.WaitGroup
+	if st.Etcd.Running {
+		wg.Go(func() { st.Etcd.Healthy = c.etcdHealthy(ctx, s) })
+	}
+	for i, n := range s.Nodes {
+		ns := &st.Nodes[i]
+		ns.Node, ns.Running = n, n.Agent.Alive()
+		if !ns.Running {
+			continue
+		}
+		wg.Go(func() {
+			h, err := agentHealth(ctx, n)
+			if err != nil {
+				ns.Error = err.Error()
+				return
+			}
+			ns.Ready, ns.Pending = h.Ready, h.Pending
+		})
+	}
+	wg.Wait()
+	return st
+}
