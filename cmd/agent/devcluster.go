@@ -125,6 +125,7 @@ func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&o.Nodes, "nodes", 2, fmt.Sprintf("Number of nodes, 1 to %d", devcluster.MaxNodes))
+	fl.StringVar(&o.RoutingMode, "routing-mode", "tunnel", "How pods reach other nodes' pods: tunnel (VXLAN) or native (routes via the node addresses)")
 	fl.StringArrayVar(&o.AgentArgs, "agent-flag", nil, "A flag for every agent, such as --agent-flag=--log-level=debug (repeat for more)")
 	fl.StringVar(&o.CNIBinary, "cni-bin", "", "The cellium-cni plugin (default: next to this binary)")
 	fl.StringVar(&o.EtcdBinary, "etcd-bin", "", "The etcd server (default: $ETCD_BIN, else etcd on the PATH)")

@@ -1,11 +1,15 @@
 package devcluster
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +34,8 @@ const healthPort = "9879"
 func agentFlags(s *state, n Node) []string {
 	return append([]string{
 		"--node-name", n.Name,
+		"--node-ip", n.IPv4.String() + "," + n.IPv6.String(),
+		"--routing-mode", s.RoutingMode,
 		"--state-dir", n.StateDir(),
 		"--run-dir", n.RunDir(),
 		"--api-socket", n.APISocket,
@@ -195,8 +201,12 @@ func (c *Cluster) RemoveNode(ctx context.Context, node string) error {
 			return err
 		}
 		var errs []error
+		var podIPs []netip.Addr
 		kept := s.Pods[:0]
 		for _, p := range s.Pods {
+			if p.Node == n.Name {
+				podIPs = append(podIPs, p.IPv4, p.IPv6)
+			}
 			if p.Node != n.Name {
 				kept = append(kept, p)
 				continue
@@ -213,6 +223,18 @@ func (c *Cluster) RemoveNode(ctx context.Context, node string) error {
 			errs = append(errs, err)
 		}
 		errs = append(errs, c.removeNode(ctx, s, *n)...)
+		// Its agent is gone: the keys it published would otherwise stay
+		// until their lease ends (--kvstore-lease-ttl), and the node with
+		// them.
+		keys := []string{"cellium/state/nodes/v1/" + n.Name}
+		for _, ip := range podIPs {
+			if ip.IsValid() {
+				keys = append(keys, "cellium/state/ip/v1/"+ip.String())
+			}
+		}
+		if err := c.etcdDelete(ctx, s, keys...); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: delete its kvstore keys: %w", n.Name, err))
+		}
 		if err := errors.Join(errs...); err != nil {
 			return fmt.Errorf("remove node %s: %w", n.Name, err)
 		}
@@ -312,6 +334,33 @@ func (c *Cluster) startEtcd(ctx context.Context, s *state) error {
 		}
 	}
 	c.log.Info("Started etcd", "pid", p.PID, "url", s.etcdURL(), "duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// etcdDelete deletes keys through etcd's JSON gateway, from the bridge
+// namespace.
+func (c *Cluster) etcdDelete(ctx context.Context, s *state, keys ...string) error {
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dialIn(ctx, s.BridgeNetNS, network, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, k := range keys {
+		body, _ := json.Marshal(map[string]string{"key": base64.StdEncoding.EncodeToString([]byte(k))})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.etcdURL()+"/v3/kv/deleterange", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("delete %s: etcd answered %s", k, resp.Status)
+		}
+	}
 	return nil
 }
 

@@ -38,6 +38,9 @@ type Options struct {
 	EtcdBinary string
 	// BPFRoot is the agents' --bpf-root. Default /sys/fs/bpf.
 	BPFRoot string
+	// RoutingMode is the agents' --routing-mode: tunnel (default) or
+	// native.
+	RoutingMode string
 	// AgentArgs are more flags for every agent, after the cluster's own
 	// (a later flag wins): --log-level=debug, say.
 	AgentArgs []string
@@ -61,6 +64,13 @@ func (o *Options) complete() error {
 	}
 	if o.Nodes == 0 {
 		o.Nodes = 2
+	}
+	switch o.RoutingMode {
+	case "":
+		o.RoutingMode = "tunnel"
+	case "tunnel", "native":
+	default:
+		return fmt.Errorf("invalid routing mode %q: want tunnel or native", o.RoutingMode)
 	}
 	if o.Nodes < 1 || o.Nodes > MaxNodes {
 		return fmt.Errorf("invalid number of nodes %d: want 1 to %d", o.Nodes, MaxNodes)

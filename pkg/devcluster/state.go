@@ -135,6 +135,7 @@ type state struct {
 	AgentBinary string   `json:"agentBinary"`
 	CNIBinary   string   `json:"cniBinary"`
 	EtcdBinary  string   `json:"etcdBinary"`
+	RoutingMode string   `json:"routingMode"`
 	AgentArgs   []string `json:"agentArgs,omitempty"`
 	BPFRoot     string   `json:"bpfRoot"`
 	// Cgroup is the parent of the nodes' cgroups.
@@ -181,7 +182,7 @@ func plan(o Options, cgroupMount string) *state {
 	s := &state{
 		Version: stateVersion, Name: o.Name, Dir: o.Dir, Phase: PhaseCreating, Created: time.Now().UTC(),
 		AgentBinary: o.AgentBinary, CNIBinary: o.CNIBinary, EtcdBinary: o.EtcdBinary,
-		AgentArgs: o.AgentArgs, BPFRoot: o.BPFRoot,
+		AgentArgs: o.AgentArgs, RoutingMode: o.RoutingMode, BPFRoot: o.BPFRoot,
 		Cgroup:      filepath.Join(cgroupMount, "cellium-devcluster-"+o.Name),
 		BridgeNetNS: filepath.Join(netnsDir, "cellium-"+o.Name+".bridge"),
 		Gateway4:    netip.MustParseAddr("10.90.0.1"),
