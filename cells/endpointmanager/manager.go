@@ -63,6 +63,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 		m.releaseIdentity(ep)
 		return nil, err
 	}
+	// The pod's labels may have come between the lookup above and the
+	// endpoint's insertion, when no endpoint was there for them to go to:
+	// the informer's store has them by now.
+	m.refreshPod(created, "pod labels seen during the ADD")
+	if cur, found := m.Lookup(Selector{ID: created.ID}); found {
+		created = cur
+	}
 	return created, nil
 }
 
