@@ -1,0 +1,67 @@
+package logging
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2"
+)
+
+// klog's lines, client-go's, come out as the agent's: JSON records at the
+// agent's level, V lines only at debug.
+func TestRouteKlog(t *testing.T) {
+	records := func(buf *bytes.Buffer) []map[string]any {
+		t.Helper()
+		var out []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("klog line is not a JSON record: %q", line)
+			}
+			out = append(out, rec)
+		}
+		return out
+	}
+	t.Cleanup(klog.ClearLogger)
+
+	var buf bytes.Buffer
+	log, err := New(&buf, "info", FormatJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	RouteKlog(log)
+	klog.InfoS("Caches populated", "type", "*v1.Service")
+	klog.ErrorS(errors.New("forbidden"), "Failed to watch", "resource", "services")
+	klog.V(4).InfoS("Watch close")
+	klog.Flush()
+	recs := records(&buf)
+	if len(recs) != 2 {
+		t.Fatalf("at info, klog wrote %d records, want 2 (no V(4)):\n%s", len(recs), buf.String())
+	}
+	if recs[0]["msg"] != "Caches populated" || recs[0]["level"] != "INFO" || recs[0]["type"] != "*v1.Service" {
+		t.Errorf("klog InfoS = %v", recs[0])
+	}
+	if recs[1]["msg"] != "Failed to watch" || recs[1]["level"] != "ERROR" || recs[1]["err"] != "forbidden" {
+		t.Errorf("klog ErrorS = %v", recs[1])
+	}
+
+	buf.Reset()
+	log, err = New(&buf, "debug", FormatJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	RouteKlog(log)
+	klog.V(4).InfoS("Watch close", "resource", "services")
+	klog.V(5).InfoS("too much")
+	klog.Flush()
+	recs = records(&buf)
+	if len(recs) != 1 || recs[0]["msg"] != "Watch close" {
+		t.Fatalf("at debug, klog V(4) and V(5) wrote %v, want only V(4)", recs)
+	}
+}
