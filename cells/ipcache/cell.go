@@ -251,8 +251,20 @@ func localClaims(txn statedb.ReadTxn, eps statedb.Table[*endpointmanager.Endpoin
 				Flags: ipcachemap.FlagLocalEndpoint}
 		}
 	}
-	init, _ := eps.Initialized(txn)
+	watch, init := untilInitialized(txn, eps, watch)
 	return out, watch, init
+}
+
+// untilInitialized is what a source waits on: while tbl is not initialized,
+// its initialization, which may come without a change of its objects (a
+// restore that found nothing); then watch. It also says whether tbl is
+// initialized.
+func untilInitialized[Obj any](txn statedb.ReadTxn, tbl statedb.Table[Obj], watch <-chan struct{}) (<-chan struct{}, bool) {
+	init, initWatch := tbl.Initialized(txn)
+	if !init {
+		return initWatch, false
+	}
+	return watch, true
 }
 
 // reservedClaims are the world prefixes and the node's own addresses.
@@ -265,6 +277,6 @@ func reservedClaims(txn statedb.ReadTxn, addrs statedb.Table[*devices.NodeAddres
 	for a := range all {
 		out[hostPrefix(a.Addr)] = Claim{Source: SourceReserved, Identity: identity.Host}
 	}
-	init, _ := addrs.Initialized(txn)
+	watch, init := untilInitialized(txn, addrs, watch)
 	return out, watch, init
 }
