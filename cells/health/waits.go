@@ -33,6 +33,10 @@ type WaitOut struct {
 	Wait Wait `group:"readiness-waits"`
 }
 
+// detailRefresh is how often a pending wait looks again at what it waits
+// for when nothing it can watch changed.
+const detailRefresh = time.Second
+
 // TablesInitialized is a Wait that passes once every table is initialized:
 // the usual barrier of a table filled by a restore or an initial sync, whose
 // initializers say what it still waits for.
@@ -55,9 +59,12 @@ func TablesInitialized(name string, db *statedb.DB, tables ...statedb.TableMeta)
 			}
 			progress(strings.Join(pending, "; "))
 			// One table at a time is enough: the loop looks at them all
-			// again when the first one changes.
+			// again when the first one is initialized. Its initializers
+			// finishing one by one close no channel: the detail is
+			// refreshed every second.
 			select {
 			case <-watches[0]:
+			case <-time.After(detailRefresh):
 			case <-ctx.Done():
 				return ctx.Err()
 			}
@@ -65,39 +72,63 @@ func TablesInitialized(name string, db *statedb.DB, tables ...statedb.TableMeta)
 	}}}
 }
 
-// Reconciled is a Wait that passes once tbl is initialized and its
-// reconciler has written every object the table held then, without error:
-// "in the kernel", not only "in the table". An object that failed waits
-// for its retry to succeed.
-func Reconciled[Obj any](name string, db *statedb.DB, tbl statedb.Table[Obj], r reconciler.Reconciler[Obj]) WaitOut {
+// Reconciled is a Wait that passes once tbl is initialized and every
+// object it holds has been reconciled without error (status Done): "in
+// the kernel", not only "in the table". An object that failed waits for a
+// retry to succeed; one rewritten meanwhile waits for its new version.
+// status reads the status of the reconciler in question (a table may have
+// several). Objects without a status (never marked Pending) are not the
+// reconciler's and do not count.
+func Reconciled[Obj any](name string, db *statedb.DB, tbl statedb.Table[Obj], status func(Obj) reconciler.Status) WaitOut {
 	initialized := TablesInitialized(name, db, tbl).Wait.Until
 	return WaitOut{Wait: Wait{Name: name, Until: func(ctx context.Context, progress func(string)) error {
 		if err := initialized(ctx, progress); err != nil {
 			return err
 		}
-		txn := db.ReadTxn()
-		target := tbl.Revision(txn)
-		progress(fmt.Sprintf("table %s: %d objects up to revision %d being reconciled", tbl.Name(), tbl.NumObjects(txn), target))
 		for {
-			// Any write to the table, a status update included, closes
-			// watch: a failed object that succeeds on retry ends the wait.
-			_, watch := tbl.AllWatch(db.ReadTxn())
-			done, low, err := r.WaitUntilReconciled(ctx, target)
-			if err != nil {
-				return err
+			all, watch := tbl.AllWatch(db.ReadTxn())
+			var total, pending, failed int
+			var firstError string
+			for obj := range all {
+				total++
+				switch st := status(obj); st.Kind {
+				case reconciler.StatusKindPending:
+					pending++
+				case reconciler.StatusKindError:
+					if failed == 0 {
+						firstError = st.GetError()
+					}
+					failed++
+				}
 			}
-			if done >= target && (low == 0 || low > target) {
+			if pending == 0 && failed == 0 {
 				return nil
 			}
-			progress(fmt.Sprintf("table %s: objects from revision %d failed to reconcile and wait for a retry", tbl.Name(), low))
+			detail := fmt.Sprintf("table %s: %d of %d objects pending", tbl.Name(), pending, total)
+			if failed > 0 {
+				detail += fmt.Sprintf(", %d failed to reconcile and wait for a retry (%s)", failed, firstError)
+			}
+			progress(detail)
+			// Every status the reconciler writes closes watch; looking at
+			// most every reconciledRecheck keeps a table of 100,000 objects
+			// being written from being scanned 100,000 times.
 			select {
 			case <-watch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			select {
+			case <-time.After(reconciledRecheck):
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 		}
 	}}}
 }
+
+// reconciledRecheck is the least time between two scans of a reconciled
+// table.
+const reconciledRecheck = 100 * time.Millisecond
 
 type waitsParams struct {
 	cell.In

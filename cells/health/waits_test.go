@@ -97,8 +97,8 @@ func TestWaits(t *testing.T) {
 				},
 			),
 			cell.Provide(
-				func(db *statedb.DB, tbl statedb.RWTable[*widget], r reconciler.Reconciler[*widget]) health.WaitOut {
-					return health.Reconciled("widgets-written", db, statedb.Table[*widget](tbl), r)
+				func(db *statedb.DB, tbl statedb.RWTable[*widget], _ reconciler.Reconciler[*widget]) health.WaitOut {
+					return health.Reconciled("widgets-written", db, tbl.ToTable(), func(w *widget) reconciler.Status { return w.Status })
 				},
 			),
 			cell.Invoke(func(d *statedb.DB, r *health.Readiness, s statedb.Table[*health.Status], tbl statedb.RWTable[*widget]) {

@@ -28,7 +28,7 @@ var Cell = cell.Module(
 	"Prefix to security identity table and its LPM BPF map",
 
 	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
-	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes, newMetrics),
+	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes, newMetrics, syncedBarrier),
 	cell.Invoke(newIPCache, registerReconciler),
 )
 
