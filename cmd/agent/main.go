@@ -12,6 +12,7 @@
 //	agent ct list|flush|gc   its conntrack maps and their garbage collection
 //	agent monitor            its datapath events and notifications, live
 //	agent observe            Hubble flows from its Hubble server
+//	agent install-cni        copy the CNI plugin into the host's CNI bin directory
 //	agent version
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
@@ -115,6 +116,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newIdentityCmd(stdout),
 		newIPCacheCmd(stdout),
 		newCleanupCmd(stdout),
+		newInstallCNICmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),
 		newMonitorCmd(stdout),
