@@ -2,8 +2,10 @@ package logging
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -39,6 +41,8 @@ func TestRouteKlog(t *testing.T) {
 	klog.InfoS("Caches populated", "type", "*v1.Service")
 	klog.ErrorS(errors.New("forbidden"), "Failed to watch", "resource", "services")
 	klog.V(4).InfoS("Watch close")
+	// An informer stopped on purpose.
+	klog.ErrorS(fmt.Errorf("Get %q: %w", "https://127.0.0.1/api/v1/nodes", context.Canceled), "Failed to watch")
 	klog.Flush()
 	recs := records(&buf)
 	if len(recs) != 2 {
@@ -59,9 +63,10 @@ func TestRouteKlog(t *testing.T) {
 	RouteKlog(log)
 	klog.V(4).InfoS("Watch close", "resource", "services")
 	klog.V(5).InfoS("too much")
+	klog.ErrorS(context.Canceled, "Failed to watch")
 	klog.Flush()
 	recs = records(&buf)
-	if len(recs) != 1 || recs[0]["msg"] != "Watch close" {
-		t.Fatalf("at debug, klog V(4) and V(5) wrote %v, want only V(4)", recs)
+	if len(recs) != 2 || recs[0]["msg"] != "Watch close" || recs[1]["level"] != "DEBUG" {
+		t.Fatalf("at debug, klog V(4), V(5) and a cancelled watch wrote %v, want V(4) and the watch at DEBUG", recs)
 	}
 }
