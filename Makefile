@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: build run test test-k8s lint bpf check-bpf image bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache docs clean
+.PHONY: build run test test-k8s kube-apiserver lint bpf check-bpf image bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -51,8 +51,20 @@ endif
 run: build
 	./$(BIN)/agent run $(ARGS)
 
-test: lint
+# kube-apiserver is built first (once per machine, into the user's cache
+# dir): cmd/agent's TestKubeAPIServer runs the agent against it.
+test: lint kube-apiserver
 	$(GO) test -race -count=1 ./...
+
+# The integration test against a real kube-apiserver and etcd alone.
+test-k8s: kube-apiserver
+	$(GO) test -count=1 -run '^TestKubeAPIServer$$' -v ./cmd/agent
+
+# kube-apiserver from k8s.io/kubernetes through the module proxy, built in a
+# module of its own under $$XDG_CACHE_HOME/cellium (~/.cache/cellium):
+# minutes the first time on a machine, nothing afterwards.
+kube-apiserver:
+	GO=$(GO) $(GO) run ./pkg/kubeapitest/build_kube_apiserver.go
 
 lint:
 	@unformatted="$$(gofmt -l $(GODIRS))"; \
