@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -267,8 +266,8 @@ func waitAgentReady(t *testing.T, socket string, timeout time.Duration) error {
 		}
 	}
 	walk(health.Modules)
-	return errors.New(fmt.Sprintf("agent not ready after %s, waiting for %v; health errors: %s",
-		timeout, health.Pending, strings.Join(errs, "; ")))
+	return fmt.Errorf("agent not ready after %s, waiting for %v; health errors: %s",
+		timeout, health.Pending, strings.Join(errs, "; "))
 }
 
 func waitDump(t *testing.T, socket, name, substr string) {
