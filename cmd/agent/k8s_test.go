@@ -99,6 +99,11 @@ func TestKubeAPIServer(t *testing.T) {
 		t.Errorf("agent ipam list: want the router of the Node's pod CIDR %s:\n%s", podCIDR, out)
 	}
 
+	// The Node's annotations and NetworkUnavailable condition belong to the
+	// nodes cell, which another issue adds: its assertions go here, on
+	// kas.Admin's view of the Node; agentPermissions already checks that
+	// deploy/rbac.yaml lets it patch nodes and nodes/status.
+
 	// Changes through the API reach the maps: a new Service, a removed one.
 	api := createService(t, kas.Admin, "api", "192.0.2.11")
 	waitDump(t, env.socket, "cellium_lb4_services", api+":80")
