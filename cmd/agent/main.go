@@ -98,7 +98,6 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 			return err
 		}
 		slog.SetDefault(log)
-		logging.RouteKlog(log)
 		return nil
 	}
 
