@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
+
+	"github.com/cellium/cellium/cells/health"
 )
 
 // Cell provides the devices and node-addresses tables, kept current from
@@ -24,6 +26,7 @@ var Cell = cell.Module(
 	cell.Provide(
 		statedb.RWTable[*Device].ToTable,
 		statedb.RWTable[*NodeAddress].ToTable,
+		devicesKnown,
 	),
 	cell.Invoke(registerWatcher),
 )
@@ -97,4 +100,12 @@ func globMatch(pattern, name string) bool {
 
 func isOwnDevice(name string) bool {
 	return slices.ContainsFunc(ownDevicePrefixes, func(p string) bool { return strings.HasPrefix(name, p) })
+}
+
+// KnownBarrier is the readiness barrier that waits for the first netlink
+// dump of devices and addresses.
+const KnownBarrier = "devices-known"
+
+func devicesKnown(db *statedb.DB, devices statedb.RWTable[*Device], addrs statedb.RWTable[*NodeAddress]) health.WaitOut {
+	return health.TablesInitialized(KnownBarrier, db, devices, addrs)
 }

@@ -74,7 +74,7 @@ const (
 var crashSteps = []string{CrashIPAMAllocated, CrashVethCreated, CrashEndpointPersisted}
 
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.String("cni-conf-dir", def.CNIConfDir, "Directory the agent writes its CNI configuration (05-cellium.conflist) to at start; empty: do not write it")
+	flags.String("cni-conf-dir", def.CNIConfDir, "Directory the agent writes its CNI configuration (05-cellium.conflist) to once it is ready; empty: do not write it")
 	flags.Int("endpoint-mtu", def.EndpointMTU,
 		"MTU of the endpoints' veth pairs; 0: the lowest MTU of the devices holding node addresses (1500 without any), less the tunnel's overhead with --routing-mode=tunnel")
 	flags.String("endpoint-test-crash-at", def.EndpointTestCrashAt,
@@ -111,6 +111,9 @@ var errorf = kinderr.Errorf
 // restoreName names the restore wherever something waits for it: the
 // readiness barrier, the IPAM restorer and the endpoints table initializer.
 const restoreName = "endpoint-restore"
+
+// RestoreBarrier is the readiness barrier of the restore.
+const RestoreBarrier = restoreName
 
 type params struct {
 	cell.In

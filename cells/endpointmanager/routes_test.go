@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 )
@@ -81,15 +82,17 @@ func TestAPI(t *testing.T) {
 }
 
 // The agent writes the CNI configuration that points the plugin at its
-// socket, readable by the runtime.
+// socket, readable by the runtime, once it is ready.
 func TestCNIConfig(t *testing.T) {
 	tn := newTestNet(t)
 	tn.start(t, nodeOpts{})
 	path := filepath.Join(tn.dir, "net.d", "05-cellium.conflist")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var data []byte
+	celltest.Eventually(t, "the CNI configuration", func() bool {
+		var err error
+		data, err = os.ReadFile(path)
+		return err == nil
+	})
 	var conf struct {
 		CNIVersion string `json:"cniVersion"`
 		Name       string `json:"name"`
@@ -101,7 +104,7 @@ func TestCNIConfig(t *testing.T) {
 	if err := json.Unmarshal(data, &conf); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	if conf.CNIVersion != "1.0.0" || conf.Name != "cellium" || len(conf.Plugins) != 1 ||
+	if conf.CNIVersion != "1.1.0" || conf.Name != "cellium" || len(conf.Plugins) != 1 ||
 		conf.Plugins[0].Type != "cellium-cni" || conf.Plugins[0].Socket != filepath.Join(tn.dir, "agent.sock") {
 		t.Fatalf("CNI configuration = %s", data)
 	}

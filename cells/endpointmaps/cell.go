@@ -15,6 +15,7 @@ import (
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 )
 
 // Cell declares the endpoint map and reconciles the endpoints table into
@@ -24,7 +25,7 @@ var Cell = cell.Module(
 	"BPF endpoint map reconciled from the endpoints table",
 
 	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(newEndpointMap),
+	cell.Provide(newEndpointMap, endpointsWritten),
 	cell.Invoke(registerReconciler),
 )
 
@@ -181,4 +182,12 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq2[*endpoin
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// WrittenBarrier is the readiness barrier that waits until the restored
+// endpoints are in the map.
+const WrittenBarrier = "endpoint-map-written"
+
+func endpointsWritten(db *statedb.DB, tbl statedb.RWTable[*endpointmanager.Endpoint]) health.WaitOut {
+	return health.Reconciled(WrittenBarrier, db, tbl.ToTable(), func(ep *endpointmanager.Endpoint) reconciler.Status { return ep.MapStatus })
 }

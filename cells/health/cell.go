@@ -2,6 +2,7 @@ package health
 
 import (
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 )
 
@@ -18,9 +19,12 @@ var Cell = cell.Module(
 		statedb.RWTable[*Status].ToTable,
 		apiRoutes,
 	),
-	cell.ProvidePrivate(newStatusTable, newProbeServer),
-	cell.Invoke(serveProbes),
+	cell.ProvidePrivate(newStatusTable, newProbeServer, job.Registry.NewGroup),
+	cell.Invoke(serveProbes, startWaits),
 )
 
-// serveProbes pulls the probe server into the graph: nothing depends on it.
-func serveProbes(*probeServer) {}
+// serveProbes pulls the probe server into the graph, nothing depends on it,
+// and watches the readiness barriers for timeouts.
+func serveProbes(_ *probeServer, r *Readiness, jobs job.Group) {
+	jobs.Add(job.OneShot("readiness-timeout", r.watchTimeouts))
+}

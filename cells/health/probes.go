@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
@@ -18,13 +19,18 @@ import (
 type Config struct {
 	// HealthAddr is the TCP address of the probe server; empty disables it.
 	HealthAddr string
+	// ReadinessTimeout is how long a readiness barrier may wait before the
+	// health module reports it as an error.
+	ReadinessTimeout time.Duration
 }
 
-var defaultConfig = Config{HealthAddr: "127.0.0.1:9879"}
+var defaultConfig = Config{HealthAddr: "127.0.0.1:9879", ReadinessTimeout: 5 * time.Minute}
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("health-addr", def.HealthAddr,
 		"TCP address for /healthz, /readyz and /metrics (empty: do not serve)")
+	flags.Duration("readiness-timeout", def.ReadinessTimeout,
+		"How long a readiness barrier may stay pending before health reports it as an error naming it (0: never)")
 }
 
 // ProbeRoute is a handler served on the health address next to the probes.

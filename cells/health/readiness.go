@@ -1,7 +1,9 @@
 package health
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -16,14 +18,17 @@ import (
 type Barrier struct {
 	Name string `json:"name"`
 	Done bool   `json:"done"`
-	// Since is when Done last changed.
+	// Since is when Done last changed: while not done, since when the
+	// agent waits for it.
 	Since time.Time `json:"since"`
+	// Detail is what a pending barrier still waits for, when it says.
+	Detail string `json:"detail,omitempty"`
 }
 
-func (b *Barrier) TableHeader() []string { return []string{"Name", "Done", "Since"} }
+func (b *Barrier) TableHeader() []string { return []string{"Name", "Done", "Since", "Detail"} }
 
 func (b *Barrier) TableRow() []string {
-	return []string{b.Name, fmt.Sprint(b.Done), sinceString(b.Since)}
+	return []string{b.Name, fmt.Sprint(b.Done), sinceString(b.Since), b.Detail}
 }
 
 var (
@@ -52,16 +57,17 @@ const cellsStarted = "cells-started"
 
 // Readiness gates the agent's readiness. See the package documentation.
 type Readiness struct {
-	db  *statedb.DB
-	tbl statedb.RWTable[*Barrier]
+	db      *statedb.DB
+	tbl     statedb.RWTable[*Barrier]
+	timeout time.Duration
 }
 
-func newReadiness(db *statedb.DB) (*Readiness, error) {
+func newReadiness(db *statedb.DB, cfg Config) (*Readiness, error) {
 	tbl, err := statedb.NewTable(db, ReadinessTableName, BarrierName, BarrierDone)
 	if err != nil {
 		return nil, err
 	}
-	r := &Readiness{db: db, tbl: tbl}
+	r := &Readiness{db: db, tbl: tbl, timeout: cfg.ReadinessTimeout}
 	r.Add(cellsStarted)
 	return r, nil
 }
@@ -92,20 +98,92 @@ func (r *Readiness) set(name string, done bool) {
 	txn.Commit()
 }
 
-// Status says whether every cell has started and which barriers are pending.
-// The returned channel closes when the answer may have changed.
+// setDetail records what a pending barrier waits for.
+func (r *Readiness) setDetail(name, detail string) {
+	txn := r.db.WriteTxn(r.tbl)
+	defer txn.Abort()
+	old, _, found := r.tbl.Get(txn, BarrierName.Query(name))
+	if !found || old.Done || old.Detail == detail {
+		return
+	}
+	b := *old
+	b.Detail = detail
+	r.tbl.Insert(txn, &b)
+	txn.Commit()
+}
+
+// Status says whether every cell has started and which barriers are pending,
+// since when and what for. The returned channel closes when the answer may
+// have changed; how long each has waited changes without closing it.
 func (r *Readiness) Status() (apiv1.Healthz, <-chan struct{}) {
 	txn := r.db.ReadTxn()
 	pending, watch := r.tbl.ListWatch(txn, BarrierDone.Query(false))
 	hz := apiv1.Healthz{Started: true}
+	now := time.Now()
 	for b := range pending {
 		if b.Name == cellsStarted {
 			hz.Started = false
 		}
 		hz.Pending = append(hz.Pending, b.Name)
+		waited := now.Sub(b.Since)
+		hz.Waiting = append(hz.Waiting, apiv1.Barrier{
+			Name: b.Name, Since: b.Since, WaitedSeconds: waited.Seconds(), Detail: b.Detail,
+			Overdue: r.timeout > 0 && waited >= r.timeout,
+		})
 	}
 	hz.Ready = len(hz.Pending) == 0
 	return hz, watch
+}
+
+// watchTimeouts reports the barriers that have waited longer than
+// --readiness-timeout as a health error naming them, and OK again once none
+// has. A barrier that never completes then shows in `agent status` and the
+// log instead of only keeping the node not ready.
+func (r *Readiness) watchTimeouts(ctx context.Context, h cell.Health) error {
+	if r.timeout <= 0 {
+		h.OK("Readiness timeout disabled (--readiness-timeout=0)")
+		return nil
+	}
+	for {
+		hz, watch := r.Status()
+		var overdue []string
+		next := time.Duration(-1)
+		for _, b := range hz.Waiting {
+			waited := time.Duration(b.WaitedSeconds * float64(time.Second))
+			if b.Overdue {
+				what := fmt.Sprintf("%s (waiting %s", b.Name, waited.Truncate(time.Second))
+				if b.Detail != "" {
+					what += ": " + b.Detail
+				}
+				overdue = append(overdue, what+")")
+			} else if left := r.timeout - waited; next < 0 || left < next {
+				next = left
+			}
+		}
+		switch {
+		case len(overdue) > 0:
+			h.Degraded(fmt.Sprintf("Readiness barriers not done after --readiness-timeout %s", r.timeout),
+				fmt.Errorf("not done after %s: %s", r.timeout, strings.Join(overdue, "; ")))
+		case hz.Ready:
+			h.OK("Ready")
+		default:
+			h.OK(fmt.Sprintf("Waiting for %s", strings.Join(hz.Pending, ", ")))
+		}
+		// Without a barrier left to become overdue, only a change of the
+		// table can change the answer.
+		timer := time.NewTimer(max(next, 0))
+		if next < 0 {
+			timer.Stop()
+		}
+		select {
+		case <-watch:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		}
+		timer.Stop()
+	}
 }
 
 // StartedMarker completes the "cells-started" barrier. It must be the last

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/kinderr"
@@ -30,7 +31,7 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(newTable, job.Registry.NewGroup),
-	cell.Provide(newIPAM, statedb.RWTable[*Allocation].ToTable, apiRoutes),
+	cell.Provide(newIPAM, statedb.RWTable[*Allocation].ToTable, apiRoutes, poolsKnown),
 	cell.Invoke(requireIPAM),
 )
 
@@ -337,4 +338,12 @@ func (i *IPAM) releaseUnclaimed(ctx context.Context, health cell.Health) error {
 	}
 	wtxn.Commit()
 	return nil
+}
+
+// PoolsBarrier is the readiness barrier that waits for the pod CIDRs and
+// the allocations restored from the state dir.
+const PoolsBarrier = "ipam-pools"
+
+func poolsKnown(db *statedb.DB, tbl statedb.RWTable[*Allocation]) health.WaitOut {
+	return health.TablesInitialized(PoolsBarrier, db, tbl)
 }

@@ -30,7 +30,7 @@ var Cell = cell.Module(
 	"Prefix to security identity table and its LPM BPF map",
 
 	cell.ProvidePrivate(NewTable, job.Registry.NewGroup),
-	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes, newMetrics),
+	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes, newMetrics, syncedBarrier),
 	cell.Invoke(newIPCache, registerReconciler),
 )
 
@@ -255,8 +255,20 @@ func localClaims(txn statedb.ReadTxn, eps statedb.Table[*endpointmanager.Endpoin
 				Flags: ipcachemap.FlagLocalEndpoint}
 		}
 	}
-	init, _ := eps.Initialized(txn)
+	watch, init := untilInitialized(txn, eps, watch)
 	return out, watch, init
+}
+
+// untilInitialized is what a source waits on: while tbl is not initialized,
+// its initialization, which may come without a change of its objects (a
+// restore that found nothing); then watch. It also says whether tbl is
+// initialized.
+func untilInitialized[Obj any](txn statedb.ReadTxn, tbl statedb.Table[Obj], watch <-chan struct{}) (<-chan struct{}, bool) {
+	init, initWatch := tbl.Initialized(txn)
+	if !init {
+		return initWatch, false
+	}
+	return watch, true
 }
 
 // reservedClaims are the world prefixes and the node's own addresses.
@@ -269,7 +281,7 @@ func reservedClaims(txn statedb.ReadTxn, addrs statedb.Table[*devices.NodeAddres
 	for a := range all {
 		out[hostPrefix(a.Addr)] = Claim{Source: SourceReserved, Identity: identity.Host}
 	}
-	init, _ := addrs.Initialized(txn)
+	watch, init := untilInitialized(txn, addrs, watch)
 	return out, watch, init
 }
 
@@ -291,6 +303,6 @@ func nodeClaims(txn statedb.ReadTxn, tbl statedb.Table[*nodes.Node]) (map[netip.
 			out[cidr] = Claim{Source: SourceNode, Identity: identity.World, HostIP: tunnel}
 		}
 	}
-	init, _ := tbl.Initialized(txn)
+	watch, init := untilInitialized(txn, tbl, watch)
 	return out, watch, init
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/pkg/ipcachemap"
 )
 
@@ -77,4 +78,13 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2[*Ent
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// SyncedBarrier is the readiness barrier that waits until the map holds
+// what every source claims: restored, local endpoints, node addresses and,
+// with a kvstore, its first listing.
+const SyncedBarrier = "ipcache-synced"
+
+func syncedBarrier(db *statedb.DB, tbl statedb.RWTable[*Entry]) health.WaitOut {
+	return health.Reconciled(SyncedBarrier, db, tbl.ToTable(), func(e *Entry) reconciler.Status { return e.Status })
 }

@@ -17,7 +17,7 @@ var Cell = cell.Module(
 	"BPF maps of socket load balancing",
 
 	cell.Config(defaultConfig),
-	cell.Provide(newMaps, newReconciler, opsMetrics),
+	cell.Provide(newMaps, newReconciler, opsMetrics, frontendsReconciled),
 	cell.ProvidePrivate(newOps, job.Registry.NewGroup),
 	cell.Invoke(requireReconciler),
 )

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/pkg/lbmap"
@@ -106,6 +107,15 @@ func newReconciler(p reconciler.Params, o *ops, frontends statedb.RWTable[*loadb
 		o, o,
 		reconciler.WithName("frontends"),
 	)
+}
+
+// FrontendsBarrier is the readiness barrier that waits until every
+// frontend is in the maps: the table initialized (Kubernetes synced, the
+// maps restored) and each of its frontends then written without error.
+const FrontendsBarrier = "lb-frontends-reconciled"
+
+func frontendsReconciled(db *statedb.DB, frontends statedb.RWTable[*loadbalancer.Frontend]) health.WaitOut {
+	return health.Reconciled(FrontendsBarrier, db, frontends.ToTable(), (*loadbalancer.Frontend).GetStatus)
 }
 
 // Update implements reconciler.Operations through the batch path, so that

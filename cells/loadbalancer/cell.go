@@ -24,7 +24,7 @@ var Cell = cell.Module(
 	"Services frontends and backends from Kubernetes",
 
 	cell.ProvidePrivate(newTables, newWriter, job.Registry.NewGroup),
-	cell.Provide(provideTables, newBackendHealth, apiRoutes),
+	cell.Provide(provideTables, newBackendHealth, apiRoutes, k8sSynced),
 	cell.Invoke(startWriter),
 )
 

@@ -18,7 +18,7 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(linksCleanup),
+	cell.Provide(linksCleanup, programsAttached),
 	cell.Invoke(registerLoader),
 
 	cell.ProvidePrivate(newLXCPrograms),

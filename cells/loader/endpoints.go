@@ -19,6 +19,7 @@ import (
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 )
 
 // endpointLinksDir is where the links of the endpoints' programs are
@@ -292,4 +293,13 @@ func describeLink(info *link.Info) string {
 		return fmt.Sprintf("tcx %s on ifindex %d", hook, tcx.Ifindex)
 	}
 	return fmt.Sprintf("%v link", info.Type)
+}
+
+// AttachedBarrier is the readiness barrier that waits until the restored
+// endpoints have their programs attached: with the endpoint map written,
+// the endpoints are regenerated.
+const AttachedBarrier = "endpoint-programs-attached"
+
+func programsAttached(db *statedb.DB, tbl statedb.RWTable[*endpointmanager.Endpoint]) health.WaitOut {
+	return health.Reconciled(AttachedBarrier, db, tbl.ToTable(), func(ep *endpointmanager.Endpoint) reconciler.Status { return ep.ProgramStatus })
 }

@@ -162,21 +162,28 @@ func TestAgentProcess(t *testing.T) {
 		t.Fatalf("/healthz after start = %d, want 200", resp.StatusCode)
 	}
 
-	out, errOut, code := agentCmd(t, "status", "-o", "json", "--api-socket", env.socket)
-	if code != 0 {
-		t.Fatalf("agent status = %d: %s", code, errOut)
-	}
+	// Ready once every barrier is done.
 	var health apiv1.Health
-	if err := json.Unmarshal([]byte(out), &health); err != nil {
-		t.Fatalf("agent status -o json: %v\n%s", err, out)
-	}
+	var out string
+	poll(t, "a ready agent", func() (bool, string) {
+		var errOut string
+		var code int
+		out, errOut, code = agentCmd(t, "status", "-o", "json", "--api-socket", env.socket)
+		if code != 0 {
+			t.Fatalf("agent status = %d: %s", code, errOut)
+		}
+		if err := json.Unmarshal([]byte(out), &health); err != nil {
+			t.Fatalf("agent status -o json: %v\n%s", err, out)
+		}
+		return health.Ready, out
+	})
 	if !health.Started || !health.Ready || health.Level != apiv1.LevelOK {
 		t.Fatalf("agent status = started %v ready %v level %s, want a started, ready, OK agent:\n%s",
 			health.Started, health.Ready, health.Level, out)
 	}
 
 	// The table form draws the tree.
-	out, _, code = agentCmd(t, "status", "--api-socket", env.socket)
+	out, _, code := agentCmd(t, "status", "--api-socket", env.socket)
 	if code != 0 || !strings.Contains(out, "Agent:   ready") || !strings.Contains(out, "└─ job-refresh") {
 		t.Fatalf("agent status (table) = %d:\n%s", code, out)
 	}

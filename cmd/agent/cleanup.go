@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cellium/cellium/cells"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
 )
 
 func newCleanupCmd(stdout io.Writer) *cobra.Command {
@@ -20,17 +22,23 @@ func newCleanupCmd(stdout io.Writer) *cobra.Command {
 	// as `agent run`: cells contribute what they pinned (and how to undo
 	// it) to the bpf-maps Cleaner, so this command knows no path. Building
 	// the graph runs constructors only, which do no I/O; nothing starts.
-	var cleaner *bpfmaps.Cleaner
-	h := hive.NewWithOptions(cells.Options(), cells.Agent, cell.Invoke(func(c *bpfmaps.Cleaner) { cleaner = c }))
+	var (
+		cleaner *bpfmaps.Cleaner
+		cniConf endpointmanager.Config
+	)
+	h := hive.NewWithOptions(cells.Options(), cells.Agent, cell.Invoke(func(c *bpfmaps.Cleaner, cni endpointmanager.Config) {
+		cleaner, cniConf = c, cni
+	}))
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Detach the agent's BPF programs and remove its pinned links and maps",
+		Short: "Detach the agent's BPF programs, remove its pinned links and maps and its CNI configuration",
 		Long: "Undo what `agent run` leaves in the kernel on purpose so that traffic keeps\n" +
 			"flowing while the agent is down: detach its programs, remove its pinned links\n" +
-			"and maps, and the pin directory <bpf-root>/<bpf-map-prefix>. Give it the flags\n" +
+			"and maps, and the pin directory <bpf-root>/<bpf-map-prefix>; and remove the CNI\n" +
+			"configuration from --cni-conf-dir, so the node takes no more pods. Give it the flags\n" +
 			"the agent ran with. Stop the agent first; running it twice is harmless.\n" +
 			"Prints one line per object removed.",
 		Args:        cobra.NoArgs,
@@ -39,7 +47,12 @@ func newCleanupCmd(stdout io.Writer) *cobra.Command {
 			if err := h.Populate(slog.Default()); err != nil {
 				return fmt.Errorf("build the cell graph: %w", dig.RootCause(err))
 			}
-			removed, err := cleaner.Remove()
+			// The configuration first: with the datapath gone, the node
+			// must not be offered pods.
+			removed, cniErr := endpointmanager.RemoveCNIConfig(cniConf)
+			bpfRemoved, err := cleaner.Remove()
+			removed = append(removed, bpfRemoved...)
+			err = errors.Join(cniErr, err)
 			for _, line := range removed {
 				fmt.Fprintln(stdout, line)
 			}

@@ -17,7 +17,8 @@ import (
 )
 
 // TestCleanup runs `agent cleanup` on what a stopped datapath left pinned:
-// links that keep the programs attached, and maps.
+// links that keep the programs attached, and maps; and on the CNI
+// configuration the agent wrote.
 func TestCleanup(t *testing.T) {
 	requireRoot(t)
 	env := socklbtest.New(t)
@@ -37,7 +38,7 @@ func TestCleanup(t *testing.T) {
 
 	// A flag the agent would refuse stops cleanup too, before it removes
 	// anything.
-	_, errOut, code := agentCmd(t, "cleanup", "--bpf-root", root, "--lb-algorithm", "bogus")
+	_, errOut, code := agentCmd(t, "cleanup", "--bpf-root", root, "--lb-algorithm", "bogus", "--cni-conf-dir", t.TempDir())
 	if code == 0 || !strings.Contains(errOut, `invalid --lb-algorithm "bogus"`) {
 		t.Fatalf("cleanup with a bad flag = %d: %s", code, errOut)
 	}
@@ -46,9 +47,21 @@ func TestCleanup(t *testing.T) {
 		t.Fatalf("cleanup with a bad flag removed the pins: %v", err)
 	}
 
-	out, errOut, code := agentCmd(t, "cleanup", "--bpf-root", root)
+	// Never the host's /etc/cni/net.d.
+	cniDir := t.TempDir()
+	conflist := filepath.Join(cniDir, "05-cellium.conflist")
+	if err := os.WriteFile(conflist, []byte(`{"cniVersion":"1.1.0"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := agentCmd(t, "cleanup", "--bpf-root", root, "--cni-conf-dir", cniDir)
 	if code != 0 {
 		t.Fatalf("agent cleanup = %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "removed CNI configuration "+conflist+"\n") {
+		t.Errorf("cleanup does not start with the CNI configuration:\n%s", out)
+	}
+	if _, err := os.Stat(conflist); !os.IsNotExist(err) {
+		t.Errorf("CNI configuration after cleanup: %v", err)
 	}
 	if n := strings.Count(out, "detached and removed link "); n != 8 {
 		t.Errorf("cleanup detached %d links, want the 8 programs':\n%s", n, out)
@@ -68,7 +81,7 @@ func TestCleanup(t *testing.T) {
 		t.Fatalf("%d connect4 programs attached after cleanup, want none", n)
 	}
 
-	out, _, code = agentCmd(t, "cleanup", "--bpf-root", root)
+	out, _, code = agentCmd(t, "cleanup", "--bpf-root", root, "--cni-conf-dir", cniDir)
 	if code != 0 || out != "Nothing to remove in "+pinDir+"\n" {
 		t.Fatalf("second cleanup = %d: %q", code, out)
 	}

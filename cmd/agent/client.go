@@ -100,6 +100,20 @@ func printHealth(w io.Writer, h apiv1.Health, kv apiv1.KVStore) error {
 		state = "not ready, waiting for: " + strings.Join(h.Pending, ", ")
 	}
 	fmt.Fprintf(w, "Agent:   %s\nHealth:  %s\nKVStore: %s\n\n", state, h.Level, kvstoreLine(kv))
+	if len(h.Waiting) > 0 {
+		rows := make([][]string, 0, len(h.Waiting))
+		for _, b := range h.Waiting {
+			waited := (time.Duration(b.WaitedSeconds * float64(time.Second))).Truncate(time.Second).String()
+			if b.Overdue {
+				waited += " (overdue)"
+			}
+			rows = append(rows, []string{b.Name, waited, b.Detail})
+		}
+		if err := writeTable(w, []string{"WAITING FOR", "SINCE", "DETAIL"}, rows); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+	}
 
 	rows := [][]string{}
 	var walk func(indent string, nodes []apiv1.HealthNode, top bool)

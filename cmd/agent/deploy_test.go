@@ -42,3 +42,55 @@ func TestDeployConfigMap(t *testing.T) {
 		t.Errorf("the ConfigMap's health-addr did not reach the health cell")
 	}
 }
+
+// TestDeployImage checks that the DaemonSet runs the image `make image`
+// builds, never pulls it from a registry, and installs the plugin with the
+// agent's own install-cni (the image has no shell).
+func TestDeployImage(t *testing.T) {
+	makefile, err := os.ReadFile(filepath.Join("..", "..", "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var image string
+	for _, line := range strings.Split(string(makefile), "\n") {
+		if name, ok := strings.CutPrefix(line, "IMAGE "); ok {
+			image = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(name), "?="))
+		}
+	}
+	if image == "" {
+		t.Fatal("the Makefile sets no IMAGE")
+	}
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type container struct {
+		Name            string   `yaml:"name"`
+		Image           string   `yaml:"image"`
+		ImagePullPolicy string   `yaml:"imagePullPolicy"`
+		Command         []string `yaml:"command"`
+	}
+	var ds struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					InitContainers []container `yaml:"initContainers"`
+					Containers     []container `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(raw, &ds); err != nil {
+		t.Fatalf("deploy/daemonset.yaml: %v", err)
+	}
+	pod := ds.Spec.Template.Spec
+	all := append(append([]container{}, pod.InitContainers...), pod.Containers...)
+	for _, c := range all {
+		if c.Image != image || c.ImagePullPolicy != "IfNotPresent" {
+			t.Errorf("container %s: image %q pull policy %q, want make image's %q, IfNotPresent", c.Name, c.Image, c.ImagePullPolicy, image)
+		}
+	}
+	if len(pod.InitContainers) != 1 || strings.Join(pod.InitContainers[0].Command[:2], " ") != "/usr/local/bin/agent install-cni" {
+		t.Errorf("init containers %+v, want one running agent install-cni", pod.InitContainers)
+	}
+}

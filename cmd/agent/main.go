@@ -13,6 +13,7 @@
 //	agent monitor            its datapath events and notifications, live
 //	agent observe            Hubble flows from its Hubble server
 //	agent dev-cluster        a cluster of agents on this machine (up, pod, exec, status, down)
+//	agent install-cni        copy the CNI plugin into the host's CNI bin directory
 //	agent version
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
@@ -120,6 +121,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newIPCacheCmd(stdout),
 		newNodeCmd(stdout),
 		newCleanupCmd(stdout),
+		newInstallCNICmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),
 		newMonitorCmd(stdout),

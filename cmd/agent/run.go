@@ -13,6 +13,7 @@ import (
 	"go.uber.org/dig"
 
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/logging"
 	"github.com/cellium/cellium/pkg/version"
 )
 
@@ -26,6 +27,9 @@ func newRunCmd(h *hive.Hive, agentFlags *pflag.FlagSet) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.Default()
+			// Only here: klog's logger is global, and only the agent runs
+			// client-go (the client commands run in tests beside hives).
+			logging.RouteKlog(log)
 			log.Info("Cellium agent starting", "version", version.Get().Version, "commit", version.Get().Commit)
 			if os.Geteuid() != 0 {
 				log.Warn("Not running as root: mounting bpffs, pinning BPF maps and writing /proc/sys will fail")

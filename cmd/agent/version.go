@@ -22,7 +22,11 @@ func newVersionCmd(stdout io.Writer) *cobra.Command {
 				if v.Modified {
 					commit += " (modified)"
 				}
-				_, err := fmt.Fprintf(w, "agent %s\ncommit %s\n%s\n", v.Version, commit, v.GoVersion)
+				built := v.BuildDate
+				if built == "" {
+					built = "unknown"
+				}
+				_, err := fmt.Fprintf(w, "agent %s\ncommit %s\nbuilt %s\n%s\n", v.Version, commit, built, v.GoVersion)
 				return err
 			})
 		},

@@ -25,7 +25,7 @@ func TestThreePods(t *testing.T) {
 	n := newNode(t)
 	n.start()
 	list := n.conflist()
-	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "cellium-cni" || list.CNIVersion != "1.0.0" {
+	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "cellium-cni" || list.CNIVersion != endpointmanager.CNIVersion {
 		t.Fatalf("the agent's CNI configuration: %s", list.Bytes)
 	}
 
@@ -127,6 +127,40 @@ func TestStatusAndVersion(t *testing.T) {
 	out, cniErr := cniExec(t, map[string]string{"CNI_COMMAND": "VERSION"}, n.pluginConf("1.1.0"))
 	if cniErr != nil || !strings.Contains(string(out), `"supportedVersions":["1.0.0","1.1.0"]`) {
 		t.Fatalf("VERSION = %s, %+v", out, cniErr)
+	}
+}
+
+// GC with the attachments a CNI 1.1 runtime still has: the endpoint of a
+// container the runtime forgot (its DEL lost) is deleted and its addresses
+// released; the others stay. (The plugin is run directly: libcni's GC
+// would DEL what its own cache holds first.)
+func TestGC(t *testing.T) {
+	n := newNode(t)
+	n.start()
+	kept, lost := n.newPod("kept"), n.newPod("lost")
+	n.add(kept)
+	lostV4, _ := n.add(lost)
+	gc := func(valid string) {
+		t.Helper()
+		if _, cniErr := cniExec(t, map[string]string{"CNI_COMMAND": "GC"}, []byte(`{"cniVersion":"1.1.0","name":"cellium","type":"cellium-cni","socket":"`+n.socket+
+			`","cni.dev/valid-attachments":`+valid+`}`)); cniErr != nil {
+			t.Fatalf("GC = %+v", cniErr)
+		}
+	}
+	gc(`[{"containerID":"` + kept.id + `","ifname":"eth0"}]`)
+	eps := n.endpoints()
+	if len(eps) != 1 || eps[0].ContainerID != kept.id {
+		t.Fatalf("endpoints after GC = %+v, want only %s's", eps, kept.id)
+	}
+	if slices.ContainsFunc(n.allocations(), func(a string) bool { return strings.HasPrefix(a, lostV4.String()+" ") }) {
+		t.Errorf("the lost pod's address %s is still allocated after GC: %v", lostV4, n.allocations())
+	}
+
+	// An attachment the runtime lists with another interface is not the
+	// endpoint's: GC deletes it too.
+	gc(`[{"containerID":"` + kept.id + `","ifname":"eth1"}]`)
+	if eps := n.endpoints(); len(eps) != 0 {
+		t.Fatalf("endpoints after a GC listing none of them = %+v", eps)
 	}
 }
 

@@ -1,9 +1,9 @@
 // Command cellium-cni is Cellium's CNI plugin (CNI specification 1.0 and
 // 1.1). The container runtime runs it from its CNI bin directory
 // (/opt/cni/bin/cellium-cni) with the network configuration that the agent
-// writes, 05-cellium.conflist:
+// writes once it is ready, 05-cellium.conflist:
 //
-//	{"cniVersion":"1.0.0","name":"cellium","plugins":[{"type":"cellium-cni","socket":"/var/run/cellium/agent.sock"}]}
+//	{"cniVersion":"1.1.0","name":"cellium","plugins":[{"type":"cellium-cni","socket":"/var/run/cellium/agent.sock"}]}
 //
 // The plugin makes nothing itself: each command is a call to the agent's
 // API on "socket" (default /var/run/cellium/agent.sock).
@@ -20,6 +20,9 @@
 //	        with what it made, and the plugin compares the addresses with
 //	        prevResult.
 //	STATUS  whether the agent answers and is ready.
+//	GC      deletes the endpoints of attachments that the runtime no longer
+//	        lists in cni.dev/valid-attachments (container ID and
+//	        interface): what a lost DEL left behind.
 //	VERSION the supported specification versions.
 //
 // Errors are CNI errors: with the agent unreachable, code 11 (try again
@@ -65,7 +68,7 @@ const (
 )
 
 func main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus},
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC},
 		cniversion.PluginSupports("1.0.0", "1.1.0"),
 		"CNI plugin cellium-cni "+version.Get().Version)
 }
@@ -257,6 +260,43 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if !hz.Ready {
 		return types.NewError(errPluginNotAvailable, "cellium agent not ready",
 			"waiting for "+strings.Join(hz.Pending, ", "))
+	}
+	return nil
+}
+
+// cmdGC deletes every endpoint whose attachment the runtime does not
+// list as valid. The agent releases their addresses and removes their
+// veths, as for a DEL. It stops at the first failure, so that a GC the
+// runtime repeats finishes the work.
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	type attachment struct{ containerID, ifName string }
+	valid := map[attachment]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid[attachment{a.ContainerID, a.IfName}] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	c := client.New(conf.Socket)
+	eps, err := c.Endpoints(ctx)
+	if err != nil {
+		return cniError("list endpoints", conf.Socket, err)
+	}
+	for _, ep := range eps {
+		if ep.ContainerID == "" || valid[attachment{ep.ContainerID, ep.Interface}] {
+			continue
+		}
+		_, err := c.DeleteEndpoint(ctx, client.ContainerEndpointID(ep.ContainerID))
+		if apiErr, ok := errors.AsType[*client.APIError](err); ok && apiErr.Status == http.StatusNotFound {
+			continue // a DEL was quicker
+		}
+		if err != nil {
+			return cniError("delete the endpoint of stale container "+ep.ContainerID, conf.Socket, err)
+		}
+		fmt.Fprintf(os.Stderr, "cellium-cni: GC deleted endpoint %d of container %s\n", ep.ID, ep.ContainerID)
 	}
 	return nil
 }

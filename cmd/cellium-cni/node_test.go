@@ -171,7 +171,8 @@ type agentProcess struct {
 func (n *node) start(extra ...string) *agentProcess {
 	n.t.Helper()
 	a := n.startAsync(extra...)
-	a.restored = a.waitLog(n.t, "Started hive", "Restored endpoints")["Restored endpoints"]
+	// Ready: the CNI configuration is written only then.
+	a.restored = a.waitLog(n.t, "Started hive", "Restored endpoints", "Wrote CNI configuration")["Restored endpoints"]
 	return a
 }
 

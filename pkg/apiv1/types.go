@@ -41,6 +41,23 @@ type Healthz struct {
 	Ready bool `json:"ready"`
 	// Pending names the readiness barriers not yet done.
 	Pending []string `json:"pending,omitempty"`
+	// Waiting describes each barrier of Pending: since when the agent
+	// waits for it and what for.
+	Waiting []Barrier `json:"waiting,omitempty"`
+}
+
+// Barrier is a readiness barrier not yet done.
+type Barrier struct {
+	Name string `json:"name"`
+	// Since is when the agent began to wait for it.
+	Since time.Time `json:"since"`
+	// WaitedSeconds is how long it has waited, when the answer was made.
+	WaitedSeconds float64 `json:"waitedSeconds"`
+	// Detail is what the barrier still waits for, when it says.
+	Detail string `json:"detail,omitempty"`
+	// Overdue is true once it has waited longer than --readiness-timeout:
+	// the health module then reports it as an error.
+	Overdue bool `json:"overdue,omitempty"`
 }
 
 // Health is the answer of GET /v1/health: the agent's health as a tree, one

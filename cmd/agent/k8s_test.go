@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/kubeapitest"
+)
+
+// deployNamespace is where deploy/kustomization.yaml puts everything.
+const deployNamespace = "kube-system"
+
+// agentPermissions is what the agent does with the API server: its
+// reflectors (Services, EndpointSlices, its Node, the pods of its node)
+// and, with the nodes cell, its Node's annotations and NetworkUnavailable
+// condition (patch nodes, patch nodes/status).
+var agentPermissions = []authorizationv1.ResourceAttributes{
+	{Verb: "list", Resource: "services"}, {Verb: "watch", Resource: "services"},
+	{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"}, {Verb: "watch", Group: "discovery.k8s.io", Resource: "endpointslices"},
+	{Verb: "get", Resource: "nodes"}, {Verb: "list", Resource: "nodes"}, {Verb: "watch", Resource: "nodes"},
+	{Verb: "list", Resource: "pods"}, {Verb: "watch", Resource: "pods"},
+	{Verb: "patch", Resource: "nodes"}, {Verb: "patch", Resource: "nodes", Subresource: "status"},
+}
+
+// TestKubeAPIServer runs the agent against a real kube-apiserver, as the
+// DaemonSet does: deploy/rbac.yaml applied, the agent authenticated as its
+// service account. Services, EndpointSlices and the Node written through
+// the API reach the BPF maps and the IPAM; a ClusterRole without a verb the
+// agent needs fails with a message naming it.
+func TestKubeAPIServer(t *testing.T) {
+	requireRoot(t)
+	if _, err := kubeapitest.Binary(); err != nil {
+		t.Skip(err)
+	}
+	etcd := etcdtest.Start(t)
+	kas := kubeapitest.Start(t, etcd.Endpoint())
+	ctx := context.Background()
+	applyRBAC(t, kas.Admin, nil)
+	token := kas.Token(t, deployNamespace, "cellium-agent")
+	sa, err := kubernetes.NewForConfig(kas.Config(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkPermissions(sa); err != nil {
+		t.Fatal(err)
+	}
+
+	const nodeName = "k8s-test-node"
+	podCIDR := "10.252.7.0/24"
+	if _, err := kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
+		Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	web := createService(t, kas.Admin, "web", "192.0.2.10")
+
+	env := newAgentEnv(t)
+	kubeconfig := filepath.Join(env.dir, "kubeconfig")
+	kas.WriteKubeconfig(t, kubeconfig, token)
+	k8sFlags := []string{"--k8s-mode", "kubeconfig", "--kubeconfig", kubeconfig, "--node-name", nodeName, "--ipam", "kubernetes"}
+	agent := startAgent(t, append(env.runFlags(), k8sFlags...)...)
+	agent.waitFor("Started hive")
+	go func() {
+		for range agent.logs {
+		}
+	}()
+	if err := waitAgentReady(t, env.socket, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
+	// The Service from the API server in the maps, and the pod CIDR from
+	// the Node in the IPAM.
+	waitDump(t, env.socket, "cellium_lb4_services", web+":80")
+	var allocs []apiv1.IPAMAllocation
+	out, _, _ := agentCmd(t, "ipam", "list", "-o", "json", "--api-socket", env.socket)
+	if err := json.Unmarshal([]byte(out), &allocs); err != nil ||
+		!slices.ContainsFunc(allocs, func(a apiv1.IPAMAllocation) bool { return a.IP == "10.252.7.1" && a.State == apiv1.AllocationRouter }) {
+		t.Errorf("agent ipam list: want the router of the Node's pod CIDR %s:\n%s", podCIDR, out)
+	}
+
+	// The Node's annotations and NetworkUnavailable condition belong to the
+	// nodes cell, which another issue adds: its assertions go here, on
+	// kas.Admin's view of the Node; agentPermissions already checks that
+	// deploy/rbac.yaml lets it patch nodes and nodes/status.
+
+	// Changes through the API reach the maps: a new Service, a removed one.
+	api := createService(t, kas.Admin, "api", "192.0.2.11")
+	waitDump(t, env.socket, "cellium_lb4_services", api+":80")
+	if err := kas.Admin.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitDumpWithout(t, env.socket, "cellium_lb4_services", web+":80")
+	agent.stop()
+
+	// Without list on EndpointSlices, the agent never syncs: both the
+	// permission check and the agent say what is missing.
+	applyRBAC(t, kas.Admin, func(rule *rbacv1.PolicyRule) {
+		if slices.Contains(rule.Resources, "endpointslices") {
+			rule.Verbs = slices.DeleteFunc(rule.Verbs, func(v string) bool { return v == "list" })
+		}
+	})
+	err = checkPermissions(sa)
+	if err == nil || !strings.Contains(err.Error(), "cannot list endpointslices.discovery.k8s.io") {
+		t.Fatalf("permission check without list on endpointslices = %v, want it to name the verb and resource", err)
+	}
+	env2 := newAgentEnv(t)
+	kas.WriteKubeconfig(t, kubeconfig, token)
+	// It logs the refusals as errors: not a failure here.
+	agent = startAgent(t, append(env2.runFlags(), k8sFlags...)...)
+	go func() {
+		for range agent.logs {
+		}
+	}()
+	err = waitAgentReady(t, env2.socket, 15*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "endpointslices") {
+		t.Fatalf("agent without list on endpointslices: %v; want not ready, naming the forbidden endpointslices", err)
+	}
+	t.Logf("as expected: %v", err)
+}
+
+// applyRBAC creates or updates deploy/rbac.yaml's objects in the deploy
+// namespace, each ClusterRole rule passed through edit first if not nil.
+func applyRBAC(t *testing.T, admin *kubernetes.Clientset, edit func(*rbacv1.PolicyRule)) {
+	t.Helper()
+	ctx := context.Background()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "rbac.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, doc := range bytes.Split(raw, []byte("\n---\n")) {
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("deploy/rbac.yaml document %d: %v", i+1, err)
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(js, nil, nil)
+		if err != nil {
+			t.Fatalf("deploy/rbac.yaml document %d: %v", i+1, err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			o.Namespace = deployNamespace
+			_, err = admin.CoreV1().ServiceAccounts(deployNamespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			if edit != nil {
+				for j := range o.Rules {
+					edit(&o.Rules[j])
+				}
+			}
+			var old *rbacv1.ClusterRole
+			if old, err = admin.RbacV1().ClusterRoles().Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+				o.ResourceVersion = old.ResourceVersion
+				_, err = admin.RbacV1().ClusterRoles().Update(ctx, o, metav1.UpdateOptions{})
+			} else {
+				_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+			}
+		case *rbacv1.ClusterRoleBinding:
+			for j := range o.Subjects {
+				if o.Subjects[j].Namespace == "" {
+					o.Subjects[j].Namespace = deployNamespace
+				}
+			}
+			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("deploy/rbac.yaml document %d: unexpected %T", i+1, obj)
+		}
+		if err != nil && !strings.Contains(err.Error(), "already exists") {
+			t.Fatalf("apply deploy/rbac.yaml document %d: %v", i+1, err)
+		}
+	}
+}
+
+// checkPermissions asks the API server, as the agent, whether it may do
+// everything in agentPermissions, and names what it may not.
+func checkPermissions(sa *kubernetes.Clientset) error {
+	var missing []string
+	for _, attrs := range agentPermissions {
+		review, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(context.Background(),
+			&authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &attrs}},
+			metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("access review: %w", err)
+		}
+		if !review.Status.Allowed {
+			what := attrs.Resource
+			if attrs.Group != "" {
+				what += "." + attrs.Group
+			}
+			if attrs.Subresource != "" {
+				what += "/" + attrs.Subresource
+			}
+			missing = append(missing, "cannot "+attrs.Verb+" "+what)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("deploy/rbac.yaml does not let the agent's service account do what the agent needs: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// createService creates a ClusterIP Service and its EndpointSlice (no
+// controller manager runs) with one backend, and returns the cluster IP the
+// API server allocated.
+func createService(t *testing.T, admin *kubernetes.Clientset, name, backend string) string {
+	t.Helper()
+	ctx := context.Background()
+	svc, err := admin.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, port, proto, portName := true, int32(8080), corev1.ProtocolTCP, "http"
+	if _, err := admin.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{backend}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return svc.Spec.ClusterIP
+}
+
+// waitAgentReady waits until the agent's /v1/healthz says ready; if it
+// does not within timeout, the error says what the agent waits for and
+// every error its health reports.
+func waitAgentReady(t *testing.T, socket string, timeout time.Duration) error {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var health apiv1.Health
+	for {
+		out, _, code := agentCmd(t, "status", "-o", "json", "--api-socket", socket)
+		if code == 0 && json.Unmarshal([]byte(out), &health) == nil && health.Ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var errs []string
+	var walk func([]apiv1.HealthNode)
+	walk = func(nodes []apiv1.HealthNode) {
+		for _, n := range nodes {
+			if n.Error != "" {
+				errs = append(errs, n.ID+": "+n.Error)
+			}
+			walk(n.Children)
+		}
+	}
+	walk(health.Modules)
+	return fmt.Errorf("agent not ready after %s, waiting for %v; health errors: %s",
+		timeout, health.Pending, strings.Join(errs, "; "))
+}
+
+func waitDump(t *testing.T, socket, name, substr string) {
+	t.Helper()
+	poll(t, name+" with "+substr, func() (bool, string) {
+		out, errOut, code := agentCmd(t, "map", "dump", name, "--api-socket", socket)
+		return code == 0 && strings.Contains(out, substr), out + errOut
+	})
+}
