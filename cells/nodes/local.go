@@ -59,8 +59,10 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 		spec, err := l.spec(txn, handle)
 		switch {
 		case err != nil:
+			// Known all the same, without address (its row says so): a
+			// single node needs none, and readiness must not wait for one.
 			health.Degraded("Cannot tell this node's address", err)
-			l.nodes.claims.set(l.nodes.name, SourceLocal, Spec{}, false)
+			l.nodes.claims.set(l.nodes.name, SourceLocal, spec, true)
 		case !spec.equal(last):
 			l.log.Info("This node", "node", l.nodes.name, "addresses", spec.Addresses, "pod-cidrs", spec.PodCIDRs)
 			health.OK(fmt.Sprintf("Node %s at %v", l.nodes.name, ipsOf(spec.Addresses)))

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/nodes"
 )
 
@@ -28,6 +29,7 @@ var Cell = cell.Module(
 		statedb.RWTable[*Neighbor].ToTable,
 		statedb.RWTable[*FDBEntry].ToTable,
 		modeAnnotation,
+		readinessWaits,
 	),
 	cell.Invoke(newRouter, registerReconcilers),
 )
@@ -87,6 +89,24 @@ type annotationOut struct {
 // how it routes.
 func modeAnnotation(cfg Config) annotationOut {
 	return annotationOut{Annotation: nodes.Annotation{Key: nodes.AnnotationRoutingMode, Value: cfg.RoutingMode}}
+}
+
+type waitsOut struct {
+	cell.Out
+	Routes    health.Wait `group:"readiness-waits"`
+	Neighbors health.Wait `group:"readiness-waits"`
+	FDB       health.Wait `group:"readiness-waits"`
+}
+
+// readinessWaits hold readiness back until every route, neighbor and fdb
+// entry to the other nodes known at start is in the kernel: a node takes
+// no pod before it can reach the cluster's other pods.
+func readinessWaits(db *statedb.DB, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry]) waitsOut {
+	return waitsOut{
+		Routes:    health.Reconciled("routes-written", db, routes.ToTable(), (*Route).status).Wait,
+		Neighbors: health.Reconciled("neighbors-written", db, neighbors.ToTable(), (*Neighbor).status).Wait,
+		FDB:       health.Reconciled("fdb-written", db, fdb.ToTable(), (*FDBEntry).status).Wait,
+	}
 }
 
 type params struct {
