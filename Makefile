@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes docs clean
+.PHONY: build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -136,6 +136,14 @@ bench-nodes:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/routing -run '^$$' -bench NodesAppear -benchtime 1x -count 1 | tee $(BIN)/bench-nodes.out
 	@grep '^nodes-bench' $(BIN)/bench-nodes.out | tail -n 1
+
+# Cross-node TCP throughput on a dev-cluster (as root, with etcd-server):
+# pod to pod in each routing mode beside node to node over the same path.
+# Ends with one `crossnode-bench mode=...` line per mode.
+bench-crossnode:
+	@mkdir -p $(BIN)
+	$(GO) test ./pkg/devcluster -run '^$$' -bench CrossNodeThroughput -benchtime 1x -count 1 | tee $(BIN)/bench-crossnode.out
+	@grep '^crossnode-bench' $(BIN)/bench-crossnode.out
 
 # Renders the cell graph for docs/architecture.md (needs graphviz).
 docs: build

@@ -262,3 +262,29 @@ func observe(t *testing.T, n devcluster.Node, filters ...string) ([]flowJSON, st
 	}
 	return flows, string(out)
 }
+
+// BenchmarkCrossNodeThroughput: TCP from a pod on node-1 to a pod on
+// node-2, in each routing mode, beside TCP from node-1 to node-2 over the
+// same veths and bridge (no pod, no tunnel). Prints, per mode,
+// `crossnode-bench mode=... pod_gbps=... host_gbps=... ratio=...`.
+func BenchmarkCrossNodeThroughput(b *testing.B) {
+	const d = 3 * time.Second
+	for _, mode := range []string{"tunnel", "native"} {
+		c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: mode})
+		c.AddPod("node-1", "a", nil)
+		pb := c.AddPod("node-2", "b", nil)
+		c.Sink(devclustertest.Where{Pod: "b"}, 5001)
+		c.Sink(devclustertest.Where{Node: "node-2"}, 5002)
+		b.ResetTimer()
+		pod := c.Send(devclustertest.Where{Pod: "a"}, netip.AddrPortFrom(pb.IPv4, 5001), d)
+		host := c.Send(devclustertest.Where{Node: "node-1"}, netip.AddrPortFrom(c.Node("node-2").IPv4, 5002), d)
+		b.StopTimer()
+		fmt.Printf("crossnode-bench mode=%s pod_gbps=%.2f host_gbps=%.2f ratio=%.2f\n",
+			mode, pod.BitsPerSecond()/1e9, host.BitsPerSecond()/1e9, pod.BitsPerSecond()/host.BitsPerSecond())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := c.Down(ctx); err != nil {
+			b.Fatal(err)
+		}
+		cancel()
+	}
+}

@@ -335,9 +335,10 @@ func (c *Cluster) Ping(pod string, dst netip.Addr) error {
 
 // Helper modes of the test binary, chosen by environment variables.
 const (
-	helperEnv = "CELLIUM_DEVCLUSTERTEST_HELPER"
-	addrEnv   = "CELLIUM_DEVCLUSTERTEST_ADDR"
-	podEnv    = "CELLIUM_DEVCLUSTERTEST_POD"
+	helperEnv   = "CELLIUM_DEVCLUSTERTEST_HELPER"
+	addrEnv     = "CELLIUM_DEVCLUSTERTEST_ADDR"
+	podEnv      = "CELLIUM_DEVCLUSTERTEST_POD"
+	durationEnv = "CELLIUM_DEVCLUSTERTEST_DURATION"
 )
 
 // ServerReply is what a server of ServeTCP answers each connection with.
@@ -419,6 +420,83 @@ func (c *Cluster) DialTCP(pod string, to netip.AddrPort) DialResult {
 	var r DialResult
 	if err := json.Unmarshal([]byte(stdout.String()), &r); err != nil {
 		c.t.Fatalf("TCP client in pod %s printed no result (does the package's TestMain call devclustertest.Main?): %v: %q %s", pod, err, stdout.String(), stderr.String())
+	}
+	return r
+}
+
+// helper is this test binary run as the helper kind, with env.
+func helper(t testing.TB, ctx context.Context, kind string, env ...string) *exec.Cmd {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, self, "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+kind), env...)
+	return cmd
+}
+
+// Where a throughput helper runs: in a pod (its namespace and its node's
+// cgroup), or in a node's own namespace (the host side).
+type Where struct {
+	Pod  string
+	Node string
+}
+
+func (c *Cluster) start(w Where, cmd *exec.Cmd) error {
+	if w.Pod != "" {
+		return c.Start(w.Pod, cmd)
+	}
+	// nsenter enters the node's namespace and execs the helper.
+	cmd.Args = append([]string{"nsenter", "--net=" + c.Node(w.Node).NetNS, "--"}, cmd.Args...)
+	path, err := exec.LookPath("nsenter")
+	if err != nil {
+		return err
+	}
+	cmd.Path = path
+	return cmd.Start()
+}
+
+// Sink starts a server at w on port that reads and discards what it is
+// sent, until the test ends.
+func (c *Cluster) Sink(w Where, port uint16) {
+	c.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := helper(c.t, ctx, "sink-tcp", addrEnv+"="+fmt.Sprintf(":%d", port))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.start(w, cmd); err != nil {
+		cancel()
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() {
+		cancel()
+		cmd.Wait()
+	})
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || strings.TrimSpace(line) != "listening" {
+		c.t.Fatalf("sink at %+v did not start: %q %v", w, line, err)
+	}
+}
+
+// Send sends from w to `to` (a Sink) as fast as TCP goes for d, and returns
+// what it measured.
+func (c *Cluster) Send(w Where, to netip.AddrPort, d time.Duration) Throughput {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
+	defer cancel()
+	cmd := helper(c.t, ctx, "send-tcp", addrEnv+"="+to.String(), durationEnv+"="+d.String())
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := c.start(w, cmd); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		c.t.Fatalf("send from %+v to %s: %v: %s", w, to, err, stderr.String())
+	}
+	var r Throughput
+	if err := json.Unmarshal([]byte(stdout.String()), &r); err != nil {
+		c.t.Fatalf("send from %+v printed no result: %v: %q", w, err, stdout.String())
 	}
 	return r
 }

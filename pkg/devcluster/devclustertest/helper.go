@@ -23,6 +23,13 @@ func ServeIfHelper() {
 		err = serveTCP(os.Getenv(addrEnv), os.Getenv(podEnv))
 	case "dial-tcp":
 		err = json.NewEncoder(os.Stdout).Encode(dialTCP(os.Getenv(addrEnv)))
+	case "sink-tcp":
+		err = sinkTCP(os.Getenv(addrEnv))
+	case "send-tcp":
+		var d time.Duration
+		if d, err = time.ParseDuration(os.Getenv(durationEnv)); err == nil {
+			err = sendTCP(os.Getenv(addrEnv), d)
+		}
 	default:
 		err = fmt.Errorf("unknown helper %q", os.Getenv(helperEnv))
 	}
@@ -87,3 +94,51 @@ func dialTCP(to string) DialResult {
 func unmapped(addr netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
 }
+
+// sinkTCP reads and discards what every connection sends.
+func sinkTCP(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			io.Copy(io.Discard, conn)
+			conn.Close()
+		}()
+	}
+}
+
+// sendTCP sends as fast as it can to addr for d and prints the throughput.
+func sendTCP(addr string, d time.Duration) error {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	buf := make([]byte, 256<<10)
+	var sent int64
+	start := time.Now()
+	for time.Since(start) < d {
+		n, err := conn.Write(buf)
+		sent += int64(n)
+		if err != nil {
+			return err
+		}
+	}
+	return json.NewEncoder(os.Stdout).Encode(Throughput{Bytes: sent, Seconds: time.Since(start).Seconds()})
+}
+
+// Throughput is what a send-tcp helper measured.
+type Throughput struct {
+	Bytes   int64
+	Seconds float64
+}
+
+// BitsPerSecond is the measured rate.
+func (t Throughput) BitsPerSecond() float64 { return float64(t.Bytes) * 8 / t.Seconds }
