@@ -127,9 +127,11 @@ func TestNodesFromKubernetes(t *testing.T) {
 		k8sNode("node-2", "192.0.2.11", "10.244.2.0/24", "fd00:10:244:2::/64"),
 		k8sNode("node-3", "", "10.244.3.0/24"),
 		k8sNode("node-4", "192.0.2.14", "10.244.1.128/25"),
+		k8sNode("node-5", "192.0.2.15", "10.244.5.0/24"),
+		k8sNode("node-6", "192.0.2.16", "10.244.5.0/25", "10.244.6.0/24"),
 	}})
-	rows := a.wait(t, "four nodes and the local one from --node-ip", func(r map[string]*nodes.Node) bool {
-		return len(r) == 4 && r["node-1"].Local && r["node-1"].Source == nodes.SourceLocal && r["node-4"] != nil
+	rows := a.wait(t, "six nodes and the local one from --node-ip", func(r map[string]*nodes.Node) bool {
+		return len(r) == 6 && r["node-1"].Local && r["node-1"].Source == nodes.SourceLocal && r["node-6"] != nil
 	})
 	if ip := rows["node-1"].PrimaryIP(); ip != netip.MustParseAddr("192.0.2.10") || !slices.Equal(rows["node-1"].PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) {
 		t.Errorf("local node %+v", rows["node-1"])
@@ -142,6 +144,12 @@ func TestNodesFromKubernetes(t *testing.T) {
 	}
 	if n := rows["node-4"]; len(n.PodCIDRs) != 0 || len(n.Problems) != 1 || !strings.Contains(n.Problems[0], "overlaps 10.244.1.0/24 of node node-1") {
 		t.Errorf("node-4 overlapping this node: %+v", n)
+	}
+	// Two other nodes overlap: the one whose name sorts first keeps the
+	// CIDR; the other keeps its other CIDR.
+	if n := rows["node-6"]; !slices.Equal(n.PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.6.0/24")}) ||
+		len(n.Problems) != 1 || !strings.Contains(n.Problems[0], "overlaps 10.244.5.0/24 of node node-5") || len(rows["node-5"].Problems) != 0 {
+		t.Errorf("node-5 %+v and node-6 %+v overlapping", rows["node-5"], n)
 	}
 	if err := tables.WaitInitialized(context.Background(), a.db, a.tbl); err != nil {
 		t.Fatal(err)

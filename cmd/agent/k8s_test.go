@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
@@ -67,10 +68,18 @@ func TestKubeAPIServer(t *testing.T) {
 
 	const nodeName = "k8s-test-node"
 	podCIDR := "10.252.7.0/24"
-	if _, err := kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
+	// Registered as kubelet --register-with-taints would, and with the
+	// condition a cloud route controller sets before any route exists.
+	node, err := kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
-		Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
-	}, metav1.CreateOptions{}); err != nil {
+		Spec: corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR},
+			Taints: []corev1.Taint{{Key: nodes.TaintAgentNotReady, Effect: corev1.TaintEffectNoSchedule}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionTrue, Reason: "NoRouteCreated"}}
+	if _, err := kas.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	web := createService(t, kas.Admin, "web", "192.0.2.10")
@@ -99,10 +108,20 @@ func TestKubeAPIServer(t *testing.T) {
 		t.Errorf("agent ipam list: want the router of the Node's pod CIDR %s:\n%s", podCIDR, out)
 	}
 
-	// The Node's annotations and NetworkUnavailable condition belong to the
-	// nodes cell, which another issue adds: its assertions go here, on
-	// kas.Admin's view of the Node; agentPermissions already checks that
-	// deploy/rbac.yaml lets it patch nodes and nodes/status.
+	// The agent, as the DaemonSet's service account, annotated its Node,
+	// set NetworkUnavailable=False and removed the not-ready taint.
+	poll(t, "the Node annotated, marked ready and untainted by the agent", func() (bool, string) {
+		n, err := kas.Admin.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		available := slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+			return c.Type == corev1.NodeNetworkUnavailable && c.Status == corev1.ConditionFalse && c.Reason == "CelliumIsUp"
+		})
+		tainted := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == nodes.TaintAgentNotReady })
+		return available && !tainted && n.Annotations[nodes.AnnotationPodCIDRs] == podCIDR &&
+			n.Annotations[nodes.AnnotationRoutingMode] == "tunnel", fmt.Sprintf("%+v %+v %v", n.Annotations, n.Status.Conditions, n.Spec.Taints)
+	})
 
 	// Changes through the API reach the maps: a new Service, a removed one.
 	api := createService(t, kas.Admin, "api", "192.0.2.11")
