@@ -8,7 +8,6 @@
 package nettest
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -24,6 +23,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/icmpprobe"
 )
 
 // RequireRoot skips the test unless it runs as root: it makes namespaces,
@@ -145,7 +146,7 @@ func Ping(nsPath string, dst netip.Addr, timeout time.Duration) error {
 	defer unix.Close(fd)
 
 	id, seq := uint16(rand.Uint32()), uint16(rand.Uint32())
-	req := echoRequest(dst.Is6(), id, seq)
+	req := icmpprobe.EchoRequest(dst.Is6(), id, seq)
 	var sa unix.Sockaddr
 	if dst.Is4() {
 		sa = &unix.SockaddrInet4{Addr: dst.As4()}
@@ -173,60 +174,8 @@ func Ping(nsPath string, dst netip.Addr, timeout time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("ping %s from %s: %w", dst, nsPath, err)
 		}
-		if isEchoReply(buf[:n], from, dst, id, seq) {
+		if src, rid, rseq, ok := icmpprobe.ParseEchoReply(buf[:n], from); ok && src == dst && rid == id && rseq == seq {
 			return nil
 		}
 	}
-}
-
-func echoRequest(v6 bool, id, seq uint16) []byte {
-	msg := make([]byte, 16)
-	msg[0] = 8 // echo request
-	if v6 {
-		msg[0] = 128
-	}
-	binary.BigEndian.PutUint16(msg[4:], id)
-	binary.BigEndian.PutUint16(msg[6:], seq)
-	copy(msg[8:], "cellium!")
-	if !v6 {
-		// The kernel computes the ICMPv6 checksum; ICMPv4 is ours.
-		binary.BigEndian.PutUint16(msg[2:], checksum(msg))
-	}
-	return msg
-}
-
-// isEchoReply says whether pkt, read from a raw socket, is the reply from
-// dst to the request id, seq. IPv4 raw sockets read the IP header too.
-func isEchoReply(pkt []byte, from unix.Sockaddr, dst netip.Addr, id, seq uint16) bool {
-	replyType := byte(0)
-	switch sa := from.(type) {
-	case *unix.SockaddrInet4:
-		if netip.AddrFrom4(sa.Addr) != dst || len(pkt) < 20 {
-			return false
-		}
-		pkt = pkt[int(pkt[0]&0x0f)*4:]
-	case *unix.SockaddrInet6:
-		if netip.AddrFrom16(sa.Addr) != dst {
-			return false
-		}
-		replyType = 129
-	default:
-		return false
-	}
-	return len(pkt) >= 8 && pkt[0] == replyType &&
-		binary.BigEndian.Uint16(pkt[4:]) == id && binary.BigEndian.Uint16(pkt[6:]) == seq
-}
-
-func checksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }

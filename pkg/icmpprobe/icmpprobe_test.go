@@ -1,0 +1,58 @@
+package icmpprobe_test
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/pkg/icmpprobe"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// Many concurrent pings over the two shared sockets each get their own
+// reply; an address nobody answers for times out.
+func TestPing(t *testing.T) {
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	var p *icmpprobe.Pinger
+	err := nettest.Do(ns.Path(), func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		p, err = icmpprobe.New()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 50 {
+		dst := netip.MustParseAddr("127.0.0.1")
+		if i%2 == 1 {
+			dst = netip.MustParseAddr("::1")
+		}
+		wg.Go(func() {
+			if rtt, err := p.Ping(ctx, dst); err != nil || rtt <= 0 {
+				t.Errorf("ping %s = %v, %v", dst, rtt, err)
+			}
+		})
+	}
+	wg.Wait()
+	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	// 192.0.2.0/24 is unrouted in the test's namespace: no reply.
+	if _, err := p.Ping(short, netip.MustParseAddr("192.0.2.1")); err == nil {
+		t.Fatal("a ping to an address nobody answers for succeeded")
+	}
+}
