@@ -183,7 +183,10 @@ var (
 			for _, ip := range e.IPs() {
 				keys = append(keys, index.NetIPAddr(ip))
 			}
-			return index.NewKeySet(keys...)
+			if len(keys) == 0 {
+				return index.EmptyKeySet
+			}
+			return index.NewKeySet(keys[0], keys[1:]...)
 		},
 		FromKey:    index.NetIPAddr,
 		FromString: index.NetIPAddrString,
@@ -193,7 +196,7 @@ var (
 		Name: "pod",
 		FromObject: func(e *Endpoint) index.KeySet {
 			if e.PodName == "" {
-				return index.NewKeySet()
+				return index.EmptyKeySet
 			}
 			return index.NewKeySet(index.String(e.PodNamespace + "/" + e.PodName))
 		},

@@ -330,7 +330,10 @@ var (
 					keys = append(keys, inst.ServiceName.key())
 				}
 			}
-			return index.NewKeySet(keys...)
+			if len(keys) == 0 {
+				return index.EmptyKeySet
+			}
+			return index.NewKeySet(keys[0], keys[1:]...)
 		},
 		FromKey:    ServiceName.key,
 		FromString: serviceNameKey,
