@@ -151,7 +151,7 @@ func newClientset(p clientsetParams) (Clientset, error) {
 		loaded:    map[string][]*manifest{},
 		applied:   map[objectKey]*manifest{},
 		logged:    map[string]string{},
-		decoded:   map[string]decodedFile{},
+		decoded:   map[string]*decodedFile{},
 	}
 	// The start hook loads the directory before the start hooks of the
 	// cells that take a Clientset, so their first LIST sees every object.
