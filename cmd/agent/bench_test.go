@@ -53,21 +53,21 @@ func BenchmarkIdleAgent(b *testing.B) {
 
 // BenchmarkScale runs the built agent in embedded mode on a manifests
 // directory of -bench.services ClusterIP Services and their EndpointSlices,
-// twice on the same state (a first start, then a restart), and prints
+// twice on the same state (a first start, then a restart). It measures:
 //
-//		agent-scale-bench services=N first_ready_s= first_written_s= restart_ready_s= restart_written_s= restart_lb_writes= rss_mb= stop_s=
+//   - *_ready_s: from exec to the first 200 of /readyz (as readiness is
+//     defined today);
+//   - *_written_s: from exec until the service map holds every frontend
+//     and no frontend is pending in the frontends table;
+//   - restart_lb_writes: entries the restart wrote to the load-balancing
+//     maps, which did not change (cellium_lbmaps_writes_total);
+//   - rss_mb: the agent's resident set once everything is written, the
+//     larger of the two runs;
+//   - stop_s: SIGTERM to exit, the larger of the two runs.
 //
-//	  - *_ready_s: from exec to the first 200 of /readyz (as readiness is
-//	    defined today);
-//	  - *_written_s: from exec until the service map holds every frontend
-//	    and no frontend is pending in the frontends table;
-//	  - restart_lb_writes: entries the restart wrote to the load-balancing
-//	    maps, which did not change (cellium_lbmaps_writes_total);
-//	  - rss_mb: the agent's resident set once everything is written, the
-//	    larger of the two runs;
-//	  - stop_s: SIGTERM to exit, the larger of the two runs.
+// and prints them on one line, agent-scale-bench services=N ....
 //
-//		go test ./cmd/agent -run '^$' -bench Scale -benchtime 1x
+//	go test ./cmd/agent -run '^$' -bench Scale -benchtime 1x
 func BenchmarkScale(b *testing.B) {
 	n := *benchServices
 	for range b.N {
