@@ -277,13 +277,7 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 // the manifest it came from: the hash of its protobuf encoding (which every
 // built-in kind has, and which orders map keys), or of its JSON.
 func objectDigest(obj runtime.Object) (uint64, error) {
-	var data []byte
-	var err error
-	if m, ok := obj.(interface{ Marshal() ([]byte, error) }); ok {
-		data, err = m.Marshal()
-	} else {
-		data, err = json.Marshal(obj)
-	}
+	data, err := encodeObject(obj)
 	if err != nil {
 		return 0, fmt.Errorf("encode: %w", err)
 	}
@@ -305,15 +299,26 @@ type fileToDecode struct {
 }
 
 // decodeFiles decodes files in parallel, one worker per CPU: decoding is
-// most of the time a large directory takes to load.
-func (d *decoder) decodeFiles(files []fileToDecode) {
+// most of the time a large directory takes to load. A file whose content
+// is in the parse cache is read from there; one that decodes is cached.
+func (s *manifestSync) decodeFiles(files []fileToDecode) {
 	next := make(chan *fileToDecode)
 	var wg sync.WaitGroup
 	for range min(goruntime.GOMAXPROCS(0), len(files)) {
 		wg.Go(func() {
 			for f := range next {
 				f.out.digest = f.digest
-				f.out.objects, f.out.err = d.decodeFile(f.name, f.data)
+				if objs, ok := s.cache.load(f.name, f.digest); ok {
+					f.out.objects = objs
+					continue
+				}
+				f.out.objects, f.out.err = s.decoder.decodeFile(f.name, f.data)
+				if f.out.err != nil {
+					continue
+				}
+				if err := s.cache.store(f.name, f.digest, f.out.objects); err != nil {
+					s.log.Warn("Cannot cache a manifest file's objects; the next start parses it again", "file", f.name, "error", err)
+				}
 			}
 		})
 	}

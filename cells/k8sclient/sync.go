@@ -43,6 +43,7 @@ type manifestSync struct {
 	localNode string
 	clientset *fake.Clientset
 	decoder   *decoder
+	cache     *parseCache
 	db        *statedb.DB
 	files     statedb.RWTable[*ManifestFile]
 
@@ -167,6 +168,13 @@ func (s *manifestSync) sync() error {
 	}
 	s.logFileErrors(files)
 	s.writeTable(files)
+	present := map[string]bool{}
+	for _, f := range files {
+		present[f.name] = true
+	}
+	if err := s.cache.prune(present); err != nil {
+		s.log.Warn("Cannot remove the parse cache of removed manifest files", "dir", s.cache.dir, "error", err)
+	}
 	// Nothing else reads the fake's record of the calls made to it; left
 	// alone it would grow for as long as the agent runs.
 	s.clientset.ClearActions()
@@ -227,7 +235,7 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 		}
 		files = append(files, f)
 	}
-	s.decoder.decodeFiles(toDecode)
+	s.decodeFiles(toDecode)
 	for _, f := range files {
 		d := decoded[f.name]
 		switch {
