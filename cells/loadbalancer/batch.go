@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"context"
 	"slices"
 
 	"github.com/cilium/statedb"
@@ -15,6 +16,8 @@ import (
 // would freeze its trees, and every later insert would copy the path to its
 // leaf: several times the cost of the insert itself.
 type batch struct {
+	ctx      context.Context
+	steps    int
 	txn      statedb.WriteTxn
 	snapshot statedb.ReadTxn
 	dirty    map[ServiceName]struct{}
@@ -27,22 +30,33 @@ type batch struct {
 	addedBackends  map[ServiceName][]L3n4Addr
 }
 
-func (w *writer) newBatch(txn statedb.WriteTxn) *batch {
+func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
 	b := &w.spare
 	if b.dirty == nil {
 		b.dirty = map[ServiceName]struct{}{}
 		b.addedFrontends = map[ServiceName][]L3n4Addr{}
 		b.addedBackends = map[ServiceName][]L3n4Addr{}
 	}
-	b.txn, b.snapshot, b.frontendsDeleted = txn, w.db.ReadTxn(), false
+	b.ctx, b.txn, b.snapshot, b.frontendsDeleted, b.steps = ctx, txn, w.db.ReadTxn(), false, 0
 	return b
+}
+
+// stoppingEvery is how many steps of a batch (objects applied, services
+// whose frontends are computed) go between two looks at its context.
+const stoppingEvery = 256
+
+// stopping counts a step and says whether the batch's context has ended,
+// looking every stoppingEvery steps.
+func (b *batch) stopping() bool {
+	b.steps++
+	return b.steps%stoppingEvery == 0 && b.ctx.Err() != nil
 }
 
 // release lets go of the transaction and the snapshot, which would keep
 // old versions of the tables alive, and of maps that a listing grew large:
 // clearing a map keeps its memory.
 func (b *batch) release() {
-	b.txn, b.snapshot = nil, nil
+	b.ctx, b.txn, b.snapshot = nil, nil, nil
 	if len(b.dirty) > maxBatch || len(b.addedFrontends) > maxBatch || len(b.addedBackends) > maxBatch {
 		b.dirty, b.addedFrontends, b.addedBackends = nil, nil, nil
 		return

@@ -29,6 +29,9 @@ type servicesListed struct{ services []serviceUpserted }
 func (e *servicesListed) apply(w *writer, b *batch) {
 	listed := make(map[ServiceName]struct{}, len(e.services))
 	for _, u := range e.services {
+		if b.stopping() {
+			return
+		}
 		listed[u.svc.Name] = struct{}{}
 		w.upsertService(b, u.svc, u.invalid)
 	}
@@ -83,6 +86,9 @@ type slicesListed struct{ slices []sliceUpserted }
 func (e *slicesListed) apply(w *writer, b *batch) {
 	listed := make(map[sliceID]struct{}, len(e.slices))
 	for _, u := range e.slices {
+		if b.stopping() {
+			return
+		}
 		listed[u.slice.id] = struct{}{}
 		w.upsertSlice(b, u.slice, u.invalid)
 	}

@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -16,8 +17,8 @@ import (
 // setNodeAddresses recomputes the NodePort frontends for a new set of node
 // addresses. initialized says the node-addresses table has its initial
 // contents.
-func (w *writer) setNodeAddresses(addrs []netip.Addr, initialized bool) {
-	w.update(func(b *batch) {
+func (w *writer) setNodeAddresses(ctx context.Context, addrs []netip.Addr, initialized bool) {
+	w.update(ctx, func(b *batch) {
 		if !slices.Equal(addrs, w.nodeAddrs) {
 			w.nodeAddrs = addrs
 			for svc := range w.tables.services.All(b.txn) {

@@ -56,12 +56,18 @@ type writer struct {
 
 // update runs fn in a write transaction and then brings the frontends of
 // every service fn marked dirty up to date.
-func (w *writer) update(fn func(b *batch)) {
+//
+// A listing of tens of thousands of objects takes the transaction a second
+// or more; when ctx ends in the middle (the agent stops), the transaction
+// is abandoned rather than finished, so that stopping does not wait for it.
+// The writer is not used again after that.
+func (w *writer) update(ctx context.Context, fn func(b *batch)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	txn := w.db.WriteTxn(w.tables.services, w.tables.frontends, w.tables.backends)
 	defer txn.Abort()
-	b := w.newBatch(txn)
+	b := w.newBatch(ctx, txn)
+	defer b.release()
 	fn(b)
 	if !w.servicesListed || !w.slicesListed {
 		maps.Copy(w.deferred, b.dirty)
@@ -71,6 +77,9 @@ func (w *writer) update(fn func(b *batch)) {
 		clear(w.deferred)
 	}
 	for name := range b.dirty {
+		if b.stopping() {
+			return
+		}
 		w.updateFrontends(b, name)
 	}
 	if b.frontendsDeleted && len(w.contested) > 0 {
@@ -78,8 +87,10 @@ func (w *writer) update(fn func(b *batch)) {
 			w.updateFrontends(b, name)
 		}
 	}
+	if b.ctx.Err() != nil {
+		return
+	}
 	txn.Commit()
-	b.release()
 	w.reportHealth()
 }
 
@@ -102,7 +113,7 @@ func (w *writer) processEvents(ctx context.Context, events <-chan k8sEvent) {
 				break drain
 			}
 		}
-		w.update(func(b *batch) {
+		w.update(ctx, func(b *batch) {
 			for _, ev := range pending {
 				ev.apply(w, b)
 			}
@@ -111,8 +122,11 @@ func (w *writer) processEvents(ctx context.Context, events <-chan k8sEvent) {
 		clear(pending)
 	}
 }
+
+// setQuarantined takes the backend at addr out of service or puts it back;
+// see BackendHealth.
 func (w *writer) setQuarantined(addr L3n4Addr, quarantined bool) (err error) {
-	w.update(func(b *batch) {
+	w.update(context.Background(), func(b *batch) {
 		old, _, found := w.tables.backends.Get(b.txn, BackendByAddress.Query(addr))
 		if !found {
 			err = fmt.Errorf("no backend %s", addr)
