@@ -72,7 +72,7 @@ func (p ServicePort) String() string {
 	if p.NodePort != 0 {
 		s += ":" + strconv.Itoa(int(p.NodePort))
 	}
-	s += "/" + string(p.Protocol)
+	s += "/" + p.Protocol.String()
 	if p.Name != "" {
 		s = p.Name + "=" + s
 	}
@@ -164,7 +164,7 @@ const maxBackendsShown = 4
 func (f *Frontend) TableRow() []string {
 	return []string{
 		f.Address.String(),
-		string(f.Type),
+		f.Type.String(),
 		f.ServiceName.String(),
 		f.PortName,
 		backendsString(f.Backends),
