@@ -42,8 +42,9 @@ bench: $(BENCHES)
 	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
 
 # Load-balancing pipeline benchmark (as root): Services from Kubernetes
-# events into real BPF maps, at 1k, 10k and 50k services. Ends with the
-# summary line `lb-bench services=... insert_per_s=...`.
+# events into real BPF maps, at 1k, 10k and 50k services, five runs each
+# (rates from the mean durations). Ends with the summary line
+# `lb-bench services=... insert_per_s=...`.
 bench-lb:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/lbmaps -run '^$$' -bench Pipeline -benchtime 1x -count 1 | tee $(BIN)/bench-lb.out
