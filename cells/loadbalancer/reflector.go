@@ -30,7 +30,8 @@ type objectStore[T any] struct {
 
 	upserted func(T) k8sEvent
 	deleted  func(T) k8sEvent
-	listed   func([]T) k8sEvent
+	// listed converts a listing; ok is false when ctx ended part way.
+	listed func(ctx context.Context, objs []T) (ev k8sEvent, ok bool)
 }
 
 func (s *objectStore[T]) send(ev k8sEvent) error {
@@ -69,6 +70,8 @@ func (s *objectStore[T]) Delete(obj any) error {
 }
 
 // Replace gets the complete listing, at start and on every relist.
+// Converting 50,000 objects takes a good part of a second: when the agent
+// stops meanwhile, the listing is dropped.
 func (s *objectStore[T]) Replace(list []any, _ string) error {
 	objs := make([]T, 0, len(list))
 	for _, obj := range list {
@@ -78,7 +81,24 @@ func (s *objectStore[T]) Replace(list []any, _ string) error {
 		}
 		objs = append(objs, o)
 	}
-	return s.send(s.listed(objs))
+	ev, ok := s.listed(s.ctx, objs)
+	if !ok {
+		return s.ctx.Err()
+	}
+	return s.send(ev)
+}
+
+// convertAll converts ks with convert, looking at ctx every stoppingEvery
+// objects; ok is false when ctx ended first.
+func convertAll[K, E any](ctx context.Context, ks []K, convert func(K) E) (out []E, ok bool) {
+	out = make([]E, len(ks))
+	for i, k := range ks {
+		if i%stoppingEvery == 0 && ctx.Err() != nil {
+			return nil, false
+		}
+		out[i] = convert(k)
+	}
+	return out, true
 }
 
 // Resync has nothing to do: the tables are the only copy.
@@ -94,13 +114,12 @@ func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*cor
 		deleted: func(k *corev1.Service) k8sEvent {
 			return &serviceDeleted{ServiceName{Namespace: k.Namespace, Name: k.Name}}
 		},
-		listed: func(ks []*corev1.Service) k8sEvent {
-			ev := &servicesListed{services: make([]serviceUpserted, len(ks))}
-			for i, k := range ks {
+		listed: func(ctx context.Context, ks []*corev1.Service) (k8sEvent, bool) {
+			services, ok := convertAll(ctx, ks, func(k *corev1.Service) serviceUpserted {
 				svc, invalid := convertService(k)
-				ev.services[i] = serviceUpserted{svc, invalid}
-			}
-			return ev
+				return serviceUpserted{svc, invalid}
+			})
+			return &servicesListed{services: services}, ok
 		},
 	}
 }
@@ -115,13 +134,12 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 		deleted: func(k *discoveryv1.EndpointSlice) k8sEvent {
 			return &sliceDeleted{sliceID{Namespace: k.Namespace, Name: k.Name}}
 		},
-		listed: func(ks []*discoveryv1.EndpointSlice) k8sEvent {
-			ev := &slicesListed{slices: make([]sliceUpserted, len(ks))}
-			for i, k := range ks {
+		listed: func(ctx context.Context, ks []*discoveryv1.EndpointSlice) (k8sEvent, bool) {
+			slices, ok := convertAll(ctx, ks, func(k *discoveryv1.EndpointSlice) sliceUpserted {
 				s, invalid := convertEndpointSlice(k)
-				ev.slices[i] = sliceUpserted{s, invalid}
-			}
-			return ev
+				return sliceUpserted{s, invalid}
+			})
+			return &slicesListed{slices: slices}, ok
 		},
 	}
 }

@@ -2,6 +2,7 @@ package loadbalancer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // A listing applied after the agent began to stop is abandoned part way:
@@ -55,5 +58,30 @@ func TestUpdateAbandonedWhenStopping(t *testing.T) {
 	w.update(context.Background(), func(b *batch) { listing.apply(w, b) })
 	if n := tables.services.NumObjects(db.ReadTxn()); n != len(listing.services) {
 		t.Errorf("%d services after the listing, want %d", n, len(listing.services))
+	}
+}
+
+// A listing that arrives while the agent stops is dropped, not converted
+// and queued.
+func TestListingDroppedWhenStopping(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	events := make(chan k8sEvent, 1)
+	var list []any
+	for i := range 2 * stoppingEvery {
+		list = append(list, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)}})
+	}
+	if err := serviceStore(ctx, events).Replace(list, "1"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Replace after the context ended: %v, want %v", err, context.Canceled)
+	}
+	if len(events) != 0 {
+		t.Errorf("%d events queued from a listing dropped on stop", len(events))
+	}
+	// With a live context the listing is queued whole.
+	if err := serviceStore(context.Background(), events).Replace(list, "1"); err != nil {
+		t.Fatal(err)
+	}
+	if ev := (<-events).(*servicesListed); len(ev.services) != len(list) {
+		t.Errorf("listing of %d services queued with %d", len(list), len(ev.services))
 	}
 }
