@@ -23,21 +23,18 @@ type serviceDeleted struct{ name ServiceName }
 
 func (e *serviceDeleted) apply(w *writer, b *batch) { w.deleteService(b, e.name) }
 
-// servicesListed is a complete listing: services not in it are gone.
-type servicesListed struct{ services []serviceUpserted }
+// servicesListed ends a complete listing, whose services came before it as
+// serviceUpserted events: services not in it are gone. A listing is queued
+// as one event per object, so that it is applied in batches like any other
+// events: as one transaction, 50,000 Services held the tables' write lock
+// for over a second, the lb-maps reconciler waited for it, and so did
+// stopping the agent.
+type servicesListed struct{ names map[ServiceName]struct{} }
 
 func (e *servicesListed) apply(w *writer, b *batch) {
-	listed := make(map[ServiceName]struct{}, len(e.services))
-	for _, u := range e.services {
-		if b.stopping() {
-			return
-		}
-		listed[u.svc.Name] = struct{}{}
-		w.upsertService(b, u.svc, u.invalid)
-	}
 	var gone []ServiceName
 	for svc := range w.tables.services.All(b.txn) {
-		if _, ok := listed[svc.Name]; !ok {
+		if _, ok := e.names[svc.Name]; !ok {
 			gone = append(gone, svc.Name)
 		}
 	}
@@ -80,18 +77,12 @@ type sliceDeleted struct{ id sliceID }
 
 func (e *sliceDeleted) apply(w *writer, b *batch) { w.deleteSlice(b, e.id) }
 
-// slicesListed is a complete listing: slices not in it are gone.
-type slicesListed struct{ slices []sliceUpserted }
+// slicesListed ends a complete listing, whose slices came before it as
+// sliceUpserted events: slices not in it are gone.
+type slicesListed struct{ ids map[sliceID]struct{} }
 
 func (e *slicesListed) apply(w *writer, b *batch) {
-	listed := make(map[sliceID]struct{}, len(e.slices))
-	for _, u := range e.slices {
-		if b.stopping() {
-			return
-		}
-		listed[u.slice.id] = struct{}{}
-		w.upsertSlice(b, u.slice, u.invalid)
-	}
+	listed := e.ids
 	for id := range w.slices {
 		if _, ok := listed[id]; !ok {
 			w.deleteSlice(b, id)

@@ -363,7 +363,10 @@ type lbTables struct {
 	frontends statedb.RWTable[*Frontend]
 	backends  statedb.RWTable[*Backend]
 
-	servicesSynced, slicesSynced, nodeAddressesSynced func(statedb.WriteTxn)
+	// servicesSynced and slicesSynced are done with the services and
+	// backends of the initial listings; frontendsSynced once the frontends
+	// of every listed service are computed, which may be transactions later.
+	servicesSynced, slicesSynced, frontendsSynced, nodeAddressesSynced func(statedb.WriteTxn)
 }
 
 func newTables(db *statedb.DB) (*lbTables, error) {
@@ -391,7 +394,7 @@ func newTables(db *statedb.DB) (*lbTables, error) {
 	feBeDone := frontends.RegisterInitializer(txn, InitK8sEndpointSlices)
 	t.nodeAddressesSynced = frontends.RegisterInitializer(txn, InitNodeAddresses)
 	txn.Commit()
-	t.servicesSynced = func(txn statedb.WriteTxn) { svcDone(txn); feSvcDone(txn) }
-	t.slicesSynced = func(txn statedb.WriteTxn) { beDone(txn); feBeDone(txn) }
+	t.servicesSynced, t.slicesSynced = svcDone, beDone
+	t.frontendsSynced = func(txn statedb.WriteTxn) { feSvcDone(txn); feBeDone(txn) }
 	return t, nil
 }

@@ -49,6 +49,8 @@ type writer struct {
 	// be programmed twice.
 	servicesListed, slicesListed bool
 	deferred                     map[ServiceName]struct{}
+	// frontendsSynced says the frontends table's initializers are done.
+	frontendsSynced bool
 
 	// spare is the last batch, whose maps the next one reuses.
 	spare batch
@@ -69,12 +71,21 @@ func (w *writer) update(ctx context.Context, fn func(b *batch)) {
 	b := w.newBatch(ctx, txn)
 	defer b.release()
 	fn(b)
-	if !w.servicesListed || !w.slicesListed {
+	listed := w.servicesListed && w.slicesListed
+	if !listed {
 		maps.Copy(w.deferred, b.dirty)
 		clear(b.dirty)
-	} else if len(w.deferred) > 0 {
-		maps.Copy(b.dirty, w.deferred)
-		clear(w.deferred)
+	} else {
+		// The services that waited for both listings, a batch's worth
+		// per transaction, for the same reason listings are queued per
+		// object (see servicesListed).
+		for name := range w.deferred {
+			if len(b.dirty) >= maxBatch {
+				break
+			}
+			b.markDirty(name)
+			delete(w.deferred, name)
+		}
 	}
 	for name := range b.dirty {
 		if b.stopping() {
@@ -90,19 +101,38 @@ func (w *writer) update(ctx context.Context, fn func(b *batch)) {
 	if b.ctx.Err() != nil {
 		return
 	}
+	if listed && len(w.deferred) == 0 && !w.frontendsSynced {
+		// The frontends table is complete: every listed service's
+		// frontends are in it.
+		w.tables.frontendsSynced(txn)
+		w.frontendsSynced = true
+	}
 	txn.Commit()
 	w.reportHealth()
+}
+
+// deferredReady says whether services wait for their frontends although
+// both listings are in.
+func (w *writer) deferredReady() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.servicesListed && w.slicesListed && len(w.deferred) > 0
 }
 
 // processEvents applies the reflectors' events in batches until ctx ends.
 func (w *writer) processEvents(ctx context.Context, events <-chan k8sEvent) {
 	pending := make([]k8sEvent, 0, maxBatch)
 	for {
-		select {
-		case <-ctx.Done():
+		pending = pending[:0]
+		if !w.deferredReady() {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-events:
+				pending = append(pending, ev)
+			}
+		} else if ctx.Err() != nil {
 			return
-		case ev := <-events:
-			pending = append(pending[:0], ev)
 		}
 	drain:
 		for len(pending) < maxBatch {
