@@ -15,6 +15,12 @@ import (
 // transaction by its primary key. Iterating the write transaction instead
 // would freeze its trees, and every later insert would copy the path to its
 // leaf: several times the cost of the insert itself.
+//
+// The writer keeps one batch (writer.spare) and reuses its maps from one
+// transaction to the next, cleared: transactions follow each other at the
+// rate of the events, and three new maps for each were a good part of
+// their allocations. Maps a batch grew large are dropped instead (see
+// release).
 type batch struct {
 	ctx      context.Context
 	steps    int
@@ -41,8 +47,8 @@ func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
 	return b
 }
 
-// stoppingEvery is how many steps of a batch (objects applied, services
-// whose frontends are computed) go between two looks at its context.
+// stoppingEvery is how many steps of a batch (services whose frontends are
+// computed) go between two looks at its context.
 const stoppingEvery = 256
 
 // stopping counts a step and says whether the batch's context has ended,
