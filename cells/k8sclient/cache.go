@@ -134,10 +134,9 @@ func (rec cacheRecord) manifest(file string, encoded []byte) (*manifest, error) 
 	}
 	return &manifest{
 		key: objectKey{
-			resource:  schema.GroupVersionResource{Group: rec.Group, Version: rec.Version, Resource: rec.Resource},
-			kind:      rec.Kind,
-			namespace: rec.Namespace,
-			name:      rec.Name,
+			objectType: typeOf(schema.GroupVersionResource{Group: rec.Group, Version: rec.Version, Resource: rec.Resource}, rec.Kind),
+			namespace:  rec.Namespace,
+			name:       rec.Name,
 		},
 		obj:    obj,
 		digest: rec.Digest,

@@ -320,9 +320,8 @@ func (s *manifestSync) localNodeManifest() *manifest {
 	digest, _ := objectDigest(node)
 	return &manifest{
 		key: objectKey{
-			resource: corev1.SchemeGroupVersion.WithResource("nodes"),
-			kind:     "Node",
-			name:     s.localNode,
+			objectType: typeOf(corev1.SchemeGroupVersion.WithResource("nodes"), "Node"),
+			name:       s.localNode,
 		},
 		obj:    node,
 		digest: digest,
