@@ -59,10 +59,10 @@ type writer struct {
 // update runs fn in a write transaction and then brings the frontends of
 // every service fn marked dirty up to date.
 //
-// A listing of tens of thousands of objects takes the transaction a second
-// or more; when ctx ends in the middle (the agent stops), the transaction
-// is abandoned rather than finished, so that stopping does not wait for it.
-// The writer is not used again after that.
+// A batch is up to maxBatch events and the frontends of up to about as
+// many services, tens of milliseconds; when ctx ends in the middle (the
+// agent stops), the transaction is abandoned rather than finished, so that
+// stopping does not wait for it. The writer is not used again after that.
 func (w *writer) update(ctx context.Context, fn func(b *batch)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
