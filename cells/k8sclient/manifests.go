@@ -203,8 +203,13 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	}
 	// The same conversion as kubectl's, so YAML 1.1 forms such as
 	// "enabled: yes" mean what they mean there. Strict: a key given twice
-	// is a mistake.
-	js, err := sigsyaml.YAMLToJSONStrict(doc.data)
+	// is a mistake. The fast converter gives the same JSON for the YAML it
+	// takes, and leaves the rest (and every error) to the reference.
+	js, fast := fastYAMLToJSON(doc.data)
+	var err error
+	if !fast {
+		js, err = sigsyaml.YAMLToJSONStrict(doc.data)
+	}
 	if err != nil {
 		line, msg := yamlErrorLine(err)
 		if line == 0 {
