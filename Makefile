@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode docs clean
+.PHONY: build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -88,13 +88,39 @@ check-bpf: bpf
 	@git diff --exit-code --stat -- bpf/ || \
 	{ echo "bpf/: committed objects are stale: run 'make bpf' and commit the result"; exit 1; }
 
+# Every benchmark (as root; see docs/performance.md), then one summary line
+# per benchmark, `name key=value ...`.
+BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode
+bench: $(BENCHES)
+	@echo "--- make bench"
+	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
+
 # Load-balancing pipeline benchmark (as root): Services from Kubernetes
-# events into real BPF maps, at 1k, 10k and 50k services. Ends with the
-# summary line `lb-bench services=... insert_per_s=...`.
+# events into real BPF maps, at 1k, 10k and 50k services, five runs each
+# (rates from the mean durations). Ends with the summary line
+# `lb-bench services=... insert_per_s=...`.
 bench-lb:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/lbmaps -run '^$$' -bench Pipeline -benchtime 1x -count 1 | tee $(BIN)/bench-lb.out
 	@grep '^lb-bench' $(BIN)/bench-lb.out | tail -n 1
+
+# The whole agent (as root), built and run as a process with private paths:
+# its memory after 60 s idle with default flags in embedded mode
+# (`agent-idle-bench ...`), and a first start, restart and stop with 50,000
+# Services and EndpointSlices in the manifests directory
+# (`agent-scale-bench ...`).
+bench-agent:
+	@mkdir -p $(BIN)
+	$(GO) test ./cmd/agent -run '^$$' -bench 'IdleAgent|Scale' -benchtime 1x -count 1 -timeout 30m | tee $(BIN)/bench-agent.out
+	@grep -E '^agent-(idle|scale)-bench' $(BIN)/bench-agent.out
+
+# CNI ADD (as root): 100 pods added at once through the built plugin and
+# agent; latency percentiles and the agent's CPU and memory per 1,000 pods.
+# Ends with `cni-bench ...`.
+bench-cni:
+	@mkdir -p $(BIN)
+	$(GO) test ./cmd/cellium-cni -run '^$$' -bench AddParallel -benchtime 1x -count 1 | tee $(BIN)/bench-cni.out
+	@grep '^cni-bench' $(BIN)/bench-cni.out | tail -n 1
 
 # Hubble pipeline benchmark (as root): datapath event records written into
 # the real ring buffer, decoded by the monitor, converted to flows into the

@@ -188,7 +188,10 @@ var (
 			for _, ip := range e.IPs() {
 				keys = append(keys, index.NetIPAddr(ip))
 			}
-			return index.NewKeySet(keys...)
+			if len(keys) == 0 {
+				return index.EmptyKeySet
+			}
+			return index.NewKeySet(keys[0], keys[1:]...)
 		},
 		FromKey:    index.NetIPAddr,
 		FromString: index.NetIPAddrString,
@@ -198,7 +201,7 @@ var (
 		Name: "pod",
 		FromObject: func(e *Endpoint) index.KeySet {
 			if e.PodName == "" {
-				return index.NewKeySet()
+				return index.EmptyKeySet
 			}
 			return index.NewKeySet(index.String(e.PodNamespace + "/" + e.PodName))
 		},

@@ -285,7 +285,7 @@ func tcpFlagsOf(f monitorapi.TCPFlags) *flow.TCPFlags {
 	}
 }
 
-// l4Proto is the load balancer's name of an IP protocol, "" for one it
+// l4Proto is the load balancer's protocol of an IP protocol, 0 for one it
 // does not balance.
 func l4Proto(p monitorapi.Proto) loadbalancer.L4Proto {
 	switch p {
@@ -296,7 +296,7 @@ func l4Proto(p monitorapi.Proto) loadbalancer.L4Proto {
 	case unix.IPPROTO_SCTP:
 		return loadbalancer.SCTP
 	}
-	return ""
+	return 0
 }
 
 func traceReason(s monitorapi.CTState) flow.TraceReason {

@@ -165,7 +165,7 @@ func (e *enricher) endpointPB(txn statedb.ReadTxn, row *endpointmanager.Endpoint
 
 // serviceAt is the service with a frontend at addr:port/proto, or nil.
 func (e *enricher) serviceAt(txn statedb.ReadTxn, addr netip.Addr, port uint16, proto loadbalancer.L4Proto) *flow.Service {
-	if !addr.IsValid() || port == 0 || proto == "" {
+	if !addr.IsValid() || port == 0 || proto == 0 {
 		return nil
 	}
 	fe, _, found := e.Frontends.Get(txn, loadbalancer.FrontendByAddress.Query(loadbalancer.L3n4Addr{Addr: addr.Unmap(), Port: port, Protocol: proto}))

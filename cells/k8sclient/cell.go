@@ -114,6 +114,7 @@ type clientsetParams struct {
 	DB        *statedb.DB
 	Files     statedb.RWTable[*ManifestFile]
 	NodeName  daemon.NodeName
+	Paths     daemon.Paths
 }
 
 func newClientset(p clientsetParams) (Clientset, error) {
@@ -146,12 +147,13 @@ func newClientset(p clientsetParams) (Clientset, error) {
 		localNode: string(p.NodeName),
 		clientset: cs,
 		decoder:   newDecoder(),
+		cache:     &parseCache{dir: filepath.Join(p.Paths.StateDir, "k8s-manifests")},
 		db:        p.DB,
 		files:     p.Files,
 		loaded:    map[string][]*manifest{},
 		applied:   map[objectKey]*manifest{},
 		logged:    map[string]string{},
-		decoded:   map[string]decodedFile{},
+		decoded:   map[string]*decodedFile{},
 	}
 	// The start hook loads the directory before the start hooks of the
 	// cells that take a Clientset, so their first LIST sees every object.

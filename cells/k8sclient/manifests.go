@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/cespare/xxhash/v2"
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -19,12 +22,30 @@ import (
 
 // objectKey identifies an object in the embedded API server. The fake keeps
 // each API version apart (it does no conversion), so the version is part of
-// the identity.
+// the identity. The type is shared by every object of it: a key is kept per
+// object of the directory, 100,000 of them for 50,000 Services.
 type objectKey struct {
-	resource  schema.GroupVersionResource
-	kind      string
+	*objectType
 	namespace string
 	name      string
+}
+
+// objectType is a resource in one API version and its kind.
+type objectType struct {
+	resource schema.GroupVersionResource
+	kind     string
+}
+
+// objectTypes interns objectTypes, so that keys of one type compare equal.
+var objectTypes sync.Map // objectType -> *objectType
+
+func typeOf(resource schema.GroupVersionResource, kind string) *objectType {
+	t := objectType{resource: resource, kind: kind}
+	if p, ok := objectTypes.Load(t); ok {
+		return p.(*objectType)
+	}
+	p, _ := objectTypes.LoadOrStore(t, &t)
+	return p.(*objectType)
 }
 
 func (k objectKey) String() string {
@@ -36,9 +57,13 @@ func (k objectKey) String() string {
 
 // manifest is one object of a manifest file.
 type manifest struct {
-	key  objectKey
-	obj  runtime.Object
-	file string
+	key objectKey
+	// obj is the decoded object until it is written: from then on the
+	// embedded API server holds it, and digest is what later passes compare
+	// with. See manifestSync.objectOf.
+	obj    runtime.Object
+	digest uint64
+	file   string
 	// line is where the object's document starts, doc its position among
 	// the file's documents (from 1).
 	line, doc int
@@ -63,10 +88,13 @@ func (e *fileError) Error() string {
 }
 
 // decoder turns manifest files into objects with client-go's scheme, so
-// every built-in kind decodes.
+// every built-in kind decodes. It is safe for concurrent use.
 type decoder struct {
 	codec  runtime.Decoder
 	mapper meta.RESTMapper
+	// mappings caches the mapper's answers by kind: it searches every
+	// group on each call, which was a tenth of a large directory's load.
+	mappings sync.Map // schema.GroupVersionKind -> *meta.RESTMapping
 }
 
 func newDecoder() *decoder {
@@ -76,6 +104,18 @@ func newDecoder() *decoder {
 		codec:  serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer(),
 		mapper: restMapper(),
 	}
+}
+
+func (d *decoder) restMapping(gvk schema.GroupVersionKind) (*meta.RESTMapping, error) {
+	if m, ok := d.mappings.Load(gvk); ok {
+		return m.(*meta.RESTMapping), nil
+	}
+	m, err := d.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, err
+	}
+	d.mappings.Store(gvk, m)
+	return m, nil
 }
 
 // document is one "---"-separated part of a file.
@@ -163,8 +203,13 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	}
 	// The same conversion as kubectl's, so YAML 1.1 forms such as
 	// "enabled: yes" mean what they mean there. Strict: a key given twice
-	// is a mistake.
-	js, err := sigsyaml.YAMLToJSONStrict(doc.data)
+	// is a mistake. The fast converter gives the same JSON for the YAML it
+	// takes, and leaves the rest (and every error) to the reference.
+	js, fast := fastYAMLToJSON(doc.data)
+	var err error
+	if !fast {
+		js, err = sigsyaml.YAMLToJSONStrict(doc.data)
+	}
 	if err != nil {
 		line, msg := yamlErrorLine(err)
 		if line == 0 {
@@ -172,19 +217,31 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 		}
 		return nil, fail(doc.line+line-1, "%s", msg)
 	}
-	var h header
-	if err := json.Unmarshal(js, &h); err != nil {
-		if !bytes.HasPrefix(js, []byte("{")) {
-			return nil, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
-		}
-		return nil, fail(doc.objectLine, "apiVersion and kind must be strings, metadata a mapping with a name")
-	}
 	// at is the file line of a field of the document, for errors about it.
 	at := func(path string) int {
 		if line := fieldLine(doc.data, path); line > 0 {
 			return doc.line + line - 1
 		}
 		return doc.objectLine
+	}
+	// The codec finds the kind itself; the header is read apart only to
+	// explain an object that does not decode or has no name, which keeps
+	// a second pass over every document off the common path.
+	obj, gvk, decodeErr := d.codec.Decode(js, nil, nil)
+	var h header
+	if decodeErr == nil {
+		if acc, err := meta.Accessor(obj); err == nil {
+			h.APIVersion, h.Kind = gvk.GroupVersion().String(), gvk.Kind
+			h.Metadata.Name = acc.GetName()
+		}
+	}
+	if decodeErr != nil || h.Metadata.Name == "" {
+		if err := json.Unmarshal(js, &h); err != nil {
+			if !bytes.HasPrefix(js, []byte("{")) {
+				return nil, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
+			}
+			return nil, fail(doc.objectLine, "apiVersion and kind must be strings, metadata a mapping with a name")
+		}
 	}
 	// By convention only list kinds end in "List"; they have no name.
 	if strings.HasSuffix(h.Kind, "List") {
@@ -199,14 +256,13 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	if len(missing) > 0 {
 		return nil, fail(doc.objectLine, "missing %s: every object needs apiVersion, kind and metadata.name", strings.Join(missing, ", "))
 	}
-	obj, gvk, err := d.codec.Decode(js, nil, nil)
 	switch {
-	case runtime.IsNotRegisteredError(err):
+	case runtime.IsNotRegisteredError(decodeErr):
 		return nil, fail(at("kind"), "unknown kind %q in %s: not a built-in Kubernetes kind", h.Kind, h.APIVersion)
-	case err != nil:
-		return nil, fail(at(decodeErrorPath(err)), "%s %s: %v", h.Kind, h.Metadata.Name, err)
+	case decodeErr != nil:
+		return nil, fail(at(decodeErrorPath(decodeErr)), "%s %s: %v", h.Kind, h.Metadata.Name, decodeErr)
 	}
-	mapping, err := d.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	mapping, err := d.restMapping(*gvk)
 	if err != nil {
 		return nil, fail(at("kind"), "kind %s in %s is not a resource the API server stores: %v", h.Kind, h.APIVersion, err)
 	}
@@ -221,18 +277,78 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	} else if acc.GetNamespace() == "" {
 		acc.SetNamespace("default")
 	}
+	digest, err := objectDigest(obj)
+	if err != nil {
+		return nil, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)
+	}
 	return &manifest{
 		key: objectKey{
-			resource:  mapping.Resource,
-			kind:      gvk.Kind,
-			namespace: acc.GetNamespace(),
-			name:      acc.GetName(),
+			objectType: typeOf(mapping.Resource, gvk.Kind),
+			namespace:  acc.GetNamespace(),
+			name:       acc.GetName(),
 		},
-		obj:  obj,
-		file: file,
-		line: doc.objectLine,
-		doc:  doc.index,
+		obj:    obj,
+		digest: digest,
+		file:   file,
+		line:   doc.objectLine,
+		doc:    doc.index,
 	}, nil
+}
+
+// objectDigest identifies an object's content, whatever the formatting of
+// the manifest it came from: the hash of its protobuf encoding (which every
+// built-in kind has, and which orders map keys), or of its JSON.
+func objectDigest(obj runtime.Object) (uint64, error) {
+	data, err := encodeObject(obj)
+	if err != nil {
+		return 0, fmt.Errorf("encode: %w", err)
+	}
+	return xxhash.Sum64(data), nil
+}
+
+// decodedFile is what decoding one content of a file gave.
+type decodedFile struct {
+	digest  string
+	objects []*manifest
+	err     error
+}
+
+// fileToDecode is a file's content that a pass must decode.
+type fileToDecode struct {
+	name, digest string
+	data         []byte
+	out          *decodedFile
+}
+
+// decodeFiles decodes files in parallel, one worker per CPU: decoding is
+// most of the time a large directory takes to load. A file whose content
+// is in the parse cache is read from there; one that decodes is cached.
+func (s *manifestSync) decodeFiles(files []fileToDecode) {
+	next := make(chan *fileToDecode)
+	var wg sync.WaitGroup
+	for range min(goruntime.GOMAXPROCS(0), len(files)) {
+		wg.Go(func() {
+			for f := range next {
+				f.out.digest = f.digest
+				if objs, ok := s.cache.load(f.name, f.digest); ok {
+					f.out.objects = objs
+					continue
+				}
+				f.out.objects, f.out.err = s.decoder.decodeFile(f.name, f.data)
+				if f.out.err != nil {
+					continue
+				}
+				if err := s.cache.store(f.name, f.digest, f.out.objects); err != nil {
+					s.log.Warn("Cannot cache a manifest file's objects; the next start parses it again", "file", f.name, "error", err)
+				}
+			}
+		})
+	}
+	for i := range files {
+		next <- &files[i]
+	}
+	close(next)
+	wg.Wait()
 }
 
 // yamlLineRE finds the line in the YAML parser's messages, which is the only

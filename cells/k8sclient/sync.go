@@ -18,9 +18,9 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/fsnotify/fsnotify"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -43,6 +43,7 @@ type manifestSync struct {
 	localNode string
 	clientset *fake.Clientset
 	decoder   *decoder
+	cache     *parseCache
 	db        *statedb.DB
 	files     statedb.RWTable[*ManifestFile]
 
@@ -60,14 +61,11 @@ type manifestSync struct {
 	logged map[string]string
 	// decoded is each file's content last decoded: a pass decodes only the
 	// files whose content changed.
-	decoded map[string]decodedFile
-}
-
-// decodedFile is what decoding one content of a file gave.
-type decodedFile struct {
-	digest  string
-	objects []*manifest
-	err     error
+	decoded map[string]*decodedFile
+	// initialLoad is set during the start hook's pass: no other cell has
+	// started, so nobody lists or watches yet, and objects go straight into
+	// the tracker (see write).
+	initialLoad bool
 }
 
 // manifestFileExts are the file names read; others (editor swap files,
@@ -95,7 +93,10 @@ func (s *manifestSync) start(cell.HookContext) error {
 	s.watcher = w
 	// Watch before the first read, so no change falls between the two.
 	s.ensureWatched()
-	if err := s.sync(); err != nil {
+	s.initialLoad = true
+	err = s.sync()
+	s.initialLoad = false
+	if err != nil {
 		w.Close()
 		return fmt.Errorf("--k8s-manifests-dir: %w", err)
 	}
@@ -167,6 +168,13 @@ func (s *manifestSync) sync() error {
 	}
 	s.logFileErrors(files)
 	s.writeTable(files)
+	present := map[string]bool{}
+	for _, f := range files {
+		present[f.name] = true
+	}
+	if err := s.cache.prune(present); err != nil {
+		s.log.Warn("Cannot remove the parse cache of removed manifest files", "dir", s.cache.dir, "error", err)
+	}
 	// Nothing else reads the fake's record of the calls made to it; left
 	// alone it would grow for as long as the agent runs.
 	s.clientset.ClearActions()
@@ -197,7 +205,8 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 	}
 	s.ensureWatched()
 	var files []*fileState
-	decoded := map[string]decodedFile{}
+	decoded := map[string]*decodedFile{}
+	var toDecode []fileToDecode
 	for _, e := range entries {
 		if !isManifestFile(e.Name()) {
 			continue
@@ -219,17 +228,23 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 			f.digest = contentDigest(data)
 			d, ok := s.decoded[f.name]
 			if !ok || d.digest != f.digest {
-				d.digest = f.digest
-				d.objects, d.err = s.decoder.decodeFile(f.name, data)
+				d = &decodedFile{}
+				toDecode = append(toDecode, fileToDecode{name: f.name, digest: f.digest, data: data, out: d})
 			}
 			decoded[f.name] = d
-			if d.err != nil {
-				f.objects, f.err = s.loaded[f.name], d.err
-			} else {
-				f.objects, f.fresh = d.objects, true
-			}
 		}
 		files = append(files, f)
+	}
+	s.decodeFiles(toDecode)
+	for _, f := range files {
+		d := decoded[f.name]
+		switch {
+		case d == nil: // not read
+		case d.err != nil:
+			f.objects, f.err = s.loaded[f.name], d.err
+		default:
+			f.objects, f.fresh = d.objects, true
+		}
 	}
 	s.decoded = decoded
 	return files, nil
@@ -301,13 +316,15 @@ func (s *manifestSync) localNodeManifest() *manifest {
 			},
 		},
 	}
+	// A Node always encodes.
+	digest, _ := objectDigest(node)
 	return &manifest{
 		key: objectKey{
-			resource: corev1.SchemeGroupVersion.WithResource("nodes"),
-			kind:     "Node",
-			name:     s.localNode,
+			objectType: typeOf(corev1.SchemeGroupVersion.WithResource("nodes"), "Node"),
+			name:       s.localNode,
 		},
-		obj: node,
+		obj:    node,
+		digest: digest,
 	}
 }
 
@@ -320,7 +337,7 @@ func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest)
 	var created, updated, deleted int
 	for _, m := range order {
 		prev := s.applied[m.key]
-		if prev != nil && (prev.obj == m.obj || equality.Semantic.DeepEqual(prev.obj, m.obj)) {
+		if prev != nil && prev.digest == m.digest {
 			s.applied[m.key] = m // it may have moved to another file
 			continue
 		}
@@ -359,18 +376,68 @@ func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest)
 
 // write creates or updates m's object. The fake may hold objects that
 // other clients created or deleted, so either falls back to the other.
+// Once written, the object is dropped from m: the fake holds a copy (its
+// tracker copies what it stores), and keeping a second one for every object
+// of a large directory doubled the agent's memory.
 func (s *manifestSync) write(create bool, m *manifest) error {
+	obj, err := s.objectOf(m)
+	if err != nil {
+		return err
+	}
+	if s.initialLoad {
+		// Straight into the tracker: the reactors' serialization and
+		// copies are for clients that list and watch, and none has
+		// started yet.
+		err = s.clientset.Tracker().Create(m.key.resource, obj, m.key.namespace)
+		if apierrors.IsAlreadyExists(err) {
+			err = s.clientset.Tracker().Update(m.key.resource, obj, m.key.namespace)
+		}
+	} else {
+		err = s.invokeWrite(create, m.key, obj)
+	}
+	if err == nil {
+		m.obj = nil
+	}
+	return err
+}
+
+// invokeWrite creates or updates obj through the fake's reactors, as an API
+// client would.
+func (s *manifestSync) invokeWrite(create bool, key objectKey, obj runtime.Object) error {
 	if create {
-		err := s.invoke(k8stesting.NewCreateAction(m.key.resource, m.key.namespace, m.obj.DeepCopyObject()))
+		err := s.invoke(k8stesting.NewCreateAction(key.resource, key.namespace, obj))
 		if !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
-	err := s.invoke(k8stesting.NewUpdateAction(m.key.resource, m.key.namespace, m.obj.DeepCopyObject()))
+	err := s.invoke(k8stesting.NewUpdateAction(key.resource, key.namespace, obj))
 	if apierrors.IsNotFound(err) {
-		return s.invoke(k8stesting.NewCreateAction(m.key.resource, m.key.namespace, m.obj.DeepCopyObject()))
+		return s.invoke(k8stesting.NewCreateAction(key.resource, key.namespace, obj))
 	}
 	return err
+}
+
+// objectOf is m's object: decoded already, or, for one written before and
+// now to be written again (it returns after another file's definition was
+// written over it), decoded again from its file.
+func (s *manifestSync) objectOf(m *manifest) (runtime.Object, error) {
+	if m.obj != nil {
+		return m.obj, nil
+	}
+	data, err := os.ReadFile(filepath.Join(s.dir, m.file))
+	if err != nil {
+		return nil, err
+	}
+	objs, err := s.decoder.decodeFile(m.file, data)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		if o.key == m.key && o.digest == m.digest {
+			return o.obj, nil
+		}
+	}
+	return nil, fmt.Errorf("%s changed since it was read: the next pass applies it", m.file)
 }
 
 // invoke sends a write through the fake's reactors as an API call would

@@ -38,8 +38,13 @@ func startEmbedded(tb testing.TB, log *slog.Logger, dir string) Clientset {
 
 // embeddedHive is the k8s-client cell in embedded mode on dir.
 func embeddedHive(tb testing.TB, dir string, cells ...cell.Cell) *hive.Hive {
+	return embeddedHiveIn(tb, dir, tb.TempDir(), cells...)
+}
+
+// embeddedHiveIn is embeddedHive with its state and run directories in run,
+// for a test that restarts the cell on the same state.
+func embeddedHiveIn(tb testing.TB, dir, run string, cells ...cell.Cell) *hive.Hive {
 	h := celltest.New(append([]cell.Cell{daemon.Cell, Cell}, cells...)...)
-	run := tb.TempDir()
 	hive.AddConfigOverride(h, func(c *daemon.Config) {
 		c.StateDir, c.RunDir, c.NodeName = filepath.Join(run, "state"), filepath.Join(run, "run"), "node-1"
 	})

@@ -29,19 +29,21 @@ type realized struct {
 	orphans []func() error
 }
 
-// frontendState is what is written for one frontend.
+// frontendState is what is written for one frontend. The fields are in the
+// order that packs them in 48 bytes (one is kept per frontend).
 type frontendState struct {
 	id lbmap.RevNATIndex
-	// master is the slot 0 entry as written; hasMaster is false when there
-	// is none (not written yet, or only slots survived in the maps).
-	master    lbmap.ServiceValue
+	// hasMaster is false when there is no master entry (not written yet,
+	// or only slots survived in the maps).
 	hasMaster bool
-	// slots[i] is the backend written at slot i+1; 0 where none is.
-	slots []lbmap.BackendID
 	// revNAT says the reverse NAT entry holds this frontend's address.
 	revNAT bool
+	// master is the slot 0 entry as written.
+	master lbmap.ServiceValue
 	// maglev is the hash of the Maglev table written, 0 for none.
 	maglev uint64
+	// slots[i] is the backend written at slot i+1; 0 where none is.
+	slots []lbmap.BackendID
 }
 
 // unknownBackend marks a slot that holds an entry whose content is not
@@ -55,8 +57,8 @@ type backendState struct {
 	id      lbmap.BackendID
 	written bool
 	// refs counts the written slots that point at the backend: at 0 its
-	// entry can go.
-	refs int
+	// entry can go. 32 bits keep the state in 32 bytes.
+	refs int32
 }
 
 func newRealized(maxFrontends, maxBackends uint32) *realized {

@@ -30,8 +30,9 @@ var benchServices = flag.Int("lb.services", 50000, "Services (each with one endp
 // endpoint, through the reflectors into the tables, until a stand-in for the
 // lb-maps reconciler (which writes nothing) has reconciled every frontend
 // with its backend. "watch" streams them as watch events after start, "list"
-// hands them over as the initial LIST. The generated objects are dropped as
-// soon as the reflector has them, so the live heap is the agent's own state.
+// hands them over as the initial LIST. The objects are made before the
+// clock starts and the first heap figure is taken, so the rate and the live
+// heap are the agent's own.
 //
 //	go test ./cells/loadbalancer -run '^$' -bench K8sToFrontends -benchtime 1x -cpu 2
 func BenchmarkK8sToFrontends(b *testing.B) {

@@ -113,7 +113,7 @@ func watchNodeAddresses(ctx context.Context, db *statedb.DB, tbl statedb.Table[*
 		slices.SortFunc(addrs, netip.Addr.Compare)
 		addrs = slices.Compact(addrs)
 		initialized, initWatch := tbl.Initialized(txn)
-		w.setNodeAddresses(addrs, initialized)
+		w.setNodeAddresses(ctx, addrs, initialized)
 		if initialized {
 			initWatch = nil
 		}

@@ -93,14 +93,13 @@ func convertService(k *corev1.Service) (*Service, []invalidField) {
 
 func convertServicePort(p corev1.ServicePort, i int, bad *[]invalidField) (ServicePort, bool) {
 	field := fmt.Sprintf("spec.ports[%d]", i)
-	proto := L4Proto(p.Protocol)
-	if proto == "" {
-		proto = TCP
-	}
-	proto, err := parseL4Proto(string(proto))
-	if err != nil {
-		*bad = append(*bad, invalidField{field + ".protocol", err})
-		return ServicePort{}, false
+	proto := TCP
+	if p.Protocol != "" {
+		var err error
+		if proto, err = parseL4Proto(string(p.Protocol)); err != nil {
+			*bad = append(*bad, invalidField{field + ".protocol", err})
+			return ServicePort{}, false
+		}
 	}
 	if p.Port < 1 || p.Port > 65535 {
 		*bad = append(*bad, invalidField{field + ".port", fmt.Errorf("%d out of range: want 1 to 65535", p.Port)})

@@ -26,16 +26,22 @@
 // not change writes nothing.
 //
 // Each table has initializers ([InitK8sServices], [InitK8sEndpointSlices],
-// and for frontends also [InitNodeAddresses]) that are done in the same write
-// transaction that applies the initial listing, so a table that is
-// initialized is complete, and a reconciler may prune against it. Frontends
-// are computed only once both listings are in: a service without its
-// endpoints would otherwise reject connections, briefly, on every restart.
+// and for frontends also [InitNodeAddresses]), so a table that is
+// initialized is complete, and a reconciler may prune against it: the
+// services and backends tables' are done in the write transaction that
+// applies the end of the initial listing, the frontends table's in the one
+// that writes the frontends of the last listed service. Frontends are
+// computed only once both listings are in: a service without its endpoints
+// would otherwise reject connections, briefly, on every restart.
 //
 // The reflectors keep no copy of any Kubernetes object. A client-go Reflector
 // hands each object to a store that converts it to its compact form at once
-// and queues it; a job applies the queue in batches, one write transaction
-// for up to 1024 objects.
+// and queues it (a listing as one event per object and one for its end); a
+// job applies the queue in batches, one write transaction for up to 1024
+// events, and the frontends of up to 1024 services. No transaction holds the
+// tables for long, however large the cluster: the lb-maps reconciler
+// proceeds beside a listing of 50,000 Services, and stopping does not wait
+// for one (a batch is abandoned when the agent stops).
 //
 // An invalid field (an IP address that does not parse, a port out of range)
 // is skipped with a warning naming the object and field, and the cell's

@@ -30,7 +30,9 @@ type objectStore[T any] struct {
 
 	upserted func(T) k8sEvent
 	deleted  func(T) k8sEvent
-	listed   func([]T) k8sEvent
+	// listed converts a listing into an upsert per object and the event
+	// that ends the listing; ok is false when ctx ended part way.
+	listed func(ctx context.Context, objs []T) (evs []k8sEvent, ok bool)
 }
 
 func (s *objectStore[T]) send(ev k8sEvent) error {
@@ -69,6 +71,8 @@ func (s *objectStore[T]) Delete(obj any) error {
 }
 
 // Replace gets the complete listing, at start and on every relist.
+// Converting 50,000 objects takes a good part of a second: when the agent
+// stops meanwhile, the listing is dropped.
 func (s *objectStore[T]) Replace(list []any, _ string) error {
 	objs := make([]T, 0, len(list))
 	for _, obj := range list {
@@ -78,7 +82,32 @@ func (s *objectStore[T]) Replace(list []any, _ string) error {
 		}
 		objs = append(objs, o)
 	}
-	return s.send(s.listed(objs))
+	evs, ok := s.listed(s.ctx, objs)
+	if !ok {
+		return s.ctx.Err()
+	}
+	for i, ev := range evs {
+		if err := s.send(ev); err != nil {
+			return err
+		}
+		// Let each converted object go once the writer has it.
+		evs[i] = nil
+	}
+	return nil
+}
+
+// convertListing converts a listing into one event per object, looking at
+// ctx every stoppingEvery objects, and appends the event that ends it; ok is
+// false when ctx ended first.
+func convertListing[K any](ctx context.Context, ks []K, convert func(K) k8sEvent, end k8sEvent) (evs []k8sEvent, ok bool) {
+	evs = make([]k8sEvent, 0, len(ks)+1)
+	for i, k := range ks {
+		if i%stoppingEvery == 0 && ctx.Err() != nil {
+			return nil, false
+		}
+		evs = append(evs, convert(k))
+	}
+	return append(evs, end), true
 }
 
 // Resync has nothing to do: the tables are the only copy.
@@ -94,13 +123,13 @@ func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*cor
 		deleted: func(k *corev1.Service) k8sEvent {
 			return &serviceDeleted{ServiceName{Namespace: k.Namespace, Name: k.Name}}
 		},
-		listed: func(ks []*corev1.Service) k8sEvent {
-			ev := &servicesListed{services: make([]serviceUpserted, len(ks))}
-			for i, k := range ks {
+		listed: func(ctx context.Context, ks []*corev1.Service) ([]k8sEvent, bool) {
+			end := &servicesListed{names: make(map[ServiceName]struct{}, len(ks))}
+			return convertListing(ctx, ks, func(k *corev1.Service) k8sEvent {
 				svc, invalid := convertService(k)
-				ev.services[i] = serviceUpserted{svc, invalid}
-			}
-			return ev
+				end.names[svc.Name] = struct{}{}
+				return &serviceUpserted{svc, invalid}
+			}, end)
 		},
 	}
 }
@@ -115,19 +144,26 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 		deleted: func(k *discoveryv1.EndpointSlice) k8sEvent {
 			return &sliceDeleted{sliceID{Namespace: k.Namespace, Name: k.Name}}
 		},
-		listed: func(ks []*discoveryv1.EndpointSlice) k8sEvent {
-			ev := &slicesListed{slices: make([]sliceUpserted, len(ks))}
-			for i, k := range ks {
+		listed: func(ctx context.Context, ks []*discoveryv1.EndpointSlice) ([]k8sEvent, bool) {
+			end := &slicesListed{ids: make(map[sliceID]struct{}, len(ks))}
+			return convertListing(ctx, ks, func(k *discoveryv1.EndpointSlice) k8sEvent {
 				s, invalid := convertEndpointSlice(k)
-				ev.slices[i] = sliceUpserted{s, invalid}
-			}
-			return ev
+				end.ids[s.id] = struct{}{}
+				return &sliceUpserted{s, invalid}
+			}, end)
 		},
 	}
 }
 
 // runReflector lists and watches with a client-go Reflector into store
 // until ctx ends. The Reflector relists on its own after watch errors.
+//
+// It returns when ctx ends, without waiting for the Reflector to return: a
+// call into the embedded API server cannot be interrupted, and listing or
+// starting a watch over 50,000 objects there takes up to half a second of
+// copying, which stopping the agent would wait for. The Reflector returns
+// once that call does; the store then refuses what it brought (its sends
+// end with ctx).
 func runReflector(ctx context.Context, cs k8sclient.Clientset, name string, expected runtime.Object, lw *cache.ListWatch, store cache.ReflectorStore) {
 	r := cache.NewReflectorWithOptions(
 		// The fake clientset cannot stream lists; it says so, and this
@@ -136,7 +172,8 @@ func runReflector(ctx context.Context, cs k8sclient.Clientset, name string, expe
 		expected, store,
 		cache.ReflectorOptions{Name: name},
 	)
-	r.RunWithContext(ctx)
+	go r.RunWithContext(ctx)
+	<-ctx.Done()
 }
 
 // listWatch lists and watches a resource with list and watch, reporting

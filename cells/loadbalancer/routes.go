@@ -67,7 +67,7 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 		out.AffinityTimeoutSeconds = int64(svc.AffinityTimeout.Seconds())
 	}
 	for _, p := range svc.Ports {
-		out.Ports = append(out.Ports, apiv1.ServicePort{Name: p.Name, Port: p.Port, NodePort: p.NodePort, Protocol: string(p.Protocol)})
+		out.Ports = append(out.Ports, apiv1.ServicePort{Name: p.Name, Port: p.Port, NodePort: p.NodePort, Protocol: p.Protocol.String()})
 	}
 
 	// Frontends use backends in their state for this service and port.
@@ -94,7 +94,7 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 	for fe := range t.frontends.List(txn, FrontendByServiceName.Query(svc.Name)) {
 		f := apiv1.Frontend{
 			Address:  fe.Address.String(),
-			Type:     string(fe.Type),
+			Type:     fe.Type.String(),
 			PortName: fe.PortName,
 			Backends: make([]apiv1.FrontendBackend, len(fe.Backends)),
 			Status:   fe.Status.Kind.String(),

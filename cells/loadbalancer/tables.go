@@ -72,7 +72,7 @@ func (p ServicePort) String() string {
 	if p.NodePort != 0 {
 		s += ":" + strconv.Itoa(int(p.NodePort))
 	}
-	s += "/" + string(p.Protocol)
+	s += "/" + p.Protocol.String()
 	if p.Name != "" {
 		s = p.Name + "=" + s
 	}
@@ -164,7 +164,7 @@ const maxBackendsShown = 4
 func (f *Frontend) TableRow() []string {
 	return []string{
 		f.Address.String(),
-		string(f.Type),
+		f.Type.String(),
 		f.ServiceName.String(),
 		f.PortName,
 		backendsString(f.Backends),
@@ -330,7 +330,10 @@ var (
 					keys = append(keys, inst.ServiceName.key())
 				}
 			}
-			return index.NewKeySet(keys...)
+			if len(keys) == 0 {
+				return index.EmptyKeySet
+			}
+			return index.NewKeySet(keys[0], keys[1:]...)
 		},
 		FromKey:    ServiceName.key,
 		FromString: serviceNameKey,
@@ -360,7 +363,10 @@ type lbTables struct {
 	frontends statedb.RWTable[*Frontend]
 	backends  statedb.RWTable[*Backend]
 
-	servicesSynced, slicesSynced, nodeAddressesSynced func(statedb.WriteTxn)
+	// servicesSynced and slicesSynced are done with the services and
+	// backends of the initial listings; frontendsSynced once the frontends
+	// of every listed service are computed, which may be transactions later.
+	servicesSynced, slicesSynced, frontendsSynced, nodeAddressesSynced func(statedb.WriteTxn)
 }
 
 func newTables(db *statedb.DB) (*lbTables, error) {
@@ -388,7 +394,7 @@ func newTables(db *statedb.DB) (*lbTables, error) {
 	feBeDone := frontends.RegisterInitializer(txn, InitK8sEndpointSlices)
 	t.nodeAddressesSynced = frontends.RegisterInitializer(txn, InitNodeAddresses)
 	txn.Commit()
-	t.servicesSynced = func(txn statedb.WriteTxn) { svcDone(txn); feSvcDone(txn) }
-	t.slicesSynced = func(txn statedb.WriteTxn) { beDone(txn); feBeDone(txn) }
+	t.servicesSynced, t.slicesSynced = svcDone, beDone
+	t.frontendsSynced = func(txn statedb.WriteTxn) { feSvcDone(txn); feBeDone(txn) }
 	return t, nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/statedb/index"
@@ -38,21 +39,42 @@ func (n *ServiceName) UnmarshalText(b []byte) (err error) {
 // unambiguous.
 func (n ServiceName) key() index.Key { return index.String(n.String()) }
 
-// L4Proto is a transport protocol as Kubernetes spells it.
-type L4Proto string
+// L4Proto is a transport protocol. It is a byte, not the string Kubernetes
+// spells it as: it is in every frontend and backend address, and the
+// tables hold 100,000s of them. In text and JSON it is Kubernetes' name.
+type L4Proto uint8
 
+// The values sort as the names do.
 const (
-	TCP  L4Proto = "TCP"
-	UDP  L4Proto = "UDP"
-	SCTP L4Proto = "SCTP"
+	SCTP L4Proto = iota + 1
+	TCP
+	UDP
 )
 
-func parseL4Proto(s string) (L4Proto, error) {
-	switch p := L4Proto(s); p {
-	case TCP, UDP, SCTP:
-		return p, nil
+var l4ProtoNames = [...]string{SCTP: "SCTP", TCP: "TCP", UDP: "UDP"}
+
+// String is the protocol as Kubernetes spells it: TCP, UDP or SCTP.
+func (p L4Proto) String() string {
+	if int(p) < len(l4ProtoNames) && l4ProtoNames[p] != "" {
+		return l4ProtoNames[p]
 	}
-	return "", fmt.Errorf("invalid protocol %q: want TCP, UDP or SCTP", s)
+	return "L4Proto(" + strconv.Itoa(int(p)) + ")"
+}
+
+func (p L4Proto) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+func (p *L4Proto) UnmarshalText(b []byte) (err error) {
+	*p, err = parseL4Proto(string(b))
+	return err
+}
+
+func parseL4Proto(s string) (L4Proto, error) {
+	for p, name := range l4ProtoNames {
+		if name != "" && name == s {
+			return L4Proto(p), nil
+		}
+	}
+	return 0, fmt.Errorf("invalid protocol %q: want TCP, UDP or SCTP", s)
 }
 
 // L3n4Addr is an address, port and protocol: a frontend or a backend.
@@ -66,7 +88,7 @@ type L3n4Addr struct {
 
 // String is "10.96.0.10:80/TCP" or "[fd00::1]:80/TCP".
 func (a L3n4Addr) String() string {
-	return netip.AddrPortFrom(a.Addr, a.Port).String() + "/" + string(a.Protocol)
+	return netip.AddrPortFrom(a.Addr, a.Port).String() + "/" + a.Protocol.String()
 }
 
 // ParseL3n4Addr parses the form String returns.
@@ -101,14 +123,15 @@ func (a L3n4Addr) Compare(b L3n4Addr) int {
 	if a.Port != b.Port {
 		return int(a.Port) - int(b.Port)
 	}
-	return strings.Compare(string(a.Protocol), string(b.Protocol))
+	return int(a.Protocol) - int(b.Protocol)
 }
 
 // key is the index key: family, address bytes, port (big endian, so keys
 // sort like addresses) and protocol.
 func (a L3n4Addr) key() index.Key {
 	raw := a.Addr.AsSlice()
-	k := make([]byte, 0, 1+len(raw)+2+len(a.Protocol))
+	proto := a.Protocol.String()
+	k := make([]byte, 0, 1+len(raw)+2+len(proto))
 	family := byte(4)
 	if a.Addr.Is6() {
 		family = 6
@@ -116,22 +139,47 @@ func (a L3n4Addr) key() index.Key {
 	k = append(k, family)
 	k = append(k, raw...)
 	k = binary.BigEndian.AppendUint16(k, a.Port)
-	return append(k, a.Protocol...)
+	return append(k, proto...)
 }
 
-// FrontendType says where a frontend comes from in the Service.
-type FrontendType string
+// FrontendType says where a frontend comes from in the Service. Like
+// L4Proto it is a byte in memory and its name in text and JSON.
+type FrontendType uint8
 
 const (
 	// FrontendClusterIP is one of spec.clusterIPs.
-	FrontendClusterIP FrontendType = "ClusterIP"
+	FrontendClusterIP FrontendType = iota + 1
 	// FrontendNodePort is a node address (or the wildcard) with a nodePort.
-	FrontendNodePort FrontendType = "NodePort"
+	FrontendNodePort
 	// FrontendExternalIP is one of spec.externalIPs.
-	FrontendExternalIP FrontendType = "ExternalIP"
+	FrontendExternalIP
 	// FrontendLoadBalancer is one of status.loadBalancer.ingress[].ip.
-	FrontendLoadBalancer FrontendType = "LoadBalancer"
+	FrontendLoadBalancer
 )
+
+var frontendTypeNames = [...]string{
+	FrontendClusterIP: "ClusterIP", FrontendNodePort: "NodePort",
+	FrontendExternalIP: "ExternalIP", FrontendLoadBalancer: "LoadBalancer",
+}
+
+func (t FrontendType) String() string {
+	if int(t) < len(frontendTypeNames) && frontendTypeNames[t] != "" {
+		return frontendTypeNames[t]
+	}
+	return "FrontendType(" + strconv.Itoa(int(t)) + ")"
+}
+
+func (t FrontendType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+func (t *FrontendType) UnmarshalText(b []byte) error {
+	for v, name := range frontendTypeNames {
+		if name != "" && name == string(b) {
+			*t = FrontendType(v)
+			return nil
+		}
+	}
+	return fmt.Errorf("invalid frontend type %q: want ClusterIP, NodePort, ExternalIP or LoadBalancer", b)
+}
 
 // ServiceType is spec.type of a Service.
 type ServiceType string

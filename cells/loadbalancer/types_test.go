@@ -2,6 +2,7 @@ package loadbalancer
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/netip"
 	"slices"
 	"testing"
@@ -56,5 +57,47 @@ func TestServiceNameText(t *testing.T) {
 		if _, err := ParseServiceName(bad); err == nil {
 			t.Errorf("ParseServiceName(%q) succeeded, want an error", bad)
 		}
+	}
+}
+
+// TestEnumsAsText checks that the byte-sized protocol and frontend type
+// read and write as the names the API and `agent db show` have always
+// shown.
+func TestEnumsAsText(t *testing.T) {
+	fe := Frontend{
+		Address:     L3n4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Protocol: UDP},
+		Type:        FrontendLoadBalancer,
+		ServiceName: ServiceName{Namespace: "default", Name: "web"},
+	}
+	port := ServicePort{Port: 80, Protocol: SCTP}
+	data, err := json.Marshal(struct {
+		F Frontend
+		P ServicePort
+	}{fe, port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"address":"10.96.0.10:53/UDP"`, `"type":"LoadBalancer"`, `"protocol":"SCTP"`} {
+		if !bytes.Contains(data, []byte(want)) {
+			t.Errorf("JSON %s does not hold %s", data, want)
+		}
+	}
+	var back struct {
+		F Frontend
+		P ServicePort
+	}
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !back.F.sameContent(&fe) || back.P != port {
+		t.Errorf("round trip gave %+v %+v, want %+v %+v", back.F, back.P, fe, port)
+	}
+	for _, bad := range []string{`{"serviceName":"a/b","type":"Ingress"}`, `{"serviceName":"a/b","type":""}`} {
+		if err := json.Unmarshal([]byte(bad), &back.F); err == nil {
+			t.Errorf("frontend %s decoded, want an error", bad)
+		}
+	}
+	if err := json.Unmarshal([]byte(`{"protocol":"ICMP"}`), &back.P); err == nil {
+		t.Error("port with protocol ICMP decoded, want an error")
 	}
 }

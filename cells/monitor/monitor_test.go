@@ -58,7 +58,7 @@ func newEnv(t *testing.T, opts envOptions) *env {
 		cell.Provide(
 			endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable,
 			func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-				return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress)
+				return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByServiceName)
 			},
 			statedb.RWTable[*loadbalancer.Frontend].ToTable,
 		),

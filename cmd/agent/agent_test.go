@@ -54,7 +54,7 @@ type agentEnv struct {
 	dir, socket, healthAddr, bpfRoot, cgroup string
 }
 
-func newAgentEnv(t *testing.T) *agentEnv {
+func newAgentEnv(t testing.TB) *agentEnv {
 	dir := t.TempDir()
 	env := &agentEnv{
 		dir:        dir,
@@ -78,7 +78,7 @@ func newAgentEnv(t *testing.T) *agentEnv {
 
 // testCgroup makes an empty cgroup for the agent's socket programs: attached
 // to the real root they would see every socket of the machine.
-func testCgroup(t *testing.T) string {
+func testCgroup(t testing.TB) string {
 	mount, err := loader.Cgroup2Mount()
 	if err != nil {
 		t.Skipf("no cgroup2 mount for the socket programs: %v", err)
@@ -106,7 +106,7 @@ func (e *agentEnv) runFlags() []string {
 	}
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"flag"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -77,4 +85,107 @@ func BenchmarkRestore(b *testing.B) {
 func median(xs []float64) float64 {
 	slices.Sort(xs)
 	return xs[len(xs)/2]
+}
+
+// BenchmarkAddParallel is CNI ADD as a node sees it when a deployment
+// scales up: -cni.pods pods (100) whose ADDs the runtime runs at once, each
+// an exec of the built plugin against the built agent. It prints
+//
+//	cni-bench pods=100 add_p50_ms=... add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=...
+//
+// with the agent's CPU time (user and system) and resident set growth over
+// the ADDs, scaled to 1,000 pods. The pods' namespaces are made first.
+//
+//	go test -run '^$' -bench AddParallel -benchtime 1x ./cmd/cellium-cni
+func BenchmarkAddParallel(b *testing.B) {
+	pods := *benchPods
+	for range b.N {
+		b.StopTimer()
+		n := newNode(b)
+		// IPv6 only: a /112 holds every pod.
+		n.podCIDR = n.v6.Addr().String() + "/112"
+		n.start()
+		conf := n.pluginConf("1.0.0")
+		ps := make([]*pod, pods)
+		for i := range ps {
+			ps[i] = n.newPod(fmt.Sprintf("p%d", i))
+		}
+		pid := n.agent.cmd.Process.Pid
+		cpuBefore, rssBefore := procCPU(b, pid), procRSS(b, pid)
+		latencies := make([]time.Duration, pods)
+		errs := make(chan error, pods)
+		var wg sync.WaitGroup
+		b.StartTimer()
+		for i, p := range ps {
+			wg.Go(func() {
+				env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
+				start := time.Now()
+				if out, err := runPlugin(env, conf); err != nil {
+					errs <- fmt.Errorf("ADD of %s: %v: %s", p.name, err, out)
+					return
+				}
+				latencies[i] = time.Since(start)
+			})
+		}
+		wg.Wait()
+		b.StopTimer()
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		cpu, rss := procCPU(b, pid)-cpuBefore, procRSS(b, pid)-rssBefore
+		slices.Sort(latencies)
+		perThousand := 1000 / float64(pods)
+		fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f\n",
+			pods, ms(latencies[pods/2]), ms(latencies[(pods*99+99)/100-1]), ms(cpu)*perThousand, rss*perThousand)
+	}
+}
+
+var benchPods = flag.Int("cni.pods", 100, "Pods whose CNI ADDs BenchmarkAddParallel runs at once")
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// runPlugin execs the built plugin; unlike cniExec it may run on any
+// goroutine.
+func runPlugin(env map[string]string, stdin []byte) ([]byte, error) {
+	cmd := exec.Command(filepath.Join(binDir, "cellium-cni"))
+	cmd.Env = []string{"CNI_PATH=" + binDir, "PATH=/usr/bin:/bin"}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdin = bytes.NewReader(stdin)
+	return cmd.Output()
+}
+
+// procCPU is a process's user and system CPU time so far.
+func procCPU(b *testing.B, pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command name, which is in parentheses.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	// Clock ticks: USER_HZ is 100 on Linux.
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// procRSS is a process's resident set in MiB.
+func procRSS(b *testing.B, pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatal("no VmRSS in /proc/PID/status")
+	return 0
 }

@@ -1,0 +1,82 @@
+package k8sclient
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// servicePorts starts the cell on dir with its state in run, and returns
+// the embedded server's services' ports by name.
+func servicePorts(t *testing.T, dir, run string) map[string]int32 {
+	t.Helper()
+	var cs Clientset
+	h := embeddedHiveIn(t, dir, run, cell.Invoke(func(c Clientset) { cs = c }))
+	log := hivetest.Logger(t)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop(log, context.Background())
+	list, err := cs.CoreV1().Services("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := map[string]int32{}
+	for _, svc := range list.Items {
+		ports[svc.Name] = svc.Spec.Ports[0].Port
+	}
+	return ports
+}
+
+func TestParseCache(t *testing.T) {
+	dir, run := t.TempDir(), t.TempDir()
+	a := servicesFile("a", 2, 80)
+	writeFile(t, filepath.Join(dir, "a.yaml"), a)
+	writeFile(t, filepath.Join(dir, "b.yaml"), servicesFile("b", 1, 80))
+	cache := &parseCache{dir: filepath.Join(run, "state", "k8s-manifests")}
+
+	if ports := servicePorts(t, dir, run); len(ports) != 3 {
+		t.Fatalf("first start: services %v, want 3", ports)
+	}
+
+	// While the agent is down: a.yaml's cache is made to say port 8080,
+	// which a restart must serve, since the file is unchanged and a cache
+	// is read in its place; b.yaml changes, so its cache must not be read;
+	// its cache is damaged besides. A file that is gone left its cache.
+	objs, ok := cache.load("a.yaml", contentDigest(a))
+	if !ok || len(objs) != 2 {
+		t.Fatalf("cache of a.yaml: %d objects, found %v; want the 2 of the first start", len(objs), ok)
+	}
+	for _, m := range objs {
+		m.obj.(*corev1.Service).Spec.Ports[0].Port = 8080
+	}
+	if err := cache.store("a.yaml", contentDigest(a), objs); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "b.yaml"), servicesFile("b", 1, 81))
+	if err := os.WriteFile(cache.path("b.yaml"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cache.path("gone.yaml"), []byte("stale"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ports := servicePorts(t, dir, run)
+	for name, want := range map[string]int32{"a-0": 8080, "a-1": 8080, "b-0": 81} {
+		if ports[name] != want {
+			t.Errorf("after the restart service %s has port %d, want %d", name, ports[name], want)
+		}
+	}
+	if _, err := os.Stat(cache.path("gone.yaml")); !os.IsNotExist(err) {
+		t.Errorf("the cache of a removed file is still there: %v", err)
+	}
+	if _, ok := cache.load("b.yaml", contentDigest(servicesFile("b", 1, 81))); !ok {
+		t.Error("the damaged cache of a changed file was not replaced by its new content's")
+	}
+}

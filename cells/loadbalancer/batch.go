@@ -1,0 +1,131 @@
+package loadbalancer
+
+import (
+	"context"
+	"slices"
+
+	"github.com/cilium/statedb"
+)
+
+// batch is one write transaction and the services whose frontends it must
+// recompute before committing.
+//
+// Queries by service go to the snapshot from before the transaction, plus
+// what the transaction itself added, then each hit is read again from the
+// transaction by its primary key. Iterating the write transaction instead
+// would freeze its trees, and every later insert would copy the path to its
+// leaf: several times the cost of the insert itself.
+//
+// The writer keeps one batch (writer.spare) and reuses its maps from one
+// transaction to the next, cleared: transactions follow each other at the
+// rate of the events, and three new maps for each were a good part of
+// their allocations. Maps a batch grew large are dropped instead (see
+// release).
+type batch struct {
+	ctx      context.Context
+	steps    int
+	txn      statedb.WriteTxn
+	snapshot statedb.ReadTxn
+	dirty    map[ServiceName]struct{}
+	// frontendsDeleted says whether an address was freed, which may
+	// settle a contested one.
+	frontendsDeleted bool
+	// addedFrontends and addedBackends are the addresses of rows this
+	// transaction inserted, by service.
+	addedFrontends map[ServiceName][]L3n4Addr
+	addedBackends  map[ServiceName][]L3n4Addr
+}
+
+func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
+	b := &w.spare
+	if b.dirty == nil {
+		b.dirty = map[ServiceName]struct{}{}
+		b.addedFrontends = map[ServiceName][]L3n4Addr{}
+		b.addedBackends = map[ServiceName][]L3n4Addr{}
+	}
+	b.ctx, b.txn, b.snapshot, b.frontendsDeleted, b.steps = ctx, txn, w.db.ReadTxn(), false, 0
+	return b
+}
+
+// stoppingEvery is how many steps of a batch (services whose frontends are
+// computed) go between two looks at its context.
+const stoppingEvery = 256
+
+// stopping counts a step and says whether the batch's context has ended,
+// looking every stoppingEvery steps.
+func (b *batch) stopping() bool {
+	b.steps++
+	return b.steps%stoppingEvery == 0 && b.ctx.Err() != nil
+}
+
+// release lets go of the transaction and the snapshot, which would keep
+// old versions of the tables alive, and of maps that a listing grew large:
+// clearing a map keeps its memory.
+func (b *batch) release() {
+	b.ctx, b.txn, b.snapshot = nil, nil, nil
+	if len(b.dirty) > maxBatch || len(b.addedFrontends) > maxBatch || len(b.addedBackends) > maxBatch {
+		b.dirty, b.addedFrontends, b.addedBackends = nil, nil, nil
+		return
+	}
+	clear(b.dirty)
+	clear(b.addedFrontends)
+	clear(b.addedBackends)
+}
+
+func (b *batch) markDirty(name ServiceName) { b.dirty[name] = struct{}{} }
+
+func (b *batch) insertFrontend(t *lbTables, fe *Frontend) {
+	t.frontends.Insert(b.txn, fe)
+	b.addedFrontends[fe.ServiceName] = append(b.addedFrontends[fe.ServiceName], fe.Address)
+}
+
+func (b *batch) insertBackend(t *lbTables, be *Backend) {
+	t.backends.Insert(b.txn, be)
+	for i, inst := range be.Instances {
+		// Instances are sorted: a service's come together.
+		if i == 0 || inst.ServiceName != be.Instances[i-1].ServiceName {
+			b.addedBackends[inst.ServiceName] = append(b.addedBackends[inst.ServiceName], be.Address)
+		}
+	}
+}
+
+// frontendsOf are the service's frontends as of the transaction.
+func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
+	addrs := slices.Clip(b.addedFrontends[name])
+	// A service's frontends go in the transaction that deletes it: without
+	// the service, the snapshot has none of its frontends either.
+	if _, _, found := t.services.Get(b.snapshot, ServiceByName.Query(name)); found {
+		for fe := range t.frontends.List(b.snapshot, FrontendByServiceName.Query(name)) {
+			addrs = append(addrs, fe.Address)
+		}
+	}
+	var out []*Frontend
+	for i, addr := range addrs {
+		if slices.Contains(addrs[:i], addr) {
+			continue
+		}
+		if fe, _, found := t.frontends.Get(b.txn, FrontendByAddress.Query(addr)); found && fe.ServiceName == name {
+			out = append(out, fe)
+		}
+	}
+	return out
+}
+
+// backendsOf are the backends serving the service as of the transaction.
+func (b *batch) backendsOf(t *lbTables, name ServiceName) []*Backend {
+	addrs := slices.Clip(b.addedBackends[name])
+	for be := range t.backends.List(b.snapshot, BackendByServiceName.Query(name)) {
+		addrs = append(addrs, be.Address)
+	}
+	var out []*Backend
+	for i, addr := range addrs {
+		if slices.Contains(addrs[:i], addr) {
+			continue
+		}
+		be, _, found := t.backends.Get(b.txn, BackendByAddress.Query(addr))
+		if found && slices.ContainsFunc(be.Instances, func(i BackendInstance) bool { return i.ServiceName == name }) {
+			out = append(out, be)
+		}
+	}
+	return out
+}

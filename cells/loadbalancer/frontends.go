@@ -1,0 +1,195 @@
+package loadbalancer
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/statedb/reconciler"
+)
+
+// Frontend derivation: what a service's frontends are, given the service,
+// its backends and the node's addresses, and bringing the frontends table
+// to that.
+
+// setNodeAddresses recomputes the NodePort frontends for a new set of node
+// addresses. initialized says the node-addresses table has its initial
+// contents.
+func (w *writer) setNodeAddresses(ctx context.Context, addrs []netip.Addr, initialized bool) {
+	w.update(ctx, func(b *batch) {
+		if !slices.Equal(addrs, w.nodeAddrs) {
+			w.nodeAddrs = addrs
+			for svc := range w.tables.services.All(b.txn) {
+				if svc.hasNodePorts() {
+					b.markDirty(svc.Name)
+				}
+			}
+		}
+		if initialized {
+			w.tables.nodeAddressesSynced(b.txn)
+		}
+	})
+}
+
+func (s *Service) hasNodePorts() bool {
+	if s.Type != ServiceNodePort && s.Type != ServiceLoadBalancer {
+		return false
+	}
+	return slices.ContainsFunc(s.Ports, func(p ServicePort) bool { return p.NodePort != 0 })
+}
+
+// updateFrontends brings the frontends of the service up to date: inserts
+// those that are new or changed (Pending), leaves unchanged ones alone so
+// their status stays, and deletes those it no longer has.
+func (w *writer) updateFrontends(b *batch, name ServiceName) {
+	var desired []*Frontend
+	if svc, _, found := w.tables.services.Get(b.txn, ServiceByName.Query(name)); found {
+		desired = w.desiredFrontends(b, svc)
+	}
+	existing := b.frontendsOf(w.tables, name)
+
+	var conflicts []string
+	for _, fe := range desired {
+		old, _, found := w.tables.frontends.Get(b.txn, FrontendByAddress.Query(fe.Address))
+		switch {
+		case found && old.ServiceName != name:
+			conflicts = append(conflicts, fmt.Sprintf("frontend %s is %s's", fe.Address, old.ServiceName))
+		case found && old.sameContent(fe):
+		default:
+			fe.Status = reconciler.StatusPending()
+			b.insertFrontend(w.tables, fe)
+		}
+	}
+	for _, old := range existing {
+		if !slices.ContainsFunc(desired, func(fe *Frontend) bool { return fe.Address == old.Address }) {
+			w.tables.frontends.Delete(b.txn, old)
+			b.frontendsDeleted = true
+		}
+	}
+
+	key := func() string { return "Service " + name.String() + " frontends" }
+	if len(conflicts) > 0 {
+		w.contested[name] = struct{}{}
+		w.setProblemMessage(key(), strings.Join(conflicts, "; "))
+	} else if _, was := w.contested[name]; was {
+		delete(w.contested, name)
+		w.setProblemMessage(key(), "")
+	}
+}
+
+// desiredFrontends are the frontends svc should have now.
+func (w *writer) desiredFrontends(b *batch, svc *Service) []*Frontend {
+	if len(svc.Ports) == 0 {
+		return nil
+	}
+	backends := b.backendsOf(w.tables, svc.Name)
+	var out []*Frontend
+	for _, port := range svc.Ports {
+		sel := backendSelector{svc: svc, port: port, backends: backends, nodeName: w.nodeName}
+		add := func(typ FrontendType, addr netip.Addr, p uint16) {
+			local := svc.ExtTrafficPolicyLocal
+			if typ == FrontendClusterIP {
+				local = svc.IntTrafficPolicyLocal
+			}
+			out = append(out, &Frontend{
+				Address:         L3n4Addr{Addr: addr, Port: p, Protocol: port.Protocol},
+				Type:            typ,
+				ServiceName:     svc.Name,
+				PortName:        port.Name,
+				Backends:        sel.pick(addr.Is6(), local),
+				SessionAffinity: svc.SessionAffinity,
+				AffinityTimeout: svc.AffinityTimeout,
+			})
+		}
+		for _, a := range svc.ClusterIPs {
+			add(FrontendClusterIP, a, port.Port)
+		}
+		for _, a := range svc.ExternalIPs {
+			add(FrontendExternalIP, a, port.Port)
+		}
+		for _, a := range svc.LoadBalancerIPs {
+			add(FrontendLoadBalancer, a, port.Port)
+		}
+		if port.NodePort != 0 && svc.hasNodePorts() {
+			// A NodePort serves the service's address families only: an
+			// IPv4-only service has no backends to offer on an IPv6 node
+			// address.
+			for _, wildcard := range []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()} {
+				if !slices.ContainsFunc(svc.ClusterIPs, func(a netip.Addr) bool { return a.Is6() == wildcard.Is6() }) {
+					continue
+				}
+				for _, a := range w.nodeAddrs {
+					if a.Is6() == wildcard.Is6() {
+						add(FrontendNodePort, a, port.NodePort)
+					}
+				}
+				add(FrontendNodePort, wildcard, port.NodePort)
+			}
+		}
+	}
+	return out
+}
+
+// backendSelector picks the backends of one service port for a frontend.
+// Frontends of the same family and locality share one slice.
+type backendSelector struct {
+	svc      *Service
+	port     ServicePort
+	backends []*Backend
+	nodeName string
+	picked   [2][2][]L3n4Addr
+	done     [2][2]bool
+}
+
+func (s *backendSelector) pick(is6, local bool) []L3n4Addr {
+	i, j := boolIndex(is6), boolIndex(local)
+	if !s.done[i][j] {
+		s.picked[i][j] = s.selectBackends(is6, local)
+		s.done[i][j] = true
+	}
+	return s.picked[i][j]
+}
+
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// selectBackends returns the active backends, or the terminating ones when
+// no backend is active, sorted by address.
+func (s *backendSelector) selectBackends(is6, local bool) []L3n4Addr {
+	var active, terminating []L3n4Addr
+	for _, be := range s.backends {
+		if be.Quarantined || be.Address.Addr.Is6() != is6 || be.Address.Protocol != s.port.Protocol {
+			continue
+		}
+		best := BackendState("")
+		for _, inst := range be.Instances {
+			if inst.ServiceName != s.svc.Name || inst.PortName != s.port.Name {
+				continue
+			}
+			if local && inst.NodeName != s.nodeName {
+				continue
+			}
+			if inst.State == BackendActive || best == "" {
+				best = inst.State
+			}
+		}
+		switch best {
+		case BackendActive:
+			active = append(active, be.Address)
+		case BackendTerminating:
+			terminating = append(terminating, be.Address)
+		}
+	}
+	picked := active
+	if len(picked) == 0 {
+		picked = terminating
+	}
+	slices.SortFunc(picked, L3n4Addr.Compare)
+	return slices.Clip(picked)
+}

@@ -1,0 +1,172 @@
+package loadbalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func newTestWriter(t *testing.T) (*writer, *statedb.DB) {
+	t.Helper()
+	db := statedb.New()
+	tables, err := newTables(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	health, _ := cell.NewSimpleHealth()
+	return &writer{
+		log: slog.New(slog.DiscardHandler), db: db, tables: tables, health: health, nodeName: "node-1",
+		slices: map[sliceID]string{}, problems: map[string]string{},
+		contested: map[ServiceName]struct{}{}, deferred: map[ServiceName]struct{}{},
+	}, db
+}
+
+// listing is the events of an initial listing of n ClusterIP services and
+// their slices of one endpoint, as the reflectors queue them.
+func listing(n int) []k8sEvent {
+	var evs []k8sEvent
+	names := map[ServiceName]struct{}{}
+	ids := map[sliceID]struct{}{}
+	var sliceEvs []k8sEvent
+	for i := range n {
+		name := ServiceName{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)}
+		names[name] = struct{}{}
+		evs = append(evs, &serviceUpserted{svc: &Service{
+			Name: name, Type: ServiceClusterIP,
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []ServicePort{{Port: 80, Protocol: TCP}},
+		}})
+		id := sliceID{Namespace: "default", Name: name.Name + "-1"}
+		ids[id] = struct{}{}
+		sliceEvs = append(sliceEvs, &sliceUpserted{slice: &endpointSlice{id: id, service: name, backends: []sliceBackend{{
+			addr:  L3n4Addr{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Port: 8080, Protocol: TCP},
+			state: BackendActive,
+		}}}})
+	}
+	evs = append(evs, &servicesListed{names: names})
+	return append(append(evs, sliceEvs...), &slicesListed{ids: ids})
+}
+
+// A batch applied after the agent began to stop is abandoned part way:
+// nothing of it is committed.
+func TestUpdateAbandonedWhenStopping(t *testing.T) {
+	w, db := newTestWriter(t)
+	evs := listing(2 * stoppingEvery)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.update(ctx, func(b *batch) {
+		for _, ev := range evs {
+			ev.apply(w, b)
+		}
+	})
+	txn := db.ReadTxn()
+	for name, n := range map[string]int{
+		"services": w.tables.services.NumObjects(txn), "frontends": w.tables.frontends.NumObjects(txn),
+	} {
+		if n != 0 {
+			t.Errorf("%d %s committed by an abandoned batch", n, name)
+		}
+	}
+	if init, _ := w.tables.frontends.Initialized(txn); init {
+		t.Error("frontends table initialized by an abandoned batch")
+	}
+}
+
+// A listing arrives as events and is applied in batches of at most
+// maxBatch, frontends included, yet the frontends table is initialized only
+// once it holds every listed service's frontend.
+func TestListingAppliedInBatches(t *testing.T) {
+	w, db := newTestWriter(t)
+	n := 3 * maxBatch
+	events := make(chan k8sEvent, 2*n+2)
+	for _, ev := range listing(n) {
+		events <- ev
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	// No node addresses: the third initializer of the frontends table.
+	w.setNodeAddresses(ctx, nil, true)
+	done := make(chan struct{})
+	go func() { defer close(done); w.processEvents(ctx, events) }()
+	defer func() { cancel(); <-done }()
+
+	var transactions int
+	changes, err := func() (statedb.ChangeIterator[*Frontend], error) {
+		txn := db.WriteTxn(w.tables.frontends)
+		defer txn.Commit()
+		return w.tables.frontends.Changes(txn)
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(time.Minute)
+	for {
+		txn := db.ReadTxn()
+		init, initWatch := w.tables.frontends.Initialized(txn)
+		if init {
+			if got := w.tables.frontends.NumObjects(txn); got != n {
+				t.Fatalf("frontends table initialized with %d frontends, want all %d", got, n)
+			}
+			break
+		}
+		seq, watch := changes.Next(txn)
+		seen := false
+		for range seq {
+			seen = true
+		}
+		if seen {
+			transactions++
+		}
+		select {
+		case <-watch:
+		case <-initWatch:
+		case <-deadline:
+			t.Fatalf("frontends table not initialized after a minute")
+		}
+	}
+	if transactions < 2 {
+		t.Errorf("the frontends of %d services came in %d transaction(s), want several of at most %d", n, transactions, maxBatch)
+	}
+}
+
+// A listing that arrives while the agent stops is dropped, not converted
+// and queued.
+func TestListingDroppedWhenStopping(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	events := make(chan k8sEvent, 4*stoppingEvery)
+	var list []any
+	for i := range 2 * stoppingEvery {
+		list = append(list, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)}})
+	}
+	if err := serviceStore(ctx, events).Replace(list, "1"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Replace after the context ended: %v, want %v", err, context.Canceled)
+	}
+	if len(events) != 0 {
+		t.Errorf("%d events queued from a listing dropped on stop", len(events))
+	}
+	// With a live context the listing is queued: an upsert per service,
+	// then its end.
+	if err := serviceStore(context.Background(), events).Replace(list, "1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(events) != len(list)+1 {
+		t.Fatalf("%d events queued for a listing of %d services, want %d", len(events), len(list), len(list)+1)
+	}
+	for range list {
+		if _, ok := (<-events).(*serviceUpserted); !ok {
+			t.Fatal("listing does not start with its services")
+		}
+	}
+	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != len(list) {
+		t.Errorf("listing does not end with the names of its %d services", len(list))
+	}
+}

@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cellium/cellium/pkg/client"
+)
+
+var (
+	benchIdle     = flag.Duration("bench.idle", 60*time.Second, "How long BenchmarkIdleAgent lets the agent idle before reading its memory")
+	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) in BenchmarkScale's manifests directory")
+	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
+)
+
+// BenchmarkIdleAgent is the memory of the built agent with its default
+// flags in embedded mode (only its paths are private), after it has been
+// ready and idle for -bench.idle. It prints
+//
+//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... binary_mb=...
+//
+// where file_mb is the part of the resident set backed by files: the
+// binary's pages that ran or were read, and the event ring buffer's mapping.
+//
+//	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x
+func BenchmarkIdleAgent(b *testing.B) {
+	for range b.N {
+		env := newAgentEnv(b)
+		a := startBenchAgent(b, env, env.runFlags()...)
+		a.waitReady(b, time.Minute)
+		time.Sleep(*benchIdle)
+		mem := a.memory(b)
+		a.stop(b)
+		fi, err := os.Stat(agentBin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fmt.Printf("agent-idle-bench idle_s=%.0f rss_mb=%.1f anon_mb=%.1f file_mb=%.1f binary_mb=%.1f\n",
+			benchIdle.Seconds(), mem.rss, mem.anon, mem.file, float64(fi.Size())/(1<<20))
+	}
+}
+
+// BenchmarkScale runs the built agent in embedded mode on a manifests
+// directory of -bench.services ClusterIP Services and their EndpointSlices,
+// twice on the same state (a first start, then a restart). It measures:
+//
+//   - *_ready_s: from exec to the first 200 of /readyz (as readiness is
+//     defined today);
+//   - *_written_s: from exec until the service map holds every frontend
+//     and no frontend is pending in the frontends table;
+//   - restart_lb_writes: entries the restart wrote to the load-balancing
+//     maps, which did not change (cellium_lbmaps_writes_total);
+//   - rss_mb: the agent's resident set once everything is written, the
+//     larger of the two runs, and rss_settled_mb the same -bench.settle
+//     later, once the Go runtime has returned what the load's peak took;
+//   - stop_s: SIGTERM to exit, the larger of the two runs.
+//
+// and prints them on one line, agent-scale-bench services=N ....
+//
+//	go test ./cmd/agent -run '^$' -bench Scale -benchtime 1x
+func BenchmarkScale(b *testing.B) {
+	n := *benchServices
+	for range b.N {
+		env := newAgentEnv(b)
+		manifests := filepath.Join(env.dir, "manifests")
+		writeScaleManifests(b, manifests, n)
+		flags := append(env.runFlags(),
+			"--k8s-manifests-dir", manifests,
+			// A master and a slot per service, with room to spare.
+			"--lb-service-map-max", strconv.Itoa(2*n+1024),
+			"--lb-backend-map-max", strconv.Itoa(n+1024),
+		)
+		var runs [2]scaleRun
+		for i := range runs {
+			runs[i] = runScale(b, env, flags, n)
+		}
+		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f stop_s=%.2f\n",
+			n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
+			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].stop, runs[1].stop).Seconds())
+	}
+}
+
+type scaleRun struct {
+	ready, written, stop time.Duration
+	writes, rss, settled float64
+}
+
+func runScale(b *testing.B, env *agentEnv, flags []string, n int) scaleRun {
+	var r scaleRun
+	a := startBenchAgent(b, env, flags...)
+	r.ready = a.waitReady(b, 5*time.Minute)
+	r.written = a.waitWritten(b, n, 5*time.Minute)
+	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
+	r.rss = a.memory(b).rss
+	time.Sleep(*benchSettle)
+	r.settled = a.memory(b).rss
+	r.stop = a.stop(b)
+	return r
+}
+
+// writeScaleManifests writes n Services and their EndpointSlices, 1000 of
+// each per file, as a cluster of that size would have them.
+func writeScaleManifests(b *testing.B, dir string, n int) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	const perFile = 1000
+	for f := 0; f*perFile < n; f++ {
+		var sb strings.Builder
+		for i := f * perFile; i < min(n, (f+1)*perFile); i++ {
+			svc := fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&0xff, i&0xff)
+			pod := fmt.Sprintf("10.%d.%d.%d", 128+i>>16, i>>8&0xff, i&0xff)
+			fmt.Fprintf(&sb, `---
+apiVersion: v1
+kind: Service
+metadata:
+  name: svc-%[1]d
+  namespace: bench
+  labels: {app: svc-%[1]d}
+spec:
+  type: ClusterIP
+  clusterIP: %[2]s
+  clusterIPs: [%[2]s]
+  selector: {app: svc-%[1]d}
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: svc-%[1]d-x7k2p
+  namespace: bench
+  labels: {kubernetes.io/service-name: svc-%[1]d}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [%[3]s]
+  conditions: {ready: true}
+  nodeName: node-%[4]d
+`, i, svc, pod, i%100)
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("services-%03d.yaml", f)), []byte(sb.String()), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchAgent is one run of the built agent, its log in a file.
+type benchAgent struct {
+	env     *agentEnv
+	cmd     *exec.Cmd
+	started time.Time
+	exited  chan error
+	client  *client.Client
+}
+
+func startBenchAgent(b *testing.B, env *agentEnv, flags ...string) *benchAgent {
+	b.Helper()
+	requireRootB(b)
+	log, err := os.OpenFile(filepath.Join(env.dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer log.Close()
+	cmd := exec.Command(agentBin, append([]string{"run", "--log-format", "json"}, flags...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	a := &benchAgent{env: env, cmd: cmd, exited: make(chan error, 1), client: client.New(env.socket)}
+	a.started = time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	go func() { a.exited <- cmd.Wait() }()
+	b.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-a.exited
+		}
+	})
+	return a
+}
+
+func requireRootB(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: the agent mounts bpffs and pins BPF maps")
+	}
+}
+
+// poll calls done every 10ms until it is true, and returns the time since
+// the agent's exec.
+func (a *benchAgent) poll(b *testing.B, what string, timeout time.Duration, done func() bool) time.Duration {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for !done() {
+		select {
+		case err := <-a.exited:
+			b.Fatalf("agent exited (%v) before %s; log in %s", err, what, filepath.Join(a.env.dir, "agent.log"))
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("agent not %s after %v", what, timeout)
+		}
+	}
+	return time.Since(a.started)
+}
+
+func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duration {
+	return a.poll(b, "ready", timeout, func() bool {
+		resp, err := http.Get("http://" + a.env.healthAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// waitWritten waits until the IPv4 service map holds a master and a slot
+// per service and no frontend waits for the reconciler.
+func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Duration) time.Duration {
+	return a.poll(b, "done writing the service map", timeout, func() bool {
+		ctx := context.Background()
+		maps, err := a.client.Maps(ctx)
+		if err != nil {
+			return false
+		}
+		for _, m := range maps {
+			if strings.HasSuffix(m.Name, "lb4_services") && m.Entries < 2*services {
+				return false
+			}
+		}
+		for _, kind := range []string{"Pending", "Error"} {
+			rows, err := a.client.TableRows(ctx, "frontends", client.TableQuery{Index: "status", Key: kind})
+			if err != nil || len(rows.Rows) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// metric is the sum of a counter's series in /metrics.
+func (a *benchAgent) metric(b *testing.B, name string) float64 {
+	b.Helper()
+	resp, err := http.Get("http://" + a.env.healthAddr + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			b.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+type memory struct{ rss, anon, file float64 }
+
+// memory reads the agent's resident set from /proc, in MiB.
+func (a *benchAgent) memory(b *testing.B) memory {
+	b.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", a.cmd.Process.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var m memory
+	for line := range strings.Lines(string(data)) {
+		key, value, _ := strings.Cut(line, ":")
+		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
+		if err != nil {
+			continue
+		}
+		switch key {
+		case "VmRSS":
+			m.rss = kb / 1024
+		case "RssAnon":
+			m.anon = kb / 1024
+		case "RssFile":
+			m.file = kb / 1024
+		}
+	}
+	return m
+}
+
+// stop sends SIGTERM and returns how long the agent took to exit.
+func (a *benchAgent) stop(b *testing.B) time.Duration {
+	b.Helper()
+	start := time.Now()
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		b.Fatal(err)
+	}
+	select {
+	case err := <-a.exited:
+		if err != nil {
+			b.Fatalf("agent exited with %v on SIGTERM; log in %s", err, filepath.Join(a.env.dir, "agent.log"))
+		}
+	case <-time.After(time.Minute):
+		b.Fatal("agent still running a minute after SIGTERM")
+	}
+	return time.Since(start)
+}
