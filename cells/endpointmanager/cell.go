@@ -24,7 +24,6 @@ import (
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
-	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/kinderr"
 )
 
@@ -133,7 +132,7 @@ type params struct {
 	NodeName   daemon.NodeName
 	// Routing, Devices and NodeAddresses make the automatic MTU; without
 	// them (tests of this cell alone) it is 1500.
-	Routing       routing.Config                      `optional:"true"`
+	Overhead      TunnelOverhead                      `optional:"true"`
 	Devices       statedb.Table[*devices.Device]      `optional:"true"`
 	NodeAddresses statedb.Table[*devices.NodeAddress] `optional:"true"`
 	// Clientset gives endpoints their pods' labels, service accounts and
@@ -180,7 +179,7 @@ func newManager(p params) (*Manager, error) {
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
 	}
-	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Routing, p.Devices, p.NodeAddresses) },
+	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
 		vethCreated: func() { m.crashPoint(CrashVethCreated) }}
 	if m.crashAt != "" {
 		p.Log.Warn("Test fault point armed: the agent kills itself when it creates an endpoint", "step", m.crashAt)
@@ -231,16 +230,29 @@ func (m *Manager) waitRestored(ctx context.Context) error {
 	return nil
 }
 
+// TunnelOverhead is what the routing mode's encapsulation adds to a
+// packet over an IPv4 and an IPv6 underlay; the routing cell provides it.
+type TunnelOverhead struct {
+	IPv4, IPv6 int
+}
+
+func (o TunnelOverhead) of(v6 bool) int {
+	if v6 {
+		return o.IPv6
+	}
+	return o.IPv4
+}
+
 // mtu is the MTU of new endpoints: --endpoint-mtu, or the lowest MTU of the
 // devices holding node addresses (1500 without any) less what the routing
 // mode's encapsulation adds, so that a pod's full-size packet still fits
 // once encapsulated.
-func (m *Manager) mtu(configured int, cfg routing.Config, devs statedb.Table[*devices.Device], addrs statedb.Table[*devices.NodeAddress]) int {
+func (m *Manager) mtu(configured int, overhead TunnelOverhead, devs statedb.Table[*devices.Device], addrs statedb.Table[*devices.NodeAddress]) int {
 	if configured != 0 {
 		return configured
 	}
 	if devs == nil || addrs == nil {
-		return 1500 - cfg.Overhead(false)
+		return 1500 - overhead.of(false)
 	}
 	txn := m.db.ReadTxn()
 	base, v6only := 0, true
@@ -253,5 +265,5 @@ func (m *Manager) mtu(configured int, cfg routing.Config, devs statedb.Table[*de
 	if base == 0 {
 		base, v6only = 1500, false
 	}
-	return base - cfg.Overhead(v6only)
+	return base - overhead.of(v6only)
 }

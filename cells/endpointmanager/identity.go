@@ -36,6 +36,9 @@ func sameIdentityInputs(a, b *Endpoint) bool {
 // allocator cannot answer in time, it is fallback (not counted) and
 // pending says the resolve-identities job must acquire it.
 func (m *Manager) acquireIdentity(ctx context.Context, ep *Endpoint, fallback identity.NumericIdentity) (id identity.NumericIdentity, pending bool) {
+	if ep.Health {
+		return identity.Health, false
+	}
 	ctx, cancel := context.WithTimeout(ctx, identityTimeout)
 	defer cancel()
 	ls := m.ids.PodLabels(identityPod(ep))

@@ -25,6 +25,9 @@ type CreateRequest struct {
 	IfName       string
 	PodNamespace string
 	PodName      string
+	// Health makes the node's health endpoint: reserved identity health,
+	// no pod.
+	Health bool
 }
 
 func (r CreateRequest) validate() error {
@@ -51,7 +54,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	ep := &Endpoint{
 		ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
 		HostIfName: HostIfName(req.ContainerID), PodNamespace: req.PodNamespace, PodName: req.PodName,
-		Created: time.Now(),
+		Health: req.Health, Created: time.Now(),
 	}
 	if meta, ok := m.podMeta(req.PodNamespace, req.PodName); ok {
 		meta.apply(ep)

@@ -7,7 +7,6 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/cellium/cellium/cells/devices"
-	"github.com/cellium/cellium/cells/routing"
 )
 
 // The automatic MTU is the lowest MTU of the devices holding node
@@ -24,7 +23,7 @@ func TestAutomaticMTU(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &Manager{db: db}
-	tunnel, native := routing.Config{RoutingMode: routing.ModeTunnel}, routing.Config{RoutingMode: routing.ModeNative}
+	tunnel, native := TunnelOverhead{IPv4: 50, IPv6: 70}, TunnelOverhead{}
 	if got := m.mtu(0, tunnel, devs, addrs); got != 1450 {
 		t.Errorf("tunnel, no node address: %d, want 1450", got)
 	}
@@ -37,7 +36,7 @@ func TestAutomaticMTU(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		configured int
-		cfg        routing.Config
+		cfg        TunnelOverhead
 		want       int
 	}{
 		{"tunnel over IPv6 only", 0, tunnel, 9000 - 70},

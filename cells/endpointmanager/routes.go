@@ -133,7 +133,7 @@ func (m *Manager) toAPI(ep *Endpoint) apiv1.Endpoint {
 		ID: ep.ID, ContainerID: ep.ContainerID, Netns: ep.Netns, Interface: ep.IfName, MAC: ep.MAC.String(),
 		HostInterface: ep.HostIfName, HostIfIndex: ep.HostIfIndex, HostMAC: ep.HostMAC.String(),
 		PodNamespace: ep.PodNamespace, PodName: ep.PodName, Labels: ep.Labels,
-		ServiceAccount: ep.ServiceAccount, NamespaceLabels: ep.NamespaceLabels,
+		ServiceAccount: ep.ServiceAccount, NamespaceLabels: ep.NamespaceLabels, Health: ep.Health,
 		Identity: uint32(ep.Identity), IdentityPending: ep.IdentityPending,
 		State: string(ep.State), Error: ep.Error, Created: ep.Created,
 	}

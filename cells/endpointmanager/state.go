@@ -59,6 +59,7 @@ type stateFile struct {
 	// ServiceAccount and NamespaceLabels, with Labels, make the identity.
 	ServiceAccount  string            `json:"serviceAccount,omitempty"`
 	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty"`
+	Health          bool              `json:"health,omitempty"`
 	// Identity is the security identity the endpoint had; a restore
 	// acquires it again by labels, and keeps this number meanwhile.
 	Identity identity.NumericIdentity `json:"identity,omitempty"`
@@ -71,7 +72,7 @@ func toStateFile(ep *Endpoint, ph phase) stateFile {
 		IfName: ep.IfName, MAC: ep.MAC, IPv4: ep.IPv4, IPv6: ep.IPv6, HostIfName: ep.HostIfName,
 		HostIfIndex: ep.HostIfIndex, HostMAC: ep.HostMAC, PodNamespace: ep.PodNamespace,
 		PodName: ep.PodName, Labels: ep.Labels, ServiceAccount: ep.ServiceAccount, NamespaceLabels: ep.NamespaceLabels,
-		Identity: ep.Identity, Created: ep.Created,
+		Identity: ep.Identity, Health: ep.Health, Created: ep.Created,
 	}
 }
 
@@ -80,7 +81,7 @@ func (f *stateFile) endpoint() *Endpoint {
 		ID: f.ID, ContainerID: f.ContainerID, Netns: f.Netns, IfName: f.IfName, MAC: f.MAC,
 		IPv4: f.IPv4, IPv6: f.IPv6, HostIfName: f.HostIfName, HostIfIndex: f.HostIfIndex,
 		HostMAC: f.HostMAC, PodNamespace: f.PodNamespace, PodName: f.PodName, Labels: f.Labels,
-		ServiceAccount: f.ServiceAccount, NamespaceLabels: f.NamespaceLabels, Identity: f.Identity, Created: f.Created,
+		ServiceAccount: f.ServiceAccount, NamespaceLabels: f.NamespaceLabels, Identity: f.Identity, Health: f.Health, Created: f.Created,
 	}
 }
 

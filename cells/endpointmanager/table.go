@@ -72,6 +72,9 @@ type Endpoint struct {
 	// its namespace's labels: with Labels, what its identity is made of.
 	ServiceAccount  string            `json:"serviceAccount,omitempty" yaml:"serviceAccount,omitempty"`
 	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty" yaml:"namespaceLabels,omitempty"`
+	// Health marks the node's health endpoint: its identity is the
+	// reserved health identity.
+	Health bool `json:"health,omitempty" yaml:"health,omitempty"`
 	// Identity is the security identity of the endpoint's label set:
 	// identity.Init until the allocator has resolved it.
 	Identity identity.NumericIdentity `json:"identity,omitempty" yaml:"identity,omitempty"`
@@ -122,6 +125,9 @@ func (e *Endpoint) TableRow() []string {
 	pod := ""
 	if e.PodName != "" {
 		pod = e.PodNamespace + "/" + e.PodName
+	}
+	if e.Health {
+		pod = "(node health)"
 	}
 	addr := func(a netip.Addr) string {
 		if a.IsValid() {

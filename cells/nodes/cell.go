@@ -16,6 +16,7 @@ import (
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
@@ -92,6 +93,7 @@ type params struct {
 	IPAM          *ipam.IPAM
 	Devices       statedb.Table[*devices.Device]
 	NodeAddresses statedb.Table[*devices.NodeAddress]
+	Endpoints     statedb.Table[*endpointmanager.Endpoint]
 	DevicesConfig devices.Config
 	KVStore       kvstore.Client
 	Clientset     k8sclient.Clientset
@@ -128,7 +130,7 @@ func newNodes(p params) error {
 	txn.Commit()
 
 	local := &localNode{log: p.Log, nodes: n, ipam: p.IPAM, configured: nodeIPs, devices: p.Devices,
-		addrs: p.NodeAddresses, netnsPath: p.DevicesConfig.DevicesNetns}
+		addrs: p.NodeAddresses, endpoints: p.Endpoints, netnsPath: p.DevicesConfig.DevicesNetns}
 	k8s := newNodeWatcher(p.Log, p.Clientset, n)
 	p.Jobs.Add(
 		job.OneShot("merge", n.merge),

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/ipam"
 )
 
@@ -26,6 +27,8 @@ type localNode struct {
 	configured []netip.Addr
 	devices    statedb.Table[*devices.Device]
 	addrs      statedb.Table[*devices.NodeAddress]
+	// endpoints give the health endpoint's addresses.
+	endpoints statedb.Table[*endpointmanager.Endpoint]
 	// netnsPath is --devices-netns: the namespace whose routes count.
 	netnsPath string
 }
@@ -56,6 +59,7 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 		txn := l.nodes.db.ReadTxn()
 		_, devWatch := l.devices.AllWatch(txn)
 		_, addrWatch := l.addrs.AllWatch(txn)
+		_, epWatch := l.endpoints.AllWatch(txn)
 		spec, err := l.spec(txn, handle)
 		switch {
 		case err != nil:
@@ -72,6 +76,7 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 		select {
 		case <-devWatch:
 		case <-addrWatch:
+		case <-epWatch:
 		case _, ok := <-routes:
 			if !ok {
 				return fmt.Errorf("route subscription ended")
@@ -106,6 +111,11 @@ func (l *localNode) spec(txn statedb.ReadTxn, handle *netlink.Handle) (Spec, err
 	var s Spec
 	for _, p := range l.ipam.Pools() {
 		s.PodCIDRs = append(s.PodCIDRs, p.CIDR)
+	}
+	for ep := range l.endpoints.All(txn) {
+		if ep.Health {
+			s.HealthIPs = append(s.HealthIPs, ep.IPs()...)
+		}
 	}
 	ips := l.configured
 	if len(ips) == 0 {

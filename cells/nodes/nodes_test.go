@@ -22,6 +22,7 @@ import (
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
@@ -58,6 +59,7 @@ func start(t *testing.T, o opts) *agent {
 	t.Helper()
 	a := &agent{}
 	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclient.FakeCell(o.k8s...), nodes.Cell,
+		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Provide(func() annotationOut { return annotationOut{A: nodes.Annotation{Key: "example.com/test", Value: "yes"}} }),
 		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *fake.Clientset, kv kvstore.Client) {
 			a.db, a.tbl, a.k8s, a.kv = db, tbl, cs, kv

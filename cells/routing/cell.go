@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/nodes"
 )
@@ -30,6 +31,9 @@ var Cell = cell.Module(
 		statedb.RWTable[*FDBEntry].ToTable,
 		modeAnnotation,
 		readinessWaits,
+		func(cfg Config) endpointmanager.TunnelOverhead {
+			return endpointmanager.TunnelOverhead{IPv4: cfg.Overhead(false), IPv6: cfg.Overhead(true)}
+		},
 	),
 	cell.Invoke(newRouter, registerReconcilers),
 )

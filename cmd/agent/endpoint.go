@@ -29,6 +29,9 @@ func newEndpointCmd(stdout io.Writer) *cobra.Command {
 					if e.PodName != "" {
 						pod = e.PodNamespace + "/" + e.PodName
 					}
+					if e.Health {
+						pod = "(node health)"
+					}
 					state := e.State
 					if e.Error != "" {
 						state += " (" + e.Error + ")"

@@ -60,6 +60,8 @@ type Endpoint struct {
 	// its namespace's labels, which with Labels make its identity.
 	ServiceAccount  string            `json:"serviceAccount,omitempty"`
 	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty"`
+	// Health marks the node's health endpoint (no pod; identity health).
+	Health bool `json:"health,omitempty"`
 	// Identity is the security identity of the endpoint's labels;
 	// IdentityPending says it is provisional until the allocator answers.
 	Identity        uint32 `json:"identity"`
