@@ -16,6 +16,7 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/clusterhealth"
 	"github.com/cellium/cellium/cells/ctgc"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/daemon"
@@ -62,6 +63,7 @@ var ControlPlane = cell.Group(
 	ipcache.Cell,
 	nodes.Cell,
 	routing.Cell,
+	clusterhealth.Cell,
 	loadbalancer.Cell,
 )
 

@@ -135,6 +135,8 @@ func startTestAgent(t *testing.T, extraFlags []string, slow *slowTable) *testAge
 		"--k8s-manifests-dir", manifests,
 		"--node-name", "readiness-test",
 		"--pod-cidr", "10.251.0.0/24",
+		// No health endpoint: it would be a veth in the host's namespace.
+		"--cluster-health-port", "0",
 	}, extraFlags...)
 	if err := flags.Parse(args); err != nil {
 		t.Fatal(err)

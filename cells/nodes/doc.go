@@ -9,7 +9,8 @@
 //     the default route, its pod CIDRs from the IPAM), Kubernetes Node
 //     objects (SourceK8s), and with --kvstore=etcd the nodes/v1/<name> keys
 //     agents publish (SourceKVStore). A row is the strongest source's
-//     description: local > k8s > kvstore.
+//     description: local > k8s > kvstore; what it leaves empty (addresses,
+//     pod CIDRs, health IPs) a weaker source may fill.
 //   - What cannot be used is left out of a row and said in its Problems: a
 //     node without address is listed but unreachable; a pod CIDR that
 //     overlaps this node's, or that of a node whose name sorts first, is

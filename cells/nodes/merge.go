@@ -50,7 +50,8 @@ func (c *claims) set(node string, source Source, spec Spec, ok bool) {
 }
 
 // rows are the nodes as the table must hold them: each node as its
-// strongest source describes it, without what cannot be used. A node
+// strongest source describes it (with what it leaves empty from weaker
+// ones), without what cannot be used. A node
 // without address keeps its row, named unusable in its problems. A pod
 // CIDR that overlaps one of this node's, or one of another node whose name
 // sorts first, is left out: a route for it would take another node's pods.
@@ -58,8 +59,24 @@ func (c *claims) rows() map[string]*Node {
 	c.mu.Lock()
 	out := make(map[string]*Node, len(c.specs))
 	for name, bySource := range c.specs {
-		src := slices.Max(slices.Collect(maps.Keys(bySource)))
-		out[name] = &Node{Name: name, Local: name == c.local, Source: src, Spec: bySource[src]}
+		sources := slices.Sorted(maps.Keys(bySource))
+		slices.Reverse(sources)
+		n := &Node{Name: name, Local: name == c.local, Source: sources[0], Spec: bySource[sources[0]]}
+		// What the strongest source lacks, a weaker one may say: a Node
+		// object without the agent's annotations, say, and its node's key.
+		for _, src := range sources[1:] {
+			s := bySource[src]
+			if len(n.Addresses) == 0 {
+				n.Addresses = s.Addresses
+			}
+			if len(n.PodCIDRs) == 0 {
+				n.PodCIDRs = s.PodCIDRs
+			}
+			if len(n.HealthIPs) == 0 {
+				n.HealthIPs = s.HealthIPs
+			}
+		}
+		out[name] = n
 	}
 	c.mu.Unlock()
 

@@ -103,6 +103,8 @@ func (e *agentEnv) runFlags() []string {
 		// Never the machine's cgroup root: the socket programs would
 		// translate every socket of the host.
 		"--cgroup-root", e.cgroup,
+		// No health endpoint: it would be a veth in the host's namespace.
+		"--cluster-health-port", "0",
 	}
 }
 

@@ -120,6 +120,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newIdentityCmd(stdout),
 		newIPCacheCmd(stdout),
 		newNodeCmd(stdout),
+		newHealthCmd(stdout),
 		newCleanupCmd(stdout),
 		newInstallCNICmd(stdout),
 		newServiceCmd(stdout),

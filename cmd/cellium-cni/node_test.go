@@ -135,6 +135,9 @@ func (n *node) flags(extra ...string) []string {
 		"--pod-cidr", n.podCIDR,
 		"--cgroup-root", n.cgroup,
 		"--log-format", "json",
+		// No health endpoint: its namespace, bind-mounted in the state
+		// dir, would outlive the test's directory.
+		"--cluster-health-port", "0",
 	}, extra...)
 }
 

@@ -1,0 +1,150 @@
+package devcluster_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/devcluster"
+	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+)
+
+// TestClusterHealth: every node probes every other through the node
+// address and through its health endpoint; a node whose link goes down
+// shows unreachable on the others within two intervals, naming the paths;
+// a health endpoint deleted by hand shows "endpoint" failing while the host
+// paths answer, and is made again; a node that leaves leaves the health
+// table.
+func TestClusterHealth(t *testing.T) {
+	const every = 2 * time.Second
+	c := devclustertest.Start(t, devcluster.Options{Nodes: 3, AgentArgs: []string{"--cluster-health-interval=" + every.String()}})
+	cl, err := c.Client("node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(probe bool) apiv1.ClusterHealth {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		h, err := cl.ClusterHealth(ctx, probe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	node := func(h apiv1.ClusterHealth, name string) (apiv1.NodeHealth, bool) {
+		for _, n := range h.Nodes {
+			if n.Node == name {
+				return n, true
+			}
+		}
+		return apiv1.NodeHealth{}, false
+	}
+	waitFor := func(what string, within time.Duration, ok func(apiv1.ClusterHealth) bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for {
+			h := status(false)
+			if ok(h) {
+				return time.Since(start)
+			}
+			if time.Since(start) > within {
+				t.Fatalf("%s: not within %s: %+v", what, within, h)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	allEndpoints := func(h apiv1.ClusterHealth) bool {
+		if len(h.Nodes) != 3 || !strings.HasPrefix(h.Summary, "Cluster health: 3/3 reachable") {
+			return false
+		}
+		for _, n := range h.Nodes {
+			if !n.HostICMP.OK || !n.HostHTTP.OK || !n.EndpointHTTP.OK {
+				return false
+			}
+		}
+		return true
+	}
+	// The health endpoints appear with the agents; the first round that
+	// knows them all is at most one interval later.
+	took := waitFor("all nodes reachable, host and endpoint", 2*every+5*time.Second, allEndpoints)
+	t.Logf("all nodes and health endpoints reachable %s after the cluster was up", took.Round(time.Millisecond))
+
+	t.Run("link down", func(t *testing.T) {
+		link := func(up bool) {
+			h := nlHandle(t, c.Node("node-3").NetNS)
+			defer h.Close()
+			eth0, err := h.LinkByName("eth0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			set := h.LinkSetDown
+			if up {
+				set = h.LinkSetUp
+			}
+			if err := set(eth0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		link(false)
+		took := waitFor("node-3 unreachable after its link went down", 2*every+time.Second, func(h apiv1.ClusterHealth) bool {
+			n, ok := node(h, "node-3")
+			return ok && !n.Reachable && !n.HostICMP.OK && !n.HostHTTP.OK &&
+				strings.Contains(h.Summary, "2/3 reachable") && strings.Contains(h.Summary, "node-3 (host ICMP")
+		})
+		t.Logf("node-3 unreachable %s after its link went down", took.Round(time.Millisecond))
+		link(true)
+		waitFor("node-3 reachable again", 2*every+5*time.Second, allEndpoints)
+	})
+
+	t.Run("health endpoint deleted by hand", func(t *testing.T) {
+		c2, err := c.Client("node-2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		health := func() apiv1.Endpoint {
+			eps, err := c2.Endpoints(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ep := range eps {
+				if ep.Health {
+					return ep
+				}
+			}
+			t.Fatal("node-2 has no health endpoint")
+			return apiv1.Endpoint{}
+		}
+		before := health()
+		if before.Identity != 4 {
+			t.Errorf("node-2's health endpoint has identity %d, want the reserved health identity 4", before.Identity)
+		}
+		h := nlHandle(t, c.Node("node-2").NetNS)
+		veth, err := h.LinkByName(before.HostInterface)
+		if err == nil {
+			err = h.LinkDel(veth)
+		}
+		h.Close()
+		if err != nil {
+			t.Fatalf("delete %s in node-2: %v", before.HostInterface, err)
+		}
+		n, _ := node(status(true), "node-2")
+		if n.Reachable || n.EndpointHTTP.OK || !n.HostICMP.OK || !n.HostHTTP.OK {
+			t.Fatalf("node-2 with its health endpoint gone: %+v; want the endpoint failing and the host answering", n)
+		}
+		waitFor("node-2's health endpoint made again and reachable", 20*time.Second, allEndpoints)
+		if after := health(); after.HostIfIndex == before.HostIfIndex {
+			t.Errorf("node-2's health endpoint still has host ifindex %d: not made again", after.HostIfIndex)
+		}
+	})
+
+	t.Run("a node that leaves", func(t *testing.T) {
+		c.RemoveNode("node-3")
+		waitFor("node-3 gone from node-1's health", 2*every+5*time.Second, func(h apiv1.ClusterHealth) bool {
+			_, found := node(h, "node-3")
+			return !found && strings.HasPrefix(h.Summary, "Cluster health: 2/2 reachable")
+		})
+	})
+}
