@@ -11,10 +11,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/internal/celltest"
@@ -282,5 +284,104 @@ func TestRelativeSocketRejected(t *testing.T) {
 	err := h.Populate(hivetest.Logger(t))
 	if err == nil || !strings.Contains(err.Error(), `invalid --api-socket "agent.sock": must be an absolute path`) {
 		t.Fatalf("populate with a relative socket: %v", err)
+	}
+}
+
+// rawGet sends a GET for exactly path over the socket (the client would
+// not send an unclean one), returning the status and body.
+func rawGet(t *testing.T, socket, path string) (int, string) {
+	t.Helper()
+	hc := &http.Client{
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	req, err := http.NewRequest(http.MethodGet, "http://agent", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.URL.Path = path
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var e apiv1.Error
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatalf("GET %s: %d with a body that is not a JSON error: %v", path, resp.StatusCode, err)
+	}
+	return resp.StatusCode, e.Message
+}
+
+func TestUncleanPathIsABadRequest(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	celltest.Start(t, newAPIHive(t, socket, cell.Module("widgets", "Test routes", cell.Provide(widgetRoutes))))
+	for _, tc := range []struct{ path, want string }{
+		{"/v1//widgets/gear", `unclean path "/v1//widgets/gear": ask for "/v1/widgets/gear"`},
+		{"/v1/x/../widgets/gear", `ask for "/v1/widgets/gear"`},
+		{"/v1/./healthz", `ask for "/v1/healthz"`},
+	} {
+		status, msg := rawGet(t, socket, tc.path)
+		if status != http.StatusBadRequest || !strings.Contains(msg, tc.want) {
+			t.Errorf("GET %s = %d %q, want 400 containing %q", tc.path, status, msg, tc.want)
+		}
+	}
+	if status, msg := rawGet(t, socket, "/v1/widgets/gear/"); status != http.StatusNotFound {
+		t.Errorf("GET with a trailing slash = %d %q, want 404", status, msg)
+	}
+}
+
+// TestSocketNeverWiderThanItsMode: under umask 000 bind makes a socket
+// anyone may connect to. The socket must only ever appear at its path
+// already narrowed: by a rename into place, never created there.
+func TestSocketNeverWiderThanItsMode(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "agent.sock")
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Skipf("inotify: %v", err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO); err != nil {
+		t.Fatal(err)
+	}
+	old := unix.Umask(0)
+	ln, err := api.ListenUnix("api-socket", socket)
+	unix.Umask(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, moved := false, false
+	buf := make([]byte, 64<<10)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		t.Fatalf("read inotify events: %v", err)
+	}
+	for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+		name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+		if name == "agent.sock" {
+			created = created || ev.Mask&unix.IN_CREATE != 0
+			moved = moved || ev.Mask&unix.IN_MOVED_TO != 0
+		}
+		off += unix.SizeofInotifyEvent + int(ev.Len)
+	}
+	if created || !moved {
+		t.Fatalf("socket created at its path: %v, renamed there: %v; want it bound elsewhere and renamed into place", created, moved)
+	}
+	fi, err := os.Stat(socket)
+	if err != nil || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket: %v %v, want mode 0660", fi, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("directory holds %d entries, want only the socket (the private bind directory removed)", len(entries))
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(socket); !os.IsNotExist(err) {
+		t.Fatalf("socket after close: %v, want it removed", err)
 	}
 }

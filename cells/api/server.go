@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -112,6 +114,14 @@ func (s *Server) stop(ctx cell.HookContext) error {
 // ServeHTTP answers requests that match no route with a JSON error, and hands
 // the rest to the mux.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// ServeMux would redirect an unclean path ("/v1//health",
+	// "/v1/x/../health") to its clean form; the API answers every error in
+	// JSON with a 4xx instead, as it promises.
+	if clean := cleanPath(r.URL.Path); clean != r.URL.Path {
+		writeJSON(w, http.StatusBadRequest, apiv1.Error{Status: http.StatusBadRequest,
+			Message: fmt.Sprintf("unclean path %q: ask for %q", r.URL.Path, clean)})
+		return
+	}
 	h, pattern := s.mux.Handler(r)
 	if pattern != "" {
 		// Through the mux, not h, so that r.PathValue works.
@@ -127,6 +137,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		msg = fmt.Sprintf("method %s not allowed for %s (allowed: %s)", r.Method, r.URL.Path, w.Header().Get("Allow"))
 	}
 	writeJSON(w, rec.status, apiv1.Error{Status: rec.status, Message: msg})
+}
+
+// cleanPath is path.Clean keeping a trailing slash, the form ServeMux
+// matches without redirecting.
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean
 }
 
 // adapt turns a HandlerFunc into an http.Handler: JSON encoding, errors,
