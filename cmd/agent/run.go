@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/cilium/hive"
 	"github.com/spf13/cobra"
@@ -21,7 +23,8 @@ func newRunCmd(h *hive.Hive, agentFlags *pflag.FlagSet) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the agent",
-		Long: "Run the agent until SIGINT or SIGTERM. Without a cluster (no --kubeconfig and not\n" +
+		Long: "Run the agent until SIGINT or SIGTERM (a second one exits at once, naming the\n" +
+			"start or stop hook still running). Without a cluster (no --kubeconfig and not\n" +
 			"in a pod) it runs with embedded defaults. Needs root: it mounts bpffs, pins BPF\n" +
 			"maps and writes /proc/sys.",
 		Args: cobra.NoArgs,
@@ -34,7 +37,10 @@ func newRunCmd(h *hive.Hive, agentFlags *pflag.FlagSet) *cobra.Command {
 			if os.Geteuid() != 0 {
 				log.Warn("Not running as root: mounting bpffs, pinning BPF maps and writing /proc/sys will fail")
 			}
-			return h.Run(log)
+			signals := make(chan os.Signal, 2)
+			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(signals)
+			return runUntilSignalled(h, log, signals)
 		},
 	}
 	cmd.Flags().AddFlagSet(agentFlags)
