@@ -3,6 +3,7 @@ package devices
 import (
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -48,6 +49,22 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"Devices whose addresses are node addresses, as comma-separated names or globs (eth*); empty selects every device that is up, except loopback and the agent's own")
 	flags.String("devices-netns", def.DevicesNetns,
 		"Path of the network namespace whose devices to watch, such as /var/run/netns/test; empty is the agent's own (for tests)")
+}
+
+// checkNetnsPath refuses a --devices-netns that does not exist, at
+// populate, instead of a watcher that retries it forever. (One stat: a
+// namespace that goes away later is the watcher's retry's business.)
+func checkNetnsPath(path string) error {
+	if path == "" {
+		return nil
+	}
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("invalid --devices-netns %q: want an absolute path such as /var/run/netns/test", path)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("invalid --devices-netns %q: %w; want the path of a network namespace such as /var/run/netns/test", path, err)
+	}
+	return nil
 }
 
 // ownDevicePrefixes name the veths the agent creates for its endpoints.

@@ -47,6 +47,9 @@ func registerWatcher(p watcherParams) error {
 	if err != nil {
 		return err
 	}
+	if err := checkNetnsPath(p.Config.DevicesNetns); err != nil {
+		return err
+	}
 	w := &watcher{
 		log:       p.Log,
 		db:        p.DB,

@@ -64,6 +64,13 @@ func registerReconciler(cfg Config, p reconciler.Params, tbl statedb.RWTable[*Sy
 	if !filepath.IsAbs(cfg.ProcFS) {
 		return fmt.Errorf("invalid --proc-fs %q: must be an absolute path", cfg.ProcFS)
 	}
+	// Checked at populate (one stat) rather than retried forever by the
+	// reconciler: a wrong mount point is a configuration error.
+	if fi, err := os.Stat(cfg.ProcFS); err != nil {
+		return fmt.Errorf("invalid --proc-fs %q: %w; want the mount point of procfs such as /proc", cfg.ProcFS, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("invalid --proc-fs %q: not a directory; want the mount point of procfs such as /proc", cfg.ProcFS)
+	}
 	_, err := reconciler.Register(
 		p, tbl,
 		(*Sysctl).clone, (*Sysctl).setStatus, (*Sysctl).getStatus,

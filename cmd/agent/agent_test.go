@@ -234,19 +234,32 @@ func TestBadConfigStartsNothing(t *testing.T) {
 		{name: "unknown config-dir key", files: map[string]string{"enable-ip-fowarding": "false"},
 			want: `unknown key "enable-ip-fowarding"`},
 		{name: "bad config-dir value", files: map[string]string{"enable-ip-forwarding": "sometimes"},
-			want: `key enable-ip-forwarding: invalid argument "sometimes"`},
+			want: `/enable-ip-forwarding): invalid argument "sometimes"`},
 		{name: "bad env value", env: []string{"AGENT_ENABLE_IP_FORWARDING=sometimes"},
 			want: `AGENT_ENABLE_IP_FORWARDING: invalid argument "sometimes"`},
 		{name: "value a cell rejects", args: []string{"--state-dir", "relative/dir"},
 			want: `invalid --state-dir "relative/dir": must be an absolute path`},
 		{name: "bad log format", args: []string{"--log-format", "xml"},
 			want: `invalid --log-format "xml": want auto, text or json`},
+		{name: "bad flag value names the form", args: []string{"--conntrack-tcp-max", "-1"},
+			want: `invalid argument "-1" for "--conntrack-tcp-max" flag: strconv.ParseUint: parsing "-1": invalid syntax (want a non-negative integer)`},
+		{name: "value a cell rejects names its variable", env: []string{"AGENT_POD_CIDR=garbage"},
+			want: `invalid --pod-cidr "garbage": want a CIDR such as 10.244.0.0/24 or fd00:10:244::/112 (--pod-cidr came from environment variable AGENT_POD_CIDR)`},
+		{name: "value a cell rejects names its file", files: map[string]string{"pod-cidr": "10.1.0.0/16\n10.2.0.0/16\n"},
+			want: `more than one ipv4 CIDR; give at most one per family (--pod-cidr came from --config-dir file `},
+		{name: "one value on two lines", files: map[string]string{"node-name": "a\nb"},
+			want: `holds 2 lines: --node-name takes one value`},
+		{name: "missing proc-fs", args: []string{"--proc-fs", "/nonexistent"},
+			want: `invalid --proc-fs "/nonexistent": stat /nonexistent: no such file or directory`},
+		{name: "missing devices-netns", args: []string{"--devices-netns", "/nonexistent"},
+			want: `invalid --devices-netns "/nonexistent": stat /nonexistent: no such file or directory`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			configDir := filepath.Join(dir, "config")
 			os.Mkdir(configDir, 0o755)
+			os.Mkdir(filepath.Join(dir, "proc"), 0o755)
 			for k, v := range tc.files {
 				os.WriteFile(filepath.Join(configDir, k), []byte(v), 0o644)
 			}

@@ -42,13 +42,14 @@ func main() {
 
 // execute runs the command line args and returns the exit code.
 func execute(args []string, stdout, stderr io.Writer) int {
-	root := newRootCmd(stdout, stderr)
+	origins := flagsource.Origins{}
+	root := newRootCmd(stdout, stderr, origins)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
 		if ec, ok := errors.AsType[exitCodeError](err); ok {
 			return ec.code
 		}
-		fmt.Fprintf(stderr, "Error: %v\n", err)
+		fmt.Fprintf(stderr, "Error: %v\n", origins.Explain(err))
 		return 1
 	}
 	return 0
@@ -64,7 +65,9 @@ type globalFlags struct {
 	configDir string
 }
 
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+// newRootCmd builds the command tree; origins learns where the flags that
+// came from the environment or --config-dir got their values.
+func newRootCmd(stdout, stderr io.Writer, origins flagsource.Origins) *cobra.Command {
 	var g globalFlags
 	// One hive serves every command that takes the agent's flags: its flags
 	// are registered on each of them, and only the command that runs uses it.
@@ -83,13 +86,19 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		if invalid, ok := errors.AsType[*pflag.InvalidValueError](err); ok {
+			return fmt.Errorf("%w (want %s)", err, flagsource.WantedForm(invalid.GetFlag()))
+		}
+		return err
+	})
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.logLevel, "log-level", "info", "Log level: debug, info, warn or error")
 	pf.StringVar(&g.logFormat, "log-format", logging.FormatAuto, "Log format: auto (text on a terminal, else JSON), text or json")
 	pf.StringVar(&g.configDir, "config-dir", "", "Directory with one file per flag, named after it (a mounted ConfigMap)")
 
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		if err := resolveFlags(cmd.Flags(), agentFlags, root.PersistentFlags()); err != nil {
+		if err := resolveFlags(cmd.Flags(), agentFlags, root.PersistentFlags(), origins); err != nil {
 			return err
 		}
 		level := g.logLevel
@@ -135,11 +144,11 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 // resolveFlags fills the command's unset flags from AGENT_* variables and
 // --config-dir. The config dir may hold any of the agent's flags, even those
 // this command does not take.
-func resolveFlags(cmdFlags, agentFlags, rootFlags *pflag.FlagSet) error {
+func resolveFlags(cmdFlags, agentFlags, rootFlags *pflag.FlagSet, origins flagsource.Origins) error {
 	// --config-dir itself may come from the environment.
 	dirOnly := pflag.NewFlagSet("", pflag.ContinueOnError)
 	dirOnly.AddFlag(cmdFlags.Lookup("config-dir"))
-	if err := (flagsource.Sources{EnvPrefix: cells.EnvPrefix}).Apply(dirOnly); err != nil {
+	if err := (flagsource.Sources{EnvPrefix: cells.EnvPrefix, Origins: origins}).Apply(dirOnly); err != nil {
 		return err
 	}
 
@@ -152,5 +161,6 @@ func resolveFlags(cmdFlags, agentFlags, rootFlags *pflag.FlagSet) error {
 		EnvPrefix: cells.EnvPrefix,
 		ConfigDir: cmdFlags.Lookup("config-dir").Value.String(),
 		Known:     known,
+		Origins:   origins,
 	}.Apply(cmdFlags)
 }

@@ -15,6 +15,7 @@ package flagsource
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -35,6 +36,54 @@ type Sources struct {
 	Known []string
 	// LookupEnv reads the environment; nil means os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// Origins, when not nil, learns where Apply took each value from.
+	Origins Origins
+}
+
+// Origins maps a flag name to where its value came from: the environment
+// variable, or the config directory's file.
+type Origins map[string]string
+
+// Explain adds to err where the flags it names got their values: a value
+// that parses but is refused later (by the cell that uses it) is then still
+// traced to the variable or file that holds it.
+func (o Origins) Explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	var from []string
+	for _, name := range slices.Sorted(maps.Keys(o)) {
+		if mentionsFlag(msg, name) {
+			from = append(from, fmt.Sprintf("--%s came from %s", name, o[name]))
+		}
+	}
+	if len(from) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(from, "; "))
+}
+
+// mentionsFlag says whether msg names --name, and not a longer flag that
+// starts with it.
+func mentionsFlag(msg, name string) bool {
+	flag := "--" + name
+	for i := strings.Index(msg, flag); i >= 0; {
+		end := i + len(flag)
+		if end == len(msg) || !isFlagChar(msg[end]) {
+			return true
+		}
+		next := strings.Index(msg[end:], flag)
+		if next < 0 {
+			return false
+		}
+		i = end + next
+	}
+	return false
+}
+
+func isFlagChar(c byte) bool {
+	return c == '-' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
 }
 
 // EnvName is the environment variable that sets flag name.
@@ -60,18 +109,59 @@ func (s Sources) Apply(fs *pflag.FlagSet) error {
 			return
 		}
 		if value, ok := lookup(s.EnvName(f.Name)); ok {
-			if err := fs.Set(f.Name, value); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", s.EnvName(f.Name), invalid(f, err)))
+			if err := set(fs, f, value); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", s.EnvName(f.Name), err))
+			} else if s.Origins != nil {
+				s.Origins[f.Name] = "environment variable " + s.EnvName(f.Name)
 			}
 			return
 		}
 		if value, ok := fromDir[f.Name]; ok {
-			if err := fs.Set(f.Name, value); err != nil {
-				errs = append(errs, fmt.Errorf("--config-dir %s: key %s: %w", s.ConfigDir, f.Name, invalid(f, err)))
+			path := filepath.Join(s.ConfigDir, f.Name)
+			if err := set(fs, f, value); err != nil {
+				errs = append(errs, fmt.Errorf("--config-dir %s: key %s (file %s): %w", s.ConfigDir, f.Name, path, err))
+			} else if s.Origins != nil {
+				s.Origins[f.Name] = "--config-dir file " + path
 			}
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// set sets the flag from a variable or a file's content. A list flag takes
+// one item per line as well as comma-separated ones (a ConfigMap's YAML block
+// scalar holds one per line); any other flag takes one line, and a value
+// that cannot be used whole is an error, never a silently shortened one.
+func set(fs *pflag.FlagSet, f *pflag.Flag, value string) error {
+	lines := strings.FieldsFunc(value, func(r rune) bool { return r == '\n' || r == '\r' })
+	if len(lines) > 1 {
+		if !isList(f) {
+			return fmt.Errorf("value %q holds %d lines: --%s takes one value (want %s)", value, len(lines), f.Name, WantedForm(f))
+		}
+		for i := range lines {
+			lines[i] = strings.Trim(strings.TrimSpace(lines[i]), ",")
+		}
+		lines = slices.DeleteFunc(lines, func(l string) bool { return l == "" })
+		if strings.HasSuffix(f.Value.Type(), "Array") {
+			// An array flag takes its items one Set at a time.
+			for _, l := range lines {
+				if err := fs.Set(f.Name, l); err != nil {
+					return invalid(f, err)
+				}
+			}
+			return nil
+		}
+		value = strings.Join(lines, ",")
+	}
+	if err := fs.Set(f.Name, value); err != nil {
+		return invalid(f, err)
+	}
+	return nil
+}
+
+func isList(f *pflag.Flag) bool {
+	t := f.Value.Type()
+	return strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array") || t == "stringToString"
 }
 
 // readConfigDir reads one value per file. Names starting with a dot are
@@ -133,10 +223,12 @@ func (s Sources) suggest(fs *pflag.FlagSet, key string) string {
 // invalid adds the form the flag wants to the error of its parser, which
 // already names the value and the flag.
 func invalid(f *pflag.Flag, err error) error {
-	return fmt.Errorf("%w (want %s)", err, wantedForm(f))
+	return fmt.Errorf("%w (want %s)", err, WantedForm(f))
 }
 
-func wantedForm(f *pflag.Flag) string {
+// WantedForm describes the values flag f takes, for an error that refuses
+// one.
+func WantedForm(f *pflag.Flag) string {
 	switch t := f.Value.Type(); t {
 	case "bool":
 		return "true or false"
@@ -149,7 +241,7 @@ func wantedForm(f *pflag.Flag) string {
 	case "float32", "float64":
 		return "a number"
 	case "stringSlice", "stringArray":
-		return "a comma-separated list"
+		return "a comma-separated list (or one item per line in a file)"
 	case "stringToString":
 		return "comma-separated key=value pairs"
 	default:

@@ -1,6 +1,7 @@
 package flagsource
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,7 +91,7 @@ func TestConfigDirErrors(t *testing.T) {
 		{"mistyped key suggests the flag", map[string]string{"state_dir": "/x"}, nil,
 			`unknown key "state_dir"`},
 		{"bad bool names key and form", map[string]string{"enable-ip-forwarding": "maybe"}, nil,
-			`key enable-ip-forwarding: invalid argument "maybe" for "--enable-ip-forwarding" flag: strconv.ParseBool: parsing "maybe": invalid syntax (want true or false)`},
+			`/enable-ip-forwarding): invalid argument "maybe" for "--enable-ip-forwarding" flag: strconv.ParseBool: parsing "maybe": invalid syntax (want true or false)`},
 		{"bad duration", map[string]string{"gc-interval": "often"}, nil,
 			`(want a duration such as 500ms, 30s or 5m)`},
 	}
@@ -145,5 +146,53 @@ func TestDirectoryEntryIsAnError(t *testing.T) {
 	err := Sources{ConfigDir: dir, LookupEnv: env(nil)}.Apply(newFlags())
 	if err == nil || !strings.Contains(err.Error(), "is not a regular file") {
 		t.Fatalf("Apply = %v, want an error for a directory entry", err)
+	}
+}
+
+func TestListValuesOnePerLine(t *testing.T) {
+	dir := writeConfigMap(t, map[string]string{"pod-cidr": "10.0.0.0/24\nfd00::/64,\n\n"})
+	fs := newFlags()
+	fs.StringArray("label", nil, "")
+	if err := (Sources{ConfigDir: dir, EnvPrefix: "AGENT_", LookupEnv: env(map[string]string{"AGENT_LABEL": "k8s:app\nk8s:io.kubernetes.pod.namespace"})}).Apply(fs); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := fs.GetStringSlice("pod-cidr"); strings.Join(got, " ") != "10.0.0.0/24 fd00::/64" {
+		t.Fatalf("--pod-cidr from two lines = %q, want both CIDRs", got)
+	}
+	if got, _ := fs.GetStringArray("label"); strings.Join(got, " ") != "k8s:app k8s:io.kubernetes.pod.namespace" {
+		t.Fatalf("--label from two lines = %q, want one item per line", got)
+	}
+}
+
+func TestSeveralLinesForOneValueIsAnError(t *testing.T) {
+	dir := writeConfigMap(t, map[string]string{"state-dir": "/a\n/b\n"})
+	fs := newFlags()
+	err := Sources{ConfigDir: dir, LookupEnv: env(nil)}.Apply(fs)
+	want := `value "/a\n/b" holds 2 lines: --state-dir takes one value`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Apply = %v, want %q", err, want)
+	}
+	if got := fs.Lookup("state-dir").Value.String(); got != "/default" {
+		t.Fatalf("--state-dir = %q after a refused value, want the default", got)
+	}
+}
+
+func TestOriginsExplainLaterErrors(t *testing.T) {
+	dir := writeConfigMap(t, map[string]string{"pod-cidr": "garbage"})
+	origins := Origins{}
+	if err := (Sources{ConfigDir: dir, EnvPrefix: "AGENT_", Origins: origins,
+		LookupEnv: env(map[string]string{"AGENT_STATE_DIR": "/from-env"})}).Apply(newFlags()); err != nil {
+		t.Fatal(err)
+	}
+	err := origins.Explain(errors.New(`invalid --pod-cidr "garbage": want a CIDR`))
+	if want := "(--pod-cidr came from --config-dir file " + filepath.Join(dir, "pod-cidr") + ")"; !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("explained: %v, want it to end with %q", err, want)
+	}
+	err = origins.Explain(errors.New(`invalid --state-dir-extra "x"; --state-dir is fine`))
+	if !strings.HasSuffix(err.Error(), "(--state-dir came from environment variable AGENT_STATE_DIR)") {
+		t.Fatalf("explained: %v, want the origin of --state-dir only", err)
+	}
+	if err := origins.Explain(errors.New(`invalid --state-dir-extra "x"`)); strings.Contains(err.Error(), "came from") {
+		t.Fatalf("explained: %v, want nothing added for a flag that only starts like one with an origin", err)
 	}
 }
