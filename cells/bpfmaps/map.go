@@ -401,6 +401,7 @@ func (m *Map[K, V]) Iterate(fn func(K, V) bool) error {
 // the map.
 type pinnedMap struct {
 	log       *slog.Logger
+	reg       *Registry
 	dir       string
 	spec      Spec
 	keySize   uint32
@@ -468,6 +469,9 @@ func (p *pinnedMap) Start(cell.HookContext) error {
 		return fmt.Errorf("bpf map %s (pin %s): %w", p.spec.Name, pin, err)
 	}
 
+	if origin == OriginCreated {
+		p.reg.CreatedPin(pin)
+	}
 	p.mu.Lock()
 	p.m, p.origin = m, origin
 	p.mu.Unlock()

@@ -13,32 +13,70 @@ import (
 	"github.com/cilium/hive/cell"
 	"golang.org/x/sys/unix"
 
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
 
 // Registry knows every map the agent owns. Cells declare their maps with
 // [NewMap]; the registry checks that names are valid and unique, and lists
 // the maps for GET /v1/maps.
+//
+// The pin directory belongs to one agent at a time: the registry holds an
+// exclusive lock on it from its start to its stop, and a second agent on
+// the same --bpf-map-prefix fails to start before it opens any map.
+//
+// A start that fails (or is interrupted) undoes what it created: the
+// registry stops last, and when the agent never finished starting it
+// removes the pins this run created ([Registry.CreatedPin]), and the pin
+// directory if this run created it and nothing else is in it. What an
+// earlier run pinned stays, so that its datapath keeps working.
 type Registry struct {
-	log  *slog.Logger
-	root string // the bpffs mount point, --bpf-root
-	dir  string // where maps are pinned, <root>/<prefix>
+	log       *slog.Logger
+	root      string // the bpffs mount point, --bpf-root
+	dir       string // where maps are pinned, <root>/<prefix>
+	readiness *health.Readiness
 
-	mu      sync.Mutex
-	started bool
-	maps    map[string]*pinnedMap
+	mu         sync.Mutex
+	started    bool
+	maps       map[string]*pinnedMap
+	lockFD     int      // the pin directory, flocked; -1 when not held
+	createdDir bool     // this run created the pin directory
+	created    []string // pins this run created, in order
 }
 
-func newRegistry(cfg Config, lc cell.Lifecycle, log *slog.Logger) (*Registry, error) {
-	root, dir, err := cfg.validate()
+type registryParams struct {
+	cell.In
+	Config    Config
+	Lifecycle cell.Lifecycle
+	Log       *slog.Logger
+	// Readiness says whether the start completed; without it (a hive with
+	// no health cell) a stop never undoes anything.
+	Readiness *health.Readiness `optional:"true"`
+}
+
+func newRegistry(p registryParams) (*Registry, error) {
+	root, dir, err := p.Config.validate()
 	if err != nil {
 		return nil, err
 	}
-	r := &Registry{log: log, root: root, dir: dir, maps: map[string]*pinnedMap{}}
+	r := &Registry{log: p.Log, root: root, dir: dir, readiness: p.Readiness, maps: map[string]*pinnedMap{}, lockFD: -1}
 	// Cells that declare maps take *Registry, so this hook runs before
-	// theirs: the pin directory exists by the time a map is opened.
-	lc.Append(cell.Hook{OnStart: r.start})
+	// theirs (and its stop after theirs): the pin directory exists by the
+	// time a map is opened, and every map is closed by the time a failed
+	// start's pins are removed.
+	lc := p.Lifecycle
+	lc.Append(cell.Hook{OnStart: r.start, OnStop: r.stop})
 	return r, nil
+}
+
+// CreatedPin records that this run created the pin at path (a map or a
+// link under PinDir), so that a start that fails removes it again. A pin
+// that replaced an existing one is not recorded: removing it would not
+// bring back what it replaced.
+func (r *Registry) CreatedPin(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.created = append(r.created, path)
 }
 
 // PinDir is where the agent pins, <bpf-root>/<bpf-map-prefix>. A cell that
@@ -52,7 +90,10 @@ func (r *Registry) start(cell.HookContext) error {
 	if err := r.ensureBPFFS(); err != nil {
 		return err
 	}
-	if err := os.Mkdir(r.dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	createdDir := true
+	if err := os.Mkdir(r.dir, 0o700); errors.Is(err, fs.ErrExist) {
+		createdDir = false
+	} else if err != nil {
 		return fmt.Errorf("--bpf-map-prefix: create pin directory %s: %w", r.dir, err)
 	}
 	if fi, err := os.Stat(r.dir); err != nil {
@@ -60,12 +101,79 @@ func (r *Registry) start(cell.HookContext) error {
 	} else if !fi.IsDir() {
 		return fmt.Errorf("--bpf-map-prefix: %s exists and is not a directory", r.dir)
 	}
+	fd, err := lockDir(r.dir)
+	if err != nil {
+		return err
+	}
 	r.mu.Lock()
+	r.lockFD, r.createdDir = fd, createdDir
 	r.started = true
 	n := len(r.maps)
 	r.mu.Unlock()
 	r.log.Info("BPF map pin directory ready", "dir", r.dir, "maps", n)
 	return nil
+}
+
+// lockDir takes the exclusive lock of the pin directory, which the kernel
+// releases when the agent exits, however it exits.
+func lockDir(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("--bpf-map-prefix: open pin directory %s: %w", dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return -1, fmt.Errorf("--bpf-map-prefix: another agent is running on pin directory %s (it holds the directory's lock); give each agent its own --bpf-map-prefix", dir)
+		}
+		return -1, fmt.Errorf("--bpf-map-prefix: lock pin directory %s: %w", dir, err)
+	}
+	return fd, nil
+}
+
+// stop releases the pin directory, after removing what this run pinned if
+// the run never finished starting.
+func (r *Registry) stop(cell.HookContext) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lockFD < 0 {
+		return nil
+	}
+	var errs []error
+	if r.readiness != nil && !r.readiness.StartCompleted() {
+		errs = r.undoLocked()
+	}
+	if err := unix.Close(r.lockFD); err != nil {
+		errs = append(errs, fmt.Errorf("unlock pin directory %s: %w", r.dir, err))
+	}
+	r.lockFD = -1
+	return errors.Join(errs...)
+}
+
+// undoLocked removes the pins of a start that did not complete, newest
+// first, and the pin directory if this run made it and it is now empty.
+func (r *Registry) undoLocked() []error {
+	var errs []error
+	var removed []string
+	for _, pin := range slices.Backward(r.created) {
+		if err := os.Remove(pin); errors.Is(err, unix.ENOTEMPTY) {
+			continue // a directory that holds what an earlier run pinned
+		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove pin %s of the failed start: %w", pin, err))
+			continue
+		}
+		removed = append(removed, pin)
+	}
+	r.created = nil
+	if r.createdDir {
+		if err := os.Remove(r.dir); err == nil {
+			removed = append(removed, r.dir)
+		}
+	}
+	if len(removed) > 0 {
+		r.log.Warn("The agent did not finish starting: removed what this run pinned", "pins", removed)
+	}
+	return errs
 }
 
 // ensureBPFFS mounts a BPF filesystem at the root unless one is there.
@@ -119,6 +227,7 @@ func (r *Registry) declare(spec Spec, keySize, valueSize uint32) (*pinnedMap, er
 	}
 	p := &pinnedMap{
 		log:       r.log,
+		reg:       r,
 		dir:       r.dir,
 		spec:      spec,
 		keySize:   keySize,

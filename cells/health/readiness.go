@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -60,7 +61,15 @@ type Readiness struct {
 	db      *statedb.DB
 	tbl     statedb.RWTable[*Barrier]
 	timeout time.Duration
+	// everStarted is set once every cell of this run has started, and
+	// never cleared.
+	everStarted atomic.Bool
 }
+
+// StartCompleted says whether every cell of this run has started, even if
+// the hive is stopping now. A stop hook that finds it false is undoing a
+// start that failed or was interrupted.
+func (r *Readiness) StartCompleted() bool { return r.everStarted.Load() }
 
 func newReadiness(db *statedb.DB, cfg Config) (*Readiness, error) {
 	tbl, err := statedb.NewTable(db, ReadinessTableName, BarrierName, BarrierDone)
@@ -199,6 +208,10 @@ func appendStartedMarker(lc cell.Lifecycle, r *Readiness) {
 
 type startedMarker struct{ r *Readiness }
 
-func (m *startedMarker) Start(cell.HookContext) error { m.r.set(cellsStarted, true); return nil }
-func (m *startedMarker) Stop(cell.HookContext) error  { m.r.set(cellsStarted, false); return nil }
-func (m *startedMarker) HookInfo() string             { return "readiness: every cell has started" }
+func (m *startedMarker) Start(cell.HookContext) error {
+	m.r.everStarted.Store(true)
+	m.r.set(cellsStarted, true)
+	return nil
+}
+func (m *startedMarker) Stop(cell.HookContext) error { m.r.set(cellsStarted, false); return nil }
+func (m *startedMarker) HookInfo() string            { return "readiness: every cell has started" }

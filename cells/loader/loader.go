@@ -31,6 +31,7 @@ type loader struct {
 	maps   *lbmaps.Maps
 	events *ctmaps.Events
 	dir    string
+	reg    *bpfmaps.Registry
 	health cell.Health
 
 	coll  *ebpf.Collection
@@ -45,7 +46,7 @@ func registerLoader(cfg Config, lc cell.Lifecycle, log *slog.Logger, maps *lbmap
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	lc.Append(&loader{log: log, cfg: cfg, maps: maps, events: events, dir: linksDir(reg), health: health})
+	lc.Append(&loader{log: log, cfg: cfg, maps: maps, events: events, dir: linksDir(reg), reg: reg, health: health})
 	return nil
 }
 
@@ -79,7 +80,9 @@ func (l *loader) Start(cell.HookContext) (err error) {
 		}
 	}()
 
-	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+	if err := os.Mkdir(l.dir, 0o700); err == nil {
+		l.reg.CreatedPin(l.dir)
+	} else if !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create the link pin directory: %w", err)
 	}
 	names := slices.Sorted(maps.Keys(l.coll.Programs))
@@ -87,6 +90,11 @@ func (l *loader) Start(cell.HookContext) (err error) {
 		lnk, how, err := l.attach(name, l.coll.Programs[name], spec.Programs[name].AttachType, root, cgroup)
 		if err != nil {
 			return fmt.Errorf("attach %s to cgroup %s: %w", name, root, err)
+		}
+		if how == "attached" {
+			// A start that fails after this detaches it again (the
+			// registry removes the pin once every link is closed).
+			l.reg.CreatedPin(filepath.Join(l.dir, name))
 		}
 		l.links = append(l.links, lnk)
 		l.log.Info("Attached socket load-balancing program", "program", name, "cgroup", root, "link", how)
