@@ -56,15 +56,27 @@ func (c *parseCache) path(file string) string { return filepath.Join(c.dir, file
 // load returns the objects cached for file if they were decoded from the
 // content with digest, and false otherwise.
 func (c *parseCache) load(file, digest string) ([]*manifest, bool) {
+	return c.read(file, func(cached string) bool { return cached == digest })
+}
+
+// lastGood returns the objects of the last content of file that decoded,
+// whatever the file holds now: what a file that is broken at start keeps.
+func (c *parseCache) lastGood(file string) ([]*manifest, bool) {
+	return c.read(file, func(string) bool { return true })
+}
+
+// read returns the cached objects of file if the digest of the content they
+// were decoded from is one that want accepts.
+func (c *parseCache) read(file string, want func(digest string) bool) ([]*manifest, bool) {
 	data, err := os.ReadFile(c.path(file))
-	if err != nil {
+	if err != nil || !bytes.HasPrefix(data, []byte(cacheMagic)) {
 		return nil, false
 	}
-	header := cacheMagic + digest + "\n"
-	if !bytes.HasPrefix(data, []byte(header)) {
+	digest, rest, ok := bytes.Cut(data[len(cacheMagic):], []byte("\n"))
+	if !ok || !want(string(digest)) {
 		return nil, false
 	}
-	r := bufio.NewReader(bytes.NewReader(data[len(header):]))
+	r := bufio.NewReader(bytes.NewReader(rest))
 	var objs []*manifest
 	for {
 		rec, encoded, err := readCacheRecord(r)

@@ -80,3 +80,31 @@ func TestParseCache(t *testing.T) {
 		t.Error("the damaged cache of a changed file was not replaced by its new content's")
 	}
 }
+
+// TestBrokenFileKeepsItsObjectsAcrossRestarts: a file broken while the
+// agent was down keeps the objects of its last good content, from the parse
+// cache, as it would at runtime; health says so and names the file.
+func TestBrokenFileKeepsItsObjectsAcrossRestarts(t *testing.T) {
+	dir, run := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), servicesFile("a", 2, 80))
+	writeFile(t, filepath.Join(dir, "b.yaml"), servicesFile("b", 1, 80))
+	if ports := servicePorts(t, dir, run); len(ports) != 3 {
+		t.Fatalf("first start: services %v, want 3", ports)
+	}
+
+	writeFile(t, filepath.Join(dir, "a.yaml"), []byte("apiVersion: v1\nkind: Service\nmetadata: {name: [broken\n"))
+	ports := servicePorts(t, dir, run)
+	for _, name := range []string{"a-0", "a-1", "b-0"} {
+		if ports[name] != 80 {
+			t.Errorf("after a restart with a.yaml broken, services = %v, want a-0, a-1 (last good) and b-0 on port 80", ports)
+			break
+		}
+	}
+
+	// Mended, the file is read again.
+	writeFile(t, filepath.Join(dir, "a.yaml"), servicesFile("a", 1, 90))
+	ports = servicePorts(t, dir, run)
+	if len(ports) != 2 || ports["a-0"] != 90 || ports["b-0"] != 80 {
+		t.Errorf("after mending a.yaml, services = %v, want a-0 on 90 and b-0 on 80", ports)
+	}
+}

@@ -223,7 +223,7 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 		case errors.Is(err, fs.ErrNotExist):
 			continue // removed since the listing
 		case err != nil:
-			f.objects, f.err = s.loaded[f.name], &fileError{file: f.name, msg: err.Error()}
+			f.objects, f.err = s.lastGood(f.name), &fileError{file: f.name, msg: err.Error()}
 		default:
 			f.digest = contentDigest(data)
 			d, ok := s.decoded[f.name]
@@ -241,13 +241,25 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 		switch {
 		case d == nil: // not read
 		case d.err != nil:
-			f.objects, f.err = s.loaded[f.name], d.err
+			f.objects, f.err = s.lastGood(f.name), d.err
 		default:
 			f.objects, f.fresh = d.objects, true
 		}
 	}
 	s.decoded = decoded
 	return files, nil
+}
+
+// lastGood is what a file that cannot be applied keeps: its objects of the
+// last pass or, in the first pass after a restart, those of its last
+// content that decoded, from the parse cache. So a file broken while the
+// agent was down does not take its Services away with it.
+func (s *manifestSync) lastGood(name string) []*manifest {
+	if objs, ok := s.loaded[name]; ok {
+		return objs
+	}
+	objs, _ := s.cache.lastGood(name)
+	return objs
 }
 
 // resolveConflicts makes every object come from one file. When files
@@ -292,7 +304,15 @@ func (s *manifestSync) resolveConflicts(files []*fileState) {
 		m, kept := loser.definition(key), keeper.definition(key)
 		loser.err = &fileError{loser.name, m.line, m.doc,
 			fmt.Sprintf("%s is already defined in %s:%d", key, kept.file, kept.line)}
-		loser.objects, loser.fresh = s.loaded[loser.name], false
+		if loser.fresh {
+			loser.objects, loser.fresh = s.lastGood(loser.name), false
+		} else {
+			// Two files' last good objects overlap, which only the
+			// cache's can (an object moved between files while the
+			// agent was down, and both are broken now): the keeper's
+			// stands, and the loser no longer defines it.
+			loser.objects = slices.DeleteFunc(slices.Clone(loser.objects), func(m *manifest) bool { return m.key == key })
+		}
 	}
 }
 
