@@ -305,7 +305,9 @@ func (s *manifestSync) resolveConflicts(files []*fileState) {
 		loser.err = &fileError{loser.name, m.line, m.doc,
 			fmt.Sprintf("%s is already defined in %s:%d", key, kept.file, kept.line)}
 		if loser.fresh {
-			loser.objects, loser.fresh = s.lastGood(loser.name), false
+			// What it applied before in this run: its cached parse
+			// may be this very content, which conflicts.
+			loser.objects, loser.fresh = s.loaded[loser.name], false
 		} else {
 			// Two files' last good objects overlap, which only the
 			// cache's can (an object moved between files while the
