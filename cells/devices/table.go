@@ -35,6 +35,11 @@ type Device struct {
 // Up reports whether the device is administratively up.
 func (d *Device) Up() bool { return d.Flags&net.FlagUp != 0 }
 
+var (
+	_ statedb.TableWritable = &Device{}
+	_ statedb.TableWritable = &NodeAddress{}
+)
+
 func (d *Device) TableHeader() []string {
 	return []string{"Name", "Index", "Type", "MAC", "MTU", "Flags", "Addresses", "Selected"}
 }

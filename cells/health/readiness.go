@@ -26,6 +26,8 @@ type Barrier struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+var _ statedb.TableWritable = &Barrier{}
+
 func (b *Barrier) TableHeader() []string { return []string{"Name", "Done", "Since", "Detail"} }
 
 func (b *Barrier) TableRow() []string {

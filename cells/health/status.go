@@ -27,6 +27,8 @@ type Status struct {
 // ID is the dotted path, the table's primary key.
 func (s *Status) ID() string { return strings.Join(s.Path, ".") }
 
+var _ statedb.TableWritable = &Status{}
+
 func (s *Status) TableHeader() []string {
 	return []string{"ID", "Level", "Message", "Error", "Since"}
 }

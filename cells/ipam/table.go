@@ -37,6 +37,8 @@ type Allocation struct {
 	Since time.Time `json:"since" yaml:"since"`
 }
 
+var _ statedb.TableWritable = &Allocation{}
+
 func (a *Allocation) TableHeader() []string {
 	return []string{"IP", "Owner", "State", "Since"}
 }

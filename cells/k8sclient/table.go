@@ -22,6 +22,8 @@ type ManifestFile struct {
 	Error string `json:"error,omitempty"`
 }
 
+var _ statedb.TableWritable = &ManifestFile{}
+
 func (f *ManifestFile) TableHeader() []string {
 	return []string{"Name", "Objects", "Status", "Error", "Digest"}
 }

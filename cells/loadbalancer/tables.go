@@ -90,6 +90,12 @@ func (s *Service) equal(o *Service) bool {
 		s.IntTrafficPolicyLocal == o.IntTrafficPolicyLocal
 }
 
+var (
+	_ statedb.TableWritable = &Service{}
+	_ statedb.TableWritable = &Frontend{}
+	_ statedb.TableWritable = &Backend{}
+)
+
 func (s *Service) TableHeader() []string {
 	return []string{"Name", "Type", "ClusterIPs", "ExternalIPs", "LoadBalancerIPs", "Ports", "Affinity", "TrafficPolicy"}
 }

@@ -24,6 +24,8 @@ type Sysctl struct {
 	Status   reconciler.Status `json:"status" yaml:"status"`
 }
 
+var _ statedb.TableWritable = &Sysctl{}
+
 func (s *Sysctl) TableHeader() []string {
 	return []string{"Name", "Value", "Optional", "Status", "Error"}
 }
