@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-agent bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -73,6 +73,20 @@ test-k8s: kube-apiserver
 # minutes the first time on a machine, nothing afterwards.
 kube-apiserver:
 	GO=$(GO) $(GO) run ./pkg/kubeapitest/build_kube_apiserver.go
+
+# Every Go fuzz target (func FuzzXxx in a _test.go file) for FUZZTIME each.
+# `make test` already runs their seed corpora; this explores beyond them. A
+# crash leaves its input under the package's testdata/fuzz/FuzzXxx/: commit
+# it, and it is a seed from then on.
+FUZZTIME ?= 10s
+fuzz:
+	@mkdir -p $(BIN); set -e; grep -rl --include='*_test.go' '^func Fuzz' $(GODIRS) | sort | while read -r file; do \
+		dir=$$(dirname "$$file"); \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$file"); do \
+			echo "fuzz $$name ./$$dir ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) "./$$dir" > $(BIN)/fuzz-$$name.out 2>&1 || { cat $(BIN)/fuzz-$$name.out; exit 1; }; \
+		done; \
+	done
 
 lint:
 	@unformatted="$$(gofmt -l $(GODIRS))"; \

@@ -153,3 +153,34 @@ func TestDecodeFileErrors(t *testing.T) {
 		})
 	}
 }
+
+// FuzzDecodeFile: whatever a manifest file holds, decoding it never panics;
+// it gives objects that each have a name and the file, or an error that
+// names the file.
+func FuzzDecodeFile(f *testing.F) {
+	for _, m := range typicalManifests {
+		f.Add([]byte(m))
+	}
+	f.Add(servicesFile("svc", 2, 80))
+	f.Add([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: [broken\n"))
+	f.Add([]byte("---\n---\nkind: Pod\n"))
+	f.Add([]byte("{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{\"name\":\"x\"}}"))
+	d := newDecoder()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		objs, err := d.decodeFile("fuzz.yaml", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			if objs != nil {
+				t.Fatalf("objects beside an error: %d", len(objs))
+			}
+			return
+		}
+		for _, m := range objs {
+			if m.key.name == "" || m.file != "fuzz.yaml" || m.obj == nil || m.doc < 1 {
+				t.Fatalf("decoded object without a name, file or document: %+v", m)
+			}
+		}
+	})
+}

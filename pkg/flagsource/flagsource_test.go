@@ -196,3 +196,35 @@ func TestOriginsExplainLaterErrors(t *testing.T) {
 		t.Fatalf("explained: %v, want nothing added for a flag that only starts like one with an origin", err)
 	}
 }
+
+// FuzzConfigDirValue: whatever a config-dir file holds, Apply never panics,
+// and a value it accepts is used whole: a one-value flag never gets a value
+// of several lines, a list flag never an item with a line break in it.
+func FuzzConfigDirValue(f *testing.F) {
+	for _, seed := range []string{"/var/lib/x", "10.0.0.0/24\nfd00::/64\n", "a,b\n\nc", "true", "5m", " \n ", "x\ry", "\"quoted, item\",b"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		dir := t.TempDir()
+		for _, name := range []string{"state-dir", "pod-cidr", "enable-ip-forwarding", "gc-interval"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(value), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fs := newFlags()
+		err := Sources{ConfigDir: dir, LookupEnv: env(nil)}.Apply(fs)
+		if strings.ContainsAny(strings.TrimSpace(value), "\n\r") {
+			if err == nil || !strings.Contains(err.Error(), "key state-dir") {
+				t.Fatalf("a value of several lines for --state-dir was accepted: %v", err)
+			}
+		} else if got := fs.Lookup("state-dir").Value.String(); got != strings.TrimSpace(value) {
+			t.Fatalf("--state-dir = %q from %q, want the whole value", got, value)
+		}
+		items, _ := fs.GetStringSlice("pod-cidr")
+		for _, item := range items {
+			if strings.ContainsAny(item, "\n\r") {
+				t.Fatalf("--pod-cidr item %q has a line break (from %q)", item, value)
+			}
+		}
+	})
+}
