@@ -290,6 +290,27 @@ func (m *Map[K, V]) Lookup(key K) (V, error) {
 	return value, nil
 }
 
+// NextKey returns the key that follows key in the map's own order, and
+// false after the last one. In a hash map, a key that is no longer there
+// is followed by the map's first key (the kernel's rule), so a walk
+// resumed from a deleted key starts over: it may repeat entries, never
+// skip one.
+func (m *Map[K, V]) NextKey(key K) (next K, ok bool, err error) {
+	em, err := m.p.acquire()
+	if err != nil {
+		return next, false, err
+	}
+	defer m.p.mu.RUnlock()
+	err = em.NextKey(&key, &next)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return next, false, nil
+	}
+	if err != nil {
+		return next, false, fmt.Errorf("bpf map %s: next key: %w", m.p.spec.Name, err)
+	}
+	return next, true, nil
+}
+
 // LookupPerCPU returns the values of key on every possible CPU, for
 // per-CPU maps, whose V is the value of one CPU.
 func (m *Map[K, V]) LookupPerCPU(key K) ([]V, error) {

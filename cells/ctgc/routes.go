@@ -1,11 +1,17 @@
 package ctgc
 
 import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/bpfmaps"
@@ -58,9 +64,11 @@ func apiRoutes(gc *GC) api.Routes {
 	)
 }
 
-// listHandler answers GET /v1/conntrack[?family=4|6][&endpoint=ID][&limit=N].
+// listHandler answers GET /v1/conntrack[?family=4|6][&endpoint=ID]
+// [&limit=N][&after=CURSOR]. A listing cut short by limit says so and gives
+// the cursor of its last entry, from which ?after continues.
 func (gc *GC) listHandler(req *http.Request) (any, error) {
-	q, err := api.QueryParams(req, "family", "endpoint", "limit")
+	q, err := api.QueryParams(req, "family", "endpoint", "limit", "after")
 	if err != nil {
 		return nil, err
 	}
@@ -89,23 +97,35 @@ func (gc *GC) listHandler(req *http.Request) (any, error) {
 		}
 		f.limit = n
 	}
-
-	l := &listing{filter: f, now: ctmap.Now(), out: apiv1.ConntrackEntries{Entries: []apiv1.ConntrackEntry{}}}
-	if f.family != 6 {
-		if err := list(l, gc.maps.TCP4, 4); err != nil {
-			return nil, err
-		}
-		if err := list(l, gc.maps.Any4, 4); err != nil {
+	var after cursor
+	if q.Has("after") {
+		if after, err = parseCursor(q.Get("after")); err != nil {
 			return nil, err
 		}
 	}
+
+	l := &listing{filter: f, now: ctmap.Now(), out: apiv1.ConntrackEntries{Entries: []apiv1.ConntrackEntry{}}}
+	walks := []func() error{}
+	if f.family != 6 {
+		walks = append(walks, func() error { return list(l, gc.maps.TCP4, 4, after) }, func() error { return list(l, gc.maps.Any4, 4, after) })
+	}
 	if f.family != 4 {
-		if err := list(l, gc.maps.TCP6, 6); err != nil {
+		walks = append(walks, func() error { return list(l, gc.maps.TCP6, 6, after) }, func() error { return list(l, gc.maps.Any6, 6, after) })
+	}
+	names := []string{gc.maps.TCP4.Name(), gc.maps.Any4.Name(), gc.maps.TCP6.Name(), gc.maps.Any6.Name()}
+	if after.mapName != "" && !slices.Contains(names, after.mapName) {
+		return nil, api.BadRequest("invalid after %q: no conntrack map %s", q.Get("after"), after.mapName)
+	}
+	for _, walk := range walks {
+		if err := walk(); err != nil {
 			return nil, err
 		}
-		if err := list(l, gc.maps.Any6, 6); err != nil {
-			return nil, err
+		if l.out.Truncated {
+			break
 		}
+	}
+	if !l.out.Truncated {
+		l.out.Next = "" // the limit fell on the last entry
 	}
 	return l.out, nil
 }
@@ -122,6 +142,30 @@ type listing struct {
 	filter listFilter
 	now    uint32
 	out    apiv1.ConntrackEntries
+	// resumed is set once the walk passed the cursor's map: the maps
+	// after it are walked whole.
+	resumed bool
+}
+
+// cursor is where a listing resumes: after key (in its binary form) of
+// mapName. Its text form, "<map>/<hex key>", is opaque to clients.
+type cursor struct {
+	mapName string
+	key     []byte
+}
+
+func parseCursor(s string) (cursor, error) {
+	name, hexKey, ok := strings.Cut(s, "/")
+	key, err := hex.DecodeString(hexKey)
+	if !ok || name == "" || err != nil {
+		return cursor{}, api.BadRequest("invalid after %q: want the next cursor of an earlier listing", s)
+	}
+	return cursor{mapName: name, key: key}, nil
+}
+
+func cursorOf[K tuple](mapName string, k K) string {
+	b, _ := binary.Append(nil, binary.NativeEndian, k)
+	return mapName + "/" + hex.EncodeToString(b)
 }
 
 // tuple is what a listing shows of a key of either family.
@@ -131,10 +175,24 @@ type tuple interface {
 	Dst() netip.AddrPort
 }
 
-// list adds the entries of m that pass the filter, until the limit. It
-// walks with batch lookups like a pass, but deletes nothing and holds no
-// lock of the GC, so it never waits for a pass.
-func list[K tuple](l *listing, m *bpfmaps.Map[K, ctmap.Entry], family int) error {
+// list adds the entries of m that pass the filter, until the limit. Without
+// a cursor it walks with batch lookups like a pass, but deletes nothing and
+// holds no lock of the GC, so it never waits for a pass. In the cursor's
+// map it resumes after the cursor's key, one key at a time; the maps before
+// that one are skipped.
+func list[K tuple](l *listing, m *bpfmaps.Map[K, ctmap.Entry], family int, after cursor) error {
+	switch {
+	case after.mapName == "" || l.resumed:
+	case after.mapName == m.Name():
+		l.resumed = true
+		var key K
+		if _, err := binary.Decode(after.key, binary.NativeEndian, &key); err != nil || len(after.key) != binary.Size(key) {
+			return api.BadRequest("invalid after: the key is not one of %s", m.Name())
+		}
+		return listAfter(l, m, family, key)
+	default:
+		return nil // a map before the cursor's
+	}
 	keys, entries := make([]K, listChunkSize), make([]ctmap.Entry, listChunkSize)
 	var cursor bpfmaps.BatchCursor
 	for done := false; !done; {
@@ -147,17 +205,51 @@ func list[K tuple](l *listing, m *bpfmaps.Map[K, ctmap.Entry], family int) error
 			return err
 		}
 		for i := range n {
-			if l.filter.endpoint != 0 && entries[i].EndpointID != l.filter.endpoint {
-				continue
-			}
-			if l.filter.limit > 0 && len(l.out.Entries) == l.filter.limit {
-				l.out.Truncated = true
+			if !add(l, m.Name(), family, keys[i], &entries[i]) {
 				return nil
 			}
-			l.out.Entries = append(l.out.Entries, entryAnswer(m.Name(), family, keys[i], &entries[i], l.now))
 		}
 	}
 	return nil
+}
+
+// listAfter walks m from the key after key. See bpfmaps.Map.NextKey for
+// what happens when key is gone.
+func listAfter[K tuple](l *listing, m *bpfmaps.Map[K, ctmap.Entry], family int, key K) error {
+	for {
+		next, ok, err := m.NextKey(key)
+		if err != nil || !ok {
+			return err
+		}
+		key = next
+		e, err := m.Lookup(key)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue // deleted since NextKey
+		}
+		if err != nil {
+			return err
+		}
+		if !add(l, m.Name(), family, key, &e) {
+			return nil
+		}
+	}
+}
+
+// add adds an entry that passes the filter, and says whether the listing
+// goes on: false once it holds limit entries and found one more.
+func add[K tuple](l *listing, mapName string, family int, k K, e *ctmap.Entry) bool {
+	if l.filter.endpoint != 0 && e.EndpointID != l.filter.endpoint {
+		return true
+	}
+	if l.filter.limit > 0 && len(l.out.Entries) == l.filter.limit {
+		l.out.Truncated = true
+		return false
+	}
+	l.out.Entries = append(l.out.Entries, entryAnswer(mapName, family, k, e, l.now))
+	if l.filter.limit > 0 && len(l.out.Entries) == l.filter.limit {
+		l.out.Next = cursorOf(mapName, k)
+	}
+	return true
 }
 
 // listChunkSize is smaller than a pass's chunk: a listing allocates its

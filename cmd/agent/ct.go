@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -30,15 +31,12 @@ func newCTCmd(stdout io.Writer) *cobra.Command {
 				return fmt.Errorf("invalid --limit %d: want a number of entries, 0 for all", q.Limit)
 			}
 			q.EndpointID = uint16(endpoint)
-			entries, err := c.Conntrack(ctx, q)
-			if err != nil {
-				return err
-			}
-			return out.print(stdout, entries, func(w io.Writer) error { return printConntrack(w, entries) })
+			return listConntrack(ctx, c, q, newCTPrinter(stdout, out.format))
 		})
 	list.Flags().IntVar(&q.Family, "family", 0, "Only IPv4 (4) or IPv6 (6) connections")
 	list.Flags().UintVar(&endpoint, "endpoint", 0, "Only the connections of this endpoint ID")
 	list.Flags().IntVar(&q.Limit, "limit", 0, "Print at most this many entries (0: all)")
+	list.Flags().StringVar(&q.After, "after", "", "Start after this cursor (the one a listing cut short by --limit printed)")
 	ct.AddCommand(list)
 
 	ct.AddCommand(newClientCmd("flush", "Delete every conntrack entry; connections in flight are tracked anew from their next packet", cobra.NoArgs,
@@ -88,35 +86,154 @@ func newCTCmd(stdout io.Writer) *cobra.Command {
 	return ct
 }
 
-// printConntrack writes a row per entry. DIR tells the two entries of a
-// connection between two local endpoints apart: "out" is the client's, "in"
-// the server's.
-func printConntrack(w io.Writer, entries apiv1.ConntrackEntries) error {
-	rows := make([][]string, 0, len(entries.Entries))
-	for _, e := range entries.Entries {
-		endpoint := "-"
-		if e.EndpointID != 0 {
-			endpoint = fmt.Sprint(e.EndpointID)
+// ctPageSize is how many entries `agent ct list` asks the agent for at a
+// time: neither the agent nor the client ever holds more than a page of a
+// conntrack table that may have millions of entries.
+var ctPageSize = 4096
+
+// listConntrack pages through the listing q asks for and prints each page
+// as it arrives.
+func listConntrack(ctx context.Context, c *client.Client, q client.ConntrackQuery, p *ctPrinter) error {
+	printed := 0
+	for {
+		page := q
+		page.Limit = ctPageSize
+		if q.Limit > 0 {
+			page.Limit = min(ctPageSize, q.Limit-printed)
 		}
-		src, dst := hostPort(e.Source, e.SrcPort), hostPort(e.Destination, e.DstPort)
-		if e.Protocol == "ICMP" || e.Protocol == "ICMPv6" {
-			// The source port is the echo identifier, the other is 0.
-			src, dst = fmt.Sprintf("%s id %d", e.Source, e.SrcPort), e.Destination
+		entries, err := c.Conntrack(ctx, page)
+		if err != nil {
+			return err
 		}
-		rows = append(rows, []string{
-			e.Protocol, src, dst, e.Direction, e.State,
-			lifetime(e.LifetimeSeconds), endpoint,
-			fmt.Sprintf("%d/%d", e.PacketsTx, e.BytesTx), fmt.Sprintf("%d/%d", e.PacketsRx, e.BytesRx),
-		})
+		if err := p.entries(entries.Entries); err != nil {
+			return err
+		}
+		printed += len(entries.Entries)
+		switch {
+		case !entries.Truncated:
+			return p.end("")
+		case q.Limit > 0 && printed >= q.Limit:
+			return p.end(entries.Next)
+		}
+		q.After = entries.Next
 	}
-	if err := writeTable(w, []string{"PROTO", "SOURCE", "DESTINATION", "DIR", "STATE", "EXPIRES", "ENDPOINT", "TX PKTS/BYTES", "RX PKTS/BYTES"}, rows); err != nil {
+}
+
+// ctPrinter prints a listing page by page: a table whose columns are as
+// wide as the first page needs (a wider cell later pushes its row), or the
+// JSON of apiv1.ConntrackEntries, written as the entries come.
+type ctPrinter struct {
+	w      io.Writer
+	json   bool
+	n      int
+	widths []int
+}
+
+func newCTPrinter(w io.Writer, format string) *ctPrinter {
+	return &ctPrinter{w: w, json: format == "json"}
+}
+
+var ctHeader = []string{"PROTO", "SOURCE", "DESTINATION", "DIR", "STATE", "EXPIRES", "ENDPOINT", "TX PKTS/BYTES", "RX PKTS/BYTES"}
+
+func (p *ctPrinter) entries(entries []apiv1.ConntrackEntry) error {
+	if p.json {
+		for _, e := range entries {
+			b, err := json.MarshalIndent(e, "    ", "  ")
+			if err != nil {
+				return err
+			}
+			sep := ",\n    "
+			if p.n == 0 {
+				sep = "{\n  \"entries\": [\n    "
+			}
+			p.n++
+			if _, err := fmt.Fprintf(p.w, "%s%s", sep, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rows := make([][]string, 0, len(entries))
+	for _, e := range entries {
+		rows = append(rows, conntrackRow(e))
+	}
+	if p.widths == nil {
+		p.widths = make([]int, len(ctHeader))
+		for _, row := range append([][]string{ctHeader}, rows...) {
+			for i, cell := range row {
+				p.widths[i] = max(p.widths[i], len(cell))
+			}
+		}
+		if err := p.row(ctHeader); err != nil {
+			return err
+		}
+	}
+	for _, row := range rows {
+		if err := p.row(row); err != nil {
+			return err
+		}
+	}
+	p.n += len(entries)
+	return nil
+}
+
+func (p *ctPrinter) row(cells []string) error {
+	var b strings.Builder
+	for i, cell := range cells {
+		b.WriteString(cell)
+		if i < len(cells)-1 {
+			b.WriteString(strings.Repeat(" ", max(p.widths[i]-len(cell), 0)+3))
+		}
+	}
+	b.WriteByte('\n')
+	_, err := io.WriteString(p.w, b.String())
+	return err
+}
+
+// end closes the listing; next is the cursor to go on from when --limit
+// cut it short.
+func (p *ctPrinter) end(next string) error {
+	if p.json {
+		tail := "\n  ]"
+		if p.n == 0 {
+			tail = "{\n  \"entries\": []"
+		}
+		if next != "" {
+			tail += fmt.Sprintf(",\n  \"truncated\": true,\n  \"next\": %q", next)
+		}
+		_, err := fmt.Fprintf(p.w, "%s\n}\n", tail)
 		return err
 	}
-	if entries.Truncated {
-		_, err := fmt.Fprintf(w, "(first %d entries; --limit 0 shows all)\n", len(entries.Entries))
+	if p.widths == nil {
+		if err := p.entries(nil); err != nil {
+			return err
+		}
+	}
+	if next != "" {
+		_, err := fmt.Fprintf(p.w, "(first %d entries; --after %s shows the next, --limit 0 all)\n", p.n, next)
 		return err
 	}
 	return nil
+}
+
+// conntrackRow is an entry's table row. DIR tells the two entries of a
+// connection between two local endpoints apart: "out" is the client's, "in"
+// the server's.
+func conntrackRow(e apiv1.ConntrackEntry) []string {
+	endpoint := "-"
+	if e.EndpointID != 0 {
+		endpoint = fmt.Sprint(e.EndpointID)
+	}
+	src, dst := hostPort(e.Source, e.SrcPort), hostPort(e.Destination, e.DstPort)
+	if e.Protocol == "ICMP" || e.Protocol == "ICMPv6" {
+		// The source port is the echo identifier, the other is 0.
+		src, dst = fmt.Sprintf("%s id %d", e.Source, e.SrcPort), e.Destination
+	}
+	return []string{
+		e.Protocol, src, dst, e.Direction, e.State,
+		lifetime(e.LifetimeSeconds), endpoint,
+		fmt.Sprintf("%d/%d", e.PacketsTx, e.BytesTx), fmt.Sprintf("%d/%d", e.PacketsRx, e.BytesRx),
+	}
 }
 
 func hostPort(addr string, port uint16) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/netip"
 	"path/filepath"
 	"regexp"
@@ -115,8 +116,12 @@ $`)
 		t.Errorf("ct list -o json --family 6 = %d %q\n%s\nwant the UDP entry, direction in", code, errOut, out)
 	}
 	out, _, code = run("ct", "list", "--endpoint", "7", "--limit", "1")
-	if code != 0 || strings.Count(out, "\n") != 3 || !strings.Contains(out, "10.96.0.10:80") || !strings.Contains(out, "(first 1 entries; --limit 0 shows all)") {
-		t.Errorf("ct list --endpoint 7 --limit 1 = %d\n%s\nwant the TCP entry and a truncation note", code, out)
+	if code != 0 || strings.Count(out, "\n") != 3 || !strings.Contains(out, "10.96.0.10:80") || !regexp.MustCompile(`\(first 1 entries; --after cellium_ct4_tcp/[0-9a-f]+ shows the next, --limit 0 all\)`).MatchString(out) {
+		t.Errorf("ct list --endpoint 7 --limit 1 = %d\n%s\nwant the TCP entry and a truncation note with the cursor", code, out)
+	}
+	_, errOut, code = run("ct", "list", "--after", "nonsense")
+	if code != 1 || !strings.Contains(errOut, `invalid after "nonsense": want the next cursor of an earlier listing`) {
+		t.Errorf("ct list --after nonsense = %d %q, want a refusal", code, errOut)
 	}
 	for _, bad := range [][]string{{"--family", "5"}, {"--endpoint", "70000"}, {"--limit", "-1"}} {
 		_, errOut, code = run(append([]string{"ct", "list"}, bad...)...)
@@ -150,4 +155,82 @@ $`)
 	if code != 0 || strings.Count(out, "\n") != 1 {
 		t.Errorf("ct list after a flush = %d\n%s\nwant only the header", code, out)
 	}
+}
+
+// TestCTListPages: a listing larger than a page comes page by page, every
+// entry once; --limit cuts it with a cursor from which --after goes on.
+func TestCTListPages(t *testing.T) {
+	socket, maps := startCTAgent(t)
+	defer func(size int) { ctPageSize = size }(ctPageSize)
+	ctPageSize = 3
+	now := ctmap.Now()
+	want := map[string]bool{}
+	for i := range 8 {
+		src := netip.AddrPortFrom(netip.MustParseAddr("10.244.0.2"), uint16(40000+i))
+		if err := maps.TCP4.Put(ctmap.NewKey4(6, src, netip.MustParseAddrPort("10.96.0.10:80"), 0), ctmap.Entry{Lifetime: now + 3600}); err != nil {
+			t.Fatal(err)
+		}
+		want[src.String()] = true
+	}
+	for i := range 2 {
+		src := netip.AddrPortFrom(netip.MustParseAddr("fd00::2"), uint16(50000+i))
+		if err := maps.Any6.Put(ctmap.NewKey6(17, src, netip.MustParseAddrPort("[fd00::3]:53"), 0), ctmap.Entry{Lifetime: now + 60}); err != nil {
+			t.Fatal(err)
+		}
+		want[src.String()] = true
+	}
+	run := func(args ...string) apiv1.ConntrackEntries {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := execute(append(args, "--api-socket", socket, "-o", "json"), &out, &errOut); code != 0 {
+			t.Fatalf("agent %v = %d: %s", args, code, errOut.String())
+		}
+		var entries apiv1.ConntrackEntries
+		if err := json.Unmarshal(out.Bytes(), &entries); err != nil {
+			t.Fatalf("agent %v -o json: %v\n%s", args, err, out.String())
+		}
+		return entries
+	}
+	seen := func(entries ...apiv1.ConntrackEntry) map[string]bool {
+		got := map[string]bool{}
+		for _, e := range entries {
+			k := netip.AddrPortFrom(netip.MustParseAddr(e.Source), e.SrcPort).String()
+			if got[k] {
+				t.Fatalf("entry %s listed twice", k)
+			}
+			got[k] = true
+		}
+		return got
+	}
+
+	all := run("ct", "list")
+	if got := seen(all.Entries...); !sameKeys(got, want) || all.Truncated {
+		t.Fatalf("ct list over pages of 3 = %v (truncated %v), want every one of %v once", got, all.Truncated, want)
+	}
+
+	first := run("ct", "list", "--limit", "5")
+	if len(first.Entries) != 5 || !first.Truncated || first.Next == "" {
+		t.Fatalf("ct list --limit 5 = %d entries, truncated %v, next %q; want 5 and a cursor", len(first.Entries), first.Truncated, first.Next)
+	}
+	rest := run("ct", "list", "--after", first.Next)
+	if got := seen(append(first.Entries, rest.Entries...)...); !sameKeys(got, want) {
+		t.Fatalf("--limit 5 then --after its cursor = %v, want every one of %v once", got, want)
+	}
+
+	var table bytes.Buffer
+	if code := execute([]string{"ct", "list", "--api-socket", socket}, &table, io.Discard); code != 0 || strings.Count(table.String(), "\n") != 11 {
+		t.Fatalf("ct list (table) over pages = %d\n%s\nwant a header and 10 rows", code, table.String())
+	}
+}
+
+func sameKeys(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
 }

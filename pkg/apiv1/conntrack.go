@@ -5,7 +5,8 @@ import "time"
 // Paths of the conntrack routes.
 const (
 	// PathConntrack lists conntrack entries (GET; ?family=4|6,
-	// ?endpoint=ID and ?limit=N narrow the list).
+	// ?endpoint=ID and ?limit=N narrow the list; ?after=CURSOR continues
+	// one that was cut short).
 	PathConntrack = "/v1/conntrack"
 	// PathConntrackFlush deletes every conntrack entry (POST).
 	PathConntrackFlush = "/v1/conntrack/flush"
@@ -19,6 +20,9 @@ type ConntrackEntries struct {
 	Entries []ConntrackEntry `json:"entries"`
 	// Truncated is true when more entries matched than ?limit.
 	Truncated bool `json:"truncated,omitempty"`
+	// Next, when Truncated, is the cursor of the last entry: ?after=Next
+	// lists the entries that follow it.
+	Next string `json:"next,omitempty"`
 }
 
 // ConntrackEntry is one connection the datapath tracks, decoded. The tuple

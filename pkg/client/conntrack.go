@@ -18,6 +18,8 @@ type ConntrackQuery struct {
 	EndpointID uint16
 	// Limit is the most entries to return; 0 for all.
 	Limit int
+	// After continues a listing cut short by Limit: its Next.
+	After string
 }
 
 func (q ConntrackQuery) values() url.Values {
@@ -30,6 +32,9 @@ func (q ConntrackQuery) values() url.Values {
 	}
 	if q.Limit != 0 {
 		v.Set("limit", fmt.Sprint(q.Limit))
+	}
+	if q.After != "" {
+		v.Set("after", q.After)
 	}
 	return v
 }
