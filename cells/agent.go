@@ -92,6 +92,13 @@ const EnvPrefix = "AGENT_"
 // Options are the hive options of the agent.
 func Options() hive.Options {
 	opts := hive.DefaultOptions()
+	// The environment is read by pkg/flagsource (cmd/agent), which parses
+	// each AGENT_* value with its flag's parser, names the variable in its
+	// errors, and sets the flag. Hive binds a variable to every flag
+	// whatever its options say; with the same prefix it binds the very
+	// variable flagsource already turned into a set flag, which viper
+	// ranks above the environment, so it never decides a value. (With no
+	// prefix it would read unprefixed names such as STATE_DIR.)
 	opts.EnvPrefix = EnvPrefix
 	opts.ModuleDecorators = health.ModuleDecorators
 	// Log every start and stop hook at Info: the log then shows the graph
