@@ -22,7 +22,7 @@ var Cell = cell.Module(
 	cell.Invoke(registerLoader),
 
 	cell.ProvidePrivate(newLXCPrograms),
-	cell.Invoke(registerEndpointReconciler),
+	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 )
 
 // Config is the loader cell's configuration.

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/lbmaps"
@@ -45,10 +47,11 @@ var hooks = []struct {
 // datapath is one run of the datapath cells with an endpoints table the
 // test fills.
 type datapath struct {
-	eps  *socklbtest.Endpoints
-	ct   *ctmaps.Maps
-	logs *logtest.Recorder
-	stop func()
+	eps    *socklbtest.Endpoints
+	ct     *ctmaps.Maps
+	health statedb.Table[*health.Status]
+	logs   *logtest.Recorder
+	stop   func()
 }
 
 func startDatapath(t *testing.T, env *socklbtest.Env, root string) *datapath {
@@ -57,8 +60,8 @@ func startDatapath(t *testing.T, env *socklbtest.Env, root string) *datapath {
 		d    datapath
 		maps *lbmaps.Maps
 	)
-	h := env.Datapath(root, &maps, cell.Invoke(func(eps *socklbtest.Endpoints, ct *ctmaps.Maps) {
-		d.eps, d.ct = eps, ct
+	h := env.Datapath(root, &maps, cell.Invoke(func(eps *socklbtest.Endpoints, ct *ctmaps.Maps, status statedb.Table[*health.Status]) {
+		d.eps, d.ct, d.health = eps, ct, status
 	}))
 	d.logs = logtest.NewRecorder(hivetest.Logger(t).Handler())
 	d.stop = startLogging(t, h, slog.New(d.logs))
@@ -424,11 +427,36 @@ func TestEndpointProgramsNoInterface(t *testing.T) {
 		t.Fatalf("program status error %q, want %q", got, want)
 	}
 	// The operator sees it in the log too, with the endpoint and the
-	// interface. (The module's health row also turns degraded, but not
-	// reliably within a deadline under load: see the note.)
+	// interface.
 	line := d.logs.Find("Attaching an endpoint's program failed; retrying", "endpoint", "3", "ifindex", "1073741824", "hook", "ingress")
 	if line == nil || !strings.Contains(line["error"], "no such device") {
 		t.Fatalf("no warning naming endpoint 3 and its ifindex: %v", line)
+	}
+	// And in health, for as long as the endpoint's programs are in error
+	// (the reconciler's own row turns OK again the round after).
+	const healthRow = "loader.job-endpoint-programs-status"
+	s := d.waitHealth(t, healthRow, func(s *health.Status) bool { return s.Level == cell.StatusDegraded })
+	if !strings.Contains(s.Error, "endpoint 3 (lxcmissing): "+want) {
+		t.Fatalf("health %s = %s %q, want Degraded naming endpoint 3 and its error", healthRow, s.Level, s.Error)
+	}
+	d.delete(t, 3)
+	d.waitHealth(t, healthRow, func(s *health.Status) bool { return s.Level == cell.StatusOK })
+}
+
+// waitHealth waits until the health row id satisfies cond, and returns it.
+func (d *datapath) waitHealth(t *testing.T, id string, cond func(*health.Status) bool) *health.Status {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		s, _, watch, found := d.health.GetWatch(d.eps.DB.ReadTxn(), health.StatusID.Query(id))
+		if found && cond(s) {
+			return s
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			t.Fatalf("health row %s did not reach the expected state in 30s; last: %+v", id, s)
+		}
 	}
 }
 

@@ -117,4 +117,5 @@ var handFilledEndpoints = cell.Provide(
 		return &Endpoints{DB: db, Table: tbl, restored: done}, nil
 	},
 	func(e *Endpoints) statedb.RWTable[*endpointmanager.Endpoint] { return e.Table },
+	statedb.RWTable[*endpointmanager.Endpoint].ToTable,
 )
