@@ -20,7 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/ipam"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 )
 
 // k8sAgent runs the ipam cell with --ipam=kubernetes over a fake API server
@@ -32,7 +32,7 @@ func k8sAgent(t *testing.T, node *corev1.Node) (*ipam.IPAM, *fake.Clientset, *st
 		db     *statedb.DB
 		status statedb.Table[*health.Status]
 	)
-	h := celltest.New(daemon.Cell, ipam.Cell, k8sclient.FakeCell(node),
+	h := celltest.New(daemon.Cell, ipam.Cell, k8sclienttest.Cell(node),
 		cell.Invoke(func(i *ipam.IPAM, f *fake.Clientset, d *statedb.DB, s statedb.Table[*health.Status]) {
 			alloc, cs, db, status = i, f, d, s
 		}))

@@ -62,9 +62,10 @@
 //	services := factory.Core().V1().Services().Informer()
 //	factory.Start(ctx.Done())
 //
-// Tests of other cells use FakeCell in place of Cell. It provides the
-// Clientset and the *fake.Clientset behind it; write through its typed
-// clients (Tracker() bypasses the watch machinery above):
+// Tests of other cells use k8sclienttest.Cell in place of Cell. It provides
+// the Clientset and the *fake.Clientset behind it; write through its typed
+// clients, or k8sclienttest's Create, Update, Delete and script commands
+// (Tracker() bypasses the watch machinery above):
 //
-//	h := hive.New(k8sclient.FakeCell(&corev1.Service{...}), myCell)
+//	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
 package k8sclient

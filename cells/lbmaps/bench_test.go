@@ -26,7 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loadbalancer/loadbalancertest"
@@ -128,7 +128,7 @@ func runPipeline(b *testing.B, n int) pipelineResult {
 	)
 	h := celltest.New(
 		bpfmaps.Cell, lbmaps.Cell, loadbalancer.Cell,
-		k8sclient.FakeCell(),
+		k8sclienttest.Cell(),
 		cell.Invoke(func(cs *fake.Clientset) { feed.Attach(cs) }),
 		cell.Provide(func() daemon.NodeName { return "node-0" }),
 		cell.Provide(func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {

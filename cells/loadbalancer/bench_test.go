@@ -19,7 +19,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loadbalancer/loadbalancertest"
 )
@@ -67,7 +67,7 @@ func runK8sToFrontends(b *testing.B, mode string, n int) runResult {
 	counter := &reconciledCounter{want: int64(n), done: make(chan struct{})}
 	h := celltest.New(
 		loadbalancer.Cell,
-		k8sclient.FakeCell(),
+		k8sclienttest.Cell(),
 		cell.Invoke(feed.Attach),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Provide(func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {

@@ -1,13 +1,10 @@
 package loadbalancer_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,20 +12,18 @@ import (
 	"time"
 
 	"github.com/cilium/hive/script"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/kubernetes/scheme"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 )
 
-// fakeK8s drives the fake clientset of k8sclient.FakeCell for the tests:
+// fakeK8s drives the fake clientset of k8sclienttest.Cell for the tests:
 // it creates, updates and deletes objects, holds LISTs (to see the tables
 // wait for the initial sync), fails them, and expires watches (to make the
 // reflectors relist).
@@ -157,10 +152,8 @@ func (f *fakeK8s) waitCalls(ctx context.Context, verb string, n int) error {
 }
 
 func (f *fakeK8s) commands() map[string]script.Cmd {
-	return map[string]script.Cmd{
-		"k8s/add":    f.applyCmd("Create the objects of YAML files", f.create),
-		"k8s/update": f.applyCmd("Update the objects of YAML files", f.update),
-		"k8s/delete": f.applyCmd("Delete the objects of YAML files", f.delete),
+	cmds := k8sclienttest.ScriptCommands(func() *fake.Clientset { return f.cs })
+	maps.Copy(cmds, map[string]script.Cmd{
 		"k8s/hold-lists": script.Command(
 			script.CmdUsage{Summary: "Make LISTs wait until k8s/release-lists"},
 			func(*script.State, ...string) (script.WaitFunc, error) { f.holdLists(); return nil, nil }),
@@ -207,98 +200,8 @@ func (f *fakeK8s) commands() map[string]script.Cmd {
 				defer cancel()
 				return nil, f.waitCalls(ctx, args[0], n)
 			}),
-	}
-}
-
-func (f *fakeK8s) applyCmd(summary string, fn func(context.Context, runtime.Object) error) script.Cmd {
-	return script.Command(
-		script.CmdUsage{Summary: summary + " (Services and EndpointSlices)", Args: "file..."},
-		func(s *script.State, args ...string) (script.WaitFunc, error) {
-			if len(args) == 0 {
-				return nil, errors.New("want one or more YAML files")
-			}
-			for _, file := range args {
-				objs, err := decodeFile(s.Path(file))
-				if err != nil {
-					return nil, err
-				}
-				for _, obj := range objs {
-					if err := fn(s.Context(), obj); err != nil {
-						return nil, fmt.Errorf("%s: %w", file, err)
-					}
-				}
-			}
-			return nil, nil
-		})
-}
-
-func decodeFile(path string) ([]runtime.Object, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	objs, err := decodeYAML(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return objs, nil
-}
-
-// decodeYAML decodes the Kubernetes objects of a YAML stream.
-func decodeYAML(data []byte) ([]runtime.Object, error) {
-	var objs []runtime.Object
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return objs, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			return nil, err
-		}
-		objs = append(objs, obj)
-	}
-}
-
-func (f *fakeK8s) create(ctx context.Context, obj runtime.Object) error {
-	switch o := obj.(type) {
-	case *corev1.Service:
-		_, err := f.cs.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		return err
-	case *discoveryv1.EndpointSlice:
-		_, err := f.cs.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		return err
-	}
-	return fmt.Errorf("unsupported object %T", obj)
-}
-
-func (f *fakeK8s) update(ctx context.Context, obj runtime.Object) error {
-	switch o := obj.(type) {
-	case *corev1.Service:
-		_, err := f.cs.CoreV1().Services(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
-		return err
-	case *discoveryv1.EndpointSlice:
-		_, err := f.cs.DiscoveryV1().EndpointSlices(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
-		return err
-	}
-	return fmt.Errorf("unsupported object %T", obj)
-}
-
-func (f *fakeK8s) delete(ctx context.Context, obj runtime.Object) error {
-	switch o := obj.(type) {
-	case *corev1.Service:
-		return f.cs.CoreV1().Services(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
-	case *discoveryv1.EndpointSlice:
-		return f.cs.DiscoveryV1().EndpointSlices(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
-	}
-	return fmt.Errorf("unsupported object %T", obj)
+	})
+	return cmds
 }
 
 // expirableWatch passes a tracker watch through until expire, which ends it

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
@@ -63,12 +64,12 @@ func TestServicesAPI(t *testing.T) {
 	a := newTestAgent(t, api.Cell)
 	hive.AddConfigOverride(a.hive, func(c *api.Config) { c.APISocket = socket })
 	celltest.Start(t, a.hive)
-	objs, err := decodeYAML([]byte(apiObjects))
+	objs, err := k8sclienttest.Decode([]byte(apiObjects))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, obj := range objs {
-		if err := a.k8s.create(t.Context(), obj); err != nil {
+		if err := k8sclienttest.Create(a.k8s.cs, obj); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/loadbalancer"
 )
 
@@ -51,7 +51,7 @@ func newTestAgent(t testing.TB, extra ...cell.Cell) *testAgent {
 	a := &testAgent{k8s: newFakeK8s(t), lbMaps: &fakeLBMaps{writes: map[string]int{}}}
 	a.hive = celltest.New(append([]cell.Cell{
 		loadbalancer.Cell,
-		k8sclient.FakeCell(),
+		k8sclienttest.Cell(),
 		cell.Invoke(a.k8s.attach),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Module("test-devices", "Node addresses the test inserts",

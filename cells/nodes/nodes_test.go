@@ -26,7 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
@@ -58,7 +58,7 @@ type annotationOut struct {
 func start(t *testing.T, o opts) *agent {
 	t.Helper()
 	a := &agent{}
-	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclient.FakeCell(o.k8s...), nodes.Cell,
+	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(o.k8s...), nodes.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Provide(func() annotationOut { return annotationOut{A: nodes.Annotation{Key: "example.com/test", Value: "yes"}} }),
 		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *fake.Clientset, kv kvstore.Client) {

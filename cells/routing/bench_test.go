@@ -25,7 +25,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/ipcache"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/cells/routing"
@@ -64,7 +64,7 @@ func BenchmarkNodesAppear(b *testing.B) {
 		ipc statedb.Table[*ipcache.Entry]
 	)
 	etcd := etcdtest.Start(b)
-	h := celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclient.FakeCell(),
+	h := celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(),
 		nodes.Cell, routing.Cell, bpfmaps.Cell, ipcache.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Invoke(func(d *statedb.DB, r statedb.Table[*routing.Route], n statedb.Table[*routing.Neighbor],

@@ -29,7 +29,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/ipam"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/cells/routing"
@@ -124,7 +124,7 @@ func ipNet(p netip.Prefix) *net.IPNet {
 // start runs the node's cells in mode, knowing the given Node objects.
 func (n *testNode) start(t *testing.T, mode string, objs ...runtime.Object) {
 	t.Helper()
-	n.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclient.FakeCell(objs...), nodes.Cell, routing.Cell,
+	n.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(objs...), nodes.Cell, routing.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Invoke(func(db *statedb.DB, routes statedb.Table[*routing.Route], cs *fake.Clientset) {
 			n.db, n.routes, n.k8s = db, routes, cs

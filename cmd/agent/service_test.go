@@ -24,7 +24,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
-	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
@@ -61,7 +61,7 @@ func startServiceAgent(t *testing.T) string {
 	opts := hive.DefaultOptions()
 	opts.ModuleDecorators = health.ModuleDecorators
 	h := hive.NewWithOptions(opts,
-		statedb.Cell, job.Cell, health.Cell, api.Cell, loadbalancer.Cell, k8sclient.FakeCell(objects...),
+		statedb.Cell, job.Cell, health.Cell, api.Cell, loadbalancer.Cell, k8sclienttest.Cell(objects...),
 		cell.Provide(
 			func() daemon.NodeName { return "node-1" },
 			func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {

@@ -20,13 +20,14 @@ import (
 
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 )
 
 func service(name string) *corev1.Service {
 	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
 }
 
-// serviceWatcher is the kind of cell FakeCell is for: it takes the
+// serviceWatcher is the kind of cell k8sclienttest.Cell is for: it takes the
 // Clientset and starts an informer in its start hook.
 type serviceWatcher struct {
 	cs      k8sclient.Clientset
@@ -63,11 +64,11 @@ func (w *serviceWatcher) Stop(cell.HookContext) error {
 	return nil
 }
 
-func TestFakeCellInAnotherCellsTest(t *testing.T) {
+func TestTestCellInAnotherCellsTest(t *testing.T) {
 	w := &serviceWatcher{added: make(chan string, 1)}
 	var cs *fake.Clientset
 	h := celltest.New(
-		k8sclient.FakeCell(service("web"), service("dns")),
+		k8sclienttest.Cell(service("web"), service("dns")),
 		cell.Module("service-watcher", "Test cell watching services",
 			cell.Invoke(func(lc cell.Lifecycle, c k8sclient.Clientset, f *fake.Clientset) {
 				w.cs, cs = c, f
@@ -77,7 +78,7 @@ func TestFakeCellInAnotherCellsTest(t *testing.T) {
 	)
 	celltest.Start(t, h)
 	if !w.cs.Embedded() {
-		t.Error("FakeCell's Clientset is not Embedded()")
+		t.Error("k8sclienttest.Cell's Clientset is not Embedded()")
 	}
 	if w.initial != 2 {
 		t.Fatalf("informer listed %d services at start, want the 2 seeded ones", w.initial)
@@ -90,8 +91,8 @@ func TestFakeCellInAnotherCellsTest(t *testing.T) {
 	}
 }
 
-func TestFakeCellRejectsDuplicates(t *testing.T) {
-	h := celltest.New(k8sclient.FakeCell(service("web"), service("web")), cell.Invoke(func(k8sclient.Clientset) {}))
+func TestTestCellRejectsDuplicates(t *testing.T) {
+	h := celltest.New(k8sclienttest.Cell(service("web"), service("web")), cell.Invoke(func(k8sclient.Clientset) {}))
 	err := h.Populate(hivetest.Logger(t))
 	if err == nil {
 		t.Fatal("no error for the same Service seeded twice")
@@ -103,7 +104,7 @@ func TestFakeCellRejectsDuplicates(t *testing.T) {
 // the existing objects first, as from an API server.
 func TestWatchQueuesEvents(t *testing.T) {
 	var cs *fake.Clientset
-	h := celltest.New(k8sclient.FakeCell(), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	h := celltest.New(k8sclienttest.Cell(), cell.Invoke(func(f *fake.Clientset) { cs = f }))
 	celltest.Start(t, h)
 	ctx := context.Background()
 	const existing, added = 300, 1000
@@ -141,7 +142,7 @@ func TestWatchQueuesEvents(t *testing.T) {
 // client-go's fake cannot serve; the embedded API server can.
 func TestStreamingListReflector(t *testing.T) {
 	var cs *fake.Clientset
-	h := celltest.New(k8sclient.FakeCell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	h := celltest.New(k8sclienttest.Cell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
 	celltest.Start(t, h)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -177,7 +178,7 @@ func TestStreamingListReflector(t *testing.T) {
 // good (client-go's fake alone loses it).
 func TestWatchFromListReportsDeletionsSince(t *testing.T) {
 	var cs *fake.Clientset
-	h := celltest.New(k8sclient.FakeCell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	h := celltest.New(k8sclienttest.Cell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
 	celltest.Start(t, h)
 	ctx := context.Background()
 	list, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{})

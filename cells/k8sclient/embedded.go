@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cilium/hive/cell"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/meta/testrestmapper"
@@ -20,30 +19,30 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 )
 
-// FakeCell provides a Clientset backed by client-go's fake clientset seeded
-// with objects, for other cells' tests, and the *fake.Clientset itself so a
-// test can create, update and delete objects. It is the embedded mode
-// without the manifests directory: Embedded() is true.
-func FakeCell(objects ...runtime.Object) cell.Cell {
-	return cell.Module(
-		"k8s-client",
-		"Fake Kubernetes clientset for tests",
-
-		cell.Provide(func() (fakeOut, error) {
-			cs, err := newFakeClientset(objects...)
-			if err != nil {
-				return fakeOut{}, fmt.Errorf("k8sclient.FakeCell: %w", err)
-			}
-			return fakeOut{Clientset: embeddedClientset{cs}, Fake: cs}, nil
-		}),
-	)
+// NewEmbedded returns the embedded API server holding objects: the
+// Clientset the agent's cells take, and the *fake.Clientset behind it,
+// through whose typed clients a test writes (see k8sclienttest). It is what
+// embedded mode serves, without the manifests directory.
+func NewEmbedded(objects ...runtime.Object) (Clientset, *fake.Clientset, error) {
+	cs, err := newFakeClientset(objects...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return embeddedClientset{cs}, cs, nil
 }
 
-type fakeOut struct {
-	cell.Out
-
-	Clientset Clientset
-	Fake      *fake.Clientset
+// ResourceOf is the resource of a typed object of the client-go scheme, and
+// whether it is namespaced: where the embedded API server keeps it.
+func ResourceOf(obj runtime.Object) (schema.GroupVersionResource, bool, error) {
+	gvks, _, err := scheme.Scheme.ObjectKinds(obj)
+	if err != nil {
+		return schema.GroupVersionResource{}, false, err
+	}
+	m, err := restMapper().RESTMapping(gvks[0].GroupKind(), gvks[0].Version)
+	if err != nil {
+		return schema.GroupVersionResource{}, false, err
+	}
+	return m.Resource, m.Scope.Name() == meta.RESTScopeNameNamespace, nil
 }
 
 // restMapper maps the scheme's kinds to resources and scopes as client-go's

@@ -1,0 +1,169 @@
+// Package k8sclienttest stands in for the k8s-client cell in other cells'
+// tests: Cell provides the embedded API server seeded with objects, and
+// ScriptCommands writes objects to it from a script test's YAML files.
+//
+//	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
+//
+// Writes go through the *fake.Clientset's typed or generic clients, so
+// watches see them as an API server's would; Tracker() bypasses that.
+package k8sclienttest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/cellium/cellium/cells/k8sclient"
+)
+
+// Cell provides a k8sclient.Clientset backed by the embedded API server
+// seeded with objects (Embedded() is true), and the *fake.Clientset itself
+// so a test can create, update and delete objects.
+func Cell(objects ...runtime.Object) cell.Cell {
+	return cell.Module(
+		"k8s-client",
+		"Embedded Kubernetes API server for tests",
+
+		cell.Provide(func() (out, error) {
+			cs, fake, err := k8sclient.NewEmbedded(objects...)
+			if err != nil {
+				return out{}, fmt.Errorf("k8sclienttest.Cell: %w", err)
+			}
+			return out{Clientset: cs, Fake: fake}, nil
+		}),
+	)
+}
+
+type out struct {
+	cell.Out
+
+	Clientset k8sclient.Clientset
+	Fake      *fake.Clientset
+}
+
+// ScriptCommands are k8s/add, k8s/update and k8s/delete FILE...: the
+// objects of YAML files, of any kind the client-go scheme knows, created,
+// updated or deleted through the clientset cs returns. cs is called when a
+// command runs: a script engine is made before the hive that makes the
+// clientset has been populated.
+func ScriptCommands(cs func() *fake.Clientset) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"k8s/add":    applyCmd("Create the objects of YAML files", cs, Create),
+		"k8s/update": applyCmd("Update the objects of YAML files", cs, Update),
+		"k8s/delete": applyCmd("Delete the objects of YAML files", cs, Delete),
+	}
+}
+
+// Create, Update and Delete write obj through cs's reactors, as its typed
+// clients would, whatever its kind. Namespaced objects without a namespace
+// are in "default", as with kubectl.
+func Create(cs *fake.Clientset, obj runtime.Object) error {
+	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
+		return k8stesting.NewCreateAction(gvr, ns, obj)
+	})
+}
+
+func Update(cs *fake.Clientset, obj runtime.Object) error {
+	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
+		return k8stesting.NewUpdateAction(gvr, ns, obj)
+	})
+}
+
+func Delete(cs *fake.Clientset, obj runtime.Object) error {
+	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
+		m, _ := meta.Accessor(obj)
+		return k8stesting.NewDeleteAction(gvr, ns, m.GetName())
+	})
+}
+
+// applyCmd does fn with each object of the YAML files it is given.
+func applyCmd(summary string, cs func() *fake.Clientset, fn func(*fake.Clientset, runtime.Object) error) script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: summary, Args: "file..."},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) == 0 {
+				return nil, errors.New("want one or more YAML files")
+			}
+			for _, file := range args {
+				objs, err := DecodeFile(s.Path(file))
+				if err != nil {
+					return nil, err
+				}
+				for _, obj := range objs {
+					if err := fn(cs(), obj); err != nil {
+						return nil, fmt.Errorf("%s: %w", file, err)
+					}
+				}
+			}
+			return nil, nil
+		})
+}
+
+func invoke(cs *fake.Clientset, obj runtime.Object, action func(schema.GroupVersionResource, string) k8stesting.Action) error {
+	gvr, namespaced, err := k8sclient.ResourceOf(obj)
+	if err != nil {
+		return err
+	}
+	ns := ""
+	if namespaced {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			return err
+		}
+		if ns = m.GetNamespace(); ns == "" {
+			ns = "default"
+			m.SetNamespace(ns)
+		}
+	}
+	_, err = cs.Invokes(action(gvr, ns), nil)
+	return err
+}
+
+// DecodeFile decodes the Kubernetes objects of a YAML file.
+func DecodeFile(path string) ([]runtime.Object, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return objs, nil
+}
+
+// Decode decodes the Kubernetes objects of a YAML stream.
+func Decode(data []byte) ([]runtime.Object, error) {
+	var objs []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		objs = append(objs, obj)
+	}
+}
