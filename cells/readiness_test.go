@@ -33,6 +33,7 @@ import (
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/cgroup2"
 )
 
 // testManifests is a Service with three backends, for the frontends to
@@ -81,7 +82,7 @@ type slowTable struct {
 func startTestAgent(t *testing.T, extraFlags []string, slow *slowTable) *testAgent {
 	t.Helper()
 	bpfRoot := bpfmapstest.Root(t)
-	mount, err := loader.Cgroup2Mount()
+	mount, err := cgroup2.Mount()
 	if err != nil {
 		t.Skipf("no cgroup2 mount for the socket programs: %v", err)
 	}

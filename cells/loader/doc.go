@@ -55,6 +55,6 @@
 //     this cell contributes to the bpf-maps Cleaner).
 //
 // --cgroup-root defaults to where cgroup2 is mounted, found in
-// /proc/self/mountinfo at start ([Cgroup2Mount]); tests point it at a
+// /proc/self/mountinfo at start (cgroup2.Mount); tests point it at a
 // cgroup of their own.
 package loader

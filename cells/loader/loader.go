@@ -19,6 +19,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/pkg/cgroup2"
 )
 
 // linksDir is where the loader pins its links.
@@ -53,8 +54,8 @@ func registerLoader(cfg Config, lc cell.Lifecycle, log *slog.Logger, maps *lbmap
 func (l *loader) Start(cell.HookContext) (err error) {
 	root := l.cfg.CgroupRoot
 	if root == "" {
-		if root, err = Cgroup2Mount(); err != nil {
-			return fmt.Errorf("--cgroup-root: %w", err)
+		if root, err = cgroup2.Mount(); err != nil {
+			return fmt.Errorf("--cgroup-root: %w, or set --cgroup-root to a cgroup2 directory", err)
 		}
 	}
 	cgroup, err := cgroupID(root)

@@ -19,9 +19,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/cgroup2"
 )
 
 // agentBin is the agent built once for the process tests.
@@ -79,7 +79,7 @@ func newAgentEnv(t testing.TB) *agentEnv {
 // testCgroup makes an empty cgroup for the agent's socket programs: attached
 // to the real root they would see every socket of the machine.
 func testCgroup(t testing.TB) string {
-	mount, err := loader.Cgroup2Mount()
+	mount, err := cgroup2.Mount()
 	if err != nil {
 		t.Skipf("no cgroup2 mount for the socket programs: %v", err)
 	}

@@ -25,9 +25,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
-	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/cgroup2"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/nettest"
 )
@@ -91,7 +91,7 @@ func newNode(t testing.TB) *node {
 		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(dir, "cni-cache"), nil),
 	}
 	n.podCIDR = n.v4.String() + "," + n.v6.String()
-	mount, err := loader.Cgroup2Mount()
+	mount, err := cgroup2.Mount()
 	if err != nil {
 		t.Skipf("no cgroup2 mount for the agent's socket programs: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cellium/cellium/pkg/cgroup2"
 	"github.com/cellium/cellium/pkg/statefile"
 )
 
@@ -164,7 +165,7 @@ func CheckHost() error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it creates network namespaces, links, cgroups and BPF pins")
 	}
-	if _, err := cgroup2Mount(); err != nil {
+	if _, err := cgroup2.Mount(); err != nil {
 		return err
 	}
 	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
@@ -197,7 +198,7 @@ func Up(ctx context.Context, o Options) (*Cluster, error) {
 	if err := CheckHost(); err != nil {
 		return nil, err
 	}
-	mount, err := cgroup2Mount()
+	mount, err := cgroup2.Mount()
 	if err != nil {
 		return nil, err
 	}

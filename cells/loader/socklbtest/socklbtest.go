@@ -54,11 +54,10 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cellium/cellium/pkg/cgroup2"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/cellium/cellium/cells/loader"
 )
 
 // clientEnv, set in a child's environment to the path of the network
@@ -107,7 +106,7 @@ func New(t testing.TB) *Env {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for a cgroup and a network namespace")
 	}
-	mount, err := loader.Cgroup2Mount()
+	mount, err := cgroup2.Mount()
 	if err != nil {
 		t.Skipf("needs cgroup2: %v", err)
 	}

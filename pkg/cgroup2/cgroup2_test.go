@@ -1,11 +1,11 @@
-package loader
+package cgroup2
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestCgroup2Mount(t *testing.T) {
+func TestParseMount(t *testing.T) {
 	for _, tc := range []struct {
 		name, mountinfo, want, err string
 	}{
@@ -31,19 +31,19 @@ func TestCgroup2Mount(t *testing.T) {
 			// A path that merely says cgroup2 is not a cgroup2 mount.
 			name:      "none",
 			mountinfo: "32 31 0:29 / /cgroup2 rw - cgroup cgroup2 rw,cpu\n",
-			err:       "no cgroup2 filesystem is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup) or set --cgroup-root",
+			err:       "no cgroup2 filesystem is mounted",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := cgroup2Mount(strings.NewReader(tc.mountinfo))
+			got, err := parseMount(strings.NewReader(tc.mountinfo))
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("cgroup2Mount = %q, %v; want error %q", got, err, tc.err)
+					t.Fatalf("parseMount = %q, %v; want error %q", got, err, tc.err)
 				}
 				return
 			}
 			if err != nil || got != tc.want {
-				t.Fatalf("cgroup2Mount = %q, %v; want %q", got, err, tc.want)
+				t.Fatalf("parseMount = %q, %v; want %q", got, err, tc.want)
 			}
 		})
 	}
