@@ -127,6 +127,18 @@ func Do(path string, fn func() error) error {
 	return fnErr
 }
 
+// In runs fn on a thread in the network namespace at path and returns its
+// result, as Do does: a listener fn makes stays in that namespace wherever
+// it is used later.
+func In[T any](path string, fn func() (T, error)) (T, error) {
+	var v T
+	err := Do(path, func() (err error) {
+		v, err = fn()
+		return err
+	})
+	return v, err
+}
+
 // Ping sends one ICMP echo request from the network namespace at nsPath to
 // dst and waits up to timeout for the reply.
 func Ping(nsPath string, dst netip.Addr, timeout time.Duration) error {

@@ -49,12 +49,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"syscall"
 	"testing"
 
 	"github.com/cellium/cellium/pkg/cgroup2"
+	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -121,7 +121,7 @@ func New(t testing.TB) *Env {
 		}
 	})
 	e := &Env{Cgroup: cgroup, t: t}
-	e.NetNS = newNetNS(t)
+	e.NetNS = nettest.NewNS(t).Path()
 
 	fd, err := unix.Open(e.NetNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -154,38 +154,6 @@ func At(t testing.TB, cgroup, netnsPath string) *Env {
 	return &Env{Cgroup: cgroup, NetNS: netnsPath, t: t}
 }
 
-// newNetNS creates a network namespace and bind-mounts it at a path under
-// the test's temporary directory.
-func newNetNS(t testing.TB) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "netns")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error)
-	go func() {
-		// Never unlocked: the thread ends up in the new namespace, and
-		// exits with this goroutine instead of running other goroutines.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		errc <- unix.Mount(self, path, "", unix.MS_BIND, "")
-	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("create a network namespace: %v", err)
-	}
-	// Runs before TempDir's removal: cleanups run last in, first out.
-	t.Cleanup(func() {
-		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
-			t.Errorf("release the test netns: %v", err)
-		}
-	})
-	return path
-}
-
 // RequireIPv6 skips the test if the kernel gave the namespace no IPv6.
 func (e *Env) RequireIPv6() {
 	e.t.Helper()
@@ -214,41 +182,13 @@ func (e *Env) AddAddr(prefixes ...netip.Prefix) {
 	}
 }
 
-// inNetNS runs fn on a thread in the namespace. Sockets belong to the
-// namespace they are created in, so a listener made by fn stays there.
-func inNetNS[T any](path string, fn func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	done := make(chan result)
-	go func() {
-		// Never unlocked: see newNetNS.
-		runtime.LockOSThread()
-		var r result
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err == nil {
-			err = unix.Setns(fd, unix.CLONE_NEWNET)
-			unix.Close(fd)
-		}
-		if err != nil {
-			r.err = fmt.Errorf("enter the test netns: %w", err)
-		} else {
-			r.v, r.err = fn()
-		}
-		done <- r
-	}()
-	r := <-done
-	return r.v, r.err
-}
-
 // ServeTCP starts a TCP backend on each address in the namespace: it
 // accepts connections, writes its address ("127.0.0.2:8080") and closes
 // them. The backends stop when the test ends.
 func (e *Env) ServeTCP(addrs ...netip.AddrPort) {
 	e.t.Helper()
 	for _, addr := range addrs {
-		ln, err := inNetNS(e.NetNS, func() (net.Listener, error) { return net.Listen("tcp", addr.String()) })
+		ln, err := nettest.In(e.NetNS, func() (net.Listener, error) { return net.Listen("tcp", addr.String()) })
 		if err != nil {
 			e.t.Fatalf("TCP backend %s: %v", addr, err)
 		}
@@ -271,7 +211,7 @@ func (e *Env) ServeTCP(addrs ...netip.AddrPort) {
 func (e *Env) ServeUDP(addrs ...netip.AddrPort) {
 	e.t.Helper()
 	for _, addr := range addrs {
-		pc, err := inNetNS(e.NetNS, func() (net.PacketConn, error) { return net.ListenPacket("udp", addr.String()) })
+		pc, err := nettest.In(e.NetNS, func() (net.PacketConn, error) { return net.ListenPacket("udp", addr.String()) })
 		if err != nil {
 			e.t.Fatalf("UDP backend %s: %v", addr, err)
 		}
