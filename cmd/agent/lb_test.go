@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // svc is a Service with one port, named p, and its EndpointSlice.
@@ -152,17 +153,7 @@ func nodeAddress(t *testing.T, c *client.Client) (netip.Addr, bool) {
 // no push API for table and health changes yet.
 func poll(t *testing.T, what string, ok func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		done, last := ok()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 60s; last: %s", what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	polltest.Until(t, what, 60*time.Second, 50*time.Millisecond, ok)
 }
 
 // waitHealth waits until module is Degraded with a message or error

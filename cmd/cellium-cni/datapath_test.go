@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // flowLine is what the test reads of a line of `agent observe -o json`:
@@ -382,15 +383,5 @@ endpoints:
 // the test with what ok last said otherwise.
 func poll(t testing.TB, what string, ok func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		done, last := ok()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last: %s", what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	polltest.Until(t, what, 10*time.Second, 20*time.Millisecond, ok)
 }

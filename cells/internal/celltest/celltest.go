@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // New builds a hive of cells plus statedb, jobs and health. Like the agent,
@@ -57,13 +58,7 @@ func Start(t testing.TB, h *hive.Hive) {
 // within 10 seconds: for state that has no watch channel to wait on.
 func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	polltest.Until(t, what, 10*time.Second, 5*time.Millisecond, func() (bool, string) { return cond(), "not yet" })
 }
 
 // ScriptEngine returns a script engine for a txtar test of h: the default
