@@ -91,7 +91,7 @@ func newHiveCmd(h *hive.Hive, agentFlags *pflag.FlagSet, stdout io.Writer) *cobr
 // printObjects prints the graph, or only the error when it cannot be built
 // (PrintObjects prints a long dump of the dig error itself).
 func printObjects(h *hive.Hive, stdout io.Writer) error {
-	if err := h.Populate(slog.Default()); err != nil {
+	if err := h.Populate(slog.New(withoutInvokeFailed{slog.Default().Handler()})); err != nil {
 		return fmt.Errorf("build the cell graph: %w", dig.RootCause(err))
 	}
 	return h.PrintObjects(stdout, slog.Default())

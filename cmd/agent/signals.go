@@ -18,7 +18,7 @@ import (
 // stops the hive even while it is still starting (hive itself listens for
 // signals only once started).
 func runUntilSignalled(h *hive.Hive, log *slog.Logger, signals <-chan os.Signal) error {
-	hooks := &hookTracker{state: &hookState{}, inner: log.Handler()}
+	hooks := &hookTracker{state: &hookState{}, inner: withoutInvokeFailed{log.Handler()}}
 	done := make(chan error, 1)
 	go func() { done <- h.Run(slog.New(hooks)) }()
 
