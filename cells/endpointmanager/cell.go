@@ -163,6 +163,12 @@ type Manager struct {
 	// mu serializes creations, deletions and the restore: each looks at
 	// the table, the kernel and the disk, then changes all three.
 	mu sync.Mutex
+	// moved are the state files the restore moved aside, and orphans the
+	// containers it keeps without state, by container ID: problems is the
+	// health scope that shows them (nil without any). With mu held.
+	moved    []movedFile
+	orphans  map[string]orphan
+	problems cell.Health
 }
 
 func newManager(p params) (*Manager, error) {

@@ -186,7 +186,8 @@ func (m *Manager) freeID(txn statedb.ReadTxn) (uint16, error) {
 }
 
 // leftovers removes what a creation for containerID that the agent did not
-// finish left: the host side of its veth pair and its addresses.
+// finish left, or what an orphan (see claimOrphans) has: the host side of
+// its veth pair and its addresses.
 func (m *Manager) leftovers(containerID string) (removedLink bool, released []netip.Addr, err error) {
 	removedLink, err = unplumb(HostIfName(containerID))
 	if err != nil {
@@ -195,6 +196,10 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 	released, err = m.ipam.ReleaseOwner(containerID)
 	if err != nil {
 		return removedLink, nil, err
+	}
+	if _, ok := m.orphans[containerID]; ok {
+		delete(m.orphans, containerID)
+		m.reportProblems()
 	}
 	if removedLink || len(released) > 0 {
 		m.log.Info("Removed what an unfinished endpoint creation left", "container", containerID,
@@ -378,6 +383,20 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 			keep = append(keep, ep)
 		}
 	}
+	// A pod whose state file was moved aside above still has its veth pair
+	// and its addresses: they are kept for it, not released after the
+	// grace period to be given to the next ADD while it still uses them.
+	if m.orphans == nil {
+		m.orphans = map[string]orphan{}
+	}
+	orphans, err := m.claimOrphans()
+	if err != nil {
+		return err
+	}
+	for _, o := range orphans {
+		m.orphans[o.containerID] = o
+	}
+	m.moved = append(m.moved, m.states.takeMoved()...)
 	// Every address held before the restart is claimed: new endpoints may
 	// get addresses from here on.
 	m.ipamRestored()
@@ -452,6 +471,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	} else {
 		m.health.OK(fmt.Sprintf("Restored %d endpoint(s)", len(keep)))
 	}
+	m.reportProblems()
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package endpointmanager_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -10,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
@@ -191,4 +194,59 @@ func TestRestoreDamagedStateFiles(t *testing.T) {
 		t.Error("the endpoint whose netns does not exist was not removed")
 	}
 	n.waitAllocations(t)
+}
+
+// A pod whose state file is lost while the agent is down keeps its
+// addresses: its veth pair still exists and the IPAM still knows them
+// under its container ID, so the restore claims them for it instead of
+// letting the leak grace release them to the next ADD. Health names the
+// moved file and the container; a CNI DEL of the container cleans it up.
+func TestRestoreKeepsAddressesOfPodWithLostState(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+
+	path := filepath.Join(first.stateDir, "endpoints", strconv.Itoa(int(ep.ID)), "endpoint.json")
+	if err := os.Truncate(path, 10); err != nil {
+		t.Fatal(err)
+	}
+
+	// A grace so short that a release, if any, would come at once.
+	second := tn.start(t, nodeOpts{grace: time.Millisecond})
+	second.waitRestored(t)
+	second.waitAllocations(t, ep.IPv4.String()+" "+p.id+" in-use", ep.IPv6.String()+" "+p.id+" in-use")
+
+	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	for _, want := range []string{path, "unexpected EOF", p.id, ep.HostIfName, ep.IPv4.String()} {
+		if !strings.Contains(row.Error, want) {
+			t.Errorf("health endpoint-manager.state error %q does not name %q", row.Error, want)
+		}
+	}
+
+	other := second.create(t, newPod(t))
+	if other.IPv4 == ep.IPv4 || other.IPv6 == ep.IPv6 {
+		t.Fatalf("a new pod got %s/%s, which the pod with the lost state still uses", other.IPv4, other.IPv6)
+	}
+	if err := nettest.Ping(p.ns.Path(), router(tn.v4), 5*time.Second); err != nil {
+		t.Errorf("the pod with the lost state lost its connectivity: %v", err)
+	}
+
+	del, err := second.mgr.Delete(context.Background(), endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatalf("DEL of the pod with the lost state: %v", err)
+	}
+	if !slices.Contains(del.Released, ep.IPv4) || !slices.Contains(del.Released, ep.IPv6) {
+		t.Errorf("DEL released %v, want %s and %s", del.Released, ep.IPv4, ep.IPv6)
+	}
+	if _, err := netlink.LinkByName(ep.HostIfName); err == nil {
+		t.Errorf("host link %s still exists after the DEL", ep.HostIfName)
+	}
+	// The moved file stays reported; the container no longer is.
+	row = second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && !strings.Contains(s.Error, p.id) })
+	if !strings.Contains(row.Error, path) {
+		t.Errorf("health after the DEL = %q, want the moved file %s still named", row.Error, path)
+	}
+	second.waitAllocations(t, other.IPv4.String()+" "+other.ContainerID+" in-use", other.IPv6.String()+" "+other.ContainerID+" in-use")
 }

@@ -114,6 +114,15 @@ func (f *stateFile) validate(dirName string) error {
 type stateStore struct {
 	log          *slog.Logger
 	dir, invalid string
+	// moved are the entries quarantine moved aside since takeMoved.
+	moved []movedFile
+}
+
+// takeMoved returns what was moved aside since the last call.
+func (s *stateStore) takeMoved() []movedFile {
+	out := s.moved
+	s.moved = nil
+	return out
 }
 
 func newStateStore(log *slog.Logger, stateDir string) *stateStore {
@@ -213,6 +222,9 @@ func (s *stateStore) quarantine(path string, why error) error {
 		dir = filepath.Dir(path)
 	}
 	to, err := statefile.MoveAside(dir, s.invalid)
+	if err == nil {
+		s.moved = append(s.moved, movedFile{path: path, to: to, why: why})
+	}
 	s.log.Error("Invalid endpoint state file, moved aside; the endpoint is not restored",
 		"file", path, "error", why, "moved-to", to)
 	return err

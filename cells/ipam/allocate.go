@@ -194,6 +194,16 @@ func (i *IPAM) Claim(ip netip.Addr, owner string) error {
 	return nil
 }
 
+// Unclaimed are the allocations made before the restart that no restorer
+// has claimed yet.
+func (i *IPAM) Unclaimed() []*Allocation {
+	var out []*Allocation
+	for a := range i.tbl.List(i.db.ReadTxn(), AllocationState.Query(Unclaimed)) {
+		out = append(out, a)
+	}
+	return out
+}
+
 // Release returns owner's address ip to the pool. Releasing an address that
 // is not allocated is not an error (released is false); releasing another
 // owner's is an ErrInUse error.
