@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -102,6 +101,7 @@ var (
 	ErrNotFound  = errors.New("endpoint not found")
 	ErrNotReady  = errors.New("endpoint restore in progress")
 	ErrExhausted = errors.New("no free endpoint ID")
+	ErrBusy      = errors.New("endpoint manager busy")
 )
 
 // errorf is an error of one of the kinds above with its own message.
@@ -160,9 +160,12 @@ type Manager struct {
 	tableRestored func(statedb.WriteTxn)
 	ready         func()
 
-	// mu serializes creations, deletions and the restore: each looks at
-	// the table, the kernel and the disk, then changes all three.
-	mu sync.Mutex
+	// mu serializes creations, deletions, identity changes and the
+	// restore: each looks at the table, the kernel and the disk, then
+	// changes all three. Nothing done with it held touches a path a caller
+	// gave (a CNI_NETNS is opened before), and waiting for it ends with the
+	// waiter's context (see opLock).
+	mu opLock
 	// moved are the state files the restore moved aside, and orphans the
 	// containers it keeps without state, by container ID: problems is the
 	// health scope that shows them (nil without any). With mu held.
@@ -184,6 +187,7 @@ func newManager(p params) (*Manager, error) {
 		states:  newStateStore(p.Log, p.Paths.StateDir),
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
+		mu:      newOpLock(),
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
 		vethCreated: func() { m.crashPoint(CrashVethCreated) }}

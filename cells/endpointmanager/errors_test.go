@@ -3,14 +3,17 @@ package endpointmanager_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/ipam"
@@ -129,5 +132,69 @@ func TestCreateExhaustedPool(t *testing.T) {
 	}
 	if again := n.create(t, second); again.IPv4 != ep.IPv4 {
 		t.Fatalf("after the delete the pool's one address is %s, want %s", again.IPv4, ep.IPv4)
+	}
+}
+
+// A CNI_NETNS that is a named pipe, a directory or a socket is refused at
+// once with an error naming it, and holds back no other ADD or DEL: the
+// path is checked before it is opened, opened without blocking, and not
+// under the manager's lock.
+func TestCreateNetnsNotARegularFileDoesNotBlock(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.waitRestored(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Unblocks an open that waits for a writer, should one (before the
+	// fix) have been made.
+	t.Cleanup(func() {
+		if fd, err := unix.Open(fifo, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+	})
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	for _, tc := range []struct{ path, want string }{
+		{fifo, "netns " + fifo + " is a named pipe (FIFO), not a network namespace"},
+		{dir, "netns " + dir + " is a directory, not a network namespace"},
+		{sock, "netns " + sock + " is a socket, not a network namespace"},
+	} {
+		p := newPod(t)
+		req := p.req()
+		req.Netns = tc.path
+		done := make(chan error, 1)
+		go func() {
+			_, err := n.mgr.Create(context.Background(), req)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, endpointmanager.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("ADD with netns %s = %v, want ErrInvalid containing %q", tc.path, err, tc.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ADD with netns %s did not return within 10s", tc.path)
+		}
+		n.unchanged(t, p.id, nil, nil)
+	}
+
+	// The next ADD and DEL are served.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p := newPod(t)
+	ep, err := n.mgr.Create(ctx, p.req())
+	if err != nil {
+		t.Fatalf("ADD after the bad ones: %v", err)
+	}
+	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatalf("DEL after the bad ones: %v", err)
 	}
 }
