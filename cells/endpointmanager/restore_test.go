@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
@@ -249,4 +250,53 @@ func TestRestoreKeepsAddressesOfPodWithLostState(t *testing.T) {
 		t.Errorf("health after the DEL = %q, want the moved file %s still named", row.Error, path)
 	}
 	second.waitAllocations(t, other.IPv4.String()+" "+other.ContainerID+" in-use", other.IPv6.String()+" "+other.ContainerID+" in-use")
+}
+
+// An endpoint.json that is a directory or a FIFO is moved aside like a
+// corrupt file: the restore finishes (it neither retries for ever nor
+// waits for a writer), and health names both.
+func TestRestoreStateEntryNotARegularFile(t *testing.T) {
+	tn := newTestNet(t)
+	dir := filepath.Join(tn.dir, "state", "endpoints")
+	asDir := filepath.Join(dir, "5", "endpoint.json")
+	if err := os.MkdirAll(asDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "6", "endpoint.json")
+	os.MkdirAll(filepath.Dir(fifo), 0o700)
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := tn.start(t, nodeOpts{})
+	// Runs before the node stops: releases a restore blocked on the FIFO
+	// (before the fix), wherever the FIFO is by then.
+	t.Cleanup(func() {
+		for _, p := range append([]string{fifo}, globAll(filepath.Join(tn.dir, "state", "endpoints-invalid", "*", "endpoint.json"))...) {
+			if fd, err := unix.Open(p, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+				unix.Close(fd)
+			}
+		}
+	})
+	n.waitRestored(t)
+	for _, tc := range []struct{ file, err string }{
+		{asDir, "is a directory"},
+		{fifo, "is a named pipe (FIFO)"},
+	} {
+		line := n.logs.Find("Invalid endpoint state file, moved aside; the endpoint is not restored", "file", tc.file)
+		if line == nil || !strings.Contains(line["error"], tc.err) {
+			t.Errorf("log line for %s = %v, want one with error %q", tc.file, line, tc.err)
+		}
+	}
+	if dirs := n.stateDirs(); len(dirs) != 0 {
+		t.Errorf("endpoint state after the restore = %v, want none", dirs)
+	}
+	row := n.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	if !strings.Contains(row.Error, asDir) || !strings.Contains(row.Error, fifo) {
+		t.Errorf("health endpoint-manager.state = %q, want both moved files named", row.Error)
+	}
+}
+
+func globAll(pattern string) []string {
+	out, _ := filepath.Glob(pattern)
+	return out
 }

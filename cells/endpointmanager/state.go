@@ -151,8 +151,9 @@ func (s *stateStore) remove(id uint16) error { return statefile.Remove(s.endpoin
 // load reads every endpoint directory. Temporary files of interrupted
 // writes are removed; a directory without a state file (the agent died
 // between creating it and writing the file) is removed; a state file that
-// does not parse or validate is moved to the invalid directory with a log
-// line naming the file and the error.
+// cannot be read (also one that is not a regular file: a directory, a FIFO)
+// or does not parse or validate is moved to the invalid directory with a
+// log line naming the file and the error, and the restore goes on.
 func (s *stateStore) load() ([]*stateFile, error) {
 	if err := statefile.MkdirAll(s.dir); err != nil {
 		return nil, err
@@ -178,7 +179,7 @@ func (s *stateStore) load() ([]*stateFile, error) {
 			s.log.Info("Removed temporary endpoint state file of an interrupted write", "file", path)
 		}
 		path := filepath.Join(dir, stateFileName)
-		data, err := os.ReadFile(path)
+		data, err := statefile.ReadRegular(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			s.log.Info("Removed endpoint directory without a state file, left by an interrupted creation", "dir", dir)
 			if err := statefile.Remove(dir); err != nil {
@@ -186,10 +187,10 @@ func (s *stateStore) load() ([]*stateFile, error) {
 			}
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("read endpoint state: %w", err)
+		var f *stateFile
+		if err == nil {
+			f, err = parseStateFile(data, e.Name())
 		}
-		f, err := parseStateFile(data, e.Name())
 		if err != nil {
 			if err := s.quarantine(path, err); err != nil {
 				return nil, err

@@ -14,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/statefile"
 )
 
 // errNetnsGone: the endpoint's network namespace no longer exists (the
@@ -66,7 +68,7 @@ func openNetnsNow(path string) (netns.NsHandle, error) {
 		return netns.None(), fmt.Errorf("netns %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return netns.None(), fmt.Errorf("netns %s is a %s, not a network namespace: %w", path, fileType(fi.Mode()), errNetnsGone)
+		return netns.None(), fmt.Errorf("netns %s is a %s, not a network namespace: %w", path, statefile.TypeName(fi.Mode()), errNetnsGone)
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
@@ -91,22 +93,6 @@ func openNetnsNow(path string) (netns.NsHandle, error) {
 	return netns.NsHandle(fd), nil
 }
 
-// fileType names the type of a file that is not a regular one.
-func fileType(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "directory"
-	case m&fs.ModeNamedPipe != 0:
-		return "named pipe (FIFO)"
-	case m&fs.ModeSocket != 0:
-		return "socket"
-	case m&fs.ModeCharDevice != 0:
-		return "character device"
-	case m&fs.ModeDevice != 0:
-		return "block device"
-	}
-	return "file of mode " + m.Type().String()
-}
 
 // plumbing makes and checks the kernel side of endpoints: a veth pair with
 // the host side in the agent's network namespace and the other in the pod's,

@@ -176,7 +176,8 @@ type checkpoint struct {
 // loadCheckpoint reads the local identities; a file that cannot be used is
 // moved aside (its endpoints get new identities) rather than stop the agent.
 func (a *Allocator) loadCheckpoint() ([]*Identity, error) {
-	b, err := os.ReadFile(a.path)
+	// Not os.ReadFile: a FIFO there would block the start for ever.
+	b, err := statefile.ReadRegular(a.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

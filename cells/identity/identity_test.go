@@ -6,12 +6,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/internal/celltest"
@@ -115,6 +117,38 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	}
 	if id, err := a.Allocate(ctxT(t), web("default")); err != nil || !id.IsLocal() {
 		t.Fatalf("allocation after a corrupt checkpoint = %v, %v", id, err)
+	}
+}
+
+// A checkpoint that is a FIFO is moved aside at once: the start neither
+// waits for a writer nor fails.
+func TestCheckpointNotARegularFileMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "state"), 0o700)
+	path := filepath.Join(dir, "state", checkpointFile)
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Should the start block on the FIFO (the bug), a writer comes after
+	// 10s to release it, and the test fails.
+	var blocked atomic.Bool
+	release := time.AfterFunc(10*time.Second, func() {
+		blocked.Store(true)
+		if fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+	})
+	a, _ := startAllocator(t, "n1", dir, "", "")
+	release.Stop()
+	if blocked.Load() {
+		t.Fatal("the allocator's start blocked on a FIFO as its checkpoint")
+	}
+	moved, _ := filepath.Glob(filepath.Join(dir, "state", "invalid", "*"))
+	if len(moved) != 1 {
+		t.Fatalf("moved aside: %v", moved)
+	}
+	if id, err := a.Allocate(ctxT(t), web("default")); err != nil || !id.IsLocal() {
+		t.Fatalf("allocation after a FIFO checkpoint = %v, %v", id, err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/internal/celltest"
@@ -249,12 +250,21 @@ func TestCorruptStateFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Entries that are not regular files: never opened, moved aside.
+	if err := os.Mkdir(filepath.Join(ipamDir, "10.244.0.7.json"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(ipamDir, "10.244.0.8.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	a := run(t, dir, runOpts{restorer: true})
 	a.waitRows(t, "10.244.0.2 pod-a unclaimed")
 
 	for _, tc := range []struct{ file, errText string }{
 		{"10.244.0.3.json", "unexpected EOF"},
 		{"10.244.0.4.json", "file name does not match its ip 10.244.0.5"},
+		{"10.244.0.7.json", "not an allocation file"},
+		{"10.244.0.8.json", "not an allocation file"},
 	} {
 		line := a.logs.Find("Invalid IPAM state file, moved aside; its address is not reserved", "file", filepath.Join(ipamDir, tc.file))
 		if line == nil || !strings.Contains(line["error"], tc.errText) {
@@ -269,8 +279,8 @@ func TestCorruptStateFiles(t *testing.T) {
 		t.Errorf("ipam state after the restore = %v, want %v", remaining, want)
 	}
 	invalid, _ := filepath.Glob(filepath.Join(dir, "ipam-invalid", "*"))
-	if len(invalid) != 2 {
-		t.Errorf("ipam-invalid holds %v, want the two unreadable files", invalid)
+	if len(invalid) != 4 {
+		t.Errorf("ipam-invalid holds %v, want the four unreadable files", invalid)
 	}
 }
 

@@ -93,7 +93,7 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 	if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), fileSuffix) {
 		return nil, errors.New("not an allocation file (<ip>.json)")
 	}
-	data, err := os.ReadFile(path)
+	data, err := statefile.ReadRegular(path)
 	if err != nil {
 		return nil, err
 	}
