@@ -93,7 +93,6 @@ func openNetnsNow(path string) (netns.NsHandle, error) {
 	return netns.NsHandle(fd), nil
 }
 
-
 // plumbing makes and checks the kernel side of endpoints: a veth pair with
 // the host side in the agent's network namespace and the other in the pod's,
 // the pod's address on it, a route to the router address and a default
