@@ -17,6 +17,7 @@ import (
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/pkg/apiv1"
 )
 
 // stateDirs are the endpoint directories on disk.
@@ -196,5 +197,44 @@ func TestCreateNetnsNotARegularFileDoesNotBlock(t *testing.T) {
 	}
 	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ID: ep.ID}); err != nil {
 		t.Fatalf("DEL after the bad ones: %v", err)
+	}
+}
+
+// A reservation made by hand whose owner is a container's ID survives the
+// ADD and the DEL of that container: only DELETE /v1/ipam/{ip} releases it.
+func TestReservationOutlivesEndpointOfSameOwner(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.waitRestored(t)
+	p := newPod(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reserved := nth(tn.v4, 7).String()
+	if _, err := n.client.ReserveIP(ctx, apiv1.IPAMReserve{IP: reserved, Owner: p.id}); err != nil {
+		t.Fatal(err)
+	}
+	want := reserved + " " + p.id + " reserved"
+	ep := n.create(t, p)
+	if ep.IPv4.String() == reserved {
+		t.Fatalf("the endpoint got the reserved address %s", reserved)
+	}
+	if !slices.Contains(n.allocations(), want) {
+		t.Fatalf("allocations after the ADD = %q, want %q kept", n.allocations(), want)
+	}
+	del, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(del.Released, mustAddr(reserved)) {
+		t.Errorf("the DEL released the reserved %s", reserved)
+	}
+	if got := n.allocations(); !slices.Equal(got, []string{want}) {
+		t.Fatalf("allocations after the DEL = %q, want only %q", got, want)
+	}
+	if _, err := n.client.ReleaseIP(ctx, reserved); err != nil {
+		t.Fatalf("release by hand: %v", err)
+	}
+	if got := n.allocations(); len(got) != 0 {
+		t.Fatalf("allocations after the release by hand = %q, want none", got)
 	}
 }

@@ -224,13 +224,16 @@ func (i *IPAM) Release(ip netip.Addr, owner string) (released bool, err error) {
 	return true, nil
 }
 
-// ReleaseOwner releases every address of owner and returns them.
+// ReleaseOwner releases every address of owner and returns them, except
+// the reserved ones: a reservation made by hand (POST /v1/ipam) goes only
+// by hand (DELETE /v1/ipam/{ip}), also when its owner is named like the
+// container of an endpoint.
 func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
 	var released []netip.Addr
 	for a := range i.tbl.List(txn, AllocationOwner.Query(owner)) {
-		if a.State == Router {
+		if a.State == Router || a.State == Reserved {
 			continue
 		}
 		if err := i.delete(txn, a); err != nil {
