@@ -100,6 +100,8 @@ func (f *stateFile) validate(dirName string) error {
 		return errors.New("no address")
 	case f.IPv4.IsValid() && !f.IPv4.Is4(), f.IPv6.IsValid() && !f.IPv6.Is6():
 		return fmt.Errorf("address of the wrong family: ipv4 %s, ipv6 %s", f.IPv4, f.IPv6)
+	case f.IPv4.Zone() != "" || f.IPv6.Zone() != "":
+		return fmt.Errorf("address with a zone: ipv4 %s, ipv6 %s", f.IPv4, f.IPv6)
 	}
 	if err := validContainerID(f.ContainerID); err != nil {
 		return err

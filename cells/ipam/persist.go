@@ -106,10 +106,14 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 	switch {
 	case !f.IP.IsValid():
 		return nil, errors.New(`no "ip"`)
+	case f.IP.Zone() != "":
+		return nil, fmt.Errorf("address %s has a zone", f.IP)
 	case e.Name() != f.IP.String()+fileSuffix:
 		return nil, fmt.Errorf("file name does not match its ip %s", f.IP)
 	case f.Owner == "":
 		return nil, errors.New(`no "owner"`)
+	case validOwner(f.Owner) != nil:
+		return nil, validOwner(f.Owner)
 	case f.State != InUse && f.State != Reserved:
 		return nil, fmt.Errorf("invalid state %q: want %s or %s", f.State, InUse, Reserved)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
+	"net/url"
 
 	"github.com/cilium/statedb"
 
@@ -34,8 +35,8 @@ func apiRoutes(i *IPAM) api.Routes {
 				return nil, api.BadRequest("give either ip or family, not both")
 			case in.IP != "":
 				ip, err := netip.ParseAddr(in.IP)
-				if err != nil {
-					return nil, api.BadRequest("invalid ip %q: want an address such as 10.244.0.10", in.IP)
+				if err != nil || ip.Zone() != "" {
+					return nil, api.BadRequest("invalid ip %q: want an address without a zone, such as 10.244.0.10", in.IP)
 				}
 				req.IP = ip
 			}
@@ -49,9 +50,14 @@ func apiRoutes(i *IPAM) api.Routes {
 			if _, err := api.QueryParams(r); err != nil {
 				return nil, err
 			}
-			ip, err := netip.ParseAddr(r.PathValue("ip"))
+			// The mux leaves a "%" escaped in the value ("%25").
+			raw, err := url.PathUnescape(r.PathValue("ip"))
 			if err != nil {
-				return nil, api.BadRequest("invalid address %q in the path: want an address such as 10.244.0.10", r.PathValue("ip"))
+				raw = r.PathValue("ip")
+			}
+			ip, err := netip.ParseAddr(raw)
+			if err != nil || ip.Zone() != "" {
+				return nil, api.BadRequest("invalid address %q in the path: want an address without a zone, such as 10.244.0.10", raw)
 			}
 			a, err := i.releaseByHand(ip.Unmap())
 			if err != nil {
