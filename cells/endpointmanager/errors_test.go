@@ -238,3 +238,68 @@ func TestReservationOutlivesEndpointOfSameOwner(t *testing.T) {
 		t.Fatalf("allocations after the release by hand = %q, want none", got)
 	}
 }
+
+// A DEL that fails half way leaves the endpoint listed as deleting, with
+// the error, not ready; a retried DEL finishes it.
+func TestDeleteFailingHalfWayIsListedDeleting(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := n.create(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Releasing the addresses fails: their state directory is gone.
+	ipamDir := filepath.Join(n.stateDir, "ipam")
+	if err := os.Rename(ipamDir, ipamDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err == nil {
+		t.Fatal("DEL with the IPAM state directory gone succeeded")
+	}
+	got, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if !found || got.State != endpointmanager.Deleting || got.Error != err.Error() {
+		t.Fatalf("endpoint after a failed DEL = %+v (found %v), want state deleting with error %q", got, found, err)
+	}
+	list, lerr := n.client.Endpoints(ctx)
+	if lerr != nil || len(list) != 1 || list[0].State != "deleting" || list[0].Error != err.Error() {
+		t.Fatalf("GET /v1/endpoints after a failed DEL = %+v, %v; want the endpoint deleting with the error", list, lerr)
+	}
+
+	if err := os.Rename(ipamDir+".away", ipamDir); err != nil {
+		t.Fatal(err)
+	}
+	del, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatalf("retried DEL: %v", err)
+	}
+	if !slices.Contains(del.Released, ep.IPv4) {
+		t.Errorf("retried DEL released %v, want %s among them", del.Released, ep.IPv4)
+	}
+	if _, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id}); found {
+		t.Error("endpoint still listed after the retried DEL")
+	}
+	n.unchanged(t, p.id, nil, nil)
+}
+
+// A restart after a DEL that did not finish (the state file says
+// "deleting") finishes it instead of bringing the endpoint back.
+func TestRestoreFinishesUnfinishedDelete(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+	setPhase(t, first.stateDir, ep.ID, "deleting")
+
+	second := tn.start(t, nodeOpts{})
+	second.waitRestored(t)
+	if _, found := second.mgr.Lookup(endpointmanager.Selector{ID: ep.ID}); found {
+		t.Fatal("an endpoint whose DEL did not finish was restored")
+	}
+	if second.logs.Find("Finished deleting an endpoint whose DEL did not finish before the agent stopped", "container", p.id) == nil {
+		t.Error("no log line for the finished deletion")
+	}
+	second.unchanged(t, p.id, nil, nil)
+}

@@ -110,7 +110,9 @@ func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why strin
 	}
 	defer m.mu.unlock()
 	cur, _, found := m.tbl.Get(m.db.ReadTxn(), EndpointID.Query(old.ID))
-	if !found || cur.ContainerID != old.ContainerID || !sameIdentityInputs(cur, old) ||
+	// A deleting endpoint's state file may be gone: writing it again would
+	// bring the endpoint back at the next restore.
+	if !found || cur.State == Deleting || cur.ContainerID != old.ContainerID || !sameIdentityInputs(cur, old) ||
 		cur.Identity != old.Identity || cur.IdentityPending != old.IdentityPending {
 		m.releaseIdentity(next)
 		return

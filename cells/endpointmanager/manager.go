@@ -309,14 +309,17 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 		}
 		return nil, s.notFound()
 	}
-	if _, err := unplumb(ep.HostIfName); err != nil {
-		return nil, err
-	}
-	if err := m.states.remove(ep.ID); err != nil {
-		return nil, err
-	}
-	released, err := m.ipam.ReleaseOwner(ep.ContainerID)
+	released, err := m.deleteSteps(ep)
 	if err != nil {
+		// Half deleted: not ready any more, and not gone. The runtime
+		// retries the DEL, which does the steps again (each is
+		// idempotent).
+		failed := ep.Clone()
+		failed.State, failed.Error = Deleting, err.Error()
+		if ierr := m.insert(failed); ierr != nil {
+			m.log.Error("Mark the endpoint deleting", "id", ep.ID, "container", ep.ContainerID, "error", ierr)
+		}
+		m.log.Error("Endpoint deletion failed half way; a retried DEL finishes it", "id", ep.ID, "container", ep.ContainerID, "error", err)
 		return nil, err
 	}
 	txn := m.db.WriteTxn(m.tbl)
@@ -328,6 +331,22 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	m.releaseIdentity(ep)
 	m.log.Info("Deleted endpoint", "id", ep.ID, "container", ep.ContainerID, "released", released)
 	return &Deleted{Endpoint: ep, Released: released}, nil
+}
+
+// deleteSteps removes an endpoint's veth pair, state and addresses. The
+// state file says "deleting" first, so that a restart in the middle
+// finishes the deletion rather than make the veth pair again.
+func (m *Manager) deleteSteps(ep *Endpoint) ([]netip.Addr, error) {
+	if err := m.states.write(ep, phaseDeleting); err != nil {
+		return nil, err
+	}
+	if _, err := unplumb(ep.HostIfName); err != nil {
+		return nil, err
+	}
+	if err := m.states.remove(ep.ID); err != nil {
+		return nil, err
+	}
+	return m.ipam.ReleaseOwner(ep.ContainerID)
 }
 
 // Check lists how an endpoint's interfaces, addresses and routes differ
@@ -349,6 +368,8 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //
 //   - a state file still "creating" is a creation the agent did not finish:
 //     what it made is removed and its addresses released;
+//   - a state file "deleting" is a DEL the agent did not finish: it is
+//     finished;
 //   - an endpoint whose netns is gone is removed, its addresses released;
 //   - every other endpoint claims its addresses; then, once the pools are
 //     known, its interfaces, addresses and routes are checked and fixed
@@ -378,6 +399,13 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 			rolledBack++
 			m.log.Warn("Rolled back an endpoint whose creation did not finish before the agent stopped",
 				"id", ep.ID, "container", ep.ContainerID, "addresses", ep.IPs())
+		case f.Phase == phaseDeleting:
+			if err := m.remove(ep); err != nil {
+				return err
+			}
+			rolledBack++
+			m.log.Warn("Finished deleting an endpoint whose DEL did not finish before the agent stopped",
+				"id", ep.ID, "container", ep.ContainerID, "released", ep.IPs())
 		case !netnsExists(ctx, ep.Netns):
 			if err := m.remove(ep); err != nil {
 				return err

@@ -36,6 +36,10 @@ const (
 	// phaseReady is written before the agent answers the CNI ADD: a
 	// restore that finds it brings the endpoint back.
 	phaseReady phase = "ready"
+	// phaseDeleting is written before a DEL touches the kernel: a restore
+	// that finds it finishes the deletion instead of bringing the
+	// endpoint back.
+	phaseDeleting phase = "deleting"
 )
 
 // stateFile is an endpoint on disk. It is the source of truth across
@@ -90,8 +94,8 @@ func (f *stateFile) validate(dirName string) error {
 	switch {
 	case f.Version != stateVersion:
 		return fmt.Errorf("unknown version %d: this agent reads version %d", f.Version, stateVersion)
-	case f.Phase != phaseCreating && f.Phase != phaseReady:
-		return fmt.Errorf("invalid phase %q: want %s or %s", f.Phase, phaseCreating, phaseReady)
+	case f.Phase != phaseCreating && f.Phase != phaseReady && f.Phase != phaseDeleting:
+		return fmt.Errorf("invalid phase %q: want %s, %s or %s", f.Phase, phaseCreating, phaseReady, phaseDeleting)
 	case strconv.Itoa(int(f.ID)) != dirName || f.ID == 0:
 		return fmt.Errorf("id %d does not match its directory %q", f.ID, dirName)
 	case f.HostIfName != HostIfName(f.ContainerID):
