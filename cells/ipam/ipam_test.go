@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/ipam"
@@ -30,7 +31,9 @@ type agent struct {
 	ipam *ipam.IPAM
 	db   *statedb.DB
 	tbl  statedb.Table[*ipam.Allocation]
-	logs *logtest.Recorder
+	// health is the health table.
+	health statedb.Table[*health.Status]
+	logs   *logtest.Recorder
 	// restoreDone completes the "test-restore" restorer, when asked for.
 	restoreDone func()
 	stop        func()
@@ -47,8 +50,8 @@ type runOpts struct {
 func run(t *testing.T, stateDir string, o runOpts) *agent {
 	t.Helper()
 	a := &agent{logs: logtest.NewRecorder(hivetest.Logger(t).Handler())}
-	cells := []cell.Cell{daemon.Cell, ipam.Cell, cell.Invoke(func(i *ipam.IPAM, db *statedb.DB, tbl statedb.Table[*ipam.Allocation]) {
-		a.ipam, a.db, a.tbl = i, db, tbl
+	cells := []cell.Cell{daemon.Cell, ipam.Cell, cell.Invoke(func(i *ipam.IPAM, db *statedb.DB, tbl statedb.Table[*ipam.Allocation], hs statedb.Table[*health.Status]) {
+		a.ipam, a.db, a.tbl, a.health = i, db, tbl, hs
 	})}
 	if o.restorer {
 		cells = append(cells, cell.Module("test-restorer", "Test restorer",
@@ -281,6 +284,16 @@ func TestCorruptStateFiles(t *testing.T) {
 	invalid, _ := filepath.Glob(filepath.Join(dir, "ipam-invalid", "*"))
 	if len(invalid) != 4 {
 		t.Errorf("ipam-invalid holds %v, want the four unreadable files", invalid)
+	}
+	// agent status shows them: a Degraded health row naming each.
+	row, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("ipam.state"))
+	if !found || row.Level != cell.StatusDegraded {
+		t.Fatalf("health ipam.state = %+v, want Degraded", row)
+	}
+	for _, f := range []string{"10.244.0.3.json", "10.244.0.4.json", "10.244.0.7.json", "10.244.0.8.json"} {
+		if !strings.Contains(row.Error, filepath.Join(ipamDir, f)+" moved to ") {
+			t.Errorf("health ipam.state error %q does not name %s", row.Error, f)
+		}
 	}
 }
 

@@ -34,6 +34,8 @@ type store struct {
 	log *slog.Logger
 	// dir holds the allocations; invalid receives files that do not parse.
 	dir, invalid string
+	// moved says, for each file load moved aside, where to and why.
+	moved []string
 }
 
 func newStore(log *slog.Logger, stateDir string) *store {
@@ -128,6 +130,9 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 // for whoever investigates.
 func (s *store) quarantine(path string, why error) error {
 	to, err := statefile.MoveAside(path, s.invalid)
+	if err == nil {
+		s.moved = append(s.moved, fmt.Sprintf("%s moved to %s: %v", path, to, why))
+	}
 	s.log.Error("Invalid IPAM state file, moved aside; its address is not reserved",
 		"file", path, "error", why, "moved-to", to)
 	return err
