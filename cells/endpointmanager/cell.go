@@ -169,8 +169,11 @@ type Manager struct {
 	// moved are the state files the restore moved aside, and orphans the
 	// containers it keeps without state, by container ID: problems is the
 	// health scope that shows them (nil without any). With mu held.
-	moved    []movedFile
-	orphans  map[string]orphan
+	moved   []movedFile
+	orphans map[string]orphan
+	// outside says, by container ID, which restored endpoints have
+	// addresses in no pod pool.
+	outside  map[string]string
 	problems cell.Health
 }
 

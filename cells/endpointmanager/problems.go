@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/cells/ipam"
 )
 
 // orphan is a container whose endpoint state the restore could not use
@@ -65,11 +67,12 @@ func (m *Manager) claimOrphans() ([]orphan, error) {
 }
 
 // reportProblems shows, as the health scope "state" of the module, what
-// the restore could not use: the state files it moved aside and the
-// orphans it keeps. Without either the scope is removed. With m's lock
-// held.
+// the restore could not use or found amiss: the state files it moved aside
+// (until the agent restarts), the orphans it keeps and the endpoints
+// outside the pod pools (until they are deleted). Without any the scope is
+// removed. With m's lock held.
 func (m *Manager) reportProblems() {
-	if len(m.moved) == 0 && len(m.orphans) == 0 {
+	if len(m.moved) == 0 && len(m.orphans) == 0 && len(m.outside) == 0 {
 		if m.problems != nil {
 			m.problems.Close()
 			m.problems = nil
@@ -86,8 +89,43 @@ func (m *Manager) reportProblems() {
 	for _, id := range slices.Sorted(maps.Keys(m.orphans)) {
 		details = append(details, m.orphans[id].String())
 	}
-	m.problems.Degraded(fmt.Sprintf("%d endpoint state file(s) moved aside, %d container(s) without state kept", len(m.moved), len(m.orphans)),
+	for _, id := range slices.Sorted(maps.Keys(m.outside)) {
+		details = append(details, m.outside[id])
+	}
+	m.problems.Degraded(fmt.Sprintf("%d endpoint state file(s) moved aside, %d container(s) without state kept, %d endpoint(s) outside the pod pools",
+		len(m.moved), len(m.orphans), len(m.outside)),
 		errors.New(strings.Join(details, "; ")))
+}
+
+// checkPools warns about restored endpoints with an address in no pod
+// pool (the pod CIDRs changed across the restart, e.g. --pod-cidr): they
+// are restored, as their pods still use the addresses, but the IPAM does
+// not manage those, and routes elsewhere may not lead to them. They are
+// shown in health until they are deleted. With m's lock held.
+func (m *Manager) checkPools(eps []*Endpoint) {
+	pools := m.ipam.Pools()
+	if m.outside == nil {
+		m.outside = map[string]string{}
+	}
+	for _, ep := range eps {
+		var out []netip.Addr
+		for _, ip := range ep.IPs() {
+			if !slices.ContainsFunc(pools, func(p ipam.Pool) bool { return p.Contains(ip) }) {
+				out = append(out, ip)
+			}
+		}
+		if len(out) == 0 {
+			continue
+		}
+		var cidrs []string
+		for _, p := range pools {
+			cidrs = append(cidrs, p.CIDR.String())
+		}
+		m.outside[ep.ContainerID] = fmt.Sprintf("endpoint %d of container %s has %v outside every pod pool (%s): were the pod CIDRs changed?",
+			ep.ID, ep.ContainerID, out, strings.Join(cidrs, ", "))
+		m.log.Warn("Restored an endpoint with addresses outside every pod pool; were the pod CIDRs changed?",
+			"id", ep.ID, "container", ep.ContainerID, "addresses", out, "pools", cidrs)
+	}
 }
 
 // movedFile is a state file (or entry) that the restore moved aside.

@@ -300,3 +300,34 @@ func globAll(pattern string) []string {
 	out, _ := filepath.Glob(pattern)
 	return out
 }
+
+// A restart with other pod CIDRs restores the endpoints the pods still
+// use, but warns about their addresses outside every pool and shows them
+// in health until they are deleted.
+func TestRestoreWithOtherPodCIDRsReportsEndpointsOutsidePools(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+
+	other := newTestNet(t)
+	second := tn.start(t, nodeOpts{cidrs: []string{other.v4.String(), other.v6.String()}})
+	second.waitRestored(t)
+	if _, found := second.mgr.Lookup(endpointmanager.Selector{ID: ep.ID}); !found {
+		t.Fatal("the endpoint was not restored")
+	}
+	if second.logs.Find("Restored an endpoint with addresses outside every pod pool; were the pod CIDRs changed?", "container", p.id) == nil {
+		t.Error("no warning for the endpoint outside the pools")
+	}
+	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	for _, want := range []string{p.id, ep.IPv4.String(), ep.IPv6.String(), "outside every pod pool (" + other.v4.String()} {
+		if !strings.Contains(row.Error, want) {
+			t.Errorf("health endpoint-manager.state error %q does not name %q", row.Error, want)
+		}
+	}
+	if _, err := second.mgr.Delete(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatal(err)
+	}
+	second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s == nil })
+}
