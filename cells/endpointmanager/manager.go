@@ -329,6 +329,10 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	}
 	txn.Commit()
 	m.releaseIdentity(ep)
+	if _, ok := m.outside[ep.ContainerID]; ok {
+		delete(m.outside, ep.ContainerID)
+		m.reportProblems()
+	}
 	m.log.Info("Deleted endpoint", "id", ep.ID, "container", ep.ContainerID, "released", released)
 	return &Deleted{Endpoint: ep, Released: released}, nil
 }
@@ -445,6 +449,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	}
 
 	routers := m.routers()
+	m.checkPools(keep)
 	host, err := readHost()
 	if err != nil {
 		return err
