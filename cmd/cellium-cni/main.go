@@ -85,7 +85,10 @@ func parseConf(stdin []byte) (*netConf, error) {
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, "invalid network configuration on stdin", err.Error())
 	}
-	if conf.Type != "" && conf.Type != "cellium-cni" {
+	if conf.Type == "" {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, `invalid network configuration: "type" missing, want cellium-cni`, "")
+	}
+	if conf.Type != "cellium-cni" {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("invalid network configuration: type %q, want cellium-cni", conf.Type), "")
 	}
