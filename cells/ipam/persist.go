@@ -99,18 +99,26 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseAllocationFile(e.Name(), data)
+}
+
+// parseAllocationFile parses the allocation file named name.
+func parseAllocationFile(name string, data []byte) (*Allocation, error) {
 	var f allocationFile
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
 		return nil, err
 	}
+	if dec.More() {
+		return nil, errors.New("more than one JSON value")
+	}
 	switch {
 	case !f.IP.IsValid():
 		return nil, errors.New(`no "ip"`)
 	case f.IP.Zone() != "":
 		return nil, fmt.Errorf("address %s has a zone", f.IP)
-	case e.Name() != f.IP.String()+fileSuffix:
+	case name != f.IP.String()+fileSuffix:
 		return nil, fmt.Errorf("file name does not match its ip %s", f.IP)
 	case f.Owner == "":
 		return nil, errors.New(`no "owner"`)
