@@ -263,7 +263,7 @@ func TestDeleteFailingHalfWayIsListedDeleting(t *testing.T) {
 		t.Fatalf("endpoint after a failed DEL = %+v (found %v), want state deleting with error %q", got, found, err)
 	}
 	list, lerr := n.client.Endpoints(ctx)
-	if lerr != nil || len(list) != 1 || list[0].State != "deleting" || list[0].Error != err.Error() {
+	if lerr != nil || len(list) != 1 || list[0].State != apiv1.EndpointDeleting || list[0].Error != err.Error() {
 		t.Fatalf("GET /v1/endpoints after a failed DEL = %+v, %v; want the endpoint deleting with the error", list, lerr)
 	}
 
