@@ -3,6 +3,7 @@ package endpointmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -302,4 +303,68 @@ func TestRestoreFinishesUnfinishedDelete(t *testing.T) {
 		t.Error("no log line for the finished deletion")
 	}
 	second.unchanged(t, p.id, nil, nil)
+}
+
+// hungPath is a path whose lookup blocks in the kernel: it is on a FUSE
+// mount whose server never answers. Closing the server's end (at cleanup)
+// aborts the connection and releases whoever waits.
+func hungPath(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Skipf("no FUSE to make a path that hangs: %v", err)
+	}
+	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", fd)
+	if err := unix.Mount("cellium-test", dir, "fuse", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		unix.Close(fd)
+		t.Skipf("cannot mount FUSE to make a path that hangs: %v", err)
+	}
+	t.Cleanup(func() {
+		unix.Close(fd)
+		unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	return filepath.Join(dir, "netns")
+}
+
+// A CNI_NETNS whose lookup hangs (a filesystem that does not answer) fails
+// its ADD after the open's bound with an error naming the path; other ADDs
+// and DELs are served meanwhile.
+func TestCreateNetnsThatHangsFailsAlone(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.waitRestored(t)
+	path := hungPath(t)
+
+	p := newPod(t)
+	req := p.req()
+	req.Netns = path
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.mgr.Create(context.Background(), req)
+		done <- err
+	}()
+
+	// While that ADD waits on the path, another is served.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	other := newPod(t)
+	ep, err := n.mgr.Create(ctx, other.req())
+	if err != nil {
+		t.Fatalf("ADD while another waits on a hung netns path: %v", err)
+	}
+	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatalf("DEL while an ADD waits on a hung netns path: %v", err)
+	}
+
+	select {
+	case err := <-done:
+		want := "netns " + path + " did not open within 5s"
+		if !errors.Is(err, endpointmanager.ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("ADD with a hung netns path = %v, want ErrInvalid containing %q", err, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("ADD with a hung netns path did not return within 30s")
+	}
+	n.unchanged(t, p.id, nil, nil)
 }
