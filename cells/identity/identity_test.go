@@ -13,9 +13,11 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/etcdtest"
@@ -138,10 +140,26 @@ func TestCheckpointNotARegularFileMovedAside(t *testing.T) {
 			unix.Close(fd)
 		}
 	})
-	a, _ := startAllocator(t, "n1", dir, "", "")
+	var (
+		a  *Allocator
+		db *statedb.DB
+		hs statedb.Table[*health.Status]
+	)
+	h := celltest.New(daemon.Cell, kvstore.Cell, Cell, cell.Invoke(func(al *Allocator, d *statedb.DB, s statedb.Table[*health.Status]) {
+		a, db, hs = al, d, s
+	}))
+	hive.AddConfigOverride(h, func(c *daemon.Config) {
+		c.StateDir, c.RunDir, c.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), "n1"
+	})
+	celltest.Start(t, h)
 	release.Stop()
 	if blocked.Load() {
 		t.Fatal("the allocator's start blocked on a FIFO as its checkpoint")
+	}
+	// agent status shows it.
+	row, _, found := hs.Get(db.ReadTxn(), health.StatusID.Query("identity.checkpoint"))
+	if !found || row.Level != cell.StatusDegraded || !strings.Contains(row.Error, path+" moved to ") || !strings.Contains(row.Error, "named pipe") {
+		t.Fatalf("health identity.checkpoint = %+v, want Degraded naming %s", row, path)
 	}
 	moved, _ := filepath.Glob(filepath.Join(dir, "state", "invalid", "*"))
 	if len(moved) != 1 {
