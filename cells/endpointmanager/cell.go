@@ -213,6 +213,7 @@ func newManager(p params) (*Manager, error) {
 	p.Jobs.Add(job.OneShot("restore", m.restore,
 		job.WithRetry(-1, &job.ExponentialBackoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})))
 	p.Jobs.Add(job.Timer("resolve-identities", m.resolveIdentities, resolveInterval))
+	p.Jobs.Add(job.Timer("orphans-gone", m.releaseGoneOrphans, orphanInterval))
 	if p.Clientset != nil {
 		pods, err := newPodWatcher(p.Clientset, string(p.NodeName), m)
 		if err != nil {

@@ -1,12 +1,14 @@
 package endpointmanager
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -24,6 +26,38 @@ type orphan struct {
 	containerID string
 	hostIfName  string
 	ips         []netip.Addr
+}
+
+// orphanInterval is how often orphans-gone looks for orphans whose veth
+// pair went with their pod.
+const orphanInterval = 5 * time.Second
+
+// releaseGoneOrphans releases the addresses of orphans whose host veth is
+// gone: their pod went away (with its netns, the kernel removed the pair)
+// without a DEL, and nothing else would ever release them.
+func (m *Manager) releaseGoneOrphans(ctx context.Context) error {
+	if err := m.mu.lock(ctx); err != nil {
+		return nil // stopping
+	}
+	defer m.mu.unlock()
+	changed := false
+	for id, o := range m.orphans {
+		if _, err := netlink.LinkByName(o.hostIfName); !isNotFound(err) {
+			continue
+		}
+		released, err := m.ipam.ReleaseOwner(id)
+		if err != nil {
+			return err
+		}
+		delete(m.orphans, id)
+		changed = true
+		m.log.Info("Released the addresses of a container without state whose interface is gone",
+			"container", id, "host-interface", o.hostIfName, "released", released)
+	}
+	if changed {
+		m.reportProblems()
+	}
+	return nil
 }
 
 func (o orphan) String() string {

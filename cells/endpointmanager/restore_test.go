@@ -331,3 +331,34 @@ func TestRestoreWithOtherPodCIDRsReportsEndpointsOutsidePools(t *testing.T) {
 	}
 	second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s == nil })
 }
+
+// A pod with lost state that goes away without a DEL (its netns, and with
+// it its veth pair, removed) has its addresses released: nothing else would
+// release them.
+func TestOrphanGoneWithoutDeleteIsReleased(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+	path := filepath.Join(first.stateDir, "endpoints", strconv.Itoa(int(ep.ID)), "endpoint.json")
+	if err := os.WriteFile(path, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	second := tn.start(t, nodeOpts{})
+	second.waitRestored(t)
+	second.waitAllocations(t, ep.IPv4.String()+" "+p.id+" in-use", ep.IPv6.String()+" "+p.id+" in-use")
+
+	p.ns.Close()
+	if err := testutils.UnmountNS(p.ns); err != nil {
+		t.Fatal(err)
+	}
+	second.waitAllocations(t)
+	if second.logs.Find("Released the addresses of a container without state whose interface is gone", "container", p.id) == nil {
+		t.Error("no log line for the release")
+	}
+	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && !strings.Contains(s.Error, p.id) })
+	if !strings.Contains(row.Error, path) {
+		t.Errorf("health after the release = %q, want the moved file still named", row.Error)
+	}
+}
