@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -102,6 +101,7 @@ var (
 	ErrNotFound  = errors.New("endpoint not found")
 	ErrNotReady  = errors.New("endpoint restore in progress")
 	ErrExhausted = errors.New("no free endpoint ID")
+	ErrBusy      = errors.New("endpoint manager busy")
 )
 
 // errorf is an error of one of the kinds above with its own message.
@@ -160,9 +160,21 @@ type Manager struct {
 	tableRestored func(statedb.WriteTxn)
 	ready         func()
 
-	// mu serializes creations, deletions and the restore: each looks at
-	// the table, the kernel and the disk, then changes all three.
-	mu sync.Mutex
+	// mu serializes creations, deletions, identity changes and the
+	// restore: each looks at the table, the kernel and the disk, then
+	// changes all three. Nothing done with it held touches a path a caller
+	// gave (a CNI_NETNS is opened before), and waiting for it ends with the
+	// waiter's context (see opLock).
+	mu opLock
+	// moved are the state files the restore moved aside, and orphans the
+	// containers it keeps without state, by container ID: problems is the
+	// health scope that shows them (nil without any). With mu held.
+	moved   []movedFile
+	orphans map[string]orphan
+	// outside says, by container ID, which restored endpoints have
+	// addresses in no pod pool.
+	outside  map[string]string
+	problems cell.Health
 }
 
 func newManager(p params) (*Manager, error) {
@@ -178,6 +190,7 @@ func newManager(p params) (*Manager, error) {
 		states:  newStateStore(p.Log, p.Paths.StateDir),
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
+		mu:      newOpLock(),
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
 		vethCreated: func() { m.crashPoint(CrashVethCreated) }}
@@ -200,6 +213,7 @@ func newManager(p params) (*Manager, error) {
 	p.Jobs.Add(job.OneShot("restore", m.restore,
 		job.WithRetry(-1, &job.ExponentialBackoff{Min: 100 * time.Millisecond, Max: 30 * time.Second})))
 	p.Jobs.Add(job.Timer("resolve-identities", m.resolveIdentities, resolveInterval))
+	p.Jobs.Add(job.Timer("orphans-gone", m.releaseGoneOrphans, orphanInterval))
 	if p.Clientset != nil {
 		pods, err := newPodWatcher(p.Clientset, string(p.NodeName), m)
 		if err != nil {

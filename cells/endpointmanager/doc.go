@@ -16,20 +16,30 @@
 //   - One state file per endpoint, <state-dir>/endpoints/<id>/endpoint.json,
 //     written atomically (pkg/statefile). It is the source of truth across
 //     restarts; the table "endpoints" is rebuilt from it.
+//   - The pod's netns path (the caller's) is opened before the manager's
+//     one lock is taken, never blocking on it (only a regular file is
+//     opened, non-blocking, within 5 s); waiting for the lock ends with the
+//     caller's context (ErrBusy). One stuck request fails alone.
 //   - Deleting is idempotent: a container the agent knows nothing about is
 //     ErrNotFound, which the plugin takes as done; leftovers of a creation
-//     the agent did not finish are removed.
+//     the agent did not finish are removed. The state file says "deleting"
+//     first; a DEL that fails half way leaves the endpoint "deleting" with
+//     the error until a retried DEL (or a restart) finishes it.
 //   - At start a job restores every endpoint on disk, holding three
 //     barriers named "endpoint-restore": an IPAM restorer (no new address is
 //     handed out before every restored one is claimed), an initializer of
 //     the endpoints table (the endpoint map is pruned only after it), and a
 //     readiness barrier (the agent is not ready before it). Creations and
 //     deletions wait for it. Temporary files are removed, state files that
-//     do not parse are moved to <state-dir>/endpoints-invalid/ with a log
-//     line, endpoints still "creating" are undone, endpoints whose netns is
-//     gone are removed and their addresses released, and the rest are
-//     checked against the kernel and fixed where they differ, without
-//     disturbing a pod whose interfaces are intact.
+//     do not parse or are not regular files are moved to
+//     <state-dir>/endpoints-invalid/ with a log line, endpoints still
+//     "creating" are undone and those "deleting" deleted, endpoints whose
+//     netns is gone are removed and their addresses released, and the rest
+//     are checked against the kernel and fixed where they differ, without
+//     disturbing a pod whose interfaces are intact. An address whose owner
+//     still has its veth pair is never released, also when its state file
+//     was lost: it is claimed for that container until its DEL. What the
+//     restore could not use is the health row endpoint-manager.state.
 //
 // --endpoint-test-crash-at, a hidden flag, kills the agent at a named step
 // of every creation: crash tests use it to stop the agent in the middle of

@@ -3,17 +3,22 @@ package endpointmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/pkg/apiv1"
 )
 
 // stateDirs are the endpoint directories on disk.
@@ -130,4 +135,236 @@ func TestCreateExhaustedPool(t *testing.T) {
 	if again := n.create(t, second); again.IPv4 != ep.IPv4 {
 		t.Fatalf("after the delete the pool's one address is %s, want %s", again.IPv4, ep.IPv4)
 	}
+}
+
+// A CNI_NETNS that is a named pipe, a directory or a socket is refused at
+// once with an error naming it, and holds back no other ADD or DEL: the
+// path is checked before it is opened, opened without blocking, and not
+// under the manager's lock.
+func TestCreateNetnsNotARegularFileDoesNotBlock(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.waitRestored(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Unblocks an open that waits for a writer, should one (before the
+	// fix) have been made.
+	t.Cleanup(func() {
+		if fd, err := unix.Open(fifo, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+	})
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	for _, tc := range []struct{ path, want string }{
+		{fifo, "netns " + fifo + " is a named pipe (FIFO), not a network namespace"},
+		{dir, "netns " + dir + " is a directory, not a network namespace"},
+		{sock, "netns " + sock + " is a socket, not a network namespace"},
+	} {
+		p := newPod(t)
+		req := p.req()
+		req.Netns = tc.path
+		done := make(chan error, 1)
+		go func() {
+			_, err := n.mgr.Create(context.Background(), req)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, endpointmanager.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("ADD with netns %s = %v, want ErrInvalid containing %q", tc.path, err, tc.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ADD with netns %s did not return within 10s", tc.path)
+		}
+		n.unchanged(t, p.id, nil, nil)
+	}
+
+	// The next ADD and DEL are served.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p := newPod(t)
+	ep, err := n.mgr.Create(ctx, p.req())
+	if err != nil {
+		t.Fatalf("ADD after the bad ones: %v", err)
+	}
+	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatalf("DEL after the bad ones: %v", err)
+	}
+}
+
+// A reservation made by hand whose owner is a container's ID survives the
+// ADD and the DEL of that container: only DELETE /v1/ipam/{ip} releases it.
+func TestReservationOutlivesEndpointOfSameOwner(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.waitRestored(t)
+	p := newPod(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reserved := nth(tn.v4, 7).String()
+	if _, err := n.client.ReserveIP(ctx, apiv1.IPAMReserve{IP: reserved, Owner: p.id}); err != nil {
+		t.Fatal(err)
+	}
+	want := reserved + " " + p.id + " reserved"
+	ep := n.create(t, p)
+	if ep.IPv4.String() == reserved {
+		t.Fatalf("the endpoint got the reserved address %s", reserved)
+	}
+	if !slices.Contains(n.allocations(), want) {
+		t.Fatalf("allocations after the ADD = %q, want %q kept", n.allocations(), want)
+	}
+	del, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(del.Released, mustAddr(reserved)) {
+		t.Errorf("the DEL released the reserved %s", reserved)
+	}
+	if got := n.allocations(); !slices.Equal(got, []string{want}) {
+		t.Fatalf("allocations after the DEL = %q, want only %q", got, want)
+	}
+	if _, err := n.client.ReleaseIP(ctx, reserved); err != nil {
+		t.Fatalf("release by hand: %v", err)
+	}
+	if got := n.allocations(); len(got) != 0 {
+		t.Fatalf("allocations after the release by hand = %q, want none", got)
+	}
+}
+
+// A DEL that fails half way leaves the endpoint listed as deleting, with
+// the error, not ready; a retried DEL finishes it.
+func TestDeleteFailingHalfWayIsListedDeleting(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := n.create(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Releasing the addresses fails: their state directory is gone.
+	ipamDir := filepath.Join(n.stateDir, "ipam")
+	if err := os.Rename(ipamDir, ipamDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err == nil {
+		t.Fatal("DEL with the IPAM state directory gone succeeded")
+	}
+	got, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if !found || got.State != endpointmanager.Deleting || got.Error != err.Error() {
+		t.Fatalf("endpoint after a failed DEL = %+v (found %v), want state deleting with error %q", got, found, err)
+	}
+	list, lerr := n.client.Endpoints(ctx)
+	if lerr != nil || len(list) != 1 || list[0].State != apiv1.EndpointDeleting || list[0].Error != err.Error() {
+		t.Fatalf("GET /v1/endpoints after a failed DEL = %+v, %v; want the endpoint deleting with the error", list, lerr)
+	}
+
+	if err := os.Rename(ipamDir+".away", ipamDir); err != nil {
+		t.Fatal(err)
+	}
+	del, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatalf("retried DEL: %v", err)
+	}
+	if !slices.Contains(del.Released, ep.IPv4) {
+		t.Errorf("retried DEL released %v, want %s among them", del.Released, ep.IPv4)
+	}
+	if _, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id}); found {
+		t.Error("endpoint still listed after the retried DEL")
+	}
+	n.unchanged(t, p.id, nil, nil)
+}
+
+// A restart after a DEL that did not finish (the state file says
+// "deleting") finishes it instead of bringing the endpoint back.
+func TestRestoreFinishesUnfinishedDelete(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+	setPhase(t, first.stateDir, ep.ID, "deleting")
+
+	second := tn.start(t, nodeOpts{})
+	second.waitRestored(t)
+	if _, found := second.mgr.Lookup(endpointmanager.Selector{ID: ep.ID}); found {
+		t.Fatal("an endpoint whose DEL did not finish was restored")
+	}
+	if second.logs.Find("Finished deleting an endpoint whose DEL did not finish before the agent stopped", "container", p.id) == nil {
+		t.Error("no log line for the finished deletion")
+	}
+	second.unchanged(t, p.id, nil, nil)
+}
+
+// hungPath is a path whose lookup blocks in the kernel: it is on a FUSE
+// mount whose server never answers. Closing the server's end (at cleanup)
+// aborts the connection and releases whoever waits.
+func hungPath(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Skipf("no FUSE to make a path that hangs: %v", err)
+	}
+	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", fd)
+	if err := unix.Mount("cellium-test", dir, "fuse", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		unix.Close(fd)
+		t.Skipf("cannot mount FUSE to make a path that hangs: %v", err)
+	}
+	t.Cleanup(func() {
+		unix.Close(fd)
+		unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	return filepath.Join(dir, "netns")
+}
+
+// A CNI_NETNS whose lookup hangs (a filesystem that does not answer) fails
+// its ADD after the open's bound with an error naming the path; other ADDs
+// and DELs are served meanwhile.
+func TestCreateNetnsThatHangsFailsAlone(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.waitRestored(t)
+	path := hungPath(t)
+
+	p := newPod(t)
+	req := p.req()
+	req.Netns = path
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.mgr.Create(context.Background(), req)
+		done <- err
+	}()
+
+	// While that ADD waits on the path, another is served.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	other := newPod(t)
+	ep, err := n.mgr.Create(ctx, other.req())
+	if err != nil {
+		t.Fatalf("ADD while another waits on a hung netns path: %v", err)
+	}
+	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatalf("DEL while an ADD waits on a hung netns path: %v", err)
+	}
+
+	select {
+	case err := <-done:
+		want := "netns " + path + " did not open within 5s"
+		if !errors.Is(err, endpointmanager.ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("ADD with a hung netns path = %v, want ErrInvalid containing %q", err, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("ADD with a hung netns path did not return within 30s")
+	}
+	n.unchanged(t, p.id, nil, nil)
 }

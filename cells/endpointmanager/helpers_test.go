@@ -22,6 +22,7 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
@@ -42,6 +43,7 @@ type node struct {
 	eps      statedb.Table[*endpointmanager.Endpoint]
 	ipamTbl  statedb.Table[*ipam.Allocation]
 	ids      statedb.Table[*identity.Identity]
+	health   statedb.Table[*health.Status]
 	client   *client.Client
 	logs     *logtest.Recorder
 	stateDir string
@@ -90,8 +92,8 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
 	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
 		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
-			ids statedb.Table[*identity.Identity], cs *fake.Clientset) {
-			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.k8s = m, db, eps, tbl, ids, cs
+			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *fake.Clientset) {
+			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s = m, db, eps, tbl, ids, hs, cs
 		}))
 	socket := filepath.Join(tn.dir, "agent.sock")
 	hive.AddConfigOverride(h, func(c *daemon.Config) {
@@ -208,3 +210,22 @@ func (n *node) waitAllocations(t *testing.T, want ...string) {
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// waitHealth waits, on the table's watch channel, until the health row id
+// satisfies ok, and returns it.
+func (n *node) waitHealth(t *testing.T, id string, ok func(*health.Status) bool) *health.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		s, _, watch, found := n.health.GetWatch(n.db.ReadTxn(), health.StatusID.Query(id))
+		if found && ok(s) || !found && ok(nil) {
+			return s
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			t.Fatalf("health %s = %+v, not what the test waits for", id, s)
+		}
+	}
+}

@@ -104,10 +104,15 @@ func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why strin
 		fallback = old.Identity
 	}
 	next.Identity, next.IdentityPending = m.acquireIdentity(ctx, next, fallback)
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.mu.lock(ctx); err != nil {
+		m.releaseIdentity(next)
+		return
+	}
+	defer m.mu.unlock()
 	cur, _, found := m.tbl.Get(m.db.ReadTxn(), EndpointID.Query(old.ID))
-	if !found || cur.ContainerID != old.ContainerID || !sameIdentityInputs(cur, old) ||
+	// A deleting endpoint's state file may be gone: writing it again would
+	// bring the endpoint back at the next restore.
+	if !found || cur.State == Deleting || cur.ContainerID != old.ContainerID || !sameIdentityInputs(cur, old) ||
 		cur.Identity != old.Identity || cur.IdentityPending != old.IdentityPending {
 		m.releaseIdentity(next)
 		return

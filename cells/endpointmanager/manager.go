@@ -59,9 +59,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	if meta, ok := m.podMeta(req.PodNamespace, req.PodName); ok {
 		meta.apply(ep)
 	}
-	// Before m.mu: the allocator may wait for the kvstore.
+	// Before the lock: the path comes from the caller, and what it names
+	// is no business of other requests.
+	podNS, err := checkPodNetns(ctx, req.Netns)
+	if err != nil {
+		return nil, err
+	}
+	defer podNS.Close()
+	// Before the lock: the allocator may wait for the kvstore.
 	ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, identity.Unknown)
-	created, err := m.createLocked(ctx, req, ep)
+	created, err := m.createLocked(ctx, req, ep, podNS)
 	if err != nil {
 		m.releaseIdentity(ep)
 		return nil, err
@@ -76,17 +83,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	return created, nil
 }
 
-func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpoint) (*Endpoint, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpoint, podNS netns.NsHandle) (*Endpoint, error) {
+	if err := m.mu.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.unlock()
 
 	txn := m.db.ReadTxn()
 	if old, _, found := m.tbl.Get(txn, EndpointContainerID.Query(req.ContainerID)); found {
 		return nil, errorf(ErrExists, "container %s already has endpoint %d (interface %s, addresses %v): a CNI DEL removes it",
 			req.ContainerID, old.ID, old.IfName, old.IPs())
-	}
-	if err := checkPodNetns(req.Netns); err != nil {
-		return nil, err
 	}
 	id, err := m.freeID(txn)
 	if err != nil {
@@ -98,7 +104,7 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 		return nil, err
 	}
 	ep.ID = id
-	ep, err = m.create(ctx, ep)
+	ep, err = m.create(ctx, ep, podNS)
 	if err != nil {
 		m.undo(ep)
 		return nil, err
@@ -106,7 +112,7 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 	return ep, nil
 }
 
-func (m *Manager) create(ctx context.Context, ep *Endpoint) (*Endpoint, error) {
+func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle) (*Endpoint, error) {
 	for _, pool := range m.ipam.Pools() {
 		a, err := m.ipam.Allocate(ctx, ipam.Request{Owner: ep.ContainerID, Family: pool.Family})
 		if err != nil {
@@ -122,7 +128,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint) (*Endpoint, error) {
 	if err := m.states.write(ep, phaseCreating); err != nil {
 		return ep, err
 	}
-	if err := m.plumb.plumb(ep, m.routers(), nil); err != nil {
+	if err := m.plumb.plumb(ep, podNS, m.routers(), nil); err != nil {
 		return ep, err
 	}
 	ep.State = Ready
@@ -151,23 +157,25 @@ func (m *Manager) undo(ep *Endpoint) {
 	}
 }
 
-// checkPodNetns checks that a container's netns is a network namespace and
-// not the agent's own: an endpoint there would take over the host's.
-func checkPodNetns(path string) error {
-	ns, err := openNetns(path)
+// checkPodNetns opens a container's netns, checking that it is a network
+// namespace and not the agent's own: an endpoint there would take over the
+// host's. The caller closes it.
+func checkPodNetns(ctx context.Context, path string) (netns.NsHandle, error) {
+	ns, err := openNetns(ctx, path)
 	if err != nil {
-		return errorf(ErrInvalid, "%s", err)
+		return netns.None(), errorf(ErrInvalid, "%s", err)
 	}
-	defer ns.Close()
 	self, err := netns.Get()
 	if err != nil {
-		return fmt.Errorf("the agent's own netns: %w", err)
+		ns.Close()
+		return netns.None(), fmt.Errorf("the agent's own netns: %w", err)
 	}
 	defer self.Close()
 	if ns.Equal(self) {
-		return errorf(ErrInvalid, "netns %s is the host's network namespace, not a container's", path)
+		ns.Close()
+		return netns.None(), errorf(ErrInvalid, "netns %s is the host's network namespace, not a container's", path)
 	}
-	return nil
+	return ns, nil
 }
 
 // freeID is the lowest endpoint ID no endpoint has.
@@ -186,7 +194,8 @@ func (m *Manager) freeID(txn statedb.ReadTxn) (uint16, error) {
 }
 
 // leftovers removes what a creation for containerID that the agent did not
-// finish left: the host side of its veth pair and its addresses.
+// finish left, or what an orphan (see claimOrphans) has: the host side of
+// its veth pair and its addresses.
 func (m *Manager) leftovers(containerID string) (removedLink bool, released []netip.Addr, err error) {
 	removedLink, err = unplumb(HostIfName(containerID))
 	if err != nil {
@@ -195,6 +204,10 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 	released, err = m.ipam.ReleaseOwner(containerID)
 	if err != nil {
 		return removedLink, nil, err
+	}
+	if _, ok := m.orphans[containerID]; ok {
+		delete(m.orphans, containerID)
+		m.reportProblems()
 	}
 	if removedLink || len(released) > 0 {
 		m.log.Info("Removed what an unfinished endpoint creation left", "container", containerID,
@@ -278,8 +291,10 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	if err := m.waitRestored(ctx); err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.mu.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.unlock()
 
 	ep, found := m.Lookup(s)
 	if !found {
@@ -294,14 +309,17 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 		}
 		return nil, s.notFound()
 	}
-	if _, err := unplumb(ep.HostIfName); err != nil {
-		return nil, err
-	}
-	if err := m.states.remove(ep.ID); err != nil {
-		return nil, err
-	}
-	released, err := m.ipam.ReleaseOwner(ep.ContainerID)
+	released, err := m.deleteSteps(ep)
 	if err != nil {
+		// Half deleted: not ready any more, and not gone. The runtime
+		// retries the DEL, which does the steps again (each is
+		// idempotent).
+		failed := ep.Clone()
+		failed.State, failed.Error = Deleting, err.Error()
+		if ierr := m.insert(failed); ierr != nil {
+			m.log.Error("Mark the endpoint deleting", "id", ep.ID, "container", ep.ContainerID, "error", ierr)
+		}
+		m.log.Error("Endpoint deletion failed half way; a retried DEL finishes it", "id", ep.ID, "container", ep.ContainerID, "error", err)
 		return nil, err
 	}
 	txn := m.db.WriteTxn(m.tbl)
@@ -311,8 +329,28 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	}
 	txn.Commit()
 	m.releaseIdentity(ep)
+	if _, ok := m.outside[ep.ContainerID]; ok {
+		delete(m.outside, ep.ContainerID)
+		m.reportProblems()
+	}
 	m.log.Info("Deleted endpoint", "id", ep.ID, "container", ep.ContainerID, "released", released)
 	return &Deleted{Endpoint: ep, Released: released}, nil
+}
+
+// deleteSteps removes an endpoint's veth pair, state and addresses. The
+// state file says "deleting" first, so that a restart in the middle
+// finishes the deletion rather than make the veth pair again.
+func (m *Manager) deleteSteps(ep *Endpoint) ([]netip.Addr, error) {
+	if err := m.states.write(ep, phaseDeleting); err != nil {
+		return nil, err
+	}
+	if _, err := unplumb(ep.HostIfName); err != nil {
+		return nil, err
+	}
+	if err := m.states.remove(ep.ID); err != nil {
+		return nil, err
+	}
+	return m.ipam.ReleaseOwner(ep.ContainerID)
 }
 
 // Check lists how an endpoint's interfaces, addresses and routes differ
@@ -334,6 +372,8 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //
 //   - a state file still "creating" is a creation the agent did not finish:
 //     what it made is removed and its addresses released;
+//   - a state file "deleting" is a DEL the agent did not finish: it is
+//     finished;
 //   - an endpoint whose netns is gone is removed, its addresses released;
 //   - every other endpoint claims its addresses; then, once the pools are
 //     known, its interfaces, addresses and routes are checked and fixed
@@ -341,8 +381,10 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //     and it is inserted in the table, from which the endpoint map is
 //     rebuilt.
 func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	if err := m.mu.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.unlock()
 	start := time.Now()
 
 	files, err := m.states.load()
@@ -361,7 +403,14 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 			rolledBack++
 			m.log.Warn("Rolled back an endpoint whose creation did not finish before the agent stopped",
 				"id", ep.ID, "container", ep.ContainerID, "addresses", ep.IPs())
-		case !netnsExists(ep.Netns):
+		case f.Phase == phaseDeleting:
+			if err := m.remove(ep); err != nil {
+				return err
+			}
+			rolledBack++
+			m.log.Warn("Finished deleting an endpoint whose DEL did not finish before the agent stopped",
+				"id", ep.ID, "container", ep.ContainerID, "released", ep.IPs())
+		case !netnsExists(ctx, ep.Netns):
 			if err := m.remove(ep); err != nil {
 				return err
 			}
@@ -378,6 +427,20 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 			keep = append(keep, ep)
 		}
 	}
+	// A pod whose state file was moved aside above still has its veth pair
+	// and its addresses: they are kept for it, not released after the
+	// grace period to be given to the next ADD while it still uses them.
+	if m.orphans == nil {
+		m.orphans = map[string]orphan{}
+	}
+	orphans, err := m.claimOrphans()
+	if err != nil {
+		return err
+	}
+	for _, o := range orphans {
+		m.orphans[o.containerID] = o
+	}
+	m.moved = append(m.moved, m.states.takeMoved()...)
 	// Every address held before the restart is claimed: new endpoints may
 	// get addresses from here on.
 	m.ipamRestored()
@@ -386,6 +449,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	}
 
 	routers := m.routers()
+	m.checkPools(keep)
 	host, err := readHost()
 	if err != nil {
 		return err
@@ -412,7 +476,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	notReady := 0
 	for _, ep := range keep {
 		before := before[ep.ID]
-		if err := m.plumb.plumb(ep, routers, host); err != nil {
+		if err := m.plumb.plumb(ep, netns.None(), routers, host); err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
 			m.log.Error("Restored endpoint could not be brought back; its addresses stay reserved",
@@ -452,6 +516,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	} else {
 		m.health.OK(fmt.Sprintf("Restored %d endpoint(s)", len(keep)))
 	}
+	m.reportProblems()
 	return nil
 }
 
@@ -479,8 +544,8 @@ func (m *Manager) remove(ep *Endpoint) error {
 }
 
 // netnsExists says whether a netns path still holds a network namespace.
-func netnsExists(path string) bool {
-	ns, err := openNetns(path)
+func netnsExists(ctx context.Context, path string) bool {
+	ns, err := openNetns(ctx, path)
 	if err != nil {
 		return !errors.Is(err, errNetnsGone)
 	}

@@ -1,6 +1,7 @@
 package endpointmanager_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -10,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
@@ -191,4 +195,170 @@ func TestRestoreDamagedStateFiles(t *testing.T) {
 		t.Error("the endpoint whose netns does not exist was not removed")
 	}
 	n.waitAllocations(t)
+}
+
+// A pod whose state file is lost while the agent is down keeps its
+// addresses: its veth pair still exists and the IPAM still knows them
+// under its container ID, so the restore claims them for it instead of
+// letting the leak grace release them to the next ADD. Health names the
+// moved file and the container; a CNI DEL of the container cleans it up.
+func TestRestoreKeepsAddressesOfPodWithLostState(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+
+	path := filepath.Join(first.stateDir, "endpoints", strconv.Itoa(int(ep.ID)), "endpoint.json")
+	if err := os.Truncate(path, 10); err != nil {
+		t.Fatal(err)
+	}
+
+	// A grace so short that a release, if any, would come at once.
+	second := tn.start(t, nodeOpts{grace: time.Millisecond})
+	second.waitRestored(t)
+	second.waitAllocations(t, ep.IPv4.String()+" "+p.id+" in-use", ep.IPv6.String()+" "+p.id+" in-use")
+
+	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	for _, want := range []string{path, "unexpected EOF", p.id, ep.HostIfName, ep.IPv4.String()} {
+		if !strings.Contains(row.Error, want) {
+			t.Errorf("health endpoint-manager.state error %q does not name %q", row.Error, want)
+		}
+	}
+
+	other := second.create(t, newPod(t))
+	if other.IPv4 == ep.IPv4 || other.IPv6 == ep.IPv6 {
+		t.Fatalf("a new pod got %s/%s, which the pod with the lost state still uses", other.IPv4, other.IPv6)
+	}
+	if err := nettest.Ping(p.ns.Path(), router(tn.v4), 5*time.Second); err != nil {
+		t.Errorf("the pod with the lost state lost its connectivity: %v", err)
+	}
+
+	del, err := second.mgr.Delete(context.Background(), endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatalf("DEL of the pod with the lost state: %v", err)
+	}
+	if !slices.Contains(del.Released, ep.IPv4) || !slices.Contains(del.Released, ep.IPv6) {
+		t.Errorf("DEL released %v, want %s and %s", del.Released, ep.IPv4, ep.IPv6)
+	}
+	if _, err := netlink.LinkByName(ep.HostIfName); err == nil {
+		t.Errorf("host link %s still exists after the DEL", ep.HostIfName)
+	}
+	// The moved file stays reported; the container no longer is.
+	row = second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && !strings.Contains(s.Error, p.id) })
+	if !strings.Contains(row.Error, path) {
+		t.Errorf("health after the DEL = %q, want the moved file %s still named", row.Error, path)
+	}
+	second.waitAllocations(t, other.IPv4.String()+" "+other.ContainerID+" in-use", other.IPv6.String()+" "+other.ContainerID+" in-use")
+}
+
+// An endpoint.json that is a directory or a FIFO is moved aside like a
+// corrupt file: the restore finishes (it neither retries for ever nor
+// waits for a writer), and health names both.
+func TestRestoreStateEntryNotARegularFile(t *testing.T) {
+	tn := newTestNet(t)
+	dir := filepath.Join(tn.dir, "state", "endpoints")
+	asDir := filepath.Join(dir, "5", "endpoint.json")
+	if err := os.MkdirAll(asDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "6", "endpoint.json")
+	os.MkdirAll(filepath.Dir(fifo), 0o700)
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := tn.start(t, nodeOpts{})
+	// Runs before the node stops: releases a restore blocked on the FIFO
+	// (before the fix), wherever the FIFO is by then.
+	t.Cleanup(func() {
+		for _, p := range append([]string{fifo}, globAll(filepath.Join(tn.dir, "state", "endpoints-invalid", "*", "endpoint.json"))...) {
+			if fd, err := unix.Open(p, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+				unix.Close(fd)
+			}
+		}
+	})
+	n.waitRestored(t)
+	for _, tc := range []struct{ file, err string }{
+		{asDir, "is a directory"},
+		{fifo, "is a named pipe (FIFO)"},
+	} {
+		line := n.logs.Find("Invalid endpoint state file, moved aside; the endpoint is not restored", "file", tc.file)
+		if line == nil || !strings.Contains(line["error"], tc.err) {
+			t.Errorf("log line for %s = %v, want one with error %q", tc.file, line, tc.err)
+		}
+	}
+	if dirs := n.stateDirs(); len(dirs) != 0 {
+		t.Errorf("endpoint state after the restore = %v, want none", dirs)
+	}
+	row := n.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	if !strings.Contains(row.Error, asDir) || !strings.Contains(row.Error, fifo) {
+		t.Errorf("health endpoint-manager.state = %q, want both moved files named", row.Error)
+	}
+}
+
+func globAll(pattern string) []string {
+	out, _ := filepath.Glob(pattern)
+	return out
+}
+
+// A restart with other pod CIDRs restores the endpoints the pods still
+// use, but warns about their addresses outside every pool and shows them
+// in health until they are deleted.
+func TestRestoreWithOtherPodCIDRsReportsEndpointsOutsidePools(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+
+	other := newTestNet(t)
+	second := tn.start(t, nodeOpts{cidrs: []string{other.v4.String(), other.v6.String()}})
+	second.waitRestored(t)
+	if _, found := second.mgr.Lookup(endpointmanager.Selector{ID: ep.ID}); !found {
+		t.Fatal("the endpoint was not restored")
+	}
+	if second.logs.Find("Restored an endpoint with addresses outside every pod pool; were the pod CIDRs changed?", "container", p.id) == nil {
+		t.Error("no warning for the endpoint outside the pools")
+	}
+	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	for _, want := range []string{p.id, ep.IPv4.String(), ep.IPv6.String(), "outside every pod pool (" + other.v4.String()} {
+		if !strings.Contains(row.Error, want) {
+			t.Errorf("health endpoint-manager.state error %q does not name %q", row.Error, want)
+		}
+	}
+	if _, err := second.mgr.Delete(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatal(err)
+	}
+	second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s == nil })
+}
+
+// A pod with lost state that goes away without a DEL (its netns, and with
+// it its veth pair, removed) has its addresses released: nothing else would
+// release them.
+func TestOrphanGoneWithoutDeleteIsReleased(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+	path := filepath.Join(first.stateDir, "endpoints", strconv.Itoa(int(ep.ID)), "endpoint.json")
+	if err := os.WriteFile(path, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	second := tn.start(t, nodeOpts{})
+	second.waitRestored(t)
+	second.waitAllocations(t, ep.IPv4.String()+" "+p.id+" in-use", ep.IPv6.String()+" "+p.id+" in-use")
+
+	p.ns.Close()
+	if err := testutils.UnmountNS(p.ns); err != nil {
+		t.Fatal(err)
+	}
+	second.waitAllocations(t)
+	if second.logs.Find("Released the addresses of a container without state whose interface is gone", "container", p.id) == nil {
+		t.Error("no log line for the release")
+	}
+	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && !strings.Contains(s.Error, p.id) })
+	if !strings.Contains(row.Error, path) {
+		t.Errorf("health after the release = %q, want the moved file still named", row.Error)
+	}
 }

@@ -122,7 +122,7 @@ func apiError(err error) error {
 	case errors.Is(err, ErrExists), errors.Is(err, ipam.ErrInUse):
 		return api.Errorf(http.StatusConflict, "%s", err)
 	case errors.Is(err, ErrNotReady), errors.Is(err, ipam.ErrNotReady),
-		errors.Is(err, ErrExhausted), errors.Is(err, ipam.ErrExhausted):
+		errors.Is(err, ErrExhausted), errors.Is(err, ipam.ErrExhausted), errors.Is(err, ErrBusy):
 		return api.Errorf(http.StatusServiceUnavailable, "%s", err)
 	}
 	return err

@@ -36,6 +36,10 @@ const (
 	// phaseReady is written before the agent answers the CNI ADD: a
 	// restore that finds it brings the endpoint back.
 	phaseReady phase = "ready"
+	// phaseDeleting is written before a DEL touches the kernel: a restore
+	// that finds it finishes the deletion instead of bringing the
+	// endpoint back.
+	phaseDeleting phase = "deleting"
 )
 
 // stateFile is an endpoint on disk. It is the source of truth across
@@ -90,8 +94,8 @@ func (f *stateFile) validate(dirName string) error {
 	switch {
 	case f.Version != stateVersion:
 		return fmt.Errorf("unknown version %d: this agent reads version %d", f.Version, stateVersion)
-	case f.Phase != phaseCreating && f.Phase != phaseReady:
-		return fmt.Errorf("invalid phase %q: want %s or %s", f.Phase, phaseCreating, phaseReady)
+	case f.Phase != phaseCreating && f.Phase != phaseReady && f.Phase != phaseDeleting:
+		return fmt.Errorf("invalid phase %q: want %s, %s or %s", f.Phase, phaseCreating, phaseReady, phaseDeleting)
 	case strconv.Itoa(int(f.ID)) != dirName || f.ID == 0:
 		return fmt.Errorf("id %d does not match its directory %q", f.ID, dirName)
 	case f.HostIfName != HostIfName(f.ContainerID):
@@ -100,6 +104,8 @@ func (f *stateFile) validate(dirName string) error {
 		return errors.New("no address")
 	case f.IPv4.IsValid() && !f.IPv4.Is4(), f.IPv6.IsValid() && !f.IPv6.Is6():
 		return fmt.Errorf("address of the wrong family: ipv4 %s, ipv6 %s", f.IPv4, f.IPv6)
+	case f.IPv4.Zone() != "" || f.IPv6.Zone() != "":
+		return fmt.Errorf("address with a zone: ipv4 %s, ipv6 %s", f.IPv4, f.IPv6)
 	}
 	if err := validContainerID(f.ContainerID); err != nil {
 		return err
@@ -114,6 +120,15 @@ func (f *stateFile) validate(dirName string) error {
 type stateStore struct {
 	log          *slog.Logger
 	dir, invalid string
+	// moved are the entries quarantine moved aside since takeMoved.
+	moved []movedFile
+}
+
+// takeMoved returns what was moved aside since the last call.
+func (s *stateStore) takeMoved() []movedFile {
+	out := s.moved
+	s.moved = nil
+	return out
 }
 
 func newStateStore(log *slog.Logger, stateDir string) *stateStore {
@@ -142,8 +157,9 @@ func (s *stateStore) remove(id uint16) error { return statefile.Remove(s.endpoin
 // load reads every endpoint directory. Temporary files of interrupted
 // writes are removed; a directory without a state file (the agent died
 // between creating it and writing the file) is removed; a state file that
-// does not parse or validate is moved to the invalid directory with a log
-// line naming the file and the error.
+// cannot be read (also one that is not a regular file: a directory, a FIFO)
+// or does not parse or validate is moved to the invalid directory with a
+// log line naming the file and the error, and the restore goes on.
 func (s *stateStore) load() ([]*stateFile, error) {
 	if err := statefile.MkdirAll(s.dir); err != nil {
 		return nil, err
@@ -169,7 +185,7 @@ func (s *stateStore) load() ([]*stateFile, error) {
 			s.log.Info("Removed temporary endpoint state file of an interrupted write", "file", path)
 		}
 		path := filepath.Join(dir, stateFileName)
-		data, err := os.ReadFile(path)
+		data, err := statefile.ReadRegular(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			s.log.Info("Removed endpoint directory without a state file, left by an interrupted creation", "dir", dir)
 			if err := statefile.Remove(dir); err != nil {
@@ -177,10 +193,10 @@ func (s *stateStore) load() ([]*stateFile, error) {
 			}
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("read endpoint state: %w", err)
+		var f *stateFile
+		if err == nil {
+			f, err = parseStateFile(data, e.Name())
 		}
-		f, err := parseStateFile(data, e.Name())
 		if err != nil {
 			if err := s.quarantine(path, err); err != nil {
 				return nil, err
@@ -213,6 +229,9 @@ func (s *stateStore) quarantine(path string, why error) error {
 		dir = filepath.Dir(path)
 	}
 	to, err := statefile.MoveAside(dir, s.invalid)
+	if err == nil {
+		s.moved = append(s.moved, movedFile{path: path, to: to, why: why})
+	}
 	s.log.Error("Invalid endpoint state file, moved aside; the endpoint is not restored",
 		"file", path, "error", why, "moved-to", to)
 	return err

@@ -26,6 +26,9 @@ const (
 	// NotReady: restored, but its interfaces could not be brought back;
 	// Error says why. Its addresses stay reserved until it is deleted.
 	NotReady State = "not-ready"
+	// Deleting: a DEL failed half way; Error says why. What is left of it
+	// goes when a DEL of it is retried and finishes.
+	Deleting State = "deleting"
 )
 
 // MAC is a link-layer address that reads and writes as aa:bb:cc:dd:ee:ff.
@@ -82,7 +85,8 @@ type Endpoint struct {
 	// before a restart) until the allocator answers.
 	IdentityPending bool  `json:"identityPending,omitempty" yaml:"identityPending,omitempty"`
 	State           State `json:"state" yaml:"state"`
-	// Error says why a not-ready endpoint is not ready.
+	// Error says why a not-ready endpoint is not ready, or why the DEL of
+	// a deleting one failed.
 	Error   string    `json:"error,omitempty" yaml:"error,omitempty"`
 	Created time.Time `json:"created" yaml:"created"`
 	// MapStatus says whether the endpoint is in the BPF endpoint map (the

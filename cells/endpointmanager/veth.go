@@ -1,24 +1,76 @@
 package endpointmanager
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/statefile"
 )
 
 // errNetnsGone: the endpoint's network namespace no longer exists (the
 // path is gone, or nothing is mounted on it any more).
 var errNetnsGone = errors.New("the network namespace is gone")
 
-// openNetns opens the network namespace at path, checking that it is one.
-func openNetns(path string) (netns.NsHandle, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// netnsOpenTimeout bounds the opening of a netns path. The path comes
+// from the caller (CNI_NETNS), and a path on a filesystem that does not
+// answer could block the open for ever.
+const netnsOpenTimeout = 5 * time.Second
+
+// openNetns opens the network namespace at path, checking that it is one,
+// without blocking: the path must be a regular file (a network namespace
+// is one on nsfs), which is checked before it is opened, and it is opened
+// non-blocking, so that a named pipe put there (also after the check)
+// cannot make the open wait for a writer. A path that still does not
+// answer within netnsOpenTimeout (or before ctx ends) is an error naming
+// it; the open goes on in the background and its handle is closed.
+func openNetns(ctx context.Context, path string) (netns.NsHandle, error) {
+	ctx, cancel := context.WithTimeout(ctx, netnsOpenTimeout)
+	defer cancel()
+	type result struct {
+		ns  netns.NsHandle
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ns, err := openNetnsNow(path)
+		done <- result{ns, err}
+	}()
+	select {
+	case r := <-done:
+		return r.ns, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.err == nil {
+				r.ns.Close()
+			}
+		}()
+		return netns.None(), fmt.Errorf("netns %s did not open within %s: %w", path, netnsOpenTimeout, context.Cause(ctx))
+	}
+}
+
+func openNetnsNow(path string) (netns.NsHandle, error) {
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return netns.None(), fmt.Errorf("netns %s does not exist: %w", path, errNetnsGone)
+	}
+	if err != nil {
+		return netns.None(), fmt.Errorf("netns %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return netns.None(), fmt.Errorf("netns %s is a %s, not a network namespace: %w", path, statefile.TypeName(fi.Mode()), errNetnsGone)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return netns.None(), fmt.Errorf("netns %s does not exist: %w", path, errNetnsGone)
 	}
@@ -63,14 +115,17 @@ type plumbing struct {
 // It is idempotent: on an endpoint that is intact it changes nothing, so a
 // restore does not disturb the pod's traffic. routers are the pools'
 // router addresses; host is what the host side has, read once for many
-// endpoints (see readHost), or nil to read it here.
-func (p *plumbing) plumb(ep *Endpoint, routers []netip.Addr, host *hostView) error {
+// endpoints (see readHost), or nil to read it here. podNS is ep.Netns
+// opened by the caller, or netns.None() to open it here.
+func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView) error {
 	mtu := p.mtu()
-	podNS, err := openNetns(ep.Netns)
-	if err != nil {
-		return err
+	if podNS == netns.None() {
+		var err error
+		if podNS, err = openNetns(context.Background(), ep.Netns); err != nil {
+			return err
+		}
+		defer podNS.Close()
 	}
-	defer podNS.Close()
 	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
@@ -363,7 +418,7 @@ func family(ip netip.Addr) int {
 
 // verify lists how the kernel differs from ep; nothing when it is intact.
 func verify(ep *Endpoint, routers []netip.Addr) []string {
-	podNS, err := openNetns(ep.Netns)
+	podNS, err := openNetns(context.Background(), ep.Netns)
 	if err != nil {
 		return []string{err.Error()}
 	}

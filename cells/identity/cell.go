@@ -176,7 +176,8 @@ type checkpoint struct {
 // loadCheckpoint reads the local identities; a file that cannot be used is
 // moved aside (its endpoints get new identities) rather than stop the agent.
 func (a *Allocator) loadCheckpoint() ([]*Identity, error) {
-	b, err := os.ReadFile(a.path)
+	// Not os.ReadFile: a FIFO there would block the start for ever.
+	b, err := statefile.ReadRegular(a.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -205,6 +206,9 @@ func (a *Allocator) loadCheckpoint() ([]*Identity, error) {
 			return nil, fmt.Errorf("identity checkpoint %s: %w; moving it aside: %w", a.path, err, merr)
 		}
 		a.log.Error("Invalid identity checkpoint moved aside; restored endpoints get new identities", "file", a.path, "moved-to", to, "error", err)
+		// Shown in agent status until the agent restarts.
+		a.health.NewScope("checkpoint").Degraded("Identity checkpoint moved aside; restored endpoints get new identities",
+			fmt.Errorf("%s moved to %s: %w", a.path, to, err))
 		return nil, nil
 	}
 	return out, nil

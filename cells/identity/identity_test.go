@@ -6,14 +6,18 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/etcdtest"
@@ -115,6 +119,54 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	}
 	if id, err := a.Allocate(ctxT(t), web("default")); err != nil || !id.IsLocal() {
 		t.Fatalf("allocation after a corrupt checkpoint = %v, %v", id, err)
+	}
+}
+
+// A checkpoint that is a FIFO is moved aside at once: the start neither
+// waits for a writer nor fails.
+func TestCheckpointNotARegularFileMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "state"), 0o700)
+	path := filepath.Join(dir, "state", checkpointFile)
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Should the start block on the FIFO (the bug), a writer comes after
+	// 10s to release it, and the test fails.
+	var blocked atomic.Bool
+	release := time.AfterFunc(10*time.Second, func() {
+		blocked.Store(true)
+		if fd, err := unix.Open(path, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+	})
+	var (
+		a  *Allocator
+		db *statedb.DB
+		hs statedb.Table[*health.Status]
+	)
+	h := celltest.New(daemon.Cell, kvstore.Cell, Cell, cell.Invoke(func(al *Allocator, d *statedb.DB, s statedb.Table[*health.Status]) {
+		a, db, hs = al, d, s
+	}))
+	hive.AddConfigOverride(h, func(c *daemon.Config) {
+		c.StateDir, c.RunDir, c.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), "n1"
+	})
+	celltest.Start(t, h)
+	release.Stop()
+	if blocked.Load() {
+		t.Fatal("the allocator's start blocked on a FIFO as its checkpoint")
+	}
+	// agent status shows it.
+	row, _, found := hs.Get(db.ReadTxn(), health.StatusID.Query("identity.checkpoint"))
+	if !found || row.Level != cell.StatusDegraded || !strings.Contains(row.Error, path+" moved to ") || !strings.Contains(row.Error, "named pipe") {
+		t.Fatalf("health identity.checkpoint = %+v, want Degraded naming %s", row, path)
+	}
+	moved, _ := filepath.Glob(filepath.Join(dir, "state", "invalid", "*"))
+	if len(moved) != 1 {
+		t.Fatalf("moved aside: %v", moved)
+	}
+	if id, err := a.Allocate(ctxT(t), web("default")); err != nil || !id.IsLocal() {
+		t.Fatalf("allocation after a FIFO checkpoint = %v, %v", id, err)
 	}
 }
 

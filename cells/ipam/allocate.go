@@ -3,7 +3,10 @@ package ipam
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/cilium/statedb"
 )
@@ -29,6 +32,9 @@ const maxOwnerLen = 256
 // IPAM is ready (see WaitReady), as long as ctx allows.
 func (i *IPAM) Allocate(ctx context.Context, req Request) (*Allocation, error) {
 	if err := validOwner(req.Owner); err != nil {
+		return nil, err
+	}
+	if err := validAddr(req.IP); err != nil {
 		return nil, err
 	}
 	if !req.IP.IsValid() && req.Family != IPv4 && req.Family != IPv6 {
@@ -73,8 +79,22 @@ func validOwner(owner string) error {
 	if owner == "" || len(owner) > maxOwnerLen {
 		return errorf(ErrInvalid, "invalid owner %q: want a non-empty name of at most %d characters, such as a container ID", owner, maxOwnerLen)
 	}
+	// Owners are shown in tables, logs and file contents: a newline or
+	// another control character there would forge or break lines.
+	if !utf8.ValidString(owner) || strings.IndexFunc(owner, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return errorf(ErrInvalid, "invalid owner %q: want printable characters, without control characters or newlines", owner)
+	}
 	if owner == RouterOwner {
 		return errorf(ErrInvalid, "invalid owner %q: the name is reserved for the router addresses", owner)
+	}
+	return nil
+}
+
+// validAddr refuses an address with a zone (fe80::1%eth0): pod addresses
+// have none, and a zoned one never matches an allocation.
+func validAddr(ip netip.Addr) error {
+	if ip.Zone() != "" {
+		return errorf(ErrInvalid, "invalid address %s: pod addresses have no zone (%%%s)", ip, ip.Zone())
 	}
 	return nil
 }
@@ -160,6 +180,9 @@ func (i *IPAM) Claim(ip netip.Addr, owner string) error {
 	if err := validOwner(owner); err != nil {
 		return err
 	}
+	if err := validAddr(ip); err != nil {
+		return err
+	}
 	i.mu.Lock()
 	loaded := i.loaded
 	i.mu.Unlock()
@@ -194,10 +217,23 @@ func (i *IPAM) Claim(ip netip.Addr, owner string) error {
 	return nil
 }
 
+// Unclaimed are the allocations made before the restart that no restorer
+// has claimed yet.
+func (i *IPAM) Unclaimed() []*Allocation {
+	var out []*Allocation
+	for a := range i.tbl.List(i.db.ReadTxn(), AllocationState.Query(Unclaimed)) {
+		out = append(out, a)
+	}
+	return out
+}
+
 // Release returns owner's address ip to the pool. Releasing an address that
 // is not allocated is not an error (released is false); releasing another
 // owner's is an ErrInUse error.
 func (i *IPAM) Release(ip netip.Addr, owner string) (released bool, err error) {
+	if err := validAddr(ip); err != nil {
+		return false, err
+	}
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
 	old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip))
@@ -214,13 +250,16 @@ func (i *IPAM) Release(ip netip.Addr, owner string) (released bool, err error) {
 	return true, nil
 }
 
-// ReleaseOwner releases every address of owner and returns them.
+// ReleaseOwner releases every address of owner and returns them, except
+// the reserved ones: a reservation made by hand (POST /v1/ipam) goes only
+// by hand (DELETE /v1/ipam/{ip}), also when its owner is named like the
+// container of an endpoint.
 func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
 	var released []netip.Addr
 	for a := range i.tbl.List(txn, AllocationOwner.Query(owner)) {
-		if a.State == Router {
+		if a.State == Router || a.State == Reserved {
 			continue
 		}
 		if err := i.delete(txn, a); err != nil {
@@ -235,6 +274,9 @@ func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
 // releaseByHand releases an address for the API: a reserved or unclaimed
 // one. In-use addresses belong to endpoints, which release them.
 func (i *IPAM) releaseByHand(ip netip.Addr) (*Allocation, error) {
+	if err := validAddr(ip); err != nil {
+		return nil, err
+	}
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
 	old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip))

@@ -258,6 +258,13 @@ func (i *IPAM) start(cell.HookContext) error {
 	if len(pools) > 0 {
 		i.health.OK("Pools " + poolsString(pools))
 	}
+	if len(i.store.moved) > 0 {
+		// Shown until the agent restarts: the addresses of these files are
+		// not reserved, and someone should look at them.
+		i.health.NewScope("state").Degraded(
+			fmt.Sprintf("%d IPAM state file(s) moved aside; their addresses are not reserved", len(i.store.moved)),
+			errors.New(strings.Join(i.store.moved, "; ")))
+	}
 	return nil
 }
 

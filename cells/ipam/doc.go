@@ -31,6 +31,9 @@
 // became an endpoint: the agent died in the middle of a CNI ADD, and the
 // runtime did not call DEL. Once --ipam-leak-grace has passed after the
 // restore, such addresses are released, each with a warning in the log.
+// A restorer that knows an owner is still alive without its own record
+// (the endpoint manager, for a pod whose state file was lost but whose
+// veth pair exists; see [IPAM.Unclaimed]) claims them instead.
 //
 //	func newManager(i *ipam.IPAM, ...) *Manager {
 //		m := &Manager{ipam: i, restored: i.RegisterRestorer("endpoint-restore")}

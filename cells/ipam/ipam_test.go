@@ -17,8 +17,10 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/ipam"
@@ -29,7 +31,9 @@ type agent struct {
 	ipam *ipam.IPAM
 	db   *statedb.DB
 	tbl  statedb.Table[*ipam.Allocation]
-	logs *logtest.Recorder
+	// health is the health table.
+	health statedb.Table[*health.Status]
+	logs   *logtest.Recorder
 	// restoreDone completes the "test-restore" restorer, when asked for.
 	restoreDone func()
 	stop        func()
@@ -46,8 +50,8 @@ type runOpts struct {
 func run(t *testing.T, stateDir string, o runOpts) *agent {
 	t.Helper()
 	a := &agent{logs: logtest.NewRecorder(hivetest.Logger(t).Handler())}
-	cells := []cell.Cell{daemon.Cell, ipam.Cell, cell.Invoke(func(i *ipam.IPAM, db *statedb.DB, tbl statedb.Table[*ipam.Allocation]) {
-		a.ipam, a.db, a.tbl = i, db, tbl
+	cells := []cell.Cell{daemon.Cell, ipam.Cell, cell.Invoke(func(i *ipam.IPAM, db *statedb.DB, tbl statedb.Table[*ipam.Allocation], hs statedb.Table[*health.Status]) {
+		a.ipam, a.db, a.tbl, a.health = i, db, tbl, hs
 	})}
 	if o.restorer {
 		cells = append(cells, cell.Module("test-restorer", "Test restorer",
@@ -249,12 +253,21 @@ func TestCorruptStateFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Entries that are not regular files: never opened, moved aside.
+	if err := os.Mkdir(filepath.Join(ipamDir, "10.244.0.7.json"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(ipamDir, "10.244.0.8.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	a := run(t, dir, runOpts{restorer: true})
 	a.waitRows(t, "10.244.0.2 pod-a unclaimed")
 
 	for _, tc := range []struct{ file, errText string }{
 		{"10.244.0.3.json", "unexpected EOF"},
 		{"10.244.0.4.json", "file name does not match its ip 10.244.0.5"},
+		{"10.244.0.7.json", "not an allocation file"},
+		{"10.244.0.8.json", "not an allocation file"},
 	} {
 		line := a.logs.Find("Invalid IPAM state file, moved aside; its address is not reserved", "file", filepath.Join(ipamDir, tc.file))
 		if line == nil || !strings.Contains(line["error"], tc.errText) {
@@ -269,8 +282,18 @@ func TestCorruptStateFiles(t *testing.T) {
 		t.Errorf("ipam state after the restore = %v, want %v", remaining, want)
 	}
 	invalid, _ := filepath.Glob(filepath.Join(dir, "ipam-invalid", "*"))
-	if len(invalid) != 2 {
-		t.Errorf("ipam-invalid holds %v, want the two unreadable files", invalid)
+	if len(invalid) != 4 {
+		t.Errorf("ipam-invalid holds %v, want the four unreadable files", invalid)
+	}
+	// agent status shows them: a Degraded health row naming each.
+	row, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("ipam.state"))
+	if !found || row.Level != cell.StatusDegraded {
+		t.Fatalf("health ipam.state = %+v, want Degraded", row)
+	}
+	for _, f := range []string{"10.244.0.3.json", "10.244.0.4.json", "10.244.0.7.json", "10.244.0.8.json"} {
+		if !strings.Contains(row.Error, filepath.Join(ipamDir, f)+" moved to ") {
+			t.Errorf("health ipam.state error %q does not name %s", row.Error, f)
+		}
 	}
 }
 

@@ -34,6 +34,8 @@ type store struct {
 	log *slog.Logger
 	// dir holds the allocations; invalid receives files that do not parse.
 	dir, invalid string
+	// moved says, for each file load moved aside, where to and why.
+	moved []string
 }
 
 func newStore(log *slog.Logger, stateDir string) *store {
@@ -93,23 +95,35 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 	if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), fileSuffix) {
 		return nil, errors.New("not an allocation file (<ip>.json)")
 	}
-	data, err := os.ReadFile(path)
+	data, err := statefile.ReadRegular(path)
 	if err != nil {
 		return nil, err
 	}
+	return parseAllocationFile(e.Name(), data)
+}
+
+// parseAllocationFile parses the allocation file named name.
+func parseAllocationFile(name string, data []byte) (*Allocation, error) {
 	var f allocationFile
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
 		return nil, err
 	}
+	if dec.More() {
+		return nil, errors.New("more than one JSON value")
+	}
 	switch {
 	case !f.IP.IsValid():
 		return nil, errors.New(`no "ip"`)
-	case e.Name() != f.IP.String()+fileSuffix:
+	case f.IP.Zone() != "":
+		return nil, fmt.Errorf("address %s has a zone", f.IP)
+	case name != f.IP.String()+fileSuffix:
 		return nil, fmt.Errorf("file name does not match its ip %s", f.IP)
 	case f.Owner == "":
 		return nil, errors.New(`no "owner"`)
+	case validOwner(f.Owner) != nil:
+		return nil, validOwner(f.Owner)
 	case f.State != InUse && f.State != Reserved:
 		return nil, fmt.Errorf("invalid state %q: want %s or %s", f.State, InUse, Reserved)
 	}
@@ -124,6 +138,9 @@ func (s *store) parse(path string, e fs.DirEntry) (*Allocation, error) {
 // for whoever investigates.
 func (s *store) quarantine(path string, why error) error {
 	to, err := statefile.MoveAside(path, s.invalid)
+	if err == nil {
+		s.moved = append(s.moved, fmt.Sprintf("%s moved to %s: %v", path, to, why))
+	}
 	s.log.Error("Invalid IPAM state file, moved aside; its address is not reserved",
 		"file", path, "error", why, "moved-to", to)
 	return err

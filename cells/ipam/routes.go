@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
+	"net/url"
 
 	"github.com/cilium/statedb"
 
@@ -28,16 +29,9 @@ func apiRoutes(i *IPAM) api.Routes {
 			if err := api.DecodeJSON(r, &in); err != nil {
 				return nil, err
 			}
-			req := Request{Owner: in.Owner, Family: Family(in.Family), Reserved: true}
-			switch {
-			case in.IP != "" && in.Family != "":
-				return nil, api.BadRequest("give either ip or family, not both")
-			case in.IP != "":
-				ip, err := netip.ParseAddr(in.IP)
-				if err != nil {
-					return nil, api.BadRequest("invalid ip %q: want an address such as 10.244.0.10", in.IP)
-				}
-				req.IP = ip
+			req, err := reserveRequest(in)
+			if err != nil {
+				return nil, err
 			}
 			a, err := i.Allocate(r.Context(), req)
 			if err != nil {
@@ -49,17 +43,54 @@ func apiRoutes(i *IPAM) api.Routes {
 			if _, err := api.QueryParams(r); err != nil {
 				return nil, err
 			}
-			ip, err := netip.ParseAddr(r.PathValue("ip"))
+			ip, err := pathAddr(r.PathValue("ip"))
 			if err != nil {
-				return nil, api.BadRequest("invalid address %q in the path: want an address such as 10.244.0.10", r.PathValue("ip"))
+				return nil, err
 			}
-			a, err := i.releaseByHand(ip.Unmap())
+			a, err := i.releaseByHand(ip)
 			if err != nil {
 				return nil, apiError(err)
 			}
 			return toAPI(a), nil
 		}},
 	)
+}
+
+// reserveRequest is the allocation a POST /v1/ipam body asks for, checked
+// as Allocate checks it, so that what a body can say is tested alone
+// (FuzzReserveBody).
+func reserveRequest(in apiv1.IPAMReserve) (Request, error) {
+	req := Request{Owner: in.Owner, Family: Family(in.Family), Reserved: true}
+	switch {
+	case in.IP != "" && in.Family != "":
+		return Request{}, api.BadRequest("give either ip or family, not both")
+	case in.IP != "":
+		ip, err := netip.ParseAddr(in.IP)
+		if err != nil || ip.Zone() != "" {
+			return Request{}, api.BadRequest("invalid ip %q: want an address without a zone, such as 10.244.0.10", in.IP)
+		}
+		req.IP = ip.Unmap()
+	case req.Family != IPv4 && req.Family != IPv6:
+		return Request{}, api.BadRequest("invalid family %q: want %s or %s, or give an address", in.Family, IPv4, IPv6)
+	}
+	if err := validOwner(req.Owner); err != nil {
+		return Request{}, apiError(err)
+	}
+	return req, nil
+}
+
+// pathAddr is the address of DELETE /v1/ipam/{ip}: one without a zone.
+func pathAddr(value string) (netip.Addr, error) {
+	// The mux leaves a "%" escaped in the value ("%25").
+	raw, err := url.PathUnescape(value)
+	if err != nil {
+		raw = value
+	}
+	ip, err := netip.ParseAddr(raw)
+	if err != nil || ip.Zone() != "" {
+		return netip.Addr{}, api.BadRequest("invalid address %q in the path: want an address without a zone, such as 10.244.0.10", raw)
+	}
+	return ip.Unmap(), nil
 }
 
 // apiError gives an IPAM error its HTTP status.

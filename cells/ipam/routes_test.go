@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,4 +75,42 @@ func TestAPI(t *testing.T) {
 	wantAPIError(t, err, http.StatusConflict, "address 10.244.0.1 is the router address of its pool")
 	_, err = c.ReleaseIP(ctx, "not-an-ip")
 	wantAPIError(t, err, http.StatusBadRequest, `invalid address "not-an-ip" in the path`)
+}
+
+// Owners with control characters and zoned addresses are 400s, and
+// change nothing.
+func TestAPIRefusesControlCharactersAndZones(t *testing.T) {
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "agent.sock")
+	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell)
+	hive.AddConfigOverride(h, func(c *daemon.Config) { c.StateDir, c.RunDir = filepath.Join(dir, "state"), filepath.Join(dir, "run") })
+	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
+	hive.AddConfigOverride(h, func(c *ipam.Config) { c.PodCIDR = []string{"10.244.0.0/29", "fd00:10:244::/120"} })
+	celltest.Start(t, h)
+	c := client.New(socket)
+	ctx := context.Background()
+
+	for _, owner := range []string{"ops\nWARN forged line", "ops\r", "tab\there", "bell\a", "nul\x00", "del\x7f", "c1\u0085"} {
+		_, err := c.ReserveIP(ctx, apiv1.IPAMReserve{Owner: owner, Family: "ipv4"})
+		wantAPIError(t, err, http.StatusBadRequest, "want printable characters, without control characters or newlines")
+	}
+	if _, err := c.ReserveIP(ctx, apiv1.IPAMReserve{Owner: "ops team (oncall)", IP: "fd00:10:244::20"}); err != nil {
+		t.Fatalf("a printable owner with spaces: %v", err)
+	}
+	_, err := c.ReserveIP(ctx, apiv1.IPAMReserve{Owner: "ops", IP: "fd00:10:244::21%eth0"})
+	wantAPIError(t, err, http.StatusBadRequest, `invalid ip "fd00:10:244::21%eth0": want an address without a zone`)
+	_, err = c.ReleaseIP(ctx, "fd00:10:244::20%eth0")
+	wantAPIError(t, err, http.StatusBadRequest, `invalid address "fd00:10:244::20%eth0" in the path: want an address without a zone`)
+
+	status, err := c.IPAM(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var owners []string
+	for _, a := range status.Allocations {
+		owners = append(owners, a.IP+" "+a.Owner)
+	}
+	if want := []string{"10.244.0.1 router", "fd00:10:244::1 router", "fd00:10:244::20 ops team (oncall)"}; !slices.Equal(owners, want) {
+		t.Fatalf("allocations = %q, want %q", owners, want)
+	}
 }

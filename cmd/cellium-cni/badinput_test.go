@@ -38,6 +38,7 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"stdin not JSON", add(other.id, other.ns.Path()), "{not json", 6, "invalid character"},
 		{"no network name", add(other.id, other.ns.Path()), `{"cniVersion":"1.0.0","type":"cellium-cni"}`, 7, "missing network name"},
+		{"no type", add(other.id, other.ns.Path()), `{"cniVersion":"1.0.0","name":"cellium"}`, 7, `"type" missing, want cellium-cni`},
 		{"another plugin's type", add(other.id, other.ns.Path()), `{"cniVersion":"1.0.0","name":"cellium","type":"bridge"}`, 7, `type "bridge", want cellium-cni`},
 		{"relative socket", add(other.id, other.ns.Path()), `{"cniVersion":"1.0.0","name":"cellium","type":"cellium-cni","socket":"agent.sock"}`, 7, `socket "agent.sock" must be an absolute path`},
 		{"socket not a string", add(other.id, other.ns.Path()), `{"cniVersion":"1.0.0","name":"cellium","type":"cellium-cni","socket":7}`, 6, "invalid network configuration on stdin"},

@@ -85,7 +85,10 @@ func parseConf(stdin []byte) (*netConf, error) {
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, "invalid network configuration on stdin", err.Error())
 	}
-	if conf.Type != "" && conf.Type != "cellium-cni" {
+	if conf.Type == "" {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, `invalid network configuration: "type" missing, want cellium-cni`, "")
+	}
+	if conf.Type != "cellium-cni" {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("invalid network configuration: type %q, want cellium-cni", conf.Type), "")
 	}
@@ -106,6 +109,15 @@ type k8sArgs struct {
 	K8S_POD_NAME      types.UnmarshallableString
 }
 
+// parseArgs parses CNI_ARGS.
+func parseArgs(cniArgs string) (k8sArgs, error) {
+	var k8s k8sArgs
+	if err := types.LoadArgs(cniArgs, &k8s); err != nil {
+		return k8sArgs{}, types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
+	}
+	return k8s, nil
+}
+
 // requestTimeout bounds a request to the agent. It waits out an agent that
 // is restoring endpoints (requests wait for the restore), and stays under
 // the runtime's own timeout for a CNI call (containerd allows minutes).
@@ -116,9 +128,9 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	var k8s k8sArgs
-	if err := types.LoadArgs(args.Args, &k8s); err != nil {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
+	k8s, err := parseArgs(args.Args)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()

@@ -20,6 +20,9 @@ const (
 	// EndpointNotReady: restored, but its interfaces could not be brought
 	// back; the error says why. Its addresses stay reserved.
 	EndpointNotReady = "not-ready"
+	// EndpointDeleting: a DEL failed half way; the error says why. A
+	// retried DEL finishes it.
+	EndpointDeleting = "deleting"
 )
 
 // EndpointCreate is the body of PUT /v1/endpoints/container-id:{cid}: what a
@@ -67,7 +70,8 @@ type Endpoint struct {
 	Identity        uint32 `json:"identity"`
 	IdentityPending bool   `json:"identityPending,omitempty"`
 	State           string `json:"state"`
-	// Error says why a not-ready endpoint is not ready.
+	// Error says why a not-ready endpoint is not ready, or why the DEL of
+	// a deleting one failed.
 	Error   string    `json:"error,omitempty"`
 	Created time.Time `json:"created"`
 	// Datapath says whether the datapath has the endpoint: its entries in

@@ -6,7 +6,9 @@
 // directory, so that the rename itself survives a power loss. A crash before
 // the rename leaves the old file and a temporary one, which the reader
 // removes with [RemoveTemps] when it restores. [Remove] deletes a file or a
-// directory durably.
+// directory durably. [ReadRegular] reads a state file without blocking on
+// what is not one (a FIFO, a directory, a device): such an entry is an
+// [ErrNotRegular] error, which a loader treats like a corrupt file.
 //
 //	if err := statefile.Write(filepath.Join(dir, "endpoint.json"), data); err != nil { ... }
 package statefile
@@ -14,11 +16,14 @@ package statefile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TempSuffix ends the name of a file that Write has not finished.
@@ -138,4 +143,72 @@ func RemoveTemps(dir string) ([]string, error) {
 		return removed, SyncDir(dir)
 	}
 	return nil, nil
+}
+
+// ErrNotRegular: a state path holds something other than a regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
+// MaxReadSize bounds what ReadRegular reads: state files are small, and a
+// larger one is not one the agent wrote.
+const MaxReadSize = 16 << 20
+
+// ReadRegular reads the state file at path. Anything but a regular file
+// (a directory, a FIFO, a socket, a device, a symbolic link) is an
+// ErrNotRegular error naming what it is, found without opening it for
+// reading in a way that could block: the type is checked first, and the
+// open is non-blocking and does not follow links, with the type checked
+// again on the open file. A missing file is an fs.ErrNotExist error.
+func ReadRegular(path string) ([]byte, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, fmt.Errorf("read state file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("state file %s is a %s: %w", path, TypeName(fi.Mode()), ErrNotRegular)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("state file %s is a symbolic link: %w", path, ErrNotRegular)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state file: %w", &fs.PathError{Op: "open", Path: path, Err: err})
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, fmt.Errorf("read state file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("state file %s is a %s: %w", path, TypeName(fi.Mode()), ErrNotRegular)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxReadSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read state file: %w", err)
+	}
+	if len(data) > MaxReadSize {
+		return nil, fmt.Errorf("state file %s is larger than %d bytes", path, MaxReadSize)
+	}
+	return data, nil
+}
+
+// TypeName names the type of a file mode, for errors about a path that
+// holds the wrong kind of file.
+func TypeName(m fs.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "regular file"
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeDevice != 0:
+		return "block device"
+	}
+	return "file of type " + m.Type().String()
 }

@@ -2,12 +2,18 @@ package statefile_test
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/statefile"
 )
@@ -175,5 +181,62 @@ func TestMoveAside(t *testing.T) {
 	}
 	if _, err := os.Stat(bad); !os.IsNotExist(err) {
 		t.Fatalf("original still there: %v", err)
+	}
+}
+
+// ReadRegular reads a regular file; anything else is ErrNotRegular at once,
+// without blocking on a FIFO that has no writer; a missing file is
+// fs.ErrNotExist.
+func TestReadRegular(t *testing.T) {
+	dir := t.TempDir()
+	regular := filepath.Join(dir, "regular")
+	os.WriteFile(regular, []byte("content"), 0o600)
+	if got, err := statefile.ReadRegular(regular); err != nil || string(got) != "content" {
+		t.Fatalf("ReadRegular(regular file) = %q, %v", got, err)
+	}
+	if _, err := statefile.ReadRegular(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("ReadRegular(missing) = %v, want fs.ErrNotExist", err)
+	}
+
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // releases a reader blocked before the fix
+		if fd, err := unix.Open(fifo, unix.O_RDWR|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+	})
+	sub := filepath.Join(dir, "dir")
+	os.Mkdir(sub, 0o700)
+	link := filepath.Join(dir, "link")
+	os.Symlink(regular, link)
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	for _, tc := range []struct{ path, want string }{
+		{fifo, "is a named pipe (FIFO)"},
+		{sub, "is a directory"},
+		{link, "is a symbolic link"},
+		{sock, "is a socket"},
+		{"/dev/null", "is a character device"},
+	} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := statefile.ReadRegular(tc.path)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, statefile.ErrNotRegular) || !strings.Contains(err.Error(), tc.path+" "+tc.want) {
+				t.Errorf("ReadRegular(%s) = %v, want ErrNotRegular saying %q", tc.path, err, tc.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ReadRegular(%s) did not return within 10s", tc.path)
+		}
 	}
 }
