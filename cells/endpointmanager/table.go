@@ -121,6 +121,8 @@ func (e *Endpoint) IPs() []netip.Addr {
 	return ips
 }
 
+var _ statedb.TableWritable = &Endpoint{}
+
 func (e *Endpoint) TableHeader() []string {
 	return []string{"ID", "ContainerID", "Pod", "Identity", "Interface", "IPv4", "IPv6", "Host", "State", "Map", "Programs", "Error"}
 }
