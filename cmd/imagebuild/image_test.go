@@ -23,7 +23,8 @@ import (
 // install-cni step copies cellium-cni into a mounted directory. It runs the
 // image with podman when podman can run containers here; else it unpacks
 // the image's layers into a root filesystem and runs the entrypoint in it
-// with chroot, in a mount namespace of its own, and says so.
+// with chroot, in mount and PID namespaces of its own with a /proc, as a
+// container runtime would give it, and says so.
 func TestImage(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: it runs the image's entrypoint in a chroot or a container")
@@ -164,6 +165,11 @@ func podmanRunner(t *testing.T, archive, image string) imageRunner {
 // chrootRunner runs the entrypoint of the unpacked image at rootfs with
 // chroot, in a mount namespace of its own for the bind mount.
 func chrootRunner(t *testing.T, rootfs string) imageRunner {
+	// A container runtime gives the container its own /proc; so does
+	// this, in a PID namespace of the command's own.
+	if err := os.MkdirAll(filepath.Join(rootfs, "proc"), 0o555); err != nil {
+		t.Fatal(err)
+	}
 	return func(t *testing.T, mount string, args ...string) string {
 		t.Helper()
 		script := `exec chroot "$1" /usr/local/bin/agent "${@:3}"`
@@ -174,7 +180,7 @@ func chrootRunner(t *testing.T, rootfs string) imageRunner {
 			}
 			script = `mount --bind "$2" "$1/host/opt/cni/bin" && ` + script
 		}
-		return run(t, "", "unshare", append([]string{"--mount", "--fork", "bash", "-c", script, "-", rootfs, mount}, args...)...)
+		return run(t, "", "unshare", append([]string{"--mount", "--pid", "--fork", "--mount-proc=" + filepath.Join(rootfs, "proc"), "bash", "-c", script, "-", rootfs, mount}, args...)...)
 	}
 }
 
