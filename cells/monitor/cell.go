@@ -105,10 +105,7 @@ func newMonitor(p params) (*Monitor, metrics.Collectors, error) {
 
 	// Appended before the jobs, so that it stops after them: subscribers
 	// see their channels closed once nothing more can come.
-	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error {
-		m.hub.Close()
-		return nil
-	}})
+	p.Lifecycle.Append(cell.Hook{OnStop: m.closeSubscriptions})
 	n := &notifier{
 		publish:   m.publish,
 		db:        p.DB,
@@ -126,6 +123,12 @@ func newMonitor(p params) (*Monitor, metrics.Collectors, error) {
 		job.OneShot("notify-services", n.watchFrontends),
 	)
 	return m, metrics.NewCollectors(m.metrics.collectors()...), nil
+}
+
+// closeSubscriptions ends every subscription after what it holds.
+func (m *Monitor) closeSubscriptions(cell.HookContext) error {
+	m.hub.Close()
+	return nil
 }
 
 // Subscribe adds a subscriber that receives every event from now on, with

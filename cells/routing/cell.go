@@ -31,9 +31,7 @@ var Cell = cell.Module(
 		statedb.RWTable[*FDBEntry].ToTable,
 		modeAnnotation,
 		readinessWaits,
-		func(cfg Config) endpointmanager.TunnelOverhead {
-			return endpointmanager.TunnelOverhead{IPv4: cfg.Overhead(false), IPv6: cfg.Overhead(true)}
-		},
+		tunnelOverhead,
 	),
 	cell.Invoke(newRouter, registerReconcilers),
 )
@@ -160,4 +158,10 @@ func registerReconcilers(p reconciler.Params, nl *Netlink, routes statedb.RWTabl
 		func(f *FDBEntry, s reconciler.Status) *FDBEntry { f.Status = s; return f },
 		(*FDBEntry).status, &fdbOps{nl}, &fdbOps{nl}, reconciler.WithName("fdb"))
 	return err
+}
+
+// tunnelOverhead is what the encapsulation of this routing mode takes from
+// a pod's MTU; the endpoint manager lowers the pods' MTU by it.
+func tunnelOverhead(cfg Config) endpointmanager.TunnelOverhead {
+	return endpointmanager.TunnelOverhead{IPv4: cfg.Overhead(false), IPv6: cfg.Overhead(true)}
 }

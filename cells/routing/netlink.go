@@ -34,8 +34,15 @@ type Netlink struct {
 
 func newNetlink(lc cell.Lifecycle, cfg devices.Config) *Netlink {
 	nl := &Netlink{path: cfg.DevicesNetns}
-	lc.Append(cell.Hook{OnStart: nl.open, OnStop: func(cell.HookContext) error { nl.h.Close(); return nil }})
+	lc.Append(cell.Hook{OnStart: nl.open, OnStop: nl.close})
 	return nl
+}
+
+func (nl *Netlink) close(cell.HookContext) error {
+	if nl.h != nil {
+		nl.h.Close()
+	}
+	return nil
 }
 
 func (nl *Netlink) open(cell.HookContext) error {
