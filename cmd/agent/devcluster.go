@@ -224,7 +224,15 @@ func printDevClusterStatus(w io.Writer, st devcluster.Status, f *devClusterFlags
 	case st.Etcd.Running:
 		etcd = fmt.Sprintf("unhealthy (pid %d)", st.Etcd.PID)
 	}
-	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\nManifests: %s\n\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd, st.ManifestsDir)
+	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\nManifests: %s\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd, st.ManifestsDir)
+	if r := st.Relay; r != nil {
+		state := "not running"
+		if r.Running {
+			state = fmt.Sprintf("running (pid %d)", r.PID)
+		}
+		fmt.Fprintf(w, "Relay:     %s, %s (hubble-relay, in the bridge namespace)\n", r.Address, state)
+	}
+	fmt.Fprintln(w)
 	rows := [][]string{}
 	for _, n := range st.Nodes {
 		agent := "not running"

@@ -53,7 +53,7 @@ func (c *Cluster) down(ctx context.Context, s *state) error {
 		}
 	}
 	// The relay first: it would log every agent that goes.
-	if err := s.Relay.stop(ctx, stopGrace); err != nil {
+	if err := s.Relay.stop(ctx, relayStopGrace); err != nil {
 		keep(fmt.Errorf("stop hubble-relay: %w", err))
 	}
 	// Agents next, so none sees the others go or the store vanish and

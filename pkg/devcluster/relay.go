@@ -39,6 +39,12 @@ func (c *Cluster) DialBridge(ctx context.Context, network, addr string) (net.Con
 	return dialIn(ctx, c.snapshot().BridgeNetNS, network, addr)
 }
 
+// relayStopGrace is how long hubble-relay has after SIGTERM. v1.18.4
+// stops serving at once but never stops its gRPC health server, so the
+// process does not exit by itself; it keeps no state, so SIGKILL loses
+// nothing.
+const relayStopGrace = time.Second
+
 func (s *state) relayLog() string { return filepath.Join(s.Dir, "hubble-relay.log") }
 
 // StartRelay starts the upstream hubble-relay at binary in the bridge
@@ -102,7 +108,7 @@ func (c *Cluster) StartRelay(ctx context.Context, binary string) error {
 // StopRelay stops StartRelay's hubble-relay, if it runs.
 func (c *Cluster) StopRelay(ctx context.Context) error {
 	return c.update(func(s *state) error {
-		if err := s.Relay.stop(ctx, stopGrace); err != nil {
+		if err := s.Relay.stop(ctx, relayStopGrace); err != nil {
 			return fmt.Errorf("stop hubble-relay: %w", err)
 		}
 		s.Relay = Process{}

@@ -44,6 +44,9 @@ func TestHubbleRelay(t *testing.T) {
 	if err := c.StartRelay(ctx, relayBin); err != nil {
 		t.Fatal(err)
 	}
+	if st := c.Status(ctx); st.Relay == nil || !st.Relay.Running || st.Relay.Address != c.RelayAddress().String() {
+		t.Fatalf("status of the relay: %+v, want running on %s", st.Relay, c.RelayAddress())
+	}
 
 	conn, err := grpc.NewClient("passthrough:///"+c.RelayAddress().String(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -128,6 +131,19 @@ func TestHubbleRelay(t *testing.T) {
 	t.Run("a node removed from the cluster leaves the relay", func(t *testing.T) {
 		c.RemoveNode("node-3")
 		waitRelayNodes(ctx, t, relay, map[string]string{"node-1": "NODE_CONNECTED", "node-2": "NODE_CONNECTED"})
+	})
+
+	t.Run("StopRelay stops it", func(t *testing.T) {
+		if err := c.StopRelay(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st := c.Status(ctx); st.Relay != nil {
+			t.Fatalf("status of a stopped relay: %+v, want none", st.Relay)
+		}
+		if conn, err := c.DialBridge(ctx, "tcp", c.RelayAddress().String()); err == nil {
+			conn.Close()
+			t.Fatalf("%s accepts connections after StopRelay", c.RelayAddress())
+		}
 	})
 }
 
