@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-agent bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -59,9 +59,10 @@ dev-cluster: build
 dev-cluster-down: build
 	./$(BIN)/agent dev-cluster down $(ARGS)
 
-# kube-apiserver is built first (once per machine, into the user's cache
-# dir): cmd/agent's TestKubeAPIServer runs the agent against it.
-test: lint kube-apiserver
+# kube-apiserver and hubble-relay are built first (once per machine, into
+# the user's cache dir): cmd/agent's TestKubeAPIServer runs the agent
+# against the one, pkg/devcluster's TestHubbleRelay the other.
+test: lint kube-apiserver hubble-relay
 	$(GO) test -race -count=1 ./...
 
 # The integration test against a real kube-apiserver and etcd alone.
@@ -87,6 +88,13 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) "./$$dir" > $(BIN)/fuzz-$$name.out 2>&1 || { cat $(BIN)/fuzz-$$name.out; exit 1; }; \
 		done; \
 	done
+
+# hubble-relay and the hubble CLI from github.com/cilium/cilium through
+# the module proxy, built in a module of their own under
+# $$XDG_CACHE_HOME/cellium (~/.cache/cellium): minutes the first time on a
+# machine, nothing afterwards.
+hubble-relay:
+	GO=$(GO) $(GO) run ./pkg/hubblerelay/build_hubble_relay.go
 
 lint:
 	@unformatted="$$(gofmt -l $(GODIRS))"; \

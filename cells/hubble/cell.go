@@ -16,6 +16,7 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/monitor"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
@@ -46,6 +47,13 @@ type Config struct {
 	// HubbleListenAddress is where the gRPC server listens: see
 	// ListenAddress.
 	HubbleListenAddress string
+	// HubbleTCPListenAddress is a second address the server listens on,
+	// host:port, for hubble-relay; "" for none.
+	HubbleTCPListenAddress string
+	// HubblePeerPort is the port the Peer service announces for every
+	// node; 0: the port of this agent's TCP listener, else
+	// DefaultPeerPort.
+	HubblePeerPort int
 }
 
 // DefaultConfig is the hubble cell's default configuration. The client
@@ -56,6 +64,10 @@ var DefaultConfig = Config{
 	HubbleBufferSize:     4095,
 	HubbleEventQueueSize: 0,
 	HubbleListenAddress:  "",
+	// Off by default: TCP without TLS is for networks the operator
+	// trusts, so it is asked for.
+	HubbleTCPListenAddress: "",
+	HubblePeerPort:         0,
 }
 
 // maxBufferSize bounds --hubble-buffer-size: a flow takes about a
@@ -70,6 +82,10 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"Monitor events queued for conversion to flows before Hubble loses them (0: --hubble-buffer-size)")
 	flags.String("hubble-listen-address", def.HubbleListenAddress,
 		"Where the Hubble server listens: empty for hubble.sock in --run-dir, unix:///path/to.sock, or host:port such as :4244 (TCP, no TLS)")
+	flags.String("hubble-tcp-listen-address", def.HubbleTCPListenAddress,
+		"A second address the Hubble server listens on, host:port such as :4244 (TCP, no TLS), where hubble-relay reaches it; empty: none")
+	flags.Int("hubble-peer-port", def.HubblePeerPort,
+		fmt.Sprintf("The port the Hubble Peer service announces for every node (<node-ip>:<port>); 0: the port of this agent's TCP listener (--hubble-tcp-listen-address, else a TCP --hubble-listen-address), or %d without one", DefaultPeerPort))
 }
 
 func (cfg Config) validate() error {
@@ -79,7 +95,24 @@ func (cfg Config) validate() error {
 	if cfg.HubbleEventQueueSize < 0 || cfg.HubbleEventQueueSize > maxBufferSize {
 		return fmt.Errorf("invalid --hubble-event-queue-size %d: want 1 to %d events, or 0 for --hubble-buffer-size", cfg.HubbleEventQueueSize, maxBufferSize)
 	}
+	if cfg.HubblePeerPort < 0 || cfg.HubblePeerPort > 65535 {
+		return fmt.Errorf("invalid --hubble-peer-port %d: want a port number 1 to 65535, or 0 for the port of the TCP listener", cfg.HubblePeerPort)
+	}
 	return nil
+}
+
+// tcpListenAddress is --hubble-tcp-listen-address, checked: nil for none.
+func (cfg Config) tcpListenAddress() (*Address, error) {
+	if cfg.HubbleTCPListenAddress == "" {
+		return nil, nil
+	}
+	// ListenAddress checks host and port as it does for
+	// --hubble-listen-address; a unix socket is no TCP address.
+	a, err := ListenAddress(cfg.HubbleTCPListenAddress, "/")
+	if err != nil || a.Network != "tcp" {
+		return nil, fmt.Errorf("invalid --hubble-tcp-listen-address %q: want host:port, the host an IP address, localhost or empty, such as :4244 or 10.0.0.1:4244", cfg.HubbleTCPListenAddress)
+	}
+	return &a, nil
 }
 
 // Hubble is the hubble cell: the observer and its gRPC server.
@@ -88,11 +121,13 @@ type Hubble struct {
 	log      *slog.Logger
 	health   cell.Health
 	addr     Address
+	tcpAddr  *Address
 	monitor  *monitor.Monitor
 	db       *statedb.DB
 	convert  *converter
 	observer *Observer
 	server   *grpcServer
+	peer     *peerServer
 
 	// sub and lostAtStart are taken in the start hook, before the job
 	// that reads them runs: what is published or lost from the end of
@@ -114,6 +149,7 @@ type params struct {
 	Monitor   *monitor.Monitor
 	DB        *statedb.DB
 	Tables    Tables
+	Nodes     statedb.Table[*nodes.Node]
 }
 
 func newHubble(p params) (*Hubble, error) {
@@ -124,7 +160,11 @@ func newHubble(p params) (*Hubble, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Hubble{cfg: p.Config, log: p.Log, health: p.Health, addr: addr}
+	tcpAddr, err := p.Config.tcpListenAddress()
+	if err != nil {
+		return nil, err
+	}
+	h := &Hubble{cfg: p.Config, log: p.Log, health: p.Health, addr: addr, tcpAddr: tcpAddr}
 	if !p.Config.HubbleEnabled {
 		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
 			h.health.OK("Disabled (--hubble-enabled=false)")
@@ -135,7 +175,8 @@ func newHubble(p params) (*Hubble, error) {
 	h.monitor, h.db = p.Monitor, p.DB
 	h.convert = newConverter(string(p.Node), p.Tables)
 	h.observer = NewObserver(p.Config.HubbleBufferSize, string(p.Node), time.Now)
-	h.server = newGRPCServer(h.observer)
+	h.peer = newPeerServer(p.DB, p.Nodes)
+	h.server = newGRPCServer(h.observer, h.peer)
 	// This constructor takes daemon.Paths and the Monitor: the run
 	// directory exists and the monitor reads by the time these run. The
 	// job is added after the hook, so it starts after it.
@@ -146,6 +187,25 @@ func newHubble(p params) (*Hubble, error) {
 
 // Address is where the server listens (or would, when disabled).
 func (h *Hubble) Address() Address { return h.addr }
+
+// TCPAddress is the second, TCP, address the server listens on
+// (--hubble-tcp-listen-address), if any; with port 0 the port is the one
+// it got once started.
+func (h *Hubble) TCPAddress() (Address, bool) {
+	if h.tcpAddr == nil {
+		return Address{}, false
+	}
+	return *h.tcpAddr, true
+}
+
+// PeerPort is the port the Peer service announces for every node, once
+// started.
+func (h *Hubble) PeerPort() int {
+	if h.peer == nil {
+		return 0
+	}
+	return int(h.peer.port.Load())
+}
 
 func (h *Hubble) start(cell.HookContext) error {
 	var (
@@ -163,12 +223,42 @@ func (h *Hubble) start(cell.HookContext) error {
 	if err != nil {
 		return err
 	}
-	h.log.Info("Serving Hubble", "addr", h.addr.String(), "buffer", h.cfg.HubbleBufferSize)
-	h.server.serve(ln, func(err error) {
-		h.log.Error("Hubble server failed", "addr", h.addr.String(), "error", err)
-		h.health.Degraded("Hubble server failed", err)
+	lns := []net.Listener{ln}
+	tcpLn := ln
+	if h.addr.Network == "unix" {
+		tcpLn = nil
+	}
+	if h.tcpAddr != nil {
+		tcpLn, err = net.Listen("tcp", h.tcpAddr.Addr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--hubble-tcp-listen-address %s: %w", h.tcpAddr.Addr, err)
+		}
+		// A port 0 becomes the port the listener got, so that the
+		// address is one a client can dial.
+		h.tcpAddr.Addr = tcpLn.Addr().String()
+		lns = append(lns, tcpLn)
+	}
+	port := h.cfg.HubblePeerPort
+	switch {
+	case port != 0:
+	case tcpLn != nil:
+		port = tcpLn.Addr().(*net.TCPAddr).Port
+	default:
+		port = DefaultPeerPort
+	}
+	h.peer.port.Store(uint32(port))
+
+	served := h.addr.String()
+	if h.tcpAddr != nil {
+		served += " and " + h.tcpAddr.String()
+	}
+	h.log.Info("Serving Hubble", "addr", served, "peer-port", port, "buffer", h.cfg.HubbleBufferSize)
+	h.server.serve(lns, func(ln net.Listener, err error) {
+		h.log.Error("Hubble server failed", "addr", ln.Addr().String(), "error", err)
+		h.health.Degraded("Hubble server failed on "+ln.Addr().String(), err)
 	})
-	h.health.OK("Serving on " + h.addr.String())
+	h.health.OK("Serving on " + served)
 
 	queue := h.cfg.HubbleEventQueueSize
 	if queue == 0 {

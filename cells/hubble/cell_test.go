@@ -36,6 +36,7 @@ import (
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/monitor/monitortest"
+	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
@@ -47,6 +48,7 @@ type cellEnv struct {
 	db        *statedb.DB
 	endpoints statedb.RWTable[*endpointmanager.Endpoint]
 	frontends statedb.RWTable[*loadbalancer.Frontend]
+	nodes     statedb.RWTable[*nodes.Node]
 	health    statedb.Table[*health.Status]
 	hubble    *Hubble
 	events    *ctmaps.Events
@@ -62,6 +64,8 @@ type envOptions struct {
 	ctmaps   func(*ctmaps.Config)
 	runDir   string
 	noClient bool
+	// nodes are the nodes table's rows at start.
+	nodes []*nodes.Node
 }
 
 // Pods and services of the tests.
@@ -98,6 +102,7 @@ func newTestHive(extra ...cell.Cell) *hive.Hive {
 		}, statedb.RWTable[*loadbalancer.Frontend].ToTable),
 		cell.Provide(ipcache.NewTable, statedb.RWTable[*ipcache.Entry].ToTable),
 		cell.Provide(idalloc.NewTable, statedb.RWTable[*idalloc.Identity].ToTable),
+		cell.Provide(nodes.NewTable, statedb.RWTable[*nodes.Node].ToTable),
 	}, extra...)...)
 }
 
@@ -107,9 +112,12 @@ func newCellEnv(t testing.TB, opts envOptions) *cellEnv {
 	e := &cellEnv{t: t, boot: monitorapi.SystemBootClock()}
 	h := newTestHive(
 		cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint], fes statedb.RWTable[*loadbalancer.Frontend],
-			hs statedb.Table[*health.Status], hb *Hubble, events *ctmaps.Events) {
-			e.db, e.endpoints, e.frontends, e.health, e.hubble, e.events = db, eps, fes, hs, hb, events
-			txn := db.WriteTxn(eps, fes)
+			hs statedb.Table[*health.Status], hb *Hubble, events *ctmaps.Events, ns statedb.RWTable[*nodes.Node]) {
+			e.db, e.endpoints, e.frontends, e.health, e.hubble, e.events, e.nodes = db, eps, fes, hs, hb, events, ns
+			txn := db.WriteTxn(eps, fes, ns)
+			for _, n := range opts.nodes {
+				ns.Insert(txn, n)
+			}
 			eps.Insert(txn, webPod)
 			eps.Insert(txn, dbPod)
 			fes.Insert(txn, postgresFrontend)

@@ -30,11 +30,19 @@
 //     and the rate over the last minute. The gRPC health service reports
 //     SERVING for observer.Observer and hubble.server.Observer while the
 //     server runs.
+//   - The Peer service (peer.Peer/Notify), for hubble-relay: a stream
+//     first announces every node of the nodes table that has an address,
+//     as "<node-ip>:<peer port>" (one port for all nodes: --hubble-peer-port,
+//     else this agent's TCP port, else 4244), then PEER_ADDED,
+//     PEER_UPDATED and PEER_DELETED as the table changes. A node without
+//     address is never announced.
 //   - The server listens on --hubble-listen-address: hubble.sock in
 //     --run-dir by default (a stale socket is replaced, a live one or a
 //     file is an error), another unix socket, or host:port for TCP
-//     without TLS. Its start hook listens; its stop hook ends follow
-//     streams, waits for calls in flight and removes the socket.
+//     without TLS; and, with --hubble-tcp-listen-address, on a TCP
+//     address as well. Its start hook listens; its stop hook ends follow
+//     and Notify streams, waits for calls in flight and removes the
+//     socket.
 //
 // A client:
 //

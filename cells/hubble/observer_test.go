@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/cilium/api/v1/observer"
+	"github.com/cilium/statedb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/nodes"
 )
 
 // testClock is a clock the test moves.
@@ -44,16 +47,29 @@ func (c *testClock) Set(t time.Time) {
 }
 
 // serve serves o over a unix socket in a temporary directory, as the cell
-// does, and returns a client connection to it.
+// does, with a Peer service of an empty nodes table, and returns a client
+// connection to it.
 func serve(t *testing.T, o *Observer) (*grpc.ClientConn, *grpcServer) {
+	t.Helper()
+	db := statedb.New()
+	tbl, err := nodes.NewTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveWith(t, o, newPeerServer(db, tbl))
+}
+
+// serveWith serves o and peer over a unix socket in a temporary
+// directory and returns a client connection to them.
+func serveWith(t *testing.T, o *Observer, peer *peerServer) (*grpc.ClientConn, *grpcServer) {
 	t.Helper()
 	addr := Address{Network: "unix", Addr: filepath.Join(t.TempDir(), SocketName)}
 	ln, err := api.ListenUnix("hubble-listen-address", addr.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newGRPCServer(o)
-	s.serve(ln, func(err error) { t.Errorf("serve: %v", err) })
+	s := newGRPCServer(o, peer)
+	s.serve([]net.Listener{ln}, func(_ net.Listener, err error) { t.Errorf("serve: %v", err) })
 	t.Cleanup(func() { s.stop(context.Background()) })
 	conn, err := Dial(addr)
 	if err != nil {

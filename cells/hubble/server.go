@@ -5,6 +5,7 @@ import (
 	"net"
 
 	"github.com/cilium/cilium/api/v1/observer"
+	peerpb "github.com/cilium/cilium/api/v1/peer"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -18,30 +19,36 @@ var (
 	HubbleService   = "hubble.server.Observer"
 )
 
-// grpcServer serves an Observer and the standard gRPC health service.
+// grpcServer serves an Observer, the Peer service and the standard gRPC
+// health service, on one or more listeners.
 type grpcServer struct {
 	observer *Observer
+	peer     *peerServer
 	srv      *grpc.Server
 	health   *grpchealth.Server
 }
 
-func newGRPCServer(o *Observer) *grpcServer {
-	s := &grpcServer{observer: o, srv: grpc.NewServer(), health: grpchealth.NewServer()}
+func newGRPCServer(o *Observer, peer *peerServer) *grpcServer {
+	s := &grpcServer{observer: o, peer: peer, srv: grpc.NewServer(), health: grpchealth.NewServer()}
 	observer.RegisterObserverServer(s.srv, o)
+	peerpb.RegisterPeerServer(s.srv, peer)
 	healthpb.RegisterHealthServer(s.srv, s.health)
 	return s
 }
 
-// serve serves on ln in the background until stop; failed is called if
-// serving fails.
-func (s *grpcServer) serve(ln net.Listener, failed func(error)) {
+// serve serves on each of lns in the background until stop; failed is
+// called with the listener whose serving fails.
+func (s *grpcServer) serve(lns []net.Listener, failed func(net.Listener, error)) {
 	s.health.SetServingStatus(ObserverService, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(HubbleService, healthpb.HealthCheckResponse_SERVING)
-	go func() {
-		if err := s.srv.Serve(ln); err != nil {
-			failed(err)
-		}
-	}()
+	s.health.SetServingStatus(PeerService, healthpb.HealthCheckResponse_SERVING)
+	for _, ln := range lns {
+		go func() {
+			if err := s.srv.Serve(ln); err != nil {
+				failed(ln, err)
+			}
+		}()
+	}
 }
 
 // stop reports NOT_SERVING, ends the follow streams and waits for the
@@ -50,6 +57,7 @@ func (s *grpcServer) serve(ln net.Listener, failed func(error)) {
 func (s *grpcServer) stop(ctx context.Context) {
 	s.health.Shutdown()
 	s.observer.stop()
+	s.peer.stop()
 	done := make(chan struct{})
 	go func() {
 		s.srv.GracefulStop()

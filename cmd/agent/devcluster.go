@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cellium/cellium/pkg/devcluster"
+	"github.com/cellium/cellium/pkg/hubblerelay"
 )
 
 // devClusterFlags are the flags every dev-cluster command has: which
@@ -91,8 +92,68 @@ func newDevClusterCmd(stdout, stderr io.Writer) *cobra.Command {
 		newDevClusterDownCmd(&f, stdout),
 		newDevClusterPodCmd(&f, stdout),
 		newDevClusterExecCmd(&f, stdout, stderr),
+		newDevClusterRelayCmd(&f, stdout),
 	)
 	return dc
+}
+
+func newDevClusterRelayCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
+	relay := &cobra.Command{Use: "relay", Short: "Start and stop hubble-relay, which serves the flows of every node"}
+	var bin string
+	start := &cobra.Command{
+		Use:   "start",
+		Short: "Start hubble-relay in the bridge namespace, serving every node's flows",
+		Long: "Start the upstream hubble-relay (built by `make hubble-relay`) in the cluster's bridge\n" +
+			"namespace, on " + fmt.Sprintf("10.90.0.1:%d", devcluster.RelayPort) + " without TLS. It learns the nodes from the first node's Peer\n" +
+			"service and reads every node's Hubble server on its node address, port " + fmt.Sprint(devcluster.HubblePort) + ".\n" +
+			"Read it with the hubble CLI from that namespace (the command is printed). `agent\n" +
+			"dev-cluster down` stops it.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			if bin == "" {
+				relayBin, _, err := hubblerelay.Binaries()
+				if err != nil {
+					return fmt.Errorf("--relay-bin not given and %w", err)
+				}
+				bin = relayBin
+			}
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			if err := c.StartRelay(ctx, bin); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "hubble-relay serves on %s in the namespace %s:\n  nsenter --net=%s hubble observe --server %s\n",
+				c.RelayAddress(), c.BridgeNetNS(), c.BridgeNetNS(), c.RelayAddress())
+			return nil
+		},
+	}
+	start.Flags().StringVar(&bin, "relay-bin", "", "The hubble-relay binary (default: the one `make hubble-relay` built, or $HUBBLE_RELAY_BIN)")
+	stop := &cobra.Command{
+		Use:   "stop",
+		Short: "Stop hubble-relay",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd)
+			defer cancel()
+			return c.StopRelay(ctx)
+		},
+	}
+	relay.AddCommand(start, stop)
+	return relay
 }
 
 func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
@@ -163,7 +224,15 @@ func printDevClusterStatus(w io.Writer, st devcluster.Status, f *devClusterFlags
 	case st.Etcd.Running:
 		etcd = fmt.Sprintf("unhealthy (pid %d)", st.Etcd.PID)
 	}
-	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\nManifests: %s\n\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd, st.ManifestsDir)
+	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\nManifests: %s\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd, st.ManifestsDir)
+	if r := st.Relay; r != nil {
+		state := "not running"
+		if r.Running {
+			state = fmt.Sprintf("running (pid %d)", r.PID)
+		}
+		fmt.Fprintf(w, "Relay:     %s, %s (hubble-relay, in the bridge namespace)\n", r.Address, state)
+	}
+	fmt.Fprintln(w)
 	rows := [][]string{}
 	for _, n := range st.Nodes {
 		agent := "not running"

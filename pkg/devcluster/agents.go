@@ -45,6 +45,7 @@ func agentFlags(s *state, n Node) []string {
 		"--cgroup-root", n.Cgroup,
 		"--cni-conf-dir", n.CNIConfDir(),
 		"--hubble-listen-address", "unix://" + n.HubbleSocket(),
+		"--hubble-tcp-listen-address", n.HubbleAddress().String(),
 		"--kvstore", "etcd",
 		"--kvstore-opt", "etcd.address=" + s.etcdURL(),
 		"--k8s-mode", "embedded",

@@ -52,7 +52,11 @@ func (c *Cluster) down(ctx context.Context, s *state) error {
 			errs = append(errs, err)
 		}
 	}
-	// Agents first, so none sees the others go or the store vanish and
+	// The relay first: it would log every agent that goes.
+	if err := s.Relay.stop(ctx, relayStopGrace); err != nil {
+		keep(fmt.Errorf("stop hubble-relay: %w", err))
+	}
+	// Agents next, so none sees the others go or the store vanish and
 	// writes state about it.
 	for _, n := range s.Nodes {
 		if err := n.Agent.stop(ctx, stopGrace); err != nil {

@@ -145,6 +145,8 @@ type state struct {
 	Gateway4    netip.Addr `json:"gateway4"`
 	Gateway6    netip.Addr `json:"gateway6"`
 	Etcd        Process    `json:"etcd"`
+	// Relay is hubble-relay, when StartRelay started it.
+	Relay Process `json:"relay,omitzero"`
 
 	Nodes []Node `json:"nodes"`
 	Pods  []Pod  `json:"pods"`

@@ -2,6 +2,7 @@ package devcluster
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -13,10 +14,12 @@ type Status struct {
 	Phase   Phase     `json:"phase"`
 	Created time.Time `json:"created"`
 	// ManifestsDir is the directory every agent serves.
-	ManifestsDir string       `json:"manifestsDir"`
-	Etcd         EtcdStatus   `json:"etcd"`
-	Nodes        []NodeStatus `json:"nodes"`
-	Pods         []Pod        `json:"pods"`
+	ManifestsDir string     `json:"manifestsDir"`
+	Etcd         EtcdStatus `json:"etcd"`
+	// Relay is hubble-relay, when StartRelay started it.
+	Relay *RelayStatus `json:"relay,omitempty"`
+	Nodes []NodeStatus `json:"nodes"`
+	Pods  []Pod        `json:"pods"`
 }
 
 // EtcdStatus is the cluster's etcd.
@@ -25,6 +28,14 @@ type EtcdStatus struct {
 	PID     int    `json:"pid"`
 	Running bool   `json:"running"`
 	Healthy bool   `json:"healthy"`
+}
+
+// RelayStatus is the cluster's hubble-relay.
+type RelayStatus struct {
+	// Address is where it serves, in the bridge namespace.
+	Address string `json:"address"`
+	PID     int    `json:"pid"`
+	Running bool   `json:"running"`
 }
 
 // NodeStatus is a node and its agent.
@@ -48,6 +59,9 @@ func (c *Cluster) Status(ctx context.Context) Status {
 		Etcd:  EtcdStatus{URL: s.etcdURL(), PID: s.Etcd.PID, Running: s.Etcd.Alive()},
 		Nodes: make([]NodeStatus, len(s.Nodes)),
 		Pods:  append([]Pod{}, s.Pods...),
+	}
+	if s.Relay.PID != 0 {
+		st.Relay = &RelayStatus{Address: netip.AddrPortFrom(s.Gateway4, RelayPort).String(), PID: s.Relay.PID, Running: s.Relay.Alive()}
 	}
 	var wg sync.WaitGroup
 	if st.Etcd.Running {
