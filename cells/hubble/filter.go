@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/cilium/api/v1/flow"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // flowPredicate is one condition of a FlowFilter.
@@ -230,14 +231,6 @@ func identityFilter(ids []uint32, get func(*flow.Flow) *flow.Endpoint) flowPredi
 	}
 }
 
-// labelRequirement is one term of a label selector.
-type labelRequirement struct {
-	// source is the label source the term asks for ("k8s"), "" for any.
-	source, key, value string
-	// op is "=", "!=", "exists" or "!exists".
-	op string
-}
-
 // label is one of an endpoint's labels, "source:key=value".
 type label struct{ source, key, value string }
 
@@ -250,83 +243,94 @@ func parseLabel(s string) label {
 	return label{source, key, value}
 }
 
-// labelFilter matches endpoints' labels ("k8s:app=web") against
-// selectors: comma-separated terms "k=v", "k!=v", "k" (has k) and "!k"
-// (lacks k), all of which must hold. A key with a source ("k8s:app")
-// matches labels of that source only, a key without one labels of any
-// source, as Cilium's selectors do.
+// labelFilter matches endpoints' labels ("k8s:app=web") against label
+// selectors in Kubernetes' syntax (k8s.io/apimachinery/pkg/labels: k=v,
+// k!=v, k in (a,b), k notin (a,b), k and !k, terms ANDed), whose keys may
+// carry a label source: "k8s:app" matches the app labels of source k8s
+// only, "app" those of any source, as Cilium's selectors do.
 func labelFilter(field string, selectors []string, get func(*flow.Flow) *flow.Endpoint) (flowPredicate, error) {
-	var sels [][]labelRequirement
+	var sels []labels.Selector
 	for _, s := range selectors {
-		var sel []labelRequirement
-		for term := range strings.SplitSeq(s, ",") {
-			r, err := parseLabelRequirement(strings.TrimSpace(term))
-			if err != nil {
-				return nil, fmt.Errorf("invalid %s %q: %w", field, s, err)
-			}
-			sel = append(sel, r)
+		sel, err := ParseLabelSelector(s)
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s %q: %w", field, s, err)
 		}
 		sels = append(sels, sel)
 	}
 	return func(f *flow.Flow) bool {
-		var labels []label
+		var ls endpointLabels
 		for _, l := range get(f).GetLabels() {
-			labels = append(labels, parseLabel(l))
+			ls = append(ls, parseLabel(l))
 		}
-		return slices.ContainsFunc(sels, func(sel []labelRequirement) bool {
-			for _, r := range sel {
-				if !r.holds(labels) {
-					return false
-				}
-			}
-			return true
-		})
+		return slices.ContainsFunc(sels, func(sel labels.Selector) bool { return sel.Matches(ls) })
 	}, nil
 }
 
-// holds is whether the requirement holds for an endpoint's labels.
-func (r labelRequirement) holds(labels []label) bool {
-	var values []string
-	for _, l := range labels {
-		if l.key == r.key && (r.source == "" || r.source == l.source) {
-			values = append(values, l.value)
-		}
-	}
-	switch r.op {
-	case "=":
-		return slices.Contains(values, r.value)
-	case "!=":
-		return !slices.Contains(values, r.value)
-	case "exists":
-		return len(values) > 0
-	}
-	return len(values) == 0
+// ParseLabelSelector parses a label selector whose keys may carry a source
+// (see labelFilter). Kubernetes' parser takes no ':' in a key, so every key
+// is rewritten to "<source>.<key>", "any" standing for no source, and
+// endpointLabels reads the keys back the same way.
+func ParseLabelSelector(selector string) (labels.Selector, error) {
+	return labels.Parse(sourcedKeys(selector))
 }
 
-func parseLabelRequirement(term string) (labelRequirement, error) {
-	var r labelRequirement
-	var key string
-	switch {
-	case strings.Contains(term, "!="):
-		key, r.value, _ = strings.Cut(term, "!=")
-		r.op = "!="
-	case strings.Contains(term, "="):
-		key, r.value, _ = strings.Cut(term, "=")
-		r.op = "="
-	case strings.HasPrefix(term, "!"):
-		key, r.op = term[1:], "!exists"
-	default:
-		key, r.op = term, "exists"
+// sourcedKeys rewrites the key of every term of selector: "k8s:app=web"
+// becomes "k8s.app=web", "!tier" becomes "!any.tier". A term's key starts
+// it (after blanks and a "!") and ends at a blank or an operator; commas
+// inside "in (a, b)" do not start terms.
+func sourcedKeys(selector string) string {
+	var b strings.Builder
+	depth, termStart := 0, true
+	for i := 0; i < len(selector); {
+		c := selector[i]
+		switch {
+		case termStart && (c == ' ' || c == '!'):
+			b.WriteByte(c)
+			i++
+			continue
+		case termStart:
+			end := i
+			for end < len(selector) && !strings.ContainsRune(" =!<>(,)", rune(selector[end])) {
+				end++
+			}
+			key := selector[i:end]
+			if source, name, ok := strings.Cut(key, ":"); ok {
+				key = source + "." + name
+			} else if key != "" {
+				key = "any." + key
+			}
+			b.WriteString(key)
+			i, termStart = end, false
+			continue
+		case c == '(':
+			depth++
+		case c == ')':
+			depth--
+		case c == ',' && depth == 0:
+			termStart = true
+		}
+		b.WriteByte(c)
+		i++
 	}
-	if source, k, found := strings.Cut(key, ":"); found {
-		r.source, r.key = source, k
-	} else {
-		r.key = key
+	return b.String()
+}
+
+// endpointLabels are an endpoint's labels as a selector reads them, by
+// the keys sourcedKeys makes.
+type endpointLabels []label
+
+func (ls endpointLabels) Has(key string) bool { _, ok := ls.Lookup(key); return ok }
+
+func (ls endpointLabels) Get(key string) string { v, _ := ls.Lookup(key); return v }
+
+func (ls endpointLabels) Lookup(key string) (string, bool) {
+	source, name, _ := strings.Cut(key, ".")
+	for _, l := range ls {
+		if l.key == name && (source == "any" || source == l.source) {
+			return l.value, true
+		}
 	}
-	if r.key == "" {
-		return r, fmt.Errorf("term %q has no label key: want k=v, k!=v, k or !k", term)
-	}
-	return r, nil
+	return "", false
 }
 
 // Ports is a flow's TCP, UDP or SCTP source and destination ports; ok is

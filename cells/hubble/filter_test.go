@@ -86,6 +86,9 @@ func TestFilters(t *testing.T) {
 		{"namespace label", []*flow.FlowFilter{{DestinationLabel: []string{"io.kubernetes.pod.namespace=db"}}}, nil, []*flow.Flow{webToDB}},
 		{"label terms all hold", []*flow.FlowFilter{{SourceLabel: []string{"app=web,tier!=front"}}}, nil, nil},
 		{"label exists and not", []*flow.FlowFilter{{DestinationLabel: []string{"app,!tier"}}}, nil, []*flow.Flow{webToDB}},
+		{"label in a set", []*flow.FlowFilter{{SourceLabel: []string{"k8s:app in (web, api)"}}}, nil, []*flow.Flow{webToDB, dnsDrop}},
+		{"label in a set, then another term", []*flow.FlowFilter{{SourceLabel: []string{"app in (db, api),!tier"}}}, nil, nil},
+		{"label not in a set", []*flow.FlowFilter{{DestinationLabel: []string{"k8s:app notin (web)"}}}, nil, []*flow.Flow{webToDB, dnsDrop, ping6}},
 		{"destination service", []*flow.FlowFilter{{DestinationService: []string{"db/post"}}}, nil, []*flow.Flow{webToDB}},
 		{"event type and subtype", []*flow.FlowFilter{{EventType: []*flow.EventTypeFilter{{Type: 4, MatchSubType: true, SubType: 5}}}}, nil, []*flow.Flow{webToDB}},
 		{"event type, any subtype", []*flow.FlowFilter{{EventType: []*flow.EventTypeFilter{{Type: 1}}}}, nil, []*flow.Flow{dnsDrop}},
@@ -131,7 +134,7 @@ func TestInvalidFilters(t *testing.T) {
 		{"bad protocol", &flow.FlowFilter{Protocol: []string{"gopher"}}, `invalid protocol "gopher": want tcp, udp, sctp, icmp, icmpv4 or icmpv6`},
 		{"bad pod", &flow.FlowFilter{SourcePod: []string{"default/web/1"}}, `invalid source_pod "default/web/1"`},
 		{"empty pod", &flow.FlowFilter{DestinationPod: []string{""}}, `invalid destination_pod ""`},
-		{"bad label", &flow.FlowFilter{SourceLabel: []string{"=web"}}, `invalid source_label "=web": term "=web" has no label key`},
+		{"bad label", &flow.FlowFilter{SourceLabel: []string{"=web"}}, `invalid source_label "=web": found '=', expected: !, identifier, or 'end of string'`},
 		{"bad node pattern", &flow.FlowFilter{NodeName: []string{"node-["}}, `invalid node_name "node-["`},
 		{"field this server cannot evaluate", &flow.FlowFilter{SourceFqdn: []string{"example.com"}},
 			"whitelist[0]: filter field source_fqdn is not supported by this server (supported: destination_identity, destination_ip, "},
@@ -147,5 +150,19 @@ func TestInvalidFilters(t *testing.T) {
 	_, err := newFlowMatcher(nil, []*flow.FlowFilter{{}, {DestinationIp: []string{"x"}}})
 	if err == nil || !strings.HasPrefix(err.Error(), "blacklist[1]: ") {
 		t.Fatalf("bad blacklist filter: %v, want an error naming blacklist[1]", err)
+	}
+}
+
+func TestLabelSelectorKeys(t *testing.T) {
+	for in, want := range map[string]string{
+		"k8s:app=web":                        "k8s.app=web",
+		"app=web, !tier":                     "any.app=web, !any.tier",
+		"k8s:app in (web, db),env!=prod":     "k8s.app in (web, db),any.env!=prod",
+		"app.kubernetes.io/name notin (x,y)": "any.app.kubernetes.io/name notin (x,y)",
+		"k8s:io.kubernetes.pod.namespace":    "k8s.io.kubernetes.pod.namespace",
+	} {
+		if got := sourcedKeys(in); got != want {
+			t.Errorf("sourcedKeys(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
