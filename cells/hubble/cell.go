@@ -15,6 +15,7 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/internal/chans"
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/monitorapi"
@@ -316,17 +317,8 @@ func (h *Hubble) observeEvents(ctx context.Context, health cell.Health) error {
 			}
 			txn := h.db.ReadTxn()
 			h.handle(txn, ev)
-		batch:
-			for range maxBatch - 1 {
-				select {
-				case ev, ok := <-sub.Events():
-					if !ok {
-						return nil
-					}
-					h.handle(txn, ev)
-				default:
-					break batch
-				}
+			if chans.Ready(sub.Events(), maxBatch-1, func(ev monitorapi.Event) { h.handle(txn, ev) }) {
+				return nil
 			}
 			if n := sub.Lost(); n > queueLost {
 				h.observer.AddLost(flow.LostEventSource_OBSERVER_EVENTS_QUEUE, n-queueLost)

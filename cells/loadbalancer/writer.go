@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cellium/cellium/cells/internal/chans"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 )
@@ -134,15 +135,7 @@ func (w *writer) processEvents(ctx context.Context, events <-chan k8sEvent) {
 		} else if ctx.Err() != nil {
 			return
 		}
-	drain:
-		for len(pending) < maxBatch {
-			select {
-			case ev := <-events:
-				pending = append(pending, ev)
-			default:
-				break drain
-			}
-		}
+		chans.Ready(events, maxBatch-len(pending), func(ev k8sEvent) { pending = append(pending, ev) })
 		w.update(ctx, func(b *batch) {
 			for _, ev := range pending {
 				ev.apply(w, b)
