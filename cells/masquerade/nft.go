@@ -200,7 +200,7 @@ func (f family) rule(chain *nftables.Chain, src, excl *nftables.Set) *nftables.R
 			&expr.Lookup{SourceRegister: 1, SetName: src.Name, SetID: src.ID},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.daddrO, Len: f.addrLen},
 			&expr.Lookup{SourceRegister: 1, SetName: excl.Name, SetID: excl.ID, Invert: true},
-			&expr.Masq{FullyRandom: true},
+			&expr.Masq{FullyRandom: false},
 		},
 		UserData: f.ruleTag(),
 	}
