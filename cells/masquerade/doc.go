@@ -8,8 +8,9 @@
 //   - --enable-masquerade (default true): a packet from one of this node's
 //     pod CIDRs to an address outside every node's pod CIDRs, every node's
 //     addresses and --native-routing-cidr leaves with the address of the
-//     device it leaves through (nftables masquerade, fully random source
-//     ports). Pod to pod and pod to node keep the pod's address.
+//     device it leaves through (nftables masquerade, keeping the pod's
+//     source port when it is free). Pod to pod and pod to node keep the
+//     pod's address.
 //
 //   - The kernel state is one table, inet cellium: a nat chain postrouting
 //     (priority srcnat, policy accept), interval sets pods4/pods6 (the

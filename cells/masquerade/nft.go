@@ -188,7 +188,9 @@ func (k *Kernel) create(c *nftables.Conn, want Ruleset) {
 	}
 }
 
-// rule: meta nfproto F; saddr @pods; daddr != @nomasq; masquerade fully-random.
+// rule: meta nfproto F; saddr @pods; daddr != @nomasq; masquerade. Not
+// random-fully: the pod's port is kept when free, which measured 4-5
+// times more new connections per second (docs/cells/masquerade.md).
 func (f family) rule(chain *nftables.Chain, src, excl *nftables.Set) *nftables.Rule {
 	return &nftables.Rule{
 		Table: table,
@@ -200,7 +202,7 @@ func (f family) rule(chain *nftables.Chain, src, excl *nftables.Set) *nftables.R
 			&expr.Lookup{SourceRegister: 1, SetName: src.Name, SetID: src.ID},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.daddrO, Len: f.addrLen},
 			&expr.Lookup{SourceRegister: 1, SetName: excl.Name, SetID: excl.ID, Invert: true},
-			&expr.Masq{FullyRandom: false},
+			&expr.Masq{},
 		},
 		UserData: f.ruleTag(),
 	}
