@@ -153,7 +153,7 @@ func newDesired(p desiredParams) error {
 			wtxn.Commit()
 			src, excl := count(want)
 			if src == 0 {
-				h.OK("No pod CIDR on this node yet: nothing to masquerade")
+				h.OK("No pod CIDR on this node yet: nothing to masquerade (the table stays, its sets empty)")
 			} else {
 				h.OK(fmt.Sprintf("Masquerading %d pod prefixes, %d destinations excluded", src, excl))
 			}
@@ -237,9 +237,9 @@ func write(txn statedb.WriteTxn, tbl statedb.RWTable[*Prefix], want []*Prefix) {
 	}
 }
 
-// Ruleset is what the rows of txn ask of the kernel.
+// RulesetOf is what the rows ask of the kernel, masquerade enabled.
 func RulesetOf(rows iter.Seq2[*Prefix, statedb.Revision]) Ruleset {
-	var r Ruleset
+	r := Ruleset{Enabled: true}
 	for p := range rows {
 		w := &r.V4
 		if p.Prefix.Addr().Is6() {
@@ -258,13 +258,16 @@ func RulesetOf(rows iter.Seq2[*Prefix, statedb.Revision]) Ruleset {
 // small, and one comparison with the kernel for a batch keeps the writes
 // to what differs.
 type ops struct {
-	k   *kernelCell
-	tbl statedb.Table[*Prefix]
-	log *slog.Logger
+	enabled bool
+	k       *kernelCell
+	tbl     statedb.Table[*Prefix]
+	log     *slog.Logger
 }
 
 func (o *ops) sync(txn statedb.ReadTxn) error {
-	changed, err := o.k.Sync(RulesetOf(o.tbl.All(txn)))
+	want := RulesetOf(o.tbl.All(txn))
+	want.Enabled = o.enabled
+	changed, err := o.k.Sync(want)
 	for _, c := range changed {
 		o.log.Info("nftables", "changed", c)
 	}
@@ -299,8 +302,8 @@ func (o *ops) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconc
 	}
 }
 
-func registerReconciler(p reconciler.Params, log *slog.Logger, k *kernelCell, tbl statedb.RWTable[*Prefix]) error {
-	o := &ops{k: k, tbl: tbl, log: log}
+func registerReconciler(p reconciler.Params, cfg Config, log *slog.Logger, k *kernelCell, tbl statedb.RWTable[*Prefix]) error {
+	o := &ops{enabled: cfg.EnableMasquerade, k: k, tbl: tbl, log: log}
 	_, err := reconciler.Register(p, tbl, (*Prefix).Clone,
 		func(x *Prefix, s reconciler.Status) *Prefix { x.Status = s; return x },
 		(*Prefix).status, o, o, reconciler.WithName("nftables"))

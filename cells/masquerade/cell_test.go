@@ -278,6 +278,18 @@ func TestCellReconcilesRuleset(t *testing.T) {
 		b.stop(t)
 	})
 
+	t.Run("no pod CIDR keeps the table with empty sources", func(t *testing.T) {
+		bare := node("node-1", true, "10.90.0.11")
+		b := newAgent(t, n.Path(), []*nodes.Node{bare, n2}, nil)
+		b.start(t)
+		celltest.Eventually(t, "the sources emptied", func() bool {
+			got := ruleset(t, fd)
+			return strings.Contains(got, "set pods4 starts [] ends []") && strings.Contains(got, "set pods6 starts [] ends []") &&
+				strings.Contains(got, "rule cellium-masquerade-v4-v1")
+		})
+		b.stop(t)
+	})
+
 	t.Run("disabled removes the table", func(t *testing.T) {
 		b := newAgent(t, n.Path(), []*nodes.Node{n1, n2}, func(c *masquerade.Config) { c.EnableMasquerade = false })
 		b.start(t)
@@ -293,7 +305,7 @@ func TestCellReconcilesRuleset(t *testing.T) {
 
 	t.Run("cleanup removes the table", func(t *testing.T) {
 		k := masquerade.NewKernel(fd)
-		if _, err := k.Sync(masquerade.Ruleset{V4: masquerade.Want{Source: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}}); err != nil {
+		if _, err := k.Sync(masquerade.Ruleset{Enabled: true, V4: masquerade.Want{Source: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}}); err != nil {
 			t.Fatal(err)
 		}
 		removed, err := masquerade.Remove(devices.Config{DevicesNetns: n.Path()})

@@ -16,7 +16,10 @@
 //     (priority srcnat, policy accept), interval sets pods4/pods6 (the
 //     sources) and nomasq4/nomasq6 (the exclusions; prefixes merged so that
 //     none overlap or touch), and one rule per family. The table is the
-//     agent's alone: what in it the rows do not ask for is removed.
+//     agent's alone: what in it the rows do not ask for is removed. It
+//     exists whenever masquerade is enabled, its source sets empty when
+//     this node has no pod CIDR: without a nat chain the kernel stops
+//     translating the connections it masqueraded.
 //
 //   - Every write compares with the kernel first and changes only what
 //     differs (a set's elements are replaced in one transaction); a restart

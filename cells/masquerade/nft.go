@@ -29,13 +29,14 @@ type Want struct {
 	Source, Excluded []netip.Prefix
 }
 
-// Ruleset is what the agent wants in its nftables table; with no source
-// at all, no table.
+// Ruleset is what the agent wants in its nftables table. Without Enabled,
+// no table. Enabled with no source keeps the table, sets empty: deleting
+// the last nat chain of a namespace would stop the translation of the
+// connections already masqueraded.
 type Ruleset struct {
-	V4, V6 Want
+	Enabled bool
+	V4, V6  Want
 }
-
-func (r Ruleset) empty() bool { return len(r.V4.Source) == 0 && len(r.V6.Source) == 0 }
 
 // family is the per-family shape of the table: two sets and one rule.
 type family struct {
@@ -92,7 +93,7 @@ func (k *Kernel) Sync(want Ruleset) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if want.empty() {
+	if !want.Enabled {
 		if have == nil {
 			return nil, nil
 		}

@@ -46,8 +46,9 @@ func kernelIn(t *testing.T) (*Kernel, func() *nftables.Conn) {
 func TestKernelSync(t *testing.T) {
 	k, conn := kernelIn(t)
 	want := Ruleset{
-		V4: Want{Source: pfx("10.244.1.0/24"), Excluded: pfx("10.244.1.0/24", "10.244.2.0/24", "10.90.0.11/32", "10.90.0.12/32")},
-		V6: Want{Source: pfx("fd00:10:244:1::/64"), Excluded: pfx("fd00:10:244::/48", "fd00:10:90::11/128")},
+		Enabled: true,
+		V4:      Want{Source: pfx("10.244.1.0/24"), Excluded: pfx("10.244.1.0/24", "10.244.2.0/24", "10.90.0.11/32", "10.90.0.12/32")},
+		V6:      Want{Source: pfx("fd00:10:244:1::/64"), Excluded: pfx("fd00:10:244::/48", "fd00:10:90::11/128")},
 	}
 	changed, err := k.Sync(want)
 	if err != nil || len(changed) == 0 {

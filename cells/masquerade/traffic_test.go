@@ -1,6 +1,7 @@
 package masquerade_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -91,7 +92,7 @@ func newTopology(t testing.TB) *topology {
 // rules are the agent's rules for the topology: the pod CIDR masqueraded
 // except to itself and the node.
 func (tp *topology) rules() masquerade.Ruleset {
-	return masquerade.Ruleset{V4: masquerade.Want{
+	return masquerade.Ruleset{Enabled: true, V4: masquerade.Want{
 		Source:   []netip.Prefix{tp.podCIDR},
 		Excluded: []netip.Prefix{tp.podCIDR, netip.PrefixFrom(tp.nodeIP, 32)},
 	}}
@@ -168,6 +169,61 @@ func TestMasqueradeTraffic(t *testing.T) {
 	if got, err := tp.seenAs(node); err != nil || got != tp.podIP.String() {
 		t.Errorf("pod -> node: seen as %q (%v), want the pod's %s", got, err, tp.podIP)
 	}
+
+	// The table stays, sets emptied, when the node has no pod CIDR: a
+	// connection masqueraded before still carries data (without the
+	// table, its nat hooks gone, it would not: the translation stops).
+	echo := netip.AddrPortFrom(tp.outsideIP, 8082)
+	serveEcho(t, tp.outside, echo)
+	var c net.Conn
+	err := nettest.Do(tp.pod.Path(), func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", echo.String(), 2*time.Second)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if _, err := masquerade.NewKernel(int(tp.node.Fd())).Sync(masquerade.Ruleset{Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(c, "after")
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if l, err := r.ReadString('\n'); err != nil || l != "after\n" {
+		t.Errorf("established connection after the sets emptied: %q (%v), want the echo", l, err)
+	}
+}
+
+// serveEcho listens in a namespace on addr and sends every line back.
+func serveEcho(t testing.TB, in ns.NetNS, addr netip.AddrPort) {
+	t.Helper()
+	var ln net.Listener
+	err := nettest.Do(in.Path(), func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr.String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					fmt.Fprintln(c, sc.Text())
+				}
+			}()
+		}
+	}()
 }
 
 // connsPerSecond opens and closes connections from the pod to addr, one
