@@ -109,6 +109,7 @@ func TestMasquerade(t *testing.T) {
 	n1, n2 := c.Node("node-1"), c.Node("node-2")
 	serveSeen(t, out.NetNS, 9000, true)
 	serveSeen(t, out.NetNS, 9001, false)
+	serveSeen(t, out.NetNS, 9002, false) // the 10,000 connections only
 	serveSeen(t, n2.NetNS, 9100, false)
 	serveSeen(t, n1.NetNS, 9100, false)
 
@@ -179,7 +180,10 @@ func TestMasquerade(t *testing.T) {
 			t.Fatal(err)
 		}
 		const n = 10000
-		to := netip.AddrPortFrom(out.IPv4, 9001)
+		to := netip.AddrPortFrom(out.IPv4, 9002)
+		if left := natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4); len(left) > 0 {
+			t.Fatalf("NAT entries to %s before the connections: %v", to, left)
+		}
 		start := time.Now()
 		err = nettest.Do(client.NetNS, func() error {
 			for i := range n {
@@ -200,7 +204,7 @@ func TestMasquerade(t *testing.T) {
 			t.Fatal(err)
 		}
 		took := time.Since(start)
-		peak := natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4)
+		peak := len(natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4))
 		t.Logf("%d connections in %s; %d NAT entries right after", n, took.Round(time.Millisecond), peak)
 		if peak == 0 {
 			t.Fatalf("no NAT entry of the %d connections in node-1's conntrack: is the count wrong?", n)
@@ -208,20 +212,20 @@ func TestMasquerade(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			left := natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4)
-			if left == 0 {
+			if len(left) == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%d of the NAT entries of %d closed connections are still in node-1's conntrack 30s later (TIME_WAIT lasts 1s)", left, n)
+				t.Fatalf("%d of the NAT entries of %d closed connections are still in node-1's conntrack 30s later (TIME_WAIT lasts 1s): %v", len(left), n, left)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
 	})
 }
 
-// natEntries counts the conntrack entries in the namespace of TCP from
-// pod to `to` translated to the node's address.
-func natEntries(t *testing.T, nsPath string, pod netip.Addr, to netip.AddrPort, node netip.Addr) int {
+// natEntries are the conntrack entries in the namespace of TCP from pod
+// to `to` translated to the node's address.
+func natEntries(t *testing.T, nsPath string, pod netip.Addr, to netip.AddrPort, node netip.Addr) []string {
 	t.Helper()
 	h := nlHandle(t, nsPath)
 	defer h.Close()
@@ -229,14 +233,18 @@ func natEntries(t *testing.T, nsPath string, pod netip.Addr, to netip.AddrPort, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	var count int
+	var out []string
 	for _, f := range flows {
 		src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
 		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
 		back, _ := netip.AddrFromSlice(f.Reverse.DstIP.To4())
 		if f.Forward.Protocol == 6 && src == pod && dst == to.Addr() && f.Forward.DstPort == to.Port() && back == node {
-			count++
+			state := -1
+			if tcp, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
+				state = int(tcp.State)
+			}
+			out = append(out, fmt.Sprintf("sport %d->%d tcp state %d timeout %ds", f.Forward.SrcPort, f.Reverse.DstPort, state, f.TimeOut))
 		}
 	}
-	return count
+	return out
 }
