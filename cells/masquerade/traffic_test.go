@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -302,4 +303,117 @@ func BenchmarkMasqueradeConnections(b *testing.B) {
 		b.StopTimer()
 	}
 	fmt.Printf("masq-bench conns_per_s=%.0f excluded_conns_per_s=%.0f nomasq_conns_per_s=%.0f ratio=%.2f\n", masq, rates[0], rates[1], masq/rates[1])
+}
+
+// serveAddrPort listens in a namespace on addr; each connection is told
+// the address and port it came from, then every line is sent back.
+func serveAddrPort(t testing.TB, in ns.NetNS, addr netip.AddrPort) {
+	t.Helper()
+	var ln net.Listener
+	err := nettest.Do(in.Path(), func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr.String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintln(c, c.RemoteAddr().String())
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					fmt.Fprintln(c, sc.Text())
+				}
+			}()
+		}
+	}()
+}
+
+// lineConn is a connection to a serveAddrPort server.
+type lineConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// dialFromPort connects from the namespace, bound to local, and returns
+// the connection and the address the server saw.
+func dialFromPort(t *testing.T, in ns.NetNS, local, to netip.AddrPort) (*lineConn, string) {
+	t.Helper()
+	var c net.Conn
+	err := nettest.Do(in.Path(), func() error {
+		var err error
+		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(local)}
+		c, err = d.Dial("tcp", to.String())
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", to, local, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	lc := &lineConn{Conn: c, r: bufio.NewReader(c)}
+	return lc, lc.line(t)
+}
+
+func (c *lineConn) line(t *testing.T) string {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	l, err := c.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("read from %s: %v", c.RemoteAddr(), err)
+	}
+	return strings.TrimSpace(l)
+}
+
+func (c *lineConn) echoes(t *testing.T, what string) {
+	t.Helper()
+	fmt.Fprintln(c, what)
+	if l := c.line(t); l != what {
+		t.Errorf("echo of %q on %s: %q", what, c.LocalAddr(), l)
+	}
+}
+
+// TestMasqueradePortClash: a pod and a host socket of the node that would
+// leave with the same address and port to the same server get different
+// ports, whichever comes first, and both connections carry data.
+func TestMasqueradePortClash(t *testing.T) {
+	tp := newTopology(t)
+	if _, err := masquerade.NewKernel(int(tp.node.Fd())).Sync(tp.rules()); err != nil {
+		t.Fatal(err)
+	}
+	to := netip.AddrPortFrom(tp.outsideIP, 8083)
+	serveAddrPort(t, tp.outside, to)
+
+	// The host first: the pod's connection from the same port is given
+	// another one.
+	host, seen := dialFromPort(t, tp.node, netip.AddrPortFrom(tp.nodeIP, 40000), to)
+	if seen != "192.0.2.1:40000" {
+		t.Fatalf("host socket seen as %s, want 192.0.2.1:40000", seen)
+	}
+	pod, seen := dialFromPort(t, tp.pod, netip.AddrPortFrom(tp.podIP, 40000), to)
+	if ap := netip.MustParseAddrPort(seen); ap.Addr() != tp.nodeIP || ap.Port() == 40000 {
+		t.Errorf("pod from port 40000 while the host uses it: seen as %s, want the node's address on another port", seen)
+	}
+	host.echoes(t, "host")
+	pod.echoes(t, "pod")
+
+	// The pod first: the host's connection from the port the pod's was
+	// masqueraded to is given another one.
+	pod2, seen := dialFromPort(t, tp.pod, netip.AddrPortFrom(tp.podIP, 40001), to)
+	if seen != "192.0.2.1:40001" {
+		t.Fatalf("pod from port 40001 seen as %s, want 192.0.2.1:40001 (the port kept when free)", seen)
+	}
+	host2, seen := dialFromPort(t, tp.node, netip.AddrPortFrom(tp.nodeIP, 40001), to)
+	if ap := netip.MustParseAddrPort(seen); ap.Addr() != tp.nodeIP || ap.Port() == 40001 {
+		t.Errorf("host socket from port 40001 while a pod's connection leaves from it: seen as %s, want another port", seen)
+	}
+	pod2.echoes(t, "pod2")
+	host2.echoes(t, "host2")
 }
