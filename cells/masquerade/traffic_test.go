@@ -227,9 +227,9 @@ func serveEcho(t testing.TB, in ns.NetNS, addr netip.AddrPort) {
 	}()
 }
 
-// connsPerSecond opens and closes connections from the pod to addr, one
-// after another, for d, and returns how many it made per second.
-func (tp *topology) connsPerSecond(b *testing.B, addr netip.AddrPort, d time.Duration) float64 {
+// conns opens and closes connections from the pod to addr, one after
+// another, for d, and returns how many it made and how long it took.
+func (tp *topology) conns(b *testing.B, addr netip.AddrPort, d time.Duration) (int, time.Duration) {
 	var n int
 	var took time.Duration
 	err := nettest.Do(tp.pod.Path(), func() error {
@@ -253,56 +253,81 @@ func (tp *topology) connsPerSecond(b *testing.B, addr netip.AddrPort, d time.Dur
 		return nil
 	})
 	if err != nil {
-		b.Fatalf("after %d connections: %v", n, err)
+		b.Fatalf("after %d connections to %s: %v", n, addr, err)
 	}
-	return float64(n) / took.Seconds()
+	return n, took
 }
 
 // BenchmarkMasqueradeConnections: new TCP connections per second from a
 // pod to a server outside the cluster through the agent's masquerade
-// rules; beside it the same with the rules in place but the server's
-// address excluded (conntrack and the nat hooks, no translation), and
-// with no table at all (no conntrack in the node; the outside routes the
-// pod range back to the node). Prints `masq-bench conns_per_s=...
-// excluded_conns_per_s=... nomasq_conns_per_s=... ratio=...` (ratio:
-// masqueraded over no table).
+// rules; beside it the same with random-fully source ports (which the
+// agent does not use), with the rules in place but the server's address
+// excluded (conntrack and the nat hooks, no translation), and with no
+// table at all (no conntrack in the node; the outside routes the pod
+// range back to the node). The four take turns, a second each, three
+// rounds, each with a server port of its own (so that one's TIME_WAIT
+// sockets are not another's). Prints `masq-bench conns_per_s=...
+// random_fully_conns_per_s=... excluded_conns_per_s=...
+// nomasq_conns_per_s=... ratio=...` (ratio: masqueraded over no table).
 func BenchmarkMasqueradeConnections(b *testing.B) {
-	const d = 3 * time.Second
+	const (
+		turn   = time.Second
+		rounds = 3
+	)
 	tp := newTopology(b)
-	out := netip.AddrPortFrom(tp.outsideIP, 8080)
-	serve(b, tp.outside, out)
 	k := masquerade.NewKernel(int(tp.node.Fd()))
-	if _, err := k.Sync(tp.rules()); err != nil {
-		b.Fatal(err)
+	excluded := tp.rules()
+	excluded.V4.Excluded = append(excluded.V4.Excluded, netip.PrefixFrom(tp.outsideIP, 32))
+	type config struct {
+		name   string
+		port   uint16
+		kernel *masquerade.Kernel
+		rules  masquerade.Ruleset
+		seenAs netip.Addr
+		n      int
+		took   time.Duration
 	}
-	if got, err := tp.seenAs(out); err != nil || got != tp.nodeIP.String() {
-		b.Fatalf("pod -> outside seen as %q (%v), want the node's %s", got, err, tp.nodeIP)
+	configs := []*config{
+		{name: "masquerade", port: 8080, kernel: k, rules: tp.rules(), seenAs: tp.nodeIP},
+		{name: "random-fully", port: 8081, kernel: masquerade.NewKernelFullyRandom(int(tp.node.Fd())), rules: tp.rules(), seenAs: tp.nodeIP},
+		{name: "excluded", port: 8082, kernel: k, rules: excluded, seenAs: tp.podIP},
+		{name: "no table", port: 8083, kernel: k, rules: masquerade.Ruleset{}, seenAs: tp.podIP},
 	}
-	b.ResetTimer()
-	masq := tp.connsPerSecond(b, out, d)
-	b.StopTimer()
-
 	err := nettest.Do(tp.outside.Path(), func() error {
 		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: tp.podCIDR.Addr().AsSlice(), Mask: net.CIDRMask(tp.podCIDR.Bits(), 32)}, Gw: tp.nodeIP.AsSlice()})
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	excluded := tp.rules()
-	excluded.V4.Excluded = append(excluded.V4.Excluded, netip.PrefixFrom(tp.outsideIP, 32))
-	var rates []float64
-	for _, r := range []masquerade.Ruleset{excluded, {}} {
-		if _, err := k.Sync(r); err != nil {
-			b.Fatal(err)
-		}
-		if got, err := tp.seenAs(out); err != nil || got != tp.podIP.String() {
-			b.Fatalf("without masquerade, pod -> outside seen as %q (%v), want the pod's %s", got, err, tp.podIP)
-		}
-		b.StartTimer()
-		rates = append(rates, tp.connsPerSecond(b, out, d))
-		b.StopTimer()
+	for _, c := range configs {
+		serve(b, tp.outside, netip.AddrPortFrom(tp.outsideIP, c.port))
 	}
-	fmt.Printf("masq-bench conns_per_s=%.0f excluded_conns_per_s=%.0f nomasq_conns_per_s=%.0f ratio=%.2f\n", masq, rates[0], rates[1], masq/rates[1])
+	b.ResetTimer()
+	for range rounds {
+		for _, c := range configs {
+			b.StopTimer()
+			// From no table: the rules' flags are not in their tags, so
+			// a table of the other kernel would be kept.
+			if _, err := k.Sync(masquerade.Ruleset{}); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := c.kernel.Sync(c.rules); err != nil {
+				b.Fatal(err)
+			}
+			to := netip.AddrPortFrom(tp.outsideIP, c.port)
+			if got, err := tp.seenAs(to); err != nil || got != c.seenAs.String() {
+				b.Fatalf("%s: pod -> outside seen as %q (%v), want %s", c.name, got, err, c.seenAs)
+			}
+			b.StartTimer()
+			n, took := tp.conns(b, to, turn)
+			c.n += n
+			c.took += took
+		}
+	}
+	b.StopTimer()
+	rate := func(c *config) float64 { return float64(c.n) / c.took.Seconds() }
+	fmt.Printf("masq-bench conns_per_s=%.0f random_fully_conns_per_s=%.0f excluded_conns_per_s=%.0f nomasq_conns_per_s=%.0f ratio=%.2f\n",
+		rate(configs[0]), rate(configs[1]), rate(configs[2]), rate(configs[3]), rate(configs[0])/rate(configs[3]))
 }
 
 // serveAddrPort listens in a namespace on addr; each connection is told
