@@ -3,6 +3,7 @@ package masquerade
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/nftables"
@@ -43,6 +44,8 @@ func kernelIn(t *testing.T) (*Kernel, func() *nftables.Conn) {
 	}
 }
 
+// TestKernelSync: the table is written, then nothing is written again; a
+// rule or set element changed by someone else is put right, and only it.
 func TestKernelSync(t *testing.T) {
 	k, conn := kernelIn(t)
 	want := Ruleset{
@@ -58,13 +61,49 @@ func TestKernelSync(t *testing.T) {
 	if err != nil || len(changed) != 0 {
 		t.Fatalf("second sync of the same: changed %v, err %v; want nothing written", changed, err)
 	}
+
+	// A rule removed by someone else is written again, and only the rules.
 	c := conn()
-	sets, err := c.GetSets(table)
+	chain, err := c.ListChain(table, ChainName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range sets {
-		els, _ := c.GetSetElements(s)
-		t.Logf("set %s: %v", s.Name, els)
+	rules, err := c.GetRules(table, chain)
+	if err != nil || len(rules) != 2 {
+		t.Fatalf("rules: %d (%v), want 2", len(rules), err)
+	}
+	if err := c.DelRule(rules[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	changed, err = k.Sync(want)
+	if err != nil || !slices.Equal(changed, []string{"rules of chain " + ChainName}) {
+		t.Fatalf("sync after a rule was removed: %v %v, want the rules written", changed, err)
+	}
+	rules, _ = c.GetRules(table, chain)
+	var tags []string
+	for _, r := range rules {
+		tags = append(tags, string(r.UserData))
+	}
+	if !slices.Equal(tags, []string{"cellium-masquerade-v4-v1", "cellium-masquerade-v6-v1"}) {
+		t.Fatalf("rules after the sync: %v", tags)
+	}
+
+	// A set changed by someone else is refilled.
+	if err := c.SetAddElements(&nftables.Set{Table: table, Name: "nomasq4", KeyType: nftables.TypeIPAddr, Interval: true},
+		elements(pfx("172.16.0.0/12"), 4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	changed, err = k.Sync(want)
+	if err != nil || len(changed) != 1 || !strings.HasPrefix(changed[0], "set nomasq4") {
+		t.Fatalf("sync after an element was added: %v %v, want set nomasq4 refilled", changed, err)
+	}
+	if changed, err := k.Sync(want); err != nil || len(changed) != 0 {
+		t.Fatalf("sync again: %v %v, want nothing", changed, err)
 	}
 }
