@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cellium/cellium/cells/masquerade"
@@ -150,7 +151,9 @@ func (tp *topology) seenAsWithin(addr netip.AddrPort, timeout time.Duration) (st
 }
 
 // TestMasqueradeTraffic: with the agent's rules in the node's namespace,
-// the pod reaches the outside as the node, and the node as itself.
+// the pod reaches the outside as the node, and the node as itself; a
+// masqueraded connection outlives its sets emptied and the table made
+// again.
 func TestMasqueradeTraffic(t *testing.T) {
 	tp := newTopology(t)
 	out := netip.AddrPortFrom(tp.outsideIP, 8080)
@@ -194,6 +197,25 @@ func TestMasqueradeTraffic(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if l, err := r.ReadString('\n'); err != nil || l != "after\n" {
 		t.Errorf("established connection after the sets emptied: %q (%v), want the echo", l, err)
+	}
+
+	// A table of another shape is made again in one transaction: the
+	// connection still carries data.
+	nc, err := nftables.New(nftables.WithNetNSFd(int(tp.node.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.AddChain(&nftables.Chain{Name: "stray", Table: &nftables.Table{Name: masquerade.TableName, Family: nftables.TableFamilyINet}})
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := masquerade.NewKernel(int(tp.node.Fd())).Sync(tp.rules()); err != nil || len(changed) != 1 || !strings.HasPrefix(changed[0], "recreated") {
+		t.Fatalf("sync with a stray chain: %v %v, want the table made again", changed, err)
+	}
+	fmt.Fprintln(c, "rebuilt")
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if l, err := r.ReadString('\n'); err != nil || l != "rebuilt\n" {
+		t.Errorf("established connection after the table was made again: %q (%v), want the echo", l, err)
 	}
 }
 
