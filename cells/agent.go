@@ -33,6 +33,7 @@ import (
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
+	"github.com/cellium/cellium/cells/masquerade"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/nodes"
@@ -74,6 +75,7 @@ var Datapath = cell.Group(
 	ctmaps.Cell,
 	loader.Cell,
 	ctgc.Cell,
+	masquerade.Cell,
 	monitor.Cell,
 	hubble.Cell,
 )

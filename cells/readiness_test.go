@@ -138,6 +138,8 @@ func startTestAgent(t *testing.T, extraFlags []string, slow *slowTable) *testAge
 		"--pod-cidr", "10.251.0.0/24",
 		// No health endpoint: it would be a veth in the host's namespace.
 		"--cluster-health-port", "0",
+		// No nftables table in the host's namespace.
+		"--enable-masquerade=false",
 	}, extraFlags...)
 	if err := flags.Parse(args); err != nil {
 		t.Fatal(err)

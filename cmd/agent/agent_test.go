@@ -105,6 +105,8 @@ func (e *agentEnv) runFlags() []string {
 		"--cgroup-root", e.cgroup,
 		// No health endpoint: it would be a veth in the host's namespace.
 		"--cluster-health-port", "0",
+		// No nftables table in the host's namespace.
+		"--enable-masquerade=false",
 	}
 }
 

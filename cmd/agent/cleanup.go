@@ -14,7 +14,9 @@ import (
 
 	"github.com/cellium/cellium/cells"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/masquerade"
 )
 
 func newCleanupCmd(stdout io.Writer) *cobra.Command {
@@ -23,21 +25,25 @@ func newCleanupCmd(stdout io.Writer) *cobra.Command {
 	// it) to the bpf-maps Cleaner, so this command knows no path. Building
 	// the graph runs constructors only, which do no I/O; nothing starts.
 	var (
-		cleaner *bpfmaps.Cleaner
-		cniConf endpointmanager.Config
+		cleaner  *bpfmaps.Cleaner
+		cniConf  endpointmanager.Config
+		devConf  devices.Config
+		masqConf masquerade.Config
 	)
-	h := hive.NewWithOptions(cells.Options(), cells.Agent, cell.Invoke(func(c *bpfmaps.Cleaner, cni endpointmanager.Config) {
-		cleaner, cniConf = c, cni
+	h := hive.NewWithOptions(cells.Options(), cells.Agent, cell.Invoke(func(c *bpfmaps.Cleaner, cni endpointmanager.Config, dev devices.Config, masq masquerade.Config) {
+		cleaner, cniConf, devConf, masqConf = c, cni, dev, masq
 	}))
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Detach the agent's BPF programs, remove its pinned links and maps and its CNI configuration",
+		Short: "Detach the agent's BPF programs, remove its pinned links and maps, its nftables table and its CNI configuration",
 		Long: "Undo what `agent run` leaves in the kernel on purpose so that traffic keeps\n" +
 			"flowing while the agent is down: detach its programs, remove its pinned links\n" +
-			"and maps, and the pin directory <bpf-root>/<bpf-map-prefix>; and remove the CNI\n" +
+			"and maps, and the pin directory <bpf-root>/<bpf-map-prefix>; remove its nftables\n" +
+			"table inet cellium (pod egress masquerade; not with --enable-masquerade=false);\n" +
+			"and remove the CNI\n" +
 			"configuration from --cni-conf-dir, so the node takes no more pods. Give it the flags\n" +
 			"the agent ran with. Stop the agent first; running it twice is harmless.\n" +
 			"Prints one line per object removed.",
@@ -52,7 +58,17 @@ func newCleanupCmd(stdout io.Writer) *cobra.Command {
 			removed, cniErr := endpointmanager.RemoveCNIConfig(cniConf)
 			bpfRemoved, err := cleaner.Remove()
 			removed = append(removed, bpfRemoved...)
-			err = errors.Join(cniErr, err)
+			// The nftables table of the masquerade cell, in the namespace
+			// whose devices the agent watched. An agent run with
+			// --enable-masquerade=false owns no table (it removes its own
+			// at start), so it leaves any there alone.
+			var nftErr error
+			if masqConf.EnableMasquerade {
+				var nftRemoved []string
+				nftRemoved, nftErr = masquerade.Remove(devConf)
+				removed = append(removed, nftRemoved...)
+			}
+			err = errors.Join(cniErr, err, nftErr)
 			for _, line := range removed {
 				fmt.Fprintln(stdout, line)
 			}

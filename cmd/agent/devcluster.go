@@ -93,6 +93,7 @@ func newDevClusterCmd(stdout, stderr io.Writer) *cobra.Command {
 		newDevClusterPodCmd(&f, stdout),
 		newDevClusterExecCmd(&f, stdout, stderr),
 		newDevClusterRelayCmd(&f, stdout),
+		newDevClusterOutsideCmd(&f, stdout),
 	)
 	return dc
 }
@@ -470,4 +471,37 @@ func newDevClusterExecCmd(f *devClusterFlags, stdout, stderr io.Writer) *cobra.C
 			return err
 		},
 	}
+}
+
+func newDevClusterOutsideCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "outside",
+		Short: "Add the outside namespace: a host on the bridge that is no node, standing for the world",
+		Long: "Make the cluster's outside namespace (or show the one it has): cellium-NAME.outside,\n" +
+			"on the cluster's bridge with 10.90.0.200 and fd00:10:90::200, no node and no route to\n" +
+			"the pods. A server there plays the internet: pods reach it masqueraded with their\n" +
+			"node's address. Run one with nsenter --net=/var/run/netns/cellium-NAME.outside.\n" +
+			"down removes it with the rest.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRootFor(cmd); err != nil {
+				return err
+			}
+			c, err := f.load()
+			if err != nil {
+				return err
+			}
+			o, err := c.AddOutside()
+			if err != nil {
+				return err
+			}
+			return out.print(stdout, o, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "Outside namespace %s: %s, %s\n", o.NetNS, o.IPv4, o.IPv6)
+				return err
+			})
+		},
+	}
+	out.register(cmd)
+	return cmd
 }

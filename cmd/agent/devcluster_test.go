@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -139,6 +140,21 @@ func TestDevCluster(t *testing.T) {
 		t.Errorf("the pod's namespace is left after del: %v", err)
 	}
 
+	// The outside namespace: made once, then shown; down removes it.
+	out, errOut, code = dc("outside", "-o", "json")
+	var outside devcluster.Outside
+	if err := json.Unmarshal([]byte(out), &outside); code != 0 || err != nil || outside.IPv4.String() != "10.90.0.200" {
+		t.Fatalf("outside -o json = %d %s (%v): %s", code, out, err, errOut)
+	}
+	if out, _, code := dc("outside"); code != 0 || out != "Outside namespace "+outside.NetNS+": 10.90.0.200, fd00:10:90::200\n" {
+		t.Errorf("outside again = %d: %q", code, out)
+	}
+	// node-1's masquerade rows: its pod CIDR masqueraded, in the kernel.
+	if out, errOut, code := agentCmd(t, "db", "show", "masquerade", "--api-socket", st.Nodes[0].APISocket); code != 0 ||
+		!regexp.MustCompile(`source\s+10\.244\.1\.0/24\s+pod CIDR of this node \(node-1\)\s+Done`).MatchString(out) {
+		t.Errorf("db show masquerade on node-1 = %d: %s%s", code, out, errOut)
+	}
+
 	if out, errOut, code := dc("down"); code != 0 || out != "Cluster "+name+" is down\n" {
 		t.Fatalf("down = %d: %s%s", code, out, errOut)
 	}
@@ -149,6 +165,9 @@ func TestDevCluster(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "cluster.json")); !os.IsNotExist(err) {
 		t.Errorf("cluster.json after down: %v", err)
+	}
+	if _, err := os.Stat(outside.NetNS); !os.IsNotExist(err) {
+		t.Errorf("the outside namespace is left after down: %v", err)
 	}
 	if out, _, code := dc("down"); code != 0 || !strings.HasPrefix(out, "No cluster in "+dir) {
 		t.Errorf("second down = %d: %s", code, out)

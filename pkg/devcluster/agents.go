@@ -289,6 +289,9 @@ func (c *Cluster) cleanupPins(ctx context.Context, s *state, n Node) error {
 	if netnsExists(n.NetNS) {
 		out, err = inNetNS(n.NetNS, run)
 	} else {
+		// In this process's namespace: its nftables are not the node's
+		// (which went with the node's namespace), so leave them alone.
+		argv = append(argv, "--enable-masquerade=false")
 		out, err = run()
 	}
 	if err != nil {

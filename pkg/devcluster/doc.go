@@ -52,6 +52,13 @@
 // load balancing applies as it would to a container. DeletePod is the CNI
 // DEL and removes the rest.
 //
+// # Outside
+//
+// AddOutside makes a namespace "cellium-<name>.outside" on the bridge that
+// is no node (10.90.0.200, fd00:10:90::200, no route to the pods): a
+// server there stands for the world outside the cluster, which pods reach
+// through their node's masquerade. Down removes it.
+//
 // # Down
 //
 // Down stops the agents (SIGTERM, SIGKILL after 10s) and etcd, kills what

@@ -74,6 +74,9 @@ func (c *Cluster) down(ctx context.Context, s *state) error {
 	for _, p := range s.Pods {
 		keep(deleteNetNS(p.NetNS))
 	}
+	if s.Outside != nil {
+		keep(deleteNetNS(s.Outside.NetNS))
+	}
 	for _, n := range s.Nodes {
 		for _, err := range c.removeNode(ctx, s, n) {
 			keep(err)
@@ -100,6 +103,9 @@ func killInNetNS(ctx context.Context, s *state) error {
 	}
 	for _, p := range s.Pods {
 		paths = append(paths, p.NetNS)
+	}
+	if s.Outside != nil {
+		paths = append(paths, s.Outside.NetNS)
 	}
 	namespaces := map[nsID]string{}
 	for _, path := range paths {

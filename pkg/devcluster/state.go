@@ -150,6 +150,8 @@ type state struct {
 
 	Nodes []Node `json:"nodes"`
 	Pods  []Pod  `json:"pods"`
+	// Outside is the namespace AddOutside made, if any.
+	Outside *Outside `json:"outside,omitempty"`
 }
 
 func (s *state) manifestsDir() string { return filepath.Join(s.Dir, "manifests") }

@@ -500,3 +500,15 @@ func (c *Cluster) Send(w Where, to netip.AddrPort, d time.Duration) Throughput {
 	}
 	return r
 }
+
+// AddOutside makes the cluster's outside namespace (see
+// devcluster.Cluster.AddOutside): a namespace on the bridge that is no
+// node, for servers that play the world outside the cluster.
+func (c *Cluster) AddOutside() devcluster.Outside {
+	c.t.Helper()
+	o, err := c.Cluster.AddOutside()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return o
+}

@@ -1,0 +1,289 @@
+package devcluster_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/cellium/cellium/pkg/devcluster"
+	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// serveSeen listens on port (both families) in the namespace at nsPath,
+// from this process. Each connection is first told "seen <address>", the
+// client's address as the server sees it; then, with echo, every line it
+// sends is sent back, else it is closed (the server closes first).
+func serveSeen(t *testing.T, nsPath string, port uint16, echo bool) {
+	t.Helper()
+	var ln net.Listener
+	err := nettest.Do(nsPath, func() error {
+		var err error
+		ln, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				remote := netip.MustParseAddrPort(c.RemoteAddr().String())
+				fmt.Fprintf(c, "seen %s\n", remote.Addr().Unmap())
+				if !echo {
+					return
+				}
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					fmt.Fprintln(c, sc.Text())
+				}
+			}()
+		}
+	}()
+}
+
+// conn is a connection made from a pod's namespace by this process.
+type conn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func dialFrom(nsPath string, to netip.AddrPort) (*conn, error) {
+	var c net.Conn
+	err := nettest.Do(nsPath, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", to.String(), 5*time.Second)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &conn{Conn: c, r: bufio.NewReader(c)}, nil
+}
+
+func (c *conn) line() (string, error) {
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	s, err := c.r.ReadString('\n')
+	return strings.TrimSpace(s), err
+}
+
+// seenAs dials from the pod and returns the address the server saw.
+func seenAs(t *testing.T, pod devcluster.Pod, to netip.AddrPort) string {
+	t.Helper()
+	c, err := dialFrom(pod.NetNS, to)
+	if err != nil {
+		return "dial: " + err.Error()
+	}
+	defer c.Close()
+	l, err := c.line()
+	if err != nil {
+		return "read: " + err.Error()
+	}
+	return strings.TrimPrefix(l, "seen ")
+}
+
+// TestMasquerade: on a two-node dev-cluster with an outside namespace on
+// its bridge, a pod reaches the outside with its node's address (both
+// families), and other pods and nodes with its own; a masqueraded
+// connection carries data across a restart of the node's agent; the
+// kernel's NAT entries of 10,000 short connections are collected.
+func TestMasquerade(t *testing.T) {
+	c := devclustertest.Start(t, devcluster.Options{Nodes: 2})
+	client := c.AddPod("node-1", "client", nil)
+	server := c.AddPod("node-2", "server", nil)
+	c.ServeTCP("server", 8080)
+	out := c.AddOutside()
+	n1, n2 := c.Node("node-1"), c.Node("node-2")
+	serveSeen(t, out.NetNS, 9000, true)
+	serveSeen(t, out.NetNS, 9001, false)
+	serveSeen(t, out.NetNS, 9002, false) // the 10,000 connections only
+	serveSeen(t, n2.NetNS, 9100, false)
+	serveSeen(t, n1.NetNS, 9100, false)
+
+	t.Run("pod to outside leaves as the node", func(t *testing.T) {
+		for _, x := range []struct{ dst, want netip.Addr }{{out.IPv4, n1.IPv4}, {out.IPv6, n1.IPv6}} {
+			if got := seenAs(t, client, netip.AddrPortFrom(x.dst, 9000)); got != x.want.String() {
+				t.Errorf("client (node-1) -> outside %s: seen as %s, want node-1's %s", x.dst, got, x.want)
+			}
+		}
+	})
+
+	t.Run("pod to pod keeps the pod's address", func(t *testing.T) {
+		for _, dst := range []netip.Addr{server.IPv4, server.IPv6} {
+			r := c.DialTCP("client", netip.AddrPortFrom(dst, 8080))
+			if r.Error != "" || r.Reply.Remote.Addr() != r.Local.Addr() || (r.Local.Addr() != client.IPv4 && r.Local.Addr() != client.IPv6) {
+				t.Errorf("client (node-1) -> server %s (node-2): %+v, want the server seeing the client's own address", dst, r)
+			}
+		}
+	})
+
+	t.Run("pod to node keeps the pod's address", func(t *testing.T) {
+		for _, x := range []struct {
+			node string
+			dst  netip.Addr
+			want netip.Addr
+		}{{"node-2", n2.IPv4, client.IPv4}, {"node-2", n2.IPv6, client.IPv6}, {"node-1", n1.IPv4, client.IPv4}} {
+			start := time.Now()
+			got := seenAs(t, client, netip.AddrPortFrom(x.dst, 9100))
+			t.Logf("client -> %s %s: seen as %s in %s", x.node, x.dst, got, time.Since(start).Round(time.Millisecond))
+			if got != x.want.String() {
+				t.Errorf("client (node-1) -> %s %s: seen as %s, want the pod's %s", x.node, x.dst, got, x.want)
+			}
+		}
+	})
+
+	t.Run("an established connection outlives a restart", func(t *testing.T) {
+		conn, err := dialFrom(client.NetNS, netip.AddrPortFrom(out.IPv4, 9000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if l, err := conn.line(); err != nil || l != "seen "+n1.IPv4.String() {
+			t.Fatalf("outside saw %q (%v), want node-1's address", l, err)
+		}
+		echo := func(when string) {
+			t.Helper()
+			fmt.Fprintln(conn, when)
+			if l, err := conn.line(); err != nil || l != when {
+				t.Fatalf("%s: echo %q (%v), want %q", when, l, err, when)
+			}
+		}
+		echo("before")
+		changes := watchNFT(t, n1.NetNS)
+		c.StopAgent("node-1")
+		echo("agent-stopped")
+		if got := seenAs(t, client, netip.AddrPortFrom(out.IPv4, 9001)); got != n1.IPv4.String() {
+			t.Errorf("a new connection while node-1's agent is stopped: seen as %s, want node-1's %s", got, n1.IPv4)
+		}
+		c.StartAgent("node-1")
+		echo("agent-restarted")
+		if got := changes(); len(got) > 0 {
+			t.Errorf("nftables changes in node-1 while its agent stopped and started: %v", got)
+		}
+	})
+
+	t.Run("NAT entries are collected", func(t *testing.T) {
+		// TIME_WAIT entries in node-1's conntrack last 1s instead of 120s.
+		err := nettest.Do(n1.NetNS, func() error {
+			return os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_time_wait", []byte("1"), 0o644)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 10000
+		to := netip.AddrPortFrom(out.IPv4, 9002)
+		if left := natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4); len(left) > 0 {
+			t.Fatalf("NAT entries to %s before the connections: %v", to, left)
+		}
+		start := time.Now()
+		err = nettest.Do(client.NetNS, func() error {
+			for i := range n {
+				c, err := net.DialTimeout("tcp", to.String(), 5*time.Second)
+				if err != nil {
+					return fmt.Errorf("connection %d: %w", i, err)
+				}
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				l, err := bufio.NewReader(c).ReadString('\n')
+				c.Close()
+				if err != nil || strings.TrimSpace(l) != "seen "+n1.IPv4.String() {
+					return fmt.Errorf("connection %d: outside saw %q (%v), want node-1's address", i, l, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		peak := len(natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4))
+		t.Logf("%d connections in %s; %d NAT entries right after", n, took.Round(time.Millisecond), peak)
+		if peak == 0 {
+			t.Fatalf("no NAT entry of the %d connections in node-1's conntrack: is the count wrong?", n)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			left := natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4)
+			if len(left) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of the NAT entries of %d closed connections are still in node-1's conntrack 30s later (TIME_WAIT lasts 1s): %v", len(left), n, left)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+}
+
+// natEntries are the conntrack entries in the namespace of TCP from pod
+// to `to` translated to the node's address.
+func natEntries(t *testing.T, nsPath string, pod netip.Addr, to netip.AddrPort, node netip.Addr) []string {
+	t.Helper()
+	h := nlHandle(t, nsPath)
+	defer h.Close()
+	flows, err := h.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range flows {
+		src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+		back, _ := netip.AddrFromSlice(f.Reverse.DstIP.To4())
+		if f.Forward.Protocol == 6 && src == pod && dst == to.Addr() && f.Forward.DstPort == to.Port() && back == node {
+			state := -1
+			if tcp, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP); ok {
+				state = int(tcp.State)
+			}
+			out = append(out, fmt.Sprintf("sport %d->%d tcp state %d timeout %ds", f.Forward.SrcPort, f.Reverse.DstPort, state, f.TimeOut))
+		}
+	}
+	return out
+}
+
+// watchNFT records the nftables changes in a namespace from now; the
+// function it returns stops and lists them.
+func watchNFT(t *testing.T, nsPath string) func() []string {
+	t.Helper()
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon := nftables.NewMonitor()
+	events, err := c.AddMonitor(mon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range events {
+			got = append(got, fmt.Sprintf("%d %+v", e.Type, e.Data))
+		}
+	}()
+	return func() []string {
+		mon.Close()
+		<-done
+		ns.Close()
+		return got
+	}
+}
