@@ -90,10 +90,7 @@ func TestKubeAPIServer(t *testing.T) {
 	k8sFlags := []string{"--k8s-mode", "kubeconfig", "--kubeconfig", kubeconfig, "--node-name", nodeName, "--ipam", "kubernetes"}
 	agent := startAgent(t, append(env.runFlags(), k8sFlags...)...)
 	agent.waitFor("Started hive")
-	go func() {
-		for range agent.logs {
-		}
-	}()
+	go drainLogs(agent.logs)
 	if err := waitAgentReady(t, env.socket, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -147,10 +144,7 @@ func TestKubeAPIServer(t *testing.T) {
 	kas.WriteKubeconfig(t, kubeconfig, token)
 	// It logs the refusals as errors: not a failure here.
 	agent = startAgent(t, append(env2.runFlags(), k8sFlags...)...)
-	go func() {
-		for range agent.logs {
-		}
-	}()
+	go drainLogs(agent.logs)
 	err = waitAgentReady(t, env2.socket, 15*time.Second)
 	if err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "endpointslices") {
 		t.Fatalf("agent without list on endpointslices: %v; want not ready, naming the forbidden endpointslices", err)
@@ -300,4 +294,12 @@ func waitDump(t *testing.T, socket, name, substr string) {
 		out, errOut, code := agentCmd(t, "map", "dump", name, "--api-socket", socket)
 		return code == 0 && strings.Contains(out, substr), out + errOut
 	})
+}
+
+// drainLogs reads an agent's log lines until it exits. It takes the
+// channel, not the agentProc: the test starts another agent in the same
+// variable.
+func drainLogs(logs <-chan map[string]any) {
+	for range logs {
+	}
 }
