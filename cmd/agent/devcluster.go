@@ -68,6 +68,21 @@ func requireRootFor(cmd *cobra.Command) error {
 	return nil
 }
 
+// run runs fn with the cluster, as root, with a context that SIGINT and
+// SIGTERM cancel: what every command that changes the cluster does first.
+func (f *devClusterFlags) run(cmd *cobra.Command, fn func(ctx context.Context, c *devcluster.Cluster) error) error {
+	if err := requireRootFor(cmd); err != nil {
+		return err
+	}
+	c, err := f.load()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext(cmd)
+	defer cancel()
+	return fn(ctx, c)
+}
+
 // signalContext is cancelled by SIGINT and SIGTERM.
 func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -111,9 +126,6 @@ func newDevClusterRelayCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command 
 			"dev-cluster down` stops it.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRootFor(cmd); err != nil {
-				return err
-			}
 			if bin == "" {
 				relayBin, _, err := hubblerelay.Binaries()
 				if err != nil {
@@ -121,18 +133,14 @@ func newDevClusterRelayCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command 
 				}
 				bin = relayBin
 			}
-			c, err := f.load()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			if err := c.StartRelay(ctx, bin); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "hubble-relay serves on %s in the namespace %s:\n  nsenter --net=%s hubble observe --server %s\n",
-				c.RelayAddress(), c.BridgeNetNS(), c.BridgeNetNS(), c.RelayAddress())
-			return nil
+			return f.run(cmd, func(ctx context.Context, c *devcluster.Cluster) error {
+				if err := c.StartRelay(ctx, bin); err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "hubble-relay serves on %s in the namespace %s:\n  nsenter --net=%s hubble observe --server %s\n",
+					c.RelayAddress(), c.BridgeNetNS(), c.BridgeNetNS(), c.RelayAddress())
+				return nil
+			})
 		},
 	}
 	start.Flags().StringVar(&bin, "relay-bin", "", "The hubble-relay binary (default: the one `make hubble-relay` built, or $HUBBLE_RELAY_BIN)")
@@ -141,16 +149,9 @@ func newDevClusterRelayCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command 
 		Short: "Stop hubble-relay",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRootFor(cmd); err != nil {
-				return err
-			}
-			c, err := f.load()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			return c.StopRelay(ctx)
+			return f.run(cmd, func(ctx context.Context, c *devcluster.Cluster) error {
+				return c.StopRelay(ctx)
+			})
 		},
 	}
 	relay.AddCommand(start, stop)
@@ -336,24 +337,17 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 			"labels, and prints the pod's addresses.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := requireRootFor(cmd); err != nil {
-				return err
-			}
 			lbls, err := parseLabels(labels)
 			if err != nil {
 				return err
 			}
-			c, err := f.load()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			p, err := c.AddPod(ctx, args[0], args[1], lbls)
-			if err != nil {
-				return err
-			}
-			return addOut.print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
+			return f.run(cmd, func(ctx context.Context, c *devcluster.Cluster) error {
+				p, err := c.AddPod(ctx, args[0], args[1], lbls)
+				if err != nil {
+					return err
+				}
+				return addOut.print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
+			})
 		},
 	}
 	add.Flags().StringArrayVar(&labels, "label", nil, "A label of the pod, key=value (repeat for more)")
@@ -364,20 +358,13 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 		Short: "Delete a pod: the CNI DEL, its manifest and its network namespace",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := requireRootFor(cmd); err != nil {
-				return err
-			}
-			c, err := f.load()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := signalContext(cmd)
-			defer cancel()
-			if err := c.DeletePod(ctx, args[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "Deleted pod %s\n", args[0])
-			return nil
+			return f.run(cmd, func(ctx context.Context, c *devcluster.Cluster) error {
+				if err := c.DeletePod(ctx, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "Deleted pod %s\n", args[0])
+				return nil
+			})
 		},
 	}
 
