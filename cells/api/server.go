@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/flagcheck"
 )
 
 // Config is the api cell's configuration.
@@ -60,6 +61,9 @@ type Server struct {
 func newServer(p serverParams) (*Server, error) {
 	if p.Config.APISocket == "" || !filepath.IsAbs(p.Config.APISocket) {
 		return nil, fmt.Errorf("invalid --api-socket %q: must be an absolute path", p.Config.APISocket)
+	}
+	if err := flagcheck.Creatable(p.Config.APISocket); err != nil {
+		return nil, fmt.Errorf("invalid --api-socket %q: %w", p.Config.APISocket, err)
 	}
 	s := &Server{cfg: p.Config, log: p.Log, mux: http.NewServeMux()}
 	for _, route := range p.Routes {

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cellium/cellium/pkg/flagcheck"
+
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -76,6 +78,9 @@ func newDaemon(cfg Config, lc cell.Lifecycle, log *slog.Logger) (out, error) {
 	for _, dir := range []struct{ flag, path string }{{"state-dir", cfg.StateDir}, {"run-dir", cfg.RunDir}} {
 		if !filepath.IsAbs(dir.path) {
 			return out{}, fmt.Errorf("invalid --%s %q: must be an absolute path", dir.flag, dir.path)
+		}
+		if err := flagcheck.Creatable(dir.path); err != nil {
+			return out{}, fmt.Errorf("invalid --%s %q: %w", dir.flag, dir.path, err)
 		}
 	}
 	name, err := nodeName(cfg.NodeName)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/flagcheck"
 )
 
 // Config is the health cell's configuration.
@@ -69,7 +70,7 @@ func newProbeServer(p probeParams) (*probeServer, error) {
 		p.Health.OK("Probe server disabled (--health-addr is empty)")
 		return nil, nil
 	}
-	if _, _, err := net.SplitHostPort(p.Config.HealthAddr); err != nil {
+	if err := flagcheck.HostPort(p.Config.HealthAddr); err != nil {
 		return nil, fmt.Errorf("invalid --health-addr %q: want host:port, e.g. 127.0.0.1:9879: %w", p.Config.HealthAddr, err)
 	}
 	mux := http.NewServeMux()

@@ -5,8 +5,9 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/cellium/cellium/pkg/flagcheck"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -44,20 +45,12 @@ func ListenAddress(listen, runDir string) (Address, error) {
 		if !filepath.IsAbs(path) {
 			return Address{}, fmt.Errorf("invalid --hubble-listen-address %q: a unix socket needs an absolute path, as in unix:///var/run/cellium/hubble.sock", listen)
 		}
+		if err := flagcheck.Creatable(path); err != nil {
+			return Address{}, fmt.Errorf("invalid --hubble-listen-address %q: %w", listen, err)
+		}
 		return Address{Network: "unix", Addr: filepath.Clean(path)}, nil
 	}
-	host, port, err := net.SplitHostPort(listen)
-	if err == nil && host != "" {
-		if _, perr := netip.ParseAddr(host); perr != nil && host != "localhost" {
-			err = fmt.Errorf("host %q is not an IP address or localhost", host)
-		}
-	}
-	if err == nil {
-		if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
-			err = fmt.Errorf("port %q is not a port number", port)
-		}
-	}
-	if err != nil {
+	if err := flagcheck.HostPort(listen); err != nil {
 		return Address{}, fmt.Errorf("invalid --hubble-listen-address %q: want empty (unix socket in --run-dir), unix:/path/to/socket or host:port such as :4244 (%v)", listen, err)
 	}
 	return Address{Network: "tcp", Addr: listen}, nil

@@ -255,6 +255,10 @@ func TestBadConfigStartsNothing(t *testing.T) {
 			want: `invalid --proc-fs "/nonexistent": stat /nonexistent: no such file or directory`},
 		{name: "missing devices-netns", args: []string{"--devices-netns", "/nonexistent"},
 			want: `invalid --devices-netns "/nonexistent": stat /nonexistent: no such file or directory`},
+		{name: "port out of range", args: []string{"--health-addr", "127.0.0.1:99999"},
+			want: `invalid --health-addr "127.0.0.1:99999": want host:port, e.g. 127.0.0.1:9879: port "99999" is not a port number (0 to 65535)`},
+		{name: "socket under a file", args: []string{"--hubble-listen-address", "unix://$DIR/file/hubble.sock"},
+			want: `/file/hubble.sock": $DIR/file is not a directory`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -266,6 +270,12 @@ func TestBadConfigStartsNothing(t *testing.T) {
 				os.WriteFile(filepath.Join(configDir, k), []byte(v), 0o644)
 			}
 			socket := filepath.Join(dir, "agent.sock")
+			// $DIR in a case is its directory, which holds a regular file "file".
+			os.WriteFile(filepath.Join(dir, "file"), nil, 0o644)
+			for i := range tc.args {
+				tc.args[i] = strings.ReplaceAll(tc.args[i], "$DIR", dir)
+			}
+			tc.want = strings.ReplaceAll(tc.want, "$DIR", dir)
 			args := append([]string{"run", "--config-dir", configDir, "--api-socket", socket,
 				"--state-dir", filepath.Join(dir, "state"), "--health-addr", "",
 				"--bpf-root", filepath.Join(dir, "bpffs"), "--proc-fs", filepath.Join(dir, "proc")}, tc.args...)
