@@ -105,28 +105,9 @@ func (tp *topology) rules() masquerade.Ruleset {
 // TIME_WAIT is the server's).
 func serve(t testing.TB, in ns.NetNS, addr netip.AddrPort) {
 	t.Helper()
-	var ln net.Listener
-	err := nettest.Do(in.Path(), func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr.String())
-		return err
+	nettest.Serve(t, in.Path(), addr.String(), func(c net.Conn) {
+		fmt.Fprint(c, c.RemoteAddr().(*net.TCPAddr).IP.String())
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				fmt.Fprint(c, c.RemoteAddr().(*net.TCPAddr).IP.String())
-			}()
-		}
-	}()
 }
 
 // seenAs connects from the pod to addr and returns the source address the
@@ -222,31 +203,7 @@ func TestMasqueradeTraffic(t *testing.T) {
 // serveEcho listens in a namespace on addr and sends every line back.
 func serveEcho(t testing.TB, in ns.NetNS, addr netip.AddrPort) {
 	t.Helper()
-	var ln net.Listener
-	err := nettest.Do(in.Path(), func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr.String())
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					fmt.Fprintln(c, sc.Text())
-				}
-			}()
-		}
-	}()
+	nettest.Serve(t, in.Path(), addr.String(), nettest.Echo)
 }
 
 // conns opens and closes connections from the pod to addr, one after
@@ -356,32 +313,10 @@ func BenchmarkMasqueradeConnections(b *testing.B) {
 // the address and port it came from, then every line is sent back.
 func serveAddrPort(t testing.TB, in ns.NetNS, addr netip.AddrPort) {
 	t.Helper()
-	var ln net.Listener
-	err := nettest.Do(in.Path(), func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr.String())
-		return err
+	nettest.Serve(t, in.Path(), addr.String(), func(c net.Conn) {
+		fmt.Fprintln(c, c.RemoteAddr().String())
+		nettest.Echo(c)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				fmt.Fprintln(c, c.RemoteAddr().String())
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					fmt.Fprintln(c, sc.Text())
-				}
-			}()
-		}
-	}()
 }
 
 // lineConn is a connection to a serveAddrPort server.

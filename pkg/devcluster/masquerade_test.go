@@ -25,36 +25,13 @@ import (
 // sends is sent back, else it is closed (the server closes first).
 func serveSeen(t *testing.T, nsPath string, port uint16, echo bool) {
 	t.Helper()
-	var ln net.Listener
-	err := nettest.Do(nsPath, func() error {
-		var err error
-		ln, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", port))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				remote := netip.MustParseAddrPort(c.RemoteAddr().String())
-				fmt.Fprintf(c, "seen %s\n", remote.Addr().Unmap())
-				if !echo {
-					return
-				}
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					fmt.Fprintln(c, sc.Text())
-				}
-			}()
+	nettest.Serve(t, nsPath, fmt.Sprintf("[::]:%d", port), func(c net.Conn) {
+		remote := netip.MustParseAddrPort(c.RemoteAddr().String())
+		fmt.Fprintf(c, "seen %s\n", remote.Addr().Unmap())
+		if echo {
+			nettest.Echo(c)
 		}
-	}()
+	})
 }
 
 // conn is a connection made from a pod's namespace by this process.

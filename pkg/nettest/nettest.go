@@ -8,6 +8,7 @@
 package nettest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -137,6 +138,38 @@ func In[T any](path string, fn func() (T, error)) (T, error) {
 		return err
 	})
 	return v, err
+}
+
+// Serve listens on TCP addr in the network namespace at path and hands
+// each connection to handle in a goroutine of its own, closing it after;
+// it stops when the test ends.
+func Serve(t testing.TB, path, addr string, handle func(net.Conn)) {
+	t.Helper()
+	ln, err := In(path, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+	if err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, path, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+}
+
+// Echo sends every line it reads back on c.
+func Echo(c net.Conn) {
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		fmt.Fprintln(c, sc.Text())
+	}
 }
 
 // Ping sends one ICMP echo request from the network namespace at nsPath to
