@@ -37,8 +37,9 @@ func HostPort(addr string) error {
 
 // Creatable checks that path can be made, as a file or a directory: the
 // nearest of it and its parents that exists is a directory (or path itself
-// is one). It reads, never writes: whether the agent may write there shows
-// at start.
+// is one). It reads, never writes, and says nothing of what it cannot
+// read: whether the agent may write there shows at start. So `agent hive`
+// works as any user.
 func Creatable(path string) error {
 	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
 		fi, err := os.Stat(p)
@@ -48,7 +49,9 @@ func Creatable(path string) error {
 		case err == nil:
 			return fmt.Errorf("%s is not a directory", p)
 		case !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
-			return err
+			// Not ours to look into (permission denied, say): whether
+			// the path can be made shows at start.
+			return nil
 		}
 		if p == filepath.Dir(p) {
 			return nil

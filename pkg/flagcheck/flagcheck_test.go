@@ -1,10 +1,15 @@
 package flagcheck
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestHostPort(t *testing.T) {
@@ -41,5 +46,30 @@ func TestCreatable(t *testing.T) {
 		if (want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), want) {
 			t.Errorf("Creatable(%q) = %v, want %q", path, err, want)
 		}
+	}
+}
+
+// A path the caller may not look into is no error: start finds out.
+func TestCreatableUnreadable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to check as another user")
+	}
+	private := filepath.Join(t.TempDir(), "private")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(private, "x", "agent.sock")
+	// The file system user of this thread alone becomes nobody.
+	runtime.LockOSThread()
+	unix.Setfsuid(65534)
+	_, statErr := os.Stat(path)
+	err := Creatable(path)
+	unix.Setfsuid(0)
+	runtime.UnlockOSThread()
+	if !errors.Is(statErr, fs.ErrPermission) {
+		t.Skipf("the check did not run as nobody (stat: %v)", statErr)
+	}
+	if err != nil {
+		t.Fatalf("Creatable under a directory nobody may read = %v, want nil", err)
 	}
 }
