@@ -354,11 +354,13 @@ func TestOrphanGoneWithoutDeleteIsReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	second.waitAllocations(t)
-	if second.logs.Find("Released the addresses of a container without state whose interface is gone", "container", p.id) == nil {
-		t.Error("no log line for the release")
-	}
+	// The job logs the release after the addresses go and reports health
+	// after that: once health has changed, the line is there.
 	row := second.waitHealth(t, "endpoint-manager.state", func(s *health.Status) bool { return s != nil && !strings.Contains(s.Error, p.id) })
 	if !strings.Contains(row.Error, path) {
 		t.Errorf("health after the release = %q, want the moved file still named", row.Error)
+	}
+	if second.logs.Find("Released the addresses of a container without state whose interface is gone", "container", p.id) == nil {
+		t.Error("no log line for the release")
 	}
 }
