@@ -1,0 +1,194 @@
+package loader_test
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/bpf"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loader/socklbtest"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// nodePortHooks are the device hooks: pin suffix, attach type and program.
+var nodePortHooks = []struct {
+	name, program string
+	attach        ebpf.AttachType
+}{
+	{"ingress", bpf.NodePortProgCelliumNodeportIngress, ebpf.AttachTCXIngress},
+	{"egress", bpf.NodePortProgCelliumNodeportEgress, ebpf.AttachTCXEgress},
+}
+
+// addDevice makes a veth pair in the test's namespace, which the devices
+// table describes, and returns the ifindex of one end there.
+func addDevice(t *testing.T, env *socklbtest.Env) (string, int) {
+	t.Helper()
+	name := fmt.Sprintf("npdev%06x", rand.Uint32()&0xffffff)
+	var index int
+	err := nettest.Do(env.NetNS, func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		index = l.Attrs().Index
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, index
+}
+
+func putDevice(t *testing.T, d *socklbtest.Devices, name string, index int, selected bool) {
+	t.Helper()
+	txn := d.DB.WriteTxn(d.Table)
+	dev := &devices.Device{Index: index, Name: name, Type: "veth", Flags: net.FlagUp, Selected: selected}
+	if _, _, err := d.Table.Insert(txn, dev); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+}
+
+// waitDeviceLinks waits until the pins of ifindex's device links are there
+// (want) or gone, and checks that present ones are tcx links on that
+// device running the NodePort programs.
+func waitDeviceLinks(t *testing.T, root string, ifindex int, want bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, h := range nodePortHooks {
+		pin := filepath.Join(root, "cellium", "links", "devices", strconv.Itoa(ifindex)+"-"+h.name)
+		for {
+			_, err := os.Stat(pin)
+			if (err == nil) == want {
+				break
+			}
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pin %s: present = %v after 10s, want %v", pin, err == nil, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !want {
+			continue
+		}
+		lnk, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := lnk.Info()
+		lnk.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tcx := info.TCX()
+		if tcx == nil || int(tcx.Ifindex) != ifindex || ebpf.AttachType(tcx.AttachType) != h.attach {
+			t.Fatalf("pin %s: %v link %+v, want tcx %s on ifindex %d", pin, info.Type, tcx, h.attach, ifindex)
+		}
+		prog, err := ebpf.NewProgramFromID(info.Program)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pinfo, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pinfo.Name != h.program {
+			t.Errorf("pin %s runs program %q, want %q", pin, pinfo.Name, h.program)
+		}
+	}
+}
+
+// TestNodePortDevicePrograms: the NodePort programs go onto selected
+// devices, not onto the others, stay attached through a restart, and come
+// off a device that is no longer selected, and off every device with
+// --enable-nodeport=false.
+func TestNodePortDevicePrograms(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	selectedName, selected := addDevice(t, env)
+	otherName, other := addDevice(t, env)
+
+	start := func(enabled bool) (*socklbtest.Devices, func()) {
+		var (
+			devs *socklbtest.Devices
+			maps *lbmaps.Maps
+		)
+		h := env.Datapath(root, &maps, cell.Invoke(func(d *socklbtest.Devices) { devs = d }))
+		h.Viper().Set("enable-nodeport", enabled)
+		stop := startLogging(t, h, hivetest.Logger(t))
+		return devs, stop
+	}
+
+	devs, stop := start(true)
+	putDevice(t, devs, selectedName, selected, true)
+	putDevice(t, devs, otherName, other, false)
+	devs.Listed()
+	waitDeviceLinks(t, root, selected, true)
+	waitDeviceLinks(t, root, other, false)
+	before := deviceLinkIDs(t, root, selected)
+	stop()
+
+	// A restarted agent moves the pinned links to its programs: the same
+	// links, so the device is never without them.
+	devs, stop = start(true)
+	putDevice(t, devs, selectedName, selected, true)
+	putDevice(t, devs, otherName, other, false)
+	devs.Listed()
+	waitDeviceLinks(t, root, selected, true)
+	if after := deviceLinkIDs(t, root, selected); after != before {
+		t.Errorf("links after the restart %v, want the same as before %v", after, before)
+	}
+
+	putDevice(t, devs, selectedName, selected, false)
+	waitDeviceLinks(t, root, selected, false)
+	putDevice(t, devs, selectedName, selected, true)
+	waitDeviceLinks(t, root, selected, true)
+	stop()
+
+	// --enable-nodeport=false takes them off.
+	_, stop = start(false)
+	defer stop()
+	waitDeviceLinks(t, root, selected, false)
+}
+
+// deviceLinkIDs are the IDs of the links pinned for ifindex's device.
+func deviceLinkIDs(t *testing.T, root string, ifindex int) [2]link.ID {
+	t.Helper()
+	var ids [2]link.ID
+	for i, h := range nodePortHooks {
+		lnk, err := link.LoadPinnedLink(filepath.Join(root, "cellium", "links", "devices", strconv.Itoa(ifindex)+"-"+h.name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := lnk.Info()
+		lnk.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = info.ID
+	}
+	return ids
+}
