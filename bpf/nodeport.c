@@ -58,12 +58,48 @@ struct nodeport4_nat_key {
 	__u8 pad[2];
 };
 
-/* IN: the backend the packet goes to. OUT: the frontend the reply comes from. */
+/*
+ * IN: the backend the packet goes to and, with NODEPORT_NAT_F_SNAT, the
+ * node address and port it is sent from. OUT: the frontend the reply comes
+ * from and, with NODEPORT_NAT_F_SNAT, the client it goes back to.
+ */
 struct nodeport4_nat {
 	__be32 address;
 	__be16 port;
 	__u16 rev_nat_index;
+	__be32 snat_address;
+	__be16 snat_port;
+	__u8 flags; /* NODEPORT_NAT_F_* */
+	__u8 pad;
 };
+
+/* The source was translated too: the backend is on another node. */
+#define NODEPORT_NAT_F_SNAT 1
+
+/* A selected device's IPv4 node address, which the agent writes. */
+struct nodeport4_device {
+	__be32 address;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32); /* ifindex */
+	__type(value, struct nodeport4_device);
+	__uint(max_entries, 256);
+} cellium_nodeport4_devices SEC(".maps");
+
+/*
+ * The ports a connection to a remote backend is sent from, on the node's
+ * address: above Linux's default ephemeral range (32768-60999), so that
+ * they are not the node's own connections' ports.
+ */
+#define SNAT_PORT_MIN 61000
+#define SNAT_PORT_COUNT (65536 - SNAT_PORT_MIN)
+#define SNAT_PORT_TRIES 8
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -205,6 +241,58 @@ static __always_inline int select_backend4(struct __sk_buff *skb, const struct p
 	return 1;
 }
 
+/*
+ * forward4 sends a packet whose destination, and source, the program
+ * rewrote out of the device the routing table picks for it, with the
+ * next hop's MAC from the neighbour table. It cannot go through the
+ * stack: a forwarded packet from one of the node's own addresses is a
+ * martian there.
+ */
+static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 daddr, __u8 proto)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET,
+		.l4_protocol = proto,
+		.ifindex = skb->ifindex,
+		.ipv4_src = saddr,
+		.ipv4_dst = daddr,
+	};
+	long ret;
+
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS)
+		return TC_ACT_SHOT;
+	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+}
+
+/*
+ * snat_port4 picks the port on the node's address that a connection to a
+ * remote backend is sent from, and claims it by creating the reply's entry
+ * *out (whose dst_port it sets) with value *frontend: one no connection
+ * to the same backend uses. Returns 0, or -1 when the tries found none.
+ */
+static __always_inline int snat_port4(struct nodeport4_nat_key *out, const struct nodeport4_nat *frontend)
+{
+	__u32 i;
+
+	for (i = 0; i < SNAT_PORT_TRIES; i++) {
+		out->dst_port = bpf_htons(SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_COUNT);
+		if (!bpf_map_update_elem(&cellium_nodeport4_nat, out, frontend, BPF_NOEXIST))
+			return 0;
+	}
+	return -1;
+}
+
+/* reply4 translates the reply of a connection to a remote backend back. */
+static __always_inline int reply4(struct __sk_buff *skb, const struct packet4 *p, const struct nodeport4_nat *nat)
+{
+	__be32 client = nat->snat_address;
+
+	if (rewrite4(skb, p, false, client, nat->snat_port) || rewrite4(skb, p, true, nat->address, nat->port))
+		return TC_ACT_SHOT;
+	return forward4(skb, nat->address, client, p->proto);
+}
+
 SEC("tc")
 int cellium_nodeport_ingress(struct __sk_buff *skb)
 {
@@ -212,6 +300,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct nodeport4_nat_key in = {}, out = {};
 	struct nodeport4_nat backend = {}, frontend = {};
 	const struct nodeport4_nat *known;
+	const struct nodeport4_device *dev;
 	int ret;
 
 	if (!parse4(skb, &p))
@@ -221,8 +310,14 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	in.src_port = p.sport;
 	in.dst_port = p.dport;
 	in.proto = p.proto;
-	in.dir = NODEPORT_NAT_IN;
 
+	/* A remote backend's reply to the node's address. */
+	in.dir = NODEPORT_NAT_OUT;
+	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
+	if (known && (known->flags & NODEPORT_NAT_F_SNAT))
+		return reply4(skb, &p, known);
+
+	in.dir = NODEPORT_NAT_IN;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
 	if (known) {
 		backend = *known;
@@ -232,10 +327,6 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 			return TC_ACT_UNSPEC;
 		if (ret < 0)
 			return TC_ACT_SHOT;
-		/* Backends on other nodes are not done yet: the packet goes
-		 * on as it came. */
-		if (!local_endpoint4(backend.address))
-			return TC_ACT_UNSPEC;
 
 		out.src_addr = backend.address;
 		out.dst_addr = p.saddr;
@@ -246,15 +337,38 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
-		/* The reply's entry first: a packet translated without it
-		 * would get an answer that nothing translates back. */
-		if (bpf_map_update_elem(&cellium_nodeport4_nat, &out, &frontend, BPF_ANY) ||
-		    bpf_map_update_elem(&cellium_nodeport4_nat, &in, &backend, BPF_ANY))
+		if (!local_endpoint4(backend.address)) {
+			/* Another node's backend answers the node's address,
+			 * from which the packet is sent. */
+			__u32 ifindex = skb->ifindex;
+
+			dev = bpf_map_lookup_elem(&cellium_nodeport4_devices, &ifindex);
+			if (!dev || !dev->address)
+				return TC_ACT_UNSPEC;
+			frontend.flags = NODEPORT_NAT_F_SNAT;
+			frontend.snat_address = p.saddr;
+			frontend.snat_port = p.sport;
+			out.dst_addr = dev->address;
+			if (snat_port4(&out, &frontend))
+				return TC_ACT_SHOT;
+			backend.flags = NODEPORT_NAT_F_SNAT;
+			backend.snat_address = dev->address;
+			backend.snat_port = out.dst_port;
+		} else if (bpf_map_update_elem(&cellium_nodeport4_nat, &out, &frontend, BPF_ANY)) {
+			/* The reply's entry first: a packet translated without
+			 * it would get an answer that nothing translates back. */
+			return TC_ACT_SHOT;
+		}
+		if (bpf_map_update_elem(&cellium_nodeport4_nat, &in, &backend, BPF_ANY))
 			return TC_ACT_SHOT;
 	}
 	if (rewrite4(skb, &p, false, backend.address, backend.port))
 		return TC_ACT_SHOT;
-	return TC_ACT_UNSPEC;
+	if (!(backend.flags & NODEPORT_NAT_F_SNAT))
+		return TC_ACT_UNSPEC;
+	if (rewrite4(skb, &p, true, backend.snat_address, backend.snat_port))
+		return TC_ACT_SHOT;
+	return forward4(skb, backend.snat_address, backend.address, p.proto);
 }
 
 SEC("tc")
@@ -273,7 +387,8 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 	out.proto = p.proto;
 	out.dir = NODEPORT_NAT_OUT;
 	frontend = bpf_map_lookup_elem(&cellium_nodeport4_nat, &out);
-	if (!frontend)
+	/* A remote backend's replies arrive at ingress. */
+	if (!frontend || (frontend->flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;
 	if (rewrite4(skb, &p, true, frontend->address, frontend->port))
 		return TC_ACT_SHOT;

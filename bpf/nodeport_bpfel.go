@@ -142,11 +142,20 @@ type NodePortLbAffinityVal struct {
 	LastUsed  uint32
 }
 
+type NodePortNodeport4Device struct {
+	_       structs.HostLayout
+	Address uint32
+}
+
 type NodePortNodeport4Nat struct {
 	_           structs.HostLayout
 	Address     uint32
 	Port        uint16
 	RevNatIndex uint16
+	SnatAddress uint32
+	SnatPort    uint16
+	Flags       uint8
+	Pad         uint8
 }
 
 type NodePortNodeport4NatKey struct {
@@ -176,6 +185,7 @@ const (
 	NodePortMapCelliumLb6Services      = "cellium_lb6_services"
 	NodePortMapCelliumLb6SockRevnat    = "cellium_lb6_sock_revnat"
 	NodePortMapCelliumLbAffinity       = "cellium_lb_affinity"
+	NodePortMapCelliumNodeport4Devices = "cellium_nodeport4_devices"
 	NodePortMapCelliumNodeport4Nat     = "cellium_nodeport4_nat"
 	NodePortProgCelliumNodeportEgress  = "cellium_nodeport_egress"
 	NodePortProgCelliumNodeportIngress = "cellium_nodeport_ingress"
@@ -232,19 +242,20 @@ type NodePortProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NodePortMapSpecs struct {
-	CelliumEndpoints     *ebpf.MapSpec `ebpf:"cellium_endpoints"`
-	CelliumLb4Backends   *ebpf.MapSpec `ebpf:"cellium_lb4_backends"`
-	CelliumLb4Maglev     *ebpf.MapSpec `ebpf:"cellium_lb4_maglev"`
-	CelliumLb4Revnat     *ebpf.MapSpec `ebpf:"cellium_lb4_revnat"`
-	CelliumLb4Services   *ebpf.MapSpec `ebpf:"cellium_lb4_services"`
-	CelliumLb4SockRevnat *ebpf.MapSpec `ebpf:"cellium_lb4_sock_revnat"`
-	CelliumLb6Backends   *ebpf.MapSpec `ebpf:"cellium_lb6_backends"`
-	CelliumLb6Maglev     *ebpf.MapSpec `ebpf:"cellium_lb6_maglev"`
-	CelliumLb6Revnat     *ebpf.MapSpec `ebpf:"cellium_lb6_revnat"`
-	CelliumLb6Services   *ebpf.MapSpec `ebpf:"cellium_lb6_services"`
-	CelliumLb6SockRevnat *ebpf.MapSpec `ebpf:"cellium_lb6_sock_revnat"`
-	CelliumLbAffinity    *ebpf.MapSpec `ebpf:"cellium_lb_affinity"`
-	CelliumNodeport4Nat  *ebpf.MapSpec `ebpf:"cellium_nodeport4_nat"`
+	CelliumEndpoints        *ebpf.MapSpec `ebpf:"cellium_endpoints"`
+	CelliumLb4Backends      *ebpf.MapSpec `ebpf:"cellium_lb4_backends"`
+	CelliumLb4Maglev        *ebpf.MapSpec `ebpf:"cellium_lb4_maglev"`
+	CelliumLb4Revnat        *ebpf.MapSpec `ebpf:"cellium_lb4_revnat"`
+	CelliumLb4Services      *ebpf.MapSpec `ebpf:"cellium_lb4_services"`
+	CelliumLb4SockRevnat    *ebpf.MapSpec `ebpf:"cellium_lb4_sock_revnat"`
+	CelliumLb6Backends      *ebpf.MapSpec `ebpf:"cellium_lb6_backends"`
+	CelliumLb6Maglev        *ebpf.MapSpec `ebpf:"cellium_lb6_maglev"`
+	CelliumLb6Revnat        *ebpf.MapSpec `ebpf:"cellium_lb6_revnat"`
+	CelliumLb6Services      *ebpf.MapSpec `ebpf:"cellium_lb6_services"`
+	CelliumLb6SockRevnat    *ebpf.MapSpec `ebpf:"cellium_lb6_sock_revnat"`
+	CelliumLbAffinity       *ebpf.MapSpec `ebpf:"cellium_lb_affinity"`
+	CelliumNodeport4Devices *ebpf.MapSpec `ebpf:"cellium_nodeport4_devices"`
+	CelliumNodeport4Nat     *ebpf.MapSpec `ebpf:"cellium_nodeport4_nat"`
 }
 
 // NodePortVariableSpecs contains global variables before they are loaded into the kernel.
@@ -274,19 +285,20 @@ func (o *NodePortObjects) Close() error {
 //
 // It can be passed to LoadNodePortObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NodePortMaps struct {
-	CelliumEndpoints     *ebpf.Map `ebpf:"cellium_endpoints"`
-	CelliumLb4Backends   *ebpf.Map `ebpf:"cellium_lb4_backends"`
-	CelliumLb4Maglev     *ebpf.Map `ebpf:"cellium_lb4_maglev"`
-	CelliumLb4Revnat     *ebpf.Map `ebpf:"cellium_lb4_revnat"`
-	CelliumLb4Services   *ebpf.Map `ebpf:"cellium_lb4_services"`
-	CelliumLb4SockRevnat *ebpf.Map `ebpf:"cellium_lb4_sock_revnat"`
-	CelliumLb6Backends   *ebpf.Map `ebpf:"cellium_lb6_backends"`
-	CelliumLb6Maglev     *ebpf.Map `ebpf:"cellium_lb6_maglev"`
-	CelliumLb6Revnat     *ebpf.Map `ebpf:"cellium_lb6_revnat"`
-	CelliumLb6Services   *ebpf.Map `ebpf:"cellium_lb6_services"`
-	CelliumLb6SockRevnat *ebpf.Map `ebpf:"cellium_lb6_sock_revnat"`
-	CelliumLbAffinity    *ebpf.Map `ebpf:"cellium_lb_affinity"`
-	CelliumNodeport4Nat  *ebpf.Map `ebpf:"cellium_nodeport4_nat"`
+	CelliumEndpoints        *ebpf.Map `ebpf:"cellium_endpoints"`
+	CelliumLb4Backends      *ebpf.Map `ebpf:"cellium_lb4_backends"`
+	CelliumLb4Maglev        *ebpf.Map `ebpf:"cellium_lb4_maglev"`
+	CelliumLb4Revnat        *ebpf.Map `ebpf:"cellium_lb4_revnat"`
+	CelliumLb4Services      *ebpf.Map `ebpf:"cellium_lb4_services"`
+	CelliumLb4SockRevnat    *ebpf.Map `ebpf:"cellium_lb4_sock_revnat"`
+	CelliumLb6Backends      *ebpf.Map `ebpf:"cellium_lb6_backends"`
+	CelliumLb6Maglev        *ebpf.Map `ebpf:"cellium_lb6_maglev"`
+	CelliumLb6Revnat        *ebpf.Map `ebpf:"cellium_lb6_revnat"`
+	CelliumLb6Services      *ebpf.Map `ebpf:"cellium_lb6_services"`
+	CelliumLb6SockRevnat    *ebpf.Map `ebpf:"cellium_lb6_sock_revnat"`
+	CelliumLbAffinity       *ebpf.Map `ebpf:"cellium_lb_affinity"`
+	CelliumNodeport4Devices *ebpf.Map `ebpf:"cellium_nodeport4_devices"`
+	CelliumNodeport4Nat     *ebpf.Map `ebpf:"cellium_nodeport4_nat"`
 }
 
 func (m *NodePortMaps) Close() error {
@@ -303,6 +315,7 @@ func (m *NodePortMaps) Close() error {
 		m.CelliumLb6Services,
 		m.CelliumLb6SockRevnat,
 		m.CelliumLbAffinity,
+		m.CelliumNodeport4Devices,
 		m.CelliumNodeport4Nat,
 	)
 }

@@ -3,18 +3,21 @@ package bpf_test
 import (
 	"encoding/binary"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"reflect"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/bpf/bpftest"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
@@ -39,6 +42,7 @@ type nodeport struct {
 	services         *ebpf.Map
 	backends         *ebpf.Map
 	nat              *ebpf.Map
+	devices          *ebpf.Map
 	nextBackend      lbmap.BackendID
 	nextRevNAT       lbmap.RevNATIndex
 	localEndpointsID uint16
@@ -77,6 +81,7 @@ func loadNodePort(t *testing.T) *nodeport {
 		nextBackend: 1,
 		nextRevNAT:  1,
 	}
+	n.devices = coll.Maps[bpf.NodePortMapCelliumNodeport4Devices]
 	info := endpointmaps.EndpointInfo{IfIndex: 100, EndpointID: 7}
 	if err := coll.Maps[bpf.NodePortMapCelliumEndpoints].Put(endpointmaps.KeyOf(localPod.Addr()), info); err != nil {
 		t.Fatal(err)
@@ -265,7 +270,8 @@ func TestNodePortUDPNoChecksum(t *testing.T) {
 
 // TestNodePortUntouched: what is no frontend, no TCP or UDP, or a reply
 // of no translated connection passes unchanged; a frontend without
-// backends drops; a remote backend is not done yet and passes unchanged.
+// backends drops; a remote backend passes unchanged while the device has
+// no node address to send from.
 func TestNodePortUntouched(t *testing.T) {
 	n := loadNodePort(t)
 	fe := netip.AddrPortFrom(nodeAddr, 30080)
@@ -285,7 +291,7 @@ func TestNodePortUntouched(t *testing.T) {
 		{"other protocol", n.ingress, checksummed4(unix.IPPROTO_UDP, client, fe, "x"), verdictNext},
 		{"ICMP", n.ingress, icmpPacket(client.Addr(), nodeAddr, icmpEcho, 0, 1), verdictNext},
 		{"IPv6", n.ingress, tcpPacket(netip.MustParseAddrPort("[2001:db8::1]:1000"), netip.MustParseAddrPort("[2001:db8::2]:30080"), syn), verdictNext},
-		{"remote backend", n.ingress, checksummed4(unix.IPPROTO_TCP, client, remoteFE, "x"), verdictNext},
+		{"remote backend, no node address", n.ingress, checksummed4(unix.IPPROTO_TCP, client, remoteFE, "x"), verdictNext},
 		{"untranslated reply", n.egress, checksummed4(unix.IPPROTO_TCP, localPod, client, "x"), verdictNext},
 		{"no backends", n.ingress, checksummed4(unix.IPPROTO_TCP, client, empty, "x"), verdictDrop},
 	} {
@@ -311,4 +317,128 @@ func TestNodePortMapLayout(t *testing.T) {
 	}
 	bpftest.CompareMap(t, bpf.NodePortMapCelliumNodeport4Nat, spec.Maps[bpf.NodePortMapCelliumNodeport4Nat],
 		reflect.TypeFor[nodeportmap.Key4](), reflect.TypeFor[nodeportmap.NAT4]())
+}
+
+const verdictRedirect = uint32(7) // TC_ACT_REDIRECT
+
+// natEntries are the NAT map's entries.
+func (n *nodeport) natEntries() map[nodeportmap.Key4]nodeportmap.NAT4 {
+	n.t.Helper()
+	var key nodeportmap.Key4
+	var val nodeportmap.NAT4
+	entries := map[nodeportmap.Key4]nodeportmap.NAT4{}
+	it := n.nat.Iterate()
+	for it.Next(&key, &val) {
+		entries[key] = val
+	}
+	if err := it.Err(); err != nil {
+		n.t.Fatal(err)
+	}
+	return entries
+}
+
+// TestNodePortRemoteBackend: a packet for a backend on another node leaves
+// from the node's address and a port of the SNAT range, redirected to the
+// device the route to the backend names; the backend's reply, arriving at
+// the node's address, goes back to the client from the frontend. The
+// programs run in a namespace of the test's own whose routes the FIB
+// lookups see (BPF_PROG_TEST_RUN runs them on its loopback device).
+func TestNodePortRemoteBackend(t *testing.T) {
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	err := nettest.Do(ns.Path(), func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
+			return err
+		}
+		for _, name := range []string{"np0p", "np0"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		dev, err := netlink.LinkByName("np0")
+		if err != nil {
+			return err
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
+		if err := netlink.AddrAdd(dev, addr); err != nil {
+			return err
+		}
+		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		proto uint8
+		lb    lbmap.Proto
+	}{
+		{"TCP", unix.IPPROTO_TCP, lbmap.TCP},
+		{"UDP", unix.IPPROTO_UDP, lbmap.UDP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := loadNodePort(t)
+			fe := netip.AddrPortFrom(nodeAddr, 30080)
+			n.service(fe, tc.lb, remotePod)
+			// BPF_PROG_TEST_RUN's packets arrive on loopback, ifindex 1.
+			if err := n.devices.Put(uint32(1), nodeportmap.Device4{Address: lbmap.NewAddr4(nodeAddr)}); err != nil {
+				t.Fatal(err)
+			}
+			run := func(prog *ebpf.Program, pkt []byte, want uint32) (out []byte) {
+				t.Helper()
+				err := nettest.Do(ns.Path(), func() error {
+					out = n.run(prog, pkt, want)
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+
+			var snat netip.AddrPort
+			for i := range 2 {
+				src, dst := parsed4(t, run(n.ingress, checksummed4(tc.proto, client, fe, "request"), verdictRedirect))
+				if src.Addr() != nodeAddr || src.Port() < 61000 || dst != remotePod {
+					t.Fatalf("packet %d: ingress made %v -> %v, want %v:61000-65535 -> %v", i, src, dst, nodeAddr, remotePod)
+				}
+				if i > 0 && src != snat {
+					t.Fatalf("packet %d leaves from %v, the first from %v", i, src, snat)
+				}
+				snat = src
+			}
+			src, dst := parsed4(t, run(n.ingress, checksummed4(tc.proto, remotePod, snat, "reply"), verdictRedirect))
+			if src != fe || dst != client {
+				t.Fatalf("reply: ingress made %v -> %v, want %v -> %v", src, dst, fe, client)
+			}
+			// The egress program leaves such a reply alone: it was
+			// translated at ingress.
+			reply := checksummed4(tc.proto, remotePod, client, "reply")
+			if out := run(n.egress, reply, verdictNext); !reflect.DeepEqual(out, reply) {
+				t.Errorf("egress changed a packet of a remote backend's connection")
+			}
+
+			proto := lbmap.Proto(tc.proto)
+			want := map[nodeportmap.Key4]nodeportmap.NAT4{
+				nodeportmap.NewKey4(proto, client, fe, nodeportmap.DirIn):       nodeportmap.NewSNAT4(remotePod, 1, snat),
+				nodeportmap.NewKey4(proto, remotePod, snat, nodeportmap.DirOut): nodeportmap.NewSNAT4(fe, 1, client),
+			}
+			if got := n.natEntries(); !reflect.DeepEqual(got, want) {
+				t.Errorf("NAT entries:\n got %v\nwant %v", got, want)
+			}
+		})
+	}
 }

@@ -61,18 +61,47 @@ func (k Key4) String() string {
 }
 
 // NAT4 is struct nodeport4_nat: the address a packet of the key's tuple
-// is translated to, and the frontend's reverse NAT index.
+// is translated to, and the frontend's reverse NAT index. With FlagSNAT
+// (a backend on another node), the SNAT address is, in, the node address
+// and port the packet is sent from and, out, the client's.
 type NAT4 struct {
 	Address     lbmap.Addr4
 	Port        lbmap.Port
 	RevNATIndex lbmap.RevNATIndex
+	SNATAddress lbmap.Addr4
+	SNATPort    lbmap.Port
+	Flags       uint8
+	_           uint8
 }
+
+// FlagSNAT is NODEPORT_NAT_F_SNAT: the source is translated too.
+const FlagSNAT = 1
 
 // NewNAT4 is the translation to to, for the frontend rev.
 func NewNAT4(to netip.AddrPort, rev lbmap.RevNATIndex) NAT4 {
 	return NAT4{Address: lbmap.NewAddr4(to.Addr()), Port: lbmap.NewPort(to.Port()), RevNATIndex: rev}
 }
 
+// NewSNAT4 is the translation to to, from (or back to) snat.
+func NewSNAT4(to netip.AddrPort, rev lbmap.RevNATIndex, snat netip.AddrPort) NAT4 {
+	v := NewNAT4(to, rev)
+	v.SNATAddress, v.SNATPort, v.Flags = lbmap.NewAddr4(snat.Addr()), lbmap.NewPort(snat.Port()), FlagSNAT
+	return v
+}
+
 func (v NAT4) String() string {
-	return fmt.Sprintf("%s:%s (frontend %d)", v.Address, v.Port, v.RevNATIndex)
+	s := fmt.Sprintf("%s:%s (frontend %d)", v.Address, v.Port, v.RevNATIndex)
+	if v.Flags&FlagSNAT != 0 {
+		s += fmt.Sprintf(" snat %s:%s", v.SNATAddress, v.SNATPort)
+	}
+	return s
+}
+
+// DevicesMapName is the map of the selected devices' IPv4 node addresses,
+// which a connection to a remote backend is sent from.
+const DevicesMapName = "cellium_nodeport4_devices"
+
+// Device4 is struct nodeport4_device.
+type Device4 struct {
+	Address lbmap.Addr4
 }
