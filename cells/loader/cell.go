@@ -25,7 +25,7 @@ var Cell = cell.Module(
 	cell.ProvidePrivate(newLXCPrograms),
 	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 
-	cell.ProvidePrivate(newNodePortNATMap),
+	cell.ProvidePrivate(newNodePortMaps),
 	cell.Invoke(registerNodePort),
 )
 

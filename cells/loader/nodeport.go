@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -25,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/pkg/lbmap"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
@@ -59,16 +61,38 @@ var nodePortProgramNames = map[endpointHook]string{
 
 func devicePinName(ifindex int, h endpointHook) string { return strconv.Itoa(ifindex) + "-" + h.name }
 
-// NodePortNATMap is the NodePort programs' NAT map.
-type NodePortNATMap = bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4]
+// nodePortMaps are the NodePort programs' own maps: the NAT map, which
+// the programs write, and the selected devices' node addresses, which the
+// NodePort job writes.
+type nodePortMaps struct {
+	NAT     *bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4]
+	Devices *bpfmaps.Map[uint32, nodeportmap.Device4]
+}
 
-func newNodePortNATMap(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*NodePortNATMap, error) {
+// maxDevices is the size of the devices map: selected devices.
+const maxDevices = 256
+
+func newNodePortMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*nodePortMaps, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return bpfmaps.NewMap[nodeportmap.Key4, nodeportmap.NAT4](lc, reg, bpfmaps.Spec{
+	var (
+		m   nodePortMaps
+		err error
+	)
+	m.NAT, err = bpfmaps.NewMap[nodeportmap.Key4, nodeportmap.NAT4](lc, reg, bpfmaps.Spec{
 		Name: nodeportmap.MapName, Type: ebpf.LRUHash, MaxEntries: cfg.LBNodePortNATMapMax,
 	})
+	if err != nil {
+		return nil, err
+	}
+	m.Devices, err = bpfmaps.NewMap[uint32, nodeportmap.Device4](lc, reg, bpfmaps.Spec{
+		Name: nodeportmap.DevicesMapName, Type: ebpf.Hash, MaxEntries: maxDevices,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &m, nil
 }
 
 type nodePortParams struct {
@@ -84,7 +108,7 @@ type nodePortParams struct {
 	Registry  *bpfmaps.Registry
 	LB        *lbmaps.Maps
 	Endpoints *endpointmaps.EndpointMap
-	NAT       *NodePortNATMap
+	Maps      *nodePortMaps
 	Health    cell.Health
 }
 
@@ -119,7 +143,8 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	}
 	replacements := n.p.LB.EBPF()
 	replacements[n.p.Endpoints.Name()] = n.p.Endpoints.EBPF()
-	replacements[n.p.NAT.Name()] = n.p.NAT.EBPF()
+	replacements[n.p.Maps.NAT.Name()] = n.p.Maps.NAT.EBPF()
+	replacements[n.p.Maps.Devices.Name()] = n.p.Maps.Devices.EBPF()
 	for name, m := range replacements {
 		ms, ok := spec.Maps[name]
 		if !ok {
@@ -173,11 +198,15 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 		devs, watch := n.p.Devices.AllWatch(txn)
 		initialized, initWatch := n.p.Devices.Initialized(txn)
 		want := map[string]bool{}
+		addrs := map[uint32]nodeportmap.Device4{}
 		var errs []error
 		attached := 0
 		for d := range devs {
 			if !d.Selected || !d.Up() {
 				continue
+			}
+			if a, ok := nodeAddress4(d); ok {
+				addrs[uint32(d.Index)] = nodeportmap.Device4{Address: lbmap.NewAddr4(a)}
 			}
 			for _, h := range nodePortHooks {
 				want[devicePinName(d.Index, h)] = true
@@ -191,6 +220,9 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 				}
 			}
 			attached++
+		}
+		if err := n.writeAddresses(addrs, initialized); err != nil {
+			errs = append(errs, err)
 		}
 		if initialized {
 			if err := n.prune(want); err != nil {
@@ -222,6 +254,52 @@ func (n *nodePortPrograms) disabled(_ context.Context, health cell.Health) error
 	}
 	health.OK("Disabled (--enable-nodeport=false): no programs on the devices")
 	return nil
+}
+
+// nodeAddress4 is the device's first global IPv4 address, which the
+// NodePort programs send connections to remote backends from.
+func nodeAddress4(d *devices.Device) (netip.Addr, bool) {
+	for _, a := range d.Addrs {
+		if a.Addr.Is4() && a.Scope == devices.ScopeGlobal && !a.Secondary {
+			return a.Addr, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// writeAddresses makes the devices map hold want; entries of other devices
+// go once the devices table is initialized.
+func (n *nodePortPrograms) writeAddresses(want map[uint32]nodeportmap.Device4, initialized bool) error {
+	m := n.p.Maps.Devices
+	var errs []error
+	for ifindex, dev := range want {
+		if err := m.Put(ifindex, dev); err != nil {
+			errs = append(errs, fmt.Errorf("write the node address of ifindex %d: %w", ifindex, err))
+		}
+	}
+	if !initialized {
+		return errors.Join(errs...)
+	}
+	var stale []uint32
+	var (
+		ifindex uint32
+		dev     nodeportmap.Device4
+	)
+	it := m.EBPF().Iterate()
+	for it.Next(&ifindex, &dev) {
+		if _, ok := want[ifindex]; !ok {
+			stale = append(stale, ifindex)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, ifindex := range stale {
+		if err := m.Delete(ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // attach makes the link pinned for the device at hook h run the hook's

@@ -6,8 +6,10 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
 // nodePortHooks are the device hooks: pin suffix, attach type and program.
@@ -62,11 +65,41 @@ func addDevice(t *testing.T, env *socklbtest.Env) (string, int) {
 func putDevice(t *testing.T, d *socklbtest.Devices, name string, index int, selected bool) {
 	t.Helper()
 	txn := d.DB.WriteTxn(d.Table)
-	dev := &devices.Device{Index: index, Name: name, Type: "veth", Flags: net.FlagUp, Selected: selected}
+	dev := &devices.Device{Index: index, Name: name, Type: "veth", Flags: net.FlagUp, Selected: selected,
+		Addrs: []devices.DeviceAddress{
+			{Addr: netip.MustParseAddr("fd00:90::11"), PrefixLen: 64, Scope: devices.ScopeGlobal},
+			{Addr: deviceAddr(index), PrefixLen: 24, Scope: devices.ScopeGlobal},
+		}}
 	if _, _, err := d.Table.Insert(txn, dev); err != nil {
 		t.Fatal(err)
 	}
 	txn.Commit()
+}
+
+// deviceAddr is the IPv4 address the test gives the device ifindex.
+func deviceAddr(ifindex int) netip.Addr { return netip.AddrFrom4([4]byte{10, 90, 0, byte(ifindex)}) }
+
+// nodeAddresses are the entries of the NodePort programs' devices map.
+func nodeAddresses(t *testing.T, root string) map[uint32]netip.Addr {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(root, "cellium", nodeportmap.DevicesMapName), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	got := map[uint32]netip.Addr{}
+	var (
+		ifindex uint32
+		dev     nodeportmap.Device4
+	)
+	it := m.Iterate()
+	for it.Next(&ifindex, &dev) {
+		got[ifindex] = dev.Address.Addr()
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // waitDeviceLinks waits until the pins of ifindex's device links are there
@@ -148,6 +181,9 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	devs.Listed()
 	waitDeviceLinks(t, root, selected, true)
 	waitDeviceLinks(t, root, other, false)
+	if got, want := nodeAddresses(t, root), map[uint32]netip.Addr{uint32(selected): deviceAddr(selected)}; !reflect.DeepEqual(got, want) {
+		t.Errorf("node addresses of the devices map: %v, want %v (the selected device's IPv4 address)", got, want)
+	}
 	before := deviceLinkIDs(t, root, selected)
 	stop()
 
@@ -164,6 +200,9 @@ func TestNodePortDevicePrograms(t *testing.T) {
 
 	putDevice(t, devs, selectedName, selected, false)
 	waitDeviceLinks(t, root, selected, false)
+	if got := nodeAddresses(t, root); len(got) != 0 {
+		t.Errorf("node addresses of the devices map with no device selected: %v", got)
+	}
 	putDevice(t, devs, selectedName, selected, true)
 	waitDeviceLinks(t, root, selected, true)
 	stop()
