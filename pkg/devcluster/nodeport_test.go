@@ -70,59 +70,91 @@ func udpSeenAs(nsPath string, to netip.AddrPort) string {
 	return "no answer"
 }
 
-// TestNodePortFromOutside: on a two-node dev-cluster, a client outside the
-// cluster (the outside namespace) reaches a NodePort Service at node-1's
-// address whose backend is a pod on node-1, over TCP and UDP; the backend
-// sees the client's own address, and the replies come back from node-1's
-// address and NodePort (the client's TCP handshake and its connected UDP
-// socket would take nothing else).
+// TestNodePortFromOutside: on a two-node dev-cluster (tunnel and native
+// routing), a
+// client outside the cluster (the outside namespace) reaches NodePort
+// Services at node-1's address over TCP and UDP: one whose backend is a pod
+// on node-1, which sees the client's own address, and one whose backend is
+// a pod on node-2, which sees node-1's (SNAT). The replies come back from
+// node-1's address and NodePort: the client's TCP handshake and its
+// connected UDP socket would take nothing else.
 func TestNodePortFromOutside(t *testing.T) {
-	c := devclustertest.Start(t, devcluster.Options{Nodes: 2})
+	for _, mode := range []string{"tunnel", "native"} {
+		t.Run(mode, func(t *testing.T) { nodePortFromOutside(t, mode) })
+	}
+}
+
+func nodePortFromOutside(t *testing.T, mode string) {
+	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, RoutingMode: mode})
 	web := c.AddPod("node-1", "web", map[string]string{"app": "web"})
+	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
-	serveSeen(t, web.NetNS, 8080, false)
-	serveUDPSeen(t, web.NetNS, 8053)
-	c.WriteManifest("web.yaml", fmt.Sprintf(`apiVersion: v1
+	for _, pod := range []devcluster.Pod{web, remote} {
+		serveSeen(t, pod.NetNS, 8080, false)
+		serveUDPSeen(t, pod.NetNS, 8053)
+	}
+	c.WriteManifest("web.yaml", nodePortService("web", "10.96.0.61", 30080, 30053, web.IPv4))
+	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4))
+	c.WaitService("node-1", "default", "web")
+	c.WaitService("node-1", "default", "remote")
+
+	for _, x := range []struct {
+		name      string
+		tcp, udp  uint16
+		wantSeen  netip.Addr
+		backendOn string
+	}{
+		// A local backend sees the client.
+		{"local backend", 30080, 30053, out.IPv4, "node-1"},
+		// A backend on another node sees node-1, which the reply must
+		// come back through.
+		{"remote backend", 30090, 30063, n1.IPv4, "node-2"},
+	} {
+		t.Run(x.name+"/TCP", func(t *testing.T) {
+			to := netip.AddrPortFrom(n1.IPv4, x.tcp)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+				if got == x.wantSeen.String() {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("outside -> node-1 %s (backend on %s): seen as %q, want %s", to, x.backendOn, got, x.wantSeen)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+		t.Run(x.name+"/UDP", func(t *testing.T) {
+			to := netip.AddrPortFrom(n1.IPv4, x.udp)
+			if got := udpSeenAs(out.NetNS, to); got != x.wantSeen.String() {
+				t.Fatalf("outside -> node-1 %s/udp (backend on %s): answer %q, want %s", to, x.backendOn, got, x.wantSeen)
+			}
+		})
+	}
+}
+
+// nodePortService is a NodePort Service with a TCP port 80 (NodePort tcp,
+// target 8080) and a UDP port 53 (NodePort udp, target 8053), and its
+// EndpointSlice with the one backend.
+func nodePortService(name, clusterIP string, tcp, udp uint16, backend netip.Addr) string {
+	return fmt.Sprintf(`apiVersion: v1
 kind: Service
-metadata: {name: web, namespace: default}
+metadata: {name: %[1]s, namespace: default}
 spec:
   type: NodePort
-  clusterIP: 10.96.0.61
+  clusterIP: %[2]s
   ports:
-  - {name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}
-  - {name: dns, port: 53, targetPort: 8053, nodePort: 30053, protocol: UDP}
+  - {name: http, port: 80, targetPort: 8080, nodePort: %[3]d, protocol: TCP}
+  - {name: dns, port: 53, targetPort: 8053, nodePort: %[4]d, protocol: UDP}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+metadata: {name: %[1]s-1, namespace: default, labels: {kubernetes.io/service-name: %[1]s}}
 addressType: IPv4
 ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 8053, protocol: UDP}]
 endpoints:
-- addresses: [%s]
+- addresses: [%[5]s]
   conditions: {ready: true}
-`, web.IPv4))
-	c.WaitService("node-1", "default", "web")
-
-	t.Run("TCP", func(t *testing.T) {
-		to := netip.AddrPortFrom(n1.IPv4, 30080)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
-			if got == out.IPv4.String() {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("outside -> node-1 %s (backend web on node-1): seen as %q, want the client's %s", to, got, out.IPv4)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
-
-	t.Run("UDP", func(t *testing.T) {
-		to := netip.AddrPortFrom(n1.IPv4, 30053)
-		if got := udpSeenAs(out.NetNS, to); got != out.IPv4.String() {
-			t.Fatalf("outside -> node-1 %s/udp (backend web on node-1): answer %q, want the client's %s", to, got, out.IPv4)
-		}
-	})
+`, name, clusterIP, tcp, udp, backend)
 }
