@@ -77,7 +77,8 @@ func udpSeenAs(nsPath string, to netip.AddrPort) string {
 // on node-1, which sees the client's own address, and one whose backend is
 // a pod on node-2, which sees node-1's (SNAT). The replies come back from
 // node-1's address and NodePort: the client's TCP handshake and its
-// connected UDP socket would take nothing else.
+// connected UDP socket would take nothing else. Established connections
+// keep working across a restart of node-1's agent.
 func TestNodePortFromOutside(t *testing.T) {
 	for _, mode := range []string{"tunnel", "native"} {
 		t.Run(mode, func(t *testing.T) { nodePortFromOutside(t, mode) })
@@ -91,7 +92,7 @@ func nodePortFromOutside(t *testing.T, mode string) {
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
 	for _, pod := range []devcluster.Pod{web, remote} {
-		serveSeen(t, pod.NetNS, 8080, false)
+		serveSeen(t, pod.NetNS, 8080, true)
 		serveUDPSeen(t, pod.NetNS, 8053)
 	}
 	c.WriteManifest("web.yaml", nodePortService("web", "10.96.0.61", 30080, 30053, web.IPv4))
@@ -132,6 +133,35 @@ func nodePortFromOutside(t *testing.T, mode string) {
 			}
 		})
 	}
+
+	// The links and the NAT map are pinned: a connection keeps its
+	// translation while node-1's agent restarts.
+	t.Run("connections outlive a restart", func(t *testing.T) {
+		var conns []*conn
+		for _, port := range []uint16{30080, 30090} {
+			cn, err := dialFrom(out.NetNS, netip.AddrPortFrom(n1.IPv4, port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cn.Close()
+			if l, err := cn.line(); err != nil || !strings.HasPrefix(l, "seen ") {
+				t.Fatalf("NodePort %d: %q (%v), want the backend's greeting", port, l, err)
+			}
+			conns = append(conns, cn)
+		}
+		echo := func(when string) {
+			t.Helper()
+			for i, cn := range conns {
+				fmt.Fprintln(cn, when)
+				if l, err := cn.line(); err != nil || l != when {
+					t.Fatalf("%s: connection %d echoed %q (%v), want %q", when, i, l, err, when)
+				}
+			}
+		}
+		echo("before")
+		c.RestartAgent("node-1")
+		echo("after-restart")
+	})
 }
 
 // nodePortService is a NodePort Service with a TCP port 80 (NodePort tcp,
