@@ -78,7 +78,9 @@ func udpSeenAs(nsPath string, to netip.AddrPort) string {
 // a pod on node-2, which sees node-1's (SNAT). The replies come back from
 // node-1's address and NodePort: the client's TCP handshake and its
 // connected UDP socket would take nothing else. Established connections
-// keep working across a restart of node-1's agent.
+// keep working across a restart of node-1's agent. With
+// externalTrafficPolicy: Local, only the node with the backend answers, and
+// the backend sees the client.
 func TestNodePortFromOutside(t *testing.T) {
 	for _, mode := range []string{"tunnel", "native"} {
 		t.Run(mode, func(t *testing.T) { nodePortFromOutside(t, mode) })
@@ -95,10 +97,12 @@ func nodePortFromOutside(t *testing.T, mode string) {
 		serveSeen(t, pod.NetNS, 8080, true)
 		serveUDPSeen(t, pod.NetNS, 8053)
 	}
-	c.WriteManifest("web.yaml", nodePortService("web", "10.96.0.61", 30080, 30053, web.IPv4))
-	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4))
+	c.WriteManifest("web.yaml", nodePortService("web", "10.96.0.61", 30080, 30053, web.IPv4, "node-1"))
+	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4, "node-2"))
+	c.WriteManifest("local.yaml", nodePortServicePolicy("local", "10.96.0.63", "Local", 30100, 30073, remote.IPv4, "node-2"))
 	c.WaitService("node-1", "default", "web")
 	c.WaitService("node-1", "default", "remote")
+	c.WaitService("node-2", "default", "local")
 
 	for _, x := range []struct {
 		name      string
@@ -134,6 +138,42 @@ func nodePortFromOutside(t *testing.T, mode string) {
 		})
 	}
 
+	// externalTrafficPolicy: Local: the node with the backend sends the
+	// client to it with its own address; the node without one drops the
+	// packets (a timeout, not the refusal of a port nothing translated).
+	t.Run("externalTrafficPolicy Local", func(t *testing.T) {
+		n2 := c.Node("node-2")
+		to := netip.AddrPortFrom(n2.IPv4, 30100)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+			if got == out.IPv4.String() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("outside -> node-2 %s (Local, backend on node-2): seen as %q, want the client's %s", to, got, out.IPv4)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got := udpSeenAs(out.NetNS, netip.AddrPortFrom(n2.IPv4, 30073)); got != out.IPv4.String() {
+			t.Errorf("outside -> node-2 :30073/udp (Local, backend on node-2): answer %q, want the client's %s", got, out.IPv4)
+		}
+		// Until node-1 has the frontend (without backends), nothing
+		// translates and its stack refuses: poll for the drop.
+		to = netip.AddrPortFrom(n1.IPv4, 30100)
+		deadline = time.Now().Add(20 * time.Second)
+		for {
+			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+			if strings.HasPrefix(got, "dial:") && strings.Contains(got, "timeout") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("outside -> node-1 %s (Local, no backend on node-1): %q, want the packets dropped (a dial timeout)", to, got)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
 	// The links and the NAT map are pinned: a connection keeps its
 	// translation while node-1's agent restarts.
 	t.Run("connections outlive a restart", func(t *testing.T) {
@@ -166,13 +206,20 @@ func nodePortFromOutside(t *testing.T, mode string) {
 
 // nodePortService is a NodePort Service with a TCP port 80 (NodePort tcp,
 // target 8080) and a UDP port 53 (NodePort udp, target 8053), and its
-// EndpointSlice with the one backend.
-func nodePortService(name, clusterIP string, tcp, udp uint16, backend netip.Addr) string {
+// EndpointSlice with the one backend, a pod on node.
+func nodePortService(name, clusterIP string, tcp, udp uint16, backend netip.Addr, node string) string {
+	return nodePortServicePolicy(name, clusterIP, "Cluster", tcp, udp, backend, node)
+}
+
+// nodePortServicePolicy is nodePortService with the externalTrafficPolicy
+// policy.
+func nodePortServicePolicy(name, clusterIP, policy string, tcp, udp uint16, backend netip.Addr, node string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Service
 metadata: {name: %[1]s, namespace: default}
 spec:
   type: NodePort
+  externalTrafficPolicy: %[6]s
   clusterIP: %[2]s
   ports:
   - {name: http, port: 80, targetPort: 8080, nodePort: %[3]d, protocol: TCP}
@@ -185,6 +232,7 @@ addressType: IPv4
 ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 8053, protocol: UDP}]
 endpoints:
 - addresses: [%[5]s]
+  nodeName: %[7]s
   conditions: {ready: true}
-`, name, clusterIP, tcp, udp, backend)
+`, name, clusterIP, tcp, udp, backend, policy, node)
 }
