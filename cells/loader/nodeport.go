@@ -197,17 +197,26 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 		txn := n.p.DB.ReadTxn()
 		devs, watch := n.p.Devices.AllWatch(txn)
 		initialized, initWatch := n.p.Devices.Initialized(txn)
-		want := map[string]bool{}
+		var selected []*devices.Device
 		addrs := map[uint32]nodeportmap.Device4{}
-		var errs []error
-		attached := 0
 		for d := range devs {
 			if !d.Selected || !d.Up() {
 				continue
 			}
+			selected = append(selected, d)
 			if a, ok := nodeAddress4(d); ok {
 				addrs[uint32(d.Index)] = nodeportmap.Device4{Address: lbmap.NewAddr4(a)}
 			}
+		}
+		// The addresses first: a program must not see a device without
+		// the address it sends connections to remote backends from.
+		var errs []error
+		if err := n.writeAddresses(addrs, initialized); err != nil {
+			errs = append(errs, err)
+		}
+		want := map[string]bool{}
+		attached := 0
+		for _, d := range selected {
 			for _, h := range nodePortHooks {
 				want[devicePinName(d.Index, h)] = true
 				how, err := n.attach(d.Index, h)
@@ -220,9 +229,6 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 				}
 			}
 			attached++
-		}
-		if err := n.writeAddresses(addrs, initialized); err != nil {
-			errs = append(errs, err)
 		}
 		if initialized {
 			if err := n.prune(want); err != nil {

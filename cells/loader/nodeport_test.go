@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,8 +157,8 @@ func waitDeviceLinks(t *testing.T, root string, ifindex int, want bool) {
 
 // TestNodePortDevicePrograms: the NodePort programs go onto selected
 // devices, not onto the others, stay attached through a restart, and come
-// off a device that is no longer selected, and off every device with
-// --enable-nodeport=false.
+// off a device that is no longer selected, off every device with
+// --enable-nodeport=false, and with `agent cleanup`.
 func TestNodePortDevicePrograms(t *testing.T) {
 	env := socklbtest.New(t)
 	root := bpfmapstest.Root(t)
@@ -209,8 +210,49 @@ func TestNodePortDevicePrograms(t *testing.T) {
 
 	// --enable-nodeport=false takes them off.
 	_, stop = start(false)
-	defer stop()
 	waitDeviceLinks(t, root, selected, false)
+	if n := tcxPrograms(t, env, selected); n != 0 {
+		t.Errorf("%d tcx programs on the device with --enable-nodeport=false, want none", n)
+	}
+	stop()
+
+	// `agent cleanup` detaches them.
+	devs, stop = start(true)
+	putDevice(t, devs, selectedName, selected, true)
+	devs.Listed()
+	waitDeviceLinks(t, root, selected, true)
+	stop()
+	if n := tcxPrograms(t, env, selected); n != 2 {
+		t.Errorf("%d tcx programs on the device while the agent is down, want its 2", n)
+	}
+	text, _ := agentCleanup(t, env, root)
+	if want := filepath.Join("links", "devices", strconv.Itoa(selected)+"-ingress"); !strings.Contains(text, want) {
+		t.Errorf("cleanup report does not mention %s:\n%s", want, text)
+	}
+	if n := tcxPrograms(t, env, selected); n != 0 {
+		t.Errorf("%d tcx programs on the device after cleanup, want none", n)
+	}
+}
+
+// tcxPrograms counts the tcx programs, both directions, on the device
+// ifindex of the test's namespace.
+func tcxPrograms(t *testing.T, env *socklbtest.Env, ifindex int) int {
+	t.Helper()
+	n := 0
+	err := nettest.Do(env.NetNS, func() error {
+		for _, h := range nodePortHooks {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: h.attach})
+			if err != nil {
+				return err
+			}
+			n += len(res.Programs)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // deviceLinkIDs are the IDs of the links pinned for ifindex's device.
