@@ -125,6 +125,7 @@ struct packet4 {
 #define IP_CSUM_OFF (ETH_HLEN + offsetof(struct iphdr, check))
 #define IP_SADDR_OFF (ETH_HLEN + offsetof(struct iphdr, saddr))
 #define IP_DADDR_OFF (ETH_HLEN + offsetof(struct iphdr, daddr))
+#define IP_TTL_OFF (ETH_HLEN + offsetof(struct iphdr, ttl))
 
 /* parse4 fills p from a TCP or UDP IPv4 packet and says whether it is one. */
 static __always_inline bool parse4(struct __sk_buff *skb, struct packet4 *p)
@@ -257,7 +258,19 @@ static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 
 		.ipv4_src = saddr,
 		.ipv4_dst = daddr,
 	};
+	__u8 word[2], old[2];
 	long ret;
+
+	/* Forwarded past the stack, so the TTL is decremented here; one
+	 * that runs out is dropped (no ICMP time exceeded yet). */
+	if (bpf_skb_load_bytes(skb, IP_TTL_OFF, word, sizeof(word)) || word[0] <= 1)
+		return TC_ACT_SHOT;
+	old[0] = word[0];
+	old[1] = word[1];
+	word[0]--;
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, *(__be16 *)old, *(__be16 *)word, sizeof(__be16)) ||
+	    bpf_skb_store_bytes(skb, IP_TTL_OFF, word, 1, 0))
+		return TC_ACT_SHOT;
 
 	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS)

@@ -411,7 +411,11 @@ func TestNodePortRemoteBackend(t *testing.T) {
 
 			var snat netip.AddrPort
 			for i := range 2 {
-				src, dst := parsed4(t, run(n.ingress, checksummed4(tc.proto, client, fe, "request"), verdictRedirect))
+				fwd := run(n.ingress, checksummed4(tc.proto, client, fe, "request"), verdictRedirect)
+				if ttl := fwd[14+8]; ttl != 63 {
+					t.Errorf("packet %d: TTL %d after forwarding, want 63", i, ttl)
+				}
+				src, dst := parsed4(t, fwd)
 				if src.Addr() != nodeAddr || src.Port() < 61000 || dst != remotePod {
 					t.Fatalf("packet %d: ingress made %v -> %v, want %v:61000-65535 -> %v", i, src, dst, nodeAddr, remotePod)
 				}
@@ -420,6 +424,11 @@ func TestNodePortRemoteBackend(t *testing.T) {
 				}
 				snat = src
 			}
+			// A TTL that would run out on the way is dropped.
+			expiring := checksummed4(tc.proto, client, fe, "request")
+			expiring[14+8] = 1
+			run(n.ingress, expiring, verdictDrop)
+
 			src, dst := parsed4(t, run(n.ingress, checksummed4(tc.proto, remotePod, snat, "reply"), verdictRedirect))
 			if src != fe || dst != client {
 				t.Fatalf("reply: ingress made %v -> %v, want %v -> %v", src, dst, fe, client)
