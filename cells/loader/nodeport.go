@@ -26,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/lbmap"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
@@ -197,9 +198,12 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 		txn := n.p.DB.ReadTxn()
 		devs, watch := n.p.Devices.AllWatch(txn)
 		initialized, initWatch := n.p.Devices.Initialized(txn)
-		var selected []*devices.Device
+		var selected, tunnel []*devices.Device
 		addrs := map[uint32]nodeportmap.Device4{}
 		for d := range devs {
+			if d.Name == routing.TunnelDevice && d.Up() {
+				tunnel = append(tunnel, d)
+			}
 			if !d.Selected || !d.Up() {
 				continue
 			}
@@ -229,6 +233,18 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 				}
 			}
 			attached++
+		}
+		// A local backend's reply to a client that is a pod of another
+		// node leaves through the tunnel device, not a selected one: the
+		// egress program translates it there, before encapsulation.
+		for _, d := range tunnel {
+			want[devicePinName(d.Index, nodePortEgress)] = true
+			how, err := n.attach(d.Index, nodePortEgress)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("tunnel device %s (ifindex %d): attach the NodePort egress program: %w", d.Name, d.Index, err))
+			} else if how != "" {
+				n.p.Log.Info("Attached NodePort program", "device", d.Name, "ifindex", d.Index, "hook", nodePortEgress.name, "link", how)
+			}
 		}
 		if initialized {
 			if err := n.prune(want); err != nil {

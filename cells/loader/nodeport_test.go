@@ -26,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
+	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
@@ -44,6 +45,12 @@ var nodePortHooks = []struct {
 func addDevice(t *testing.T, env *socklbtest.Env) (string, int) {
 	t.Helper()
 	name := fmt.Sprintf("npdev%06x", rand.Uint32()&0xffffff)
+	return name, addDeviceNamed(t, env, name)
+}
+
+// addDeviceNamed is addDevice with the name name.
+func addDeviceNamed(t *testing.T, env *socklbtest.Env, name string) int {
+	t.Helper()
 	var index int
 	err := nettest.Do(env.NetNS, func() error {
 		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
@@ -60,7 +67,22 @@ func addDevice(t *testing.T, env *socklbtest.Env) (string, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return name, index
+	return index
+}
+
+// waitPin waits until pin exists.
+func waitPin(t *testing.T, pin string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(pin); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no pin %s after 10s", pin)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func putDevice(t *testing.T, d *socklbtest.Devices, name string, index int, selected bool) {
@@ -164,6 +186,7 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	root := bpfmapstest.Root(t)
 	selectedName, selected := addDevice(t, env)
 	otherName, other := addDevice(t, env)
+	tunnel := addDeviceNamed(t, env, routing.TunnelDevice)
 
 	start := func(enabled bool) (*socklbtest.Devices, func()) {
 		var (
@@ -182,6 +205,13 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	devs.Listed()
 	waitDeviceLinks(t, root, selected, true)
 	waitDeviceLinks(t, root, other, false)
+	// The tunnel device, never selected, gets the egress program alone.
+	tunnelPin := filepath.Join(root, "cellium", "links", "devices", strconv.Itoa(tunnel)+"-")
+	putDevice(t, devs, routing.TunnelDevice, tunnel, false)
+	waitPin(t, tunnelPin+"egress")
+	if _, err := os.Stat(tunnelPin + "ingress"); err == nil {
+		t.Errorf("the tunnel device has an ingress program")
+	}
 	if got, want := nodeAddresses(t, root), map[uint32]netip.Addr{uint32(selected): deviceAddr(selected)}; !reflect.DeepEqual(got, want) {
 		t.Errorf("node addresses of the devices map: %v, want %v (the selected device's IPv4 address)", got, want)
 	}

@@ -80,7 +80,9 @@ func udpSeenAs(nsPath string, to netip.AddrPort) string {
 // connected UDP socket would take nothing else. Established connections
 // keep working across a restart of node-1's agent. With
 // externalTrafficPolicy: Local, only the node with the backend answers, and
-// the backend sees the client.
+// the backend sees the client. A pod of node-2 reaches node-1's NodePort
+// with a local backend too: in tunnel mode the reply leaves through the
+// tunnel device.
 func TestNodePortFromOutside(t *testing.T) {
 	for _, mode := range []string{"tunnel", "native"} {
 		t.Run(mode, func(t *testing.T) { nodePortFromOutside(t, mode) })
@@ -91,6 +93,7 @@ func nodePortFromOutside(t *testing.T, mode string) {
 	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, RoutingMode: mode})
 	web := c.AddPod("node-1", "web", map[string]string{"app": "web"})
 	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
+	client := c.AddPod("node-2", "client", nil)
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
 	for _, pod := range []devcluster.Pod{web, remote} {
@@ -137,6 +140,26 @@ func nodePortFromOutside(t *testing.T, mode string) {
 			}
 		})
 	}
+
+	// A pod of node-2 is a client from outside node-1 too; in tunnel
+	// mode the reply goes back through the tunnel device.
+	t.Run("pod of another node", func(t *testing.T) {
+		to := netip.AddrPortFrom(n1.IPv4, 30080)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := seenAs(t, client, to)
+			if got == client.IPv4.String() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("client pod (node-2) -> node-1 %s (backend on node-1): seen as %q, want the pod's %s", to, got, client.IPv4)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got := udpSeenAs(client.NetNS, netip.AddrPortFrom(n1.IPv4, 30053)); got != client.IPv4.String() {
+			t.Errorf("client pod (node-2) -> node-1 :30053/udp (backend on node-1): answer %q, want the pod's %s", got, client.IPv4)
+		}
+	})
 
 	// externalTrafficPolicy: Local: the node with the backend sends the
 	// client to it with its own address; the node without one drops the
