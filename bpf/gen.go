@@ -36,3 +36,4 @@ package bpf
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -Iinclude -I/usr/include/x86_64-linux-gnu" Counter counter.c
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -output-stem sock_lb -cflags "-O2 -g -mcpu=v3 -Wall -Werror -Iinclude -I/usr/include/x86_64-linux-gnu" SockLB sock_lb.c
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -output-stem lxc -cflags "-O2 -g -mcpu=v3 -Wall -Werror -Iinclude -I/usr/include/x86_64-linux-gnu" LXC lxc.c
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -output-stem nodeport -cflags "-O2 -g -mcpu=v3 -Wall -Werror -Iinclude -I/usr/include/x86_64-linux-gnu" NodePort nodeport.c

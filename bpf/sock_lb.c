@@ -27,6 +27,7 @@
 #include "cellium.h"
 #include "events.h"
 #include "lb.h"
+#include "lb_select.h"
 
 #include <stdbool.h>
 #include <linux/in.h>
@@ -41,13 +42,6 @@
 #define LB_TRANSLATED 1
 
 #define NSEC_PER_SEC 1000000000ULL
-
-/*
- * The number of slots of the agent's Maglev tables (--lb-maglev-table-size),
- * set by the loader. A read-only constant, so the verifier knows its value
- * and the bound check against it proves table accesses safe.
- */
-volatile const __u32 maglev_table_size = LB_MAGLEV_TABLE_SIZE_DEFAULT;
 
 /*
  * Fails the system call with err: returning SYS_REJECT alone would make it
@@ -72,33 +66,6 @@ static __always_inline __u32 now_seconds(void)
 static __always_inline __u32 hash_cookie(__u64 cookie)
 {
 	return (cookie * 0x9e3779b97f4a7c15ULL) >> 32;
-}
-
-/* The backend of the service's Maglev table for this socket, or 0. */
-static __always_inline __u32 maglev_select(void *maglev, __u16 rev_nat_index, __u64 cookie)
-{
-	const __u32 *table;
-	__u32 zero = 0;
-	void *inner;
-	__u64 idx;
-
-	inner = bpf_map_lookup_elem(maglev, &rev_nat_index);
-	if (!inner)
-		return 0;
-	table = bpf_map_lookup_elem(inner, &zero);
-	if (!table)
-		return 0;
-	idx = hash_cookie(cookie) % maglev_table_size;
-	/*
-	 * The check below is always false; it tells the verifier that idx is
-	 * inside the table. The verifier keeps no bounds across a modulo, and
-	 * the barrier stops clang from narrowing the check to the 32 bits it
-	 * knows idx fits in, which would leave the upper half unbounded.
-	 */
-	barrier_var(idx);
-	if (idx >= maglev_table_size)
-		return 0;
-	return table[idx];
 }
 
 /*
@@ -132,46 +99,6 @@ static __always_inline void affinity_record(const struct lb_affinity_key *key, _
 	};
 
 	bpf_map_update_elem(&cellium_lb_affinity, key, &val, BPF_ANY);
-}
-
-static __always_inline bool is_lb_proto(__u8 proto)
-{
-	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
-}
-
-static __always_inline bool ipv4_is_loopback(__be32 addr)
-{
-	return (addr & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000);
-}
-
-/*
- * The master entry for key (slot 0). A NodePort is reachable on every
- * address of the node, loopback included, so a miss on a loopback address
- * falls back to a wildcard NodePort on the same port; key then holds the
- * wildcard address, under which that service's slots are.
- */
-static __always_inline const struct lb4_service *lb4_lookup_service(struct lb4_key *key)
-{
-	const struct lb4_service *svc;
-
-	svc = bpf_map_lookup_elem(&cellium_lb4_services, key);
-	if (svc || !ipv4_is_loopback(key->address))
-		return svc;
-	key->address = 0;
-	svc = bpf_map_lookup_elem(&cellium_lb4_services, key);
-	if (svc && (svc->flags & SVC_F_NODEPORT_WILDCARD))
-		return svc;
-	return NULL;
-}
-
-/* The backend of a random slot of the service whose master key is key, or 0. */
-static __always_inline __u32 lb4_select_slot(struct lb4_key *key, __u16 count)
-{
-	const struct lb4_service *slot;
-
-	key->backend_slot = bpf_get_prandom_u32() % count + 1;
-	slot = bpf_map_lookup_elem(&cellium_lb4_services, key);
-	return slot ? slot->backend_id : 0;
 }
 
 /*
@@ -215,7 +142,7 @@ static __always_inline int lb4_translate(struct bpf_sock_addr *ctx, __be32 *addr
 	}
 	/* Without a Maglev table (not written yet), a random slot still works. */
 	if (!backend_id && (svc->flags & SVC_F_MAGLEV))
-		backend_id = maglev_select(&cellium_lb4_maglev, svc->rev_nat_index, cookie);
+		backend_id = maglev_select(&cellium_lb4_maglev, svc->rev_nat_index, hash_cookie(cookie));
 	if (!backend_id)
 		backend_id = lb4_select_slot(&key, svc->count);
 	backend = bpf_map_lookup_elem(&cellium_lb4_backends, &backend_id);
@@ -274,41 +201,12 @@ static __always_inline bool ipv6_is_v4mapped(const __be32 *addr)
 	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0xffff);
 }
 
-static __always_inline bool ipv6_is_loopback(const __be32 *addr)
-{
-	return addr[0] == 0 && addr[1] == 0 && addr[2] == 0 && addr[3] == bpf_htonl(1);
-}
-
 static __always_inline void ipv6_copy(__be32 *dst, const __be32 *src)
 {
 	dst[0] = src[0];
 	dst[1] = src[1];
 	dst[2] = src[2];
 	dst[3] = src[3];
-}
-
-/* See lb4_lookup_service. */
-static __always_inline const struct lb6_service *lb6_lookup_service(struct lb6_key *key)
-{
-	const struct lb6_service *svc;
-
-	svc = bpf_map_lookup_elem(&cellium_lb6_services, key);
-	if (svc || !ipv6_is_loopback(key->address))
-		return svc;
-	key->address[3] = 0;
-	svc = bpf_map_lookup_elem(&cellium_lb6_services, key);
-	if (svc && (svc->flags & SVC_F_NODEPORT_WILDCARD))
-		return svc;
-	return NULL;
-}
-
-static __always_inline __u32 lb6_select_slot(struct lb6_key *key, __u16 count)
-{
-	const struct lb6_service *slot;
-
-	key->backend_slot = bpf_get_prandom_u32() % count + 1;
-	slot = bpf_map_lookup_elem(&cellium_lb6_services, key);
-	return slot ? slot->backend_id : 0;
 }
 
 /* See lb4_translate. */
@@ -343,7 +241,7 @@ static __always_inline int lb6_translate(struct bpf_sock_addr *ctx, __be32 *addr
 		backend_id = affinity_lookup(&affinity, svc->backend_id, &cellium_lb6_backends);
 	}
 	if (!backend_id && (svc->flags & SVC_F_MAGLEV))
-		backend_id = maglev_select(&cellium_lb6_maglev, svc->rev_nat_index, cookie);
+		backend_id = maglev_select(&cellium_lb6_maglev, svc->rev_nat_index, hash_cookie(cookie));
 	if (!backend_id)
 		backend_id = lb6_select_slot(&key, svc->count);
 	backend = bpf_map_lookup_elem(&cellium_lb6_backends, &backend_id);

@@ -140,6 +140,8 @@ func startTestAgent(t *testing.T, extraFlags []string, slow *slowTable) *testAge
 		"--cluster-health-port", "0",
 		// No nftables table in the host's namespace.
 		"--enable-masquerade=false",
+		// No programs on the host's devices.
+		"--enable-nodeport=false",
 	}, extraFlags...)
 	if err := flags.Parse(args); err != nil {
 		t.Fatal(err)

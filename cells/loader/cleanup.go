@@ -11,7 +11,7 @@ import (
 
 // linksCleanup contributes the removal of the loader's links to `agent
 // cleanup`: it detaches every link pinned in the links directory and in
-// the endpoint links directory below it, whether or not this agent's
+// the endpoint and device links directories below it, whether or not this agent's
 // programs made it, and removes the directories.
 func linksCleanup(reg *bpfmaps.Registry) bpfmaps.CleanupOut {
 	dir := linksDir(reg)
@@ -22,7 +22,7 @@ func linksCleanup(reg *bpfmaps.Registry) bpfmaps.CleanupOut {
 }
 
 // removeLinks detaches and removes the links pinned in dir, and those in
-// its endpoint links directory first.
+// its endpoint and device links directories first.
 func removeLinks(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -34,7 +34,7 @@ func removeLinks(dir string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
-		if e.Name() == endpointLinksSubdir && e.IsDir() {
+		if (e.Name() == endpointLinksSubdir || e.Name() == deviceLinksSubdir) && e.IsDir() {
 			lines, err := removeLinks(filepath.Join(dir, e.Name()))
 			removed = append(removed, lines...)
 			if err != nil {

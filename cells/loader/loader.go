@@ -224,7 +224,8 @@ func pinReplacing(lnk link.Link, pin string) error {
 
 // removeStale detaches and removes the pinned links of programs that no
 // longer exist, and leftovers of an interrupted pinReplacing. The endpoint
-// links' directory is the endpoint reconciler's.
+// links' directory is the endpoint reconciler's, the device links' the
+// NodePort job's.
 func (l *loader) removeStale(programs []string) {
 	entries, err := os.ReadDir(l.dir)
 	if err != nil {
@@ -232,7 +233,7 @@ func (l *loader) removeStale(programs []string) {
 		return
 	}
 	for _, e := range entries {
-		if slices.Contains(programs, e.Name()) || e.Name() == endpointLinksSubdir {
+		if slices.Contains(programs, e.Name()) || e.Name() == endpointLinksSubdir || e.Name() == deviceLinksSubdir {
 			continue
 		}
 		what, err := detachPinned(filepath.Join(l.dir, e.Name()))

@@ -107,6 +107,8 @@ func (e *agentEnv) runFlags() []string {
 		"--cluster-health-port", "0",
 		// No nftables table in the host's namespace.
 		"--enable-masquerade=false",
+		// No programs on the host's devices.
+		"--enable-nodeport=false",
 	}
 }
 

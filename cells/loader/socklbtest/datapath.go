@@ -8,6 +8,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/internal/celltest"
@@ -39,7 +40,9 @@ const MaglevTableSize = 251
 func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *hive.Hive {
 	cells := []cell.Cell{
 		bpfmaps.Cell, lbmaps.Cell, ctmaps.Cell, endpointmaps.Cell, loader.Cell,
-		handFilled, handFilledEndpoints,
+		handFilled, handFilledEndpoints, handFilledDevices,
+		// The devices the table holds are the test's namespace's.
+		cell.Provide(func() devices.Config { return devices.Config{DevicesNetns: e.NetNS} }),
 		// The ipcache map alone: the endpoint programs read it, and a test
 		// fills it by hand (the ipcache cell would need its sources).
 		cell.Module("test-ipcache-map", "The ipcache map filled by the test", cell.Provide(ipcache.NewMap)),
@@ -118,4 +121,36 @@ var handFilledEndpoints = cell.Provide(
 	},
 	func(e *Endpoints) statedb.RWTable[*endpointmanager.Endpoint] { return e.Table },
 	statedb.RWTable[*endpointmanager.Endpoint].ToTable,
+)
+
+// Devices is the devices table, which a test fills by hand: the datapath
+// has no devices cell, whose watcher would need a namespace's devices
+// first. It starts empty and uninitialized, as the devices cell's does
+// until its first listing: Listed initializes it.
+type Devices struct {
+	DB    *statedb.DB
+	Table statedb.RWTable[*devices.Device]
+
+	listed func(statedb.WriteTxn)
+}
+
+// Listed marks the devices table initialized.
+func (d *Devices) Listed() {
+	txn := d.DB.WriteTxn(d.Table)
+	d.listed(txn)
+	txn.Commit()
+}
+
+var handFilledDevices = cell.Provide(
+	func(db *statedb.DB) (*Devices, error) {
+		tbl, err := statedb.NewTable(db, devices.DevicesTableName, devices.DeviceIfIndex, devices.DeviceName, devices.DeviceSelected)
+		if err != nil {
+			return nil, err
+		}
+		txn := db.WriteTxn(tbl)
+		done := tbl.RegisterInitializer(txn, "devices-listed")
+		txn.Commit()
+		return &Devices{DB: db, Table: tbl, listed: done}, nil
+	},
+	func(d *Devices) statedb.Table[*devices.Device] { return d.Table },
 )

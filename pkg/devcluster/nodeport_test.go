@@ -1,0 +1,261 @@
+package devcluster_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cellium/cellium/pkg/devcluster"
+	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/nettest"
+)
+
+// serveUDPSeen answers every datagram to port in the namespace at nsPath
+// with "seen <address>", the sender's address as the server sees it.
+func serveUDPSeen(t *testing.T, nsPath string, port uint16) {
+	t.Helper()
+	var pc net.PacketConn
+	err := nettest.Do(nsPath, func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			addr := netip.MustParseAddrPort(from.String()).Addr().Unmap()
+			pc.WriteTo([]byte("seen "+addr.String()), from)
+		}
+	}()
+}
+
+// udpSeenAs sends a datagram from the namespace at nsPath to to, on a
+// connected socket, which takes replies from to alone, and returns what
+// the answer says.
+func udpSeenAs(nsPath string, to netip.AddrPort) string {
+	var c net.Conn
+	err := nettest.Do(nsPath, func() error {
+		var err error
+		c, err = net.Dial("udp4", to.String())
+		return err
+	})
+	if err != nil {
+		return "dial: " + err.Error()
+	}
+	defer c.Close()
+	buf := make([]byte, 1500)
+	// A datagram may be lost before the first one set up the path
+	// (neighbour resolution): a few tries.
+	for range 5 {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return "write: " + err.Error()
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		n, err := c.Read(buf)
+		if err == nil {
+			return strings.TrimPrefix(string(buf[:n]), "seen ")
+		}
+	}
+	return "no answer"
+}
+
+// TestNodePortFromOutside: on a two-node dev-cluster (tunnel and native
+// routing), a
+// client outside the cluster (the outside namespace) reaches NodePort
+// Services at node-1's address over TCP and UDP: one whose backend is a pod
+// on node-1, which sees the client's own address, and one whose backend is
+// a pod on node-2, which sees node-1's (SNAT). The replies come back from
+// node-1's address and NodePort: the client's TCP handshake and its
+// connected UDP socket would take nothing else. Established connections
+// keep working across a restart of node-1's agent. With
+// externalTrafficPolicy: Local, only the node with the backend answers, and
+// the backend sees the client. A pod of node-2 reaches node-1's NodePort
+// with a local backend too: in tunnel mode the reply leaves through the
+// tunnel device.
+func TestNodePortFromOutside(t *testing.T) {
+	for _, mode := range []string{"tunnel", "native"} {
+		t.Run(mode, func(t *testing.T) { nodePortFromOutside(t, mode) })
+	}
+}
+
+func nodePortFromOutside(t *testing.T, mode string) {
+	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, RoutingMode: mode})
+	web := c.AddPod("node-1", "web", map[string]string{"app": "web"})
+	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
+	client := c.AddPod("node-2", "client", nil)
+	out := c.AddOutside()
+	n1 := c.Node("node-1")
+	for _, pod := range []devcluster.Pod{web, remote} {
+		serveSeen(t, pod.NetNS, 8080, true)
+		serveUDPSeen(t, pod.NetNS, 8053)
+	}
+	c.WriteManifest("web.yaml", nodePortService("web", "10.96.0.61", 30080, 30053, web.IPv4, "node-1"))
+	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4, "node-2"))
+	c.WriteManifest("local.yaml", nodePortServicePolicy("local", "10.96.0.63", "Local", 30100, 30073, remote.IPv4, "node-2"))
+	c.WaitService("node-1", "default", "web")
+	c.WaitService("node-1", "default", "remote")
+	c.WaitService("node-2", "default", "local")
+
+	for _, x := range []struct {
+		name      string
+		tcp, udp  uint16
+		wantSeen  netip.Addr
+		backendOn string
+	}{
+		// A local backend sees the client.
+		{"local backend", 30080, 30053, out.IPv4, "node-1"},
+		// A backend on another node sees node-1, which the reply must
+		// come back through.
+		{"remote backend", 30090, 30063, n1.IPv4, "node-2"},
+	} {
+		t.Run(x.name+"/TCP", func(t *testing.T) {
+			to := netip.AddrPortFrom(n1.IPv4, x.tcp)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+				if got == x.wantSeen.String() {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("outside -> node-1 %s (backend on %s): seen as %q, want %s", to, x.backendOn, got, x.wantSeen)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+		t.Run(x.name+"/UDP", func(t *testing.T) {
+			to := netip.AddrPortFrom(n1.IPv4, x.udp)
+			if got := udpSeenAs(out.NetNS, to); got != x.wantSeen.String() {
+				t.Fatalf("outside -> node-1 %s/udp (backend on %s): answer %q, want %s", to, x.backendOn, got, x.wantSeen)
+			}
+		})
+	}
+
+	// A pod of node-2 is a client from outside node-1 too; in tunnel
+	// mode the reply goes back through the tunnel device.
+	t.Run("pod of another node", func(t *testing.T) {
+		to := netip.AddrPortFrom(n1.IPv4, 30080)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := seenAs(t, client, to)
+			if got == client.IPv4.String() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("client pod (node-2) -> node-1 %s (backend on node-1): seen as %q, want the pod's %s", to, got, client.IPv4)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got := udpSeenAs(client.NetNS, netip.AddrPortFrom(n1.IPv4, 30053)); got != client.IPv4.String() {
+			t.Errorf("client pod (node-2) -> node-1 :30053/udp (backend on node-1): answer %q, want the pod's %s", got, client.IPv4)
+		}
+	})
+
+	// externalTrafficPolicy: Local: the node with the backend sends the
+	// client to it with its own address; the node without one drops the
+	// packets (a timeout, not the refusal of a port nothing translated).
+	t.Run("externalTrafficPolicy Local", func(t *testing.T) {
+		n2 := c.Node("node-2")
+		to := netip.AddrPortFrom(n2.IPv4, 30100)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+			if got == out.IPv4.String() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("outside -> node-2 %s (Local, backend on node-2): seen as %q, want the client's %s", to, got, out.IPv4)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got := udpSeenAs(out.NetNS, netip.AddrPortFrom(n2.IPv4, 30073)); got != out.IPv4.String() {
+			t.Errorf("outside -> node-2 :30073/udp (Local, backend on node-2): answer %q, want the client's %s", got, out.IPv4)
+		}
+		// Until node-1 has the frontend (without backends), nothing
+		// translates and its stack refuses: poll for the drop.
+		to = netip.AddrPortFrom(n1.IPv4, 30100)
+		deadline = time.Now().Add(20 * time.Second)
+		for {
+			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+			if strings.HasPrefix(got, "dial:") && strings.Contains(got, "timeout") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("outside -> node-1 %s (Local, no backend on node-1): %q, want the packets dropped (a dial timeout)", to, got)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+
+	// The links and the NAT map are pinned: a connection keeps its
+	// translation while node-1's agent restarts.
+	t.Run("connections outlive a restart", func(t *testing.T) {
+		var conns []*conn
+		for _, port := range []uint16{30080, 30090} {
+			cn, err := dialFrom(out.NetNS, netip.AddrPortFrom(n1.IPv4, port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cn.Close()
+			if l, err := cn.line(); err != nil || !strings.HasPrefix(l, "seen ") {
+				t.Fatalf("NodePort %d: %q (%v), want the backend's greeting", port, l, err)
+			}
+			conns = append(conns, cn)
+		}
+		echo := func(when string) {
+			t.Helper()
+			for i, cn := range conns {
+				fmt.Fprintln(cn, when)
+				if l, err := cn.line(); err != nil || l != when {
+					t.Fatalf("%s: connection %d echoed %q (%v), want %q", when, i, l, err, when)
+				}
+			}
+		}
+		echo("before")
+		c.RestartAgent("node-1")
+		echo("after-restart")
+	})
+}
+
+// nodePortService is a NodePort Service with a TCP port 80 (NodePort tcp,
+// target 8080) and a UDP port 53 (NodePort udp, target 8053), and its
+// EndpointSlice with the one backend, a pod on node.
+func nodePortService(name, clusterIP string, tcp, udp uint16, backend netip.Addr, node string) string {
+	return nodePortServicePolicy(name, clusterIP, "Cluster", tcp, udp, backend, node)
+}
+
+// nodePortServicePolicy is nodePortService with the externalTrafficPolicy
+// policy.
+func nodePortServicePolicy(name, clusterIP, policy string, tcp, udp uint16, backend netip.Addr, node string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: default}
+spec:
+  type: NodePort
+  externalTrafficPolicy: %[6]s
+  clusterIP: %[2]s
+  ports:
+  - {name: http, port: 80, targetPort: 8080, nodePort: %[3]d, protocol: TCP}
+  - {name: dns, port: 53, targetPort: 8053, nodePort: %[4]d, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-1, namespace: default, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 8053, protocol: UDP}]
+endpoints:
+- addresses: [%[5]s]
+  nodeName: %[7]s
+  conditions: {ready: true}
+`, name, clusterIP, tcp, udp, backend, policy, node)
+}
