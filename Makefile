@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-masq bench-agent bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -112,7 +112,7 @@ check-bpf: bpf
 
 # Every benchmark (as root; see docs/performance.md), then one summary line
 # per benchmark, `name key=value ...`.
-BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-masq
+BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-masq bench-nodeport
 bench: $(BENCHES)
 	@echo "--- make bench"
 	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
@@ -192,6 +192,14 @@ bench-crossnode:
 	@mkdir -p $(BIN)
 	$(GO) test ./pkg/devcluster -run '^$$' -bench CrossNodeThroughput -benchtime 1x -count 1 | tee $(BIN)/bench-crossnode.out
 	@grep '^crossnode-bench' $(BIN)/bench-crossnode.out
+
+# NodePort (as root, with etcd-server): request/response round trips from
+# outside through node-1's NodePort to a backend on node-2, beside node-1
+# straight to the backend pod.
+bench-nodeport:
+	@mkdir -p $(BIN)
+	$(GO) test ./pkg/devcluster -run '^$$' -bench NodePort -benchtime 1x -count 1 | tee $(BIN)/bench-nodeport.out
+	@grep '^nodeport-bench' $(BIN)/bench-nodeport.out
 
 # Pod egress masquerade (as root): new TCP connections per second from a
 # pod namespace to an "outside" namespace through the agent's nftables

@@ -23,7 +23,7 @@ import (
 // from this process. Each connection is first told "seen <address>", the
 // client's address as the server sees it; then, with echo, every line it
 // sends is sent back, else it is closed (the server closes first).
-func serveSeen(t *testing.T, nsPath string, port uint16, echo bool) {
+func serveSeen(t testing.TB, nsPath string, port uint16, echo bool) {
 	t.Helper()
 	nettest.Serve(t, nsPath, fmt.Sprintf("[::]:%d", port), func(c net.Conn) {
 		remote := netip.MustParseAddrPort(c.RemoteAddr().String())

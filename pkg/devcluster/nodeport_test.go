@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -258,4 +259,74 @@ endpoints:
   nodeName: %[7]s
   conditions: {ready: true}
 `, name, clusterIP, tcp, udp, backend, policy, node)
+}
+
+// BenchmarkNodePort: request/response round trips on one TCP connection
+// from the outside namespace through node-1's NodePort to a backend on
+// node-2 (DNAT and SNAT on node-1, then the tunnel), beside the same round
+// trips from node-1 straight to the backend pod (the same tunnel hop, no
+// translation). Prints `nodeport-bench rps=... p99_us=... direct_rps=...
+// direct_p99_us=... ratio=...`, ratio being rps over direct_rps.
+func BenchmarkNodePort(b *testing.B) {
+	const d = 3 * time.Second
+	c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: "tunnel"})
+	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
+	out := c.AddOutside()
+	n1 := c.Node("node-1")
+	serveSeen(b, remote.NetNS, 8080, true)
+	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4, "node-2"))
+	c.WaitService("node-1", "default", "remote")
+
+	nodePort := netip.AddrPortFrom(n1.IPv4, 30090)
+	var viaNodePort *conn
+	for deadline := time.Now().Add(10 * time.Second); viaNodePort == nil; {
+		cn, err := dialFrom(out.NetNS, nodePort)
+		if err == nil {
+			if _, err = cn.line(); err == nil {
+				viaNodePort = cn
+				break
+			}
+			cn.Close()
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("outside -> %s: %v", nodePort, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer viaNodePort.Close()
+	direct, err := dialFrom(n1.NetNS, netip.AddrPortFrom(remote.IPv4, 8080))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer direct.Close()
+	if _, err := direct.line(); err != nil {
+		b.Fatal(err)
+	}
+
+	b.ResetTimer()
+	rps, p99 := roundTrips(b, viaNodePort, d)
+	directRPS, directP99 := roundTrips(b, direct, d)
+	b.StopTimer()
+	fmt.Printf("nodeport-bench rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f\n",
+		rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS)
+}
+
+// roundTrips sends a line and waits for its echo, again and again for d,
+// and returns the rate and the 99th percentile of the round trips.
+func roundTrips(b *testing.B, cn *conn, d time.Duration) (float64, time.Duration) {
+	var took []time.Duration
+	start := time.Now()
+	for time.Since(start) < d {
+		t0 := time.Now()
+		if _, err := fmt.Fprintln(cn, "ping"); err != nil {
+			b.Fatal(err)
+		}
+		if l, err := cn.line(); err != nil || l != "ping" {
+			b.Fatalf("echo %q (%v), want ping", l, err)
+		}
+		took = append(took, time.Since(t0))
+	}
+	elapsed := time.Since(start)
+	slices.Sort(took)
+	return float64(len(took)) / elapsed.Seconds(), took[len(took)*99/100]
 }
