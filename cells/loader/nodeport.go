@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
@@ -28,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/netnsrun"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
@@ -404,28 +403,5 @@ func (n *nodePortPrograms) inDevicesNetns(fn func() error) error {
 	if path == "" {
 		return fn()
 	}
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("--devices-netns %s: %w", path, err)
-	}
-	defer target.Close()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter --devices-netns %s: %w", path, err)
-	}
-	fnErr := fn()
-	if err := netns.Set(orig); err != nil {
-		// The thread stays locked and dies with its goroutine rather than
-		// run others in the wrong namespace.
-		return fmt.Errorf("leave --devices-netns %s: %w", path, err)
-	}
-	runtime.UnlockOSThread()
-	return fnErr
+	return netnsrun.Do(path, fn)
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 
+	"github.com/cellium/cellium/pkg/netnsrun"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -96,30 +97,7 @@ func withHandle(path string, fn func(*netlink.Handle) error) error {
 // inNetNS runs fn on a thread in the network namespace at path and returns
 // its result. Sockets fn makes belong to that namespace wherever they are
 // used later, and processes it forks start there.
-func inNetNS[T any](path string, fn func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	done := make(chan result)
-	go func() {
-		runtime.LockOSThread()
-		var r result
-		back, err := threadNetNS()
-		if err != nil {
-			r.err = err
-			done <- r
-			return
-		}
-		defer back()
-		if r.err = enterNetNS(path); r.err == nil {
-			r.v, r.err = fn()
-		}
-		done <- r
-	}()
-	r := <-done
-	return r.v, r.err
-}
+func inNetNS[T any](path string, fn func() (T, error)) (T, error) { return netnsrun.In(path, fn) }
 
 // threadNetNS keeps the locked calling thread's network namespace and
 // returns the function that moves the thread back into it and unlocks it.

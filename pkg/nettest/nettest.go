@@ -15,17 +15,16 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/icmpprobe"
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // RequireRoot skips the test unless it runs as root: it makes namespaces,
@@ -99,46 +98,13 @@ func blackholeRoute(p netip.Prefix) *netlink.Route {
 
 func blackhole(p netip.Prefix) error { return netlink.RouteAdd(blackholeRoute(p)) }
 
-// Do runs fn on a thread in the network namespace at path. What fn creates
-// there (sockets, processes it starts) stays in that namespace.
-func Do(path string, fn func() error) error {
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer target.Close()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter netns %s: %w", path, err)
-	}
-	fnErr := fn()
-	if err := netns.Set(orig); err != nil {
-		// The thread stays locked, and dies with its goroutine, rather
-		// than run other goroutines in the wrong namespace.
-		return fmt.Errorf("leave netns %s: %w", path, err)
-	}
-	runtime.UnlockOSThread()
-	return fnErr
-}
+// Do runs fn on a thread in the network namespace at path: see
+// netnsrun.Do.
+func Do(path string, fn func() error) error { return netnsrun.Do(path, fn) }
 
-// In runs fn on a thread in the network namespace at path and returns its
-// result, as Do does: a listener fn makes stays in that namespace wherever
-// it is used later.
-func In[T any](path string, fn func() (T, error)) (T, error) {
-	var v T
-	err := Do(path, func() (err error) {
-		v, err = fn()
-		return err
-	})
-	return v, err
-}
+// In runs fn in the network namespace at path and returns its result: see
+// netnsrun.In.
+func In[T any](path string, fn func() (T, error)) (T, error) { return netnsrun.In(path, fn) }
 
 // Serve listens on TCP addr in the network namespace at path and hands
 // each connection to handle in a goroutine of its own, closing it after;
