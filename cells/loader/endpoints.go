@@ -141,26 +141,9 @@ func (o *endpointLinks) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq
 			}
 		}
 	}
-	entries, err := os.ReadDir(o.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if want[e.Name()] {
-			continue
-		}
-		what, err := detachPinned(filepath.Join(o.dir, e.Name()))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	return pruneLinks(o.dir, want, func(what string) {
 		o.log.Info("Detached the program of an endpoint that is gone", "link", what)
-	}
-	return errors.Join(errs...)
+	})
 }
 
 // attach makes the link pinned for ep at hook h run the hook's program on

@@ -245,6 +245,32 @@ func (l *loader) removeStale(programs []string) {
 	}
 }
 
+// pruneLinks detaches and removes every link pinned in dir that want does
+// not name, telling detached about each; a directory that is not there
+// holds nothing to prune. It carries on past errors and returns them all.
+func pruneLinks(dir string, want map[string]bool, detached func(what string)) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if want[e.Name()] {
+			continue
+		}
+		what, err := detachPinned(filepath.Join(dir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		detached(what)
+	}
+	return errors.Join(errs...)
+}
+
 // detachPinned detaches the link pinned at pin, if it is one, removes the
 // pin and describes what it removed.
 func detachPinned(pin string) (string, error) {

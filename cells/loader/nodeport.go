@@ -374,26 +374,9 @@ func (n *nodePortPrograms) attach(ifindex int, h endpointHook) (string, error) {
 // prune detaches the links of devices that are gone or no longer
 // selected.
 func (n *nodePortPrograms) prune(want map[string]bool) error {
-	entries, err := os.ReadDir(n.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if want[e.Name()] {
-			continue
-		}
-		what, err := detachPinned(filepath.Join(n.dir, e.Name()))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	return pruneLinks(n.dir, want, func(what string) {
 		n.p.Log.Info("Detached the NodePort program of a device that is no longer selected", "link", what)
-	}
-	return errors.Join(errs...)
+	})
 }
 
 // inDevicesNetns runs fn in the namespace whose devices the devices table
