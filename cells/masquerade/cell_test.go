@@ -21,6 +21,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/masquerade"
+	"github.com/cellium/cellium/cells/masquerade/masqtest"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/nettest"
 )
@@ -174,34 +175,6 @@ func readRuleset(ns int) (string, error) {
 	return strings.Join(out, "\n"), nil
 }
 
-// watchNFT records the nftables changes in the namespace from now; the
-// function it returns stops and lists them.
-func watchNFT(t *testing.T, ns int) func() []string {
-	t.Helper()
-	c, err := nftables.New(nftables.WithNetNSFd(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mon := nftables.NewMonitor()
-	events, err := c.AddMonitor(mon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for e := range events {
-			got = append(got, fmt.Sprintf("%d %+v", e.Type, e.Data))
-		}
-	}()
-	return func() []string {
-		mon.Close()
-		<-done
-		return got
-	}
-}
-
 // TestCellReconcilesRuleset: the nodes table becomes the sets of the
 // agent's nftables table; a node that joins or leaves changes the sets in
 // place; a restart writes nothing; --enable-masquerade=false removes the
@@ -250,7 +223,7 @@ func TestCellReconcilesRuleset(t *testing.T) {
 		if got := ruleset(t, fd); got != want {
 			t.Fatalf("the table changed when the agent stopped:\n%s", got)
 		}
-		changes := watchNFT(t, fd)
+		changes := masqtest.WatchNFT(t, fd)
 		b := newAgent(t, n.Path(), []*nodes.Node{n1, n2}, func(c *masquerade.Config) {
 			c.NativeRoutingCIDR = []string{"192.168.0.0/16"}
 		})

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/cellium/cellium/cells/masquerade/masqtest"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -141,7 +141,12 @@ func TestMasquerade(t *testing.T) {
 			}
 		}
 		echo("before")
-		changes := watchNFT(t, n1.NetNS)
+		ns, err := netns.GetFromPath(n1.NetNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		changes := masqtest.WatchNFT(t, int(ns))
 		c.StopAgent("node-1")
 		echo("agent-stopped")
 		if got := seenAs(t, client, netip.AddrPortFrom(out.IPv4, 9001)); got != n1.IPv4.String() {
@@ -230,37 +235,4 @@ func natEntries(t *testing.T, nsPath string, pod netip.Addr, to netip.AddrPort, 
 		}
 	}
 	return out
-}
-
-// watchNFT records the nftables changes in a namespace from now; the
-// function it returns stops and lists them.
-func watchNFT(t *testing.T, nsPath string) func() []string {
-	t.Helper()
-	ns, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mon := nftables.NewMonitor()
-	events, err := c.AddMonitor(mon)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for e := range events {
-			got = append(got, fmt.Sprintf("%d %+v", e.Type, e.Data))
-		}
-	}()
-	return func() []string {
-		mon.Close()
-		<-done
-		ns.Close()
-		return got
-	}
 }
