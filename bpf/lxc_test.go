@@ -124,14 +124,7 @@ func loadLXC(t *testing.T, opts lxcOptions) *lxc {
 	if opts.edit != nil {
 		opts.edit(spec)
 	}
-	coll, err := ebpf.NewCollection(spec)
-	if err != nil {
-		if ve, ok := errors.AsType[*ebpf.VerifierError](err); ok {
-			t.Fatalf("load: %+v", ve)
-		}
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { coll.Close() })
+	coll := bpftest.Load(t, spec)
 
 	l := &lxc{
 		t:       t,

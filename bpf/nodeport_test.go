@@ -2,7 +2,6 @@ package bpf_test
 
 import (
 	"encoding/binary"
-	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -63,14 +62,7 @@ func loadNodePort(t *testing.T) *nodeport {
 			m.MaxEntries = 1024
 		}
 	}
-	coll, err := ebpf.NewCollection(spec)
-	if err != nil {
-		if ve, ok := errors.AsType[*ebpf.VerifierError](err); ok {
-			t.Fatalf("load: %+v", ve)
-		}
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() { coll.Close() })
+	coll := bpftest.Load(t, spec)
 	n := &nodeport{
 		t:           t,
 		ingress:     coll.Programs[bpf.NodePortProgCelliumNodeportIngress],

@@ -1,5 +1,5 @@
-// Package bpftest holds test helpers for the Go mirrors of the C types of
-// the bpf/ objects.
+// Package bpftest holds test helpers for the bpf/ objects: loading them
+// (Load), and comparing the Go mirrors of their C types with their BTF.
 package bpftest
 
 import (
