@@ -88,6 +88,12 @@ func convertService(k *corev1.Service) (*Service, []invalidField) {
 	}
 	svc.ExtTrafficPolicyLocal = k.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	svc.IntTrafficPolicyLocal = k.Spec.InternalTrafficPolicy != nil && *k.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	if hc := k.Spec.HealthCheckNodePort; hc < 0 || hc > 65535 {
+		bad = append(bad, invalidField{"spec.healthCheckNodePort",
+			fmt.Errorf("%d out of range: want 1 to 65535 (or 0: none), serving no health check", hc)})
+	} else {
+		svc.HealthCheckNodePort = uint16(hc)
+	}
 	return svc, bad
 }
 

@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -61,6 +62,40 @@ func TestConvertServiceInvalidFields(t *testing.T) {
 	k.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds = &sixty
 	if svc, _ := convertService(k); svc.AffinityTimeout != time.Minute {
 		t.Errorf("timeoutSeconds 60: affinity timeout %s", svc.AffinityTimeout)
+	}
+}
+
+// TestConvertServiceHealthCheckNodePort: spec.healthCheckNodePort is kept
+// when it is a port; out of range, it is reported by field and value, and
+// the rest of the service stands without a health check.
+func TestConvertServiceHealthCheckNodePort(t *testing.T) {
+	k := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:                  corev1.ServiceTypeLoadBalancer,
+			ClusterIP:             "10.96.0.20",
+			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			HealthCheckNodePort:   32000,
+			Ports:                 []corev1.ServicePort{{Port: 80, NodePort: 30080}},
+		},
+	}
+	svc, bad := convertService(k)
+	if len(bad) != 0 || svc.HealthCheckNodePort != 32000 {
+		t.Fatalf("healthCheckNodePort 32000: port %d, invalid %v", svc.HealthCheckNodePort, bad)
+	}
+	if got := svc.TableRow()[7]; got != "ext=Local int=Cluster healthCheckNodePort=32000" {
+		t.Errorf("TrafficPolicy column %q", got)
+	}
+	for _, v := range []int32{-1, 65536, 100000} {
+		k.Spec.HealthCheckNodePort = v
+		svc, bad := convertService(k)
+		want := fmt.Sprintf("spec.healthCheckNodePort: %d out of range: want 1 to 65535", v)
+		if len(bad) != 1 || !strings.HasPrefix(bad[0].Error(), want) {
+			t.Errorf("healthCheckNodePort %d: invalid %v, want one starting %q", v, bad, want)
+		}
+		if svc.HealthCheckNodePort != 0 || len(svc.Ports) != 1 || !svc.ExtTrafficPolicyLocal {
+			t.Errorf("healthCheckNodePort %d: service %+v, want the rest kept and no health check port", v, svc)
+		}
 	}
 }
 

@@ -56,6 +56,10 @@ type Service struct {
 	// IntTrafficPolicyLocal restricts ClusterIP frontends to backends on
 	// this node.
 	IntTrafficPolicyLocal bool `json:"intTrafficPolicyLocal,omitempty"`
+	// HealthCheckNodePort is spec.healthCheckNodePort, 0 when the service
+	// has none: the port on which the lb-healthcheck cell tells external
+	// load balancers how many of the service's endpoints are on this node.
+	HealthCheckNodePort uint16 `json:"healthCheckNodePort,omitempty"`
 }
 
 // ServicePort is one of spec.ports.
@@ -87,7 +91,8 @@ func (s *Service) equal(o *Service) bool {
 		slices.Equal(s.Ports, o.Ports) &&
 		s.SessionAffinity == o.SessionAffinity && s.AffinityTimeout == o.AffinityTimeout &&
 		s.ExtTrafficPolicyLocal == o.ExtTrafficPolicyLocal &&
-		s.IntTrafficPolicyLocal == o.IntTrafficPolicyLocal
+		s.IntTrafficPolicyLocal == o.IntTrafficPolicyLocal &&
+		s.HealthCheckNodePort == o.HealthCheckNodePort
 }
 
 var (
@@ -109,7 +114,7 @@ func (s *Service) TableRow() []string {
 		joinStrings(s.LoadBalancerIPs),
 		joinStrings(s.Ports),
 		affinityString(s.SessionAffinity, s.AffinityTimeout),
-		trafficPolicyString(s.ExtTrafficPolicyLocal, s.IntTrafficPolicyLocal),
+		trafficPolicyString(s.ExtTrafficPolicyLocal, s.IntTrafficPolicyLocal, s.HealthCheckNodePort),
 	}
 }
 
@@ -120,14 +125,18 @@ func affinityString(on bool, timeout time.Duration) string {
 	return "ClientIP " + timeout.String()
 }
 
-func trafficPolicyString(extLocal, intLocal bool) string {
+func trafficPolicyString(extLocal, intLocal bool, healthCheckNodePort uint16) string {
 	policy := func(local bool) string {
 		if local {
 			return "Local"
 		}
 		return "Cluster"
 	}
-	return "ext=" + policy(extLocal) + " int=" + policy(intLocal)
+	s := "ext=" + policy(extLocal) + " int=" + policy(intLocal)
+	if healthCheckNodePort != 0 {
+		s += " healthCheckNodePort=" + strconv.Itoa(int(healthCheckNodePort))
+	}
+	return s
 }
 
 // Frontend is an address the datapath load-balances, with everything the
