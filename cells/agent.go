@@ -30,6 +30,7 @@ import (
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/lbhealthcheck"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
@@ -66,6 +67,7 @@ var ControlPlane = cell.Group(
 	routing.Cell,
 	clusterhealth.Cell,
 	loadbalancer.Cell,
+	lbhealthcheck.Cell,
 )
 
 // Datapath reconciles tables into the kernel.
