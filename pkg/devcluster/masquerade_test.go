@@ -74,24 +74,34 @@ func seenAs(t *testing.T, pod devcluster.Pod, to netip.AddrPort) string {
 	return strings.TrimPrefix(l, "seen ")
 }
 
-// TestMasquerade: on a two-node dev-cluster with an outside namespace on
-// its bridge, a pod reaches the outside with its node's address (both
-// families), and other pods and nodes with its own; a masqueraded
-// connection carries data across a restart of the node's agent; the
-// kernel's NAT entries of 10,000 short connections are collected.
-func TestMasquerade(t *testing.T) {
-	c := devclustertest.Start(t, devcluster.Options{Nodes: 2})
-	client := c.AddPod("node-1", "client", nil)
-	server := c.AddPod("node-2", "server", nil)
-	c.ServeTCP("server", 8080)
-	out := c.AddOutside()
-	n1, n2 := c.Node("node-1"), c.Node("node-2")
-	serveSeen(t, out.NetNS, 9000, true)
-	serveSeen(t, out.NetNS, 9001, false)
-	serveSeen(t, out.NetNS, 9002, false) // the 10,000 connections only
-	serveSeen(t, n2.NetNS, 9100, false)
-	serveSeen(t, n1.NetNS, 9100, false)
+// masqCluster is a two-node dev-cluster with an outside namespace, a client
+// pod on node-1 and a server pod on node-2, for the masquerade tests of
+// each routing mode.
+type masqCluster struct {
+	c              *devclustertest.Cluster
+	client, server devcluster.Pod
+	out            devcluster.Outside
+	n1, n2         devcluster.Node
+}
 
+// newMasqCluster starts the cluster in routing mode with its servers: the
+// server pod's on 8080, the outside's on 9000 (echo), both nodes' on 9100.
+func newMasqCluster(t *testing.T, mode string) *masqCluster {
+	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, RoutingMode: mode})
+	m := &masqCluster{c: c, client: c.AddPod("node-1", "client", nil), server: c.AddPod("node-2", "server", nil)}
+	c.ServeTCP("server", 8080)
+	m.out = c.AddOutside()
+	m.n1, m.n2 = c.Node("node-1"), c.Node("node-2")
+	serveSeen(t, m.out.NetNS, 9000, true)
+	serveSeen(t, m.n2.NetNS, 9100, false)
+	serveSeen(t, m.n1.NetNS, 9100, false)
+	return m
+}
+
+// checkSources: the client pod reaches the outside with its node's address
+// (both families), and the other node's pod and both nodes with its own.
+func (m *masqCluster) checkSources(t *testing.T) {
+	c, client, server, out, n1, n2 := m.c, m.client, m.server, m.out, m.n1, m.n2
 	t.Run("pod to outside leaves as the node", func(t *testing.T) {
 		for _, x := range []struct{ dst, want netip.Addr }{{out.IPv4, n1.IPv4}, {out.IPv6, n1.IPv6}} {
 			if got := seenAs(t, client, netip.AddrPortFrom(x.dst, 9000)); got != x.want.String() {
@@ -123,6 +133,20 @@ func TestMasquerade(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestMasquerade: on a two-node dev-cluster (tunnel routing) with an
+// outside namespace on its bridge, a pod reaches the outside with its
+// node's address (both families), and other pods and nodes with its own; a
+// masqueraded connection carries data across a restart of the node's agent;
+// the kernel's NAT entries of 10,000 short connections are collected.
+// TestMasqueradeNative checks the addresses in native routing.
+func TestMasquerade(t *testing.T) {
+	m := newMasqCluster(t, "tunnel")
+	c, client, out, n1 := m.c, m.client, m.out, m.n1
+	serveSeen(t, out.NetNS, 9001, false)
+	serveSeen(t, out.NetNS, 9002, false) // the 10,000 connections only
+	m.checkSources(t)
 
 	t.Run("an established connection outlives a restart", func(t *testing.T) {
 		conn, err := dialFrom(client.NetNS, netip.AddrPortFrom(out.IPv4, 9000))
