@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -265,8 +267,11 @@ endpoints:
 // from the outside namespace through node-1's NodePort to a backend on
 // node-2 (DNAT and SNAT on node-1, then the tunnel), beside the same round
 // trips from node-1 straight to the backend pod (the same tunnel hop, no
-// translation). Prints `nodeport-bench rps=... p99_us=... direct_rps=...
-// direct_p99_us=... ratio=...`, ratio being rps over direct_rps.
+// translation). Then bulk TCP for d along the same two paths, with the
+// machine's busy CPU time per Gbit sent (see bulk). Prints `nodeport-bench
+// rps=... p99_us=... direct_rps=... direct_p99_us=... ratio=... gbps=...
+// cpu_s_per_gbit=... direct_gbps=... direct_cpu_s_per_gbit=...`, ratio
+// being rps over direct_rps.
 func BenchmarkNodePort(b *testing.B) {
 	const d = 3 * time.Second
 	c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: "tunnel"})
@@ -274,8 +279,11 @@ func BenchmarkNodePort(b *testing.B) {
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
 	serveSeen(b, remote.NetNS, 8080, true)
+	c.Sink(devclustertest.Where{Pod: "remote"}, bulkPort)
 	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4, "node-2"))
+	c.WriteManifest("bulk.yaml", bulkService(remote.IPv4, "node-2"))
 	c.WaitService("node-1", "default", "remote")
+	c.WaitService("node-1", "default", "bulk")
 
 	nodePort := netip.AddrPortFrom(n1.IPv4, 30090)
 	var viaNodePort *conn
@@ -306,9 +314,87 @@ func BenchmarkNodePort(b *testing.B) {
 	b.ResetTimer()
 	rps, p99 := roundTrips(b, viaNodePort, d)
 	directRPS, directP99 := roundTrips(b, direct, d)
+	gbps, cpuPerGbit := bulk(b, c, devclustertest.Where{NetNS: out.NetNS}, netip.AddrPortFrom(n1.IPv4, bulkNodePort), d)
+	directGbps, directCPUPerGbit := bulk(b, c, devclustertest.Where{Node: "node-1"}, netip.AddrPortFrom(remote.IPv4, bulkPort), d)
 	b.StopTimer()
-	fmt.Printf("nodeport-bench rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f\n",
-		rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS)
+	fmt.Printf("nodeport-bench rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f gbps=%.2f cpu_s_per_gbit=%.3f direct_gbps=%.2f direct_cpu_s_per_gbit=%.3f\n",
+		rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS,
+		gbps, cpuPerGbit, directGbps, directCPUPerGbit)
+}
+
+// The bulk phase's sink in the backend pod, and the NodePort to it.
+const (
+	bulkPort     = 5001
+	bulkNodePort = 30120
+)
+
+// bulkService is a NodePort Service whose TCP port 80 (NodePort
+// bulkNodePort) goes to bulkPort of backend, a pod on node.
+func bulkService(backend netip.Addr, node string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: bulk, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.64
+  ports:
+  - {name: bulk, port: 80, targetPort: %[1]d, nodePort: %[2]d, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: bulk-1, namespace: default, labels: {kubernetes.io/service-name: bulk}}
+addressType: IPv4
+ports: [{name: bulk, port: %[1]d, protocol: TCP}]
+endpoints:
+- addresses: [%[3]s]
+  nodeName: %[4]s
+  conditions: {ready: true}
+`, bulkPort, bulkNodePort, backend, node)
+}
+
+// bulk sends TCP from w to `to` for d and returns the rate in Gbit/s and
+// the machine's busy CPU seconds per Gbit sent. Every namespace of the
+// dev-cluster shares one kernel, so the softirq work of each hop (veths,
+// bridge, BPF, tunnel) lands on whichever CPU ran it: the whole machine's
+// busy time (/proc/stat) is the only complete count. It includes the
+// sender's and sink's own work, starting the sender (a few ms), and
+// whatever else the machine ran meanwhile.
+func bulk(b *testing.B, c *devclustertest.Cluster, w devclustertest.Where, to netip.AddrPort, d time.Duration) (gbps, cpuSecondsPerGbit float64) {
+	before := machineBusy(b)
+	r := c.Send(w, to, d)
+	busy := machineBusy(b) - before
+	gbit := float64(r.Bytes) * 8 / 1e9
+	return r.BitsPerSecond() / 1e9, busy.Seconds() / gbit
+}
+
+// userHZ is the unit of /proc/stat's times (USER_HZ, 100 on Linux).
+const userHZ = 100
+
+// machineBusy is the time every CPU of the machine has been busy since
+// boot: the first line of /proc/stat, all but idle and iowait (guest time
+// is in user already).
+func machineBusy(b *testing.B) time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		b.Fatalf("/proc/stat: first line %q, want cpu and at least 8 times", line)
+	}
+	var ticks int64
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %q: %v", line, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / userHZ
 }
 
 // roundTrips sends a line and waits for its echo, again and again for d,

@@ -436,18 +436,25 @@ func helper(t testing.TB, ctx context.Context, kind string, env ...string) *exec
 }
 
 // Where a throughput helper runs: in a pod (its namespace and its node's
-// cgroup), or in a node's own namespace (the host side).
+// cgroup), in a node's own namespace (the host side), or in another
+// namespace by path, such as the outside namespace (no cgroup of the
+// cluster's).
 type Where struct {
-	Pod  string
-	Node string
+	Pod   string
+	Node  string
+	NetNS string
 }
 
 func (c *Cluster) start(w Where, cmd *exec.Cmd) error {
 	if w.Pod != "" {
 		return c.Start(w.Pod, cmd)
 	}
-	// nsenter enters the node's namespace and execs the helper.
-	cmd.Args = append([]string{"nsenter", "--net=" + c.Node(w.Node).NetNS, "--"}, cmd.Args...)
+	// nsenter enters the namespace and execs the helper.
+	nsPath := w.NetNS
+	if nsPath == "" {
+		nsPath = c.Node(w.Node).NetNS
+	}
+	cmd.Args = append([]string{"nsenter", "--net=" + nsPath, "--"}, cmd.Args...)
 	path, err := exec.LookPath("nsenter")
 	if err != nil {
 		return err
