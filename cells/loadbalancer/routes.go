@@ -60,6 +60,7 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 		LoadBalancerIPs:       addrStrings(svc.LoadBalancerIPs),
 		ExternalTrafficPolicy: policyName(svc.ExtTrafficPolicyLocal),
 		InternalTrafficPolicy: policyName(svc.IntTrafficPolicyLocal),
+		HealthCheckNodePort:   svc.HealthCheckNodePort,
 		Frontends:             []apiv1.Frontend{},
 		Backends:              []apiv1.Backend{},
 	}

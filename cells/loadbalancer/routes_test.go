@@ -29,6 +29,7 @@ spec:
   clusterIP: 10.96.0.20
   sessionAffinity: ClientIP
   externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
   ports:
   - {name: http, port: 80, nodePort: 30080}
 ---
@@ -93,6 +94,7 @@ func TestServicesAPI(t *testing.T) {
 		AffinityTimeoutSeconds: 10800,
 		ExternalTrafficPolicy:  "Local",
 		InternalTrafficPolicy:  "Cluster",
+		HealthCheckNodePort:    32000,
 		Frontends: []apiv1.Frontend{
 			// The terminating backend is unused while one is active.
 			{Address: "0.0.0.0:30080/TCP", Type: "NodePort", PortName: "http", Status: "Done",

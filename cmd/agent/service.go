@@ -108,7 +108,11 @@ func printService(w io.Writer, s apiv1.Service) error {
 	fmt.Fprintf(w, "LoadBalancerIPs:   %s\n", orNone(s.LoadBalancerIPs))
 	fmt.Fprintf(w, "Ports:             %s\n", orNone(ports))
 	fmt.Fprintf(w, "Session affinity:  %s\n", affinity)
-	fmt.Fprintf(w, "Traffic policy:    external %s, internal %s\n\n", s.ExternalTrafficPolicy, s.InternalTrafficPolicy)
+	healthCheck := ""
+	if s.HealthCheckNodePort != 0 {
+		healthCheck = fmt.Sprintf(", health check node port %d", s.HealthCheckNodePort)
+	}
+	fmt.Fprintf(w, "Traffic policy:    external %s, internal %s%s\n\n", s.ExternalTrafficPolicy, s.InternalTrafficPolicy, healthCheck)
 
 	rows := [][]string{}
 	for _, fe := range s.Frontends {

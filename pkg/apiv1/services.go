@@ -19,10 +19,12 @@ type Service struct {
 	AffinityTimeoutSeconds int64 `json:"affinityTimeoutSeconds,omitempty"`
 	// ExternalTrafficPolicy and InternalTrafficPolicy are "Cluster" or
 	// "Local".
-	ExternalTrafficPolicy string     `json:"externalTrafficPolicy"`
-	InternalTrafficPolicy string     `json:"internalTrafficPolicy"`
-	Frontends             []Frontend `json:"frontends"`
-	Backends              []Backend  `json:"backends"`
+	ExternalTrafficPolicy string `json:"externalTrafficPolicy"`
+	InternalTrafficPolicy string `json:"internalTrafficPolicy"`
+	// HealthCheckNodePort is spec.healthCheckNodePort, omitted when unset.
+	HealthCheckNodePort uint16     `json:"healthCheckNodePort,omitempty"`
+	Frontends           []Frontend `json:"frontends"`
+	Backends            []Backend  `json:"backends"`
 }
 
 // ServicePort is one port of a Service.
