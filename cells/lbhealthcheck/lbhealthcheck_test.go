@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -42,6 +43,12 @@ type testAgent struct {
 // start runs the loadbalancer and lb-healthcheck cells against the fake
 // clientset, the listeners bound to 127.0.0.1.
 func start(t *testing.T) *testAgent {
+	a, h := newAgent(func(c *lbhealthcheck.Config) { c.HealthCheckNodeportBindAddress = "127.0.0.1" })
+	celltest.Start(t, h)
+	return a
+}
+
+func newAgent(config func(*lbhealthcheck.Config)) (*testAgent, *hive.Hive) {
 	a := &testAgent{}
 	h := celltest.New(
 		loadbalancer.Cell,
@@ -56,9 +63,8 @@ func start(t *testing.T) *testAgent {
 			a.cs, a.db, a.health, a.backends, a.services = cs, db, hs, bes, svcs
 		}),
 	)
-	hive.AddConfigOverride(h, func(c *lbhealthcheck.Config) { c.HealthCheckNodeportBindAddress = "127.0.0.1" })
-	celltest.Start(t, h)
-	return a
+	hive.AddConfigOverride(h, config)
+	return a, h
 }
 
 // freePort is a TCP port of 127.0.0.1 that nothing listened on a moment ago.
@@ -263,4 +269,69 @@ func TestHealthCheckNodePortInvalid(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestHealthCheckNodePortChanges: a changed healthCheckNodePort moves the
+// listener; a Service that no longer has externalTrafficPolicy Local loses
+// it.
+func TestHealthCheckNodePortChanges(t *testing.T) {
+	a := start(t)
+	p1, p2 := freePort(t), freePort(t)
+	svc := lbService("web", int32(p1))
+	if err := k8sclienttest.Create(a.cs, svc); err != nil {
+		t.Fatal(err)
+	}
+	waitAnswer(t, p1, http.StatusServiceUnavailable, 0)
+
+	svc.Spec.HealthCheckNodePort = int32(p2)
+	if err := k8sclienttest.Update(a.cs, svc); err != nil {
+		t.Fatal(err)
+	}
+	waitAnswer(t, p2, http.StatusServiceUnavailable, 0)
+	if got := get(p1, "/"); !errors.Is(got.err, syscall.ECONNREFUSED) {
+		t.Errorf("old port %d after the move: %d %q %v, want the connection refused", p1, got.code, got.body, got.err)
+	}
+
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	if err := k8sclienttest.Update(a.cs, svc); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the listener closed with traffic policy Cluster", func() bool {
+		return errors.Is(get(p2, "/").err, syscall.ECONNREFUSED)
+	})
+}
+
+// TestHealthCheckNodePortDisabled: with --enable-health-check-nodeport=false
+// no port is served, and the cell says so in health.
+func TestHealthCheckNodePortDisabled(t *testing.T) {
+	a, h := newAgent(func(c *lbhealthcheck.Config) {
+		c.EnableHealthCheckNodeport = false
+		c.HealthCheckNodeportBindAddress = "127.0.0.1"
+	})
+	celltest.Start(t, h)
+	port := freePort(t)
+	if err := k8sclienttest.Create(a.cs, lbService("web", int32(port))); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "shop/web in the services table", func() bool {
+		return a.services.NumObjects(a.db.ReadTxn()) == 1
+	})
+	if got := get(port, "/"); !errors.Is(got.err, syscall.ECONNREFUSED) {
+		t.Errorf("port %d while disabled: %d %q %v, want the connection refused", port, got.code, got.body, got.err)
+	}
+	st, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("lb-healthcheck"))
+	if !found || st.Message != "Disabled (--enable-health-check-nodeport=false)" {
+		t.Errorf("health of lb-healthcheck %+v, want Disabled", st)
+	}
+}
+
+// TestHealthCheckNodePortBadBindAddress: a bind address that is no IP
+// address stops the hive with an error naming the flag.
+func TestHealthCheckNodePortBadBindAddress(t *testing.T) {
+	_, h := newAgent(func(c *lbhealthcheck.Config) { c.HealthCheckNodeportBindAddress = "node-1" })
+	err := h.Populate(hivetest.Logger(t))
+	const want = `invalid --health-check-nodeport-bind-address "node-1": want an IP address`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("populate: %v, want an error containing %q", err, want)
+	}
 }
