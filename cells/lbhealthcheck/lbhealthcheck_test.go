@@ -335,3 +335,35 @@ func TestHealthCheckNodePortBadBindAddress(t *testing.T) {
 		t.Fatalf("populate: %v, want an error containing %q", err, want)
 	}
 }
+
+// TestHealthCheckNodePortSharedBackend: a pod that backs two Services is one
+// backends row with an instance of each; when the Service with the health
+// check stops listing it, the row stays for the other, and the count still
+// drops to 0.
+func TestHealthCheckNodePortSharedBackend(t *testing.T) {
+	a := start(t)
+	port := freePort(t)
+	if err := k8sclienttest.Create(a.cs, lbService("web", int32(port))); err != nil {
+		t.Fatal(err)
+	}
+	other := lbService("other", 0)
+	other.Spec.ClusterIP = "10.96.0.21"
+	other.Spec.Ports[0].NodePort = 30081
+	if err := k8sclienttest.Create(a.cs, other); err != nil {
+		t.Fatal(err)
+	}
+	for _, svc := range []string{"other", "web"} {
+		if err := k8sclienttest.Create(a.cs, slice(svc, endpoint{"10.244.1.5", nodeName})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAnswer(t, port, http.StatusOK, 1)
+
+	if err := k8sclienttest.Update(a.cs, slice("web")); err != nil {
+		t.Fatal(err)
+	}
+	waitAnswer(t, port, http.StatusServiceUnavailable, 0)
+	if n := a.backends.NumObjects(a.db.ReadTxn()); n != 2 {
+		t.Errorf("%d backends rows, want other's two ports still there", n)
+	}
+}

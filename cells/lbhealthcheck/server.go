@@ -54,6 +54,9 @@ type listener struct {
 	port uint16
 	// localEndpoints is what the handler answers; run updates it.
 	localEndpoints atomic.Int64
+	// backends are the Service's backends at the last count, local or
+	// not: a change to any of them recounts.
+	backends map[loadbalancer.L3n4Addr]struct{}
 	// srv serves while the port is bound; err is why it is not.
 	srv *http.Server
 	err error
@@ -111,6 +114,13 @@ func (s *server) run(ctx context.Context, health cell.Health) error {
 					dirty[inst.ServiceName] = struct{}{}
 				}
 			}
+			// A backend that another Service keeps may stop listing one:
+			// the new row does not name it, the last count does.
+			for name, l := range s.byName {
+				if _, ok := l.backends[c.Object.Address]; ok {
+					dirty[name] = struct{}{}
+				}
+			}
 		}
 		for name := range dirty {
 			s.sync(txn, name)
@@ -151,15 +161,19 @@ func (s *server) sync(txn statedb.ReadTxn, name loadbalancer.ServiceName) {
 		s.byName[name] = l
 		s.open(l)
 	}
-	l.localEndpoints.Store(int64(s.countLocal(txn, name)))
+	n, backends := s.countLocal(txn, name)
+	l.localEndpoints.Store(int64(n))
+	l.backends = backends
 }
 
 // countLocal is the number of distinct addresses of name's active,
-// unquarantined backends on this node. A pod that serves two ports is one
-// endpoint.
-func (s *server) countLocal(txn statedb.ReadTxn, name loadbalancer.ServiceName) int {
+// unquarantined backends on this node (a pod that serves two ports is one
+// endpoint), and every backend of name.
+func (s *server) countLocal(txn statedb.ReadTxn, name loadbalancer.ServiceName) (int, map[loadbalancer.L3n4Addr]struct{}) {
 	addrs := map[netip.Addr]struct{}{}
+	all := map[loadbalancer.L3n4Addr]struct{}{}
 	for be := range s.backends.List(txn, loadbalancer.BackendByServiceName.Query(name)) {
+		all[be.Address] = struct{}{}
 		if be.Quarantined {
 			continue
 		}
@@ -170,7 +184,7 @@ func (s *server) countLocal(txn statedb.ReadTxn, name loadbalancer.ServiceName) 
 			}
 		}
 	}
-	return len(addrs)
+	return len(addrs), all
 }
 
 // open binds l's port and serves it, or records why it cannot.
