@@ -1,6 +1,7 @@
 package devcluster_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -25,23 +26,30 @@ import (
 // 1500 of everything else.
 const pathMTU = 1200
 
-// TestNodePortPathMTU: path MTU discovery through a NodePort (issue 14).
-// The outside namespace sends through node-1's NodePort to a backend on
-// node-2 and to one on node-1, whose node's link to the pod has a smaller
-// MTU (pathMTU); that node answers a packet too big for it, sent with DF,
-// with fragmentation needed, quoting the translated packet, and node-1
-// must translate that error for the client: a connected UDP socket with
+// TestNodePortICMP: ICMP errors through a NodePort (issue 14), from the
+// outside namespace through node-1's NodePort to a backend on node-2 and
+// to one on node-1, in native routing and tunnel.
+//
+// Path MTU discovery: the node's link to the backend pod has a smaller MTU
+// (pathMTU); that node answers a packet too big for it, sent with DF, with
+// fragmentation needed, quoting the translated packet, and node-1 must
+// translate that error for the client: a connected UDP socket with
 // IP_PMTUDISC_DO learns the path MTU (IP_MTU), and a bulk TCP transfer,
 // whose full-sized segments cannot be forwarded to the pod, completes.
 // Without the translation the client never hears of the error: IP_MTU
-// stays 1500 and the transfer stalls. Native routing and tunnel.
-func TestNodePortPathMTU(t *testing.T) {
+// stays 1500 and the transfer stalls.
+//
+// The other way: the client's port unreachable about a reply (the client
+// closed its socket) reaches the backend's socket connected to the peer it
+// sees (node-1's address and NAT port, or the client), which reports
+// ECONNREFUSED; without the translation the error stays at node-1.
+func TestNodePortICMP(t *testing.T) {
 	for _, mode := range []string{"native", "tunnel"} {
-		t.Run(mode, func(t *testing.T) { nodePortPathMTU(t, mode) })
+		t.Run(mode, func(t *testing.T) { nodePortICMP(t, mode) })
 	}
 }
 
-func nodePortPathMTU(t *testing.T, mode string) {
+func nodePortICMP(t *testing.T, mode string) {
 	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, RoutingMode: mode})
 	local := c.AddPod("node-1", "local", map[string]string{"app": "local"})
 	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
@@ -53,31 +61,38 @@ func nodePortPathMTU(t *testing.T, mode string) {
 	}
 	c.WriteManifest("local.yaml", nodePortService("local", "10.96.0.61", 30080, 30053, local.IPv4, "node-1"))
 	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4, "node-2"))
-	c.WaitService("node-1", "default", "local")
-	c.WaitService("node-1", "default", "remote")
+	c.WriteManifest("local-refused.yaml", udpNodePortService("local-refused", "10.96.0.64", 30054, local.IPv4, "node-1"))
+	c.WriteManifest("remote-refused.yaml", udpNodePortService("remote-refused", "10.96.0.65", 30064, remote.IPv4, "node-2"))
+	for _, svc := range []string{"local", "remote", "local-refused", "remote-refused"} {
+		c.WaitService("node-1", "default", svc)
+	}
 
 	for _, x := range []struct {
 		name     string
 		pod      devcluster.Pod
 		node     string
 		tcp, udp uint16
+		refused  uint16
 		seen     netip.Addr
 	}{
 		// node-2 sends the error to node-1's address, the packet's
 		// source after SNAT: node-1's ingress translates it.
-		{"remote backend", remote, "node-2", 30090, 30063, n1.IPv4},
+		{"remote backend", remote, "node-2", 30090, 30063, 30064, n1.IPv4},
 		// node-1 itself sends the error to the client, quoting the
 		// packet after DNAT: node-1's egress translates it.
-		{"local backend", local, "node-1", 30080, 30053, out.IPv4},
+		{"local backend", local, "node-1", 30080, 30053, 30054, out.IPv4},
 	} {
 		t.Run(x.name, func(t *testing.T) {
 			udpTo := netip.AddrPortFrom(n1.IPv4, x.udp)
 			if got := udpSeenAs(out.NetNS, udpTo); got != x.seen.String() {
 				t.Fatalf("outside -> node-1 %s/udp (backend on %s): answer %q, want %s", udpTo, x.node, got, x.seen)
 			}
+			t.Run("port unreachable from the client", func(t *testing.T) {
+				refusedByClient(t, out.NetNS, x.pod.NetNS, netip.AddrPortFrom(n1.IPv4, x.refused), x.seen)
+			})
 			setPodLinkMTU(t, c.Node(x.node).NetNS, x.pod.IPv4, pathMTU)
-			t.Run("UDP", func(t *testing.T) { pathMTUUDP(t, out.NetNS, udpTo, x.seen) })
-			t.Run("TCP", func(t *testing.T) { pathMTUTCP(t, out.NetNS, netip.AddrPortFrom(n1.IPv4, x.tcp)) })
+			t.Run("path MTU/UDP", func(t *testing.T) { pathMTUUDP(t, out.NetNS, udpTo, x.seen) })
+			t.Run("path MTU/TCP", func(t *testing.T) { pathMTUTCP(t, out.NetNS, netip.AddrPortFrom(n1.IPv4, x.tcp)) })
 		})
 	}
 }
@@ -179,6 +194,111 @@ func pathMTUTCP(t *testing.T, nsPath string, to netip.AddrPort) {
 	if mtu := socketMTU(t, cn.(*net.TCPConn)); mtu != pathMTU {
 		t.Errorf("the connection's IP_MTU after the transfer: %d, want %d", mtu, pathMTU)
 	}
+}
+
+// refusedPort is the backend's UDP port of udpNodePortService.
+const refusedPort = 8054
+
+// refusedByClient: a client in the namespace at clientNS sends a datagram
+// to to; the backend, in podNS, sees it from seen, answers it from a
+// socket connected to its sender, which the client receives; the client
+// closes its socket, and the backend's next datagrams draw its port
+// unreachable, which must reach the backend's socket as ECONNREFUSED.
+func refusedByClient(t *testing.T, clientNS, podNS string, to netip.AddrPort, seen netip.Addr) {
+	reuse := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) {
+			err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+		}); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	bind := fmt.Sprintf("0.0.0.0:%d", refusedPort)
+	ln, err := nettest.In(podNS, func() (net.PacketConn, error) {
+		return reuse.ListenPacket(context.Background(), "udp4", bind)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cc, err := nettest.In(clientNS, func() (net.Conn, error) { return net.Dial("udp4", to.String()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+
+	// The client's first datagram, as the backend sees it.
+	buf := make([]byte, 100)
+	var from net.Addr
+	for try := 0; from == nil; try++ {
+		if try == 5 {
+			t.Fatalf("outside -> node-1 %s/udp: nothing reached the backend", to)
+		}
+		if _, err := cc.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		ln.SetReadDeadline(time.Now().Add(time.Second))
+		if _, a, err := ln.ReadFrom(buf); err == nil {
+			from = a
+		}
+	}
+	if got := netip.MustParseAddrPort(from.String()).Addr(); got != seen {
+		t.Fatalf("the backend sees %v, want %v", from, seen)
+	}
+
+	// The backend's socket connected to it.
+	d := net.Dialer{LocalAddr: net.UDPAddrFromAddrPort(netip.MustParseAddrPort(bind)), Control: reuse.Control}
+	bc, err := nettest.In(podNS, func() (net.Conn, error) { return d.Dial("udp4", from.String()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	if _, err := bc.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	cc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := cc.Read(buf); err != nil || string(buf[:n]) != "reply" {
+		t.Fatalf("the client got %q (%v) of the backend's connected socket, want %q", buf[:n], err, "reply")
+	}
+
+	cc.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, werr := bc.Write([]byte("again"))
+		bc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, rerr := bc.Read(buf)
+		if errors.Is(werr, syscall.ECONNREFUSED) || errors.Is(rerr, syscall.ECONNREFUSED) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend -> %v after the client closed its socket: write %v, read %v; want ECONNREFUSED from the client's port unreachable", from, werr, rerr)
+		}
+	}
+}
+
+// udpNodePortService is a NodePort Service with a UDP port 54 (NodePort
+// nodePort, target refusedPort), and its EndpointSlice with the one
+// backend, a pod on node.
+func udpNodePortService(name, clusterIP string, nodePort uint16, backend netip.Addr, node string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: %[2]s
+  ports:
+  - {name: refused, port: 54, targetPort: %[6]d, nodePort: %[3]d, protocol: UDP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-1, namespace: default, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv4
+ports: [{name: refused, port: %[6]d, protocol: UDP}]
+endpoints:
+- addresses: [%[4]s]
+  nodeName: %[5]s
+  conditions: {ready: true}
+`, name, clusterIP, nodePort, backend, node, refusedPort)
 }
 
 // countBytes reads c to its end and answers with the number of bytes.
