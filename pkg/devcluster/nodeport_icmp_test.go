@@ -39,6 +39,11 @@ const pathMTU = 1200
 // Without the translation the client never hears of the error: IP_MTU
 // stays 1500 and the transfer stalls.
 //
+// Port unreachable from the backend (nothing listens on its port) reaches
+// the client's connected socket as ECONNREFUSED: from node-2 to node-1's
+// address, translated at node-1's ingress, or from the local pod,
+// translated at node-1's egress.
+//
 // The other way: the client's port unreachable about a reply (the client
 // closed its socket) reaches the backend's socket connected to the peer it
 // sees (node-1's address and NAT port, or the client), which reports
@@ -89,6 +94,10 @@ func nodePortICMP(t *testing.T, mode string) {
 			}
 			t.Run("port unreachable from the client", func(t *testing.T) {
 				refusedByClient(t, out.NetNS, x.pod.NetNS, netip.AddrPortFrom(n1.IPv4, x.refused), x.seen)
+			})
+			// Nothing listens there now.
+			t.Run("port unreachable from the backend", func(t *testing.T) {
+				refusedByBackend(t, out.NetNS, netip.AddrPortFrom(n1.IPv4, x.refused))
 			})
 			setPodLinkMTU(t, c.Node(x.node).NetNS, x.pod.IPv4, pathMTU)
 			t.Run("path MTU/UDP", func(t *testing.T) { pathMTUUDP(t, out.NetNS, udpTo, x.seen) })
@@ -272,6 +281,29 @@ func refusedByClient(t *testing.T, clientNS, podNS string, to netip.AddrPort, se
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("backend -> %v after the client closed its socket: write %v, read %v; want ECONNREFUSED from the client's port unreachable", from, werr, rerr)
+		}
+	}
+}
+
+// refusedByBackend: a client in the namespace at clientNS sends to to,
+// whose backend has no socket on its port; the backend's port unreachable
+// must reach the client's connected socket as ECONNREFUSED.
+func refusedByBackend(t *testing.T, clientNS string, to netip.AddrPort) {
+	cc, err := nettest.In(clientNS, func() (net.Conn, error) { return net.Dial("udp4", to.String()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	buf := make([]byte, 100)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, werr := cc.Write([]byte("anyone?"))
+		cc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, rerr := cc.Read(buf)
+		if errors.Is(werr, syscall.ECONNREFUSED) || errors.Is(rerr, syscall.ECONNREFUSED) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outside -> node-1 %s/udp, no socket at the backend: write %v, read %v; want ECONNREFUSED from the backend's port unreachable", to, werr, rerr)
 		}
 	}
 }
