@@ -290,3 +290,24 @@ func TestNodePortICMPUntouched(t *testing.T) {
 		t.Errorf("ICMP errors changed the NAT entries:\n got %v\nwant %v", got, entries)
 	}
 }
+
+// TestNodePortICMPPadding: a frame longer than its IPv4 packet (Ethernet
+// padding) after a quote that ends before the TCP checksum: the quote is
+// translated, the padding is not taken for the checksum and stays as it
+// was.
+func TestNodePortICMPPadding(t *testing.T) {
+	n := loadNodePort(t)
+	fe := netip.AddrPortFrom(nodeAddr, 30080)
+	n.service(fe, lbmap.TCP, localPod)
+	fwd := n.run(n.ingress, checksummed4(unix.IPPROTO_TCP, client, fe, "request"), verdictNext)
+	pkt := icmpError(nodeAddr, client.Addr(), icmpUnreachable, icmpFragNeeded, fwd, 28)
+	padding := []byte{0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa, 0xaa}
+	out := n.run(n.egress, append(pkt, padding...), verdictNext)
+	got := parsedICMP(t, out, false)
+	if got.innerDst != fe {
+		t.Errorf("quoted destination %v, want %v", got.innerDst, fe)
+	}
+	if tail := out[len(pkt):]; !reflect.DeepEqual(tail, padding) {
+		t.Errorf("padding after the message became %x, want %x", tail, padding)
+	}
+}

@@ -102,7 +102,7 @@ static __always_inline bool icmp4_parse(struct __sk_buff *skb, struct icmp4_erro
 {
 	struct ethhdr eth;
 	struct icmp4_error_hdr icmp;
-	__u32 l4_off;
+	__u32 l4_off, end;
 
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) || eth.h_proto != bpf_htons(ETH_P_IP))
 		return false;
@@ -125,7 +125,10 @@ static __always_inline bool icmp4_parse(struct __sk_buff *skb, struct icmp4_erro
 		return false;
 	l4_off = e->inner_off + e->inner.ihl * 4;
 	e->ports_off = l4_off;
-	if (bpf_skb_load_bytes(skb, l4_off, e->ports, sizeof(e->ports)))
+	/* The message ends where the outer header says, not at the frame's
+	 * end, which may be padding. */
+	end = ETH_HLEN + bpf_ntohs(e->outer.tot_len);
+	if (l4_off + sizeof(e->ports) > end || bpf_skb_load_bytes(skb, l4_off, e->ports, sizeof(e->ports)))
 		return false;
 	switch (e->inner.protocol) {
 	case IPPROTO_UDP:
@@ -139,7 +142,8 @@ static __always_inline bool icmp4_parse(struct __sk_buff *skb, struct icmp4_erro
 	}
 	/* A quote may end before the checksum (RFC 792 asks for 8 bytes of
 	 * the transport header, TCP's checksum is past them). */
-	e->has_csum = !bpf_skb_load_bytes(skb, e->csum_word_off, e->csum_word, sizeof(e->csum_word));
+	e->has_csum = e->csum_word_off + sizeof(e->csum_word) <= end &&
+		      !bpf_skb_load_bytes(skb, e->csum_word_off, e->csum_word, sizeof(e->csum_word));
 	return true;
 }
 
