@@ -23,8 +23,10 @@
  * frontend, NODEPORT_NAT_IN) names the backend, the reply's tuple (backend
  * -> client, NODEPORT_NAT_OUT) names the frontend.
  *
- * Not done yet: backends on other nodes (the packet is passed on
- * untranslated), IPv6, DSR, externalTrafficPolicy.
+ * ICMP errors (destination unreachable, time exceeded) about the packets
+ * of a translated connection are translated too: nodeport_icmp.h.
+ *
+ * Not done yet: IPv6, DSR.
  *
  * A packet they do not translate goes on with TC_ACT_UNSPEC (tcx's
  * TCX_NEXT), so other programs on the same hook still see it.
@@ -306,6 +308,10 @@ static __always_inline int reply4(struct __sk_buff *skb, const struct packet4 *p
 	return forward4(skb, nat->address, client, p->proto);
 }
 
+/* ICMP errors about the connections above: after the NAT map and
+ * forward4, which it uses. */
+#include "nodeport_icmp.h"
+
 SEC("tc")
 int cellium_nodeport_ingress(struct __sk_buff *skb)
 {
@@ -317,7 +323,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	int ret;
 
 	if (!parse4(skb, &p))
-		return TC_ACT_UNSPEC;
+		return nodeport4_icmp_ingress(skb);
 	in.src_addr = p.saddr;
 	in.dst_addr = p.daddr;
 	in.src_port = p.sport;
@@ -392,7 +398,7 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 	const struct nodeport4_nat *frontend;
 
 	if (!parse4(skb, &p))
-		return TC_ACT_UNSPEC;
+		return nodeport4_icmp_egress(skb);
 	out.src_addr = p.saddr;
 	out.dst_addr = p.daddr;
 	out.src_port = p.sport;

@@ -336,42 +336,7 @@ func (n *nodeport) natEntries() map[nodeportmap.Key4]nodeportmap.NAT4 {
 // programs run in a namespace of the test's own whose routes the FIB
 // lookups see (BPF_PROG_TEST_RUN runs them on its loopback device).
 func TestNodePortRemoteBackend(t *testing.T) {
-	nettest.RequireRoot(t)
-	ns := nettest.NewNS(t)
-	err := nettest.Do(ns.Path(), func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
-			return err
-		}
-		for _, name := range []string{"np0p", "np0"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		dev, err := netlink.LinkByName("np0")
-		if err != nil {
-			return err
-		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
-		if err := netlink.AddrAdd(dev, addr); err != nil {
-			return err
-		}
-		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nsPath := remoteBackendNS(t)
 
 	for _, tc := range []struct {
 		name  string
@@ -391,7 +356,7 @@ func TestNodePortRemoteBackend(t *testing.T) {
 			}
 			run := func(prog *ebpf.Program, pkt []byte, want uint32) (out []byte) {
 				t.Helper()
-				err := nettest.Do(ns.Path(), func() error {
+				err := nettest.Do(nsPath, func() error {
 					out = n.run(prog, pkt, want)
 					return nil
 				})
@@ -442,4 +407,48 @@ func TestNodePortRemoteBackend(t *testing.T) {
 			}
 		})
 	}
+}
+
+// remoteBackendNS is a namespace whose routes the FIB lookups of the
+// remote-backend path see, its path: the node's address on np0, the client's
+// network on link, the remote pods through 10.90.0.12.
+func remoteBackendNS(t *testing.T) string {
+	t.Helper()
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	err := nettest.Do(ns.Path(), func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
+			return err
+		}
+		for _, name := range []string{"np0p", "np0"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		dev, err := netlink.LinkByName("np0")
+		if err != nil {
+			return err
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
+		if err := netlink.AddrAdd(dev, addr); err != nil {
+			return err
+		}
+		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns.Path()
 }
