@@ -23,13 +23,20 @@
  * frontend, NODEPORT_NAT_IN) names the backend, the reply's tuple (backend
  * -> client, NODEPORT_NAT_OUT) names the frontend.
  *
- * Not done yet: backends on other nodes (the packet is passed on
- * untranslated), IPv6, DSR, externalTrafficPolicy.
+ * A backend on another node gets the packet in one of two ways, by the
+ * read-only constant lb_mode (--lb-mode): SNAT, from the node's address,
+ * its reply coming back here to be translated (NODEPORT_NAT_F_SNAT); or
+ * DSR (dsr.h), with the client's address and the frontend in an IPv4
+ * option, the backend's node answering the client itself
+ * (NODEPORT_NAT_F_DSR).
+ *
+ * Not done yet: IPv6.
  *
  * A packet they do not translate goes on with TC_ACT_UNSPEC (tcx's
  * TCX_NEXT), so other programs on the same hook still see it.
  */
 #include "cellium.h"
+#include "dsr.h"
 #include "endpoints.h"
 #include "lb.h"
 #include "lb_select.h"
@@ -75,6 +82,23 @@ struct nodeport4_nat {
 
 /* The source was translated too: the backend is on another node. */
 #define NODEPORT_NAT_F_SNAT 1
+/* The backend is on another node and answers the client directly (dsr.h). */
+#define NODEPORT_NAT_F_DSR 2
+
+/* lb_mode, --lb-mode: how a backend on another node is reached. */
+#define LB_MODE_SNAT 0
+#define LB_MODE_DSR 1
+
+/* Set by the loader from --lb-mode. */
+volatile const __u32 lb_mode = LB_MODE_SNAT;
+
+/*
+ * Connections that --lb-mode=dsr sent to a remote backend with SNAT
+ * after all, because their first packet could not take the option (it
+ * had IPv4 options, or 8 more bytes would exceed the MTU). The agent reads
+ * it; Go's name is bpf.NodePortVarDsrFallbacks.
+ */
+__u64 dsr_fallbacks = 0;
 
 /* A selected device's IPv4 node address, which the agent writes. */
 struct nodeport4_device {
@@ -350,10 +374,17 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
-		if (!local_endpoint4(backend.address)) {
+		if (!local_endpoint4(backend.address) && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb)) {
+			/* Another node's backend answers the client itself:
+			 * no reply comes back here to translate. */
+			backend.flags = NODEPORT_NAT_F_DSR;
+		} else if (!local_endpoint4(backend.address)) {
 			/* Another node's backend answers the node's address,
 			 * from which the packet is sent. */
 			__u32 ifindex = skb->ifindex;
+
+			if (lb_mode == LB_MODE_DSR)
+				__sync_fetch_and_add(&dsr_fallbacks, 1);
 
 			dev = bpf_map_lookup_elem(&cellium_nodeport4_devices, &ifindex);
 			if (!dev || !dev->address)
@@ -377,6 +408,16 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	}
 	if (rewrite4(skb, &p, false, backend.address, backend.port))
 		return TC_ACT_SHOT;
+	if (backend.flags & NODEPORT_NAT_F_DSR) {
+		/* Every packet carries the frontend, so the backend's node
+		 * learns the connection from whichever packet it sees first
+		 * (after a restart, or an LRU eviction there). One that cannot
+		 * take the option goes without it: the backend's node knows
+		 * the connection from its first packet, which could. */
+		if (dsr_can_insert4(skb) && dsr_insert4(skb, p.daddr, p.dport))
+			return TC_ACT_SHOT;
+		return forward4(skb, p.saddr, backend.address, p.proto);
+	}
 	if (!(backend.flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;
 	if (rewrite4(skb, &p, true, backend.snat_address, backend.snat_port))

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -45,9 +46,13 @@ type nodeport struct {
 	nextBackend      lbmap.BackendID
 	nextRevNAT       lbmap.RevNATIndex
 	localEndpointsID uint16
+	dsrFallbacks     *ebpf.Variable
 }
 
-func loadNodePort(t *testing.T) *nodeport {
+func loadNodePort(t *testing.T) *nodeport { return loadNodePortWith(t, nil) }
+
+// loadNodePortWith is loadNodePort with edit's changes to the spec.
+func loadNodePortWith(t *testing.T, edit func(*ebpf.CollectionSpec)) *nodeport {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to load BPF programs")
@@ -62,6 +67,9 @@ func loadNodePort(t *testing.T) *nodeport {
 			m.MaxEntries = 1024
 		}
 	}
+	if edit != nil {
+		edit(spec)
+	}
 	coll := bpftest.Load(t, spec)
 	n := &nodeport{
 		t:           t,
@@ -74,6 +82,7 @@ func loadNodePort(t *testing.T) *nodeport {
 		nextRevNAT:  1,
 	}
 	n.devices = coll.Maps[bpf.NodePortMapCelliumNodeport4Devices]
+	n.dsrFallbacks = coll.Variables[bpf.NodePortVarDsrFallbacks]
 	info := endpointmaps.EndpointInfo{IfIndex: 100, EndpointID: 7}
 	if err := coll.Maps[bpf.NodePortMapCelliumEndpoints].Put(endpointmaps.KeyOf(localPod.Addr()), info); err != nil {
 		t.Fatal(err)
@@ -336,42 +345,7 @@ func (n *nodeport) natEntries() map[nodeportmap.Key4]nodeportmap.NAT4 {
 // programs run in a namespace of the test's own whose routes the FIB
 // lookups see (BPF_PROG_TEST_RUN runs them on its loopback device).
 func TestNodePortRemoteBackend(t *testing.T) {
-	nettest.RequireRoot(t)
-	ns := nettest.NewNS(t)
-	err := nettest.Do(ns.Path(), func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
-			return err
-		}
-		for _, name := range []string{"np0p", "np0"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		dev, err := netlink.LinkByName("np0")
-		if err != nil {
-			return err
-		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
-		if err := netlink.AddrAdd(dev, addr); err != nil {
-			return err
-		}
-		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := remoteBackendNS(t)
 
 	for _, tc := range []struct {
 		name  string
@@ -442,4 +416,49 @@ func TestNodePortRemoteBackend(t *testing.T) {
 			}
 		})
 	}
+}
+
+// remoteBackendNS is a namespace of the test's own with the node's
+// address on a device, np0, and a route to the remote pods' range
+// (10.244.1.0/24) through it, for the FIB lookups of the programs that
+// forward to a remote backend.
+func remoteBackendNS(t *testing.T) ns.NetNS {
+	t.Helper()
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	err := nettest.Do(ns.Path(), func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
+			return err
+		}
+		for _, name := range []string{"np0p", "np0"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		dev, err := netlink.LinkByName("np0")
+		if err != nil {
+			return err
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
+		if err := netlink.AddrAdd(dev, addr); err != nil {
+			return err
+		}
+		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }

@@ -67,6 +67,9 @@ func devicePinName(ifindex int, h endpointHook) string { return strconv.Itoa(ifi
 type nodePortMaps struct {
 	NAT     *bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4]
 	Devices *bpfmaps.Map[uint32, nodeportmap.Device4]
+	// DSR is the endpoint programs' map of the DSR connections to this
+	// node's pods (the NodePort programs share dsr.h, which declares it).
+	DSR *bpfmaps.Map[nodeportmap.DSRKey4, nodeportmap.DSR4]
 }
 
 // maxDevices is the size of the devices map: selected devices.
@@ -88,6 +91,12 @@ func newNodePortMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*nod
 	}
 	m.Devices, err = bpfmaps.NewMap[uint32, nodeportmap.Device4](lc, reg, bpfmaps.Spec{
 		Name: nodeportmap.DevicesMapName, Type: ebpf.Hash, MaxEntries: maxDevices,
+	})
+	if err != nil {
+		return nil, err
+	}
+	m.DSR, err = bpfmaps.NewMap[nodeportmap.DSRKey4, nodeportmap.DSR4](lc, reg, bpfmaps.Spec{
+		Name: nodeportmap.DSRMapName, Type: ebpf.LRUHash, MaxEntries: cfg.LBDSRMapMax,
 	})
 	if err != nil {
 		return nil, err
@@ -145,6 +154,7 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	replacements[n.p.Endpoints.Name()] = n.p.Endpoints.EBPF()
 	replacements[n.p.Maps.NAT.Name()] = n.p.Maps.NAT.EBPF()
 	replacements[n.p.Maps.Devices.Name()] = n.p.Maps.Devices.EBPF()
+	replacements[n.p.Maps.DSR.Name()] = n.p.Maps.DSR.EBPF()
 	for name, m := range replacements {
 		ms, ok := spec.Maps[name]
 		if !ok {
@@ -158,6 +168,13 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	}
 	if err := size.Set(uint32(n.p.LB.Maglev4.TableSize())); err != nil {
 		return fmt.Errorf("set %s: %w", bpf.NodePortVarMaglevTableSize, err)
+	}
+	mode := spec.Variables[bpf.NodePortVarLbMode]
+	if mode == nil {
+		return fmt.Errorf("the NodePort programs have no variable %s", bpf.NodePortVarLbMode)
+	}
+	if err := mode.Set(n.p.Config.lbModeConstant()); err != nil {
+		return fmt.Errorf("set %s: %w", bpf.NodePortVarLbMode, err)
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
 	if err != nil {
