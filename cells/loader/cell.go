@@ -25,7 +25,8 @@ var Cell = cell.Module(
 	cell.ProvidePrivate(newLXCPrograms),
 	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 
-	cell.ProvidePrivate(newNodePortMaps),
+	cell.ProvidePrivate(newNodePortMaps, newDSRFallbacks),
+	cell.Provide(newNodePortMetrics),
 	cell.Invoke(registerNodePort),
 )
 

@@ -1,8 +1,14 @@
 package loader
 
 import (
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/cellium/cellium/bpf"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -34,5 +40,36 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if got := (Config{LBMode: LBModeSNAT}).lbModeConstant(); got != 0 {
 		t.Errorf("lb_mode for snat = %d, want 0 (LB_MODE_SNAT)", got)
+	}
+}
+
+// TestDSRFallbacksMetric: the metric reads the loaded programs' counter,
+// and 0 before they are loaded.
+func TestDSRFallbacksMetric(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs")
+	}
+	d := newDSRFallbacks()
+	c := newNodePortMetrics(d).Collectors[0]
+	if got := testutil.ToFloat64(c); got != 0 {
+		t.Fatalf("before loading: %v, want 0", got)
+	}
+	spec, err := bpf.LoadNodePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coll.Close()
+	v := coll.Variables[bpf.NodePortVarDsrFallbacks]
+	d.v.Store(v)
+	// What the programs' __sync_fetch_and_add would leave.
+	if err := v.Set(uint64(3)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(c); got != 3 {
+		t.Errorf("cellium_nodeport_dsr_fallbacks_total = %v, want 3", got)
 	}
 }
