@@ -95,8 +95,8 @@ volatile const __u32 lb_mode = LB_MODE_SNAT;
 /*
  * Connections that --lb-mode=dsr sent to a remote backend with SNAT
  * after all, because their first packet could not take the option (it
- * had IPv4 options, or 8 more bytes would exceed the MTU). The agent reads
- * it; Go's name is bpf.NodePortVarDsrFallbacks.
+ * had IPv4 options, or 8 more bytes would exceed the MTU). The agent
+ * exports it as cellium_nodeport_dsr_fallbacks_total.
  */
 __u64 dsr_fallbacks = 0;
 
@@ -338,6 +338,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct nodeport4_nat backend = {}, frontend = {};
 	const struct nodeport4_nat *known;
 	const struct nodeport4_device *dev;
+	bool remote;
 	int ret;
 
 	if (!parse4(skb, &p))
@@ -374,17 +375,15 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
-		if (!local_endpoint4(backend.address) && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb)) {
+		remote = !local_endpoint4(backend.address);
+		if (remote && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb)) {
 			/* Another node's backend answers the client itself:
 			 * no reply comes back here to translate. */
 			backend.flags = NODEPORT_NAT_F_DSR;
-		} else if (!local_endpoint4(backend.address)) {
+		} else if (remote) {
 			/* Another node's backend answers the node's address,
 			 * from which the packet is sent. */
 			__u32 ifindex = skb->ifindex;
-
-			if (lb_mode == LB_MODE_DSR)
-				__sync_fetch_and_add(&dsr_fallbacks, 1);
 
 			dev = bpf_map_lookup_elem(&cellium_nodeport4_devices, &ifindex);
 			if (!dev || !dev->address)
@@ -398,6 +397,8 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 			backend.flags = NODEPORT_NAT_F_SNAT;
 			backend.snat_address = dev->address;
 			backend.snat_port = out.dst_port;
+			if (lb_mode == LB_MODE_DSR)
+				__sync_fetch_and_add(&dsr_fallbacks, 1);
 		} else if (bpf_map_update_elem(&cellium_nodeport4_nat, &out, &frontend, BPF_ANY)) {
 			/* The reply's entry first: a packet translated without
 			 * it would get an answer that nothing translates back. */
