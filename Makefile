@@ -195,7 +195,8 @@ bench-crossnode:
 
 # NodePort (as root, with etcd-server): request/response round trips from
 # outside through node-1's NodePort to a backend on node-2, beside node-1
-# straight to the backend pod.
+# straight to the backend pod: `nodeport-bench ...` (--lb-mode=snat) and
+# `nodeport-bench mode=dsr ...`.
 bench-nodeport:
 	@mkdir -p $(BIN)
 	$(GO) test ./pkg/devcluster -run '^$$' -bench NodePort -benchtime 1x -count 1 | tee $(BIN)/bench-nodeport.out

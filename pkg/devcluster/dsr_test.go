@@ -129,3 +129,8 @@ func captureIPv4(t *testing.T, nsPath string) func(src netip.Addr, opts []byte) 
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// BenchmarkNodePortDSR is BenchmarkNodePort with --lb-mode=dsr: node-2
+// answers the outside client directly. Prints `nodeport-bench mode=dsr
+// rps=... p99_us=... direct_rps=... direct_p99_us=... ratio=...`.
+func BenchmarkNodePortDSR(b *testing.B) { benchNodePort(b, "dsr") }

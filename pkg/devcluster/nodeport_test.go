@@ -267,9 +267,14 @@ endpoints:
 // trips from node-1 straight to the backend pod (the same tunnel hop, no
 // translation). Prints `nodeport-bench rps=... p99_us=... direct_rps=...
 // direct_p99_us=... ratio=...`, ratio being rps over direct_rps.
-func BenchmarkNodePort(b *testing.B) {
+func BenchmarkNodePort(b *testing.B) { benchNodePort(b, "snat") }
+
+// benchNodePort is BenchmarkNodePort with the agents' --lb-mode lbMode;
+// a mode other than snat is named in the line (`nodeport-bench
+// mode=dsr ...`).
+func benchNodePort(b *testing.B, lbMode string) {
 	const d = 3 * time.Second
-	c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: "tunnel"})
+	c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: "tunnel", AgentArgs: []string{"--lb-mode=" + lbMode}})
 	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
@@ -307,8 +312,12 @@ func BenchmarkNodePort(b *testing.B) {
 	rps, p99 := roundTrips(b, viaNodePort, d)
 	directRPS, directP99 := roundTrips(b, direct, d)
 	b.StopTimer()
-	fmt.Printf("nodeport-bench rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f\n",
-		rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS)
+	mode := ""
+	if lbMode != "snat" {
+		mode = " mode=" + lbMode
+	}
+	fmt.Printf("nodeport-bench%s rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f\n",
+		mode, rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS)
 }
 
 // roundTrips sends a line and waits for its echo, again and again for d,
