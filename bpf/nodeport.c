@@ -415,7 +415,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		 * (after a restart, or an LRU eviction there). One that cannot
 		 * take the option goes without it: the backend's node knows
 		 * the connection from its first packet, which could. */
-		if (dsr_can_insert4(skb) && dsr_insert4(skb, p.daddr, p.dport))
+		if (dsr_can_insert4(skb) && dsr_insert4(skb, p.daddr, p.dport) < 0)
 			return TC_ACT_SHOT;
 		return forward4(skb, p.saddr, backend.address, p.proto);
 	}

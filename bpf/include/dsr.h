@@ -96,7 +96,9 @@ static __always_inline bool dsr_can_insert4(struct __sk_buff *skb)
  * dsr_insert4 puts the option naming frontend addr:port after the IPv4
  * header of skb, which dsr_can_insert4 accepted, and rewrites the header's
  * length, total length and checksum. The transport checksum does not
- * change: its pseudo header has neither. Returns 0 or a negative errno.
+ * change: its pseudo header has neither. Returns 0; 1 when the kernel
+ * would not make room (a UDP GSO packet, say), the packet unchanged; or -1
+ * when the packet is left broken.
  */
 static __always_inline int dsr_insert4(struct __sk_buff *skb, __be32 addr, __be16 port)
 {
@@ -110,10 +112,9 @@ static __always_inline int dsr_insert4(struct __sk_buff *skb, __be32 addr, __be1
 	__u32 sum = 0;
 	int i;
 
-	if (bpf_skb_load_bytes(skb, DSR_IP_OFF, &hdr.h.ip, sizeof(hdr.h.ip)))
-		return -1;
-	if (bpf_skb_adjust_room(skb, DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
-		return -1;
+	if (bpf_skb_load_bytes(skb, DSR_IP_OFF, &hdr.h.ip, sizeof(hdr.h.ip)) ||
+	    bpf_skb_adjust_room(skb, DSR_OPT_LEN, BPF_ADJ_ROOM_NET, 0))
+		return 1;
 	hdr.h.ip.ihl = DSR_IHL;
 	hdr.h.ip.tot_len = bpf_htons(bpf_ntohs(hdr.h.ip.tot_len) + DSR_OPT_LEN);
 	hdr.h.ip.check = 0;
