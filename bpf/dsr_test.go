@@ -12,6 +12,7 @@ import (
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/bpf/bpftest"
 	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/monitorapi"
 	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
@@ -239,6 +240,18 @@ func TestLXCDSR(t *testing.T) {
 			_, src, dst := parsedOpts4(t, opts.DataOut)
 			if src != fe || dst != client {
 				t.Errorf("reply: from-endpoint made %v -> %v, want %v -> %v", src, dst, fe, client)
+			}
+
+			if tc.proto == unix.IPPROTO_TCP {
+				// A SYN without the option opens another
+				// connection on the tuple: its replies are the
+				// pod's own.
+				syn := checksummed4(tc.proto, client, pod, "")
+				syn[14+20+13] = byte(monitorapi.TCPSyn)
+				l.run(l.to, syn, verdictNext)
+				if err := l.dsr.Lookup(key, &got); err == nil {
+					t.Errorf("DSR entry %v -> %v after a SYN without the option", key, got)
+				}
 			}
 
 			// Another client's reply is no DSR connection's.

@@ -510,7 +510,8 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 		__builtin_memcpy(&src, flow->src, 4);
 		__builtin_memcpy(&dst, flow->dst, 4);
 		if (to_endpoint)
-			dsr_record4(skb, flow->proto, src, dst, flow->sport, flow->dport);
+			dsr_record4(skb, flow->proto, src, dst, flow->sport, flow->dport,
+				    flow->proto == IPPROTO_TCP && tcp_opens(flow->tcp_flags));
 		else if (dsr_reply4(skb, flow->proto, src, dst, flow->sport, flow->dport))
 			return TC_ACT_SHOT;
 	}

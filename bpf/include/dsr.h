@@ -135,10 +135,13 @@ static __always_inline int dsr_insert4(struct __sk_buff *skb, __be32 addr, __be1
  * dsr_record4 remembers, on the backend's node, the frontend that a packet
  * going into a pod carries in the option: proto, src and dst are the
  * packet's (the client's and the pod's). A packet without the option
- * changes nothing: only some of a connection's packets may carry it.
+ * changes nothing, as only some of a connection's packets may carry it,
+ * unless it is a TCP SYN (syn): that opens a connection of the same tuple
+ * that came some other way (the first packet of a DSR connection always
+ * carries the option), whose replies must not be rewritten.
  */
 static __always_inline void dsr_record4(struct __sk_buff *skb, __u8 proto, __be32 src, __be32 dst,
-					__be16 sport, __be16 dport)
+					__be16 sport, __be16 dport, bool syn)
 {
 	struct dsr_opt4 opt;
 	struct lb4_dsr_key key = {
@@ -154,11 +157,13 @@ static __always_inline void dsr_record4(struct __sk_buff *skb, __u8 proto, __be3
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return;
-	if (bpf_skb_load_bytes(skb, DSR_IP_OFF, &ver_ihl, 1) || (ver_ihl & 0x0f) < DSR_IHL)
+	if (bpf_skb_load_bytes(skb, DSR_IP_OFF, &ver_ihl, 1) || (ver_ihl & 0x0f) < DSR_IHL ||
+	    bpf_skb_load_bytes(skb, DSR_IP_OFF + sizeof(struct iphdr), &opt, sizeof(opt)) ||
+	    opt.type != DSR_OPT_TYPE || opt.len != DSR_OPT_LEN) {
+		if (syn)
+			bpf_map_delete_elem(&cellium_lb4_dsr, &key);
 		return;
-	if (bpf_skb_load_bytes(skb, DSR_IP_OFF + sizeof(struct iphdr), &opt, sizeof(opt)) ||
-	    opt.type != DSR_OPT_TYPE || opt.len != DSR_OPT_LEN)
-		return;
+	}
 	val.address = opt.address;
 	val.port = opt.port;
 	old = bpf_map_lookup_elem(&cellium_lb4_dsr, &key);
