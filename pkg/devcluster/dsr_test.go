@@ -28,7 +28,8 @@ import (
 // address). The TCP connection then carries data both ways, a line larger
 // than a packet too. The packets reach the backend pod with the DSR option
 // still in them (a capture in the pod's namespace): its stack ignores
-// the option. With --lb-mode=snat the backend would see node-1.
+// the option. With --lb-mode=snat the backend would see node-1. A local
+// backend, and externalTrafficPolicy: Local, are as in snat mode.
 func TestNodePortDSR(t *testing.T) {
 	for _, mode := range []string{"tunnel", "native"} {
 		t.Run(mode, func(t *testing.T) { nodePortDSR(t, mode) })
@@ -43,7 +44,14 @@ func nodePortDSR(t *testing.T, mode string) {
 	serveSeen(t, remote.NetNS, 8080, true)
 	serveUDPSeen(t, remote.NetNS, 8053)
 	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.62", 30090, 30063, remote.IPv4, "node-2"))
+	web := c.AddPod("node-1", "web", map[string]string{"app": "web"})
+	serveSeen(t, web.NetNS, 8080, true)
+	serveUDPSeen(t, web.NetNS, 8053)
+	c.WriteManifest("web.yaml", nodePortService("web", "10.96.0.61", 30080, 30053, web.IPv4, "node-1"))
+	c.WriteManifest("local.yaml", nodePortServicePolicy("local", "10.96.0.63", "Local", 30100, 30073, remote.IPv4, "node-2"))
 	c.WaitService("node-1", "default", "remote")
+	c.WaitService("node-1", "default", "web")
+	c.WaitService("node-2", "default", "local")
 
 	t.Run("TCP", func(t *testing.T) {
 		capture := captureIPv4(t, remote.NetNS)
@@ -87,6 +95,33 @@ func nodePortDSR(t *testing.T, mode string) {
 			t.Fatalf("outside -> node-1 %s/udp (backend on node-2, dsr): answer %q, want %s, the client's own address", to, got, out.IPv4)
 		}
 	})
+	for _, x := range []struct {
+		name     string
+		node     netip.Addr
+		tcp, udp uint16
+	}{
+		{"local backend", n1.IPv4, 30080, 30053},
+		{"externalTrafficPolicy Local", c.Node("node-2").IPv4, 30100, 30073},
+	} {
+		t.Run(x.name, func(t *testing.T) {
+			to := netip.AddrPortFrom(x.node, x.tcp)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+				if got == out.IPv4.String() {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("outside -> %s (dsr): seen as %q, want the client's %s", to, got, out.IPv4)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			to = netip.AddrPortFrom(x.node, x.udp)
+			if got := udpSeenAs(out.NetNS, to); got != out.IPv4.String() {
+				t.Errorf("outside -> %s/udp (dsr): answer %q, want the client's %s", to, got, out.IPv4)
+			}
+		})
+	}
 }
 
 // captureIPv4 opens a packet socket in the namespace at nsPath and returns
