@@ -196,7 +196,8 @@ bench-crossnode:
 # NodePort (as root, with etcd-server): request/response round trips and a
 # bulk TCP stream (Gbit/s, machine CPU seconds per Gbit) from outside
 # through node-1's NodePort to a backend on node-2, beside node-1 straight
-# to the backend pod. Ends with `nodeport-bench ...`.
+# to the backend pod: `nodeport-bench ...` (--lb-mode=snat) and
+# `nodeport-bench mode=dsr ...`.
 bench-nodeport:
 	@mkdir -p $(BIN)
 	$(GO) test ./pkg/devcluster -run '^$$' -bench NodePort -benchtime 1x -count 1 | tee $(BIN)/bench-nodeport.out

@@ -12,8 +12,11 @@
  *   cellium_to_endpoint    tcx egress of the host-side veth: what goes into
  *                          the endpoint
  *
- * They translate nothing and rewrite nothing (the socket programs of
- * sock_lb.c translate services): they parse the packet, account it in
+ * They translate nothing (the socket programs of sock_lb.c translate
+ * services), except for Direct Server Return (dsr.h, --lb-mode=dsr):
+ * the to-endpoint program remembers the frontend that a packet from
+ * another node's NodePort carries, the from-endpoint program sends the
+ * pod's replies from it. Otherwise they parse the packet, account it in
  * the conntrack maps of ct.h, find the source's and the destination's
  * security identities in the ipcache (ipcache.h), and write trace and drop
  * events (events.h) that carry them.
@@ -38,6 +41,7 @@
  */
 #include "cellium.h"
 #include "ct.h"
+#include "dsr.h"
 #include "endpoints.h"
 #include "events.h"
 #include "ipcache.h"
@@ -70,6 +74,12 @@ volatile const __u32 ct_lifetime_nontcp = 60;
  * direction. 0: report every packet.
  */
 volatile const __u32 monitor_aggregation = 1;
+/*
+ * 1 (--lb-mode=dsr): honour the DSR option of dsr.h. Off otherwise, so
+ * that an option from anywhere cannot make a pod answer from another
+ * address on a node that does not use DSR.
+ */
+volatile const __u32 lb_dsr = 0;
 
 #define NSEC_PER_SEC 1000000000ULL
 
@@ -492,6 +502,19 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 	}
 	if (report || !monitor_aggregation)
 		emit_flow_event(skb, &rec, EVENT_TRACE, point, endpoint_id);
+	/* After conntrack, which tracks the reply under the pod's address,
+	 * as the pod's connection is. */
+	if (lb_dsr && ret == PKT_TRACK && flow->family == EVENT_FAMILY_IPV4) {
+		__be32 src, dst;
+
+		__builtin_memcpy(&src, flow->src, 4);
+		__builtin_memcpy(&dst, flow->dst, 4);
+		if (to_endpoint)
+			dsr_record4(skb, flow->proto, src, dst, flow->sport, flow->dport,
+				    flow->proto == IPPROTO_TCP && tcp_opens(flow->tcp_flags));
+		else if (dsr_reply4(skb, flow->proto, src, dst, flow->sport, flow->dport))
+			return TC_ACT_SHOT;
+	}
 	return TC_ACT_UNSPEC;
 }
 

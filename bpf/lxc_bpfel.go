@@ -81,6 +81,23 @@ type LXCIpcacheValue struct {
 	Pad            [2]uint8
 }
 
+type LXCLb4Dsr struct {
+	_       structs.HostLayout
+	Address uint32
+	Port    uint16
+	Pad     uint16
+}
+
+type LXCLb4DsrKey struct {
+	_          structs.HostLayout
+	PodAddr    uint32
+	ClientAddr uint32
+	PodPort    uint16
+	ClientPort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -93,12 +110,14 @@ const (
 	LXCMapCelliumEvents        = "cellium_events"
 	LXCMapCelliumEventsLost    = "cellium_events_lost"
 	LXCMapCelliumIpcache       = "cellium_ipcache"
+	LXCMapCelliumLb4Dsr        = "cellium_lb4_dsr"
 	LXCProgCelliumFromEndpoint = "cellium_from_endpoint"
 	LXCProgCelliumToEndpoint   = "cellium_to_endpoint"
 	LXCVarCtLifetimeClose      = "ct_lifetime_close"
 	LXCVarCtLifetimeNontcp     = "ct_lifetime_nontcp"
 	LXCVarCtLifetimeSyn        = "ct_lifetime_syn"
 	LXCVarCtLifetimeTcp        = "ct_lifetime_tcp"
+	LXCVarLbDsr                = "lb_dsr"
 	LXCVarMonitorAggregation   = "monitor_aggregation"
 )
 
@@ -160,6 +179,7 @@ type LXCMapSpecs struct {
 	CelliumEvents     *ebpf.MapSpec `ebpf:"cellium_events"`
 	CelliumEventsLost *ebpf.MapSpec `ebpf:"cellium_events_lost"`
 	CelliumIpcache    *ebpf.MapSpec `ebpf:"cellium_ipcache"`
+	CelliumLb4Dsr     *ebpf.MapSpec `ebpf:"cellium_lb4_dsr"`
 }
 
 // LXCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -170,6 +190,7 @@ type LXCVariableSpecs struct {
 	CtLifetimeNontcp   *ebpf.VariableSpec `ebpf:"ct_lifetime_nontcp"`
 	CtLifetimeSyn      *ebpf.VariableSpec `ebpf:"ct_lifetime_syn"`
 	CtLifetimeTcp      *ebpf.VariableSpec `ebpf:"ct_lifetime_tcp"`
+	LbDsr              *ebpf.VariableSpec `ebpf:"lb_dsr"`
 	MonitorAggregation *ebpf.VariableSpec `ebpf:"monitor_aggregation"`
 }
 
@@ -201,6 +222,7 @@ type LXCMaps struct {
 	CelliumEvents     *ebpf.Map `ebpf:"cellium_events"`
 	CelliumEventsLost *ebpf.Map `ebpf:"cellium_events_lost"`
 	CelliumIpcache    *ebpf.Map `ebpf:"cellium_ipcache"`
+	CelliumLb4Dsr     *ebpf.Map `ebpf:"cellium_lb4_dsr"`
 }
 
 func (m *LXCMaps) Close() error {
@@ -213,6 +235,7 @@ func (m *LXCMaps) Close() error {
 		m.CelliumEvents,
 		m.CelliumEventsLost,
 		m.CelliumIpcache,
+		m.CelliumLb4Dsr,
 	)
 }
 
@@ -224,6 +247,7 @@ type LXCVariables struct {
 	CtLifetimeNontcp   *ebpf.Variable `ebpf:"ct_lifetime_nontcp"`
 	CtLifetimeSyn      *ebpf.Variable `ebpf:"ct_lifetime_syn"`
 	CtLifetimeTcp      *ebpf.Variable `ebpf:"ct_lifetime_tcp"`
+	LbDsr              *ebpf.Variable `ebpf:"lb_dsr"`
 	MonitorAggregation *ebpf.Variable `ebpf:"monitor_aggregation"`
 }
 

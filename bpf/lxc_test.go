@@ -68,6 +68,7 @@ type lxc struct {
 	from, to *ebpf.Program
 	ct       map[string]*ebpf.Map
 	ipcache  *ebpf.Map
+	dsr      *ebpf.Map
 	lost     *ebpf.Map
 	ring     *ringbuf.Reader
 	boot     monitorapi.BootClock
@@ -133,6 +134,7 @@ func loadLXC(t *testing.T, opts lxcOptions) *lxc {
 		ct:      map[string]*ebpf.Map{},
 		lost:    coll.Maps[ctmaps.MapEventsLost],
 		ipcache: coll.Maps[ipcachemap.MapName],
+		dsr:     coll.Maps[bpf.LXCMapCelliumLb4Dsr],
 		boot:    monitorapi.SystemBootClock(),
 	}
 	for _, name := range []string{ctmaps.MapTCP4, ctmaps.MapAny4, ctmaps.MapTCP6, ctmaps.MapAny6} {

@@ -23,15 +23,23 @@
  * frontend, NODEPORT_NAT_IN) names the backend, the reply's tuple (backend
  * -> client, NODEPORT_NAT_OUT) names the frontend.
  *
+ * A backend on another node gets the packet in one of two ways, by the
+ * read-only constant lb_mode (--lb-mode): SNAT, from the node's address,
+ * its reply coming back here to be translated (NODEPORT_NAT_F_SNAT); or
+ * DSR (dsr.h), with the client's address and the frontend in an IPv4
+ * option, the backend's node answering the client itself
+ * (NODEPORT_NAT_F_DSR).
+ *
  * ICMP errors (destination unreachable, time exceeded) about the packets
  * of a translated connection are translated too: nodeport_icmp.h.
  *
- * Not done yet: IPv6, DSR.
+ * Not done yet: IPv6; ICMP errors about DSR connections.
  *
  * A packet they do not translate goes on with TC_ACT_UNSPEC (tcx's
  * TCX_NEXT), so other programs on the same hook still see it.
  */
 #include "cellium.h"
+#include "dsr.h"
 #include "endpoints.h"
 #include "lb.h"
 #include "lb_select.h"
@@ -77,6 +85,23 @@ struct nodeport4_nat {
 
 /* The source was translated too: the backend is on another node. */
 #define NODEPORT_NAT_F_SNAT 1
+/* The backend is on another node and answers the client directly (dsr.h). */
+#define NODEPORT_NAT_F_DSR 2
+
+/* lb_mode, --lb-mode: how a backend on another node is reached. */
+#define LB_MODE_SNAT 0
+#define LB_MODE_DSR 1
+
+/* Set by the loader from --lb-mode. */
+volatile const __u32 lb_mode = LB_MODE_SNAT;
+
+/*
+ * Connections that --lb-mode=dsr sent to a remote backend with SNAT
+ * after all, because their first packet could not take the option (it
+ * had IPv4 options, or 8 more bytes would exceed the MTU). The agent
+ * exports it as cellium_nodeport_dsr_fallbacks_total.
+ */
+__u64 dsr_fallbacks = 0;
 
 /* A selected device's IPv4 node address, which the agent writes. */
 struct nodeport4_device {
@@ -320,6 +345,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct nodeport4_nat backend = {}, frontend = {};
 	const struct nodeport4_nat *known;
 	const struct nodeport4_device *dev;
+	bool remote;
 	int ret;
 
 	if (!parse4(skb, &p))
@@ -356,7 +382,12 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
-		if (!local_endpoint4(backend.address)) {
+		remote = !local_endpoint4(backend.address);
+		if (remote && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb)) {
+			/* Another node's backend answers the client itself:
+			 * no reply comes back here to translate. */
+			backend.flags = NODEPORT_NAT_F_DSR;
+		} else if (remote) {
 			/* Another node's backend answers the node's address,
 			 * from which the packet is sent. */
 			__u32 ifindex = skb->ifindex;
@@ -373,6 +404,8 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 			backend.flags = NODEPORT_NAT_F_SNAT;
 			backend.snat_address = dev->address;
 			backend.snat_port = out.dst_port;
+			if (lb_mode == LB_MODE_DSR)
+				__sync_fetch_and_add(&dsr_fallbacks, 1);
 		} else if (bpf_map_update_elem(&cellium_nodeport4_nat, &out, &frontend, BPF_ANY)) {
 			/* The reply's entry first: a packet translated without
 			 * it would get an answer that nothing translates back. */
@@ -383,6 +416,16 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	}
 	if (rewrite4(skb, &p, false, backend.address, backend.port))
 		return TC_ACT_SHOT;
+	if (backend.flags & NODEPORT_NAT_F_DSR) {
+		/* Every packet carries the frontend, so the backend's node
+		 * learns the connection from whichever packet it sees first
+		 * (after a restart, or an LRU eviction there). One that cannot
+		 * take the option goes without it: the backend's node knows
+		 * the connection from its first packet, which could. */
+		if (dsr_can_insert4(skb) && dsr_insert4(skb, p.daddr, p.dport) < 0)
+			return TC_ACT_SHOT;
+		return forward4(skb, p.saddr, backend.address, p.proto);
+	}
 	if (!(backend.flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;
 	if (rewrite4(skb, &p, true, backend.snat_address, backend.snat_port))

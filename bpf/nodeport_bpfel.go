@@ -37,6 +37,23 @@ type NodePortLb4Backend struct {
 	Flags   uint8
 }
 
+type NodePortLb4Dsr struct {
+	_       structs.HostLayout
+	Address uint32
+	Port    uint16
+	Pad     uint16
+}
+
+type NodePortLb4DsrKey struct {
+	_          structs.HostLayout
+	PodAddr    uint32
+	ClientAddr uint32
+	PodPort    uint16
+	ClientPort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
 type NodePortLb4Key struct {
 	_           structs.HostLayout
 	Address     uint32
@@ -175,6 +192,7 @@ type NodePortNodeport4NatKey struct {
 const (
 	NodePortMapCelliumEndpoints        = "cellium_endpoints"
 	NodePortMapCelliumLb4Backends      = "cellium_lb4_backends"
+	NodePortMapCelliumLb4Dsr           = "cellium_lb4_dsr"
 	NodePortMapCelliumLb4Maglev        = "cellium_lb4_maglev"
 	NodePortMapCelliumLb4Revnat        = "cellium_lb4_revnat"
 	NodePortMapCelliumLb4Services      = "cellium_lb4_services"
@@ -189,6 +207,8 @@ const (
 	NodePortMapCelliumNodeport4Nat     = "cellium_nodeport4_nat"
 	NodePortProgCelliumNodeportEgress  = "cellium_nodeport_egress"
 	NodePortProgCelliumNodeportIngress = "cellium_nodeport_ingress"
+	NodePortVarDsrFallbacks            = "dsr_fallbacks"
+	NodePortVarLbMode                  = "lb_mode"
 	NodePortVarMaglevTableSize         = "maglev_table_size"
 )
 
@@ -244,6 +264,7 @@ type NodePortProgramSpecs struct {
 type NodePortMapSpecs struct {
 	CelliumEndpoints        *ebpf.MapSpec `ebpf:"cellium_endpoints"`
 	CelliumLb4Backends      *ebpf.MapSpec `ebpf:"cellium_lb4_backends"`
+	CelliumLb4Dsr           *ebpf.MapSpec `ebpf:"cellium_lb4_dsr"`
 	CelliumLb4Maglev        *ebpf.MapSpec `ebpf:"cellium_lb4_maglev"`
 	CelliumLb4Revnat        *ebpf.MapSpec `ebpf:"cellium_lb4_revnat"`
 	CelliumLb4Services      *ebpf.MapSpec `ebpf:"cellium_lb4_services"`
@@ -262,6 +283,8 @@ type NodePortMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NodePortVariableSpecs struct {
+	DsrFallbacks    *ebpf.VariableSpec `ebpf:"dsr_fallbacks"`
+	LbMode          *ebpf.VariableSpec `ebpf:"lb_mode"`
 	MaglevTableSize *ebpf.VariableSpec `ebpf:"maglev_table_size"`
 }
 
@@ -287,6 +310,7 @@ func (o *NodePortObjects) Close() error {
 type NodePortMaps struct {
 	CelliumEndpoints        *ebpf.Map `ebpf:"cellium_endpoints"`
 	CelliumLb4Backends      *ebpf.Map `ebpf:"cellium_lb4_backends"`
+	CelliumLb4Dsr           *ebpf.Map `ebpf:"cellium_lb4_dsr"`
 	CelliumLb4Maglev        *ebpf.Map `ebpf:"cellium_lb4_maglev"`
 	CelliumLb4Revnat        *ebpf.Map `ebpf:"cellium_lb4_revnat"`
 	CelliumLb4Services      *ebpf.Map `ebpf:"cellium_lb4_services"`
@@ -305,6 +329,7 @@ func (m *NodePortMaps) Close() error {
 	return _NodePortClose(
 		m.CelliumEndpoints,
 		m.CelliumLb4Backends,
+		m.CelliumLb4Dsr,
 		m.CelliumLb4Maglev,
 		m.CelliumLb4Revnat,
 		m.CelliumLb4Services,
@@ -324,6 +349,8 @@ func (m *NodePortMaps) Close() error {
 //
 // It can be passed to LoadNodePortObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NodePortVariables struct {
+	DsrFallbacks    *ebpf.Variable `ebpf:"dsr_fallbacks"`
+	LbMode          *ebpf.Variable `ebpf:"lb_mode"`
 	MaglevTableSize *ebpf.Variable `ebpf:"maglev_table_size"`
 }
 

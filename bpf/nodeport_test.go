@@ -45,9 +45,13 @@ type nodeport struct {
 	nextBackend      lbmap.BackendID
 	nextRevNAT       lbmap.RevNATIndex
 	localEndpointsID uint16
+	dsrFallbacks     *ebpf.Variable
 }
 
-func loadNodePort(t *testing.T) *nodeport {
+func loadNodePort(t *testing.T) *nodeport { return loadNodePortWith(t, nil) }
+
+// loadNodePortWith is loadNodePort with edit's changes to the spec.
+func loadNodePortWith(t *testing.T, edit func(*ebpf.CollectionSpec)) *nodeport {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to load BPF programs")
@@ -62,6 +66,9 @@ func loadNodePort(t *testing.T) *nodeport {
 			m.MaxEntries = 1024
 		}
 	}
+	if edit != nil {
+		edit(spec)
+	}
 	coll := bpftest.Load(t, spec)
 	n := &nodeport{
 		t:           t,
@@ -74,6 +81,7 @@ func loadNodePort(t *testing.T) *nodeport {
 		nextRevNAT:  1,
 	}
 	n.devices = coll.Maps[bpf.NodePortMapCelliumNodeport4Devices]
+	n.dsrFallbacks = coll.Variables[bpf.NodePortVarDsrFallbacks]
 	info := endpointmaps.EndpointInfo{IfIndex: 100, EndpointID: 7}
 	if err := coll.Maps[bpf.NodePortMapCelliumEndpoints].Put(endpointmaps.KeyOf(localPod.Addr()), info); err != nil {
 		t.Fatal(err)

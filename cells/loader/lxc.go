@@ -25,6 +25,8 @@ type lxcPrograms struct {
 	events    *ctmaps.Events
 	endpoints *endpointmaps.EndpointMap
 	ipcache   *ipcache.Map
+	loader    Config
+	dsr       *nodePortMaps
 
 	coll  *ebpf.Collection
 	progs map[endpointHook]*ebpf.Program
@@ -38,10 +40,10 @@ var lxcProgramNames = map[endpointHook]string{
 }
 
 // newLXCPrograms takes the maps so that they open before the programs
-// load, which needs them.
+// load, which needs them; the DSR map is among the NodePort maps.
 func newLXCPrograms(lc cell.Lifecycle, log *slog.Logger, cfg ctmaps.Config, ct *ctmaps.Maps, events *ctmaps.Events,
-	endpoints *endpointmaps.EndpointMap, ipc *ipcache.Map) endpointPrograms {
-	p := &lxcPrograms{log: log, cfg: cfg, ct: ct, events: events, endpoints: endpoints, ipcache: ipc}
+	endpoints *endpointmaps.EndpointMap, ipc *ipcache.Map, loader Config, np *nodePortMaps) endpointPrograms {
+	p := &lxcPrograms{log: log, cfg: cfg, ct: ct, events: events, endpoints: endpoints, ipcache: ipc, loader: loader, dsr: np}
 	lc.Append(p)
 	return p
 }
@@ -100,10 +102,18 @@ func (p *lxcPrograms) spec() (*ebpf.CollectionSpec, map[string]*ebpf.Map, error)
 			return nil, nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
+	dsr := spec.Variables[bpf.LXCVarLbDsr]
+	if dsr == nil {
+		return nil, nil, fmt.Errorf("the endpoint programs have no constant %s", bpf.LXCVarLbDsr)
+	}
+	if err := dsr.Set(p.loader.lbModeConstant()); err != nil {
+		return nil, nil, fmt.Errorf("set %s: %w", bpf.LXCVarLbDsr, err)
+	}
 	replacements := p.ct.EBPF()
 	maps.Copy(replacements, p.events.EBPF())
 	replacements[p.endpoints.Name()] = p.endpoints.EBPF()
 	replacements[p.ipcache.Name()] = p.ipcache.EBPF()
+	replacements[p.dsr.DSR.Name()] = p.dsr.DSR.EBPF()
 	for name, m := range replacements {
 		ms, ok := spec.Maps[name]
 		if !ok {

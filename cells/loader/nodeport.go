@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -17,6 +18,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
 	"github.com/cellium/cellium/bpf"
@@ -24,6 +26,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/lbmap"
 	"github.com/cellium/cellium/pkg/netnsrun"
@@ -67,6 +70,9 @@ func devicePinName(ifindex int, h endpointHook) string { return strconv.Itoa(ifi
 type nodePortMaps struct {
 	NAT     *bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4]
 	Devices *bpfmaps.Map[uint32, nodeportmap.Device4]
+	// DSR is the endpoint programs' map of the DSR connections to this
+	// node's pods (the NodePort programs share dsr.h, which declares it).
+	DSR *bpfmaps.Map[nodeportmap.DSRKey4, nodeportmap.DSR4]
 }
 
 // maxDevices is the size of the devices map: selected devices.
@@ -92,7 +98,41 @@ func newNodePortMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*nod
 	if err != nil {
 		return nil, err
 	}
+	m.DSR, err = bpfmaps.NewMap[nodeportmap.DSRKey4, nodeportmap.DSR4](lc, reg, bpfmaps.Spec{
+		Name: nodeportmap.DSRMapName, Type: ebpf.LRUHash, MaxEntries: cfg.LBDSRMapMax,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return &m, nil
+}
+
+// dsrFallbacks reads the loaded NodePort programs' dsr_fallbacks: the
+// connections that --lb-mode=dsr sent to a remote backend with SNAT,
+// because their first packet could not take the DSR option.
+type dsrFallbacks struct{ v atomic.Pointer[ebpf.Variable] }
+
+func newDSRFallbacks() *dsrFallbacks { return &dsrFallbacks{} }
+
+// count is the counter of the programs loaded now; 0 before they are.
+func (d *dsrFallbacks) count() uint64 {
+	v := d.v.Load()
+	if v == nil {
+		return 0
+	}
+	var n uint64
+	if err := v.Get(&n); err != nil {
+		return 0
+	}
+	return n
+}
+
+// newNodePortMetrics is cellium_nodeport_dsr_fallbacks_total.
+func newNodePortMetrics(d *dsrFallbacks) metrics.Collectors {
+	return metrics.NewCollectors(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "cellium", Subsystem: "nodeport", Name: "dsr_fallbacks_total",
+		Help: "Connections from outside that --lb-mode=dsr sent to a backend on another node with SNAT, their first packet having IPv4 options or no room for the DSR option (since the NodePort programs were loaded)",
+	}, func() float64 { return float64(d.count()) }))
 }
 
 type nodePortParams struct {
@@ -109,6 +149,7 @@ type nodePortParams struct {
 	LB        *lbmaps.Maps
 	Endpoints *endpointmaps.EndpointMap
 	Maps      *nodePortMaps
+	Fallbacks *dsrFallbacks
 	Health    cell.Health
 }
 
@@ -145,6 +186,7 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	replacements[n.p.Endpoints.Name()] = n.p.Endpoints.EBPF()
 	replacements[n.p.Maps.NAT.Name()] = n.p.Maps.NAT.EBPF()
 	replacements[n.p.Maps.Devices.Name()] = n.p.Maps.Devices.EBPF()
+	replacements[n.p.Maps.DSR.Name()] = n.p.Maps.DSR.EBPF()
 	for name, m := range replacements {
 		ms, ok := spec.Maps[name]
 		if !ok {
@@ -158,6 +200,13 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	}
 	if err := size.Set(uint32(n.p.LB.Maglev4.TableSize())); err != nil {
 		return fmt.Errorf("set %s: %w", bpf.NodePortVarMaglevTableSize, err)
+	}
+	mode := spec.Variables[bpf.NodePortVarLbMode]
+	if mode == nil {
+		return fmt.Errorf("the NodePort programs have no variable %s", bpf.NodePortVarLbMode)
+	}
+	if err := mode.Set(n.p.Config.lbModeConstant()); err != nil {
+		return fmt.Errorf("set %s: %w", bpf.NodePortVarLbMode, err)
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
 	if err != nil {
@@ -178,10 +227,12 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 		n.progs[h], n.ids[h] = prog, id
 	}
 	n.coll = coll
+	n.p.Fallbacks.v.Store(coll.Variables[bpf.NodePortVarDsrFallbacks])
 	return nil
 }
 
 func (n *nodePortPrograms) Stop(cell.HookContext) error {
+	n.p.Fallbacks.v.Store(nil)
 	if n.coll != nil {
 		n.coll.Close()
 		n.coll = nil

@@ -272,9 +272,14 @@ endpoints:
 // rps=... p99_us=... direct_rps=... direct_p99_us=... ratio=... gbps=...
 // cpu_s_per_gbit=... direct_gbps=... direct_cpu_s_per_gbit=...`, ratio
 // being rps over direct_rps.
-func BenchmarkNodePort(b *testing.B) {
+func BenchmarkNodePort(b *testing.B) { benchNodePort(b, "snat") }
+
+// benchNodePort is BenchmarkNodePort with the agents' --lb-mode lbMode;
+// a mode other than snat is named in the line (`nodeport-bench
+// mode=dsr ...`).
+func benchNodePort(b *testing.B, lbMode string) {
 	const d = 3 * time.Second
-	c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: "tunnel"})
+	c := devclustertest.Start(b, devcluster.Options{Nodes: 2, RoutingMode: "tunnel", AgentArgs: []string{"--lb-mode=" + lbMode}})
 	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
@@ -317,8 +322,12 @@ func BenchmarkNodePort(b *testing.B) {
 	gbps, cpuPerGbit := bulk(b, c, devclustertest.Where{NetNS: out.NetNS}, netip.AddrPortFrom(n1.IPv4, bulkNodePort), d)
 	directGbps, directCPUPerGbit := bulk(b, c, devclustertest.Where{Node: "node-1"}, netip.AddrPortFrom(remote.IPv4, bulkPort), d)
 	b.StopTimer()
-	fmt.Printf("nodeport-bench rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f gbps=%.2f cpu_s_per_gbit=%.3f direct_gbps=%.2f direct_cpu_s_per_gbit=%.3f\n",
-		rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS,
+	mode := ""
+	if lbMode != "snat" {
+		mode = " mode=" + lbMode
+	}
+	fmt.Printf("nodeport-bench%s rps=%.0f p99_us=%d direct_rps=%.0f direct_p99_us=%d ratio=%.2f gbps=%.2f cpu_s_per_gbit=%.3f direct_gbps=%.2f direct_cpu_s_per_gbit=%.3f\n",
+		mode, rps, p99.Microseconds(), directRPS, directP99.Microseconds(), rps/directRPS,
 		gbps, cpuPerGbit, directGbps, directCPUPerGbit)
 }
 

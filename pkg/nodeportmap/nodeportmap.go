@@ -1,7 +1,8 @@
 // Package nodeportmap mirrors the NAT map of the NodePort programs on the
-// node's devices (bpf/nodeport.c): struct nodeport4_nat_key and struct
-// nodeport4_nat, whose layouts the datapath's tests compare with the BTF of
-// the C structs.
+// node's devices (bpf/nodeport.c), struct nodeport4_nat_key and struct
+// nodeport4_nat, and the DSR map of the endpoint programs (bpf/lxc.c,
+// bpf/include/dsr.h), struct lb4_dsr_key and struct lb4_dsr, whose
+// layouts the datapath's tests compare with the BTF of the C structs.
 package nodeportmap
 
 import (
@@ -93,6 +94,9 @@ func (v NAT4) String() string {
 	s := fmt.Sprintf("%s:%s (frontend %d)", v.Address, v.Port, v.RevNATIndex)
 	if v.Flags&FlagSNAT != 0 {
 		s += fmt.Sprintf(" snat %s:%s", v.SNATAddress, v.SNATPort)
+	}
+	if v.Flags&FlagDSR != 0 {
+		s += " dsr"
 	}
 	return s
 }
