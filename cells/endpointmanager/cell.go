@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -160,15 +161,21 @@ type Manager struct {
 	tableRestored func(statedb.WriteTxn)
 	ready         func()
 
-	// mu serializes creations, deletions, identity changes and the
-	// restore: each looks at the table, the kernel and the disk, then
-	// changes all three. Nothing done with it held touches a path a caller
-	// gave (a CNI_NETNS is opened before), and waiting for it ends with the
-	// waiter's context (see opLock).
-	mu opLock
+	// locks serialize the creation, deletion and identity changes of each
+	// container, and give the restore the whole manager: see opLocks.
+	// Nothing done with them held touches a path a caller gave (a
+	// CNI_NETNS is opened before), and waiting for them ends with the
+	// waiter's context.
+	locks *opLocks
+	// idMu guards reservedIDs: the endpoint IDs of creations not yet in
+	// the table, which no other creation may take.
+	idMu        sync.Mutex
+	reservedIDs map[uint16]bool
+	// problemsMu guards moved, orphans, outside and problems.
+	problemsMu sync.Mutex
 	// moved are the state files the restore moved aside, and orphans the
 	// containers it keeps without state, by container ID: problems is the
-	// health scope that shows them (nil without any). With mu held.
+	// health scope that shows them (nil without any).
 	moved   []movedFile
 	orphans map[string]orphan
 	// outside says, by container ID, which restored endpoints have
@@ -190,7 +197,9 @@ func newManager(p params) (*Manager, error) {
 		states:  newStateStore(p.Log, p.Paths.StateDir),
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
-		mu:      newOpLock(),
+		locks:   newOpLocks(),
+
+		reservedIDs: map[uint16]bool{},
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
 		vethCreated: func() { m.crashPoint(CrashVethCreated) }}

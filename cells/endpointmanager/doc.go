@@ -16,10 +16,14 @@
 //   - One state file per endpoint, <state-dir>/endpoints/<id>/endpoint.json,
 //     written atomically (pkg/statefile). It is the source of truth across
 //     restarts; the table "endpoints" is rebuilt from it.
-//   - The pod's netns path (the caller's) is opened before the manager's
-//     one lock is taken, never blocking on it (only a regular file is
-//     opened, non-blocking, within 5 s); waiting for the lock ends with the
-//     caller's context (ErrBusy). One stuck request fails alone.
+//   - Operations on one container (ADD, DEL, identity changes) are
+//     serialized by the container's lock, in the order they came; those of
+//     different containers run at once, with short critical sections for
+//     what they share (endpoint ID, address, table row). The restore holds
+//     the whole manager. The pod's netns path (the caller's) is opened
+//     before any lock is taken, never blocking on it (only a regular file
+//     is opened, non-blocking, within 5 s); waiting for a lock ends with
+//     the caller's context (ErrBusy). One stuck request fails alone.
 //   - Deleting is idempotent: a container the agent knows nothing about is
 //     ErrNotFound, which the plugin takes as done; leftovers of a creation
 //     the agent did not finish are removed. The state file says "deleting"

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -311,6 +312,16 @@ func TestRestoreFinishesUnfinishedDelete(t *testing.T) {
 func hungPath(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
+	hang(t, dir)
+	return filepath.Join(dir, "netns")
+}
+
+// hang mounts, on the directory dir, a FUSE filesystem whose server never
+// answers: whatever looks at dir or below it blocks in the kernel until
+// release (which cleanup also calls) unmounts it, lazily, and aborts the
+// connection: what waited fails, and dir is a plain directory again.
+func hang(t *testing.T, dir string) (release func()) {
+	t.Helper()
 	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Skipf("no FUSE to make a path that hangs: %v", err)
@@ -320,11 +331,15 @@ func hungPath(t *testing.T) string {
 		unix.Close(fd)
 		t.Skipf("cannot mount FUSE to make a path that hangs: %v", err)
 	}
-	t.Cleanup(func() {
-		unix.Close(fd)
-		unix.Unmount(dir, unix.MNT_DETACH)
-	})
-	return filepath.Join(dir, "netns")
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			unix.Unmount(dir, unix.MNT_DETACH)
+			unix.Close(fd)
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
 
 // A CNI_NETNS whose lookup hangs (a filesystem that does not answer) fails

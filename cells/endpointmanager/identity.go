@@ -13,8 +13,8 @@ import (
 // identityTimeout bounds how long an ADD, a restore or a label change
 // waits for the kvstore before the endpoint goes on with the init identity
 // (or, restored, with the number it had); the resolve-identities job
-// acquires the real one later. No identity is acquired with m.mu held, so
-// the wait holds back no other endpoint.
+// acquires the real one later. No identity is acquired with a lock held, so
+// the wait holds back no other operation.
 const identityTimeout = 2 * time.Second
 
 // resolveInterval is how often resolve-identities looks for endpoints
@@ -94,9 +94,10 @@ func (m *Manager) releaseIdentity(ep *Endpoint) {
 }
 
 // reidentify moves the endpoint old to the identity of next's inputs. The
-// identity is acquired without m.mu; the endpoint is then changed only if
-// its identity and inputs are still those of old, else what was acquired
-// is released (a later event, which saw the newer row, does the work).
+// identity is acquired without the container's lock; the endpoint is then
+// changed only if its identity and inputs are still those of old, else
+// what was acquired is released (a later event, which saw the newer row,
+// does the work).
 func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why string) {
 	fallback := identity.Unknown
 	if sameIdentityInputs(old, next) {
@@ -104,11 +105,12 @@ func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why strin
 		fallback = old.Identity
 	}
 	next.Identity, next.IdentityPending = m.acquireIdentity(ctx, next, fallback)
-	if err := m.mu.lock(ctx); err != nil {
+	unlock, err := m.locks.lockContainer(ctx, old.ContainerID)
+	if err != nil {
 		m.releaseIdentity(next)
 		return
 	}
-	defer m.mu.unlock()
+	defer unlock()
 	cur, _, found := m.tbl.Get(m.db.ReadTxn(), EndpointID.Query(old.ID))
 	// A deleting endpoint's state file may be gone: writing it again would
 	// bring the endpoint back at the next restore.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net/netip"
 	"time"
 
@@ -84,20 +85,23 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 }
 
 func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpoint, podNS netns.NsHandle) (*Endpoint, error) {
-	if err := m.mu.lock(ctx); err != nil {
-		return nil, err
-	}
-	defer m.mu.unlock()
-
-	txn := m.db.ReadTxn()
-	if old, _, found := m.tbl.Get(txn, EndpointContainerID.Query(req.ContainerID)); found {
-		return nil, errorf(ErrExists, "container %s already has endpoint %d (interface %s, addresses %v): a CNI DEL removes it",
-			req.ContainerID, old.ID, old.IfName, old.IPs())
-	}
-	id, err := m.freeID(txn)
+	unlock, err := m.locks.lockContainer(ctx, req.ContainerID)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
+
+	if old, found := m.Lookup(Selector{ContainerID: req.ContainerID}); found {
+		return nil, errorf(ErrExists, "container %s already has endpoint %d (interface %s, addresses %v): a CNI DEL removes it",
+			req.ContainerID, old.ID, old.IfName, old.IPs())
+	}
+	id, err := m.reserveID()
+	if err != nil {
+		return nil, err
+	}
+	// The ID is the creation's until the endpoint is in the table, or
+	// undone.
+	defer m.unreserveID(id)
 	// An earlier ADD of this container that the agent did not finish may
 	// have left a veth pair or addresses: start from nothing.
 	if _, _, err := m.leftovers(req.ContainerID); err != nil {
@@ -178,19 +182,48 @@ func checkPodNetns(ctx context.Context, path string) (netns.NsHandle, error) {
 	return ns, nil
 }
 
-// freeID is the lowest endpoint ID no endpoint has.
-func (m *Manager) freeID(txn statedb.ReadTxn) (uint16, error) {
-	next := uint16(1)
-	for ep := range m.tbl.All(txn) {
-		if ep.ID != next {
+// reserveID takes the lowest endpoint ID that no endpoint in the table
+// has and no other creation has taken; unreserveID gives it back once the
+// endpoint is in the table, or its creation undone.
+func (m *Manager) reserveID() (uint16, error) {
+	m.idMu.Lock()
+	defer m.idMu.Unlock()
+	// Read under idMu: an ID leaves reservedIDs only after its endpoint is
+	// in the table, so this transaction sees it in one or the other.
+	id, err := freeID(m.tbl.All(m.db.ReadTxn()), m.reservedIDs)
+	if err != nil {
+		return 0, err
+	}
+	m.reservedIDs[id] = true
+	return id, nil
+}
+
+func (m *Manager) unreserveID(id uint16) {
+	m.idMu.Lock()
+	delete(m.reservedIDs, id)
+	m.idMu.Unlock()
+}
+
+// freeID is the lowest endpoint ID that neither an endpoint of eps (in ID
+// order) nor reserved has.
+func freeID(eps iter.Seq2[*Endpoint, statedb.Revision], reserved map[uint16]bool) (uint16, error) {
+	next := 1
+	for ep := range eps {
+		for next < int(ep.ID) && reserved[uint16(next)] {
+			next++
+		}
+		if next < int(ep.ID) {
 			break
 		}
-		if next == 1<<16-1 {
-			return 0, errorf(ErrExhausted, "every endpoint ID is in use (%d endpoints)", next)
-		}
+		next = int(ep.ID) + 1
+	}
+	for next < 1<<16-1 && reserved[uint16(next)] {
 		next++
 	}
-	return next, nil
+	if next >= 1<<16-1 {
+		return 0, errorf(ErrExhausted, "every endpoint ID is in use (%d endpoints)", 1<<16-2)
+	}
+	return uint16(next), nil
 }
 
 // leftovers removes what a creation for containerID that the agent did not
@@ -205,10 +238,12 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 	if err != nil {
 		return removedLink, nil, err
 	}
+	m.problemsMu.Lock()
 	if _, ok := m.orphans[containerID]; ok {
 		delete(m.orphans, containerID)
 		m.reportProblems()
 	}
+	m.problemsMu.Unlock()
 	if removedLink || len(released) > 0 {
 		m.log.Info("Removed what an unfinished endpoint creation left", "container", containerID,
 			"host-interface", HostIfName(containerID), "removed-interface", removedLink, "released", released)
@@ -291,10 +326,32 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	if err := m.waitRestored(ctx); err != nil {
 		return nil, err
 	}
-	if err := m.mu.lock(ctx); err != nil {
-		return nil, err
+	containerID := s.ContainerID
+	for containerID == "" {
+		// By ID: the lock is the container's, so the endpoint is looked up
+		// again with it held, and must still be that container's.
+		ep, found := m.Lookup(s)
+		if !found {
+			return nil, s.notFound()
+		}
+		unlock, err := m.locks.lockContainer(ctx, ep.ContainerID)
+		if err != nil {
+			return nil, err
+		}
+		if cur, found := m.Lookup(s); found && cur.ContainerID != ep.ContainerID {
+			unlock() // the ID went to another container meanwhile
+			continue
+		}
+		defer unlock()
+		containerID = ep.ContainerID
 	}
-	defer m.mu.unlock()
+	if s.ContainerID != "" {
+		unlock, err := m.locks.lockContainer(ctx, containerID)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
 
 	ep, found := m.Lookup(s)
 	if !found {
@@ -329,10 +386,12 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	}
 	txn.Commit()
 	m.releaseIdentity(ep)
+	m.problemsMu.Lock()
 	if _, ok := m.outside[ep.ContainerID]; ok {
 		delete(m.outside, ep.ContainerID)
 		m.reportProblems()
 	}
+	m.problemsMu.Unlock()
 	m.log.Info("Deleted endpoint", "id", ep.ID, "container", ep.ContainerID, "released", released)
 	return &Deleted{Endpoint: ep, Released: released}, nil
 }
@@ -381,10 +440,10 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //     and it is inserted in the table, from which the endpoint map is
 //     rebuilt.
 func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
-	if err := m.mu.lock(ctx); err != nil {
+	if err := m.locks.lockAll(ctx); err != nil {
 		return err
 	}
-	defer m.mu.unlock()
+	defer m.locks.unlockAll()
 	start := time.Now()
 
 	files, err := m.states.load()
@@ -430,17 +489,19 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	// A pod whose state file was moved aside above still has its veth pair
 	// and its addresses: they are kept for it, not released after the
 	// grace period to be given to the next ADD while it still uses them.
-	if m.orphans == nil {
-		m.orphans = map[string]orphan{}
-	}
 	orphans, err := m.claimOrphans()
 	if err != nil {
 		return err
+	}
+	m.problemsMu.Lock()
+	if m.orphans == nil {
+		m.orphans = map[string]orphan{}
 	}
 	for _, o := range orphans {
 		m.orphans[o.containerID] = o
 	}
 	m.moved = append(m.moved, m.states.takeMoved()...)
+	m.problemsMu.Unlock()
 	// Every address held before the restart is claimed: new endpoints may
 	// get addresses from here on.
 	m.ipamRestored()
@@ -449,7 +510,9 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	}
 
 	routers := m.routers()
+	m.problemsMu.Lock()
 	m.checkPools(keep)
+	m.problemsMu.Unlock()
 	host, err := readHost()
 	if err != nil {
 		return err
@@ -516,7 +579,9 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	} else {
 		m.health.OK(fmt.Sprintf("Restored %d endpoint(s)", len(keep)))
 	}
+	m.problemsMu.Lock()
 	m.reportProblems()
+	m.problemsMu.Unlock()
 	return nil
 }
 

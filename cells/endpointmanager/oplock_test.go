@@ -3,6 +3,7 @@ package endpointmanager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -27,4 +28,137 @@ func TestOpLockWaitEndsWithContext(t *testing.T) {
 	if err := l.lock(ctx); err != nil {
 		t.Fatalf("lock after unlock: %v", err)
 	}
+}
+
+// waiters is how many hold or wait for the lock of a container.
+func (l *opLocks) waiters(containerID string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c := l.containers[containerID]; c != nil {
+		return c.refs
+	}
+	return 0
+}
+
+// pollUntil polls cond until it holds, failing the test after 10s.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Operations on one container get its lock one at a time, in the order
+// they came; another container's lock is free meanwhile; a waiter gives up
+// at its deadline with ErrBusy naming the container; and the container's
+// entry goes once nobody holds or waits for it.
+func TestContainerLocksOrderedPerContainer(t *testing.T) {
+	l := newOpLocks()
+	unlockA, err := l.lockContainer(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 3)
+	for i := range 3 {
+		go func() {
+			unlock, err := l.lockContainer(context.Background(), "a")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got <- i
+			unlock()
+		}()
+		// The next one comes once this one waits.
+		pollUntil(t, fmt.Sprintf("waiter %d waits", i), func() bool { return l.waiters("a") == i+2 })
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	unlockB, err := l.lockContainer(ctx, "b")
+	if err != nil {
+		t.Fatalf("lock of container b while a is held: %v", err)
+	}
+	unlockB()
+
+	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort()
+	if _, err := l.lockContainer(short, "a"); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "container a") {
+		t.Fatalf("lock of a held container with a short deadline = %v, want ErrBusy naming the container", err)
+	}
+
+	unlockA()
+	for want := range 3 {
+		if i := <-got; i != want {
+			t.Fatalf("waiter %d got the lock as number %d, want waiters in the order they came", i, want)
+		}
+	}
+	pollUntil(t, "the entry of container a is gone", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.containers) == 0 && l.readers == 0
+	})
+}
+
+// The whole manager waits for the container operations that run, keeps
+// new ones out while it waits and holds, and a waiter for it that gives up
+// lets them in again.
+func TestLockAllExcludesContainerOperations(t *testing.T) {
+	l := newOpLocks()
+	unlockA, err := l.lockContainer(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter for the whole manager that gives up.
+	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort()
+	if err := l.lockAll(short); !errors.Is(err, ErrBusy) {
+		t.Fatalf("lockAll while a container is held, short deadline = %v, want ErrBusy", err)
+	}
+	unlockB, err := l.lockContainer(context.Background(), "b")
+	if err != nil {
+		t.Fatalf("container lock after a waiter for the whole manager gave up: %v", err)
+	}
+	unlockB()
+
+	all := make(chan struct{})
+	go func() {
+		if err := l.lockAll(context.Background()); err != nil {
+			t.Error(err)
+		}
+		close(all)
+	}()
+	pollUntil(t, "lockAll waits", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.writersWaiting == 1
+	})
+	// While it waits, a new container operation waits too.
+	short2, cancelShort2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort2()
+	if _, err := l.lockContainer(short2, "c"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("container lock while the whole manager is waited for = %v, want ErrBusy", err)
+	}
+	select {
+	case <-all:
+		t.Fatal("lockAll returned while container a was held")
+	default:
+	}
+	unlockA()
+	<-all
+	short3, cancelShort3 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort3()
+	if _, err := l.lockContainer(short3, "c"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("container lock while the whole manager is held = %v, want ErrBusy", err)
+	}
+	l.unlockAll()
+	unlockC, err := l.lockContainer(context.Background(), "c")
+	if err != nil {
+		t.Fatalf("container lock after unlockAll: %v", err)
+	}
+	unlockC()
 }

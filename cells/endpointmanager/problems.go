@@ -36,10 +36,19 @@ const orphanInterval = 5 * time.Second
 // gone: their pod went away (with its netns, the kernel removed the pair)
 // without a DEL, and nothing else would ever release them.
 func (m *Manager) releaseGoneOrphans(ctx context.Context) error {
-	if err := m.mu.lock(ctx); err != nil {
+	m.problemsMu.Lock()
+	none := len(m.orphans) == 0
+	m.problemsMu.Unlock()
+	if none {
+		return nil
+	}
+	// Every container: an orphan's CNI DEL, or a new ADD of it, may run.
+	if err := m.locks.lockAll(ctx); err != nil {
 		return nil // stopping
 	}
-	defer m.mu.unlock()
+	defer m.locks.unlockAll()
+	m.problemsMu.Lock()
+	defer m.problemsMu.Unlock()
 	changed := false
 	for id, o := range m.orphans {
 		if _, err := netlink.LinkByName(o.hostIfName); !isNotFound(err) {
@@ -104,7 +113,7 @@ func (m *Manager) claimOrphans() ([]orphan, error) {
 // the restore could not use or found amiss: the state files it moved aside
 // (until the agent restarts), the orphans it keeps and the endpoints
 // outside the pod pools (until they are deleted). Without any the scope is
-// removed. With m's lock held.
+// removed. With m.problemsMu held.
 func (m *Manager) reportProblems() {
 	if len(m.moved) == 0 && len(m.orphans) == 0 && len(m.outside) == 0 {
 		if m.problems != nil {
@@ -135,7 +144,7 @@ func (m *Manager) reportProblems() {
 // pool (the pod CIDRs changed across the restart, e.g. --pod-cidr): they
 // are restored, as their pods still use the addresses, but the IPAM does
 // not manage those, and routes elsewhere may not lead to them. They are
-// shown in health until they are deleted. With m's lock held.
+// shown in health until they are deleted. With m.problemsMu held.
 func (m *Manager) checkPools(eps []*Endpoint) {
 	pools := m.ipam.Pools()
 	if m.outside == nil {

@@ -179,14 +179,18 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 		if !ok {
 			return fmt.Errorf("no router address for %s: no pod pool of its family", ip)
 		}
-		if !hasAddr(pod, podLink, ip) {
+		// A pod link made here has no addresses or routes yet: it is not
+		// asked (two dumps of the pod's namespace per address).
+		if created || !hasAddr(pod, podLink, ip) {
 			if err := pod.AddrReplace(podLink, hostAddr(ip)); err != nil {
 				return fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
 			}
 		}
-		podRouteList, err := pod.RouteList(podLink, family(ip))
-		if err != nil {
-			return fmt.Errorf("list routes in netns %s: %w", ep.Netns, err)
+		var podRouteList []netlink.Route
+		if !created {
+			if podRouteList, err = pod.RouteList(podLink, family(ip)); err != nil {
+				return fmt.Errorf("list routes in netns %s: %w", ep.Netns, err)
+			}
 		}
 		for _, r := range podRoutes(podLink.Attrs().Index, router) {
 			if hasRoute(podRouteList, r) {

@@ -63,16 +63,33 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (*Allocation, error) {
 		state = Reserved
 	}
 	a := &Allocation{IP: ip, Owner: req.Owner, State: state, Since: time.Now()}
-	if err := i.store.write(a); err != nil {
-		return nil, err
-	}
 	if _, _, err := i.tbl.Insert(txn, a); err != nil {
-		i.store.remove(ip)
 		return nil, err
 	}
+	// The row holds the address against every other allocation; the
+	// table is free again while the file is written and synced, so that
+	// allocations for many pods wait for their disk writes together, not
+	// one after the other. The address is on disk before it is returned:
+	// a crash before that loses an allocation that nobody was given.
 	txn.Commit()
+	if err := i.store.write(a); err != nil {
+		i.unallocate(a)
+		return nil, err
+	}
 	i.log.Debug("Allocated address", "ip", ip, "owner", req.Owner, "state", state)
 	return a, nil
+}
+
+// unallocate takes back an allocation whose file could not be written:
+// the file first, while the row still keeps the address from others.
+func (i *IPAM) unallocate(a *Allocation) {
+	i.store.remove(a.IP)
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	if cur, _, found := i.tbl.Get(txn, AllocationIP.Query(a.IP)); found && cur == a {
+		i.tbl.Delete(txn, a)
+		txn.Commit()
+	}
 }
 
 func validOwner(owner string) error {
@@ -255,6 +272,12 @@ func (i *IPAM) Release(ip netip.Addr, owner string) (released bool, err error) {
 // by hand (DELETE /v1/ipam/{ip}), also when its owner is named like the
 // container of an endpoint.
 func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
+	// Most owners have nothing to release (a CNI ADD looks for leftovers
+	// of its container first): that needs no write transaction, which
+	// would wait for every allocation being made.
+	if _, _, found := i.tbl.Get(i.db.ReadTxn(), AllocationOwner.Query(owner)); !found {
+		return nil, nil
+	}
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
 	var released []netip.Addr

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -353,4 +354,71 @@ func TestPoolRanges(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Allocations for many owners at once (the file of each is written outside
+// the table's lock) get distinct addresses, each on disk when Allocate
+// returns: a new run finds every one.
+func TestParallelAllocationsDistinctAndPersisted(t *testing.T) {
+	dir := t.TempDir()
+	first := run(t, dir, runOpts{podCIDR: []string{"10.244.0.0/24"}, grace: time.Hour})
+	const owners = 50
+	ips := make([]netip.Addr, owners)
+	var wg sync.WaitGroup
+	for i := range owners {
+		wg.Go(func() {
+			alloc, err := first.ipam.Allocate(context.Background(), ipam.Request{Owner: "pod-" + strconv.Itoa(i), Family: ipam.IPv4})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ips[i] = alloc.IP
+			if _, err := os.Stat(filepath.Join(dir, "ipam", alloc.IP.String()+".json")); err != nil {
+				t.Errorf("allocation %s of pod-%d returned before its file was written: %v", alloc.IP, i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	seen := map[netip.Addr]int{}
+	var want []string
+	for i, ip := range ips {
+		if j, dup := seen[ip]; dup {
+			t.Fatalf("pod-%d and pod-%d both got %s", j, i, ip)
+		}
+		seen[ip] = i
+		want = append(want, ip.String()+" pod-"+strconv.Itoa(i)+" unclaimed")
+	}
+	first.stop()
+	slices.SortFunc(want, func(a, b string) int {
+		return mustAddr(strings.Fields(a)[0]).Compare(mustAddr(strings.Fields(b)[0]))
+	})
+	second := run(t, dir, runOpts{podCIDR: []string{"10.244.0.0/24"}, grace: time.Hour, restorer: true})
+	second.waitRows(t, want...)
+}
+
+// An allocation whose file cannot be written fails, naming the file, and
+// leaves the address free for the next one.
+func TestAllocationWriteFailureLeavesAddressFree(t *testing.T) {
+	dir := t.TempDir()
+	a := run(t, dir, runOpts{})
+	// A directory where the allocation's file goes: the rename over it fails.
+	first := mustAddr("10.244.0.2")
+	if err := os.MkdirAll(filepath.Join(dir, "ipam", first.String()+".json", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.ipam.Allocate(context.Background(), ipam.Request{Owner: "pod-a", Family: ipam.IPv4})
+	if err == nil || !strings.Contains(err.Error(), first.String()+".json") {
+		t.Fatalf("allocation with its file blocked = %v, want an error naming %s.json", err, first)
+	}
+	a.waitRows(t)
+	if err := os.RemoveAll(filepath.Join(dir, "ipam", first.String()+".json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ipam.Allocate(context.Background(), ipam.Request{Owner: "pod-b", IP: first}); err != nil {
+		t.Fatalf("allocation of %s, which the failed one left free: %v", first, err)
+	}
+	a.waitRows(t, first.String()+" pod-b in-use")
 }
