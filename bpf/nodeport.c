@@ -257,7 +257,8 @@ static __always_inline int select_backend4(struct __sk_buff *skb, const struct p
 	if (svc->count == 0)
 		return -1;
 	if (svc->flags & SVC_F_MAGLEV)
-		backend_id = maglev_select(&cellium_lb4_maglev, svc->rev_nat_index, bpf_get_hash_recalc(skb));
+		backend_id = maglev_select(&cellium_lb4_maglev, svc->rev_nat_index,
+					   flow_hash4(p->saddr, p->daddr, p->sport, p->dport, p->proto));
 	if (!backend_id)
 		backend_id = lb4_select_slot(&key, svc->count);
 	backend = bpf_map_lookup_elem(&cellium_lb4_backends, &backend_id);

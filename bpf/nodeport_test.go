@@ -16,6 +16,7 @@ import (
 	"github.com/cellium/cellium/bpf/bpftest"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/maglev"
 	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
@@ -42,6 +43,8 @@ type nodeport struct {
 	backends         *ebpf.Map
 	nat              *ebpf.Map
 	devices          *ebpf.Map
+	endpoints        *ebpf.Map
+	maglev           *ebpf.Map
 	nextBackend      lbmap.BackendID
 	nextRevNAT       lbmap.RevNATIndex
 	localEndpointsID uint16
@@ -81,9 +84,11 @@ func loadNodePortWith(t *testing.T, edit func(*ebpf.CollectionSpec)) *nodeport {
 		nextRevNAT:  1,
 	}
 	n.devices = coll.Maps[bpf.NodePortMapCelliumNodeport4Devices]
+	n.endpoints = coll.Maps[bpf.NodePortMapCelliumEndpoints]
+	n.maglev = coll.Maps[bpf.NodePortMapCelliumLb4Maglev]
 	n.dsrFallbacks = coll.Variables[bpf.NodePortVarDsrFallbacks]
 	info := endpointmaps.EndpointInfo{IfIndex: 100, EndpointID: 7}
-	if err := coll.Maps[bpf.NodePortMapCelliumEndpoints].Put(endpointmaps.KeyOf(localPod.Addr()), info); err != nil {
+	if err := n.endpoints.Put(endpointmaps.KeyOf(localPod.Addr()), info); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -202,6 +207,70 @@ func parsed4(t *testing.T, frame []byte) (src, dst netip.AddrPort) {
 // address and NodePort reaches the local backend with the client's address,
 // every packet of it reaches the same backend, and the replies come back
 // from the frontend.
+// TestNodePortMaglevFlowHash: a Maglev frontend sends a connection from
+// outside to the backend in the table's slot maglev.FlowHash4 % size: a
+// function of the packet alone, so every node picks the same backend for
+// it. (The kernel's skb hash, seeded at boot, would differ between
+// nodes.)
+func TestNodePortMaglevFlowHash(t *testing.T) {
+	var innerSpec *ebpf.MapSpec
+	n := loadNodePortWith(t, func(spec *ebpf.CollectionSpec) {
+		innerSpec = spec.Maps[bpf.NodePortMapCelliumLb4Maglev].InnerMap.Copy()
+	})
+	pods := []netip.AddrPort{localPod}
+	for i := range 3 {
+		pod := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(3 + i)}), 8080)
+		if err := n.endpoints.Put(endpointmaps.KeyOf(pod.Addr()), endpointmaps.EndpointInfo{IfIndex: uint32(101 + i), EndpointID: uint16(8 + i)}); err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, pod)
+	}
+	fe := netip.AddrPortFrom(nodeAddr, 30090)
+	rev := n.nextRevNAT
+	n.service(fe, lbmap.TCP, pods...) // backend IDs 1 to 4, in pods' order
+	if err := n.services.Put(lbmap.NewService4Key(fe.Addr(), fe.Port(), lbmap.TCP, 0),
+		lbmap.NewServiceMaster(uint16(len(pods)), rev, lbmap.ServiceMaglev, 0)); err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, len(pods))
+	for i, p := range pods {
+		names[i] = p.String()
+	}
+	slots, err := maglev.Table(names, maglev.DefaultSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := make([]lbmap.BackendID, len(slots))
+	for i, b := range slots {
+		table[i] = lbmap.BackendID(b + 1)
+	}
+	inner, err := ebpf.NewMap(innerSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	if err := inner.Put(uint32(0), table); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.maglev.Put(uint16(rev), inner); err != nil {
+		t.Fatal(err)
+	}
+
+	reached := map[netip.AddrPort]int{}
+	for port := uint16(40000); port < 40064; port++ {
+		from := netip.AddrPortFrom(client.Addr(), port)
+		want := pods[slots[maglev.FlowHash4(from, fe, unix.IPPROTO_TCP)%uint32(len(slots))]]
+		_, dst := parsed4(t, n.run(n.ingress, checksummed4(unix.IPPROTO_TCP, from, fe, "hello"), verdictNext))
+		if dst != want {
+			t.Fatalf("connection from %v went to %v, want the table's %v", from, dst, want)
+		}
+		reached[dst]++
+	}
+	if len(reached) < 2 {
+		t.Fatalf("64 connections reached only %v: the hash does not spread", reached)
+	}
+}
+
 func TestNodePortLocalBackend(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

@@ -25,6 +25,44 @@
 volatile const __u32 maglev_table_size = LB_MAGLEV_TABLE_SIZE_DEFAULT;
 
 /*
+ * flow_hash4 is the hash a connection arriving on a device takes its
+ * Maglev slot from: of the client's packet's addresses, ports and
+ * protocol, with a fixed seed, so that every node picks the same backend
+ * for the same connection. (The kernel's skb hash has a seed drawn at
+ * boot: each node would pick differently.) It is MurmurHash3's 32-bit
+ * block mixing and finalizer over four words, the addresses and ports in
+ * host order; pkg/maglev.FlowHash4 is the same in Go.
+ */
+#define FLOW_HASH_SEED 0x63656c6cU /* "cell" */
+
+static __always_inline __u32 flow_hash_mix(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51U;
+	k = (k << 15) | (k >> 17);
+	k *= 0x1b873593U;
+	h ^= k;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64U;
+}
+
+static __always_inline __u32 flow_hash4(__be32 saddr, __be32 daddr, __be16 sport, __be16 dport, __u8 proto)
+{
+	__u32 h = FLOW_HASH_SEED;
+
+	h = flow_hash_mix(h, bpf_ntohl(saddr));
+	h = flow_hash_mix(h, bpf_ntohl(daddr));
+	h = flow_hash_mix(h, (__u32)bpf_ntohs(sport) << 16 | bpf_ntohs(dport));
+	h = flow_hash_mix(h, proto);
+	h ^= 16; /* the length in bytes */
+	h ^= h >> 16;
+	h *= 0x85ebca6bU;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35U;
+	h ^= h >> 16;
+	return h;
+}
+
+/*
  * The backend of the service's Maglev table for a connection whose hash
  * is hash (spread over 32 bits), or 0.
  */
