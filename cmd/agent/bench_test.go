@@ -23,6 +23,7 @@ var (
 	benchIdle     = flag.Duration("bench.idle", 60*time.Second, "How long BenchmarkIdleAgent lets the agent idle before reading its memory")
 	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) in BenchmarkScale's manifests directory")
 	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
+	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
 )
 
 // BenchmarkIdleAgent is the memory of the built agent with its default
@@ -82,9 +83,12 @@ func BenchmarkScale(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
+		if *benchProfile != "" {
+			flags = append(flags, "--pprof")
+		}
 		var runs [2]scaleRun
 		for i := range runs {
-			runs[i] = runScale(b, env, flags, n)
+			runs[i] = runScale(b, env, flags, n, fmt.Sprintf("run%d", i))
 		}
 		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f stop_s=%.2f\n",
 			n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
@@ -97,17 +101,59 @@ type scaleRun struct {
 	writes, rss, settled float64
 }
 
-func runScale(b *testing.B, env *agentEnv, flags []string, n int) scaleRun {
+func runScale(b *testing.B, env *agentEnv, flags []string, n int, name string) scaleRun {
 	var r scaleRun
 	a := startBenchAgent(b, env, flags...)
 	r.ready = a.waitReady(b, 5*time.Minute)
 	r.written = a.waitWritten(b, n, 5*time.Minute)
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
 	r.rss = a.memory(b).rss
+	a.profile(b, name+"-written")
 	time.Sleep(*benchSettle)
 	r.settled = a.memory(b).rss
+	a.profile(b, name+"-settled")
 	r.stop = a.stop(b)
 	return r
+}
+
+// profile writes the agent's heap profile and its Go memory figures into
+// -bench.profile-dir, when given, and prints the figures with the resident
+// set: how much of it is live heap, garbage not yet collected, and memory
+// the runtime holds without using it.
+func (a *benchAgent) profile(b *testing.B, name string) {
+	b.Helper()
+	if *benchProfile == "" {
+		return
+	}
+	if err := os.MkdirAll(*benchProfile, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	get := func(path, file string) []byte {
+		resp, err := http.Get("http://" + a.env.healthAddr + path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(*benchProfile, file), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		return data
+	}
+	var figures []string
+	for line := range strings.Lines(string(get("/metrics", name+".metrics"))) {
+		if strings.HasPrefix(line, "go_memstats_") && !strings.HasPrefix(line, "go_memstats_alloc_bytes_total") {
+			figures = append(figures, strings.TrimSpace(strings.TrimPrefix(line, "go_memstats_")))
+		}
+	}
+	mem := a.memory(b)
+	fmt.Printf("agent-scale-profile %s rss_mb=%.0f anon_mb=%.0f %s\n", name, mem.rss, mem.anon, strings.Join(figures, " "))
+	// Before a collection (what is resident: live and garbage), then after.
+	get("/debug/pprof/heap", name+"-heap.pb.gz")
+	get("/debug/pprof/heap?gc=1", name+"-heap-gc.pb.gz")
 }
 
 // writeScaleManifests writes n Services and their EndpointSlices, 1000 of
