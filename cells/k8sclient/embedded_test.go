@@ -109,7 +109,7 @@ func TestWatchQueuesEvents(t *testing.T) {
 	ctx := context.Background()
 	const existing, added = 300, 1000
 	for i := range existing {
-		if err := cs.Tracker().Add(service(fmt.Sprintf("old-%d", i))); err != nil {
+		if _, err := cs.CoreV1().Services("default").Create(ctx, service(fmt.Sprintf("old-%d", i)), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -42,10 +42,13 @@ type manifestSync struct {
 	// localNode is the name of the Node added when no manifest defines it.
 	localNode string
 	clientset *fake.Clientset
-	decoder   *decoder
-	cache     *parseCache
-	db        *statedb.DB
-	files     statedb.RWTable[*ManifestFile]
+	// store is the embedded server's store, which the initial load writes
+	// straight into.
+	store   *objectStore
+	decoder *decoder
+	cache   *parseCache
+	db      *statedb.DB
+	files   statedb.RWTable[*ManifestFile]
 
 	watcher *fsnotify.Watcher
 	// watchErr is why the directory could not be watched, as last logged.
@@ -410,9 +413,9 @@ func (s *manifestSync) write(create bool, m *manifest) error {
 		// Straight into the tracker: the reactors' serialization and
 		// copies are for clients that list and watch, and none has
 		// started yet.
-		err = s.clientset.Tracker().Create(m.key.resource, obj, m.key.namespace)
+		err = s.store.Create(m.key.resource, obj, m.key.namespace)
 		if apierrors.IsAlreadyExists(err) {
-			err = s.clientset.Tracker().Update(m.key.resource, obj, m.key.namespace)
+			err = s.store.Update(m.key.resource, obj, m.key.namespace)
 		}
 	} else {
 		err = s.invokeWrite(create, m.key, obj)
