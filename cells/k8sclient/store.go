@@ -37,8 +37,10 @@ type objectStore struct {
 	objects  map[schema.GroupVersionResource]map[types.NamespacedName]storedObject
 	versions map[schema.GroupVersionResource]int64
 	watchers map[schema.GroupVersionResource]map[string][]*watch.RaceFreeFakeWatcher
-	// kinds interns what each stored object's decoding needs.
-	kinds map[storedKind]*storedKind
+	// kinds interns what each stored object's decoding needs;
+	// encodedKinds are those of objects written by putEncoded.
+	kinds        map[storedKind]*storedKind
+	encodedKinds map[schema.GroupVersionKind]*storedKind
 }
 
 var _ k8stesting.ObjectTracker = (*objectStore)(nil)
@@ -65,10 +67,11 @@ type protoUnmarshaler interface{ Unmarshal([]byte) error }
 
 func newObjectStore() *objectStore {
 	return &objectStore{
-		objects:  map[schema.GroupVersionResource]map[types.NamespacedName]storedObject{},
-		versions: map[schema.GroupVersionResource]int64{},
-		watchers: map[schema.GroupVersionResource]map[string][]*watch.RaceFreeFakeWatcher{},
-		kinds:    map[storedKind]*storedKind{},
+		objects:      map[schema.GroupVersionResource]map[types.NamespacedName]storedObject{},
+		versions:     map[schema.GroupVersionResource]int64{},
+		watchers:     map[schema.GroupVersionResource]map[string][]*watch.RaceFreeFakeWatcher{},
+		kinds:        map[storedKind]*storedKind{},
+		encodedKinds: map[schema.GroupVersionKind]*storedKind{},
 	}
 }
 
@@ -80,28 +83,80 @@ func (s *objectStore) encode(obj runtime.Object) (storedObject, error) {
 	} else {
 		k.meta.APIVersion, k.meta.Kind = obj.GetObjectKind().GroupVersionKind().ToAPIVersionAndKind()
 	}
-	var (
-		data []byte
-		err  error
-	)
-	if m, ok := obj.(protoMarshaler); ok {
-		if _, ok := obj.(protoUnmarshaler); ok {
-			k.proto = true
-			data, err = m.Marshal()
-		}
-	}
-	if !k.proto {
-		data, err = json.Marshal(obj)
-	}
+	data, proto, err := encodeObject(obj)
 	if err != nil {
 		return storedObject{}, fmt.Errorf("encode %T: %w", obj, err)
 	}
+	k.proto = proto
+	return storedObject{kind: s.intern(k), data: data}, nil
+}
+
+func (s *objectStore) intern(k storedKind) *storedKind {
 	kind := s.kinds[k]
 	if kind == nil {
 		kind = &k
 		s.kinds[k] = kind
 	}
-	return storedObject{kind: kind, data: data}, nil
+	return kind
+}
+
+// encodeObject is an object's protobuf encoding, which every built-in kind
+// has, or else its JSON; proto says which.
+func encodeObject(obj runtime.Object) (data []byte, proto bool, err error) {
+	if isProto(obj) {
+		data, err = obj.(protoMarshaler).Marshal()
+		return data, true, err
+	}
+	data, err = json.Marshal(obj)
+	return data, false, err
+}
+
+func isProto(obj runtime.Object) bool {
+	_, m := obj.(protoMarshaler)
+	_, u := obj.(protoUnmarshaler)
+	return m && u
+}
+
+// decodeEncoded decodes what encodeObject gave for an object of kind gvk,
+// setting its TypeMeta to gvk.
+func decodeEncoded(gvk schema.GroupVersionKind, data []byte) (runtime.Object, error) {
+	obj, err := scheme.Scheme.New(gvk)
+	if err != nil {
+		return nil, err
+	}
+	if isProto(obj) {
+		err = obj.(protoUnmarshaler).Unmarshal(data)
+	} else {
+		err = json.Unmarshal(data, obj)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("decode %s: %w", gvk.Kind, err)
+	}
+	obj.GetObjectKind().SetGroupVersionKind(gvk)
+	return obj, nil
+}
+
+// putEncoded creates or replaces the object ns/name of gvr, of kind gvk,
+// given as encodeObject encoded it, with gvk as its TypeMeta: what a
+// manifest was decoded to. The caller vouches that data is the encoding of
+// an object of that kind, namespace and name.
+func (s *objectStore) putEncoded(gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, ns, name string, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kind := s.encodedKinds[gvk]
+	if kind == nil {
+		obj, err := scheme.Scheme.New(gvk)
+		if err != nil {
+			return err
+		}
+		k := storedKind{typ: reflect.TypeOf(obj), proto: isProto(obj)}
+		k.meta.APIVersion, k.meta.Kind = gvk.ToAPIVersionAndKind()
+		kind = s.intern(k)
+		s.encodedKinds[gvk] = kind
+	}
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	_, exists := s.objects[gvr][key]
+	return s.store(gvr, key, storedObject{kind: kind, data: data}, exists)
 }
 
 // decodeInto fills obj, a zero value of the stored object's type.
@@ -398,6 +453,11 @@ func (s *objectStore) add(gvr schema.GroupVersionResource, obj runtime.Object, n
 	if err != nil {
 		return err
 	}
+	return s.store(gvr, key, stored, exists)
+}
+
+// store stores an object, in place of the one that exists. s.mu is held.
+func (s *objectStore) store(gvr schema.GroupVersionResource, key types.NamespacedName, stored storedObject, exists bool) error {
 	version := s.version(gvr) + 1
 	s.versions[gvr] = version
 	stored.version = version
@@ -409,7 +469,7 @@ func (s *objectStore) add(gvr schema.GroupVersionResource, obj runtime.Object, n
 	if exists {
 		event = watch.Modified
 	}
-	return s.notify(gvr, ns, event, stored)
+	return s.notify(gvr, key.Namespace, event, stored)
 }
 
 // notify sends every watcher of the object's namespace, and of all
