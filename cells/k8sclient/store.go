@@ -349,6 +349,9 @@ type matchingObject struct {
 // version, sorted by namespace and name. s.mu is held.
 func (s *objectStore) matching(gvr schema.GroupVersionResource, ns string, version int64) []matchingObject {
 	var out []matchingObject
+	if version == 0 {
+		out = make([]matchingObject, 0, len(s.objects[gvr]))
+	}
 	for key, obj := range s.objects[gvr] {
 		if (ns == "" || key.Namespace == ns) && obj.version > version {
 			out = append(out, matchingObject{key, obj})
