@@ -34,15 +34,28 @@ var (
 //
 // where file_mb is the part of the resident set backed by files: the
 // binary's pages that ran or were read, and the event ring buffer's mapping.
+// With -bench.profile-dir (which adds --pprof to the flags) it also writes
+// the agent's /proc smaps and heap profile there.
 //
 //	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x
 func BenchmarkIdleAgent(b *testing.B) {
 	for range b.N {
 		env := newAgentEnv(b)
-		a := startBenchAgent(b, env, env.runFlags()...)
+		flags := env.runFlags()
+		if *benchProfile != "" {
+			flags = append(flags, "--pprof")
+		}
+		a := startBenchAgent(b, env, flags...)
 		a.waitReady(b, time.Minute)
 		time.Sleep(*benchIdle)
 		mem := a.memory(b)
+		if *benchProfile != "" {
+			if smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", a.cmd.Process.Pid)); err == nil {
+				os.MkdirAll(*benchProfile, 0o755)
+				os.WriteFile(filepath.Join(*benchProfile, "idle.smaps"), smaps, 0o644)
+			}
+			a.profile(b, "idle")
+		}
 		a.stop(b)
 		fi, err := os.Stat(agentBin)
 		if err != nil {
@@ -66,6 +79,8 @@ func BenchmarkIdleAgent(b *testing.B) {
 //   - rss_mb: the agent's resident set once everything is written, the
 //     larger of the two runs, and rss_settled_mb the same -bench.settle
 //     later, once the Go runtime has returned what the load's peak took;
+//     rss_peak_mb the most it held at any time (VmHWM), the larger of the
+//     two runs;
 //   - stop_s: SIGTERM to exit, the larger of the two runs.
 //
 // and prints them on one line, agent-scale-bench services=N ....
@@ -90,30 +105,62 @@ func BenchmarkScale(b *testing.B) {
 		for i := range runs {
 			runs[i] = runScale(b, env, flags, n, fmt.Sprintf("run%d", i))
 		}
-		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f stop_s=%.2f\n",
+		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f\n",
 			n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
-			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].stop, runs[1].stop).Seconds())
+			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
 	}
 }
 
 type scaleRun struct {
-	ready, written, stop time.Duration
-	writes, rss, settled float64
+	ready, written, stop       time.Duration
+	writes, rss, settled, peak float64
 }
 
 func runScale(b *testing.B, env *agentEnv, flags []string, n int, name string) scaleRun {
 	var r scaleRun
 	a := startBenchAgent(b, env, flags...)
+	cpu := a.cpuProfile(b, name+"-cpu.pb.gz")
 	r.ready = a.waitReady(b, 5*time.Minute)
 	r.written = a.waitWritten(b, n, 5*time.Minute)
+	<-cpu
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
 	r.rss = a.memory(b).rss
 	a.profile(b, name+"-written")
 	time.Sleep(*benchSettle)
-	r.settled = a.memory(b).rss
+	mem := a.memory(b)
+	r.settled, r.peak = mem.rss, mem.peak
 	a.profile(b, name+"-settled")
 	r.stop = a.stop(b)
 	return r
+}
+
+// cpuProfile writes a CPU profile of the agent's first 10 seconds (from
+// when its health address answers) into -bench.profile-dir, when given.
+func (a *benchAgent) cpuProfile(b *testing.B, file string) <-chan struct{} {
+	done := make(chan struct{})
+	if *benchProfile == "" {
+		close(done)
+		return done
+	}
+	if err := os.MkdirAll(*benchProfile, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			resp, err := http.Get("http://" + a.env.healthAddr + "/debug/pprof/profile?seconds=10")
+			if err != nil {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			os.WriteFile(filepath.Join(*benchProfile, file), data, 0o644)
+			return
+		}
+	}()
+	return done
 }
 
 // profile writes the agent's heap profile and its Go memory figures into
@@ -321,7 +368,7 @@ func (a *benchAgent) metric(b *testing.B, name string) float64 {
 	return sum
 }
 
-type memory struct{ rss, anon, file float64 }
+type memory struct{ rss, anon, file, peak float64 }
 
 // memory reads the agent's resident set from /proc, in MiB.
 func (a *benchAgent) memory(b *testing.B) memory {
@@ -349,6 +396,8 @@ func (a *benchAgent) memory(b *testing.B) memory {
 			m.anon = kb / 1024
 		case "RssFile":
 			m.file = kb / 1024
+		case "VmHWM":
+			m.peak = kb / 1024
 		}
 	}
 	return m
