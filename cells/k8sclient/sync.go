@@ -67,7 +67,7 @@ type manifestSync struct {
 	decoded map[string]*decodedFile
 	// initialLoad is set during the start hook's pass: no other cell has
 	// started, so nobody lists or watches yet, and objects go straight into
-	// the tracker (see write).
+	// the store (see write).
 	initialLoad bool
 }
 
