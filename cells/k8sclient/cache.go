@@ -13,10 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime"
+	"github.com/cespare/xxhash/v2"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/cellium/cellium/pkg/statefile"
 )
@@ -36,7 +34,7 @@ type parseCache struct {
 }
 
 // cacheMagic starts every cache file; another format is ignored.
-const cacheMagic = "cellium-manifests-cache-v1\n"
+const cacheMagic = "cellium-manifests-cache-v2\n"
 
 // cacheRecord is the header of one object in a cache file.
 type cacheRecord struct {
@@ -124,25 +122,13 @@ func readChunk(r *bufio.Reader) ([]byte, error) {
 	return chunk, err
 }
 
-// manifest decodes a cached object.
+// manifest is a cached object. Its encoding is kept as it is, not decoded:
+// the embedded server stores that same encoding. It must hash to the
+// record's digest, which the encoding was hashed to when the file was
+// decoded: a damaged cache is parsed around.
 func (rec cacheRecord) manifest(file string, encoded []byte) (*manifest, error) {
-	gvk := schema.GroupVersionKind{Group: rec.Group, Version: rec.Version, Kind: rec.Kind}
-	obj, err := scheme.Scheme.New(gvk)
-	if err != nil {
-		return nil, err
-	}
-	if u, ok := obj.(interface{ Unmarshal([]byte) error }); ok {
-		err = u.Unmarshal(encoded)
-	} else {
-		err = json.Unmarshal(encoded, obj)
-	}
-	if err != nil {
-		return nil, err
-	}
-	// The encoding leaves out the type, which decoding a manifest sets.
-	obj.GetObjectKind().SetGroupVersionKind(gvk)
-	if acc, err := meta.Accessor(obj); err != nil || acc.GetName() != rec.Name || acc.GetNamespace() != rec.Namespace {
-		return nil, fmt.Errorf("cached %s %s/%s does not match its record", rec.Kind, rec.Namespace, rec.Name)
+	if xxhash.Sum64(encoded) != rec.Digest {
+		return nil, fmt.Errorf("cached %s %s/%s does not match its digest", rec.Kind, rec.Namespace, rec.Name)
 	}
 	return &manifest{
 		key: objectKey{
@@ -150,24 +136,23 @@ func (rec cacheRecord) manifest(file string, encoded []byte) (*manifest, error) 
 			namespace:  rec.Namespace,
 			name:       rec.Name,
 		},
-		obj:    obj,
-		digest: rec.Digest,
-		file:   file,
-		line:   rec.Line,
-		doc:    rec.Doc,
+		encoded: encoded,
+		digest:  rec.Digest,
+		file:    file,
+		line:    rec.Line,
+		doc:     rec.Doc,
 	}, nil
 }
 
 // store replaces the cache of file with objs, decoded from the content
-// with digest. Objects are encoded again: decoding dropped the encoding
-// its digest was taken from.
+// with digest and not yet written (they hold their encoding).
 func (c *parseCache) store(file, digest string, objs []*manifest) error {
 	var buf bytes.Buffer
 	buf.WriteString(cacheMagic + digest + "\n")
 	for _, m := range objs {
-		encoded, err := encodeObject(m.obj)
-		if err != nil {
-			return err
+		encoded := m.encoded
+		if encoded == nil {
+			return fmt.Errorf("%s: %s has no encoding to cache", file, m.key)
 		}
 		header, err := json.Marshal(cacheRecord{
 			Group: m.key.resource.Group, Version: m.key.resource.Version, Resource: m.key.resource.Resource,
@@ -209,13 +194,4 @@ func (c *parseCache) prune(present map[string]bool) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// encodeObject is an object's protobuf encoding, which every built-in kind
-// has, or its JSON.
-func encodeObject(obj runtime.Object) ([]byte, error) {
-	if m, ok := obj.(interface{ Marshal() ([]byte, error) }); ok {
-		return m.Marshal()
-	}
-	return json.Marshal(obj)
 }

@@ -1,6 +1,7 @@
 package k8sclient
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -54,7 +55,11 @@ func TestParseCache(t *testing.T) {
 		t.Fatalf("cache of a.yaml: %d objects, found %v; want the 2 of the first start", len(objs), ok)
 	}
 	for _, m := range objs {
-		m.obj.(*corev1.Service).Spec.Ports[0].Port = 8080
+		svc := decodedObject(t, m).(*corev1.Service)
+		svc.Spec.Ports[0].Port = 8080
+		if err := m.setObject(svc); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := cache.store("a.yaml", contentDigest(a), objs); err != nil {
 		t.Fatal(err)
@@ -106,5 +111,40 @@ func TestBrokenFileKeepsItsObjectsAcrossRestarts(t *testing.T) {
 	ports = servicePorts(t, dir, run)
 	if len(ports) != 2 || ports["a-0"] != 90 || ports["b-0"] != 80 {
 		t.Errorf("after mending a.yaml, services = %v, want a-0 on 90 and b-0 on 80", ports)
+	}
+}
+
+// A cache whose object does not hash to its record's digest (the payload
+// damaged in place) is not used: the file is parsed, and its objects are
+// those of its content.
+func TestParseCacheDamagedPayload(t *testing.T) {
+	dir, run := t.TempDir(), t.TempDir()
+	a := servicesFile("a", 1, 80)
+	writeFile(t, filepath.Join(dir, "a.yaml"), a)
+	cache := &parseCache{dir: filepath.Join(run, "state", "k8s-manifests")}
+	if ports := servicePorts(t, dir, run); ports["a-0"] != 80 {
+		t.Fatalf("first start: services %v, want a-0 on port 80", ports)
+	}
+	if _, ok := cache.load("a.yaml", contentDigest(a)); !ok {
+		t.Fatal("no cache of a.yaml after the first start")
+	}
+	data, err := os.ReadFile(cache.path("a.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The port, 80, is in the payload as a varint byte 0x50: make it 81.
+	i := bytes.LastIndexByte(data, 80)
+	if i < 0 {
+		t.Fatal("port 80 not found in the cache")
+	}
+	data[i] = 81
+	if err := os.WriteFile(cache.path("a.yaml"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cache.load("a.yaml", contentDigest(a)); ok {
+		t.Fatal("a cache whose payload does not match its digest was loaded")
+	}
+	if ports := servicePorts(t, dir, run); ports["a-0"] != 80 {
+		t.Errorf("restart on a damaged cache: services %v, want a-0 on port 80 from the file", ports)
 	}
 }

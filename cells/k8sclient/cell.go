@@ -134,7 +134,7 @@ func newClientset(p clientsetParams) (Clientset, error) {
 		return clusterClientset{cs}, nil
 	}
 
-	cs, err := newFakeClientset()
+	cs, store, err := newFakeClientset()
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +146,7 @@ func newClientset(p clientsetParams) (Clientset, error) {
 		required:  dir != DefaultManifestsDir,
 		localNode: string(p.NodeName),
 		clientset: cs,
+		store:     store,
 		decoder:   newDecoder(),
 		cache:     &parseCache{dir: filepath.Join(p.Paths.StateDir, "k8s-manifests")},
 		db:        p.DB,

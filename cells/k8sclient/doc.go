@@ -65,7 +65,8 @@
 // Tests of other cells use k8sclienttest.Cell in place of Cell. It provides
 // the Clientset and the *fake.Clientset behind it; write through its typed
 // clients, or k8sclienttest's Create, Update, Delete and script commands
-// (Tracker() bypasses the watch machinery above):
+// (Tracker() is not the embedded server's store: it is client-go's, which
+// nothing reads):
 //
 //	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
 package k8sclient

@@ -12,7 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	applycorev1 "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -109,7 +111,7 @@ func TestWatchQueuesEvents(t *testing.T) {
 	ctx := context.Background()
 	const existing, added = 300, 1000
 	for i := range existing {
-		if err := cs.Tracker().Add(service(fmt.Sprintf("old-%d", i))); err != nil {
+		if _, err := cs.CoreV1().Services("default").Create(ctx, service(fmt.Sprintf("old-%d", i)), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -216,6 +218,56 @@ func TestWatchFromListReportsDeletionsSince(t *testing.T) {
 		_, err = cs.CoreV1().Services("").Watch(ctx, metav1.ListOptions{ResourceVersion: version})
 		if !apierrors.IsResourceExpired(err) {
 			t.Fatalf("watch from version %s: %v, want 410 Expired", version, err)
+		}
+	}
+}
+
+// EmbeddedList lists what the typed client lists, from the embedded server,
+// and leaves selectors to the typed client.
+func TestEmbeddedList(t *testing.T) {
+	cs, _, err := k8sclient.NewEmbedded(service("a"), service("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr, gvk := corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service")
+	obj, ok, err := k8sclient.EmbeddedList(cs, gvr, gvk, "", metav1.ListOptions{ResourceVersion: "0"})
+	if !ok || err != nil {
+		t.Fatalf("EmbeddedList: handled %v, %v", ok, err)
+	}
+	list := obj.(*corev1.ServiceList)
+	if len(list.Items) != 2 || list.Items[0].Name != "a" || list.Items[1].Name != "b" || list.ResourceVersion == "" {
+		t.Fatalf("list %+v, want a and b with a resource version", list)
+	}
+	if _, ok, _ := k8sclient.EmbeddedList(cs, gvr, gvk, "", metav1.ListOptions{LabelSelector: "app=x"}); ok {
+		t.Error("a list with a label selector was handled")
+	}
+}
+
+// Patches and server-side apply change the stored object as client-go's
+// tracker did: apply as a strategic merge patch, keeping what it leaves out.
+func TestEmbeddedPatchAndApply(t *testing.T) {
+	ctx := context.Background()
+	svc := service("a")
+	svc.Spec.ClusterIP = "10.96.0.10"
+	_, cs, err := k8sclient.NewEmbedded(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	services := cs.CoreV1().Services("default")
+	if _, err := services.Patch(ctx, "a", types.MergePatchType, []byte(`{"metadata":{"labels":{"patched":"yes"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := services.Apply(ctx, applycorev1.Service("a", "default").WithLabels(map[string]string{"applied": "yes"}), metav1.ApplyOptions{FieldManager: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := services.Get(ctx, "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*corev1.Service{applied, got} {
+		if s.Labels["patched"] != "yes" || s.Labels["applied"] != "yes" || s.Spec.ClusterIP != "10.96.0.10" {
+			t.Fatalf("after patch and apply: labels %v, cluster IP %q; want both labels and 10.96.0.10", s.Labels, s.Spec.ClusterIP)
 		}
 	}
 }

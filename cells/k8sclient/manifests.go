@@ -58,12 +58,14 @@ func (k objectKey) String() string {
 // manifest is one object of a manifest file.
 type manifest struct {
 	key objectKey
-	// obj is the decoded object until it is written: from then on the
-	// embedded API server holds it, and digest is what later passes compare
-	// with. See manifestSync.objectOf.
-	obj    runtime.Object
-	digest uint64
-	file   string
+	// encoded is the object's encoding (encodeObject's, in which the
+	// embedded API server stores it) until it is written: from then on the
+	// server holds it, and digest, its hash, is what later passes compare
+	// with. The decoded object is not kept: it is five times the size. See
+	// manifestSync.objectOf.
+	encoded []byte
+	digest  uint64
+	file    string
 	// line is where the object's document starts, doc its position among
 	// the file's documents (from 1).
 	line, doc int
@@ -277,33 +279,38 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	} else if acc.GetNamespace() == "" {
 		acc.SetNamespace("default")
 	}
-	digest, err := objectDigest(obj)
-	if err != nil {
-		return nil, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)
-	}
-	return &manifest{
+	m := &manifest{
 		key: objectKey{
 			objectType: typeOf(mapping.Resource, gvk.Kind),
 			namespace:  acc.GetNamespace(),
 			name:       acc.GetName(),
 		},
-		obj:    obj,
-		digest: digest,
-		file:   file,
-		line:   doc.objectLine,
-		doc:    doc.index,
-	}, nil
+		file: file,
+		line: doc.objectLine,
+		doc:  doc.index,
+	}
+	if err := m.setObject(obj); err != nil {
+		return nil, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)
+	}
+	return m, nil
 }
 
-// objectDigest identifies an object's content, whatever the formatting of
-// the manifest it came from: the hash of its protobuf encoding (which every
-// built-in kind has, and which orders map keys), or of its JSON.
-func objectDigest(obj runtime.Object) (uint64, error) {
-	data, err := encodeObject(obj)
+// setObject sets m's encoding and digest to obj's. The digest identifies
+// an object's content, whatever the formatting of the manifest it came
+// from: the hash of its protobuf encoding (which every built-in kind has,
+// and which orders map keys), or of its JSON.
+func (m *manifest) setObject(obj runtime.Object) error {
+	data, _, err := encodeObject(obj)
 	if err != nil {
-		return 0, fmt.Errorf("encode: %w", err)
+		return fmt.Errorf("encode: %w", err)
 	}
-	return xxhash.Sum64(data), nil
+	m.encoded, m.digest = data, xxhash.Sum64(data)
+	return nil
+}
+
+// gvk is the kind of m's object.
+func (m *manifest) gvk() schema.GroupVersionKind {
+	return m.key.resource.GroupVersion().WithKind(m.key.kind)
 }
 
 // decodedFile is what decoding one content of a file gave.

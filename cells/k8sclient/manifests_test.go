@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 const twoServices = `# Two services and their slice.
@@ -62,13 +63,25 @@ func TestDecodeFile(t *testing.T) {
 			t.Errorf("%s at line %d document %d, want line %d document %d", objs[i].key, objs[i].line, objs[i].doc, want.line, want.doc)
 		}
 	}
-	svc, ok := objs[0].obj.(*corev1.Service)
-	if !ok || svc.Namespace != "default" || svc.Spec.Ports[0].Port != 80 {
-		t.Errorf("first object = %#v, want Service default/web with port 80", objs[0].obj)
+	first := decodedObject(t, objs[0])
+	svc, ok := first.(*corev1.Service)
+	if !ok || svc.Namespace != "default" || svc.Spec.Ports[0].Port != 80 || svc.Kind != "Service" {
+		t.Errorf("first object = %#v, want Service default/web with port 80", first)
 	}
-	if slice, ok := objs[2].obj.(*discoveryv1.EndpointSlice); !ok || slice.Endpoints[0].Addresses[0] != "10.244.1.5" {
-		t.Errorf("third object = %#v, want the EndpointSlice with 10.244.1.5", objs[2].obj)
+	third := decodedObject(t, objs[2])
+	if slice, ok := third.(*discoveryv1.EndpointSlice); !ok || slice.Endpoints[0].Addresses[0] != "10.244.1.5" {
+		t.Errorf("third object = %#v, want the EndpointSlice with 10.244.1.5", third)
 	}
+}
+
+// decodedObject is the object m holds encoded.
+func decodedObject(t *testing.T, m *manifest) runtime.Object {
+	t.Helper()
+	obj, err := decodeEncoded(m.gvk(), m.encoded)
+	if err != nil {
+		t.Fatalf("%s: %v", m.key, err)
+	}
+	return obj
 }
 
 func TestDecodeFileEmptyDocuments(t *testing.T) {
@@ -178,7 +191,7 @@ func FuzzDecodeFile(f *testing.F) {
 			return
 		}
 		for _, m := range objs {
-			if m.key.name == "" || m.file != "fuzz.yaml" || m.obj == nil || m.doc < 1 {
+			if m.key.name == "" || m.file != "fuzz.yaml" || m.encoded == nil || m.doc < 1 {
 				t.Fatalf("decoded object without a name, file or document: %+v", m)
 			}
 		}

@@ -191,7 +191,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 				if !found {
 					ns, name = "", ns
 				}
-				obj, err := cs().Tracker().Get(watchedKinds[i].resource, ns, name)
+				obj, err := cs().Invokes(k8stesting.NewGetAction(watchedKinds[i].resource, ns, name), nil)
 				if err != nil {
 					return nil, err
 				}

@@ -42,10 +42,13 @@ type manifestSync struct {
 	// localNode is the name of the Node added when no manifest defines it.
 	localNode string
 	clientset *fake.Clientset
-	decoder   *decoder
-	cache     *parseCache
-	db        *statedb.DB
-	files     statedb.RWTable[*ManifestFile]
+	// store is the embedded server's store, which the initial load writes
+	// straight into.
+	store   *objectStore
+	decoder *decoder
+	cache   *parseCache
+	db      *statedb.DB
+	files   statedb.RWTable[*ManifestFile]
 
 	watcher *fsnotify.Watcher
 	// watchErr is why the directory could not be watched, as last logged.
@@ -64,7 +67,7 @@ type manifestSync struct {
 	decoded map[string]*decodedFile
 	// initialLoad is set during the start hook's pass: no other cell has
 	// started, so nobody lists or watches yet, and objects go straight into
-	// the tracker (see write).
+	// the store (see write).
 	initialLoad bool
 }
 
@@ -338,16 +341,15 @@ func (s *manifestSync) localNodeManifest() *manifest {
 			},
 		},
 	}
-	// A Node always encodes.
-	digest, _ := objectDigest(node)
-	return &manifest{
+	m := &manifest{
 		key: objectKey{
 			objectType: typeOf(corev1.SchemeGroupVersion.WithResource("nodes"), "Node"),
 			name:       s.localNode,
 		},
-		obj:    node,
-		digest: digest,
 	}
+	// A Node always encodes.
+	m.setObject(node)
+	return m
 }
 
 // apply writes the difference between desired and what was applied: new
@@ -398,27 +400,27 @@ func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest)
 
 // write creates or updates m's object. The fake may hold objects that
 // other clients created or deleted, so either falls back to the other.
-// Once written, the object is dropped from m: the fake holds a copy (its
-// tracker copies what it stores), and keeping a second one for every object
-// of a large directory doubled the agent's memory.
+// Once written, the encoding is dropped from m: the embedded server holds
+// it, and keeping it for every object of a large directory (a typed object
+// then, five times the size) doubled the agent's memory.
 func (s *manifestSync) write(create bool, m *manifest) error {
-	obj, err := s.objectOf(m)
+	encoded, err := s.encodingOf(m)
 	if err != nil {
 		return err
 	}
 	if s.initialLoad {
-		// Straight into the tracker: the reactors' serialization and
-		// copies are for clients that list and watch, and none has
-		// started yet.
-		err = s.clientset.Tracker().Create(m.key.resource, obj, m.key.namespace)
-		if apierrors.IsAlreadyExists(err) {
-			err = s.clientset.Tracker().Update(m.key.resource, obj, m.key.namespace)
-		}
+		// Straight into the store, encoded as it is: the reactors'
+		// serialization and copies are for clients that list and watch,
+		// and none has started yet.
+		err = s.store.putEncoded(m.key.resource, m.gvk(), m.key.namespace, m.key.name, encoded)
 	} else {
-		err = s.invokeWrite(create, m.key, obj)
+		var obj runtime.Object
+		if obj, err = decodeEncoded(m.gvk(), encoded); err == nil {
+			err = s.invokeWrite(create, m.key, obj)
+		}
 	}
 	if err == nil {
-		m.obj = nil
+		m.encoded = nil
 	}
 	return err
 }
@@ -439,12 +441,12 @@ func (s *manifestSync) invokeWrite(create bool, key objectKey, obj runtime.Objec
 	return err
 }
 
-// objectOf is m's object: decoded already, or, for one written before and
-// now to be written again (it returns after another file's definition was
-// written over it), decoded again from its file.
-func (s *manifestSync) objectOf(m *manifest) (runtime.Object, error) {
-	if m.obj != nil {
-		return m.obj, nil
+// encodingOf is m's object's encoding: kept since it was decoded, or, for
+// one written before and now to be written again (it returns after another
+// file's definition was written over it), decoded again from its file.
+func (s *manifestSync) encodingOf(m *manifest) ([]byte, error) {
+	if m.encoded != nil {
+		return m.encoded, nil
 	}
 	data, err := os.ReadFile(filepath.Join(s.dir, m.file))
 	if err != nil {
@@ -456,7 +458,7 @@ func (s *manifestSync) objectOf(m *manifest) (runtime.Object, error) {
 	}
 	for _, o := range objs {
 		if o.key == m.key && o.digest == m.digest {
-			return o.obj, nil
+			return o.encoded, nil
 		}
 	}
 	return nil, fmt.Errorf("%s changed since it was read: the next pass applies it", m.file)

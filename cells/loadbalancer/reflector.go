@@ -208,6 +208,10 @@ func listWatch(health cell.Health, resource string,
 func servicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWatch {
 	return listWatch(health, "Services",
 		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			if list, ok, err := k8sclient.EmbeddedList(cs, corev1.SchemeGroupVersion.WithResource("services"),
+				corev1.SchemeGroupVersion.WithKind("Service"), metav1.NamespaceAll, opts); ok {
+				return list, err
+			}
 			return cs.CoreV1().Services(metav1.NamespaceAll).List(ctx, opts)
 		},
 		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
@@ -218,6 +222,10 @@ func servicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWa
 func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWatch {
 	return listWatch(health, "EndpointSlices",
 		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			if list, ok, err := k8sclient.EmbeddedList(cs, discoveryv1.SchemeGroupVersion.WithResource("endpointslices"),
+				discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"), metav1.NamespaceAll, opts); ok {
+				return list, err
+			}
 			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, opts)
 		},
 		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {

@@ -31,12 +31,14 @@ var Cell = cell.Module(
 	"metrics",
 	"Prometheus metrics registry",
 
+	cell.Config(defaultConfig),
 	cell.Provide(
 		newRegistry,
 		newHiveMetrics,
 		newReconcilerMetrics,
 		newStateDBMetrics,
 		probeRoute,
+		pprofRoute,
 	),
 )
 

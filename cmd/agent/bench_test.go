@@ -23,6 +23,7 @@ var (
 	benchIdle     = flag.Duration("bench.idle", 60*time.Second, "How long BenchmarkIdleAgent lets the agent idle before reading its memory")
 	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) in BenchmarkScale's manifests directory")
 	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
+	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
 )
 
 // BenchmarkIdleAgent is the memory of the built agent with its default
@@ -33,15 +34,28 @@ var (
 //
 // where file_mb is the part of the resident set backed by files: the
 // binary's pages that ran or were read, and the event ring buffer's mapping.
+// With -bench.profile-dir (which adds --pprof to the flags) it also writes
+// the agent's /proc smaps and heap profile there.
 //
 //	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x
 func BenchmarkIdleAgent(b *testing.B) {
 	for range b.N {
 		env := newAgentEnv(b)
-		a := startBenchAgent(b, env, env.runFlags()...)
+		flags := env.runFlags()
+		if *benchProfile != "" {
+			flags = append(flags, "--pprof")
+		}
+		a := startBenchAgent(b, env, flags...)
 		a.waitReady(b, time.Minute)
 		time.Sleep(*benchIdle)
 		mem := a.memory(b)
+		if *benchProfile != "" {
+			if smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", a.cmd.Process.Pid)); err == nil {
+				os.MkdirAll(*benchProfile, 0o755)
+				os.WriteFile(filepath.Join(*benchProfile, "idle.smaps"), smaps, 0o644)
+			}
+			a.profile(b, "idle")
+		}
 		a.stop(b)
 		fi, err := os.Stat(agentBin)
 		if err != nil {
@@ -65,6 +79,8 @@ func BenchmarkIdleAgent(b *testing.B) {
 //   - rss_mb: the agent's resident set once everything is written, the
 //     larger of the two runs, and rss_settled_mb the same -bench.settle
 //     later, once the Go runtime has returned what the load's peak took;
+//     rss_peak_mb the most it held at any time (VmHWM), the larger of the
+//     two runs;
 //   - stop_s: SIGTERM to exit, the larger of the two runs.
 //
 // and prints them on one line, agent-scale-bench services=N ....
@@ -82,32 +98,109 @@ func BenchmarkScale(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
+		if *benchProfile != "" {
+			flags = append(flags, "--pprof")
+		}
 		var runs [2]scaleRun
 		for i := range runs {
-			runs[i] = runScale(b, env, flags, n)
+			runs[i] = runScale(b, env, flags, n, fmt.Sprintf("run%d", i))
 		}
-		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f stop_s=%.2f\n",
+		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f\n",
 			n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
-			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].stop, runs[1].stop).Seconds())
+			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
 	}
 }
 
 type scaleRun struct {
-	ready, written, stop time.Duration
-	writes, rss, settled float64
+	ready, written, stop       time.Duration
+	writes, rss, settled, peak float64
 }
 
-func runScale(b *testing.B, env *agentEnv, flags []string, n int) scaleRun {
+func runScale(b *testing.B, env *agentEnv, flags []string, n int, name string) scaleRun {
 	var r scaleRun
 	a := startBenchAgent(b, env, flags...)
+	cpu := a.cpuProfile(b, name+"-cpu.pb.gz")
 	r.ready = a.waitReady(b, 5*time.Minute)
 	r.written = a.waitWritten(b, n, 5*time.Minute)
+	<-cpu
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
 	r.rss = a.memory(b).rss
+	a.profile(b, name+"-written")
 	time.Sleep(*benchSettle)
-	r.settled = a.memory(b).rss
+	mem := a.memory(b)
+	r.settled, r.peak = mem.rss, mem.peak
+	a.profile(b, name+"-settled")
 	r.stop = a.stop(b)
 	return r
+}
+
+// cpuProfile writes a CPU profile of the agent's first 10 seconds (from
+// when its health address answers) into -bench.profile-dir, when given.
+func (a *benchAgent) cpuProfile(b *testing.B, file string) <-chan struct{} {
+	done := make(chan struct{})
+	if *benchProfile == "" {
+		close(done)
+		return done
+	}
+	if err := os.MkdirAll(*benchProfile, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			resp, err := http.Get("http://" + a.env.healthAddr + "/debug/pprof/profile?seconds=10")
+			if err != nil {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			os.WriteFile(filepath.Join(*benchProfile, file), data, 0o644)
+			return
+		}
+	}()
+	return done
+}
+
+// profile writes the agent's heap profile and its Go memory figures into
+// -bench.profile-dir, when given, and prints the figures with the resident
+// set: how much of it is live heap, garbage not yet collected, and memory
+// the runtime holds without using it.
+func (a *benchAgent) profile(b *testing.B, name string) {
+	b.Helper()
+	if *benchProfile == "" {
+		return
+	}
+	if err := os.MkdirAll(*benchProfile, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	get := func(path, file string) []byte {
+		resp, err := http.Get("http://" + a.env.healthAddr + path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(*benchProfile, file), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		return data
+	}
+	var figures []string
+	for line := range strings.Lines(string(get("/metrics", name+".metrics"))) {
+		if strings.HasPrefix(line, "go_memstats_") && !strings.HasPrefix(line, "go_memstats_alloc_bytes_total") {
+			figures = append(figures, strings.TrimSpace(strings.TrimPrefix(line, "go_memstats_")))
+		}
+	}
+	mem := a.memory(b)
+	fmt.Printf("agent-scale-profile %s rss_mb=%.0f anon_mb=%.0f %s\n", name, mem.rss, mem.anon, strings.Join(figures, " "))
+	// Before a collection (what is resident: live and garbage), then after.
+	get("/debug/pprof/heap", name+"-heap.pb.gz")
+	get("/debug/pprof/heap?gc=1", name+"-heap-gc.pb.gz")
 }
 
 // writeScaleManifests writes n Services and their EndpointSlices, 1000 of
@@ -275,7 +368,7 @@ func (a *benchAgent) metric(b *testing.B, name string) float64 {
 	return sum
 }
 
-type memory struct{ rss, anon, file float64 }
+type memory struct{ rss, anon, file, peak float64 }
 
 // memory reads the agent's resident set from /proc, in MiB.
 func (a *benchAgent) memory(b *testing.B) memory {
@@ -303,6 +396,8 @@ func (a *benchAgent) memory(b *testing.B) memory {
 			m.anon = kb / 1024
 		case "RssFile":
 			m.file = kb / 1024
+		case "VmHWM":
+			m.peak = kb / 1024
 		}
 	}
 	return m

@@ -5,7 +5,8 @@
 //	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
 //
 // Writes go through the *fake.Clientset's typed or generic clients, so
-// watches see them as an API server's would; Tracker() bypasses that.
+// watches see them as an API server's would. Tracker() is client-go's
+// tracker, not the embedded server's store: nothing reads it.
 package k8sclienttest
 
 import (
