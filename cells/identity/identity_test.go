@@ -432,3 +432,88 @@ func TestTwoMastersForOneLabelSet(t *testing.T) {
 		t.Fatal("the master key in use was collected")
 	}
 }
+
+// TestParallelUses: parallel uses and releases of one label set, local and
+// through the kvstore, all get its one identity and take no table write
+// each while it stays in use; the row's Refs catch up with the count, and
+// the last release frees the identity (checkpoint, value key).
+func TestParallelUses(t *testing.T) {
+	for _, mode := range []string{"local", "kvstore"} {
+		t.Run(mode, func(t *testing.T) {
+			etcd := ""
+			if mode == "kvstore" {
+				etcd = etcdtest.Start(t).Endpoint()
+			}
+			dir := t.TempDir()
+			a, _ := startAllocator(t, "n1", dir, etcd, "par")
+			ctx := ctxT(t)
+			first, err := a.Allocate(ctx, web("par"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			refs := func() int {
+				row, _, found := a.tbl.Get(a.db.ReadTxn(), ByID.Query(first))
+				if !found {
+					return -1
+				}
+				return row.Refs
+			}
+			const users = 64
+			var wg sync.WaitGroup
+			for i := range users {
+				wg.Go(func() {
+					id, err := a.Allocate(ctx, web("par"))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if id != first {
+						t.Errorf("a parallel use got identity %v, want %v", id, first)
+					}
+					if i%2 == 1 {
+						// Releases that leave users, beside the uses.
+						if err := a.Release(ctx, id); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			want := 1 + users/2
+			celltest.Eventually(t, "the row's Refs to be the users left", func() bool { return refs() == want })
+
+			for range want - 1 {
+				wg.Go(func() {
+					if err := a.Release(ctx, first); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			celltest.Eventually(t, "the row's Refs to be the last user", func() bool { return refs() == 1 })
+			if err := a.Release(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Release(ctx, first); err == nil {
+				t.Error("a release beyond the last user is no error")
+			}
+			if mode == "local" {
+				if got := refs(); got != -1 {
+					t.Errorf("the released local identity's row is still there with Refs %d", got)
+				}
+				b, err := os.ReadFile(filepath.Join(dir, "state", checkpointFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(string(b), first.String()) {
+					t.Errorf("the checkpoint still holds the released identity %v: %s", first, b)
+				}
+				return
+			}
+			if _, found, err := a.kv.Get(ctx, a.valueKey(web("par").String())); err != nil || found {
+				t.Errorf("this node's value key after the last release: found %v, %v; want it deleted", found, err)
+			}
+			celltest.Eventually(t, "the row's Refs to be 0", func() bool { return refs() == 0 })
+		})
+	}
+}
