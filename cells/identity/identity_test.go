@@ -517,3 +517,48 @@ func TestParallelUses(t *testing.T) {
 		})
 	}
 }
+
+// TestKnownUseWritesNoRow: a use or release of an identity that stays in
+// use does not wait for the identities table (another holds its write
+// lock meanwhile); the row's Refs follow once the table is free.
+func TestKnownUseWritesNoRow(t *testing.T) {
+	a, _ := startAllocator(t, "n1", t.TempDir(), "", "")
+	ctx := ctxT(t)
+	first, err := a.Allocate(ctx, web("known"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := func() int {
+		row, _, _ := a.tbl.Get(a.db.ReadTxn(), ByID.Query(first))
+		return row.Refs
+	}
+	// whileTableHeld runs fn with the table's write lock held elsewhere,
+	// and fails if fn does not return within 10 s.
+	whileTableHeld := func(what string, fn func() error) {
+		t.Helper()
+		txn := a.db.WriteTxn(a.tbl)
+		done := make(chan error, 1)
+		go func() { done <- fn() }()
+		select {
+		case err := <-done:
+			txn.Abort()
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			txn.Abort()
+			<-done
+			t.Fatalf("%s waited for the identities table", what)
+		}
+	}
+	whileTableHeld("a use of an identity in use", func() error {
+		id, err := a.Allocate(ctx, web("known"))
+		if err == nil && id != first {
+			t.Errorf("the second use got %v, want %v", id, first)
+		}
+		return err
+	})
+	celltest.Eventually(t, "the row's Refs to be 2", func() bool { return refs() == 2 })
+	whileTableHeld("a release that leaves a user", func() error { return a.Release(ctx, first) })
+	celltest.Eventually(t, "the row's Refs to be 1", func() bool { return refs() == 1 })
+}
