@@ -82,3 +82,36 @@ func BenchmarkAllocate(b *testing.B) {
 	fmt.Printf("identity-bench label_sets=%d workers=%d new_per_s=%.0f known_per_s=%.0f raw_txn_per_s=%.0f\n",
 		n, workers, n/newD.Seconds(), n/knownD.Seconds(), n/rawD.Seconds())
 }
+
+// BenchmarkKnownOneLabelSet is many endpoints of one label set taking its
+// identity at once (a deployment scaling up), node-local: uses of an
+// identity already in use, and their releases. Prints
+// `identity-known-bench goroutines=... uses_per_s=...`.
+func BenchmarkKnownOneLabelSet(b *testing.B) {
+	a, _ := startBenchAllocator(b, "")
+	ls := web("bench")
+	ctx := context.Background()
+	if _, err := a.Allocate(ctx, ls); err != nil {
+		b.Fatal(err)
+	}
+	const goroutines, uses = 100, 2000
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range uses {
+				id, err := a.Allocate(ctx, ls)
+				if err == nil {
+					err = a.Release(ctx, id)
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	d := time.Since(start)
+	fmt.Printf("identity-known-bench goroutines=%d uses_per_s=%.0f\n", goroutines, goroutines*uses/d.Seconds())
+}

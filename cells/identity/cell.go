@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -97,7 +98,9 @@ type Allocator struct {
 	path   string
 	health cell.Health
 
-	mu sync.Mutex
+	// mu guards used; a use or release of an identity that stays in use
+	// needs only its read lock (the count is atomic).
+	mu sync.RWMutex
 	// sets serializes this node's allocations and releases of each label
 	// set.
 	sets keyedMutex
@@ -107,7 +110,34 @@ type Allocator struct {
 	// used are the identities of this node's endpoints by canonical label
 	// string; restored local identities wait here with refs 0 until
 	// RestoreDone.
-	used map[string]*Identity
+	used map[string]*usedIdentity
+	// refsChanged wakes the job identity-refs, which writes the counts
+	// of the rows whose count moved between nonzero values.
+	refsChanged chan struct{}
+}
+
+// usedIdentity is an identity of this node's endpoints and its count of
+// users. A use or a release that leaves the count nonzero changes only the
+// count, under a.mu's read lock, and marks the row stale: the job
+// identity-refs writes it. Changes from or to zero go to the table at once.
+type usedIdentity struct {
+	id     identity.NumericIdentity
+	labels labels.Labels
+	kind   Kind
+	refs   atomic.Int64
+	// stale says the row's Refs lag refs.
+	stale atomic.Bool
+}
+
+func newUsedIdentity(id identity.NumericIdentity, ls labels.Labels, kind Kind, refs int64) *usedIdentity {
+	u := &usedIdentity{id: id, labels: ls, kind: kind}
+	u.refs.Store(refs)
+	return u
+}
+
+// row is u's row of the table now.
+func (u *usedIdentity) row() *Identity {
+	return &Identity{ID: u.id, Labels: u.labels, Kind: u.kind, Refs: int(u.refs.Load())}
 }
 
 func newAllocator(p params) (*Allocator, error) {
@@ -121,9 +151,10 @@ func newAllocator(p params) (*Allocator, error) {
 	a := &Allocator{
 		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore,
 		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health,
-		used: map[string]*Identity{},
+		used: map[string]*usedIdentity{}, refsChanged: make(chan struct{}, 1),
 	}
 	p.Lifecycle.Append(cell.Hook{OnStart: a.start})
+	p.Jobs.Add(job.OneShot("identity-refs", a.publishRefs))
 	if a.kv.Enabled() {
 		txn := p.DB.WriteTxn(p.Table)
 		listed := p.Table.RegisterInitializer(txn, "kvstore-identities")
@@ -154,7 +185,7 @@ func (a *Allocator) start(cell.HookContext) error {
 			return err
 		}
 		for _, id := range restored {
-			a.used[id.Labels.String()] = id
+			a.used[id.Labels.String()] = newUsedIdentity(id.ID, id.Labels, id.Kind, 0)
 		}
 		if len(restored) > 0 {
 			a.log.Info("Restored node-local identities", "identities", len(restored), "file", a.path)
@@ -218,12 +249,12 @@ func (a *Allocator) loadCheckpoint() ([]*Identity, error) {
 // a.mu held.
 func (a *Allocator) writeCheckpoint() error {
 	cp := checkpoint{Version: 1}
-	for _, id := range a.used {
-		if id.Kind == KindLocal {
+	for _, u := range a.used {
+		if u.kind == KindLocal {
 			cp.Identities = append(cp.Identities, struct {
 				ID     identity.NumericIdentity `json:"id"`
 				Labels string                   `json:"labels"`
-			}{id.ID, id.Labels.String()})
+			}{u.id, u.labels.String()})
 		}
 	}
 	b, err := json.Marshal(cp)
@@ -265,23 +296,62 @@ func (a *Allocator) Allocate(ctx context.Context, ls labels.Labels) (identity.Nu
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	id := &Identity{ID: n, Labels: ls, Kind: KindCluster, Refs: 1}
-	a.used[key] = id
-	a.publish(id)
+	u := newUsedIdentity(n, ls, KindCluster, 1)
+	a.used[key] = u
+	a.publish(u)
 	return n, nil
 }
 
-// useKnown counts one more user of a label set this node already uses.
+// useKnown counts one more user of a label set this node already uses,
+// under the read lock: parallel uses of one label set do not queue. Only
+// the first user of a restored identity writes the row at once.
 func (a *Allocator) useKnown(key string) (identity.NumericIdentity, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	id := a.used[key]
-	if id == nil {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	u := a.used[key]
+	if u == nil {
 		return 0, false
 	}
-	id.Refs++
-	a.publish(id)
-	return id.ID, true
+	if u.refs.Add(1) == 1 {
+		a.publish(u)
+	} else {
+		a.markStale(u)
+	}
+	return u.id, true
+}
+
+// markStale has the job identity-refs write u's count.
+func (a *Allocator) markStale(u *usedIdentity) {
+	if u.stale.Swap(true) {
+		return
+	}
+	select {
+	case a.refsChanged <- struct{}{}:
+	default:
+	}
+}
+
+// publishRefs writes the counts of the stale rows, all in one
+// transaction, whenever some are.
+func (a *Allocator) publishRefs(ctx context.Context, _ cell.Health) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.refsChanged:
+		}
+		// The read lock: an identity released to zero meanwhile has its
+		// row written or deleted under the write lock, before or after.
+		a.mu.RLock()
+		txn := a.db.WriteTxn(a.tbl)
+		for _, u := range a.used {
+			if u.stale.Swap(false) {
+				a.tbl.Insert(txn, u.row())
+			}
+		}
+		txn.Commit()
+		a.mu.RUnlock()
+	}
 }
 
 // allocateLocal gives a new label set the lowest free node-local number,
@@ -290,20 +360,20 @@ func (a *Allocator) allocateLocal(ls labels.Labels) (identity.NumericIdentity, e
 	key := ls.String()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if id := a.used[key]; id != nil {
-		id.Refs++
-		a.publish(id)
-		return id.ID, nil
+	if u := a.used[key]; u != nil {
+		u.refs.Add(1)
+		a.publish(u)
+		return u.id, nil
 	}
-	id := &Identity{ID: a.freeLocal(), Labels: ls, Kind: KindLocal, Refs: 1}
-	a.used[key] = id
+	u := newUsedIdentity(a.freeLocal(), ls, KindLocal, 1)
+	a.used[key] = u
 	if err := a.writeCheckpoint(); err != nil {
 		delete(a.used, key)
 		return 0, err
 	}
-	a.publish(id)
-	a.log.Info("Allocated a node-local identity", "identity", id.ID, "labels", key)
-	return id.ID, nil
+	a.publish(u)
+	a.log.Info("Allocated a node-local identity", "identity", u.id, "labels", key)
+	return u.id, nil
 }
 
 // WaitSynced waits until the table has every identity the node can know
@@ -316,11 +386,11 @@ func (a *Allocator) WaitSynced(ctx context.Context) error {
 // round trip.
 func (a *Allocator) Lookup(ls labels.Labels) (identity.NumericIdentity, bool) {
 	key := ls.String()
-	a.mu.Lock()
+	a.mu.RLock()
 	u := a.used[key]
-	a.mu.Unlock()
+	a.mu.RUnlock()
 	if u != nil {
-		return u.ID, true
+		return u.id, true
 	}
 	// The lowest number, when two name the set (see lookupCluster).
 	id, _, found := a.tbl.Get(a.db.ReadTxn(), ByLabels.Query(key))
@@ -336,20 +406,23 @@ func (a *Allocator) Release(ctx context.Context, n identity.NumericIdentity) err
 	if n.IsReserved() || n == identity.Unknown {
 		return nil
 	}
+	if a.releaseNonzero(n) {
+		return nil
+	}
 	a.mu.Lock()
 	id := a.usedByID(n)
-	if id == nil || id.Refs == 0 {
+	if id == nil || id.refs.Load() == 0 {
 		a.mu.Unlock()
 		return fmt.Errorf("release identity %d: not in use on this node", n)
 	}
-	id.Refs--
-	a.publish(id)
-	if id.Refs > 0 {
+	if id.refs.Add(-1) > 0 {
+		a.markStale(id)
 		a.mu.Unlock()
 		return nil
 	}
-	key := id.Labels.String()
-	if id.Kind == KindLocal {
+	a.publish(id)
+	key := id.labels.String()
+	if id.kind == KindLocal {
 		defer a.mu.Unlock()
 		delete(a.used, key)
 		a.unpublish(id)
@@ -363,7 +436,7 @@ func (a *Allocator) Release(ctx context.Context, n identity.NumericIdentity) err
 	unlock := a.sets.lock(key)
 	defer unlock()
 	a.mu.Lock()
-	if id.Refs > 0 || a.used[key] != id {
+	if id.refs.Load() > 0 || a.used[key] != id {
 		// Used again meanwhile.
 		a.mu.Unlock()
 		return nil
@@ -377,10 +450,31 @@ func (a *Allocator) Release(ctx context.Context, n identity.NumericIdentity) err
 	return nil
 }
 
+// releaseNonzero drops one user of n under the read lock if others
+// remain, and reports whether it did.
+func (a *Allocator) releaseNonzero(n identity.NumericIdentity) bool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	u := a.usedByID(n)
+	if u == nil {
+		return false
+	}
+	for {
+		refs := u.refs.Load()
+		if refs <= 1 {
+			return false
+		}
+		if u.refs.CompareAndSwap(refs, refs-1) {
+			a.markStale(u)
+			return true
+		}
+	}
+}
+
 // usedByID is the identity n of this node's endpoints, with a.mu held.
-func (a *Allocator) usedByID(n identity.NumericIdentity) *Identity {
+func (a *Allocator) usedByID(n identity.NumericIdentity) *usedIdentity {
 	for _, u := range a.used {
-		if u.ID == n {
+		if u.id == n {
 			return u
 		}
 	}
@@ -393,8 +487,8 @@ func (a *Allocator) RestoreDone() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	dropped := 0
-	for key, id := range a.used {
-		if id.Refs == 0 {
+	for key, u := range a.used {
+		if u.refs.Load() == 0 {
 			delete(a.used, key)
 			dropped++
 		}
@@ -408,8 +502,8 @@ func (a *Allocator) RestoreDone() error {
 // freeLocal is the lowest local identity not in use, with a.mu held.
 func (a *Allocator) freeLocal() identity.NumericIdentity {
 	taken := make(map[identity.NumericIdentity]bool, len(a.used))
-	for _, id := range a.used {
-		taken[id.ID] = true
+	for _, u := range a.used {
+		taken[u.id] = true
 	}
 	for n := identity.MinLocal; ; n++ {
 		if !taken[n] {
@@ -418,22 +512,21 @@ func (a *Allocator) freeLocal() identity.NumericIdentity {
 	}
 }
 
-// publish writes id's row; unpublish removes a local one (a cluster
+// publish writes u's row; unpublish removes a local one (a cluster
 // identity stays while its master key does).
-func (a *Allocator) publish(id *Identity) {
+func (a *Allocator) publish(u *usedIdentity) {
 	txn := a.db.WriteTxn(a.tbl)
-	row := *id
-	a.tbl.Insert(txn, &row)
+	u.stale.Store(false)
+	a.tbl.Insert(txn, u.row())
 	txn.Commit()
 }
 
-func (a *Allocator) unpublish(id *Identity) {
+func (a *Allocator) unpublish(u *usedIdentity) {
 	txn := a.db.WriteTxn(a.tbl)
-	row := *id
-	if id.Kind == KindLocal {
-		a.tbl.Delete(txn, &row)
+	if u.kind == KindLocal {
+		a.tbl.Delete(txn, u.row())
 	} else {
-		a.tbl.Insert(txn, &row)
+		a.tbl.Insert(txn, u.row())
 	}
 	txn.Commit()
 }
@@ -603,8 +696,8 @@ func (a *Allocator) apply(txn statedb.WriteTxn, ev kvstore.Event) (writeBack lab
 	id := identity.NumericIdentity(n)
 	old, _, found := a.tbl.Get(txn, ByID.Query(id))
 	if ev.Kind == kvstore.EventDelete {
-		if u := a.usedByID(id); u != nil && u.Kind == KindCluster {
-			return u.Labels
+		if u := a.usedByID(id); u != nil && u.kind == KindCluster {
+			return u.labels
 		}
 		if found {
 			a.tbl.Delete(txn, old)
@@ -617,8 +710,8 @@ func (a *Allocator) apply(txn statedb.WriteTxn, ev kvstore.Event) (writeBack lab
 		return nil
 	}
 	row := &Identity{ID: id, Labels: ls, Kind: KindCluster}
-	if u := a.used[ls.String()]; u != nil && u.ID == id {
-		row.Refs = u.Refs
+	if u := a.used[ls.String()]; u != nil && u.id == id {
+		row.Refs = int(u.refs.Load())
 	}
 	a.tbl.Insert(txn, row)
 	return nil

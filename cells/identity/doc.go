@@ -24,6 +24,9 @@
 //   - The job identity-gc (kvstore only) deletes master keys that no value
 //     key has named for two rounds of the agent holding the GC lock, by a
 //     transaction that checks they are still unused.
+//   - A use or release that leaves an identity in use changes only the
+//     allocator's count, under a read lock; the job identity-refs writes
+//     the rows' Refs after it. First uses and last releases write at once.
 //   - An empty label set is the init identity: the pod's labels are not
 //     known yet.
 //   - [Allocator.PodLabels] makes a pod's label set: its labels and its

@@ -432,3 +432,133 @@ func TestTwoMastersForOneLabelSet(t *testing.T) {
 		t.Fatal("the master key in use was collected")
 	}
 }
+
+// TestParallelUses: parallel uses and releases of one label set, local and
+// through the kvstore, all get its one identity and take no table write
+// each while it stays in use; the row's Refs catch up with the count, and
+// the last release frees the identity (checkpoint, value key).
+func TestParallelUses(t *testing.T) {
+	for _, mode := range []string{"local", "kvstore"} {
+		t.Run(mode, func(t *testing.T) {
+			etcd := ""
+			if mode == "kvstore" {
+				etcd = etcdtest.Start(t).Endpoint()
+			}
+			dir := t.TempDir()
+			a, _ := startAllocator(t, "n1", dir, etcd, "par")
+			ctx := ctxT(t)
+			first, err := a.Allocate(ctx, web("par"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			refs := func() int {
+				row, _, found := a.tbl.Get(a.db.ReadTxn(), ByID.Query(first))
+				if !found {
+					return -1
+				}
+				return row.Refs
+			}
+			const users = 64
+			var wg sync.WaitGroup
+			for i := range users {
+				wg.Go(func() {
+					id, err := a.Allocate(ctx, web("par"))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if id != first {
+						t.Errorf("a parallel use got identity %v, want %v", id, first)
+					}
+					if i%2 == 1 {
+						// Releases that leave users, beside the uses.
+						if err := a.Release(ctx, id); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			want := 1 + users/2
+			celltest.Eventually(t, "the row's Refs to be the users left", func() bool { return refs() == want })
+
+			for range want - 1 {
+				wg.Go(func() {
+					if err := a.Release(ctx, first); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			celltest.Eventually(t, "the row's Refs to be the last user", func() bool { return refs() == 1 })
+			if err := a.Release(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Release(ctx, first); err == nil {
+				t.Error("a release beyond the last user is no error")
+			}
+			if mode == "local" {
+				if got := refs(); got != -1 {
+					t.Errorf("the released local identity's row is still there with Refs %d", got)
+				}
+				b, err := os.ReadFile(filepath.Join(dir, "state", checkpointFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(string(b), first.String()) {
+					t.Errorf("the checkpoint still holds the released identity %v: %s", first, b)
+				}
+				return
+			}
+			if _, found, err := a.kv.Get(ctx, a.valueKey(web("par").String())); err != nil || found {
+				t.Errorf("this node's value key after the last release: found %v, %v; want it deleted", found, err)
+			}
+			celltest.Eventually(t, "the row's Refs to be 0", func() bool { return refs() == 0 })
+		})
+	}
+}
+
+// TestKnownUseWritesNoRow: a use or release of an identity that stays in
+// use does not wait for the identities table (another holds its write
+// lock meanwhile); the row's Refs follow once the table is free.
+func TestKnownUseWritesNoRow(t *testing.T) {
+	a, _ := startAllocator(t, "n1", t.TempDir(), "", "")
+	ctx := ctxT(t)
+	first, err := a.Allocate(ctx, web("known"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := func() int {
+		row, _, _ := a.tbl.Get(a.db.ReadTxn(), ByID.Query(first))
+		return row.Refs
+	}
+	// whileTableHeld runs fn with the table's write lock held elsewhere,
+	// and fails if fn does not return within 10 s.
+	whileTableHeld := func(what string, fn func() error) {
+		t.Helper()
+		txn := a.db.WriteTxn(a.tbl)
+		done := make(chan error, 1)
+		go func() { done <- fn() }()
+		select {
+		case err := <-done:
+			txn.Abort()
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			txn.Abort()
+			<-done
+			t.Fatalf("%s waited for the identities table", what)
+		}
+	}
+	whileTableHeld("a use of an identity in use", func() error {
+		id, err := a.Allocate(ctx, web("known"))
+		if err == nil && id != first {
+			t.Errorf("the second use got %v, want %v", id, first)
+		}
+		return err
+	})
+	celltest.Eventually(t, "the row's Refs to be 2", func() bool { return refs() == 2 })
+	whileTableHeld("a release that leaves a user", func() error { return a.Release(ctx, first) })
+	celltest.Eventually(t, "the row's Refs to be 1", func() bool { return refs() == 1 })
+}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"iter"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -240,82 +242,165 @@ func (n *nodePortPrograms) Stop(cell.HookContext) error {
 	return nil
 }
 
+var (
+	// nodePortPasses counts the passes of nodePortPrograms.run that did
+	// the work (map writes, attaches, prune), for the tests.
+	nodePortPasses atomic.Uint64
+	// nodePortSeen is the revision of the devices table that run last
+	// read and acted on, for the tests.
+	nodePortSeen atomic.Uint64
+)
+
+// nodePortDevice is what run derives from one device row: all a pass
+// looks at.
+type nodePortDevice struct {
+	index int
+	name  string
+	// addr is the node address (nodeAddress4), invalid without one.
+	addr netip.Addr
+}
+
+// nodePortInputs are the inputs of a pass: the selected devices that are
+// up, the tunnel device if up, and whether the devices table is
+// initialized. A pass with the same inputs as the last successful one has
+// nothing to do.
+type nodePortInputs struct {
+	selected    []nodePortDevice
+	tunnel      []nodePortDevice
+	initialized bool
+}
+
+func (a nodePortInputs) equal(b nodePortInputs) bool {
+	return a.initialized == b.initialized && slices.Equal(a.selected, b.selected) && slices.Equal(a.tunnel, b.tunnel)
+}
+
+// nodePortWatches are what run waits on for the next change of its
+// inputs.
+type nodePortWatches struct {
+	selected, tunnel, init <-chan struct{}
+}
+
+// inputs reads the inputs of a pass and what to wait on for their next
+// change: the selected devices and the tunnel device (through the
+// selected and name indexes, so the veths of pods, never selected, do not
+// wake the job), and the table's initialization until it is done.
+func (n *nodePortPrograms) inputs(txn statedb.ReadTxn) (nodePortInputs, nodePortWatches) {
+	var (
+		in nodePortInputs
+		w  nodePortWatches
+	)
+	var sel, tun iter.Seq2[*devices.Device, statedb.Revision]
+	sel, w.selected = n.p.Devices.ListWatch(txn, devices.DeviceSelected.Query(true))
+	for d := range sel {
+		if !d.Up() {
+			continue
+		}
+		a, _ := nodeAddress4(d)
+		in.selected = append(in.selected, nodePortDevice{index: d.Index, name: d.Name, addr: a})
+	}
+	tun, w.tunnel = n.p.Devices.ListWatch(txn, devices.DeviceName.Query(routing.TunnelDevice))
+	for d := range tun {
+		if d.Up() {
+			in.tunnel = append(in.tunnel, nodePortDevice{index: d.Index, name: d.Name})
+		}
+	}
+	in.initialized, w.init = n.p.Devices.Initialized(txn)
+	if in.initialized {
+		// Once initialized, the channel stays closed: waiting on it
+		// would spin.
+		w.init = nil
+	}
+	return in, w
+}
+
 // run attaches the programs to every selected device that is up whenever
-// the devices table changes, and prunes the pins of the others once the
-// table is initialized. A failure is retried after a second.
+// the selected devices or the tunnel device change, and prunes the pins of
+// the others once the table is initialized. Changes of other devices (the
+// veths of pods) do not wake it, and a wake-up with the inputs of the last
+// successful pass does nothing. A failure is retried after a second.
 func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
+	var (
+		last   nodePortInputs
+		ran    bool
+		failed bool
+	)
 	for {
 		txn := n.p.DB.ReadTxn()
-		devs, watch := n.p.Devices.AllWatch(txn)
-		initialized, initWatch := n.p.Devices.Initialized(txn)
-		var selected, tunnel []*devices.Device
-		addrs := map[uint32]nodeportmap.Device4{}
-		for d := range devs {
-			if d.Name == routing.TunnelDevice && d.Up() {
-				tunnel = append(tunnel, d)
-			}
-			if !d.Selected || !d.Up() {
-				continue
-			}
-			selected = append(selected, d)
-			if a, ok := nodeAddress4(d); ok {
-				addrs[uint32(d.Index)] = nodeportmap.Device4{Address: lbmap.NewAddr4(a)}
-			}
-		}
-		// The addresses first: a program must not see a device without
-		// the address it sends connections to remote backends from.
-		var errs []error
-		if err := n.writeAddresses(addrs, initialized); err != nil {
-			errs = append(errs, err)
-		}
-		want := map[string]bool{}
-		attached := 0
-		for _, d := range selected {
-			for _, h := range nodePortHooks {
-				want[devicePinName(d.Index, h)] = true
-				how, err := n.attach(d.Index, h)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("device %s (ifindex %d): attach the NodePort %s program: %w", d.Name, d.Index, h.name, err))
-					continue
-				}
-				if how != "" {
-					n.p.Log.Info("Attached NodePort program", "device", d.Name, "ifindex", d.Index, "hook", h.name, "link", how)
-				}
-			}
-			attached++
-		}
-		// A local backend's reply to a client that is a pod of another
-		// node leaves through the tunnel device, not a selected one: the
-		// egress program translates it there, before encapsulation.
-		for _, d := range tunnel {
-			want[devicePinName(d.Index, nodePortEgress)] = true
-			how, err := n.attach(d.Index, nodePortEgress)
+		in, w := n.inputs(txn)
+		if !ran || failed || !in.equal(last) {
+			err := n.pass(in)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("tunnel device %s (ifindex %d): attach the NodePort egress program: %w", d.Name, d.Index, err))
-			} else if how != "" {
-				n.p.Log.Info("Attached NodePort program", "device", d.Name, "ifindex", d.Index, "hook", nodePortEgress.name, "link", how)
+				health.Degraded("NodePort programs", err)
+			} else {
+				health.OK(fmt.Sprintf("NodePort programs on %d devices", len(in.selected)))
 			}
+			last, ran, failed = in, true, err != nil
 		}
-		if initialized {
-			if err := n.prune(want); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		nodePortSeen.Store(n.p.Devices.Revision(txn))
 		var retry <-chan time.Time
-		if err := errors.Join(errs...); err != nil {
-			health.Degraded("NodePort programs", err)
+		if failed {
 			retry = time.After(time.Second)
-		} else {
-			health.OK(fmt.Sprintf("NodePort programs on %d devices", attached))
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-watch:
-		case <-initWatch:
+		case <-w.selected:
+		case <-w.tunnel:
+		case <-w.init:
 		case <-retry:
 		}
 	}
+}
+
+// pass writes the node addresses of the selected devices, attaches the
+// programs to them and the egress program to the tunnel device, and once
+// the devices table is initialized prunes what other devices have.
+func (n *nodePortPrograms) pass(in nodePortInputs) error {
+	nodePortPasses.Add(1)
+	addrs := map[uint32]nodeportmap.Device4{}
+	for _, d := range in.selected {
+		if d.addr.IsValid() {
+			addrs[uint32(d.index)] = nodeportmap.Device4{Address: lbmap.NewAddr4(d.addr)}
+		}
+	}
+	// The addresses first: a program must not see a device without
+	// the address it sends connections to remote backends from.
+	var errs []error
+	if err := n.writeAddresses(addrs, in.initialized); err != nil {
+		errs = append(errs, err)
+	}
+	want := map[string]bool{}
+	for _, d := range in.selected {
+		for _, h := range nodePortHooks {
+			want[devicePinName(d.index, h)] = true
+			how, err := n.attach(d.index, h)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("device %s (ifindex %d): attach the NodePort %s program: %w", d.name, d.index, h.name, err))
+				continue
+			}
+			if how != "" {
+				n.p.Log.Info("Attached NodePort program", "device", d.name, "ifindex", d.index, "hook", h.name, "link", how)
+			}
+		}
+	}
+	// A local backend's reply to a client that is a pod of another
+	// node leaves through the tunnel device, not a selected one: the
+	// egress program translates it there, before encapsulation.
+	for _, d := range in.tunnel {
+		want[devicePinName(d.index, nodePortEgress)] = true
+		how, err := n.attach(d.index, nodePortEgress)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("tunnel device %s (ifindex %d): attach the NodePort egress program: %w", d.name, d.index, err))
+		} else if how != "" {
+			n.p.Log.Info("Attached NodePort program", "device", d.name, "ifindex", d.index, "hook", nodePortEgress.name, "link", how)
+		}
+	}
+	if in.initialized {
+		if err := n.prune(want); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // disabled detaches what an agent with --enable-nodeport left.

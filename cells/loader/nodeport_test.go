@@ -24,7 +24,9 @@ import (
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
+	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -87,13 +89,36 @@ func waitPin(t *testing.T, pin string) {
 
 func putDevice(t *testing.T, d *socklbtest.Devices, name string, index int, selected bool) {
 	t.Helper()
+	putDeviceAddr(t, d, name, index, selected, deviceAddr(index))
+}
+
+// putDeviceAddr is putDevice with the IPv4 address addr.
+func putDeviceAddr(t *testing.T, d *socklbtest.Devices, name string, index int, selected bool, addr netip.Addr) {
+	t.Helper()
 	txn := d.DB.WriteTxn(d.Table)
 	dev := &devices.Device{Index: index, Name: name, Type: "veth", Flags: net.FlagUp, Selected: selected,
 		Addrs: []devices.DeviceAddress{
 			{Addr: netip.MustParseAddr("fd00:90::11"), PrefixLen: 64, Scope: devices.ScopeGlobal},
-			{Addr: deviceAddr(index), PrefixLen: 24, Scope: devices.ScopeGlobal},
+			{Addr: addr, PrefixLen: 24, Scope: devices.ScopeGlobal},
 		}}
 	if _, _, err := d.Table.Insert(txn, dev); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+}
+
+// modifyDevice changes the row of the device ifindex with fn.
+func modifyDevice(t *testing.T, d *socklbtest.Devices, ifindex int, fn func(*devices.Device)) {
+	t.Helper()
+	txn := d.DB.WriteTxn(d.Table)
+	old, _, found := d.Table.Get(txn, devices.DeviceIfIndex.Query(ifindex))
+	if !found {
+		txn.Abort()
+		t.Fatalf("no device %d in the devices table", ifindex)
+	}
+	dev := *old
+	fn(&dev)
+	if _, _, err := d.Table.Insert(txn, &dev); err != nil {
 		t.Fatal(err)
 	}
 	txn.Commit()
@@ -215,6 +240,35 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	if got, want := nodeAddresses(t, root), map[uint32]netip.Addr{uint32(selected): deviceAddr(selected)}; !reflect.DeepEqual(got, want) {
 		t.Errorf("node addresses of the devices map: %v, want %v (the selected device's IPv4 address)", got, want)
 	}
+
+	// Devices that are not selected (a pod's new veth, a change of one)
+	// do not make the job redo its work, nor does a change of the tunnel
+	// device that leaves what the job uses of it alone (its MTU); the
+	// selected device's new address does, once.
+	passes := loader.NodePortPasses()
+	vethName, veth := addDevice(t, env)
+	putDevice(t, devs, vethName, veth, false)
+	putDeviceAddr(t, devs, otherName, other, false, netip.MustParseAddr("10.90.1.1"))
+	modifyDevice(t, devs, tunnel, func(d *devices.Device) { d.MTU = 1400 })
+	rev := devs.Table.Revision(devs.DB.ReadTxn())
+	celltest.Eventually(t, "the NodePort job to have read the tunnel device's change", func() bool {
+		return loader.NodePortSeen() >= rev
+	})
+	if n := loader.NodePortPasses() - passes; n != 0 {
+		t.Errorf("%d passes of the NodePort job for changes of unselected devices and the tunnel device's MTU, want none", n)
+	}
+	newAddr := netip.MustParseAddr("10.90.2.1")
+	putDeviceAddr(t, devs, selectedName, selected, true, newAddr)
+	celltest.Eventually(t, "the selected device's new address in the devices map", func() bool {
+		return nodeAddresses(t, root)[uint32(selected)] == newAddr
+	})
+	if n := loader.NodePortPasses() - passes; n != 1 {
+		t.Errorf("%d passes of the NodePort job after the selected device's address changed, want 1", n)
+	}
+	putDevice(t, devs, selectedName, selected, true)
+	celltest.Eventually(t, "the selected device's address back in the devices map", func() bool {
+		return nodeAddresses(t, root)[uint32(selected)] == deviceAddr(selected)
+	})
 	before := deviceLinkIDs(t, root, selected)
 	stop()
 

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
@@ -54,13 +56,26 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns}); err != nil {
 		return fmt.Errorf("subscribe to route changes: %w", err)
 	}
-	var last Spec
+	var (
+		last Spec
+		// defaults holds the default routes, listed again only when one
+		// changes or a device holding one does: the routes and devices of
+		// pods change all the time and never matter here.
+		defaults *defaultRoutes
+	)
 	for {
 		txn := l.nodes.db.ReadTxn()
 		_, devWatch := l.devices.AllWatch(txn)
 		_, addrWatch := l.addrs.AllWatch(txn)
 		_, epWatch := l.endpoints.AllWatch(txn)
-		spec, err := l.spec(txn, handle)
+		var err error
+		if len(l.configured) == 0 && (defaults == nil || defaults.devicesChanged(txn, l.devices)) {
+			defaults, err = l.listDefaultRoutes(txn, handle)
+		}
+		var spec Spec
+		if err == nil {
+			spec, err = l.spec(txn, defaults)
+		}
 		switch {
 		case err != nil:
 			// Known all the same, without address (its row says so): a
@@ -77,9 +92,12 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 		case <-devWatch:
 		case <-addrWatch:
 		case <-epWatch:
-		case _, ok := <-routes:
+		case u, ok := <-routes:
 			if !ok {
 				return fmt.Errorf("route subscription ended")
+			}
+			if isDefaultRoute(u.Route) {
+				defaults = nil
 			}
 		case <-ctx.Done():
 			return nil
@@ -106,8 +124,9 @@ func (l *localNode) handle() (*netlink.Handle, *netns.NsHandle, error) {
 	return h, &ns, nil
 }
 
-// spec is the local node's description now.
-func (l *localNode) spec(txn statedb.ReadTxn, handle *netlink.Handle) (Spec, error) {
+// spec is the local node's description now, its addresses from the
+// default routes defaults unless --node-ip gives them.
+func (l *localNode) spec(txn statedb.ReadTxn, defaults *defaultRoutes) (Spec, error) {
 	var s Spec
 	for _, p := range l.ipam.Pools() {
 		s.PodCIDRs = append(s.PodCIDRs, p.CIDR)
@@ -120,7 +139,7 @@ func (l *localNode) spec(txn statedb.ReadTxn, handle *netlink.Handle) (Spec, err
 	ips := l.configured
 	if len(ips) == 0 {
 		var err error
-		if ips, err = l.defaultRouteIPs(txn, handle); err != nil {
+		if ips, err = l.defaultRouteIPs(txn, defaults); err != nil {
 			return s, err
 		}
 	}
@@ -130,22 +149,76 @@ func (l *localNode) spec(txn statedb.ReadTxn, handle *netlink.Handle) (Spec, err
 	return s, nil
 }
 
-// defaultRouteIPs are the primary node addresses, one per family, of the
-// devices that hold a default route.
-func (l *localNode) defaultRouteIPs(txn statedb.ReadTxn, handle *netlink.Handle) ([]netip.Addr, error) {
-	var out []netip.Addr
+// routeListings counts the listings of the default routes, for the tests.
+var routeListings atomic.Uint64
+
+// defaultRoutes are the devices holding a default route of the main
+// table, in the kernel's order, per family, with the revision of each
+// device's row when they were listed (0 if it had none).
+type defaultRoutes struct {
+	v4, v6    []int
+	revisions map[int]statedb.Revision
+}
+
+// isDefaultRoute reports whether r is a default route of the main table.
+func isDefaultRoute(r netlink.Route) bool {
+	if r.Table != 0 && r.Table != unix.RT_TABLE_MAIN {
+		return false
+	}
+	if r.Dst == nil {
+		return true
+	}
+	ones, _ := r.Dst.Mask.Size()
+	return ones == 0
+}
+
+// listDefaultRoutes lists the default routes of the main table.
+func (l *localNode) listDefaultRoutes(txn statedb.ReadTxn, handle *netlink.Handle) (*defaultRoutes, error) {
+	routeListings.Add(1)
+	out := &defaultRoutes{revisions: map[int]statedb.Revision{}}
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := handle.RouteListFiltered(family, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
+		routes, err := handle.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return nil, fmt.Errorf("list routes: %w", err)
 		}
 		for _, r := range routes {
-			if r.Dst != nil {
-				if ones, _ := r.Dst.Mask.Size(); ones != 0 {
-					continue
-				}
+			if !isDefaultRoute(r) {
+				continue
 			}
-			ip, ok := l.primaryOn(txn, r.LinkIndex, family == netlink.FAMILY_V4)
+			if family == netlink.FAMILY_V4 {
+				out.v4 = append(out.v4, r.LinkIndex)
+			} else {
+				out.v6 = append(out.v6, r.LinkIndex)
+			}
+			_, rev, _ := l.devices.Get(txn, devices.DeviceIfIndex.Query(r.LinkIndex))
+			out.revisions[r.LinkIndex] = rev
+		}
+	}
+	return out, nil
+}
+
+// devicesChanged reports whether a device holding a default route changed
+// since the listing: the kernel drops the routes of a device that goes
+// down, loses the address or goes away without a word.
+func (d *defaultRoutes) devicesChanged(txn statedb.ReadTxn, tbl statedb.Table[*devices.Device]) bool {
+	for ifindex, rev := range d.revisions {
+		if _, now, _ := tbl.Get(txn, devices.DeviceIfIndex.Query(ifindex)); now != rev {
+			return true
+		}
+	}
+	return false
+}
+
+// defaultRouteIPs are the primary node addresses, one per family, of the
+// devices that hold a default route.
+func (l *localNode) defaultRouteIPs(txn statedb.ReadTxn, defaults *defaultRoutes) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, family := range []struct {
+		ifindexes []int
+		v4        bool
+	}{{defaults.v4, true}, {defaults.v6, false}} {
+		for _, ifindex := range family.ifindexes {
+			ip, ok := l.primaryOn(txn, ifindex, family.v4)
 			if ok {
 				out = append(out, ip)
 				break

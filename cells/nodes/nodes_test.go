@@ -3,6 +3,7 @@ package nodes_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -259,6 +260,34 @@ func TestLocalNodeFromDefaultRoute(t *testing.T) {
 	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
 		return r["node-d"] != nil && r["node-d"].PrimaryIP() == netip.MustParseAddr("192.0.2.30")
 	})
+	// Devices and routes that have nothing to do with the default route,
+	// as a pod's veth and its route, do not make the job list the routes
+	// again; the default route moving does (a deletion and an addition).
+	listings := nodes.RouteListings()
+	const unrelated = 10
+	err = nettest.Do(ns.Path(), func() error {
+		for i := range unrelated {
+			name := fmt.Sprintf("lxc%d", i)
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}); err != nil {
+				return err
+			}
+			link, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(link); err != nil {
+				return err
+			}
+			_, dst, _ := net.ParseCIDR(fmt.Sprintf("10.244.12.%d/32", 10+i))
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	err = nettest.Do(ns.Path(), func() error {
 		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")}); err != nil {
 			return err
@@ -271,4 +300,10 @@ func TestLocalNodeFromDefaultRoute(t *testing.T) {
 	a.wait(t, "the local node at eth1's address once the default route moved", func(r map[string]*nodes.Node) bool {
 		return r["node-d"] != nil && r["node-d"].PrimaryIP() == netip.MustParseAddr("198.51.100.30")
 	})
+	// The route changes come in order: by now the job has had those of
+	// the veths. A little slack for late changes of eth0 and eth1 (an
+	// IPv6 link-local address).
+	if n := nodes.RouteListings() - listings; n > 4 {
+		t.Errorf("%d listings of the routes for %d unrelated devices with a route each and the default route moving, want at most 4", n, unrelated)
+	}
 }
