@@ -71,6 +71,10 @@ struct nodeport4_nat {
 	__be16 snat_port;
 	__u8 flags; /* NODEPORT_NAT_F_* */
 	__u8 pad;
+	/* Expiry, seconds of CLOCK_BOOTTIME: see nodeport_nat.h. */
+	__u32 lifetime;
+	__u8 state; /* NODEPORT_NAT_S_* */
+	__u8 pad2[3];
 };
 
 /* The source was translated too: the backend is on another node. */
@@ -107,6 +111,8 @@ struct {
 	__type(value, struct nodeport4_nat);
 	__uint(max_entries, 262144);
 } cellium_nodeport4_nat SEC(".maps");
+
+#include "nodeport_nat.h"
 
 /* A TCP or UDP IPv4 packet's addresses, ports and checksum offsets. */
 struct packet4 {
@@ -281,8 +287,9 @@ static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 
 /*
  * snat_port4 picks the port on the node's address that a connection to a
  * remote backend is sent from, and claims it by creating the reply's entry
- * *out (whose dst_port it sets) with value *frontend: one no connection
- * to the same backend uses. Returns 0, or -1 when the tries found none.
+ * *out (whose dst_port it sets) with value *frontend: one no live
+ * connection to the same backend uses (an expired one's is taken over).
+ * Returns 0, or -1 when the tries found none.
  */
 static __always_inline int snat_port4(struct nodeport4_nat_key *out, const struct nodeport4_nat *frontend)
 {
@@ -291,6 +298,8 @@ static __always_inline int snat_port4(struct nodeport4_nat_key *out, const struc
 	for (i = 0; i < SNAT_PORT_TRIES; i++) {
 		out->dst_port = bpf_htons(SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_COUNT);
 		if (!bpf_map_update_elem(&cellium_nodeport4_nat, out, frontend, BPF_NOEXIST))
+			return 0;
+		if (nat_take_expired(out, frontend))
 			return 0;
 	}
 	return -1;
@@ -312,12 +321,14 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct packet4 p = {};
 	struct nodeport4_nat_key in = {}, out = {};
 	struct nodeport4_nat backend = {}, frontend = {};
-	const struct nodeport4_nat *known;
+	struct nodeport4_nat *known;
 	const struct nodeport4_device *dev;
+	__u8 tcp;
 	int ret;
 
 	if (!parse4(skb, &p))
 		return TC_ACT_UNSPEC;
+	tcp = nat_tcp_flags(skb, p.proto, p.l4_off);
 	in.src_addr = p.saddr;
 	in.dst_addr = p.daddr;
 	in.src_port = p.sport;
@@ -327,12 +338,18 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	/* A remote backend's reply to the node's address. */
 	in.dir = NODEPORT_NAT_OUT;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
-	if (known && (known->flags & NODEPORT_NAT_F_SNAT))
+	if (known && (known->flags & NODEPORT_NAT_F_SNAT)) {
+		nat_refresh(&in, known, tcp, true);
 		return reply4(skb, &p, known);
+	}
 
 	in.dir = NODEPORT_NAT_IN;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
-	if (known) {
+	/* An expired entry's connection is over: this is a new one, whose
+	 * backend is chosen anew (the old reply entry's port may be
+	 * another connection's by now). */
+	if (known && !nat_expired(known, nat_now())) {
+		nat_refresh(&in, known, tcp, false);
 		backend = *known;
 	} else {
 		ret = select_backend4(skb, &p, &backend);
@@ -350,6 +367,9 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
+		nat_init(&frontend, p.proto, tcp, nat_now());
+		backend.state = frontend.state;
+		backend.lifetime = frontend.lifetime;
 		if (!local_endpoint4(backend.address)) {
 			/* Another node's backend answers the node's address,
 			 * from which the packet is sent. */
@@ -389,7 +409,7 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 {
 	struct packet4 p = {};
 	struct nodeport4_nat_key out = {};
-	const struct nodeport4_nat *frontend;
+	struct nodeport4_nat *frontend;
 
 	if (!parse4(skb, &p))
 		return TC_ACT_UNSPEC;
@@ -403,6 +423,7 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 	/* A remote backend's replies arrive at ingress. */
 	if (!frontend || (frontend->flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;
+	nat_refresh(&out, frontend, nat_tcp_flags(skb, p.proto, p.l4_off), true);
 	if (rewrite4(skb, &p, true, frontend->address, frontend->port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;

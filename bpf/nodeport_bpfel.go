@@ -156,6 +156,9 @@ type NodePortNodeport4Nat struct {
 	SnatPort    uint16
 	Flags       uint8
 	Pad         uint8
+	Lifetime    uint32
+	State       uint8
+	Pad2        [3]uint8
 }
 
 type NodePortNodeport4NatKey struct {
@@ -189,6 +192,10 @@ const (
 	NodePortMapCelliumNodeport4Nat     = "cellium_nodeport4_nat"
 	NodePortProgCelliumNodeportEgress  = "cellium_nodeport_egress"
 	NodePortProgCelliumNodeportIngress = "cellium_nodeport_ingress"
+	NodePortVarCtLifetimeClose         = "ct_lifetime_close"
+	NodePortVarCtLifetimeNontcp        = "ct_lifetime_nontcp"
+	NodePortVarCtLifetimeSyn           = "ct_lifetime_syn"
+	NodePortVarCtLifetimeTcp           = "ct_lifetime_tcp"
 	NodePortVarMaglevTableSize         = "maglev_table_size"
 )
 
@@ -262,7 +269,11 @@ type NodePortMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NodePortVariableSpecs struct {
-	MaglevTableSize *ebpf.VariableSpec `ebpf:"maglev_table_size"`
+	CtLifetimeClose  *ebpf.VariableSpec `ebpf:"ct_lifetime_close"`
+	CtLifetimeNontcp *ebpf.VariableSpec `ebpf:"ct_lifetime_nontcp"`
+	CtLifetimeSyn    *ebpf.VariableSpec `ebpf:"ct_lifetime_syn"`
+	CtLifetimeTcp    *ebpf.VariableSpec `ebpf:"ct_lifetime_tcp"`
+	MaglevTableSize  *ebpf.VariableSpec `ebpf:"maglev_table_size"`
 }
 
 // NodePortObjects contains all objects after they have been loaded into the kernel.
@@ -324,7 +335,11 @@ func (m *NodePortMaps) Close() error {
 //
 // It can be passed to LoadNodePortObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NodePortVariables struct {
-	MaglevTableSize *ebpf.Variable `ebpf:"maglev_table_size"`
+	CtLifetimeClose  *ebpf.Variable `ebpf:"ct_lifetime_close"`
+	CtLifetimeNontcp *ebpf.Variable `ebpf:"ct_lifetime_nontcp"`
+	CtLifetimeSyn    *ebpf.Variable `ebpf:"ct_lifetime_syn"`
+	CtLifetimeTcp    *ebpf.Variable `ebpf:"ct_lifetime_tcp"`
+	MaglevTableSize  *ebpf.Variable `ebpf:"maglev_table_size"`
 }
 
 // NodePortPrograms contains all programs after they have been loaded into the kernel.

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -49,6 +50,13 @@ type nodeport struct {
 
 func loadNodePort(t *testing.T) *nodeport {
 	t.Helper()
+	return loadNodePortWith(t, nil)
+}
+
+// loadNodePortWith is loadNodePort with edit applied to the spec before
+// loading.
+func loadNodePortWith(t *testing.T, edit func(*ebpf.CollectionSpec)) *nodeport {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to load BPF programs")
 	}
@@ -61,6 +69,9 @@ func loadNodePort(t *testing.T) *nodeport {
 		case ebpf.LRUHash, ebpf.Hash:
 			m.MaxEntries = 1024
 		}
+	}
+	if edit != nil {
+		edit(spec)
 	}
 	coll := bpftest.Load(t, spec)
 	n := &nodeport{
@@ -236,7 +247,7 @@ func TestNodePortLocalBackend(t *testing.T) {
 				nodeportmap.NewKey4(proto, client, fe, nodeportmap.DirIn):        nodeportmap.NewNAT4(localPod, 1),
 				nodeportmap.NewKey4(proto, localPod, client, nodeportmap.DirOut): nodeportmap.NewNAT4(fe, 1),
 			}
-			if !reflect.DeepEqual(entries, want) {
+			if !reflect.DeepEqual(withoutLifetimes(entries), want) {
 				t.Errorf("NAT entries:\n got %v\nwant %v", entries, want)
 			}
 		})
@@ -337,41 +348,7 @@ func (n *nodeport) natEntries() map[nodeportmap.Key4]nodeportmap.NAT4 {
 // lookups see (BPF_PROG_TEST_RUN runs them on its loopback device).
 func TestNodePortRemoteBackend(t *testing.T) {
 	nettest.RequireRoot(t)
-	ns := nettest.NewNS(t)
-	err := nettest.Do(ns.Path(), func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
-			return err
-		}
-		for _, name := range []string{"np0p", "np0"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		dev, err := netlink.LinkByName("np0")
-		if err != nil {
-			return err
-		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
-		if err := netlink.AddrAdd(dev, addr); err != nil {
-			return err
-		}
-		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	netns := remoteBackendNS(t)
 
 	for _, tc := range []struct {
 		name  string
@@ -389,16 +366,9 @@ func TestNodePortRemoteBackend(t *testing.T) {
 			if err := n.devices.Put(uint32(1), nodeportmap.Device4{Address: lbmap.NewAddr4(nodeAddr)}); err != nil {
 				t.Fatal(err)
 			}
-			run := func(prog *ebpf.Program, pkt []byte, want uint32) (out []byte) {
+			run := func(prog *ebpf.Program, pkt []byte, want uint32) []byte {
 				t.Helper()
-				err := nettest.Do(ns.Path(), func() error {
-					out = n.run(prog, pkt, want)
-					return nil
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return out
+				return n.runIn(netns.Path(), prog, pkt, want)
 			}
 
 			var snat netip.AddrPort
@@ -437,9 +407,65 @@ func TestNodePortRemoteBackend(t *testing.T) {
 				nodeportmap.NewKey4(proto, client, fe, nodeportmap.DirIn):       nodeportmap.NewSNAT4(remotePod, 1, snat),
 				nodeportmap.NewKey4(proto, remotePod, snat, nodeportmap.DirOut): nodeportmap.NewSNAT4(fe, 1, client),
 			}
-			if got := n.natEntries(); !reflect.DeepEqual(got, want) {
+			if got := withoutLifetimes(n.natEntries()); !reflect.DeepEqual(got, want) {
 				t.Errorf("NAT entries:\n got %v\nwant %v", got, want)
 			}
 		})
 	}
+}
+
+// remoteBackendNS is a namespace of the test's own whose routes the FIB
+// lookups of the programs see: the node's address on a device np0, and
+// the route to the remote pods' network through it.
+func remoteBackendNS(t *testing.T) ns.NetNS {
+	t.Helper()
+	netns := nettest.NewNS(t)
+	err := nettest.Do(netns.Path(), func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "np0"}, PeerName: "np0p"}); err != nil {
+			return err
+		}
+		for _, name := range []string{"np0p", "np0"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		dev, err := netlink.LinkByName("np0")
+		if err != nil {
+			return err
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
+		if err := netlink.AddrAdd(dev, addr); err != nil {
+			return err
+		}
+		_, podNet, _ := net.ParseCIDR("10.244.1.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: dev.Attrs().Index, Dst: podNet, Gw: net.ParseIP("10.90.0.12")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return netns
+}
+
+// runIn is run in the namespace at path.
+func (n *nodeport) runIn(path string, prog *ebpf.Program, pkt []byte, want uint32) (out []byte) {
+	n.t.Helper()
+	err := nettest.Do(path, func() error {
+		out = n.run(prog, pkt, want)
+		return nil
+	})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
 }

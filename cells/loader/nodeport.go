@@ -21,6 +21,7 @@ import (
 
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
@@ -105,6 +106,7 @@ type nodePortParams struct {
 	DB        *statedb.DB
 	Devices   statedb.Table[*devices.Device]
 	DevConfig devices.Config
+	CTConfig  ctmaps.Config
 	Registry  *bpfmaps.Registry
 	LB        *lbmaps.Maps
 	Endpoints *endpointmaps.EndpointMap
@@ -158,6 +160,16 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	}
 	if err := size.Set(uint32(n.p.LB.Maglev4.TableSize())); err != nil {
 		return fmt.Errorf("set %s: %w", bpf.NodePortVarMaglevTableSize, err)
+	}
+	// The NAT entries live as long as the conntrack entries would.
+	for name, value := range n.p.CTConfig.LifetimeConstants() {
+		v := spec.Variables[name]
+		if v == nil {
+			return fmt.Errorf("the NodePort programs have no constant %s", name)
+		}
+		if err := v.Set(value); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
 	if err != nil {
