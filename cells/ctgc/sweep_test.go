@@ -12,7 +12,7 @@ import (
 // what a walk of 40 does, both in one chunk.
 func TestSweepAllocatesPerWalkNotPerEntry(t *testing.T) {
 	_, m := startGC(t, 8192)
-	bufs := newBuffers[ctmap.Key4](4096)
+	bufs := newBuffers[ctmap.Key4, ctmap.Entry](4096)
 	allocs := func(entries int) float64 {
 		keys, values := make([]ctmap.Key4, entries), make([]ctmap.Entry, entries)
 		for i := range entries {
@@ -23,7 +23,8 @@ func TestSweepAllocatesPerWalkNotPerEntry(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Lifetime 0 has expired: the sweep deletes every entry.
-			s, err := sweep(m, bufs, &judge{now: ctmap.Now()}, nil)
+			j := &judge{now: ctmap.Now()}
+			s, err := sweep(walk[ctmap.Key4, ctmap.Entry]{m: m, bufs: bufs, verdict: j.verdict}, j, nil)
 			if err != nil || s.Scanned != entries || s.Deleted[expired] != entries {
 				t.Fatalf("sweep of %d entries: %+v, %v", entries, s, err)
 			}

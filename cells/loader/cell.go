@@ -26,6 +26,7 @@ var Cell = cell.Module(
 	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 
 	cell.ProvidePrivate(newNodePortMaps),
+	cell.Provide(nodePortNATMap),
 	cell.Invoke(registerNodePort),
 )
 

@@ -96,6 +96,10 @@ func newNodePortMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*nod
 	return &m, nil
 }
 
+// nodePortNATMap provides the NAT map to the ct-gc cell, which deletes
+// its expired entries (ctgc.NodePortNAT).
+func nodePortNATMap(m *nodePortMaps) *bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4] { return m.NAT }
+
 type nodePortParams struct {
 	cell.In
 
