@@ -73,8 +73,7 @@ struct nodeport4_nat {
 	__u8 pad;
 	/* Expiry, seconds of CLOCK_BOOTTIME: see nodeport_nat.h. */
 	__u32 lifetime;
-	__u8 state; /* NODEPORT_NAT_S_* */
-	__u8 pad2[3];
+	__u32 state; /* NODEPORT_NAT_S_*; 32 bits for atomic ORs */
 };
 
 /* The source was translated too: the backend is on another node. */

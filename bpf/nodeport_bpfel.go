@@ -157,8 +157,7 @@ type NodePortNodeport4Nat struct {
 	Flags       uint8
 	Pad         uint8
 	Lifetime    uint32
-	State       uint8
-	Pad2        [3]uint8
+	State       uint32
 }
 
 type NodePortNodeport4NatKey struct {

@@ -55,7 +55,7 @@ func withoutLifetimes(entries map[nodeportmap.Key4]nodeportmap.NAT4) map[nodepor
 
 // checkLifetimes wants exactly two entries, both with state and a lifetime
 // of plus seconds after a time in w.
-func (n *nodeport) checkLifetimes(what string, w window, state uint8, plus uint32) map[nodeportmap.Key4]nodeportmap.NAT4 {
+func (n *nodeport) checkLifetimes(what string, w window, state, plus uint32) map[nodeportmap.Key4]nodeportmap.NAT4 {
 	n.t.Helper()
 	entries := n.natEntries()
 	if len(entries) != 2 {

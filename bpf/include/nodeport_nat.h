@@ -39,7 +39,7 @@ volatile const __u32 ct_lifetime_close = 10;
 /* UDP after its last packet. */
 volatile const __u32 ct_lifetime_nontcp = 60;
 
-/* struct nodeport4_nat.state: what passed of a TCP connection. */
+/* struct nodeport4_nat.state: what passed of a connection. */
 #define NODEPORT_NAT_S_REPLY (1 << 0)
 #define NODEPORT_NAT_S_IN_FIN (1 << 1)
 #define NODEPORT_NAT_S_OUT_FIN (1 << 2)
@@ -73,30 +73,37 @@ static __always_inline __u8 nat_tcp_flags(struct __sk_buff *skb, __u8 proto, __u
 }
 
 /*
- * nat_next_state is state after a packet with TCP flags tcp, from the
- * client (reply false) or the backend. A SYN from the client on a
- * connection that was closing is a new connection on the same tuple (the
- * client reused its port): it starts over.
+ * nat_state_bits are the state bits a packet with TCP flags tcp adds, from
+ * the client (reply false) or the backend.
  */
-static __always_inline __u8 nat_next_state(__u8 proto, __u8 state, __u8 tcp, bool reply)
+static __always_inline __u32 nat_state_bits(__u8 proto, __u8 tcp, bool reply)
 {
+	__u32 bits = reply ? NODEPORT_NAT_S_REPLY : 0;
+
 	if (proto != IPPROTO_TCP)
-		return reply ? state | NODEPORT_NAT_S_REPLY : state;
-	if (!reply && (tcp & (NAT_TCP_SYN | NAT_TCP_ACK)) == NAT_TCP_SYN && (state & NODEPORT_NAT_S_CLOSING))
-		state = 0;
-	if (reply)
-		state |= NODEPORT_NAT_S_REPLY;
+		return bits;
 	if (tcp & NAT_TCP_FIN)
-		state |= reply ? NODEPORT_NAT_S_OUT_FIN : NODEPORT_NAT_S_IN_FIN;
+		bits |= reply ? NODEPORT_NAT_S_OUT_FIN : NODEPORT_NAT_S_IN_FIN;
 	if (tcp & NAT_TCP_RST)
-		state |= NODEPORT_NAT_S_RST;
-	return state;
+		bits |= NODEPORT_NAT_S_RST;
+	return bits;
+}
+
+/*
+ * nat_restarts says whether the packet opens a new connection on the tuple
+ * of one in state: a SYN from the client on a connection that was closing
+ * (the client reused its port), which starts over from no state.
+ */
+static __always_inline bool nat_restarts(__u8 proto, __u32 state, __u8 tcp, bool reply)
+{
+	return proto == IPPROTO_TCP && !reply && (tcp & (NAT_TCP_SYN | NAT_TCP_ACK)) == NAT_TCP_SYN &&
+	       (state & NODEPORT_NAT_S_CLOSING);
 }
 
 /* How long an entry in state lives past its last packet, in seconds. */
-static __always_inline __u32 nat_lifetime(__u8 proto, __u8 state)
+static __always_inline __u32 nat_lifetime(__u8 proto, __u32 state)
 {
-	__u8 fins = NODEPORT_NAT_S_IN_FIN | NODEPORT_NAT_S_OUT_FIN;
+	__u32 fins = NODEPORT_NAT_S_IN_FIN | NODEPORT_NAT_S_OUT_FIN;
 
 	if (proto != IPPROTO_TCP)
 		return ct_lifetime_nontcp;
@@ -110,7 +117,7 @@ static __always_inline __u32 nat_lifetime(__u8 proto, __u8 state)
 /* nat_init sets the lifetime and state of a new connection's entry v. */
 static __always_inline void nat_init(struct nodeport4_nat *v, __u8 proto, __u8 tcp, __u32 now)
 {
-	v->state = nat_next_state(proto, 0, tcp, false);
+	v->state = nat_state_bits(proto, tcp, false);
 	v->lifetime = now + nat_lifetime(proto, v->state);
 }
 
@@ -152,27 +159,47 @@ static __always_inline void nat_pair_key(const struct nodeport4_nat_key *k, cons
  * nat_refresh accounts a packet of the connection whose entry under key k
  * is v, from the client (reply false) or the backend: the new state and
  * lifetime go to v and to the connection's other entry, when they change.
- * Plain stores: two CPUs racing lose at most a second of lifetime or a
- * state bit, which the next packet sets again.
+ *
+ * The state bits are ORed in atomically: a client's and a backend's FIN
+ * that cross on two CPUs must both stay, since no later packet brings them
+ * again. The lifetime is a plain store, which two CPUs may order either
+ * way; it follows from the state, so the connection's next packet (the
+ * ACK of the last FIN) writes the right one.
  */
 static __always_inline void nat_refresh(const struct nodeport4_nat_key *k, struct nodeport4_nat *v, __u8 tcp,
 					bool reply)
 {
 	struct nodeport4_nat_key pair_key = {};
-	struct nodeport4_nat *pair;
-	__u8 state = nat_next_state(k->proto, v->state, tcp, reply);
-	__u32 lifetime = nat_now() + nat_lifetime(k->proto, state);
+	struct nodeport4_nat *pair = NULL;
+	__u32 bits = nat_state_bits(k->proto, tcp, reply);
+	__u32 state = v->state;
+	__u32 lifetime;
+	bool restart = nat_restarts(k->proto, state, tcp, reply);
 
-	if (state == v->state && lifetime == v->lifetime)
-		return;
-	v->state = state;
-	v->lifetime = lifetime;
-	nat_pair_key(k, v, &pair_key);
-	pair = bpf_map_lookup_elem(&cellium_nodeport4_nat, &pair_key);
-	if (pair) {
-		pair->state = state;
-		pair->lifetime = lifetime;
+	if (restart || (bits & ~state)) {
+		nat_pair_key(k, v, &pair_key);
+		pair = bpf_map_lookup_elem(&cellium_nodeport4_nat, &pair_key);
+		if (restart) {
+			state = bits;
+			v->state = state;
+			if (pair)
+				pair->state = state;
+		} else {
+			state = __sync_fetch_and_or(&v->state, bits) | bits;
+			if (pair)
+				__sync_fetch_and_or(&pair->state, bits);
+		}
 	}
+	lifetime = nat_now() + nat_lifetime(k->proto, state);
+	if (lifetime == v->lifetime)
+		return;
+	v->lifetime = lifetime;
+	if (!pair) {
+		nat_pair_key(k, v, &pair_key);
+		pair = bpf_map_lookup_elem(&cellium_nodeport4_nat, &pair_key);
+	}
+	if (pair)
+		pair->lifetime = lifetime;
 }
 
 /*

@@ -77,9 +77,8 @@ type NAT4 struct {
 	// (--conntrack-lifetime-*). Both entries of a connection carry the
 	// same Lifetime and State.
 	Lifetime uint32
-	// State is what passed of a TCP connection: State* bits.
-	State uint8
-	_     [3]byte
+	// State is what passed of the connection: State* bits.
+	State uint32
 }
 
 // Expired says whether v's connection outlived its lifetime at now
