@@ -1,0 +1,137 @@
+package devcluster_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/devcluster"
+	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/nodeportmap"
+)
+
+// TestNodePortNATCollected (issue 14): 10,000 short TCP connections from
+// the outside namespace through node-1's NodePort to a backend on node-2
+// all succeed, although node-1 has only 4536 ports to send them from
+// (61000-65535): a closed connection's NAT entries expire after
+// --conntrack-lifetime-close (1s here, so that the run needs fewer live
+// ports than that at any time), and a new connection takes an expired
+// entry's port over. After the run, garbage collection passes (`agent ct gc
+// --run` through the API) empty the NAT map. Before the fix, entries never
+// expired and connections failed once a few thousand ports were taken.
+func TestNodePortNATCollected(t *testing.T) {
+	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, AgentArgs: []string{"--conntrack-lifetime-close=1s"}})
+	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
+	out := c.AddOutside()
+	n1 := c.Node("node-1")
+	// The server closes first: the backend's side of each connection
+	// waits in TIME_WAIT, which a reused port's SYN takes over.
+	serveSeen(t, remote.NetNS, 8080, false)
+	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.64", 30110, 30083, remote.IPv4, "node-2"))
+	c.WaitService("node-1", "default", "remote")
+	to := netip.AddrPortFrom(n1.IPv4, 30110)
+	api := client.New(n1.APISocket)
+
+	// The path works before the run: the first packets may meet
+	// neighbour resolution.
+	deadline := time.Now().Add(10 * time.Second)
+	for got := ""; got != n1.IPv4.String(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("outside -> node-1 %s: seen as %q, want node-1's %s", to, got, n1.IPv4)
+		}
+		got = seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+	}
+
+	const n, batch = 10000, 1000
+	start := time.Now()
+	peak := 0
+	for done := 0; done < n; done += batch {
+		err := nettest.Do(out.NetNS, func() error {
+			for i := done; i < done+batch; i++ {
+				if err := shortConnection(to, n1.IPv4); err != nil {
+					return fmt.Errorf("connection %d of %d: %w", i+1, n, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%v (NAT map: %d entries)", err, natMapEntries(t, api))
+		}
+		peak = max(peak, natMapEntries(t, api))
+	}
+	took := time.Since(start)
+	t.Logf("%d connections in %s (%.0f/s); NAT map entries after each 1000: at most %d",
+		n, took.Round(time.Millisecond), n/took.Seconds(), peak)
+	if peak == 0 {
+		t.Fatalf("no entry in %s during the run: is the count wrong?", nodeportmap.MapName)
+	}
+
+	// Every connection closed: its entries expire 1s after its last
+	// packet, and a pass deletes them.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		p, err := api.ConntrackGCRun(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("ct gc --run: %v", err)
+		}
+		left := natMapEntries(t, api)
+		for _, m := range p.Maps {
+			if m.Map == nodeportmap.MapName {
+				t.Logf("pass %d: %s scanned %d, expired %d; %d left", p.Number, m.Map, m.Scanned, m.Expired, left)
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			dump, _ := api.MapEntries(context.Background(), nodeportmap.MapName, 10)
+			t.Fatalf("%d entries in %s 30s after the last of %d closed connections (close lifetime 1s): first ones %v",
+				left, nodeportmap.MapName, n, dump)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// shortConnection connects to to, reads the server's line, which must say
+// it saw seen, and closes.
+func shortConnection(to netip.AddrPort, seen netip.Addr) error {
+	c, err := net.DialTimeout("tcp", to.String(), 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	l, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || strings.TrimSpace(l) != "seen "+seen.String() {
+		return fmt.Errorf("server saw %q (%v), want %s", l, err, seen)
+	}
+	return nil
+}
+
+// natMapEntries is the number of entries of node-1's NodePort NAT map, as
+// the agent counts them.
+func natMapEntries(t *testing.T, api *client.Client) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	maps, err := api.Maps(ctx)
+	if err != nil {
+		t.Fatalf("list the agent's maps: %v", err)
+	}
+	for _, m := range maps {
+		if m.Name == nodeportmap.MapName {
+			return m.Entries
+		}
+	}
+	t.Fatalf("the agent has no map %s", nodeportmap.MapName)
+	return 0
+}
