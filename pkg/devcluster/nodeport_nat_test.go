@@ -23,19 +23,25 @@ import (
 // (61000-65535): a closed connection's NAT entries expire after
 // --conntrack-lifetime-close (1s here, so that the run needs fewer live
 // ports than that at any time), and a new connection takes an expired
-// entry's port over. After the run, garbage collection passes (`agent ct gc
-// --run` through the API) empty the NAT map. Before the fix, entries never
-// expired and connections failed once a few thousand ports were taken.
+// entry's port over. After the run and a restart of node-1's agent,
+// garbage collection passes (`agent ct gc --run` through the API) empty the
+// NAT map but for the entries of a connection held open throughout, which
+// outlives the restart and the passes. Before the fix, entries never
+// expired and connection 4365 failed (its SYNs found no free port).
 func TestNodePortNATCollected(t *testing.T) {
 	c := devclustertest.Start(t, devcluster.Options{Nodes: 2, AgentArgs: []string{"--conntrack-lifetime-close=1s"}})
 	remote := c.AddPod("node-2", "remote", map[string]string{"app": "remote"})
+	echo := c.AddPod("node-2", "echo", map[string]string{"app": "echo"})
 	out := c.AddOutside()
 	n1 := c.Node("node-1")
 	// The server closes first: the backend's side of each connection
 	// waits in TIME_WAIT, which a reused port's SYN takes over.
 	serveSeen(t, remote.NetNS, 8080, false)
+	serveSeen(t, echo.NetNS, 8080, true)
 	c.WriteManifest("remote.yaml", nodePortService("remote", "10.96.0.64", 30110, 30083, remote.IPv4, "node-2"))
+	c.WriteManifest("echo.yaml", nodePortService("echo", "10.96.0.65", 30120, 30093, echo.IPv4, "node-2"))
 	c.WaitService("node-1", "default", "remote")
+	c.WaitService("node-1", "default", "echo")
 	to := netip.AddrPortFrom(n1.IPv4, 30110)
 	api := client.New(n1.APISocket)
 
@@ -49,11 +55,27 @@ func TestNodePortNATCollected(t *testing.T) {
 		got = seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
 	}
 
+	held, err := dialFrom(out.NetNS, netip.AddrPortFrom(n1.IPv4, 30120))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if l, err := held.line(); err != nil || l != "seen "+n1.IPv4.String() {
+		t.Fatalf("held connection: server saw %q (%v), want node-1's address", l, err)
+	}
+	echoHeld := func(when string) {
+		t.Helper()
+		fmt.Fprintln(held, when)
+		if l, err := held.line(); err != nil || l != when {
+			t.Fatalf("held connection, %s: echo %q (%v), want %q", when, l, err, when)
+		}
+	}
+
 	const n, batch = 10000, 1000
 	start := time.Now()
 	peak := 0
 	for done := 0; done < n; done += batch {
-		err := nettest.Do(out.NetNS, func() error {
+		err = nettest.Do(out.NetNS, func() error {
 			for i := done; i < done+batch; i++ {
 				if err := shortConnection(to, n1.IPv4); err != nil {
 					return fmt.Errorf("connection %d of %d: %w", i+1, n, err)
@@ -73,8 +95,14 @@ func TestNodePortNATCollected(t *testing.T) {
 		t.Fatalf("no entry in %s during the run: is the count wrong?", nodeportmap.MapName)
 	}
 
-	// Every connection closed: its entries expire 1s after its last
+	// The NAT map is pinned: a restarted agent's programs use the same
+	// entries.
+	c.RestartAgent("node-1")
+	echoHeld("after a restart")
+
+	// Every other connection closed: its entries expire 1s after its last
 	// packet, and a pass deletes them.
+	const heldEntries = 2
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -89,16 +117,20 @@ func TestNodePortNATCollected(t *testing.T) {
 				t.Logf("pass %d: %s scanned %d, expired %d; %d left", p.Number, m.Map, m.Scanned, m.Expired, left)
 			}
 		}
-		if left == 0 {
+		if left == heldEntries {
 			break
+		}
+		if left < heldEntries {
+			t.Fatalf("%d entries in %s: the passes deleted the held connection's", left, nodeportmap.MapName)
 		}
 		if time.Now().After(deadline) {
 			dump, _ := api.MapEntries(context.Background(), nodeportmap.MapName, 10)
-			t.Fatalf("%d entries in %s 30s after the last of %d closed connections (close lifetime 1s): first ones %v",
-				left, nodeportmap.MapName, n, dump)
+			t.Fatalf("%d entries in %s 30s after the last of %d closed connections (close lifetime 1s), want the held connection's %d: first ones %v",
+				left, nodeportmap.MapName, n, heldEntries, dump)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	echoHeld("after the passes")
 }
 
 // shortConnection connects to to, reads the server's line, which must say
