@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -23,7 +26,8 @@ import (
 // (61000-65535): a closed connection's NAT entries expire after
 // --conntrack-lifetime-close (1s here, so that the run needs fewer live
 // ports than that at any time), and a new connection takes an expired
-// entry's port over. After the run and a restart of node-1's agent,
+// entry's port over (the test first checks, on the map's pin, that a closed
+// connection's entries got the 1s). After the run and a restart of node-1's agent,
 // garbage collection passes (`agent ct gc --run` through the API) empty the
 // NAT map but for the entries of a connection held open throughout, which
 // outlives the restart and the passes. Before the fix, entries never
@@ -53,6 +57,25 @@ func TestNodePortNATCollected(t *testing.T) {
 			t.Fatalf("outside -> node-1 %s: seen as %q, want node-1's %s", to, got, n1.IPv4)
 		}
 		got = seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
+	}
+
+	// The agent gave the programs its close lifetime: once the warm-up
+	// connection's FINs passed both ways, its entries expire a second
+	// after their last packet, not the default 10.
+	nat := openNATMap(t, api)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		closed, late := closedLifetimes(t, nat)
+		if closed > 0 {
+			if len(late) > 0 {
+				t.Fatalf("entries of connections closed both ways that expire more than 1s after now (%d): %v", ctmap.Now(), late)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no entry of a connection closed both ways in %s 10s after the warm-up connection closed", nodeportmap.MapName)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 
 	held, err := dialFrom(out.NetNS, netip.AddrPortFrom(n1.IPv4, 30120))
@@ -147,6 +170,55 @@ func shortConnection(to netip.AddrPort, seen netip.Addr) error {
 		return fmt.Errorf("server saw %q (%v), want %s", l, err, seen)
 	}
 	return nil
+}
+
+// openNATMap opens node-1's NodePort NAT map at the pin the agent names.
+func openNATMap(t *testing.T, api *client.Client) *ebpf.Map {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	maps, err := api.Maps(ctx)
+	if err != nil {
+		t.Fatalf("list the agent's maps: %v", err)
+	}
+	for _, m := range maps {
+		if m.Name == nodeportmap.MapName {
+			em, err := ebpf.LoadPinnedMap(m.PinPath, &ebpf.LoadPinOptions{ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { em.Close() })
+			return em
+		}
+	}
+	t.Fatalf("the agent has no map %s", nodeportmap.MapName)
+	return nil
+}
+
+// closedLifetimes counts the entries of m whose connection saw a FIN both
+// ways, and returns those among them that expire more than a second from
+// now.
+func closedLifetimes(t *testing.T, m *ebpf.Map) (closed int, late []string) {
+	t.Helper()
+	now := ctmap.Now()
+	var (
+		k nodeportmap.Key4
+		v nodeportmap.NAT4
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if v.State&(nodeportmap.StateInFIN|nodeportmap.StateOutFIN) != nodeportmap.StateInFIN|nodeportmap.StateOutFIN {
+			continue
+		}
+		closed++
+		if v.Lifetime > now+1 {
+			late = append(late, fmt.Sprintf("%v: %v", k, v))
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return closed, late
 }
 
 // natMapEntries is the number of entries of node-1's NodePort NAT map, as
