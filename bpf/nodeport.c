@@ -322,6 +322,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct nodeport4_nat backend = {}, frontend = {};
 	struct nodeport4_nat *known;
 	const struct nodeport4_device *dev;
+	__u32 now = 0;
 	__u8 tcp;
 	int ret;
 
@@ -338,7 +339,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	in.dir = NODEPORT_NAT_OUT;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
 	if (known && (known->flags & NODEPORT_NAT_F_SNAT)) {
-		nat_refresh(&in, known, tcp, true);
+		nat_refresh(&in, known, tcp, true, nat_now());
 		return reply4(skb, &p, known);
 	}
 
@@ -347,8 +348,10 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	/* An expired entry's connection is over: this is a new one, whose
 	 * backend is chosen anew (the old reply entry's port may be
 	 * another connection's by now). */
-	if (known && !nat_expired(known, nat_now())) {
-		nat_refresh(&in, known, tcp, false);
+	if (known)
+		now = nat_now();
+	if (known && !nat_expired(known, now)) {
+		nat_refresh(&in, known, tcp, false, now);
 		backend = *known;
 	} else {
 		ret = select_backend4(skb, &p, &backend);
@@ -356,6 +359,8 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 			return TC_ACT_UNSPEC;
 		if (ret < 0)
 			return TC_ACT_SHOT;
+		if (!now)
+			now = nat_now();
 
 		out.src_addr = backend.address;
 		out.dst_addr = p.saddr;
@@ -366,7 +371,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
-		nat_init(&frontend, p.proto, tcp, nat_now());
+		nat_init(&frontend, p.proto, tcp, now);
 		backend.state = frontend.state;
 		backend.lifetime = frontend.lifetime;
 		if (!local_endpoint4(backend.address)) {
@@ -422,7 +427,7 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 	/* A remote backend's replies arrive at ingress. */
 	if (!frontend || (frontend->flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;
-	nat_refresh(&out, frontend, nat_tcp_flags(skb, p.proto, p.l4_off), true);
+	nat_refresh(&out, frontend, nat_tcp_flags(skb, p.proto, p.l4_off), true, nat_now());
 	if (rewrite4(skb, &p, true, frontend->address, frontend->port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;

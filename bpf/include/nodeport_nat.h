@@ -157,8 +157,9 @@ static __always_inline void nat_pair_key(const struct nodeport4_nat_key *k, cons
 
 /*
  * nat_refresh accounts a packet of the connection whose entry under key k
- * is v, from the client (reply false) or the backend: the new state and
- * lifetime go to v and to the connection's other entry, when they change.
+ * is v, from the client (reply false) or the backend, at now (nat_now()):
+ * the new state and lifetime go to v and to the connection's other entry,
+ * when they change.
  *
  * The state bits are ORed in atomically: a client's and a backend's FIN
  * that cross on two CPUs must both stay, since no later packet brings them
@@ -167,7 +168,7 @@ static __always_inline void nat_pair_key(const struct nodeport4_nat_key *k, cons
  * ACK of the last FIN) writes the right one.
  */
 static __always_inline void nat_refresh(const struct nodeport4_nat_key *k, struct nodeport4_nat *v, __u8 tcp,
-					bool reply)
+					bool reply, __u32 now)
 {
 	struct nodeport4_nat_key pair_key = {};
 	struct nodeport4_nat *pair = NULL;
@@ -190,7 +191,7 @@ static __always_inline void nat_refresh(const struct nodeport4_nat_key *k, struc
 				__sync_fetch_and_or(&pair->state, bits);
 		}
 	}
-	lifetime = nat_now() + nat_lifetime(k->proto, state);
+	lifetime = now + nat_lifetime(k->proto, state);
 	if (lifetime == v->lifetime)
 		return;
 	v->lifetime = lifetime;
