@@ -323,12 +323,10 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct nodeport4_nat *known;
 	const struct nodeport4_device *dev;
 	__u32 now = 0;
-	__u8 tcp;
 	int ret;
 
 	if (!parse4(skb, &p))
 		return TC_ACT_UNSPEC;
-	tcp = nat_tcp_flags(skb, p.proto, p.l4_off);
 	in.src_addr = p.saddr;
 	in.dst_addr = p.daddr;
 	in.src_port = p.sport;
@@ -339,7 +337,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	in.dir = NODEPORT_NAT_OUT;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
 	if (known && (known->flags & NODEPORT_NAT_F_SNAT)) {
-		nat_refresh(&in, known, tcp, true, nat_now());
+		nat_refresh(&in, known, nat_tcp_flags(skb, p.proto, p.l4_off), true, nat_now());
 		return reply4(skb, &p, known);
 	}
 
@@ -351,7 +349,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	if (known)
 		now = nat_now();
 	if (known && !nat_expired(known, now)) {
-		nat_refresh(&in, known, tcp, false, now);
+		nat_refresh(&in, known, nat_tcp_flags(skb, p.proto, p.l4_off), false, now);
 		backend = *known;
 	} else {
 		ret = select_backend4(skb, &p, &backend);
@@ -371,7 +369,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
-		nat_init(&frontend, p.proto, tcp, now);
+		nat_init(&frontend, p.proto, nat_tcp_flags(skb, p.proto, p.l4_off), now);
 		backend.state = frontend.state;
 		backend.lifetime = frontend.lifetime;
 		if (!local_endpoint4(backend.address)) {

@@ -112,7 +112,14 @@ func TestNodePortNATLifetimeLocalBackend(t *testing.T) {
 	n.checkLifetimes("SYN on the closed tuple", w, 0, natLifetimeSyn)
 
 	w = during(func() { n.run(n.ingress, tcpPacket(client, fe, rstAck), verdictNext) })
-	n.checkLifetimes("RST", w, nodeportmap.StateRST, natLifetimeClose)
+	n.checkLifetimes("RST", w, nodeportmap.StateReply|nodeportmap.StateRST, natLifetimeClose)
+
+	// A client's ACK of the handshake says the backend answered, even
+	// if its reply did not pass here.
+	w = during(func() { n.run(n.ingress, tcpPacket(client, fe, syn), verdictNext) })
+	n.checkLifetimes("SYN on the reset tuple", w, 0, natLifetimeSyn)
+	w = during(func() { n.run(n.ingress, tcpPacket(client, fe, ack), verdictNext) })
+	n.checkLifetimes("client's ACK alone", w, nodeportmap.StateReply, natLifetimeTCP)
 
 	u := loadNodePortLifetimes(t, 1024)
 	u.service(fe, lbmap.UDP, localPod)

@@ -39,7 +39,12 @@ volatile const __u32 ct_lifetime_close = 10;
 /* UDP after its last packet. */
 volatile const __u32 ct_lifetime_nontcp = 60;
 
-/* struct nodeport4_nat.state: what passed of a connection. */
+/*
+ * struct nodeport4_nat.state: what passed of a connection. REPLY: the
+ * backend answered, seen in its reply or, for TCP, implied by the client's
+ * ACK of the handshake (a connection whose replies do not pass this node
+ * is established too).
+ */
 #define NODEPORT_NAT_S_REPLY (1 << 0)
 #define NODEPORT_NAT_S_IN_FIN (1 << 1)
 #define NODEPORT_NAT_S_OUT_FIN (1 << 2)
@@ -82,6 +87,8 @@ static __always_inline __u32 nat_state_bits(__u8 proto, __u8 tcp, bool reply)
 
 	if (proto != IPPROTO_TCP)
 		return bits;
+	if ((tcp & (NAT_TCP_SYN | NAT_TCP_ACK)) == NAT_TCP_ACK)
+		bits |= NODEPORT_NAT_S_REPLY;
 	if (tcp & NAT_TCP_FIN)
 		bits |= reply ? NODEPORT_NAT_S_OUT_FIN : NODEPORT_NAT_S_IN_FIN;
 	if (tcp & NAT_TCP_RST)

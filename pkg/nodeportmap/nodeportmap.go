@@ -87,7 +87,8 @@ func (v NAT4) Expired(now uint32) bool { return v.Lifetime < now }
 
 // Bits of NAT4.State: NODEPORT_NAT_S_* of bpf/include/nodeport_nat.h.
 const (
-	// StateReply: the backend answered.
+	// StateReply: the backend answered (or, for TCP, the client ACKed
+	// the handshake).
 	StateReply = 1 << 0
 	// StateInFIN: the client sent a FIN.
 	StateInFIN = 1 << 1
