@@ -81,6 +81,9 @@ struct nodeport4_nat {
 	__be16 snat_port;
 	__u8 flags; /* NODEPORT_NAT_F_* */
 	__u8 pad;
+	/* Expiry, seconds of CLOCK_BOOTTIME: see nodeport_nat.h. */
+	__u32 lifetime;
+	__u32 state; /* NODEPORT_NAT_S_*; 32 bits for atomic ORs */
 };
 
 /* The source was translated too: the backend is on another node. */
@@ -134,6 +137,8 @@ struct {
 	__type(value, struct nodeport4_nat);
 	__uint(max_entries, 262144);
 } cellium_nodeport4_nat SEC(".maps");
+
+#include "nodeport_nat.h"
 
 /* A TCP or UDP IPv4 packet's addresses, ports and checksum offsets. */
 struct packet4 {
@@ -309,8 +314,9 @@ static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 
 /*
  * snat_port4 picks the port on the node's address that a connection to a
  * remote backend is sent from, and claims it by creating the reply's entry
- * *out (whose dst_port it sets) with value *frontend: one no connection
- * to the same backend uses. Returns 0, or -1 when the tries found none.
+ * *out (whose dst_port it sets) with value *frontend: one no live
+ * connection to the same backend uses (an expired one's is taken over).
+ * Returns 0, or -1 when the tries found none.
  */
 static __always_inline int snat_port4(struct nodeport4_nat_key *out, const struct nodeport4_nat *frontend)
 {
@@ -319,6 +325,8 @@ static __always_inline int snat_port4(struct nodeport4_nat_key *out, const struc
 	for (i = 0; i < SNAT_PORT_TRIES; i++) {
 		out->dst_port = bpf_htons(SNAT_PORT_MIN + bpf_get_prandom_u32() % SNAT_PORT_COUNT);
 		if (!bpf_map_update_elem(&cellium_nodeport4_nat, out, frontend, BPF_NOEXIST))
+			return 0;
+		if (nat_take_expired(out, frontend))
 			return 0;
 	}
 	return -1;
@@ -344,9 +352,10 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	struct packet4 p = {};
 	struct nodeport4_nat_key in = {}, out = {};
 	struct nodeport4_nat backend = {}, frontend = {};
-	const struct nodeport4_nat *known;
+	struct nodeport4_nat *known;
 	const struct nodeport4_device *dev;
 	bool remote;
+	__u32 now = 0;
 	int ret;
 
 	if (!parse4(skb, &p))
@@ -360,12 +369,20 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 	/* A remote backend's reply to the node's address. */
 	in.dir = NODEPORT_NAT_OUT;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
-	if (known && (known->flags & NODEPORT_NAT_F_SNAT))
+	if (known && (known->flags & NODEPORT_NAT_F_SNAT)) {
+		nat_refresh(&in, known, nat_tcp_flags(skb, p.proto, p.l4_off), true, nat_now());
 		return reply4(skb, &p, known);
+	}
 
 	in.dir = NODEPORT_NAT_IN;
 	known = bpf_map_lookup_elem(&cellium_nodeport4_nat, &in);
-	if (known) {
+	/* An expired entry's connection is over: this is a new one, whose
+	 * backend is chosen anew (the old reply entry's port may be
+	 * another connection's by now). */
+	if (known)
+		now = nat_now();
+	if (known && !nat_expired(known, now)) {
+		nat_refresh(&in, known, nat_tcp_flags(skb, p.proto, p.l4_off), false, now);
 		backend = *known;
 	} else {
 		ret = select_backend4(skb, &p, &backend);
@@ -373,6 +390,8 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 			return TC_ACT_UNSPEC;
 		if (ret < 0)
 			return TC_ACT_SHOT;
+		if (!now)
+			now = nat_now();
 
 		out.src_addr = backend.address;
 		out.dst_addr = p.saddr;
@@ -383,6 +402,9 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		frontend.address = p.daddr;
 		frontend.port = p.dport;
 		frontend.rev_nat_index = backend.rev_nat_index;
+		nat_init(&frontend, p.proto, nat_tcp_flags(skb, p.proto, p.l4_off), now);
+		backend.state = frontend.state;
+		backend.lifetime = frontend.lifetime;
 		remote = !local_endpoint4(backend.address);
 		if (remote && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb)) {
 			/* Another node's backend answers the client itself:
@@ -439,7 +461,7 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 {
 	struct packet4 p = {};
 	struct nodeport4_nat_key out = {};
-	const struct nodeport4_nat *frontend;
+	struct nodeport4_nat *frontend;
 
 	if (!parse4(skb, &p))
 		return nodeport4_icmp_egress(skb);
@@ -453,6 +475,7 @@ int cellium_nodeport_egress(struct __sk_buff *skb)
 	/* A remote backend's replies arrive at ingress. */
 	if (!frontend || (frontend->flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;
+	nat_refresh(&out, frontend, nat_tcp_flags(skb, p.proto, p.l4_off), true, nat_now());
 	if (rewrite4(skb, &p, true, frontend->address, frontend->port))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;

@@ -173,6 +173,8 @@ type NodePortNodeport4Nat struct {
 	SnatPort    uint16
 	Flags       uint8
 	Pad         uint8
+	Lifetime    uint32
+	State       uint32
 }
 
 type NodePortNodeport4NatKey struct {
@@ -207,6 +209,10 @@ const (
 	NodePortMapCelliumNodeport4Nat     = "cellium_nodeport4_nat"
 	NodePortProgCelliumNodeportEgress  = "cellium_nodeport_egress"
 	NodePortProgCelliumNodeportIngress = "cellium_nodeport_ingress"
+	NodePortVarCtLifetimeClose         = "ct_lifetime_close"
+	NodePortVarCtLifetimeNontcp        = "ct_lifetime_nontcp"
+	NodePortVarCtLifetimeSyn           = "ct_lifetime_syn"
+	NodePortVarCtLifetimeTcp           = "ct_lifetime_tcp"
 	NodePortVarDsrFallbacks            = "dsr_fallbacks"
 	NodePortVarLbMode                  = "lb_mode"
 	NodePortVarMaglevTableSize         = "maglev_table_size"
@@ -283,9 +289,13 @@ type NodePortMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type NodePortVariableSpecs struct {
-	DsrFallbacks    *ebpf.VariableSpec `ebpf:"dsr_fallbacks"`
-	LbMode          *ebpf.VariableSpec `ebpf:"lb_mode"`
-	MaglevTableSize *ebpf.VariableSpec `ebpf:"maglev_table_size"`
+	CtLifetimeClose  *ebpf.VariableSpec `ebpf:"ct_lifetime_close"`
+	CtLifetimeNontcp *ebpf.VariableSpec `ebpf:"ct_lifetime_nontcp"`
+	CtLifetimeSyn    *ebpf.VariableSpec `ebpf:"ct_lifetime_syn"`
+	CtLifetimeTcp    *ebpf.VariableSpec `ebpf:"ct_lifetime_tcp"`
+	DsrFallbacks     *ebpf.VariableSpec `ebpf:"dsr_fallbacks"`
+	LbMode           *ebpf.VariableSpec `ebpf:"lb_mode"`
+	MaglevTableSize  *ebpf.VariableSpec `ebpf:"maglev_table_size"`
 }
 
 // NodePortObjects contains all objects after they have been loaded into the kernel.
@@ -349,9 +359,13 @@ func (m *NodePortMaps) Close() error {
 //
 // It can be passed to LoadNodePortObjects or ebpf.CollectionSpec.LoadAndAssign.
 type NodePortVariables struct {
-	DsrFallbacks    *ebpf.Variable `ebpf:"dsr_fallbacks"`
-	LbMode          *ebpf.Variable `ebpf:"lb_mode"`
-	MaglevTableSize *ebpf.Variable `ebpf:"maglev_table_size"`
+	CtLifetimeClose  *ebpf.Variable `ebpf:"ct_lifetime_close"`
+	CtLifetimeNontcp *ebpf.Variable `ebpf:"ct_lifetime_nontcp"`
+	CtLifetimeSyn    *ebpf.Variable `ebpf:"ct_lifetime_syn"`
+	CtLifetimeTcp    *ebpf.Variable `ebpf:"ct_lifetime_tcp"`
+	DsrFallbacks     *ebpf.Variable `ebpf:"dsr_fallbacks"`
+	LbMode           *ebpf.Variable `ebpf:"lb_mode"`
+	MaglevTableSize  *ebpf.Variable `ebpf:"maglev_table_size"`
 }
 
 // NodePortPrograms contains all programs after they have been loaded into the kernel.

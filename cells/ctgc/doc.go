@@ -1,6 +1,8 @@
 // Package ctgc is the ct-gc cell: garbage collection of the conntrack maps
 // of the ct-maps cell (cellium_ct4_tcp, cellium_ct4_any, cellium_ct6_tcp,
-// cellium_ct6_any), which the datapath fills and never empties itself.
+// cellium_ct6_any) and of the loader's NodePort NAT map
+// (cellium_nodeport4_nat, when the hive has it), which the datapath fills
+// and never empties itself.
 //
 // The contract:
 //
@@ -34,6 +36,11 @@
 //   - The datapath may refresh an entry between the pass reading and
 //     deleting it (a few milliseconds at most). The connection's next packet
 //     then finds no entry and is tracked anew, as after a flush.
+//   - The NAT map's entries expire by the same rule. Because a lost NAT
+//     entry breaks its connection, and the datapath hands an expired
+//     entry's key to a new connection, each condemned NAT entry is read
+//     again just before it is deleted, alone. Flush leaves the NAT map
+//     alone.
 //
 // [GC.Run] asks for a pass now and returns it once done, and [GC.Status]
 // says what the GC is doing, with a channel that closes on change, so tests

@@ -13,9 +13,11 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
 // Pass is what one garbage collection pass did.
@@ -109,6 +111,7 @@ type GC struct {
 	db        *statedb.DB
 	endpoints statedb.Table[*endpointmanager.Endpoint]
 	maps      *ctmaps.Maps
+	nat       *NodePortNAT
 	metrics   *gcMetrics
 	interval  *interval
 
@@ -119,9 +122,10 @@ type GC struct {
 
 	// mu serializes walks that delete, passes and flushes, which share
 	// the buffers.
-	mu    sync.Mutex
-	bufs4 buffers[ctmap.Key4]
-	bufs6 buffers[ctmap.Key6]
+	mu      sync.Mutex
+	bufs4   buffers[ctmap.Key4, ctmap.Entry]
+	bufs6   buffers[ctmap.Key6, ctmap.Entry]
+	bufsNAT buffers[nodeportmap.Key4, nodeportmap.NAT4]
 	// progressEvery is how often a long walk logs its progress.
 	progressEvery time.Duration
 
@@ -138,8 +142,16 @@ type params struct {
 	DB        *statedb.DB
 	Endpoints statedb.Table[*endpointmanager.Endpoint]
 	Maps      *ctmaps.Maps
-	Jobs      job.Group
+	// NAT is the NodePort programs' NAT map (the loader's), whose expired
+	// entries the passes delete too; absent in hives without the loader.
+	// Before Jobs, as Maps: its start hook opens it before the job starts.
+	NAT  *NodePortNAT `optional:"true"`
+	Jobs job.Group
 }
+
+// NodePortNAT is the NAT map of the NodePort programs (bpf/nodeport.c),
+// which the loader cell declares and provides.
+type NodePortNAT = bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4]
 
 func newGC(p params) (*GC, error) {
 	iv, err := newInterval(p.Config)
@@ -151,12 +163,14 @@ func newGC(p params) (*GC, error) {
 		db:        p.DB,
 		endpoints: p.Endpoints,
 		maps:      p.Maps,
+		nat:       p.NAT,
 		metrics:   newGCMetrics(),
 		interval:  iv,
 		requests:  make(chan chan Pass),
 		stopped:   make(chan struct{}),
-		bufs4:     newBuffers[ctmap.Key4](chunkSize),
-		bufs6:     newBuffers[ctmap.Key6](chunkSize),
+		bufs4:     newBuffers[ctmap.Key4, ctmap.Entry](chunkSize),
+		bufs6:     newBuffers[ctmap.Key6, ctmap.Entry](chunkSize),
+		bufsNAT:   newBuffers[nodeportmap.Key4, nodeportmap.NAT4](chunkSize),
 		status:    Status{Waiting: "start", Interval: iv.current, Fixed: iv.fixed > 0},
 		changed:   make(chan struct{}),
 
@@ -285,7 +299,7 @@ func (gc *GC) pass(number uint64, checkEndpoints bool) Pass {
 	}
 	prog := newProgress(gc.log, fmt.Sprintf("pass %d", number), gc.progressEvery)
 	var errs []error
-	for _, sweep := range gc.sweeps(j, prog) {
+	for _, sweep := range gc.sweeps(j, prog, true) {
 		s, err := sweep()
 		errs = append(errs, err)
 		mp := MapPass{
@@ -310,13 +324,39 @@ func (gc *GC) pass(number uint64, checkEndpoints bool) Pass {
 	return p
 }
 
-// sweeps are the walks of the four maps with j.
-func (gc *GC) sweeps(j *judge, prog *progress) []func() (swept, error) {
-	return []func() (swept, error){
-		func() (swept, error) { return sweep(gc.maps.TCP4, gc.bufs4, j, prog) },
-		func() (swept, error) { return sweep(gc.maps.Any4, gc.bufs4, j, prog) },
-		func() (swept, error) { return sweep(gc.maps.TCP6, gc.bufs6, j, prog) },
-		func() (swept, error) { return sweep(gc.maps.Any6, gc.bufs6, j, prog) },
+// sweeps are the walks of the four conntrack maps with j and, with nat,
+// of the NodePort NAT map.
+func (gc *GC) sweeps(j *judge, prog *progress, nat bool) []func() (swept, error) {
+	ct4 := func(m *ctmaps.Map4) func() (swept, error) {
+		return func() (swept, error) {
+			return sweep(walk[ctmap.Key4, ctmap.Entry]{m: m, bufs: gc.bufs4, verdict: j.verdict}, j, prog)
+		}
+	}
+	ct6 := func(m *ctmaps.Map6) func() (swept, error) {
+		return func() (swept, error) {
+			return sweep(walk[ctmap.Key6, ctmap.Entry]{m: m, bufs: gc.bufs6, verdict: j.verdict}, j, prog)
+		}
+	}
+	sweeps := []func() (swept, error){ct4(gc.maps.TCP4), ct4(gc.maps.Any4), ct6(gc.maps.TCP6), ct6(gc.maps.Any6)}
+	if nat && gc.nat != nil {
+		sweeps = append(sweeps, func() (swept, error) {
+			return sweep(walk[nodeportmap.Key4, nodeportmap.NAT4]{
+				m: gc.nat, bufs: gc.bufsNAT, verdict: j.natVerdict, confirm: gc.natStillExpired(j.now),
+			}, j, prog)
+		})
+	}
+	return sweeps
+}
+
+// natStillExpired reads a NAT entry again just before it is deleted: the
+// datapath takes an expired entry's key over for a new connection (a SNAT
+// port is free again once its connection expired), which the pass must
+// not delete. What is left is the microseconds between this lookup and
+// the delete.
+func (gc *GC) natStillExpired(now uint32) func(nodeportmap.Key4) bool {
+	return func(k nodeportmap.Key4) bool {
+		v, err := gc.nat.Lookup(k)
+		return err == nil && v.Expired(now)
 	}
 }
 
@@ -357,7 +397,9 @@ func (gc *GC) Flush() ([]Flushed, error) {
 		errs []error
 	)
 	prog := newProgress(gc.log, "flush", gc.progressEvery)
-	for _, sweep := range gc.sweeps(j, prog) {
+	// Not the NAT map: a connection whose entries go is broken, not
+	// tracked anew.
+	for _, sweep := range gc.sweeps(j, prog, false) {
 		s, err := sweep()
 		out = append(out, Flushed{Map: s.Map, Deleted: s.Deleted[flushed]})
 		errs = append(errs, err)

@@ -28,6 +28,7 @@ import (
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
 // Map sizes of the tests: small enough that a test fills a good share of a
@@ -47,6 +48,7 @@ type gcEnv struct {
 	endpoints statedb.RWTable[*endpointmanager.Endpoint]
 	health    statedb.Table[*health.Status]
 	maps      *ctmaps.Maps
+	nat       *ctgc.NodePortNAT
 	gc        *ctgc.GC
 	registry  *prometheus.Registry
 	stop      func()
@@ -68,6 +70,8 @@ type envOptions struct {
 	apiSocket string
 	// logs, if set, records what the hive logs.
 	logs *logRecorder
+	// nat declares the NodePort NAT map, as the loader does.
+	nat bool
 }
 
 func newGCEnv(t *testing.T, root string, opts envOptions) *gcEnv {
@@ -95,6 +99,13 @@ func newGCEnv(t *testing.T, root string, opts envOptions) *gcEnv {
 	}
 	if opts.apiSocket != "" {
 		cells = append(cells, api.Cell)
+	}
+	if opts.nat {
+		cells = append(cells, cell.Provide(func(lc cell.Lifecycle, reg *bpfmaps.Registry) (*ctgc.NodePortNAT, error) {
+			return bpfmaps.NewMap[nodeportmap.Key4, nodeportmap.NAT4](lc, reg, bpfmaps.Spec{
+				Name: nodeportmap.MapName, Type: ebpf.LRUHash, MaxEntries: natMax,
+			})
+		}), cell.Invoke(func(nat *ctgc.NodePortNAT) { e.nat = nat }))
 	}
 	h := celltest.New(cells...)
 	if opts.apiSocket != "" {

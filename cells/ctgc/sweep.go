@@ -13,6 +13,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
 // chunkSize is the number of entries a walk reads per system call. Larger
@@ -57,6 +58,19 @@ func (j *judge) verdict(e *ctmap.Entry) reason {
 		return expired
 	case j.endpoints != nil && e.EndpointID != 0 && j.endpoints.gone(e.EndpointID):
 		return endpointGone
+	}
+	return keep
+}
+
+// natVerdict judges an entry of the NodePort NAT map, which belongs to no
+// endpoint and is never flushed: only its lifetime counts. The two entries
+// of a connection carry the same lifetime, so both go in the same pass;
+// neither is deleted for the other's sake, since an expired entry's pair
+// key may already be a new connection's (the datapath takes expired SNAT
+// ports over).
+func (j *judge) natVerdict(v *nodeportmap.NAT4) reason {
+	if v.Expired(j.now) {
+		return expired
 	}
 	return keep
 }
@@ -111,17 +125,17 @@ func (c *endpointCheck) gone(id uint16) bool {
 
 // chunk holds a chunk of a walk and the keys to delete from it. Its slices
 // are reused from chunk to chunk and pass to pass.
-type chunk[K any] struct {
+type chunk[K, V any] struct {
 	keys    []K
-	entries []ctmap.Entry
+	entries []V
 	doomed  []K
 	reasons []reason
 }
 
-func newChunk[K any](size int) *chunk[K] {
-	return &chunk[K]{
+func newChunk[K, V any](size int) *chunk[K, V] {
+	return &chunk[K, V]{
 		keys:    make([]K, size),
-		entries: make([]ctmap.Entry, size),
+		entries: make([]V, size),
 		doomed:  make([]K, 0, size),
 		reasons: make([]reason, 0, size),
 	}
@@ -129,10 +143,23 @@ func newChunk[K any](size int) *chunk[K] {
 
 // buffers are the two chunks of a walk: the walk reads into one while the
 // entries the other condemned are being deleted.
-type buffers[K any] [2]*chunk[K]
+type buffers[K, V any] [2]*chunk[K, V]
 
-func newBuffers[K any](size int) buffers[K] {
-	return buffers[K]{newChunk[K](size), newChunk[K](size)}
+func newBuffers[K, V any](size int) buffers[K, V] {
+	return buffers[K, V]{newChunk[K, V](size), newChunk[K, V](size)}
+}
+
+// walk is a sweep's map and how to judge its entries.
+type walk[K, V any] struct {
+	m    *bpfmaps.Map[K, V]
+	bufs buffers[K, V]
+	// verdict is the fate of an entry.
+	verdict func(*V) reason
+	// confirm, when set, is asked again just before an entry is deleted,
+	// which is then deleted alone: for a map whose keys the datapath may
+	// give to a new connection between the walk reading and deleting
+	// them.
+	confirm func(K) bool
 }
 
 // swept is what a sweep did in one map.
@@ -182,19 +209,20 @@ func (p *progress) long() bool { return time.Since(p.start) >= p.every }
 // that a pass costs about what reading the map costs (`make bench-ctgc`).
 // Deleting entries of chunks already read does not disturb the walk, which
 // goes bucket by bucket: see bpfmaps.Map.BatchLookup.
-func sweep[K any](m *bpfmaps.Map[K, ctmap.Entry], bufs buffers[K], j *judge, prog *progress) (swept, error) {
+func sweep[K, V any](w walk[K, V], j *judge, prog *progress) (swept, error) {
+	m, bufs := w.m, w.bufs
 	s := swept{Map: m.Name()}
 	if em := m.EBPF(); em != nil {
 		s.Capacity = int(em.MaxEntries())
 	}
 
-	free := make(chan *chunk[K], len(bufs))
+	free := make(chan *chunk[K, V], len(bufs))
 	for _, c := range bufs {
 		free <- c
 	}
 	// The deleter owns a chunk from its send on condemned until it gives
 	// it back on free.
-	condemned := make(chan *chunk[K], len(bufs))
+	condemned := make(chan *chunk[K, V], len(bufs))
 	type result struct {
 		deleted [numReasons]int
 		err     error
@@ -205,7 +233,7 @@ func sweep[K any](m *bpfmaps.Map[K, ctmap.Entry], bufs buffers[K], j *judge, pro
 		var r result
 		for c := range condemned {
 			if r.err == nil {
-				if r.err = deleteKeys(m, c, &r.deleted); r.err != nil {
+				if r.err = deleteKeys(w, c, &r.deleted); r.err != nil {
 					failed.Store(true)
 				}
 			}
@@ -230,7 +258,7 @@ func sweep[K any](m *bpfmaps.Map[K, ctmap.Entry], bufs buffers[K], j *judge, pro
 		j.chunkRead()
 		c.doomed, c.reasons = c.doomed[:0], c.reasons[:0]
 		for i := range n {
-			if r := j.verdict(&c.entries[i]); r != keep {
+			if r := w.verdict(&c.entries[i]); r != keep {
 				c.doomed = append(c.doomed, c.keys[i])
 				c.reasons = append(c.reasons, r)
 			}
@@ -249,7 +277,24 @@ func sweep[K any](m *bpfmaps.Map[K, ctmap.Entry], bufs buffers[K], j *judge, pro
 
 // deleteKeys deletes c's doomed keys and counts them by reason. A key that
 // is already gone (the LRU evicted it, the datapath closed it) is skipped.
-func deleteKeys[K any](m *bpfmaps.Map[K, ctmap.Entry], c *chunk[K], deleted *[numReasons]int) error {
+func deleteKeys[K, V any](w walk[K, V], c *chunk[K, V], deleted *[numReasons]int) error {
+	m := w.m
+	if w.confirm != nil {
+		for i, k := range c.doomed {
+			if !w.confirm(k) {
+				continue
+			}
+			err := m.Delete(k)
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("delete %v: %w", k, err)
+			}
+			deleted[c.reasons[i]]++
+		}
+		return nil
+	}
 	for start := 0; start < len(c.doomed); {
 		n, err := m.BatchDelete(c.doomed[start:])
 		for _, r := range c.reasons[start : start+n] {

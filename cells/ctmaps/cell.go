@@ -103,12 +103,19 @@ func (cfg Config) ProgramConstants() map[string]uint32 {
 	if cfg.MonitorAggregation {
 		aggregate = 1
 	}
+	c := cfg.LifetimeConstants()
+	c["monitor_aggregation"] = aggregate
+	return c
+}
+
+// LifetimeConstants are the lifetimes of ProgramConstants alone, which
+// the NodePort programs (bpf/nodeport.c) give their NAT entries too.
+func (cfg Config) LifetimeConstants() map[string]uint32 {
 	return map[string]uint32{
-		"ct_lifetime_syn":     uint32(cfg.ConntrackLifetimeSyn / time.Second),
-		"ct_lifetime_tcp":     uint32(cfg.ConntrackLifetimeTCP / time.Second),
-		"ct_lifetime_close":   uint32(cfg.ConntrackLifetimeClose / time.Second),
-		"ct_lifetime_nontcp":  uint32(cfg.ConntrackLifetimeNonTCP / time.Second),
-		"monitor_aggregation": aggregate,
+		"ct_lifetime_syn":    uint32(cfg.ConntrackLifetimeSyn / time.Second),
+		"ct_lifetime_tcp":    uint32(cfg.ConntrackLifetimeTCP / time.Second),
+		"ct_lifetime_close":  uint32(cfg.ConntrackLifetimeClose / time.Second),
+		"ct_lifetime_nontcp": uint32(cfg.ConntrackLifetimeNonTCP / time.Second),
 	}
 }
 

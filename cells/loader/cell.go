@@ -26,7 +26,7 @@ var Cell = cell.Module(
 	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 
 	cell.ProvidePrivate(newNodePortMaps, newDSRFallbacks),
-	cell.Provide(newNodePortMetrics),
+	cell.Provide(newNodePortMetrics, nodePortNATMap),
 	cell.Invoke(registerNodePort),
 )
 

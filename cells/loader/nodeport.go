@@ -25,6 +25,7 @@ import (
 
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/lbmaps"
@@ -137,6 +138,10 @@ func newNodePortMetrics(d *dsrFallbacks) metrics.Collectors {
 	}, func() float64 { return float64(d.count()) }))
 }
 
+// nodePortNATMap provides the NAT map to the ct-gc cell, which deletes
+// its expired entries (ctgc.NodePortNAT).
+func nodePortNATMap(m *nodePortMaps) *bpfmaps.Map[nodeportmap.Key4, nodeportmap.NAT4] { return m.NAT }
+
 type nodePortParams struct {
 	cell.In
 
@@ -147,6 +152,7 @@ type nodePortParams struct {
 	DB        *statedb.DB
 	Devices   statedb.Table[*devices.Device]
 	DevConfig devices.Config
+	CTConfig  ctmaps.Config
 	Registry  *bpfmaps.Registry
 	LB        *lbmaps.Maps
 	Endpoints *endpointmaps.EndpointMap
@@ -209,6 +215,16 @@ func (n *nodePortPrograms) Start(cell.HookContext) error {
 	}
 	if err := mode.Set(n.p.Config.lbModeConstant()); err != nil {
 		return fmt.Errorf("set %s: %w", bpf.NodePortVarLbMode, err)
+	}
+	// The NAT entries live as long as the conntrack entries would.
+	for name, value := range n.p.CTConfig.LifetimeConstants() {
+		v := spec.Variables[name]
+		if v == nil {
+			return fmt.Errorf("the NodePort programs have no constant %s", name)
+		}
+		if err := v.Set(value); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
 	if err != nil {

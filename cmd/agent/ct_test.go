@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
@@ -28,6 +29,7 @@ import (
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/ctmap"
+	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
 // startCells runs cells with statedb, jobs, health, the API and the BPF
@@ -52,29 +54,45 @@ func startCells(t *testing.T, cells ...cell.Cell) (socket string, stop func() er
 	return socket, stop
 }
 
-// startCTAgent runs the conntrack maps, their GC and the API in this
-// process and returns the API socket and the maps once the GC's first pass
-// is done.
+// startCTAgent runs the conntrack maps, a NodePort NAT map as the loader
+// declares it, their GC and the API in this process and returns the API
+// socket and the maps once the GC's first pass is done.
 func startCTAgent(t *testing.T) (string, *ctmaps.Maps) {
+	socket, maps, _ := startCTAgentNAT(t)
+	return socket, maps
+}
+
+func startCTAgentNAT(t *testing.T) (string, *ctmaps.Maps, *ctgc.NodePortNAT) {
 	var (
 		maps *ctmaps.Maps
+		nat  *ctgc.NodePortNAT
 		gc   *ctgc.GC
 	)
 	socket, _ := startCells(t, ctmaps.Cell, ctgc.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
-		cell.Invoke(func(m *ctmaps.Maps, g *ctgc.GC) { maps, gc = m, g }),
+		cell.Provide(func(lc cell.Lifecycle, reg *bpfmaps.Registry) (*ctgc.NodePortNAT, error) {
+			return bpfmaps.NewMap[nodeportmap.Key4, nodeportmap.NAT4](lc, reg, bpfmaps.Spec{
+				Name: nodeportmap.MapName, Type: ebpf.LRUHash, MaxEntries: 1024,
+			})
+		}),
+		cell.Invoke(func(m *ctmaps.Maps, n *ctgc.NodePortNAT, g *ctgc.GC) { maps, nat, gc = m, n, g }),
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := gc.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return socket, maps
+	return socket, maps, nat
 }
 
 func TestCTCommands(t *testing.T) {
-	socket, maps := startCTAgent(t)
+	socket, maps, nat := startCTAgentNAT(t)
 	now := ctmap.Now()
+	expiredNAT := nodeportmap.NewNAT4(netip.MustParseAddrPort("10.244.0.2:8080"), 1)
+	expiredNAT.Lifetime = now - 5
+	if err := nat.Put(nodeportmap.NewKey4(6, netip.MustParseAddrPort("192.0.2.1:40000"), netip.MustParseAddrPort("10.90.0.11:30080"), nodeportmap.DirIn), expiredNAT); err != nil {
+		t.Fatal(err)
+	}
 	if err := maps.TCP4.Put(
 		ctmap.NewKey4(6, netip.MustParseAddrPort("10.244.0.2:40000"), netip.MustParseAddrPort("10.96.0.10:80"), 0),
 		ctmap.Entry{Lifetime: now + 3600, Flags: ctmap.CTFSynSeen | ctmap.CTFEstablished, EndpointID: 7, PacketsTx: 3, BytesTx: 180, PacketsRx: 2, BytesRx: 120},
@@ -131,20 +149,21 @@ $`)
 	}
 
 	out, errOut, code = run("ct", "gc", "--run")
-	wantPass := regexp.MustCompile(`^Pass \d+ at \S+: scanned 3, deleted 1 in \S+; next in \S+
+	wantPass := regexp.MustCompile(`^Pass \d+ at \S+: scanned 4, deleted 2 in \S+; next in \S+
 MAP +CAPACITY +SCANNED +EXPIRED +ENDPOINT GONE
 cellium_ct4_tcp +524288 +1 +0 +0
 cellium_ct4_any +262144 +1 +1 +0
 cellium_ct6_tcp +524288 +0 +0 +0
 cellium_ct6_any +262144 +1 +0 +0
+cellium_nodeport4_nat +1024 +1 +1 +0
 $`)
 	if code != 0 || !wantPass.MatchString(out) {
 		t.Errorf("ct gc --run = %d %q\n%s\nwant\n%s", code, errOut, out, wantPass)
 	}
 	out, errOut, code = run("ct", "gc", "-o", "json")
 	var st apiv1.ConntrackGC
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Last == nil || st.Last.Number != st.Passes || st.Last.Deleted != 1 || st.IntervalMode != "adaptive" {
-		t.Errorf("ct gc -o json = %d %q\n%s\nwant the last pass, which deleted 1", code, errOut, out)
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Last == nil || st.Last.Number != st.Passes || st.Last.Deleted != 2 || st.IntervalMode != "adaptive" {
+		t.Errorf("ct gc -o json = %d %q\n%s\nwant the last pass, which deleted 2", code, errOut, out)
 	}
 
 	out, errOut, code = run("ct", "flush")

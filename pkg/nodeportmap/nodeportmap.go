@@ -73,6 +73,52 @@ type NAT4 struct {
 	SNATPort    lbmap.Port
 	Flags       uint8
 	_           uint8
+	// Lifetime is when the connection's entries expire, in seconds of
+	// CLOCK_BOOTTIME (ctmap.Now): the conntrack maps' clock and lifetimes
+	// (--conntrack-lifetime-*). Both entries of a connection carry the
+	// same Lifetime and State.
+	Lifetime uint32
+	// State is what passed of the connection: State* bits.
+	State uint32
+}
+
+// Expired says whether v's connection outlived its lifetime at now
+// (ctmap.Now()).
+func (v NAT4) Expired(now uint32) bool { return v.Lifetime < now }
+
+// Bits of NAT4.State: NODEPORT_NAT_S_* of bpf/include/nodeport_nat.h.
+const (
+	// StateReply: the backend answered (or, for TCP, the client ACKed
+	// the handshake).
+	StateReply = 1 << 0
+	// StateInFIN: the client sent a FIN.
+	StateInFIN = 1 << 1
+	// StateOutFIN: the backend sent a FIN.
+	StateOutFIN = 1 << 2
+	// StateRST: either side sent a RST.
+	StateRST = 1 << 3
+)
+
+// PairKey is the key of the other entry of the connection whose entry
+// under k is v: the reply's for a DirIn entry, the client's for a DirOut
+// one.
+func PairKey(k Key4, v NAT4) Key4 {
+	snat := v.Flags&FlagSNAT != 0
+	p := Key4{Proto: k.Proto}
+	if k.Dir == DirIn {
+		p.Dir, p.SrcAddr, p.SrcPort = DirOut, v.Address, v.Port
+		p.DstAddr, p.DstPort = k.SrcAddr, k.SrcPort
+		if snat {
+			p.DstAddr, p.DstPort = v.SNATAddress, v.SNATPort
+		}
+		return p
+	}
+	p.Dir, p.DstAddr, p.DstPort = DirIn, v.Address, v.Port
+	p.SrcAddr, p.SrcPort = k.DstAddr, k.DstPort
+	if snat {
+		p.SrcAddr, p.SrcPort = v.SNATAddress, v.SNATPort
+	}
+	return p
 }
 
 // FlagSNAT is NODEPORT_NAT_F_SNAT: the source is translated too.
@@ -97,6 +143,9 @@ func (v NAT4) String() string {
 	}
 	if v.Flags&FlagDSR != 0 {
 		s += " dsr"
+	}
+	if v.Lifetime != 0 || v.State != 0 {
+		s += fmt.Sprintf(" lifetime %d state %#x", v.Lifetime, v.State)
 	}
 	return s
 }
