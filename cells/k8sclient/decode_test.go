@@ -110,6 +110,10 @@ spec:
 	"apiVersion: v1\nkind: Service\nmetadata: {namespace: a}\n",
 	"apiVersion: v1\nkind: Namespace\nmetadata: {name: a, namespace: b}\n",
 	"- apiVersion: v1\n  kind: Namespace\n",
+	// Scalars of digits and dots: strings, numbers, or left to the reference.
+	"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {a: 1.2.3, b: ..1, c: 1..2, d: 10.0.0.1}\n",
+	"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {a: 1.2}\n",
+	"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {a: .5}\n",
 }
 
 // TestFastDecodeSameAsGeneric: the fast paths give the same objects

@@ -525,6 +525,12 @@ func isPlainString(s string) bool {
 		return false
 	}
 	c := s[0]
+	if dottedDigits(s) {
+		// An IPv4 address or a version: no YAML number has two dots. The
+		// checks below cost a regular expression and three failed parses
+		// (each an error allocated), for every address of a manifest.
+		return true
+	}
 	if c == '.' || c == '+' || c == '-' || (c >= '0' && c <= '9') {
 		if yamlFloatRE.MatchString(s) {
 			return false
@@ -565,4 +571,19 @@ func appendJSONString(out *bytes.Buffer, s string) {
 		}
 	}
 	out.WriteByte('"')
+}
+
+// dottedDigits says whether s is digits and at least two dots, such as
+// "10.96.0.1".
+func dottedDigits(s string) bool {
+	dots := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '.':
+			dots++
+		case c < '0' || c > '9':
+			return false
+		}
+	}
+	return dots >= 2
 }
