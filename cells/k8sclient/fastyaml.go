@@ -82,6 +82,10 @@ func fastYAMLConvert(doc []byte) ([]byte, typeHeader, bool) {
 // \r\n (YAML also breaks lines at a lone \r, NEL, LS and PS).
 func printable(doc []byte) bool {
 	for i := 0; i < len(doc); {
+		if c := doc[i]; c >= 0x20 && c < 0x7f {
+			i++ // printable ASCII, most of a manifest
+			continue
+		}
 		r, size := utf8.DecodeRune(doc[i:])
 		switch {
 		case r == '\n' || r == '\t':
@@ -519,10 +523,12 @@ var yamlFloatRE = regexp.MustCompile(`^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+
 // string: it is none of the words for null, booleans, infinity and NaN, no
 // number in any base or notation, and no timestamp.
 func isPlainString(s string) bool {
-	switch strings.ToLower(s) {
-	case "", "~", "null", "y", "yes", "n", "no", "on", "off", "true", "false",
-		".nan", ".inf", "+.inf", "-.inf", "<<":
-		return false
+	if len(s) <= len("false") { // the longest of the words below
+		switch strings.ToLower(s) {
+		case "", "~", "null", "y", "yes", "n", "no", "on", "off", "true", "false",
+			".nan", ".inf", "+.inf", "-.inf", "<<":
+			return false
+		}
 	}
 	c := s[0]
 	if dottedDigits(s) {

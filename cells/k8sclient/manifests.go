@@ -171,23 +171,29 @@ func splitDocuments(name string, data []byte) ([]document, error) {
 			docs = append(docs, cur)
 		}
 	}
-	lineNo := 0
+	// A document's data is the part of data between its separators (not a
+	// copy), its lines examined without making strings of them.
+	lineNo, start, end := 0, 0, 0
 	for line := range bytes.Lines(data) {
 		lineNo++
-		text := strings.TrimRight(string(line), "\r\n")
-		if strings.HasPrefix(text, "---") {
+		end += len(line)
+		if bytes.HasPrefix(line, []byte("---")) {
+			text := strings.TrimRight(string(line), "\r\n")
 			if !separatorRE.MatchString(text) {
 				return nil, &fileError{name, lineNo, 0,
 					fmt.Sprintf("invalid document separator %q: put nothing but a comment after ---", text)}
 			}
 			flush()
 			cur = document{line: lineNo + 1}
+			start = end
 			continue
 		}
-		if trimmed := strings.TrimSpace(text); cur.objectLine == 0 && trimmed != "" && !strings.HasPrefix(trimmed, "#") {
-			cur.objectLine = lineNo
+		if cur.objectLine == 0 {
+			if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 && trimmed[0] != '#' {
+				cur.objectLine = lineNo
+			}
 		}
-		cur.data = append(cur.data, line...)
+		cur.data = data[start:end:end]
 	}
 	flush()
 	return docs, nil
