@@ -19,31 +19,62 @@ import (
 // the caller uses the reference converter, which also gives the errors.
 // FuzzFastYAMLToJSON holds it to the reference.
 func fastYAMLToJSON(doc []byte) ([]byte, bool) {
+	js, _, ok := fastYAMLConvert(doc)
+	return js, ok
+}
+
+// typeHeader is a document's apiVersion and kind, when the fast converter
+// read both as top-level keys spelt exactly so, with plain words as values
+// (which JSON holds as the same strings).
+type typeHeader struct {
+	apiVersion, kind string
+}
+
+// fastYAMLConvert is fastYAMLToJSON, and the document's typeHeader when it
+// has one (empty fields otherwise).
+func fastYAMLConvert(doc []byte) ([]byte, typeHeader, bool) {
+	var h typeHeader
 	if !printable(doc) {
-		return nil, false
+		return nil, h, false
 	}
-	p := &yamlParser{}
-	for line := range bytes.Lines(doc) {
-		text := strings.TrimRight(string(line), "\r\n")
+	p := &yamlParser{lines: make([]yamlLine, 0, bytes.Count(doc, []byte("\n"))+1)}
+	// One string for the document: the lines' texts share it.
+	for line := range strings.Lines(string(doc)) {
+		text := strings.TrimRight(line, "\r\n")
 		indent := len(text) - len(strings.TrimLeft(text, " "))
 		content := stripComment(text[indent:])
 		if content == "" {
 			continue
 		}
 		if strings.ContainsAny(text[:indent], "\t") || strings.HasPrefix(content, "\t") {
-			return nil, false
+			return nil, h, false
 		}
 		p.lines = append(p.lines, yamlLine{indent: indent, text: content})
 	}
 	if len(p.lines) == 0 || p.lines[0].indent != 0 {
-		return nil, false
+		return nil, h, false
 	}
 	var out bytes.Buffer
 	out.Grow(len(doc))
 	if !p.block(&out, 0) || p.pos != len(p.lines) || p.failed {
-		return nil, false
+		return nil, h, false
 	}
-	return out.Bytes(), true
+	for _, l := range p.lines {
+		if l.indent != 0 {
+			continue
+		}
+		key, value, ok := splitKey(l.text)
+		if !ok || !isPlainKey(value) || !isPlainString(value) {
+			continue
+		}
+		switch key {
+		case "apiVersion":
+			h.apiVersion = value
+		case "kind":
+			h.kind = value
+		}
+	}
+	return out.Bytes(), h, true
 }
 
 // printable says whether doc is UTF-8 of the characters YAML allows in a
@@ -51,6 +82,10 @@ func fastYAMLToJSON(doc []byte) ([]byte, bool) {
 // \r\n (YAML also breaks lines at a lone \r, NEL, LS and PS).
 func printable(doc []byte) bool {
 	for i := 0; i < len(doc); {
+		if c := doc[i]; c >= 0x20 && c < 0x7f {
+			i++ // printable ASCII, most of a manifest
+			continue
+		}
 		r, size := utf8.DecodeRune(doc[i:])
 		switch {
 		case r == '\n' || r == '\t':
@@ -230,7 +265,7 @@ func splitKey(s string) (key, value string, ok bool) {
 			return "", "", false
 		}
 		key, rest = s[:i], s[i:]
-		if !plainKeyRE.MatchString(key) || !isPlainString(key) {
+		if !isPlainKey(key) || !isPlainString(key) {
 			return "", "", false
 		}
 	}
@@ -243,7 +278,24 @@ func splitKey(s string) (key, value string, ok bool) {
 	return "", "", false
 }
 
-var plainKeyRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_./-]*$`)
+// isPlainKey says whether s is a key of letters, digits and _./- that does
+// not start with one of ./- (the regular expression
+// ^[A-Za-z0-9_][A-Za-z0-9_./-]*$, without its cost: a tenth of the decode).
+func isPlainKey(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_':
+		case (c == '.' || c == '/' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // inline writes a value on one line: a flow collection or a scalar.
 func (p *yamlParser) inline(out *bytes.Buffer, s string) bool {
@@ -327,7 +379,7 @@ func (f *flow) mapping(out *bytes.Buffer) bool {
 				return false
 			}
 			key = f.s[f.i : f.i+j]
-			if !plainKeyRE.MatchString(key) || !isPlainString(key) {
+			if !isPlainKey(key) || !isPlainString(key) {
 				return false
 			}
 			f.i += j
@@ -471,12 +523,20 @@ var yamlFloatRE = regexp.MustCompile(`^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+
 // string: it is none of the words for null, booleans, infinity and NaN, no
 // number in any base or notation, and no timestamp.
 func isPlainString(s string) bool {
-	switch strings.ToLower(s) {
-	case "", "~", "null", "y", "yes", "n", "no", "on", "off", "true", "false",
-		".nan", ".inf", "+.inf", "-.inf", "<<":
-		return false
+	if len(s) <= len("false") { // the longest of the words below
+		switch strings.ToLower(s) {
+		case "", "~", "null", "y", "yes", "n", "no", "on", "off", "true", "false",
+			".nan", ".inf", "+.inf", "-.inf", "<<":
+			return false
+		}
 	}
 	c := s[0]
+	if dottedDigits(s) {
+		// An IPv4 address or a version: no YAML number has two dots. The
+		// checks below cost a regular expression and three failed parses
+		// (each an error allocated), for every address of a manifest.
+		return true
+	}
 	if c == '.' || c == '+' || c == '-' || (c >= '0' && c <= '9') {
 		if yamlFloatRE.MatchString(s) {
 			return false
@@ -517,4 +577,19 @@ func appendJSONString(out *bytes.Buffer, s string) {
 		}
 	}
 	out.WriteByte('"')
+}
+
+// dottedDigits says whether s is digits and at least two dots, such as
+// "10.96.0.1".
+func dottedDigits(s string) bool {
+	dots := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '.':
+			dots++
+		case c < '0' || c > '9':
+			return false
+		}
+	}
+	return dots >= 2
 }

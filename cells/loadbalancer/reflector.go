@@ -99,13 +99,22 @@ func (s *objectStore[T]) Replace(list []any, _ string) error {
 // convertListing converts a listing into one event per object, looking at
 // ctx every stoppingEvery objects, and appends the event that ends it; ok is
 // false when ctx ended first.
+//
+// Each object is let go once converted (ks[i] is cleared): a listing of
+// 50,000 typed Services is ~70 MB, its converted events a fraction of it,
+// and the two listings and the tables being filled were the resident
+// set's peak. objs is Replace's own slice; the Reflector does not use the
+// list it hands to Replace after the call, nor keep the list it decoded
+// (Replace gets shallow copies of its items, meta.ExtractListWithAlloc's).
 func convertListing[K any](ctx context.Context, ks []K, convert func(K) k8sEvent, end k8sEvent) (evs []k8sEvent, ok bool) {
 	evs = make([]k8sEvent, 0, len(ks)+1)
+	var zero K
 	for i, k := range ks {
 		if i%stoppingEvery == 0 && ctx.Err() != nil {
 			return nil, false
 		}
 		evs = append(evs, convert(k))
+		ks[i] = zero
 	}
 	return append(evs, end), true
 }

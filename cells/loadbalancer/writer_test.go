@@ -164,3 +164,31 @@ func TestListingDroppedWhenStopping(t *testing.T) {
 		t.Errorf("listing does not end with the names of its %d services", len(list))
 	}
 }
+
+// A listing's typed objects are let go one by one as they are converted:
+// the store's slice no longer holds an object once its event is made.
+func TestListingLetsObjectsGoAsConverted(t *testing.T) {
+	var ks []*corev1.Service
+	for i := range 3 {
+		ks = append(ks, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)}})
+	}
+	converted := 0
+	evs, ok := convertListing(context.Background(), ks, func(k *corev1.Service) k8sEvent {
+		for j, held := range ks {
+			if j < converted && held != nil {
+				t.Errorf("object %d still held while converting object %d", j, converted)
+			}
+		}
+		converted++
+		svc, invalid := convertService(k)
+		return &serviceUpserted{svc, invalid}
+	}, &servicesListed{})
+	if !ok || len(evs) != len(ks)+1 {
+		t.Fatalf("convertListing: %d events, ok %v; want %d", len(evs), ok, len(ks)+1)
+	}
+	for j, held := range ks {
+		if held != nil {
+			t.Errorf("object %d still held after the listing was converted", j)
+		}
+	}
+}
