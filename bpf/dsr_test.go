@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/bpf"
@@ -167,6 +168,47 @@ func TestNodePortDSR(t *testing.T) {
 				t.Errorf("dsr_fallbacks = %d, want 0", got)
 			}
 		})
+	}
+}
+
+// TestNodePortDSRRouteMTU: the 8 bytes of the option count against the
+// MTU of the device the route to the backend leaves by (in tunnel mode
+// the tunnel device, smaller than the device the client's packets come
+// in on): a packet that fits that MTU only without the option is sent to
+// the backend without it, not dropped on the way out.
+func TestNodePortDSRRouteMTU(t *testing.T) {
+	const mtu = 1400
+	nsPath := remoteBackendNS(t)
+	if err := nettest.Do(nsPath, func() error {
+		dev, err := netlink.LinkByName("np0")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetMTU(dev, mtu)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := loadNodePortDSR(t)
+	fe := netip.AddrPortFrom(nodeAddr, 30080)
+	n.service(fe, lbmap.TCP, remotePod)
+	for _, tc := range []struct {
+		name     string
+		l3Len    int
+		wantOpts bool
+	}{
+		{"first", 60, true},
+		{"room for the option", mtu - 8, true},
+		{"no room for the option", mtu - 4, false},
+		{"room again", 200, true},
+	} {
+		pkt := checksummed4(unix.IPPROTO_TCP, client, fe, string(make([]byte, tc.l3Len-40)))
+		opts, src, dst := parsedOpts4(t, n.runIn(nsPath, n.ingress, pkt, verdictRedirect))
+		if src != client || dst != remotePod {
+			t.Fatalf("%s packet: %v -> %v, want %v -> %v", tc.name, src, dst, client, remotePod)
+		}
+		if got := len(opts) > 0; got != tc.wantOpts {
+			t.Errorf("%s packet (%d bytes, route MTU %d): option %x, want an option: %v", tc.name, tc.l3Len, mtu, opts, tc.wantOpts)
+		}
 	}
 }
 

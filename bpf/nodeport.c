@@ -276,13 +276,11 @@ static __always_inline int select_backend4(struct __sk_buff *skb, const struct p
 }
 
 /*
- * forward4 sends a packet whose destination, and source, the program
- * rewrote out of the device the routing table picks for it, with the
- * next hop's MAC from the neighbour table. It cannot go through the
- * stack: a forwarded packet from one of the node's own addresses is a
- * martian there.
+ * route4 decrements the TTL of a packet the program forwards past the
+ * stack and sets *ifindex to the device the routing table sends it out
+ * of. Returns 0, or -1 when the packet is to be dropped.
  */
-static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 daddr, __u8 proto)
+static __always_inline int route4(struct __sk_buff *skb, __be32 saddr, __be32 daddr, __u8 proto, __u32 *ifindex)
 {
 	struct bpf_fib_lookup fib = {
 		.family = AF_INET,
@@ -292,23 +290,38 @@ static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 
 		.ipv4_dst = daddr,
 	};
 	__u8 word[2], old[2];
-	long ret;
 
 	/* Forwarded past the stack, so the TTL is decremented here; one
 	 * that runs out is dropped (no ICMP time exceeded yet). */
 	if (bpf_skb_load_bytes(skb, IP_TTL_OFF, word, sizeof(word)) || word[0] <= 1)
-		return TC_ACT_SHOT;
+		return -1;
 	old[0] = word[0];
 	old[1] = word[1];
 	word[0]--;
 	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, *(__be16 *)old, *(__be16 *)word, sizeof(__be16)) ||
 	    bpf_skb_store_bytes(skb, IP_TTL_OFF, word, 1, 0))
-		return TC_ACT_SHOT;
+		return -1;
 
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS)
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH) != BPF_FIB_LKUP_RET_SUCCESS)
+		return -1;
+	*ifindex = fib.ifindex;
+	return 0;
+}
+
+/*
+ * forward4 sends a packet whose destination, and source, the program
+ * rewrote out of the device the routing table picks for it, with the
+ * next hop's MAC from the neighbour table. It cannot go through the
+ * stack: a forwarded packet from one of the node's own addresses is a
+ * martian there.
+ */
+static __always_inline int forward4(struct __sk_buff *skb, __be32 saddr, __be32 daddr, __u8 proto)
+{
+	__u32 ifindex;
+
+	if (route4(skb, saddr, daddr, proto, &ifindex))
 		return TC_ACT_SHOT;
-	return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 }
 
 /*
@@ -406,7 +419,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		backend.state = frontend.state;
 		backend.lifetime = frontend.lifetime;
 		remote = !local_endpoint4(backend.address);
-		if (remote && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb)) {
+		if (remote && lb_mode == LB_MODE_DSR && dsr_can_insert4(skb, 0)) {
 			/* Another node's backend answers the client itself:
 			 * no reply comes back here to translate. */
 			backend.flags = NODEPORT_NAT_F_DSR;
@@ -443,11 +456,17 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		/* Every packet carries the frontend, so the backend's node
 		 * learns the connection from whichever packet it sees first
 		 * (after a restart, or an LRU eviction there). One that cannot
-		 * take the option goes without it: the backend's node knows
-		 * the connection from its first packet, which could. */
-		if (dsr_can_insert4(skb) && dsr_insert4(skb, p.daddr, p.dport) < 0)
+		 * take the option (options of its own, or no room for 8 more
+		 * bytes on the device the route leaves by) goes without it:
+		 * the backend's node knows the connection from its first
+		 * packet, which could. */
+		__u32 ifindex;
+
+		if (route4(skb, p.saddr, backend.address, p.proto, &ifindex))
 			return TC_ACT_SHOT;
-		return forward4(skb, p.saddr, backend.address, p.proto);
+		if (dsr_can_insert4(skb, ifindex) && dsr_insert4(skb, p.daddr, p.dport) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 	}
 	if (!(backend.flags & NODEPORT_NAT_F_SNAT))
 		return TC_ACT_UNSPEC;

@@ -78,18 +78,19 @@ struct {
 
 /*
  * dsr_can_insert4 says whether the option can go into skb: an IPv4 header
- * without options, and 8 more bytes within the MTU of the device it
- * arrived on (the device a forwarded packet leaves by is not known yet;
- * on a node with one device for both they are the same).
+ * without options, and 8 more bytes within the MTU of device ifindex (0:
+ * the device it arrived on). The forwarding path asks with the device the
+ * route to the backend leaves by, often the tunnel device, whose MTU is
+ * smaller than the one the client's packets came in on.
  */
-static __always_inline bool dsr_can_insert4(struct __sk_buff *skb)
+static __always_inline bool dsr_can_insert4(struct __sk_buff *skb, __u32 ifindex)
 {
 	__u8 ver_ihl;
 	__u32 mtu = 0;
 
 	if (bpf_skb_load_bytes(skb, DSR_IP_OFF, &ver_ihl, 1) || (ver_ihl & 0x0f) != 5)
 		return false;
-	return bpf_check_mtu(skb, 0, &mtu, DSR_OPT_LEN, 0) == BPF_MTU_CHK_RET_SUCCESS;
+	return bpf_check_mtu(skb, ifindex, &mtu, DSR_OPT_LEN, 0) == BPF_MTU_CHK_RET_SUCCESS;
 }
 
 /*
