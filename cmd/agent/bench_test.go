@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/scalemanifests"
 )
 
 var (
@@ -212,37 +213,8 @@ func writeScaleManifests(b *testing.B, dir string, n int) {
 	const perFile = 1000
 	for f := 0; f*perFile < n; f++ {
 		var sb strings.Builder
-		for i := f * perFile; i < min(n, (f+1)*perFile); i++ {
-			svc := fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&0xff, i&0xff)
-			pod := fmt.Sprintf("10.%d.%d.%d", 128+i>>16, i>>8&0xff, i&0xff)
-			fmt.Fprintf(&sb, `---
-apiVersion: v1
-kind: Service
-metadata:
-  name: svc-%[1]d
-  namespace: bench
-  labels: {app: svc-%[1]d}
-spec:
-  type: ClusterIP
-  clusterIP: %[2]s
-  clusterIPs: [%[2]s]
-  selector: {app: svc-%[1]d}
-  ports:
-  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: svc-%[1]d-x7k2p
-  namespace: bench
-  labels: {kubernetes.io/service-name: svc-%[1]d}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [%[3]s]
-  conditions: {ready: true}
-  nodeName: node-%[4]d
-`, i, svc, pod, i%100)
+		if err := scalemanifests.Write(&sb, f*perFile, min(n, (f+1)*perFile)); err != nil {
+			b.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("services-%03d.yaml", f)), []byte(sb.String()), 0o644); err != nil {
 			b.Fatal(err)
