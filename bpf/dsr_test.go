@@ -103,24 +103,14 @@ func (n *nodeport) fallbacks() uint64 {
 // DSR option, to the same backend.
 func TestNodePortDSR(t *testing.T) {
 	nsPath := remoteBackendNS(t)
-	for _, tc := range []struct {
-		name  string
-		proto uint8
-		lb    lbmap.Proto
-	}{
-		{"TCP", unix.IPPROTO_TCP, lbmap.TCP},
-		{"UDP", unix.IPPROTO_UDP, lbmap.UDP},
-	} {
+	for _, tc := range l4Protos {
 		t.Run(tc.name, func(t *testing.T) {
 			n := loadNodePortDSR(t)
 			fe := netip.AddrPortFrom(nodeAddr, 30080)
 			n.service(fe, tc.lb, remotePod, remotePod2)
-			run := func(pkt []byte, want uint32) (out []byte) {
+			run := func(pkt []byte, want uint32) []byte {
 				t.Helper()
-				if err := nettest.Do(nsPath, func() error { out = n.run(n.ingress, pkt, want); return nil }); err != nil {
-					t.Fatal(err)
-				}
-				return out
+				return n.runIn(nsPath, n.ingress, pkt, want)
 			}
 
 			var backend netip.AddrPort
@@ -220,12 +210,8 @@ func TestNodePortDSRFallback(t *testing.T) {
 	n := loadNodePortDSR(t)
 	fe := netip.AddrPortFrom(nodeAddr, 30080)
 	n.service(fe, lbmap.TCP, remotePod)
-	var out []byte
 	pkt := withIPOptions(checksummed4(unix.IPPROTO_TCP, client, fe, "x"), []byte{1, 1, 1, 0})
-	if err := nettest.Do(nsPath, func() error { out = n.run(n.ingress, pkt, verdictRedirect); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	opts, src, dst := parsedOpts4(t, out)
+	opts, src, dst := parsedOpts4(t, n.runIn(nsPath, n.ingress, pkt, verdictRedirect))
 	if !reflect.DeepEqual(opts, []byte{1, 1, 1, 0}) || src.Addr() != nodeAddr || src.Port() < 61000 || dst != remotePod {
 		t.Fatalf("ingress made %x %v -> %v, want options 01010100 and %v:61000-65535 -> %v (SNAT)", opts, src, dst, nodeAddr, remotePod)
 	}
@@ -255,14 +241,7 @@ func lxcDSR(t *testing.T, dsr uint32) *lxc {
 func TestLXCDSR(t *testing.T) {
 	fe := netip.AddrPortFrom(netip.MustParseAddr("10.90.0.11"), 30080)
 	pod := netip.AddrPortFrom(podA, 8080)
-	for _, tc := range []struct {
-		name  string
-		proto uint8
-		lb    lbmap.Proto
-	}{
-		{"TCP", unix.IPPROTO_TCP, lbmap.TCP},
-		{"UDP", unix.IPPROTO_UDP, lbmap.UDP},
-	} {
+	for _, tc := range l4Protos {
 		t.Run(tc.name, func(t *testing.T) {
 			l := lxcDSR(t, 1)
 			in := withIPOptions(checksummed4(tc.proto, client, pod, "request"), dsrOption(fe))

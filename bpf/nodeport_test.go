@@ -36,6 +36,17 @@ var (
 	remotePod = netip.MustParseAddrPort("10.244.1.2:8080")
 )
 
+// l4Protos are the transport protocols the NodePort programs translate,
+// for tests that run once per protocol.
+var l4Protos = []struct {
+	name  string
+	proto uint8
+	lb    lbmap.Proto
+}{
+	{"TCP", unix.IPPROTO_TCP, lbmap.TCP},
+	{"UDP", unix.IPPROTO_UDP, lbmap.UDP},
+}
+
 type nodeport struct {
 	t                *testing.T
 	ingress, egress  *ebpf.Program
@@ -273,14 +284,7 @@ func TestNodePortMaglevFlowHash(t *testing.T) {
 }
 
 func TestNodePortLocalBackend(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		proto uint8
-		lb    lbmap.Proto
-	}{
-		{"TCP", unix.IPPROTO_TCP, lbmap.TCP},
-		{"UDP", unix.IPPROTO_UDP, lbmap.UDP},
-	} {
+	for _, tc := range l4Protos {
 		t.Run(tc.name, func(t *testing.T) {
 			n := loadNodePort(t)
 			fe := netip.AddrPortFrom(nodeAddr, 30080)
@@ -416,14 +420,7 @@ func (n *nodeport) natEntries() map[nodeportmap.Key4]nodeportmap.NAT4 {
 func TestNodePortRemoteBackend(t *testing.T) {
 	nsPath := remoteBackendNS(t)
 
-	for _, tc := range []struct {
-		name  string
-		proto uint8
-		lb    lbmap.Proto
-	}{
-		{"TCP", unix.IPPROTO_TCP, lbmap.TCP},
-		{"UDP", unix.IPPROTO_UDP, lbmap.UDP},
-	} {
+	for _, tc := range l4Protos {
 		t.Run(tc.name, func(t *testing.T) {
 			n := loadNodePort(t)
 			fe := netip.AddrPortFrom(nodeAddr, 30080)
