@@ -303,16 +303,7 @@ func TestNodePortLocalBackend(t *testing.T) {
 				}
 			}
 
-			var key nodeportmap.Key4
-			var val nodeportmap.NAT4
-			entries := map[nodeportmap.Key4]nodeportmap.NAT4{}
-			it := n.nat.Iterate()
-			for it.Next(&key, &val) {
-				entries[key] = val
-			}
-			if err := it.Err(); err != nil {
-				t.Fatal(err)
-			}
+			entries := n.natEntries()
 			proto := lbmap.Proto(tc.proto)
 			want := map[nodeportmap.Key4]nodeportmap.NAT4{
 				nodeportmap.NewKey4(proto, client, fe, nodeportmap.DirIn):        nodeportmap.NewNAT4(localPod, 1),
