@@ -3,6 +3,7 @@ package k8sclient
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -147,4 +148,39 @@ func TestParseCacheDamagedPayload(t *testing.T) {
 	if ports := servicePorts(t, dir, run); ports["a-0"] != 80 {
 		t.Errorf("restart on a damaged cache: services %v, want a-0 on port 80 from the file", ports)
 	}
+}
+
+// TestParseCacheCutOrExtended: a cache file cut at any byte, a record's end
+// included, or with bytes after its last record, is not used (a file is
+// written whole, by rename, so this is damage, and parsing costs only time).
+func TestParseCacheCutOrExtended(t *testing.T) {
+	dir, run := t.TempDir(), t.TempDir()
+	a := servicesFile("a", 3, 80)
+	writeFile(t, filepath.Join(dir, "a.yaml"), a)
+	cache := &parseCache{dir: filepath.Join(run, "state", "k8s-manifests")}
+	if ports := servicePorts(t, dir, run); len(ports) != 3 {
+		t.Fatalf("first start: services %v, want 3", ports)
+	}
+	whole, err := os.ReadFile(cache.path("a.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, ok := cache.load("a.yaml", contentDigest(a))
+	if !ok || len(objs) != 3 {
+		t.Fatalf("whole cache: %d objects, loaded %v; want 3", len(objs), ok)
+	}
+	try := func(what string, data []byte) {
+		t.Helper()
+		if err := os.WriteFile(cache.path("a.yaml"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if objs, ok := cache.load("a.yaml", contentDigest(a)); ok {
+			t.Fatalf("%s: loaded %d objects", what, len(objs))
+		}
+	}
+	for n := range len(whole) {
+		try(fmt.Sprintf("cut to %d of %d bytes", n, len(whole)), whole[:n])
+	}
+	try("a byte after the last record", append(bytes.Clone(whole), 0))
+	try("its last quarter again", append(bytes.Clone(whole), whole[len(whole)-len(whole)/4:]...))
 }

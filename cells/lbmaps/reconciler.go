@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -28,12 +29,13 @@ const InitRestore = "lb-maps-restore"
 type opsParams struct {
 	cell.In
 
-	Config    Config
-	Log       *slog.Logger
-	Lifecycle cell.Lifecycle
-	DB        *statedb.DB
-	Maps      *Maps
-	Frontends statedb.RWTable[*loadbalancer.Frontend]
+	Config     Config
+	Log        *slog.Logger
+	Lifecycle  cell.Lifecycle
+	Shutdowner hive.Shutdowner
+	DB         *statedb.DB
+	Maps       *Maps
+	Frontends  statedb.RWTable[*loadbalancer.Frontend]
 }
 
 // ops programs frontends into the maps. See the package documentation.
@@ -48,6 +50,12 @@ type ops struct {
 	db        *statedb.DB
 	frontends statedb.RWTable[*loadbalancer.Frontend]
 	restored  func(statedb.WriteTxn)
+
+	// restoreDone is closed once restore has read the maps into state,
+	// restoreErr set before if it failed. Nothing touches state before.
+	restoreDone chan struct{}
+	restoreErr  error
+	shutdowner  hive.Shutdowner
 }
 
 func newOps(p opsParams) *ops {
@@ -58,15 +66,30 @@ func newOps(p opsParams) *ops {
 		v6:       ipv6(p.Maps),
 		state:    newRealized(min(p.Config.LBRevnatMapMax, 1<<16-1), p.Config.LBBackendMapMax),
 		counters: newCounters(),
+
+		restoreDone: make(chan struct{}),
+		shutdowner:  p.Shutdowner,
 	}
 	txn := p.DB.WriteTxn(p.Frontends)
 	o.restored = p.Frontends.RegisterInitializer(txn, InitRestore)
 	txn.Commit()
 	o.db, o.frontends = p.DB, p.Frontends
-	// This hook runs after the maps' own (the constructor takes *Maps) and
-	// before the reconciler's job (newReconciler takes *ops): every ID in
-	// the maps is reserved before one is handed out.
-	p.Lifecycle.Append(cell.Hook{OnStart: o.restore})
+	// This hook runs after the maps' own (the constructor takes *Maps).
+	// The restore itself runs beside the start hooks after it (reading
+	// 100,000 entries takes a few hundred milliseconds, which the
+	// manifests' load and the Kubernetes listings need not wait for);
+	// every operation waits for it, so every ID in the maps is reserved
+	// before one is handed out, and the maps are closed only after it.
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			go o.restore()
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			<-o.restoreDone
+			return nil
+		},
+	})
 	return o
 }
 
@@ -75,15 +98,24 @@ func opsMetrics(o *ops) metrics.Collectors {
 }
 
 // restore reads the maps into the realized state and releases the
-// frontends table's initializer.
-func (o *ops) restore(cell.HookContext) error {
+// frontends table's initializer. A map that cannot be read stops the
+// agent with the error, as a failed start hook would: programming
+// frontends without knowing the IDs in use could hand one out twice.
+func (o *ops) restore() {
+	defer close(o.restoreDone)
 	start := time.Now()
 	var stats restoreStats
-	if err := restore(o.state, o.v4, &stats); err != nil {
-		return fmt.Errorf("restore IPv4 load-balancing maps: %w", err)
+	err := restore(o.state, o.v4, &stats)
+	if err != nil {
+		err = fmt.Errorf("restore IPv4 load-balancing maps: %w", err)
+	} else if err = restore(o.state, o.v6, &stats); err != nil {
+		err = fmt.Errorf("restore IPv6 load-balancing maps: %w", err)
 	}
-	if err := restore(o.state, o.v6, &stats); err != nil {
-		return fmt.Errorf("restore IPv6 load-balancing maps: %w", err)
+	if err != nil {
+		o.restoreErr = err
+		o.log.Error("Cannot restore load-balancing state, stopping", "error", err)
+		o.shutdowner.Shutdown(hive.ShutdownWithError(err))
+		return
 	}
 	o.log.Info("Restored load-balancing state from the pinned maps",
 		"frontends", stats.frontends, "backends", stats.backends, "dropped", stats.dropped,
@@ -91,7 +123,17 @@ func (o *ops) restore(cell.HookContext) error {
 	txn := o.db.WriteTxn(o.frontends)
 	o.restored(txn)
 	txn.Commit()
-	return nil
+}
+
+// waitRestored waits until restore is done, and says why not to go on: the
+// restore failed or ctx ended first.
+func (o *ops) waitRestored(ctx context.Context) error {
+	select {
+	case <-o.restoreDone:
+		return o.restoreErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Reconciler is the frontends reconciler, for waiting until the maps hold
@@ -132,7 +174,11 @@ func (o *ops) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revis
 	return batch[0].Result
 }
 
-func (o *ops) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*loadbalancer.Frontend]) {
+func (o *ops) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*loadbalancer.Frontend]) {
+	if err := o.waitRestored(ctx); err != nil {
+		failBatch(batch, err)
+		return
+	}
 	entries := make([]entry, len(batch))
 	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
 	for i := range batch {
@@ -150,7 +196,11 @@ func (o *ops) UpdateBatch(_ context.Context, _ statedb.ReadTxn, batch []reconcil
 	}
 }
 
-func (o *ops) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*loadbalancer.Frontend]) {
+func (o *ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*loadbalancer.Frontend]) {
+	if err := o.waitRestored(ctx); err != nil {
+		failBatch(batch, err)
+		return
+	}
 	entries := make([]entry, len(batch))
 	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
 	for i := range batch {
@@ -170,11 +220,22 @@ func (o *ops) DeleteBatch(_ context.Context, _ statedb.ReadTxn, batch []reconcil
 	}
 }
 
+func failBatch(batch []reconciler.BatchEntry[*loadbalancer.Frontend], err error) {
+	for i := range batch {
+		batch[i].Result = err
+	}
+}
+
 // Prune removes what the maps hold for frontends that are not wanted: those
 // deleted while the agent was down, and leftovers found at restore. The
 // reconciler calls it only once the frontends table is initialized, that
 // is after Kubernetes state has synced and restore is done.
-func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
+func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*loadbalancer.Frontend, statedb.Revision]) error {
+	// The table's initializer is released only after restore, so this
+	// returns at once; it is here so that state is never read before.
+	if err := o.waitRestored(ctx); err != nil {
+		return err
+	}
 	wanted := map[addrKey]struct{}{}
 	for fe := range objects {
 		if addr, ok := keyOf(fe.Address); ok {
