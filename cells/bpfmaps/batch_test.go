@@ -103,3 +103,44 @@ func TestBatchLookupBuffers(t *testing.T) {
 		t.Error("batch lookup of a closed map: no error")
 	}
 }
+
+// TestIterateEveryEntryOnce: Iterate, which reads hash, LRU and array maps
+// in batches, visits every entry of a map larger than a batch exactly once
+// with its value, for each of those types.
+func TestIterateEveryEntryOnce(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	const entries = 10_000 // more than two batches
+	var hash, lru, array *bpfmaps.Map[uint32, uint64]
+	start(t, newHive(root,
+		declare("hash", bpfmaps.Spec{Name: "cellium_it_hash", Type: ebpf.Hash, MaxEntries: 2 * entries}, &hash),
+		declare("lru", bpfmaps.Spec{Name: "cellium_it_lru", Type: ebpf.LRUHash, MaxEntries: 2 * entries}, &lru),
+		declare("array", bpfmaps.Spec{Name: "cellium_it_array", Type: ebpf.Array, MaxEntries: entries}, &array),
+	))
+	for _, m := range []*bpfmaps.Map[uint32, uint64]{hash, lru, array} {
+		keys, values := make([]uint32, entries), make([]uint64, entries)
+		for i := range keys {
+			keys[i], values[i] = uint32(i), uint64(i)*3+1
+		}
+		if n, err := m.BatchPut(keys, values); err != nil || n != entries {
+			t.Fatalf("%s: put %d entries: %d, %v", m.Name(), entries, n, err)
+		}
+		seen := make(map[uint32]int, entries)
+		if err := m.Iterate(func(k uint32, v uint64) bool {
+			if v != uint64(k)*3+1 {
+				t.Fatalf("%s: entry %d has value %d, want %d", m.Name(), k, v, uint64(k)*3+1)
+			}
+			seen[k]++
+			return true
+		}); err != nil {
+			t.Fatalf("%s: %v", m.Name(), err)
+		}
+		if len(seen) != entries {
+			t.Fatalf("%s: iterate saw %d entries, want %d", m.Name(), len(seen), entries)
+		}
+		for k, times := range seen {
+			if times != 1 {
+				t.Fatalf("%s: iterate saw entry %d %d times", m.Name(), k, times)
+			}
+		}
+	}
+}

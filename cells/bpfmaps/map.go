@@ -385,7 +385,55 @@ func (m *Map[K, V]) BatchDelete(keys []K) (n int, err error) {
 // error that ended the iteration early, if any. fn may update the map;
 // deleting keys of a hash map while iterating may visit keys twice. Not for
 // per-CPU maps.
+//
+// Hash, LRU hash and array maps are read in batches (one system call per
+// iterateChunk entries instead of two per entry: restoring 100,000
+// load-balancing entries took 0.3 s of system calls one by one); other
+// types, and kernels without batch lookups, key by key.
 func (m *Map[K, V]) Iterate(fn func(K, V) bool) error {
+	switch m.p.spec.Type {
+	case ebpf.Hash, ebpf.LRUHash, ebpf.Array:
+		err := m.iterateBatches(fn)
+		if !errors.Is(err, errNoBatches) {
+			return err
+		}
+	}
+	return m.iterateKeys(fn)
+}
+
+// iterateChunk is how many entries Iterate reads per batch: far more than a
+// hash bucket ever holds (a batch must take a whole bucket).
+const iterateChunk = 4096
+
+var errNoBatches = errors.New("batch lookups not supported")
+
+// iterateBatches is Iterate in batches; errNoBatches if the kernel has no
+// batch lookup for the map, before fn was called.
+func (m *Map[K, V]) iterateBatches(fn func(K, V) bool) error {
+	n := min(iterateChunk, max(int(m.p.spec.MaxEntries), 1))
+	keys, values := make([]K, n), make([]V, n)
+	var cursor BatchCursor
+	for first := true; ; first = false {
+		n, done, err := m.BatchLookup(&cursor, keys, values)
+		if err != nil {
+			if first && errors.Is(err, ebpf.ErrNotSupported) {
+				return errNoBatches
+			}
+			return fmt.Errorf("bpf map %s: iterate: %w", m.p.spec.Name, err)
+		}
+		for i := range n {
+			if !fn(keys[i], values[i]) {
+				return nil
+			}
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// iterateKeys is Iterate key by key.
+func (m *Map[K, V]) iterateKeys(fn func(K, V) bool) error {
 	em, err := m.p.acquire()
 	if err != nil {
 		return err
