@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // fastPathManifests are files whose documents take the fast paths
@@ -160,6 +162,10 @@ func TestFastDecodeTakesFastPath(t *testing.T) {
 		}
 		if _, _, ok := d.decodeTyped(js, th); !ok {
 			t.Fatalf("typed decode declined %+v:\n%s", th, doc.data)
+		}
+		gvk := schema.FromAPIVersionAndKind(th.apiVersion, th.kind)
+		if _, ok := decodeFastTyped(js, gvk); !ok {
+			t.Fatalf("the hand decoder declined %v:\n%s", gvk, js)
 		}
 	}
 }

@@ -330,6 +330,9 @@ func (d *decoder) decodeTyped(js []byte, th typeHeader) (runtime.Object, *schema
 		return nil, nil, false
 	}
 	gvk := gv.WithKind(th.kind)
+	if obj, ok := decodeFastTyped(js, gvk); ok {
+		return obj, &gvk, true
+	}
 	obj, err := scheme.Scheme.New(gvk)
 	if err != nil {
 		return nil, nil, false
