@@ -1,6 +1,7 @@
 package k8sclient
 
 import (
+	"slices"
 	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
@@ -240,10 +241,20 @@ func (r *jsonReader) array(elem func()) {
 	}
 }
 
-func (r *jsonReader) strings() []string {
-	out := []string{}
-	r.array(func() { out = append(out, r.str()) })
+// readArray reads an array whose elements elem reads, each into a new
+// zero element; [] is an empty slice, as the codec makes it.
+func readArray[T any](r *jsonReader, elem func(*T)) []T {
+	out := []T{}
+	r.array(func() {
+		var zero T
+		out = append(out, zero)
+		elem(&out[len(out)-1])
+	})
 	return out
+}
+
+func readStrings[T ~string](r *jsonReader) []T {
+	return readArray(r, func(s *T) { *s = T(r.str()) })
 }
 
 // stringMap reads an object of strings; a key twice is refused.
@@ -292,19 +303,32 @@ func (r *jsonReader) objectMeta(m *metav1.ObjectMeta) {
 	})
 }
 
-var serviceFields = []string{"apiVersion", "kind", "metadata", "spec"}
+// headerFields are the fields every object starts with: header reads them
+// and the kinds' own fields come after, from index len(headerFields) on.
+var headerFields = []string{"apiVersion", "kind", "metadata"}
+
+// header reads field i if it is one of headerFields, and says whether it
+// was.
+func (r *jsonReader) header(i int, tm *metav1.TypeMeta, om *metav1.ObjectMeta) bool {
+	switch i {
+	case 0:
+		tm.APIVersion = r.str()
+	case 1:
+		tm.Kind = r.str()
+	case 2:
+		r.objectMeta(om)
+	default:
+		return false
+	}
+	return true
+}
+
+var serviceFields = append(slices.Clip(headerFields), "spec")
 
 func (r *jsonReader) service() *corev1.Service {
 	svc := &corev1.Service{}
 	r.object(serviceFields, func(i int) {
-		switch i {
-		case 0:
-			svc.APIVersion = r.str()
-		case 1:
-			svc.Kind = r.str()
-		case 2:
-			r.objectMeta(&svc.ObjectMeta)
-		case 3:
+		if !r.header(i, &svc.TypeMeta, &svc.ObjectMeta) {
 			r.serviceSpec(&svc.Spec)
 		}
 	})
@@ -326,17 +350,13 @@ func (r *jsonReader) serviceSpec(s *corev1.ServiceSpec) {
 		case 1:
 			s.ClusterIP = r.str()
 		case 2:
-			s.ClusterIPs = r.strings()
+			s.ClusterIPs = readStrings[string](r)
 		case 3:
 			s.Selector = r.stringMap()
 		case 4:
-			s.Ports = []corev1.ServicePort{}
-			r.array(func() {
-				s.Ports = append(s.Ports, corev1.ServicePort{})
-				r.servicePort(&s.Ports[len(s.Ports)-1])
-			})
+			s.Ports = readArray(r, r.servicePort)
 		case 5:
-			s.ExternalIPs = r.strings()
+			s.ExternalIPs = readStrings[string](r)
 		case 6:
 			s.SessionAffinity = corev1.ServiceAffinity(r.str())
 		case 7:
@@ -345,8 +365,7 @@ func (r *jsonReader) serviceSpec(s *corev1.ServiceSpec) {
 			p := corev1.ServiceInternalTrafficPolicy(r.str())
 			s.InternalTrafficPolicy = &p
 		case 9:
-			s.IPFamilies = []corev1.IPFamily{}
-			r.array(func() { s.IPFamilies = append(s.IPFamilies, corev1.IPFamily(r.str())) })
+			s.IPFamilies = readStrings[corev1.IPFamily](r)
 		case 10:
 			p := corev1.IPFamilyPolicy(r.str())
 			s.IPFamilyPolicy = &p
@@ -389,32 +408,21 @@ func (r *jsonReader) servicePort(p *corev1.ServicePort) {
 	})
 }
 
-var endpointSliceFields = []string{"apiVersion", "kind", "metadata", "addressType", "endpoints", "ports"}
+var endpointSliceFields = append(slices.Clip(headerFields), "addressType", "endpoints", "ports")
 
 func (r *jsonReader) endpointSlice() *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{}
 	r.object(endpointSliceFields, func(i int) {
+		if r.header(i, &s.TypeMeta, &s.ObjectMeta) {
+			return
+		}
 		switch i {
-		case 0:
-			s.APIVersion = r.str()
-		case 1:
-			s.Kind = r.str()
-		case 2:
-			r.objectMeta(&s.ObjectMeta)
 		case 3:
 			s.AddressType = discoveryv1.AddressType(r.str())
 		case 4:
-			s.Endpoints = []discoveryv1.Endpoint{}
-			r.array(func() {
-				s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{})
-				r.endpoint(&s.Endpoints[len(s.Endpoints)-1])
-			})
+			s.Endpoints = readArray(r, r.endpoint)
 		case 5:
-			s.Ports = []discoveryv1.EndpointPort{}
-			r.array(func() {
-				s.Ports = append(s.Ports, discoveryv1.EndpointPort{})
-				r.endpointPort(&s.Ports[len(s.Ports)-1])
-			})
+			s.Ports = readArray(r, r.endpointPort)
 		}
 	})
 	return s
@@ -426,7 +434,7 @@ func (r *jsonReader) endpoint(e *discoveryv1.Endpoint) {
 	r.object(endpointFields, func(i int) {
 		switch i {
 		case 0:
-			e.Addresses = r.strings()
+			e.Addresses = readStrings[string](r)
 		case 1:
 			r.object(endpointConditionsFields, func(i int) {
 				switch i {
