@@ -101,6 +101,9 @@ func newFakeClientset(objects ...runtime.Object) (*fake.Clientset, *objectStore,
 		case "create", "update", "patch":
 			hub.waitForRoom()
 		case "list":
+			if _, ok := action.(streamListAction); ok {
+				return hub.streamList(action)
+			}
 			return hub.list(action)
 		}
 		return false, nil, nil
@@ -196,7 +199,10 @@ type listSnapshot struct {
 	// trackerVersion is the tracker's resource version at the list, from
 	// which its watchers send what changed since.
 	trackerVersion string
-	objects        []runtime.Object
+	// The listed objects: decoded, or as the store holds them (a list
+	// through EmbeddedListEach, which decodes them one at a time).
+	objects []runtime.Object
+	encoded []matchingObject
 	// deletions is how many deletions the hub had seen at the list.
 	deletions uint64
 }
@@ -240,6 +246,23 @@ func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) 
 		objects:        items,
 	}))
 	return true, list, nil
+}
+
+// streamList answers EmbeddedListEach: the store's objects, not decoded,
+// remembered for a watch from the list as list's are.
+func (h *watchHub) streamList(action k8stesting.Action) (bool, runtime.Object, error) {
+	store, ok := h.tracker.(*objectStore)
+	if !ok {
+		return false, nil, nil
+	}
+	version, listed := store.snapshot(action.GetResource(), action.GetNamespace())
+	rv := h.remember(&listSnapshot{
+		resource:       action.GetResource(),
+		namespace:      action.GetNamespace(),
+		trackerVersion: strconv.FormatInt(version, 10),
+		encoded:        listed,
+	})
+	return true, &streamedList{resourceVersion: rv, objects: listed}, nil
 }
 
 func (h *watchHub) remember(snap *listSnapshot) string {
@@ -324,6 +347,18 @@ func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1
 				return nil, err
 			}
 			if deleted[[2]string{acc.GetNamespace(), acc.GetName()}] {
+				initial = append(initial, watch.Event{Type: watch.Deleted, Object: obj})
+			}
+		}
+		for _, m := range snap.encoded {
+			if len(deleted) == 0 {
+				break
+			}
+			if deleted[[2]string{m.key.Namespace, m.key.Name}] {
+				obj, err := m.obj.decode()
+				if err != nil {
+					return nil, err
+				}
 				initial = append(initial, watch.Event{Type: watch.Deleted, Object: obj})
 			}
 		}
@@ -441,6 +476,78 @@ func (w *queuedWatch) Stop() {
 		close(w.stop)
 		w.source.Stop()
 	})
+}
+
+// EmbeddedListEach lists as EmbeddedList does, but hands the objects to
+// each one at a time, each decoded from the embedded server's encoding
+// just before: no list of every object is made (a listing of 50,000 typed
+// Services is ~70 MB, all of it alive at once). It returns the list's
+// resource version, from which a watch reports what changed since, as
+// after EmbeddedList. The call goes through the fake's reactors as any
+// LIST does (a test's reactor may fail it, and it is recorded). An error
+// from each ends the listing with it. Not handled (false) for a real
+// cluster, nor for a label or field selector.
+func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind schema.GroupVersionKind, ns string, opts metav1.ListOptions, each func(runtime.Object) error) (string, bool, error) {
+	e, ok := cs.(embeddedClientset)
+	if !ok || opts.LabelSelector != "" || opts.FieldSelector != "" {
+		return "", false, nil
+	}
+	ret, err := e.Invokes(streamListAction{k8stesting.NewListActionWithOptions(resource, kind, ns, opts)}, nil)
+	if err != nil {
+		return "", true, err
+	}
+	if l, ok := ret.(*streamedList); ok {
+		for _, m := range l.objects {
+			obj, err := m.obj.decode()
+			if err != nil {
+				return "", true, fmt.Errorf("list %s: %s: %w", resource.Resource, m.key, err)
+			}
+			if err := each(obj); err != nil {
+				return "", true, err
+			}
+		}
+		return l.resourceVersion, true, nil
+	}
+	// A list some other reactor made.
+	if ret == nil {
+		return "", true, fmt.Errorf("list %s: the embedded server returned nothing", resource.Resource)
+	}
+	listMeta, err := meta.ListAccessor(ret)
+	if err != nil {
+		return "", true, err
+	}
+	items, err := meta.ExtractList(ret)
+	if err != nil {
+		return "", true, err
+	}
+	for _, obj := range items {
+		if err := each(obj); err != nil {
+			return "", true, err
+		}
+	}
+	return listMeta.GetResourceVersion(), true, nil
+}
+
+// streamListAction is the LIST of EmbeddedListEach: the hub answers it with
+// a streamedList. It survives the fake's copies of an action.
+type streamListAction struct{ k8stesting.ListActionImpl }
+
+func (a streamListAction) DeepCopy() k8stesting.Action {
+	return streamListAction{a.ListActionImpl.DeepCopy().(k8stesting.ListActionImpl)}
+}
+
+// streamedList is the hub's answer to a streamListAction: the listed
+// objects as the store holds them, and the list's resource version.
+type streamedList struct {
+	resourceVersion string
+	objects         []matchingObject
+}
+
+func (l *streamedList) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+func (l *streamedList) DeepCopyObject() runtime.Object {
+	c := *l
+	return &c
 }
 
 // EmbeddedList lists the objects of resource (of kind) in namespace ns ("":

@@ -2,6 +2,7 @@ package k8sclient_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -239,6 +240,70 @@ func TestEmbeddedList(t *testing.T) {
 		t.Fatalf("list %+v, want a and b with a resource version", list)
 	}
 	if _, ok, _ := k8sclient.EmbeddedList(cs, gvr, gvk, "", metav1.ListOptions{LabelSelector: "app=x"}); ok {
+		t.Error("a list with a label selector was handled")
+	}
+}
+
+// EmbeddedListEach hands over what EmbeddedList lists, one object at a
+// time, in the same order; a watch from its resource version reports what
+// was deleted since, as from a list's; it goes through the fake's reactors
+// (a reactor's error is its error, and the call is recorded); an error
+// from each ends it; selectors are left to the typed client.
+func TestEmbeddedListEach(t *testing.T) {
+	ctx := context.Background()
+	cs, f, err := k8sclient.NewEmbedded(service("a"), service("b"), service("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr, gvk := corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service")
+	var names []string
+	rv, ok, err := k8sclient.EmbeddedListEach(cs, gvr, gvk, "", metav1.ListOptions{ResourceVersion: "0"}, func(obj runtime.Object) error {
+		names = append(names, obj.(*corev1.Service).Name)
+		return nil
+	})
+	if !ok || err != nil || rv == "" {
+		t.Fatalf("EmbeddedListEach: handled %v, resource version %q, %v", ok, rv, err)
+	}
+	if want := []string{"a", "b", "c"}; fmt.Sprint(names) != fmt.Sprint(want) {
+		t.Fatalf("listed %v, want %v", names, want)
+	}
+	if n := len(f.Actions()); n != 1 || f.Actions()[0].GetVerb() != "list" {
+		t.Fatalf("recorded actions %v, want the one list", f.Actions())
+	}
+
+	if err := f.CoreV1().Services("default").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := f.CoreV1().Services("").Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	select {
+	case ev := <-w.ResultChan():
+		if svc, _ := ev.Object.(*corev1.Service); ev.Type != watch.Deleted || svc == nil || svc.Name != "b" {
+			t.Fatalf("first event of a watch from the list: %s %#v, want DELETED b", ev.Type, ev.Object)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event from a watch from the list, want DELETED b")
+	}
+
+	stop := errors.New("stop here")
+	names = nil
+	_, _, err = k8sclient.EmbeddedListEach(cs, gvr, gvk, "", metav1.ListOptions{}, func(obj runtime.Object) error {
+		names = append(names, obj.(*corev1.Service).Name)
+		return stop
+	})
+	if !errors.Is(err, stop) || len(names) != 1 {
+		t.Fatalf("each failing at the first object: %v after %v, want %v after one", err, names, stop)
+	}
+
+	forbidden := apierrors.NewForbidden(gvr.GroupResource(), "", errors.New("RBAC says no"))
+	f.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, forbidden })
+	if _, ok, err := k8sclient.EmbeddedListEach(cs, gvr, gvk, "", metav1.ListOptions{}, func(runtime.Object) error { return nil }); !ok || !apierrors.IsForbidden(err) {
+		t.Fatalf("with a reactor refusing lists: handled %v, %v; want the reactor's error", ok, err)
+	}
+	if _, ok, _ := k8sclient.EmbeddedListEach(cs, gvr, gvk, "", metav1.ListOptions{LabelSelector: "app=x"}, nil); ok {
 		t.Error("a list with a label selector was handled")
 	}
 }

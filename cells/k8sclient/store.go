@@ -339,6 +339,14 @@ func (s *objectStore) List(gvr schema.GroupVersionResource, gvk schema.GroupVers
 	return list, nil
 }
 
+// snapshot is what List lists, not decoded: gvr's resource version and
+// its objects in ns ("" for all), sorted by namespace and name.
+func (s *objectStore) snapshot(gvr schema.GroupVersionResource, ns string) (int64, []matchingObject) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.version(gvr), s.matching(gvr, ns, 0)
+}
+
 // matchingObject is a stored object with its key.
 type matchingObject struct {
 	key types.NamespacedName

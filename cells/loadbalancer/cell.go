@@ -77,11 +77,13 @@ func newWriter(p writerParams) *writer {
 	events := make(chan k8sEvent, eventQueueSize)
 	p.Jobs.Add(
 		job.OneShot("reflect-services", func(ctx context.Context, health cell.Health) error {
-			runReflector(ctx, p.Clientset, "services", &corev1.Service{}, servicesListWatch(p.Clientset, health), serviceStore(ctx, events))
+			store := serviceStore(ctx, events)
+			runReflector(ctx, p.Clientset, "services", &corev1.Service{}, servicesListWatch(p.Clientset, health, store), store)
 			return nil
 		}),
 		job.OneShot("reflect-endpointslices", func(ctx context.Context, health cell.Health) error {
-			runReflector(ctx, p.Clientset, "endpointslices", &discoveryv1.EndpointSlice{}, endpointSlicesListWatch(p.Clientset, health), endpointSliceStore(ctx, events))
+			store := endpointSliceStore(ctx, events)
+			runReflector(ctx, p.Clientset, "endpointslices", &discoveryv1.EndpointSlice{}, endpointSlicesListWatch(p.Clientset, health, store), store)
 			return nil
 		}),
 		job.OneShot("apply-k8s-events", func(ctx context.Context, _ cell.Health) error {

@@ -9,6 +9,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
@@ -30,9 +31,15 @@ type objectStore[T any] struct {
 
 	upserted func(T) k8sEvent
 	deleted  func(T) k8sEvent
-	// listed converts a listing into an upsert per object and the event
-	// that ends the listing; ok is false when ctx ended part way.
-	listed func(ctx context.Context, objs []T) (evs []k8sEvent, ok bool)
+	// listing starts a listing: item converts one of its objects into an
+	// upsert and notes it, end makes the event that ends the listing
+	// (what it did not note is gone).
+	listing func() (item func(T) k8sEvent, end func() k8sEvent)
+
+	// streamedEnd is set by a list call that sent its objects itself
+	// (streamList): the Replace that follows, with no items, sends the end
+	// of that listing.
+	streamedEnd func() k8sEvent
 }
 
 func (s *objectStore[T]) send(ev k8sEvent) error {
@@ -74,6 +81,13 @@ func (s *objectStore[T]) Delete(obj any) error {
 // Converting 50,000 objects takes a good part of a second: when the agent
 // stops meanwhile, the listing is dropped.
 func (s *objectStore[T]) Replace(list []any, _ string) error {
+	if end := s.streamedEnd; end != nil {
+		s.streamedEnd = nil
+		if len(list) > 0 {
+			return fmt.Errorf("%s reflector: a streamed listing came with %d items", s.kind, len(list))
+		}
+		return s.send(end())
+	}
 	objs := make([]T, 0, len(list))
 	for _, obj := range list {
 		o, err := s.object(obj)
@@ -82,7 +96,8 @@ func (s *objectStore[T]) Replace(list []any, _ string) error {
 		}
 		objs = append(objs, o)
 	}
-	evs, ok := s.listed(s.ctx, objs)
+	item, end := s.listing()
+	evs, ok := convertListing(s.ctx, objs, item, end)
 	if !ok {
 		return s.ctx.Err()
 	}
@@ -106,7 +121,7 @@ func (s *objectStore[T]) Replace(list []any, _ string) error {
 // set's peak. objs is Replace's own slice; the Reflector does not use the
 // list it hands to Replace after the call, nor keep the list it decoded
 // (Replace gets shallow copies of its items, meta.ExtractListWithAlloc's).
-func convertListing[K any](ctx context.Context, ks []K, convert func(K) k8sEvent, end k8sEvent) (evs []k8sEvent, ok bool) {
+func convertListing[K any](ctx context.Context, ks []K, convert func(K) k8sEvent, end func() k8sEvent) (evs []k8sEvent, ok bool) {
 	evs = make([]k8sEvent, 0, len(ks)+1)
 	var zero K
 	for i, k := range ks {
@@ -116,7 +131,30 @@ func convertListing[K any](ctx context.Context, ks []K, convert func(K) k8sEvent
 		evs = append(evs, convert(k))
 		ks[i] = zero
 	}
-	return append(evs, end), true
+	return append(evs, end()), true
+}
+
+// streamList lists from the embedded API server one object at a time
+// (k8sclient.EmbeddedListEach), converting and sending each as it comes,
+// and returns an empty list of its resource version, built by emptyList,
+// for the Reflector: its Replace then ends the listing. Neither the typed
+// listing nor its converted events are ever all in memory at once: at
+// 50,000 Services and their EndpointSlices they were ~115 MB, the peak of
+// the agent's start. ok is false outside embedded mode.
+func (s *objectStore[T]) streamList(cs k8sclient.Clientset, resource schema.GroupVersionResource, kind schema.GroupVersionKind, opts metav1.ListOptions, emptyList func(rv string) runtime.Object) (runtime.Object, bool, error) {
+	item, end := s.listing()
+	rv, ok, err := k8sclient.EmbeddedListEach(cs, resource, kind, metav1.NamespaceAll, opts, func(obj runtime.Object) error {
+		o, err := s.object(obj)
+		if err != nil {
+			return err
+		}
+		return s.send(item(o))
+	})
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	s.streamedEnd = end
+	return emptyList(rv), true, nil
 }
 
 // Resync has nothing to do: the tables are the only copy.
@@ -132,13 +170,13 @@ func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*cor
 		deleted: func(k *corev1.Service) k8sEvent {
 			return &serviceDeleted{ServiceName{Namespace: k.Namespace, Name: k.Name}}
 		},
-		listed: func(ctx context.Context, ks []*corev1.Service) ([]k8sEvent, bool) {
-			end := &servicesListed{names: make(map[ServiceName]struct{}, len(ks))}
-			return convertListing(ctx, ks, func(k *corev1.Service) k8sEvent {
+		listing: func() (func(*corev1.Service) k8sEvent, func() k8sEvent) {
+			end := &servicesListed{names: map[ServiceName]struct{}{}}
+			return func(k *corev1.Service) k8sEvent {
 				svc, invalid := convertService(k)
 				end.names[svc.Name] = struct{}{}
 				return &serviceUpserted{svc, invalid}
-			}, end)
+			}, func() k8sEvent { return end }
 		},
 	}
 }
@@ -153,13 +191,13 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 		deleted: func(k *discoveryv1.EndpointSlice) k8sEvent {
 			return &sliceDeleted{sliceID{Namespace: k.Namespace, Name: k.Name}}
 		},
-		listed: func(ctx context.Context, ks []*discoveryv1.EndpointSlice) ([]k8sEvent, bool) {
-			end := &slicesListed{ids: make(map[sliceID]struct{}, len(ks))}
-			return convertListing(ctx, ks, func(k *discoveryv1.EndpointSlice) k8sEvent {
+		listing: func() (func(*discoveryv1.EndpointSlice) k8sEvent, func() k8sEvent) {
+			end := &slicesListed{ids: map[sliceID]struct{}{}}
+			return func(k *discoveryv1.EndpointSlice) k8sEvent {
 				s, invalid := convertEndpointSlice(k)
 				end.ids[s.id] = struct{}{}
 				return &sliceUpserted{s, invalid}
-			}, end)
+			}, func() k8sEvent { return end }
 		},
 	}
 }
@@ -214,11 +252,12 @@ func listWatch(health cell.Health, resource string,
 	}
 }
 
-func servicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWatch {
+func servicesListWatch(cs k8sclient.Clientset, health cell.Health, store *objectStore[*corev1.Service]) *cache.ListWatch {
 	return listWatch(health, "Services",
 		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			if list, ok, err := k8sclient.EmbeddedList(cs, corev1.SchemeGroupVersion.WithResource("services"),
-				corev1.SchemeGroupVersion.WithKind("Service"), metav1.NamespaceAll, opts); ok {
+			if list, ok, err := store.streamList(cs, corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"), opts, func(rv string) runtime.Object {
+				return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+			}); ok {
 				return list, err
 			}
 			return cs.CoreV1().Services(metav1.NamespaceAll).List(ctx, opts)
@@ -228,11 +267,12 @@ func servicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWa
 		})
 }
 
-func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health) *cache.ListWatch {
+func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *objectStore[*discoveryv1.EndpointSlice]) *cache.ListWatch {
 	return listWatch(health, "EndpointSlices",
 		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			if list, ok, err := k8sclient.EmbeddedList(cs, discoveryv1.SchemeGroupVersion.WithResource("endpointslices"),
-				discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"), metav1.NamespaceAll, opts); ok {
+			if list, ok, err := store.streamList(cs, discoveryv1.SchemeGroupVersion.WithResource("endpointslices"), discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"), opts, func(rv string) runtime.Object {
+				return &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+			}); ok {
 				return list, err
 			}
 			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, opts)

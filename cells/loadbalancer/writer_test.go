@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 func newTestWriter(t *testing.T) (*writer, *statedb.DB) {
@@ -182,7 +184,7 @@ func TestListingLetsObjectsGoAsConverted(t *testing.T) {
 		converted++
 		svc, invalid := convertService(k)
 		return &serviceUpserted{svc, invalid}
-	}, &servicesListed{})
+	}, func() k8sEvent { return &servicesListed{} })
 	if !ok || len(evs) != len(ks)+1 {
 		t.Fatalf("convertListing: %d events, ok %v; want %d", len(evs), ok, len(ks)+1)
 	}
@@ -190,5 +192,53 @@ func TestListingLetsObjectsGoAsConverted(t *testing.T) {
 		if held != nil {
 			t.Errorf("object %d still held after the listing was converted", j)
 		}
+	}
+}
+
+// In embedded mode a listing is streamed: the list call sends an upsert per
+// service as it reads it and hands the Reflector an empty list of the
+// listing's resource version, whose Replace then ends the listing with
+// every name.
+func TestStreamedListing(t *testing.T) {
+	var objs []runtime.Object
+	for i := range 3 {
+		objs = append(objs, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)}})
+	}
+	cs, _, err := k8sclient.NewEmbedded(objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan k8sEvent, 8)
+	store := serviceStore(context.Background(), events)
+	list, ok, err := store.streamList(cs, corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"),
+		metav1.ListOptions{}, func(rv string) runtime.Object {
+			return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+		})
+	if !ok || err != nil {
+		t.Fatalf("streamList: handled %v, %v", ok, err)
+	}
+	if l := list.(*corev1.ServiceList); len(l.Items) != 0 || l.ResourceVersion == "" {
+		t.Fatalf("the Reflector got %d items and resource version %q, want none and a version", len(l.Items), l.ResourceVersion)
+	}
+	if len(events) != len(objs) {
+		t.Fatalf("%d events sent by the list call, want an upsert per service (%d)", len(events), len(objs))
+	}
+	for i := range objs {
+		if up, ok := (<-events).(*serviceUpserted); !ok || up.svc.Name.Name != fmt.Sprintf("svc-%d", i) {
+			t.Fatalf("event %d is not the upsert of svc-%d", i, i)
+		}
+	}
+	if err := store.Replace(nil, list.(*corev1.ServiceList).ResourceVersion); err != nil {
+		t.Fatal(err)
+	}
+	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != len(objs) {
+		t.Fatalf("Replace did not end the listing with its %d names", len(objs))
+	}
+	// The next Replace is an ordinary listing again.
+	if err := store.Replace([]any{objs[0]}, "2"); err != nil || len(events) != 2 {
+		t.Fatalf("Replace after a streamed listing: %v, %d events, want an upsert and an end", err, len(events))
+	}
+	if _, ok, _ := store.streamList(nil, corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"), metav1.ListOptions{}, nil); ok {
+		t.Error("a list without an embedded server was streamed")
 	}
 }
