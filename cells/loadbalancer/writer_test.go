@@ -242,3 +242,82 @@ func TestStreamedListing(t *testing.T) {
 		t.Error("a list without an embedded server was streamed")
 	}
 }
+
+// From a real API server a listing is asked for a page at a time, each
+// page's services sent before the next is asked for; the Reflector gets an
+// empty list of the listing's resource version, and its Replace ends the
+// listing with every page's names. A failure part way is the list's error.
+func TestPagedListing(t *testing.T) {
+	pages := [][]string{{"a", "b"}, {"c"}, {"d"}}
+	var calls []metav1.ListOptions
+	events := make(chan k8sEvent, 16)
+	list := func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		calls = append(calls, opts)
+		i := len(calls) - 1
+		// Each page's services are sent before the next page is asked for.
+		before := 0
+		for _, p := range pages[:i] {
+			before += len(p)
+		}
+		if sent := len(events); sent != before {
+			t.Errorf("page %d asked for with %d upserts sent, want %d", i, sent, before)
+		}
+		l := &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "42"}}
+		if i < len(pages)-1 {
+			l.Continue = fmt.Sprintf("token-%d", i+1)
+		}
+		for _, name := range pages[i] {
+			l.Items = append(l.Items, corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
+		}
+		return l, nil
+	}
+	emptyList := func(rv string) runtime.Object { return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}} }
+	store := serviceStore(context.Background(), events)
+	got, err := store.pagedList(context.Background(), metav1.ListOptions{ResourceVersion: "0"}, list, emptyList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := got.(*corev1.ServiceList); len(l.Items) != 0 || l.ResourceVersion != "42" {
+		t.Fatalf("the Reflector got %d items and version %q, want none and 42", len(l.Items), l.ResourceVersion)
+	}
+	want := []metav1.ListOptions{
+		{ResourceVersion: "0", Limit: listPageSize},
+		{Continue: "token-1", Limit: listPageSize},
+		{Continue: "token-2", Limit: listPageSize},
+	}
+	if fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Fatalf("list calls %+v, want %+v", calls, want)
+	}
+	for _, name := range []string{"a", "b", "c", "d"} {
+		if up, ok := (<-events).(*serviceUpserted); !ok || up.svc.Name.Name != name {
+			t.Fatalf("upserts out of order: want %s", name)
+		}
+	}
+	if err := store.Replace(nil, "42"); err != nil {
+		t.Fatal(err)
+	}
+	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != 4 {
+		t.Fatal("Replace did not end the listing with its 4 names")
+	}
+
+	gone := errors.New("410: the continue token expired")
+	calls = nil
+	failing := func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		if opts.Continue != "" {
+			calls = append(calls, opts)
+			return nil, gone
+		}
+		return list(ctx, opts)
+	}
+	if _, err := store.pagedList(context.Background(), metav1.ListOptions{}, failing, emptyList); !errors.Is(err, gone) {
+		t.Fatalf("a page failing part way: %v, want %v", err, gone)
+	}
+	for range len(events) {
+		<-events
+	}
+	// The listing that failed does not end: the next Replace is an
+	// ordinary one.
+	if err := store.Replace([]any{&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a"}}}, "43"); err != nil || len(events) != 2 {
+		t.Fatalf("Replace after a failed paged listing: %v, %d events, want an upsert and an end", err, len(events))
+	}
+}
