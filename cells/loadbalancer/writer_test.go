@@ -271,7 +271,9 @@ func TestPagedListing(t *testing.T) {
 		}
 		return l, nil
 	}
-	emptyList := func(rv string) runtime.Object { return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}} }
+	emptyList := func(rv string) runtime.Object {
+		return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+	}
 	store := serviceStore(context.Background(), events)
 	got, err := store.pagedList(context.Background(), metav1.ListOptions{ResourceVersion: "0"}, list, emptyList)
 	if err != nil {
