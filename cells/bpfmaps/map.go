@@ -401,16 +401,21 @@ func (m *Map[K, V]) Iterate(fn func(K, V) bool) error {
 	return m.iterateKeys(fn)
 }
 
-// iterateChunk is how many entries Iterate reads per batch: far more than a
-// hash bucket ever holds (a batch must take a whole bucket).
-const iterateChunk = 4096
+// iterateChunk is how many entries Iterate reads per batch at most: far
+// more than a hash bucket ever holds (a batch must take a whole bucket).
+// iterateChunkBytes bounds the batch's buffers for large entries.
+const (
+	iterateChunk      = 4096
+	iterateChunkBytes = 1 << 20
+)
 
 var errNoBatches = errors.New("batch lookups not supported")
 
 // iterateBatches is Iterate in batches; errNoBatches if the kernel has no
 // batch lookup for the map, before fn was called.
 func (m *Map[K, V]) iterateBatches(fn func(K, V) bool) error {
-	n := min(iterateChunk, max(int(m.p.spec.MaxEntries), 1))
+	n := min(iterateChunk, iterateChunkBytes/int(m.p.keySize+m.p.valueSize), int(m.p.spec.MaxEntries))
+	n = max(n, 64)
 	keys, values := make([]K, n), make([]V, n)
 	var cursor BatchCursor
 	for first := true; ; first = false {
