@@ -112,14 +112,17 @@ func Options() hive.Options {
 	return opts
 }
 
-// NewHive builds the agent's hive. Its flags are those of every cell.
-func NewHive() *hive.Hive {
+// NewHive builds the agent's hive, with extra cells (a command's invokes)
+// besides the agent's. Its flags are those of every cell.
+func NewHive(extra ...cell.Cell) *hive.Hive {
 	var h *hive.Hive
-	h = hive.NewWithOptions(Options(),
+	cells := []cell.Cell{
 		Agent,
 		cell.Provide(func() api.ObjectPrinter { return objectPrinter(h) }),
-		health.StartedMarker, // last: see its documentation
-	)
+	}
+	cells = append(cells, extra...)
+	cells = append(cells, health.StartedMarker) // last: see its documentation
+	h = hive.NewWithOptions(Options(), cells...)
 	return h
 }
 

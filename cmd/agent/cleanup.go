@@ -7,35 +7,34 @@ import (
 	"log/slog"
 
 	"github.com/cilium/hive"
-	"github.com/cilium/hive/cell"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/dig"
 
-	"github.com/cellium/cellium/cells"
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/masquerade"
 )
 
-func newCleanupCmd(stdout io.Writer) *cobra.Command {
-	// A graph of its own with every cell of the agent, for the same flags
-	// as `agent run`: cells contribute what they pinned (and how to undo
-	// it) to the bpf-maps Cleaner, so this command knows no path. Building
-	// the graph runs constructors only, which do no I/O; nothing starts.
-	var (
-		cleaner  *bpfmaps.Cleaner
-		cniConf  endpointmanager.Config
-		devConf  devices.Config
-		masqConf masquerade.Config
-	)
-	h := hive.NewWithOptions(cells.Options(), cells.Agent, cell.Invoke(func(c *bpfmaps.Cleaner, cni endpointmanager.Config, dev devices.Config, masq masquerade.Config) {
-		cleaner, cniConf, devConf, masqConf = c, cni, dev, masq
-	}))
-	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	h.RegisterFlags(flags)
+// cleanupTargets is what `agent cleanup` undoes, as the agent's cell graph
+// (the one every command that takes the agent's flags shares) knows it:
+// cells contribute what they pinned, and how to undo it, to the bpf-maps
+// Cleaner, so this command knows no path. capture is an invoke of that
+// graph; only cleanup populates it for this (building the graph runs
+// constructors only, which do no I/O; nothing starts).
+type cleanupTargets struct {
+	cleaner  *bpfmaps.Cleaner
+	cniConf  endpointmanager.Config
+	devConf  devices.Config
+	masqConf masquerade.Config
+}
 
+func (t *cleanupTargets) capture(c *bpfmaps.Cleaner, cni endpointmanager.Config, dev devices.Config, masq masquerade.Config) {
+	t.cleaner, t.cniConf, t.devConf, t.masqConf = c, cni, dev, masq
+}
+
+func newCleanupCmd(h *hive.Hive, agentFlags *pflag.FlagSet, targets *cleanupTargets, stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Detach the agent's BPF programs, remove its pinned links and maps, its nftables table and its CNI configuration",
@@ -55,6 +54,7 @@ func newCleanupCmd(stdout io.Writer) *cobra.Command {
 			}
 			// The configuration first: with the datapath gone, the node
 			// must not be offered pods.
+			cleaner, cniConf, devConf, masqConf := targets.cleaner, targets.cniConf, targets.devConf, targets.masqConf
 			removed, cniErr := endpointmanager.RemoveCNIConfig(cniConf)
 			bpfRemoved, err := cleaner.Remove()
 			removed = append(removed, bpfRemoved...)
@@ -78,6 +78,6 @@ func newCleanupCmd(stdout io.Writer) *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().AddFlagSet(flags)
+	cmd.Flags().AddFlagSet(agentFlags)
 	return cmd
 }

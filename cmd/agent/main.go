@@ -28,6 +28,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -70,8 +71,10 @@ type globalFlags struct {
 func newRootCmd(stdout, stderr io.Writer, origins flagsource.Origins) *cobra.Command {
 	var g globalFlags
 	// One hive serves every command that takes the agent's flags: its flags
-	// are registered on each of them, and only the command that runs uses it.
-	h := cells.NewHive()
+	// are registered on each of them, and only the command that runs uses it
+	// (`agent cleanup` through the invoke that captures its targets).
+	cleanup := &cleanupTargets{}
+	h := cells.NewHive(cell.Invoke(cleanup.capture))
 	agentFlags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(agentFlags)
 
@@ -130,7 +133,7 @@ func newRootCmd(stdout, stderr io.Writer, origins flagsource.Origins) *cobra.Com
 		newIPCacheCmd(stdout),
 		newNodeCmd(stdout),
 		newHealthCmd(stdout),
-		newCleanupCmd(stdout),
+		newCleanupCmd(h, agentFlags, cleanup, stdout),
 		newInstallCNICmd(stdout),
 		newServiceCmd(stdout),
 		newCTCmd(stdout),
