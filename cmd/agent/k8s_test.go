@@ -154,7 +154,7 @@ func TestKubeAPIServer(t *testing.T) {
 
 // applyRBAC creates or updates deploy/rbac.yaml's objects in the deploy
 // namespace, each ClusterRole rule passed through edit first if not nil.
-func applyRBAC(t *testing.T, admin *kubernetes.Clientset, edit func(*rbacv1.PolicyRule)) {
+func applyRBAC(t testing.TB, admin *kubernetes.Clientset, edit func(*rbacv1.PolicyRule)) {
 	t.Helper()
 	ctx := context.Background()
 	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "rbac.yaml"))
