@@ -176,6 +176,12 @@ func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions,
 	if opts.Limit == 0 {
 		opts.Limit = listPageSize
 	}
+	if opts.ResourceVersion == "0" {
+		// "Any version" is answered from the server's cache, whole,
+		// whatever the limit (kube-apiserver v1.36 does). The latest
+		// version is paged.
+		opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
+	}
 	var rv string
 	for {
 		page, err := list(ctx, opts)

@@ -282,8 +282,9 @@ func TestPagedListing(t *testing.T) {
 	if l := got.(*corev1.ServiceList); len(l.Items) != 0 || l.ResourceVersion != "42" {
 		t.Fatalf("the Reflector got %d items and version %q, want none and 42", len(l.Items), l.ResourceVersion)
 	}
+	// "Any version" (0) is asked as the latest (""), which a server pages.
 	want := []metav1.ListOptions{
-		{ResourceVersion: "0", Limit: listPageSize},
+		{Limit: listPageSize},
 		{Continue: "token-1", Limit: listPageSize},
 		{Continue: "token-2", Limit: listPageSize},
 	}
