@@ -159,8 +159,11 @@ func (s *objectStore[T]) streamList(cs k8sclient.Clientset, resource schema.Grou
 }
 
 // listPageSize is how many objects a page of a listing from a real API
-// server asks for (client-go's pager's default).
-const listPageSize = 500
+// server asks for: a few MB of typed objects at a time, in few enough round
+// trips (at 20,000 Services and their EndpointSlices, pages of 500 made
+// ready 0.7 s later than one list; the one list's peak resident set was
+// 100 MB higher).
+const listPageSize = 2000
 
 // pagedList lists from a real API server a page at a time, converting and
 // sending each page's objects before asking for the next, and returns an
