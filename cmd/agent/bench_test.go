@@ -108,17 +108,24 @@ func BenchmarkScale(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
-		if *benchProfile != "" {
-			flags = append(flags, "--pprof")
-		}
-		var runs [2]scaleRun
-		for i := range runs {
-			runs[i] = runScale(b, env, flags, n, fmt.Sprintf("run%d", i))
-		}
-		fmt.Printf("agent-scale-bench services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f\n",
-			n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
-			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
+		fmt.Printf("agent-scale-bench %s\n", scaleRuns(b, env, flags, n, ""))
 	}
+}
+
+// scaleRuns starts the agent with flags twice on the same state, a first
+// start and then a restart (see runScale), and returns the figures of the
+// agent-scale-bench line: services=N first_ready_s=... stop_s=....
+func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix string) string {
+	if *benchProfile != "" {
+		flags = append(flags, "--pprof")
+	}
+	var runs [2]scaleRun
+	for i := range runs {
+		runs[i] = runScale(b, env, flags, n, fmt.Sprintf("%srun%d", profilePrefix, i))
+	}
+	return fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f",
+		n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
+		runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
 }
 
 type scaleRun struct {
@@ -410,7 +417,7 @@ func (a *benchAgent) stop(b *testing.B) time.Duration {
 // allocates its cluster IP), then starts the agent in kubeconfig mode,
 // restarts it, and prints one line:
 //
-//	agent-scale-bench mode=cluster services=N setup_s=... first_ready_s=... restart_ready_s=... rss_mb=... rss_peak_mb=... stop_s=...
+//	agent-scale-bench mode=cluster setup_s=... services=N first_ready_s=... restart_ready_s=... rss_mb=... rss_peak_mb=... stop_s=...
 //
 //	go test ./cmd/agent -run '^$' -bench ScaleCluster -benchtime 1x
 func BenchmarkScaleCluster(b *testing.B) {
@@ -448,16 +455,7 @@ func BenchmarkScaleCluster(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
-		if *benchProfile != "" {
-			flags = append(flags, "--pprof")
-		}
-		var runs [2]scaleRun
-		for i := range runs {
-			runs[i] = runScale(b, env, flags, n, fmt.Sprintf("cluster-run%d", i))
-		}
-		fmt.Printf("agent-scale-bench mode=cluster services=%d setup_s=%.0f first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f\n",
-			n, setupTime.Seconds(), runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
-			runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
+		fmt.Printf("agent-scale-bench mode=cluster setup_s=%.0f %s\n", setupTime.Seconds(), scaleRuns(b, env, flags, n, "cluster-"))
 	}
 }
 
