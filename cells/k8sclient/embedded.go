@@ -478,12 +478,13 @@ func (w *queuedWatch) Stop() {
 	})
 }
 
-// EmbeddedListEach lists as EmbeddedList does, but hands the objects to
-// each one at a time, each decoded from the embedded server's encoding
-// just before: no list of every object is made (a listing of 50,000 typed
-// Services is ~70 MB, all of it alive at once). It returns the list's
-// resource version, from which a watch reports what changed since, as
-// after EmbeddedList. The call goes through the fake's reactors as any
+// EmbeddedListEach lists the objects of resource (of kind) in namespace ns
+// ("": all) from the embedded API server, handing them to each one at a
+// time, each decoded from the server's encoding just before: no list of
+// every object is made (a listing of 50,000 typed Services is ~70 MB, all
+// of it alive at once, and client-go's fake typed client copies every item
+// once more). It returns the list's resource version, from which a watch
+// reports what changed since, as after any list. The call goes through the fake's reactors as any
 // LIST does (a test's reactor may fail it, and it is recorded). An error
 // from each ends the listing with it. Not handled (false) for a real
 // cluster, nor for a label or field selector.
@@ -548,24 +549,4 @@ func (l *streamedList) GetObjectKind() schema.ObjectKind { return schema.EmptyOb
 func (l *streamedList) DeepCopyObject() runtime.Object {
 	c := *l
 	return &c
-}
-
-// EmbeddedList lists the objects of resource (of kind) in namespace ns ("":
-// all) from the embedded API server, as a typed client's List does but
-// without the copy of every item that client-go's fake typed clients make
-// after a list (to apply a label selector, even an empty one): for 50,000
-// Services that copy was 70 MB more at the peak of a start. It is not
-// handled (false) for a real cluster, whose lists are decoded once
-// already, nor for a label or field selector: the typed client's List is
-// then the one to call.
-func EmbeddedList(cs Clientset, resource schema.GroupVersionResource, kind schema.GroupVersionKind, ns string, opts metav1.ListOptions) (runtime.Object, bool, error) {
-	e, ok := cs.(embeddedClientset)
-	if !ok || opts.LabelSelector != "" || opts.FieldSelector != "" {
-		return nil, false, nil
-	}
-	list, err := e.Invokes(k8stesting.NewListActionWithOptions(resource, kind, ns, opts), nil)
-	if err == nil && list == nil {
-		err = fmt.Errorf("list %s: the embedded server returned nothing", resource.Resource)
-	}
-	return list, true, err
 }

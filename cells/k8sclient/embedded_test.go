@@ -223,27 +223,6 @@ func TestWatchFromListReportsDeletionsSince(t *testing.T) {
 	}
 }
 
-// EmbeddedList lists what the typed client lists, from the embedded server,
-// and leaves selectors to the typed client.
-func TestEmbeddedList(t *testing.T) {
-	cs, _, err := k8sclient.NewEmbedded(service("a"), service("b"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gvr, gvk := corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service")
-	obj, ok, err := k8sclient.EmbeddedList(cs, gvr, gvk, "", metav1.ListOptions{ResourceVersion: "0"})
-	if !ok || err != nil {
-		t.Fatalf("EmbeddedList: handled %v, %v", ok, err)
-	}
-	list := obj.(*corev1.ServiceList)
-	if len(list.Items) != 2 || list.Items[0].Name != "a" || list.Items[1].Name != "b" || list.ResourceVersion == "" {
-		t.Fatalf("list %+v, want a and b with a resource version", list)
-	}
-	if _, ok, _ := k8sclient.EmbeddedList(cs, gvr, gvk, "", metav1.ListOptions{LabelSelector: "app=x"}); ok {
-		t.Error("a list with a label selector was handled")
-	}
-}
-
 // EmbeddedListEach hands over what EmbeddedList lists, one object at a
 // time, in the same order; a watch from its resource version reports what
 // was deleted since, as from a list's; it goes through the fake's reactors
