@@ -59,6 +59,29 @@ func (c *conn) line() (string, error) {
 	return strings.TrimSpace(s), err
 }
 
+// holdConn dials a server that first writes "seen <address>" and then
+// echoes lines, from the namespace nsPath, checks the address it saw, and
+// returns a function that checks the connection still echoes, naming when
+// in its failure. The connection is closed at the end of the test.
+func holdConn(t *testing.T, nsPath string, to netip.AddrPort, seen netip.Addr) func(when string) {
+	t.Helper()
+	c, err := dialFrom(nsPath, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if l, err := c.line(); err != nil || l != "seen "+seen.String() {
+		t.Fatalf("held connection to %s: server saw %q (%v), want %s", to, l, err, seen)
+	}
+	return func(when string) {
+		t.Helper()
+		fmt.Fprintln(c, when)
+		if l, err := c.line(); err != nil || l != when {
+			t.Fatalf("held connection to %s, %s: echo %q (%v), want %q", to, when, l, err, when)
+		}
+	}
+}
+
 // seenAs dials from the pod and returns the address the server saw.
 func seenAs(t *testing.T, pod devcluster.Pod, to netip.AddrPort) string {
 	t.Helper()
@@ -149,21 +172,7 @@ func TestMasquerade(t *testing.T) {
 	m.checkSources(t)
 
 	t.Run("an established connection outlives a restart", func(t *testing.T) {
-		conn, err := dialFrom(client.NetNS, netip.AddrPortFrom(out.IPv4, 9000))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if l, err := conn.line(); err != nil || l != "seen "+n1.IPv4.String() {
-			t.Fatalf("outside saw %q (%v), want node-1's address", l, err)
-		}
-		echo := func(when string) {
-			t.Helper()
-			fmt.Fprintln(conn, when)
-			if l, err := conn.line(); err != nil || l != when {
-				t.Fatalf("%s: echo %q (%v), want %q", when, l, err, when)
-			}
-		}
+		echo := holdConn(t, client.NetNS, netip.AddrPortFrom(out.IPv4, 9000), n1.IPv4)
 		echo("before")
 		ns, err := netns.GetFromPath(n1.NetNS)
 		if err != nil {

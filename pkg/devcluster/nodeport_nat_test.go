@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/devcluster"
@@ -78,27 +79,13 @@ func TestNodePortNATCollected(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	held, err := dialFrom(out.NetNS, netip.AddrPortFrom(n1.IPv4, 30120))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	if l, err := held.line(); err != nil || l != "seen "+n1.IPv4.String() {
-		t.Fatalf("held connection: server saw %q (%v), want node-1's address", l, err)
-	}
-	echoHeld := func(when string) {
-		t.Helper()
-		fmt.Fprintln(held, when)
-		if l, err := held.line(); err != nil || l != when {
-			t.Fatalf("held connection, %s: echo %q (%v), want %q", when, l, err, when)
-		}
-	}
+	echoHeld := holdConn(t, out.NetNS, netip.AddrPortFrom(n1.IPv4, 30120), n1.IPv4)
 
 	const n, batch = 10000, 1000
 	start := time.Now()
 	peak := 0
 	for done := 0; done < n; done += batch {
-		err = nettest.Do(out.NetNS, func() error {
+		err := nettest.Do(out.NetNS, func() error {
 			for i := done; i < done+batch; i++ {
 				if err := shortConnection(to, n1.IPv4); err != nil {
 					return fmt.Errorf("connection %d of %d: %w", i+1, n, err)
@@ -172,8 +159,8 @@ func shortConnection(to netip.AddrPort, seen netip.Addr) error {
 	return nil
 }
 
-// openNATMap opens node-1's NodePort NAT map at the pin the agent names.
-func openNATMap(t *testing.T, api *client.Client) *ebpf.Map {
+// natMapInfo is node-1's NodePort NAT map as the agent describes it.
+func natMapInfo(t *testing.T, api *client.Client) apiv1.Map {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -183,16 +170,22 @@ func openNATMap(t *testing.T, api *client.Client) *ebpf.Map {
 	}
 	for _, m := range maps {
 		if m.Name == nodeportmap.MapName {
-			em, err := ebpf.LoadPinnedMap(m.PinPath, &ebpf.LoadPinOptions{ReadOnly: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { em.Close() })
-			return em
+			return m
 		}
 	}
 	t.Fatalf("the agent has no map %s", nodeportmap.MapName)
-	return nil
+	return apiv1.Map{}
+}
+
+// openNATMap opens node-1's NodePort NAT map at the pin the agent names.
+func openNATMap(t *testing.T, api *client.Client) *ebpf.Map {
+	t.Helper()
+	em, err := ebpf.LoadPinnedMap(natMapInfo(t, api).PinPath, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { em.Close() })
+	return em
 }
 
 // closedLifetimes counts the entries of m whose connection saw a FIN both
@@ -225,17 +218,5 @@ func closedLifetimes(t *testing.T, m *ebpf.Map) (closed int, late []string) {
 // the agent counts them.
 func natMapEntries(t *testing.T, api *client.Client) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	maps, err := api.Maps(ctx)
-	if err != nil {
-		t.Fatalf("list the agent's maps: %v", err)
-	}
-	for _, m := range maps {
-		if m.Name == nodeportmap.MapName {
-			return m.Entries
-		}
-	}
-	t.Fatalf("the agent has no map %s", nodeportmap.MapName)
-	return 0
+	return natMapInfo(t, api).Entries
 }
