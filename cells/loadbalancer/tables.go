@@ -319,8 +319,9 @@ var (
 		FromKey:    ServiceName.key,
 		FromString: serviceNameKey,
 	}
-	// FrontendByStatus indexes the frontends table by reconciliation status.
-	FrontendByStatus = tables.StatusIndex((*Frontend).GetStatus)
+	// FrontendByStatus indexes the frontends that are not Done by
+	// reconciliation status (see tables.UnsettledStatusIndex).
+	FrontendByStatus = tables.UnsettledStatusIndex((*Frontend).GetStatus)
 
 	// BackendByAddress indexes the backends table by address.
 	BackendByAddress = statedb.Index[*Backend, L3n4Addr]{

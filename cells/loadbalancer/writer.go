@@ -80,12 +80,19 @@ func (w *writer) update(ctx context.Context, fn func(b *batch)) {
 		// The services that waited for both listings, a batch's worth
 		// per transaction, for the same reason listings are queued per
 		// object (see servicesListed).
+		anyDeferred := len(w.deferred) > 0
 		for name := range w.deferred {
 			if len(b.dirty) >= maxBatch {
 				break
 			}
 			b.markDirty(name)
 			delete(w.deferred, name)
+		}
+		if anyDeferred && len(w.deferred) == 0 {
+			// A map keeps the room its largest size took: with every
+			// service deferred through the initial listings, that is a
+			// few MB for as long as the agent runs.
+			w.deferred = map[ServiceName]struct{}{}
 		}
 	}
 	for name := range b.dirty {

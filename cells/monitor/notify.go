@@ -52,6 +52,10 @@ func (n *notifier) agentStarted(ctx context.Context, _ cell.Health) error {
 	}
 }
 
+// maxKeptChanges is the most changes whose room changes keeps between
+// batches.
+const maxKeptChanges = 1024
+
 // changes follows tbl from the moment it is initialized: the first call of
 // batch gets every object then in the table (the baseline, which is not
 // news), later calls what changed since the previous one. Once it has the
@@ -79,6 +83,11 @@ func changes[Obj any](ctx context.Context, db *statedb.DB, tbl statedb.Table[Obj
 			buf = append(buf, change)
 		}
 		batch(first, buf)
+		if cap(buf) > maxKeptChanges {
+			// The first batch holds every row of a large table; later
+			// ones are small. Not kept, its room would stay allocated.
+			buf = nil
+		}
 		if first {
 			health.OK(fmt.Sprintf("Notifying changes of table %s", tbl.Name()))
 		}
