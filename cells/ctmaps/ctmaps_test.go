@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,28 @@ func newHive(root string, flags map[string]any, maps **ctmaps.Maps, events **ctm
 		h.Viper().Set(k, v)
 	}
 	return h
+}
+
+// With the default flags the ring buffer is sized by the machine's CPU
+// count: 512 KiB each, rounded up to a power of two, 1 MiB to 64 MiB.
+func TestRingbufDefaultSize(t *testing.T) {
+	var (
+		maps   *ctmaps.Maps
+		events *ctmaps.Events
+	)
+	h := newHive(bpfmapstest.Root(t), nil, &maps, &events)
+	log := hivetest.Logger(t)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop(log, context.Background())
+	want := uint32(1 << 20)
+	for want < uint32(runtime.NumCPU())*512<<10 && want < 64<<20 {
+		want *= 2
+	}
+	if got := events.Ring.EBPF().MaxEntries(); got != want {
+		t.Errorf("ring buffer of %d bytes on %d CPUs, want %d", got, runtime.NumCPU(), want)
+	}
 }
 
 // The maps are LRU hashes of the flags' sizes, with the layout of pkg/ctmap;

@@ -15,7 +15,8 @@
 //     are read-only constants of the loaded programs: Config carries them,
 //     and [Config.ProgramConstants] is what the loader sets.
 //   - One ring buffer, cellium_events (--monitor-ringbuf-size bytes, a
-//     power of two of at least a page), that every program writes its
+//     power of two of at least a page; by default 512 KiB per CPU, from
+//     1 MiB to 64 MiB), that every program writes its
 //     events into (pkg/monitorapi), and cellium_events_lost, a per-CPU
 //     array of one counter of the events that did not fit. Provided as
 //     *Events. The ring buffer is pinned so that programs attached while
