@@ -214,7 +214,7 @@ func (c *doneCounter) wait(b *testing.B, want int) {
 	for c.n < want {
 		changes, watch := c.changes.Next(c.db.ReadTxn())
 		for ch := range changes {
-			if !ch.Deleted && ch.Object.Status.Kind == reconciler.StatusKindDone && len(ch.Object.Backends) == 1 {
+			if !ch.Deleted && ch.Object.Status.Kind() == reconciler.StatusKindDone && len(ch.Object.Backends) == 1 {
 				c.n++
 			}
 		}

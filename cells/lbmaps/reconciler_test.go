@@ -97,7 +97,7 @@ func (e *lbEnv) set(synced bool, fes ...*loadbalancer.Frontend) {
 	want := map[loadbalancer.L3n4Addr]bool{}
 	for _, fe := range fes {
 		fe = fe.Clone()
-		fe.Status = reconciler.StatusPending()
+		fe.SetStatus(reconciler.StatusPending())
 		e.frontends.Insert(txn, fe)
 		want[fe.Address] = true
 	}
@@ -129,7 +129,7 @@ func (e *lbEnv) waitDone() []*loadbalancer.Frontend {
 		done := true
 		for fe := range all {
 			fes = append(fes, fe)
-			if fe.Status.Kind != reconciler.StatusKindDone {
+			if fe.Status.Kind() != reconciler.StatusKindDone {
 				done = false
 			}
 		}

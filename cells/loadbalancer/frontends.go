@@ -58,7 +58,7 @@ func (w *writer) updateFrontends(b *batch, name ServiceName) {
 			conflicts = append(conflicts, fmt.Sprintf("frontend %s is %s's", fe.Address, old.ServiceName))
 		case found && old.sameContent(fe):
 		default:
-			fe.Status = reconciler.StatusPending()
+			fe.SetStatus(reconciler.StatusPending())
 			b.insertFrontend(w.tables, fe)
 		}
 	}

@@ -98,8 +98,8 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 			Type:     fe.Type.String(),
 			PortName: fe.PortName,
 			Backends: make([]apiv1.FrontendBackend, len(fe.Backends)),
-			Status:   fe.Status.Kind.String(),
-			Error:    fe.Status.GetError(),
+			Status:   fe.Status.Kind().String(),
+			Error:    fe.GetStatus().GetError(),
 		}
 		for i, be := range fe.Backends {
 			f.Backends[i] = apiv1.FrontendBackend{Address: be.String(), State: string(states[backendPort{be, fe.PortName}])}

@@ -78,7 +78,7 @@ func TestServicesAPI(t *testing.T) {
 	a.waitFrontends(t, func(fes []*loadbalancer.Frontend) bool {
 		done := 0
 		for _, fe := range fes {
-			if fe.Status.Kind == reconciler.StatusKindDone && (fe.ServiceName.Name != "web" || len(fe.Backends) > 0) {
+			if fe.Status.Kind() == reconciler.StatusKindDone && (fe.ServiceName.Name != "web" || len(fe.Backends) > 0) {
 				done++
 			}
 		}

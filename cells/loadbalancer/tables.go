@@ -142,24 +142,27 @@ func trafficPolicyString(extLocal, intLocal bool, healthCheckNodePort uint16) st
 // Frontend is an address the datapath load-balances, with everything the
 // datapath needs to program it: the lb-maps reconciler reads nothing else.
 // Rows are immutable once inserted.
+//
+// The fields are in the order that packs them in 144 bytes (a frontend is
+// kept per Service address), the status packed (see tables.PackedStatus).
 type Frontend struct {
 	// Address is the primary key. NodePort frontends exist at every node
 	// address and at the wildcard 0.0.0.0 / ::, which the datapath serves
 	// for loopback destinations.
-	Address     L3n4Addr     `json:"address"`
-	Type        FrontendType `json:"type"`
-	ServiceName ServiceName  `json:"serviceName"`
-	PortName    string       `json:"portName,omitempty"`
+	Address     L3n4Addr    `json:"address"`
+	ServiceName ServiceName `json:"serviceName"`
+	PortName    string      `json:"portName,omitempty"`
 	// Backends are the backends to use, sorted by address, of the
 	// frontend's address family: filtered by the traffic policy (Local:
 	// only this node's), terminating ones only when no active one exists,
 	// never quarantined ones. Empty means reject connections.
 	Backends        []L3n4Addr    `json:"backends"`
-	SessionAffinity bool          `json:"sessionAffinity,omitempty"`
 	AffinityTimeout time.Duration `json:"affinityTimeout,omitempty"`
 	// Status is Pending whenever anything above changed; the lb-maps
-	// reconciler sets Done or Error.
-	Status reconciler.Status `json:"status"`
+	// reconciler sets Done or Error. GetStatus unpacks it.
+	Status          tables.PackedStatus `json:"status"`
+	Type            FrontendType        `json:"type"`
+	SessionAffinity bool                `json:"sessionAffinity,omitempty"`
 }
 
 // sameContent is whether f and o differ in anything but Status.
@@ -184,8 +187,8 @@ func (f *Frontend) TableRow() []string {
 		f.PortName,
 		backendsString(f.Backends),
 		affinityString(f.SessionAffinity, f.AffinityTimeout),
-		f.Status.Kind.String(),
-		f.Status.GetError(),
+		f.Status.Kind().String(),
+		f.GetStatus().GetError(),
 	}
 }
 
@@ -206,11 +209,11 @@ func (f *Frontend) Clone() *Frontend {
 }
 
 func (f *Frontend) SetStatus(s reconciler.Status) *Frontend {
-	f.Status = s
+	f.Status = tables.PackStatus(s)
 	return f
 }
 
-func (f *Frontend) GetStatus() reconciler.Status { return f.Status }
+func (f *Frontend) GetStatus() reconciler.Status { return f.Status.Unpack() }
 
 // Backend is an address:port that serves one or more services.
 // Rows are immutable once inserted.

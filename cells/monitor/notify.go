@@ -11,7 +11,6 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
@@ -188,7 +187,7 @@ func compareServiceNames(a, b loadbalancer.ServiceName) int {
 // sameFrontend is whether a and b differ in nothing but their status.
 func sameFrontend(a, b *loadbalancer.Frontend) bool {
 	x, y := *a, *b
-	x.Status, y.Status = reconciler.Status{}, reconciler.Status{}
+	x.Status, y.Status = tables.PackedStatus{}, tables.PackedStatus{}
 	return reflect.DeepEqual(x, y)
 }
 
