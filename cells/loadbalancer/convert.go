@@ -36,10 +36,17 @@ func convertService(k *corev1.Service) (*Service, []invalidField) {
 	var bad []invalidField
 	svc := &Service{
 		Name: ServiceName{Namespace: intern(k.Namespace), Name: k.Name},
-		Type: ServiceType(k.Spec.Type),
+		Type: ServiceClusterIP, // what an empty spec.type means
 	}
-	if svc.Type == "" {
-		svc.Type = ServiceClusterIP
+	if k.Spec.Type != "" {
+		// An unknown type is load-balanced as a ClusterIP, as before
+		// there were types, and reported.
+		t, err := parseServiceType(string(k.Spec.Type))
+		if err != nil {
+			bad = append(bad, invalidField{"spec.type", err})
+		} else {
+			svc.Type = t
+		}
 	}
 	if svc.Type == ServiceExternalName {
 		// An alias in DNS: nothing to load-balance.

@@ -65,6 +65,46 @@ func TestConvertServiceInvalidFields(t *testing.T) {
 	}
 }
 
+// TestConvertServiceType: spec.type is kept by name, empty is ClusterIP,
+// and an unknown type is reported and load-balanced as a ClusterIP; its
+// text form is the name.
+func TestConvertServiceType(t *testing.T) {
+	for _, c := range []struct {
+		spec corev1.ServiceType
+		want ServiceType
+		bad  string
+	}{
+		{"", ServiceClusterIP, ""},
+		{corev1.ServiceTypeClusterIP, ServiceClusterIP, ""},
+		{corev1.ServiceTypeNodePort, ServiceNodePort, ""},
+		{corev1.ServiceTypeLoadBalancer, ServiceLoadBalancer, ""},
+		{corev1.ServiceTypeExternalName, ServiceExternalName, ""},
+		{"Gateway", ServiceClusterIP, `spec.type: invalid service type "Gateway": want ClusterIP, NodePort, LoadBalancer or ExternalName`},
+	} {
+		k := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+			Spec:       corev1.ServiceSpec{Type: c.spec, ClusterIP: "10.96.0.20", Ports: []corev1.ServicePort{{Port: 80}}},
+		}
+		svc, bad := convertService(k)
+		var got string
+		if len(bad) > 0 {
+			got = bad[0].Error()
+		}
+		if svc.Type != c.want || got != c.bad || len(bad) > 1 {
+			t.Errorf("spec.type %q: %s, invalid %v; want %s, %q", c.spec, svc.Type, bad, c.want, c.bad)
+		}
+		if c.bad == "" && c.spec != "" {
+			if svc.Type.String() != string(c.spec) {
+				t.Errorf("spec.type %q: named %q", c.spec, svc.Type)
+			}
+			var back ServiceType
+			if text, _ := svc.Type.MarshalText(); back.UnmarshalText(text) != nil || back != svc.Type {
+				t.Errorf("spec.type %q: text %q read back as %s", c.spec, text, back)
+			}
+		}
+	}
+}
+
 // TestConvertServiceHealthCheckNodePort: spec.healthCheckNodePort is kept
 // when it is a port; out of range, it is reported by field and value, and
 // the rest of the service stands without a health check.

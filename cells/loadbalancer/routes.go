@@ -54,7 +54,7 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 	out := apiv1.Service{
 		Namespace:             svc.Name.Namespace,
 		Name:                  svc.Name.Name,
-		Type:                  string(svc.Type),
+		Type:                  svc.Type.String(),
 		ClusterIPs:            addrStrings(svc.ClusterIPs),
 		ExternalIPs:           addrStrings(svc.ExternalIPs),
 		LoadBalancerIPs:       addrStrings(svc.LoadBalancerIPs),

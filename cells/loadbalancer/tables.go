@@ -37,19 +37,14 @@ const (
 )
 
 // Service is one Kubernetes Service, in the compact form the load balancer
-// needs. Rows are immutable once inserted.
+// needs. Rows are immutable once inserted. The fields are in the order that
+// packs them in 144 bytes.
 type Service struct {
 	Name ServiceName `json:"name"`
 	Type ServiceType `json:"type"`
-	// ClusterIPs is empty for headless and ExternalName services.
-	ClusterIPs      []netip.Addr  `json:"clusterIPs,omitempty"`
-	ExternalIPs     []netip.Addr  `json:"externalIPs,omitempty"`
-	LoadBalancerIPs []netip.Addr  `json:"loadBalancerIPs,omitempty"`
-	Ports           []ServicePort `json:"ports,omitempty"`
 	// SessionAffinity is sessionAffinity ClientIP: a client keeps its
 	// backend for AffinityTimeout after its last packet.
-	SessionAffinity bool          `json:"sessionAffinity,omitempty"`
-	AffinityTimeout time.Duration `json:"affinityTimeout,omitempty"`
+	SessionAffinity bool `json:"sessionAffinity,omitempty"`
 	// ExtTrafficPolicyLocal restricts NodePort, ExternalIP and LoadBalancer
 	// frontends to backends on this node.
 	ExtTrafficPolicyLocal bool `json:"extTrafficPolicyLocal,omitempty"`
@@ -60,6 +55,12 @@ type Service struct {
 	// has none: the port on which the lb-healthcheck cell tells external
 	// load balancers how many of the service's endpoints are on this node.
 	HealthCheckNodePort uint16 `json:"healthCheckNodePort,omitempty"`
+	// ClusterIPs is empty for headless and ExternalName services.
+	ClusterIPs      []netip.Addr  `json:"clusterIPs,omitempty"`
+	ExternalIPs     []netip.Addr  `json:"externalIPs,omitempty"`
+	LoadBalancerIPs []netip.Addr  `json:"loadBalancerIPs,omitempty"`
+	Ports           []ServicePort `json:"ports,omitempty"`
+	AffinityTimeout time.Duration `json:"affinityTimeout,omitempty"`
 }
 
 // ServicePort is one of spec.ports.
@@ -108,7 +109,7 @@ func (s *Service) TableHeader() []string {
 func (s *Service) TableRow() []string {
 	return []string{
 		s.Name.String(),
-		string(s.Type),
+		s.Type.String(),
 		joinStrings(s.ClusterIPs),
 		joinStrings(s.ExternalIPs),
 		joinStrings(s.LoadBalancerIPs),

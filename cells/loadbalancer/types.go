@@ -181,15 +181,45 @@ func (t *FrontendType) UnmarshalText(b []byte) error {
 	return fmt.Errorf("invalid frontend type %q: want ClusterIP, NodePort, ExternalIP or LoadBalancer", b)
 }
 
-// ServiceType is spec.type of a Service.
-type ServiceType string
+// ServiceType is spec.type of a Service. Like FrontendType it is a byte in
+// memory and its name in text and JSON.
+type ServiceType uint8
 
 const (
-	ServiceClusterIP    ServiceType = "ClusterIP"
-	ServiceNodePort     ServiceType = "NodePort"
-	ServiceLoadBalancer ServiceType = "LoadBalancer"
-	ServiceExternalName ServiceType = "ExternalName"
+	ServiceClusterIP ServiceType = iota + 1
+	ServiceNodePort
+	ServiceLoadBalancer
+	ServiceExternalName
 )
+
+var serviceTypeNames = [...]string{
+	ServiceClusterIP: "ClusterIP", ServiceNodePort: "NodePort",
+	ServiceLoadBalancer: "LoadBalancer", ServiceExternalName: "ExternalName",
+}
+
+func (t ServiceType) String() string {
+	if int(t) < len(serviceTypeNames) && serviceTypeNames[t] != "" {
+		return serviceTypeNames[t]
+	}
+	return "ServiceType(" + strconv.Itoa(int(t)) + ")"
+}
+
+func (t ServiceType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
+
+func (t *ServiceType) UnmarshalText(b []byte) (err error) {
+	*t, err = parseServiceType(string(b))
+	return err
+}
+
+// parseServiceType is the type named s, as spec.type spells it.
+func parseServiceType(s string) (ServiceType, error) {
+	for v, name := range serviceTypeNames {
+		if name != "" && name == s {
+			return ServiceType(v), nil
+		}
+	}
+	return 0, fmt.Errorf("invalid service type %q: want ClusterIP, NodePort, LoadBalancer or ExternalName", s)
+}
 
 // BackendState says whether a backend may take connections.
 type BackendState string
