@@ -244,7 +244,7 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	}
 	var stale []entry
 	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
-	for addr := range o.state.frontends {
+	for addr := range o.state.frontends.all() {
 		if _, ok := wanted[addr]; ok {
 			continue
 		}
@@ -257,7 +257,7 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	}
 	// Backends no written slot points at: left over at restore, or whose
 	// delete failed in an earlier round.
-	for _, bs := range o.state.backends {
+	for _, bs := range o.state.backends.all() {
 		if bs.refs == 0 {
 			if bs.addr.is4 {
 				r4.unused[bs] = true
@@ -429,7 +429,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 // delete plans the removal of everything written for addr.
 func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 	st := r.o.state
-	fs, ok := st.frontends[addr]
+	fs, ok := st.frontends.get(addr)
 	if !ok {
 		return
 	}
