@@ -69,7 +69,7 @@ func newWriter(p writerParams) *writer {
 		tables:    p.Tables,
 		nodeName:  string(p.NodeName),
 		health:    p.Health.NewScope("k8s-objects"),
-		slices:    map[sliceID]string{},
+		slices:    sliceServices{},
 		problems:  map[string]string{},
 		contested: map[ServiceName]struct{}{},
 		deferred:  map[ServiceName]struct{}{},

@@ -83,7 +83,7 @@ type slicesListed struct{ ids map[sliceID]struct{} }
 
 func (e *slicesListed) apply(w *writer, b *batch) {
 	listed := e.ids
-	for id := range w.slices {
+	for id := range w.slices.all() {
 		if _, ok := listed[id]; !ok {
 			w.deleteSlice(b, id)
 		}

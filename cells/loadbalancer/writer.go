@@ -34,7 +34,7 @@ type writer struct {
 	// its service (in the slice's namespace), so that an update that
 	// relabels a slice, or a relist that no longer has it, finds its old
 	// backends.
-	slices map[sliceID]string
+	slices sliceServices
 	// nodeAddrs are the node addresses NodePort frontends use, sorted.
 	nodeAddrs []netip.Addr
 	// problems are the invalid objects and frontend conflicts, by object:

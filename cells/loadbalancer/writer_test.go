@@ -27,7 +27,7 @@ func newTestWriter(t *testing.T) (*writer, *statedb.DB) {
 	health, _ := cell.NewSimpleHealth()
 	return &writer{
 		log: slog.New(slog.DiscardHandler), db: db, tables: tables, health: health, nodeName: "node-1",
-		slices: map[sliceID]string{}, problems: map[string]string{},
+		slices: sliceServices{}, problems: map[string]string{},
 		contested: map[ServiceName]struct{}{}, deferred: map[ServiceName]struct{}{},
 	}, db
 }
