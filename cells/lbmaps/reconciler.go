@@ -207,7 +207,7 @@ func (o *ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 		addr, ok := keyOf(batch[i].Object.Address)
 		switch {
 		case !ok:
-		case addr.is4:
+		case addr.Is4:
 			r4.delete(&entries[i], addr)
 		default:
 			r6.delete(&entries[i], addr)
@@ -244,12 +244,12 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	}
 	var stale []entry
 	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
-	for addr := range o.state.frontends.all() {
+	for addr := range o.state.frontends.All() {
 		if _, ok := wanted[addr]; ok {
 			continue
 		}
 		stale = append(stale, entry{})
-		if addr.is4 {
+		if addr.Is4 {
 			r4.delete(&stale[len(stale)-1], addr)
 		} else {
 			r6.delete(&stale[len(stale)-1], addr)
@@ -257,9 +257,9 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	}
 	// Backends no written slot points at: left over at restore, or whose
 	// delete failed in an earlier round.
-	for _, bs := range o.state.backends.all() {
+	for _, bs := range o.state.backends.All() {
 		if bs.refs == 0 {
-			if bs.addr.is4 {
+			if bs.addr.Is4 {
 				r4.unused[bs] = true
 			} else {
 				r6.unused[bs] = true
@@ -330,7 +330,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 		// The socket programs do not balance SCTP: nothing to write.
 		return
 	}
-	proto := key.proto
+	proto := lbmap.Proto(key.Proto)
 	fs, err := st.frontend(key)
 	if err != nil {
 		e.fail(err)
@@ -340,7 +340,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 	ids := make([]lbmap.BackendID, len(fe.Backends))
 	for i, be := range fe.Backends {
 		beKey, ok := keyOf(be)
-		if !ok || beKey.is4 != key.is4 {
+		if !ok || beKey.Is4 != key.Is4 {
 			e.fail(fmt.Errorf("backend %s cannot serve frontend %s", be, fe.Address))
 			return
 		}
@@ -351,7 +351,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 		}
 		if !bs.written && !r.queued[bs] {
 			r.queued[bs] = true
-			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, beKey.proto), func() { bs.written = true })
+			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, lbmap.Proto(beKey.Proto)), func() { bs.written = true })
 		}
 		ids[i] = bs.id
 	}
@@ -429,12 +429,12 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 // delete plans the removal of everything written for addr.
 func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 	st := r.o.state
-	fs, ok := st.frontends.get(addr)
+	fs, ok := st.frontends.Get(addr)
 	if !ok {
 		return
 	}
 	r.deleted[addr] = fs
-	ip, port, proto := addr.ip(), addr.port, addr.proto
+	ip, port, proto := addr.IP(), addr.Port, lbmap.Proto(addr.Proto)
 	if fs.hasMaster {
 		r.masterDeletes.add(e, r.f.serviceKey(ip, port, proto, 0), func() { fs.hasMaster = false })
 	}

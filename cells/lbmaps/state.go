@@ -3,11 +3,11 @@ package lbmaps
 import (
 	"encoding/binary"
 	"fmt"
-	"iter"
 	"net/netip"
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/cellium/cellium/cells/internal/addrmap"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/lbmap"
 )
@@ -18,8 +18,8 @@ import (
 // frontend that did not change, writes nothing. Only the reconciler's
 // goroutine touches it, after the start hook has filled it.
 type realized struct {
-	frontends addrMap[*frontendState]
-	backends  addrMap[*backendState]
+	frontends addrmap.Map[*frontendState]
+	backends  addrmap.Map[*backendState]
 	// backendByID is indexed by backend ID, which are dense.
 	backendByID []*backendState
 	frontendIDs *idAllocator
@@ -64,8 +64,8 @@ type backendState struct {
 
 func newRealized(maxFrontends, maxBackends uint32) *realized {
 	return &realized{
-		frontends:   newAddrMap[*frontendState](),
-		backends:    newAddrMap[*backendState](),
+		frontends:   addrmap.New[*frontendState](),
+		backends:    addrmap.New[*backendState](),
 		frontendIDs: newIDAllocator("frontend", maxFrontends),
 		backendIDs:  newIDAllocator("backend", maxBackends),
 	}
@@ -74,10 +74,10 @@ func newRealized(maxFrontends, maxBackends uint32) *realized {
 // frontend returns the state of addr, creating it, and giving it an ID, if
 // needed.
 func (r *realized) frontend(addr addrKey) (*frontendState, error) {
-	fs, ok := r.frontends.get(addr)
+	fs, ok := r.frontends.Get(addr)
 	if !ok {
 		fs = &frontendState{}
-		r.frontends.set(addr, fs)
+		r.frontends.Set(addr, fs)
 	}
 	if fs.id == 0 {
 		id, err := r.frontendIDs.allocate()
@@ -91,7 +91,7 @@ func (r *realized) frontend(addr addrKey) (*frontendState, error) {
 
 // backend returns the state of addr, creating it with a new ID if needed.
 func (r *realized) backend(addr addrKey) (*backendState, error) {
-	if bs, ok := r.backends.get(addr); ok {
+	if bs, ok := r.backends.Get(addr); ok {
 		return bs, nil
 	}
 	id, err := r.backendIDs.allocate()
@@ -99,14 +99,14 @@ func (r *realized) backend(addr addrKey) (*backendState, error) {
 		return nil, err
 	}
 	bs := &backendState{addr: addr, id: lbmap.BackendID(id)}
-	r.backends.set(addr, bs)
+	r.backends.Set(addr, bs)
 	r.setByID(bs)
 	return bs, nil
 }
 
 // forgetFrontend drops a frontend whose entries are all gone.
 func (r *realized) forgetFrontend(addr addrKey, fs *frontendState) {
-	r.frontends.delete(addr)
+	r.frontends.Delete(addr)
 	if fs.id != 0 {
 		r.frontendIDs.release(uint32(fs.id))
 	}
@@ -114,7 +114,7 @@ func (r *realized) forgetFrontend(addr addrKey, fs *frontendState) {
 
 // forgetBackend drops a backend whose entry is gone.
 func (r *realized) forgetBackend(bs *backendState) {
-	r.backends.delete(bs.addr)
+	r.backends.Delete(bs.addr)
 	r.backendByID[bs.id] = nil
 	r.backendIDs.release(uint32(bs.id))
 }
@@ -196,12 +196,7 @@ func mapProto(p loadbalancer.L4Proto) (lbmap.Proto, bool) {
 // it: 20 bytes and no pointers, where loadbalancer.L3n4Addr is 48 bytes
 // holding two (the state of 50,000 services is that much smaller, and
 // cheaper to garbage collect).
-type addrKey struct {
-	addr  [16]byte
-	port  uint16
-	proto lbmap.Proto
-	is4   bool
-}
+type addrKey = addrmap.Key
 
 // keyOf is the key of a, and false for protocols the datapath does not
 // balance (SCTP).
@@ -210,7 +205,7 @@ func keyOf(a loadbalancer.L3n4Addr) (addrKey, bool) {
 	if !ok {
 		return addrKey{}, false
 	}
-	return addrKey{addr: a.Addr.As16(), port: a.Port, proto: proto, is4: a.Addr.Is4()}, true
+	return addrmap.KeyOf(a.Addr, a.Port, uint8(proto)), true
 }
 
 // mapKey is the key of an entry read back from a map.
@@ -218,85 +213,7 @@ func mapKey(ap netip.AddrPort, p lbmap.Proto) (addrKey, error) {
 	if p != lbmap.TCP && p != lbmap.UDP {
 		return addrKey{}, fmt.Errorf("unknown protocol %d", p)
 	}
-	a := ap.Addr().Unmap()
-	return addrKey{addr: a.As16(), port: ap.Port(), proto: p, is4: a.Is4()}, nil
-}
-
-func (k addrKey) ip() netip.Addr {
-	a := netip.AddrFrom16(k.addr)
-	if k.is4 {
-		return a.Unmap()
-	}
-	return a
-}
-
-// addrMap is a map by addrKey that keeps IPv4 keys in 8 bytes instead of
-// 20: a map's slot is its key and value aligned, 16 bytes instead of 32,
-// and the reconciler keeps two maps with an entry per frontend and per
-// backend (about 50 bytes per service less at 50,000 services).
-type addrMap[V any] struct {
-	v4 map[addr4Key]V
-	v6 map[addrKey]V
-}
-
-// addr4Key is an addrKey of an IPv4 address.
-type addr4Key struct {
-	addr  [4]byte
-	port  uint16
-	proto lbmap.Proto
-}
-
-func newAddrMap[V any]() addrMap[V] {
-	return addrMap[V]{v4: map[addr4Key]V{}, v6: map[addrKey]V{}}
-}
-
-func (k addrKey) v4() addr4Key {
-	return addr4Key{addr: [4]byte(k.addr[12:]), port: k.port, proto: k.proto}
-}
-
-func (k addr4Key) key() addrKey {
-	return addrKey{addr: netip.AddrFrom4(k.addr).As16(), port: k.port, proto: k.proto, is4: true}
-}
-
-func (m addrMap[V]) get(k addrKey) (V, bool) {
-	if k.is4 {
-		v, ok := m.v4[k.v4()]
-		return v, ok
-	}
-	v, ok := m.v6[k]
-	return v, ok
-}
-
-func (m addrMap[V]) set(k addrKey, v V) {
-	if k.is4 {
-		m.v4[k.v4()] = v
-	} else {
-		m.v6[k] = v
-	}
-}
-
-func (m addrMap[V]) delete(k addrKey) {
-	if k.is4 {
-		delete(m.v4, k.v4())
-	} else {
-		delete(m.v6, k)
-	}
-}
-
-// all is every entry, the IPv4 ones first, each part in no order.
-func (m addrMap[V]) all() iter.Seq2[addrKey, V] {
-	return func(yield func(addrKey, V) bool) {
-		for k, v := range m.v4 {
-			if !yield(k.key(), v) {
-				return
-			}
-		}
-		for k, v := range m.v6 {
-			if !yield(k, v) {
-				return
-			}
-		}
-	}
+	return addrmap.KeyOf(ap.Addr(), ap.Port(), uint8(p)), nil
 }
 
 // restoreStats counts what a restore found.
@@ -316,7 +233,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			stats.dropped++
 			return true
 		}
-		if _, dup := r.backends.get(addr); dup {
+		if _, dup := r.backends.Get(addr); dup {
 			// Two IDs for one backend: keep the first; slots pointing at
 			// the other are rewritten.
 			r.backendIDs.release(uint32(id))
@@ -324,7 +241,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			return true
 		}
 		bs := &backendState{addr: addr, id: id, written: true}
-		r.backends.set(addr, bs)
+		r.backends.Set(addr, bs)
 		r.setByID(bs)
 		stats.backends++
 		return true
@@ -354,7 +271,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			stats.dropped++
 			return true
 		}
-		r.frontends.set(addr, &frontendState{id: v.RevNATIndex, master: v, hasMaster: true})
+		r.frontends.Set(addr, &frontendState{id: v.RevNATIndex, master: v, hasMaster: true})
 		stats.frontends++
 		return true
 	})
@@ -362,12 +279,12 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		return err
 	}
 	for addr, ss := range slots {
-		fs, ok := r.frontends.get(addr)
+		fs, ok := r.frontends.Get(addr)
 		if !ok {
 			// Slots without a master (a write cut short): a frontend with
 			// no ID yet, so that prune or an update replaces them.
 			fs = &frontendState{}
-			r.frontends.set(addr, fs)
+			r.frontends.Set(addr, fs)
 		}
 		for _, s := range ss {
 			id := s.id
@@ -383,7 +300,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		fs   *frontendState
 	}
 	byID := map[lbmap.RevNATIndex]frontend{}
-	for addr, fs := range r.frontends.all() {
+	for addr, fs := range r.frontends.All() {
 		if fs.id != 0 {
 			byID[fs.id] = frontend{addr, fs}
 		}
@@ -395,7 +312,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			return true
 		}
 		ap := f.revNATAddr(v)
-		fe.fs.revNAT = ap.Addr().Unmap() == fe.addr.ip() && ap.Port() == fe.addr.port
+		fe.fs.revNAT = ap.Addr().Unmap() == fe.addr.IP() && ap.Port() == fe.addr.Port
 		return true
 	})
 	if err != nil {
