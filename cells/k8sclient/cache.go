@@ -208,8 +208,8 @@ func (rec cacheRecord) manifest(file string, encoded []byte) (*manifest, error) 
 		encoded: encoded,
 		digest:  rec.Digest,
 		file:    file,
-		line:    rec.Line,
-		doc:     rec.Doc,
+		line:    int32(rec.Line),
+		doc:     int32(rec.Doc),
 	}, nil
 }
 
@@ -228,7 +228,7 @@ func (c *parseCache) store(file, digest string, objs []*manifest) error {
 		rec := cacheRecord{
 			Group: m.key.resource.Group, Version: m.key.resource.Version, Resource: m.key.resource.Resource,
 			Kind: m.key.kind, Namespace: m.key.namespace, Name: m.key.name,
-			Line: m.line, Doc: m.doc, Digest: m.digest,
+			Line: int(m.line), Doc: int(m.doc), Digest: m.digest,
 		}
 		record = rec.appendTo(record[:0])
 		record = binary.AppendUvarint(record, uint64(len(encoded)))

@@ -152,7 +152,7 @@ func newClientset(p clientsetParams) (Clientset, error) {
 		db:        p.DB,
 		files:     p.Files,
 		loaded:    map[string][]*manifest{},
-		applied:   map[objectKey]*manifest{},
+		applied:   newObjectSet(),
 		logged:    map[string]string{},
 		decoded:   map[string]*decodedFile{},
 	}

@@ -68,8 +68,9 @@ type manifest struct {
 	digest  uint64
 	file    string
 	// line is where the object's document starts, doc its position among
-	// the file's documents (from 1).
-	line, doc int
+	// the file's documents (from 1). 32 bits keep a manifest in 96 bytes
+	// (one is kept per object of the directory).
+	line, doc int32
 }
 
 // fileError is a manifest file that cannot be applied, and where.
@@ -307,8 +308,8 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 			name:       acc.GetName(),
 		},
 		file: file,
-		line: doc.objectLine,
-		doc:  doc.index,
+		line: int32(doc.objectLine),
+		doc:  int32(doc.index),
 	}
 	if err := m.setObject(obj); err != nil {
 		return nil, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)

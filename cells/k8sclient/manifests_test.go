@@ -58,7 +58,7 @@ func TestDecodeFile(t *testing.T) {
 		t.Fatalf("objects:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	// The line is that of the object's first line, past comments.
-	for i, want := range []struct{ line, doc int }{{2, 1}, {11, 2}, {21, 3}} {
+	for i, want := range []struct{ line, doc int32 }{{2, 1}, {11, 2}, {21, 3}} {
 		if objs[i].line != want.line || objs[i].doc != want.doc {
 			t.Errorf("%s at line %d document %d, want line %d document %d", objs[i].key, objs[i].line, objs[i].doc, want.line, want.doc)
 		}

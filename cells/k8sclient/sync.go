@@ -58,7 +58,7 @@ type manifestSync struct {
 	// broken file keeps contributing until it parses again.
 	loaded map[string][]*manifest
 	// applied is what the passes have written into the fake.
-	applied map[objectKey]*manifest
+	applied objectSet
 	// logged is the error last logged per file, so a broken file is logged
 	// once, not on every pass.
 	logged map[string]string
@@ -147,16 +147,16 @@ func (s *manifestSync) sync() error {
 	}
 	s.resolveConflicts(files)
 
-	desired := map[objectKey]*manifest{}
+	desired := newObjectSet()
 	var order []*manifest
 	for _, f := range files {
 		for _, m := range f.objects {
-			desired[m.key] = m
+			desired.set(m)
 			order = append(order, m)
 		}
 	}
-	if node := s.localNodeManifest(); desired[node.key] == nil {
-		desired[node.key] = node
+	if node := s.localNodeManifest(); desired.get(node.key) == nil {
+		desired.set(node)
 		order = append(order, node)
 	}
 	writeErrs := s.apply(desired, order)
@@ -190,7 +190,7 @@ func (s *manifestSync) sync() error {
 	case len(writeErrs) > 0:
 		s.health.Degraded("Objects not written to the embedded API server", errors.Join(writeErrs...))
 	default:
-		s.health.OK(fmt.Sprintf("%d objects from %d files", len(desired), len(files)))
+		s.health.OK(fmt.Sprintf("%d objects from %d files", desired.len(), len(files)))
 	}
 	return nil
 }
@@ -298,14 +298,14 @@ func (s *manifestSync) resolveConflicts(files []*fileState) {
 		keeper := defs[0]
 		if i := slices.IndexFunc(defs, func(f *fileState) bool { return !f.fresh }); i >= 0 {
 			keeper = defs[i]
-		} else if prev := s.applied[key]; prev != nil {
+		} else if prev := s.applied.get(key); prev != nil {
 			if i := slices.IndexFunc(defs, func(f *fileState) bool { return f.name == prev.file }); i >= 0 {
 				keeper = defs[i]
 			}
 		}
 		loser := defs[slices.IndexFunc(defs, func(f *fileState) bool { return f != keeper })]
 		m, kept := loser.definition(key), keeper.definition(key)
-		loser.err = &fileError{loser.name, m.line, m.doc,
+		loser.err = &fileError{loser.name, int(m.line), int(m.doc),
 			fmt.Sprintf("%s is already defined in %s:%d", key, kept.file, kept.line)}
 		if loser.fresh {
 			// What it applied before in this run: its cached parse
@@ -356,13 +356,13 @@ func (s *manifestSync) localNodeManifest() *manifest {
 // objects, changed ones (compared with the manifest last written, not with
 // the fake's copy, which other cells may have annotated), and deletions.
 // order is desired in file order, for a readable sequence of events.
-func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest) []error {
+func (s *manifestSync) apply(desired objectSet, order []*manifest) []error {
 	var errs []error
 	var created, updated, deleted int
 	for _, m := range order {
-		prev := s.applied[m.key]
+		prev := s.applied.get(m.key)
 		if prev != nil && prev.digest == m.digest {
-			s.applied[m.key] = m // it may have moved to another file
+			s.applied.set(m) // it may have moved to another file
 			continue
 		}
 		if err := s.write(prev == nil, m); err != nil {
@@ -374,11 +374,11 @@ func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest)
 		} else {
 			updated++
 		}
-		s.applied[m.key] = m
+		s.applied.set(m)
 	}
 	stale := slices.SortedFunc(func(yield func(objectKey) bool) {
-		for key := range s.applied {
-			if desired[key] == nil && !yield(key) {
+		for m := range s.applied.all() {
+			if desired.get(m.key) == nil && !yield(m.key) {
 				return
 			}
 		}
@@ -389,7 +389,7 @@ func (s *manifestSync) apply(desired map[objectKey]*manifest, order []*manifest)
 			errs = append(errs, fmt.Errorf("delete %s: %w", key, err))
 			continue
 		}
-		delete(s.applied, key)
+		s.applied.delete(key)
 		deleted++
 	}
 	if created+updated+deleted > 0 {
