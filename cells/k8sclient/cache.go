@@ -148,19 +148,19 @@ func (c *parseCache) path(file string) string { return filepath.Join(c.dir, file
 
 // load returns the objects cached for file if they were decoded from the
 // content with digest, and false otherwise.
-func (c *parseCache) load(file, digest string) ([]*manifest, bool) {
+func (c *parseCache) load(file, digest string) ([]decoded, bool) {
 	return c.read(file, func(cached string) bool { return cached == digest })
 }
 
 // lastGood returns the objects of the last content of file that decoded,
 // whatever the file holds now: what a file that is broken at start keeps.
-func (c *parseCache) lastGood(file string) ([]*manifest, bool) {
+func (c *parseCache) lastGood(file string) ([]decoded, bool) {
 	return c.read(file, func(string) bool { return true })
 }
 
 // read returns the cached objects of file if the digest of the content they
 // were decoded from is one that want accepts.
-func (c *parseCache) read(file string, want func(digest string) bool) ([]*manifest, bool) {
+func (c *parseCache) read(file string, want func(digest string) bool) ([]decoded, bool) {
 	data, err := os.ReadFile(c.path(file))
 	if err != nil || !bytes.HasPrefix(data, []byte(cacheMagic)) {
 		return nil, false
@@ -174,7 +174,7 @@ func (c *parseCache) read(file string, want func(digest string) bool) ([]*manife
 	if err != nil || count > uint64(len(rest)) {
 		return nil, false
 	}
-	objs := make([]*manifest, 0, count)
+	objs := make([]decoded, 0, count)
 	for {
 		rec, encoded, err := r.next()
 		if errors.Is(err, io.EOF) && uint64(len(objs)) == count {
@@ -183,7 +183,7 @@ func (c *parseCache) read(file string, want func(digest string) bool) ([]*manife
 		if err != nil {
 			return nil, false
 		}
-		m, err := rec.manifest(file, encoded)
+		m, err := rec.manifest(&file, encoded)
 		if err != nil {
 			return nil, false
 		}
@@ -195,27 +195,26 @@ func (c *parseCache) read(file string, want func(digest string) bool) ([]*manife
 // the embedded server stores that same encoding. It must hash to the
 // record's digest, which the encoding was hashed to when the file was
 // decoded: a damaged cache is parsed around.
-func (rec cacheRecord) manifest(file string, encoded []byte) (*manifest, error) {
+func (rec cacheRecord) manifest(file *string, encoded []byte) (decoded, error) {
 	if xxhash.Sum64(encoded) != rec.Digest {
-		return nil, fmt.Errorf("cached %s %s/%s does not match its digest", rec.Kind, rec.Namespace, rec.Name)
+		return decoded{}, fmt.Errorf("cached %s %s/%s does not match its digest", rec.Kind, rec.Namespace, rec.Name)
 	}
-	return &manifest{
+	return decoded{encoded: encoded, manifest: &manifest{
 		key: objectKey{
 			objectType: typeOf(schema.GroupVersionResource{Group: rec.Group, Version: rec.Version, Resource: rec.Resource}, rec.Kind),
 			namespace:  rec.Namespace,
 			name:       rec.Name,
 		},
-		encoded: encoded,
-		digest:  rec.Digest,
-		file:    file,
-		line:    int32(rec.Line),
-		doc:     int32(rec.Doc),
-	}, nil
+		digest: rec.Digest,
+		file:   file,
+		line:   int32(rec.Line),
+		doc:    int32(rec.Doc),
+	}}, nil
 }
 
 // store replaces the cache of file with objs, decoded from the content
 // with digest and not yet written (they hold their encoding).
-func (c *parseCache) store(file, digest string, objs []*manifest) error {
+func (c *parseCache) store(file, digest string, objs []decoded) error {
 	var buf bytes.Buffer
 	var record []byte
 	buf.WriteString(cacheMagic + digest + "\n")

@@ -55,8 +55,9 @@ func TestParseCache(t *testing.T) {
 	if !ok || len(objs) != 2 {
 		t.Fatalf("cache of a.yaml: %d objects, found %v; want the 2 of the first start", len(objs), ok)
 	}
-	for _, m := range objs {
-		svc := decodedObject(t, m).(*corev1.Service)
+	for i := range objs {
+		m := &objs[i]
+		svc := decodedObject(t, *m).(*corev1.Service)
 		svc.Spec.Ports[0].Port = 8080
 		if err := m.setObject(svc); err != nil {
 			t.Fatal(err)

@@ -137,10 +137,10 @@ func TestFastDecodeSameAsGeneric(t *testing.T) {
 				t.Fatalf("fast path gave %d objects, generic %d", len(got), len(want))
 			}
 			for j := range got {
-				g, w := *got[j], *want[j]
+				g, w := got[j], want[j]
 				if g.key != w.key || g.digest != w.digest || string(g.encoded) != string(w.encoded) ||
-					g.file != w.file || g.line != w.line || g.doc != w.doc {
-					t.Fatalf("object %d:\n fast    %+v\n generic %+v", j, g, w)
+					*g.file != *w.file || g.line != w.line || g.doc != w.doc {
+					t.Fatalf("object %d:\n fast    %+v %s\n generic %+v %s", j, *g.manifest, *g.file, *w.manifest, *w.file)
 				}
 			}
 		})

@@ -56,21 +56,28 @@ func (k objectKey) String() string {
 	return k.kind + " " + k.namespace + "/" + k.name
 }
 
-// manifest is one object of a manifest file.
+// manifest is one object of a manifest file, as the passes keep it: one
+// per object of the directory, 64 bytes. Its encoding is not kept (see
+// decoded).
 type manifest struct {
 	key objectKey
-	// encoded is the object's encoding (encodeObject's, in which the
-	// embedded API server stores it) until it is written: from then on the
-	// server holds it, and digest, its hash, is what later passes compare
-	// with. The decoded object is not kept: it is five times the size. See
-	// manifestSync.objectOf.
-	encoded []byte
-	digest  uint64
-	file    string
+	// digest is the hash of the object's encoding: what later passes
+	// compare with.
+	digest uint64
+	// file is the file's name, shared by its objects.
+	file *string
 	// line is where the object's document starts, doc its position among
-	// the file's documents (from 1). 32 bits keep a manifest in 96 bytes
-	// (one is kept per object of the directory).
+	// the file's documents (from 1).
 	line, doc int32
+}
+
+// decoded is a manifest as decoding gives it, with its object's encoding
+// (encodeObject's, in which the embedded API server stores it): what the
+// pass that writes the object needs, and nothing keeps after. The decoded
+// object itself is not kept either: it is five times the size.
+type decoded struct {
+	*manifest
+	encoded []byte
 }
 
 // fileError is a manifest file that cannot be applied, and where.
@@ -137,15 +144,15 @@ type document struct {
 
 // decodeFile returns the objects of a file, or the first error in it.
 // Namespaced objects without a namespace get "default", as with kubectl.
-func (d *decoder) decodeFile(name string, data []byte) ([]*manifest, error) {
+func (d *decoder) decodeFile(name string, data []byte) ([]decoded, error) {
 	docs, err := splitDocuments(name, data)
 	if err != nil {
 		return nil, err
 	}
-	var objs []*manifest
+	var objs []decoded
 	seen := map[objectKey]int{}
 	for _, doc := range docs {
-		m, err := d.decodeDocument(name, doc)
+		m, err := d.decodeDocument(&name, doc)
 		if err != nil {
 			return nil, err
 		}
@@ -210,9 +217,9 @@ type header struct {
 	} `json:"metadata"`
 }
 
-func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
+func (d *decoder) decodeDocument(file *string, doc document) (decoded, error) {
 	fail := func(line int, format string, args ...any) error {
-		return &fileError{file, line, doc.index, fmt.Sprintf(format, args...)}
+		return &fileError{*file, line, doc.index, fmt.Sprintf(format, args...)}
 	}
 	// The same conversion as kubectl's, so YAML 1.1 forms such as
 	// "enabled: yes" mean what they mean there. Strict: a key given twice
@@ -233,9 +240,9 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	if err != nil {
 		line, msg := yamlErrorLine(err)
 		if line == 0 {
-			return nil, fail(doc.objectLine, "%s", msg)
+			return decoded{}, fail(doc.objectLine, "%s", msg)
 		}
-		return nil, fail(doc.line+line-1, "%s", msg)
+		return decoded{}, fail(doc.line+line-1, "%s", msg)
 	}
 	// at is the file line of a field of the document, for errors about it.
 	at := func(path string) int {
@@ -262,14 +269,14 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 	if decodeErr != nil || h.Metadata.Name == "" {
 		if err := json.Unmarshal(js, &h); err != nil {
 			if !bytes.HasPrefix(js, []byte("{")) {
-				return nil, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
+				return decoded{}, fail(doc.objectLine, "not an object: want a mapping with apiVersion, kind and metadata")
 			}
-			return nil, fail(doc.objectLine, "apiVersion and kind must be strings, metadata a mapping with a name")
+			return decoded{}, fail(doc.objectLine, "apiVersion and kind must be strings, metadata a mapping with a name")
 		}
 	}
 	// By convention only list kinds end in "List"; they have no name.
 	if strings.HasSuffix(h.Kind, "List") {
-		return nil, fail(at("kind"), "kind %s holds several objects: put each in its own --- document", h.Kind)
+		return decoded{}, fail(at("kind"), "kind %s holds several objects: put each in its own --- document", h.Kind)
 	}
 	var missing []string
 	for _, f := range []struct{ name, value string }{{"apiVersion", h.APIVersion}, {"kind", h.Kind}, {"metadata.name", h.Metadata.Name}} {
@@ -278,30 +285,30 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fail(doc.objectLine, "missing %s: every object needs apiVersion, kind and metadata.name", strings.Join(missing, ", "))
+		return decoded{}, fail(doc.objectLine, "missing %s: every object needs apiVersion, kind and metadata.name", strings.Join(missing, ", "))
 	}
 	switch {
 	case runtime.IsNotRegisteredError(decodeErr):
-		return nil, fail(at("kind"), "unknown kind %q in %s: not a built-in Kubernetes kind", h.Kind, h.APIVersion)
+		return decoded{}, fail(at("kind"), "unknown kind %q in %s: not a built-in Kubernetes kind", h.Kind, h.APIVersion)
 	case decodeErr != nil:
-		return nil, fail(at(decodeErrorPath(decodeErr)), "%s %s: %v", h.Kind, h.Metadata.Name, decodeErr)
+		return decoded{}, fail(at(decodeErrorPath(decodeErr)), "%s %s: %v", h.Kind, h.Metadata.Name, decodeErr)
 	}
 	mapping, err := d.restMapping(*gvk)
 	if err != nil {
-		return nil, fail(at("kind"), "kind %s in %s is not a resource the API server stores: %v", h.Kind, h.APIVersion, err)
+		return decoded{}, fail(at("kind"), "kind %s in %s is not a resource the API server stores: %v", h.Kind, h.APIVersion, err)
 	}
 	acc, err := meta.Accessor(obj)
 	if err != nil {
-		return nil, fail(doc.objectLine, "%s %s has no object metadata: %v", h.Kind, h.Metadata.Name, err)
+		return decoded{}, fail(doc.objectLine, "%s %s has no object metadata: %v", h.Kind, h.Metadata.Name, err)
 	}
 	if mapping.Scope.Name() == meta.RESTScopeNameRoot {
 		if acc.GetNamespace() != "" {
-			return nil, fail(at("metadata.namespace"), "%s %s is cluster-scoped: remove metadata.namespace", h.Kind, h.Metadata.Name)
+			return decoded{}, fail(at("metadata.namespace"), "%s %s is cluster-scoped: remove metadata.namespace", h.Kind, h.Metadata.Name)
 		}
 	} else if acc.GetNamespace() == "" {
 		acc.SetNamespace("default")
 	}
-	m := &manifest{
+	m := decoded{manifest: &manifest{
 		key: objectKey{
 			objectType: typeOf(mapping.Resource, gvk.Kind),
 			namespace:  acc.GetNamespace(),
@@ -310,9 +317,9 @@ func (d *decoder) decodeDocument(file string, doc document) (*manifest, error) {
 		file: file,
 		line: int32(doc.objectLine),
 		doc:  int32(doc.index),
-	}
+	}}
 	if err := m.setObject(obj); err != nil {
-		return nil, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)
+		return decoded{}, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)
 	}
 	return m, nil
 }
@@ -350,7 +357,7 @@ func (d *decoder) decodeTyped(js []byte, th typeHeader) (runtime.Object, *schema
 // an object's content, whatever the formatting of the manifest it came
 // from: the hash of its protobuf encoding (which every built-in kind has,
 // and which orders map keys), or of its JSON.
-func (m *manifest) setObject(obj runtime.Object) error {
+func (m *decoded) setObject(obj runtime.Object) error {
 	data, _, err := encodeObject(obj)
 	if err != nil {
 		return fmt.Errorf("encode: %w", err)
@@ -368,7 +375,11 @@ func (m *manifest) gvk() schema.GroupVersionKind {
 type decodedFile struct {
 	digest  string
 	objects []*manifest
-	err     error
+	// fresh are the objects with their encodings, as the decoding (or the
+	// parse cache) gave them, until the pass takes the encodings (see
+	// manifestSync.keep).
+	fresh []decoded
+	err   error
 }
 
 // fileToDecode is a file's content that a pass must decode.
@@ -389,14 +400,14 @@ func (s *manifestSync) decodeFiles(files []fileToDecode) {
 			for f := range next {
 				f.out.digest = f.digest
 				if objs, ok := s.cache.load(f.name, f.digest); ok {
-					f.out.objects = objs
+					f.out.fresh = objs
 					continue
 				}
-				f.out.objects, f.out.err = s.decoder.decodeFile(f.name, f.data)
+				f.out.fresh, f.out.err = s.decoder.decodeFile(f.name, f.data)
 				if f.out.err != nil {
 					continue
 				}
-				if err := s.cache.store(f.name, f.digest, f.out.objects); err != nil {
+				if err := s.cache.store(f.name, f.digest, f.out.fresh); err != nil {
 					s.log.Warn("Cannot cache a manifest file's objects; the next start parses it again", "file", f.name, "error", err)
 				}
 			}

@@ -75,7 +75,7 @@ func TestDecodeFile(t *testing.T) {
 }
 
 // decodedObject is the object m holds encoded.
-func decodedObject(t *testing.T, m *manifest) runtime.Object {
+func decodedObject(t *testing.T, m decoded) runtime.Object {
 	t.Helper()
 	obj, err := decodeEncoded(m.gvk(), m.encoded)
 	if err != nil {
@@ -191,7 +191,7 @@ func FuzzDecodeFile(f *testing.F) {
 			return
 		}
 		for _, m := range objs {
-			if m.key.name == "" || m.file != "fuzz.yaml" || m.encoded == nil || m.doc < 1 {
+			if m.key.name == "" || *m.file != "fuzz.yaml" || m.encoded == nil || m.doc < 1 {
 				t.Fatalf("decoded object without a name, file or document: %+v", m)
 			}
 		}

@@ -65,6 +65,10 @@ type manifestSync struct {
 	// decoded is each file's content last decoded: a pass decodes only the
 	// files whose content changed.
 	decoded map[string]*decodedFile
+	// encodings are the encodings of the objects a pass decoded (or read
+	// from the parse cache), until it writes them; a pass drops the rest
+	// at its end.
+	encodings map[*manifest][]byte
 	// initialLoad is set during the start hook's pass: no other cell has
 	// started, so nobody lists or watches yet, and objects go straight into
 	// the store (see write).
@@ -160,6 +164,9 @@ func (s *manifestSync) sync() error {
 		order = append(order, node)
 	}
 	writeErrs := s.apply(desired, order)
+	// The encodings of objects not written (unchanged, or their write
+	// failed) are not kept: a later write decodes its file again.
+	s.encodings = nil
 
 	s.loaded = map[string][]*manifest{}
 	var fileErrs []string
@@ -239,6 +246,9 @@ func (s *manifestSync) readFiles() ([]*fileState, error) {
 		files = append(files, f)
 	}
 	s.decodeFiles(toDecode)
+	for _, f := range toDecode {
+		f.out.objects, f.out.fresh = s.keep(f.out.fresh), nil
+	}
 	for _, f := range files {
 		d := decoded[f.name]
 		switch {
@@ -262,7 +272,24 @@ func (s *manifestSync) lastGood(name string) []*manifest {
 		return objs
 	}
 	objs, _ := s.cache.lastGood(name)
-	return objs
+	return s.keep(objs)
+}
+
+// keep holds the encodings of objs until a write takes them, and returns
+// their manifests.
+func (s *manifestSync) keep(objs []decoded) []*manifest {
+	if len(objs) == 0 {
+		return nil
+	}
+	if s.encodings == nil {
+		s.encodings = map[*manifest][]byte{}
+	}
+	out := make([]*manifest, len(objs))
+	for i, o := range objs {
+		s.encodings[o.manifest] = o.encoded
+		out[i] = o.manifest
+	}
+	return out
 }
 
 // resolveConflicts makes every object come from one file. When files
@@ -299,14 +326,14 @@ func (s *manifestSync) resolveConflicts(files []*fileState) {
 		if i := slices.IndexFunc(defs, func(f *fileState) bool { return !f.fresh }); i >= 0 {
 			keeper = defs[i]
 		} else if prev := s.applied.get(key); prev != nil {
-			if i := slices.IndexFunc(defs, func(f *fileState) bool { return f.name == prev.file }); i >= 0 {
+			if i := slices.IndexFunc(defs, func(f *fileState) bool { return f.name == *prev.file }); i >= 0 {
 				keeper = defs[i]
 			}
 		}
 		loser := defs[slices.IndexFunc(defs, func(f *fileState) bool { return f != keeper })]
 		m, kept := loser.definition(key), keeper.definition(key)
 		loser.err = &fileError{loser.name, int(m.line), int(m.doc),
-			fmt.Sprintf("%s is already defined in %s:%d", key, kept.file, kept.line)}
+			fmt.Sprintf("%s is already defined in %s:%d", key, *kept.file, kept.line)}
 		if loser.fresh {
 			// What it applied before in this run: its cached parse
 			// may be this very content, which conflicts.
@@ -341,15 +368,16 @@ func (s *manifestSync) localNodeManifest() *manifest {
 			},
 		},
 	}
-	m := &manifest{
+	m := decoded{manifest: &manifest{
 		key: objectKey{
 			objectType: typeOf(corev1.SchemeGroupVersion.WithResource("nodes"), "Node"),
 			name:       s.localNode,
 		},
-	}
+		file: new(string),
+	}}
 	// A Node always encodes.
 	m.setObject(node)
-	return m
+	return s.keep([]decoded{m})[0]
 }
 
 // apply writes the difference between desired and what was applied: new
@@ -400,9 +428,9 @@ func (s *manifestSync) apply(desired objectSet, order []*manifest) []error {
 
 // write creates or updates m's object. The fake may hold objects that
 // other clients created or deleted, so either falls back to the other.
-// Once written, the encoding is dropped from m: the embedded server holds
-// it, and keeping it for every object of a large directory (a typed object
-// then, five times the size) doubled the agent's memory.
+// Once written, its encoding is dropped: the embedded server holds it, and
+// keeping it for every object of a large directory (a typed object then,
+// five times the size) doubled the agent's memory.
 func (s *manifestSync) write(create bool, m *manifest) error {
 	encoded, err := s.encodingOf(m)
 	if err != nil {
@@ -420,7 +448,7 @@ func (s *manifestSync) write(create bool, m *manifest) error {
 		}
 	}
 	if err == nil {
-		m.encoded = nil
+		delete(s.encodings, m)
 	}
 	return err
 }
@@ -445,14 +473,14 @@ func (s *manifestSync) invokeWrite(create bool, key objectKey, obj runtime.Objec
 // one written before and now to be written again (it returns after another
 // file's definition was written over it), decoded again from its file.
 func (s *manifestSync) encodingOf(m *manifest) ([]byte, error) {
-	if m.encoded != nil {
-		return m.encoded, nil
+	if encoded, ok := s.encodings[m]; ok {
+		return encoded, nil
 	}
-	data, err := os.ReadFile(filepath.Join(s.dir, m.file))
+	data, err := os.ReadFile(filepath.Join(s.dir, *m.file))
 	if err != nil {
 		return nil, err
 	}
-	objs, err := s.decoder.decodeFile(m.file, data)
+	objs, err := s.decoder.decodeFile(*m.file, data)
 	if err != nil {
 		return nil, err
 	}
@@ -461,7 +489,7 @@ func (s *manifestSync) encodingOf(m *manifest) ([]byte, error) {
 			return o.encoded, nil
 		}
 	}
-	return nil, fmt.Errorf("%s changed since it was read: the next pass applies it", m.file)
+	return nil, fmt.Errorf("%s changed since it was read: the next pass applies it", *m.file)
 }
 
 // invoke sends a write through the fake's reactors as an API call would
