@@ -51,15 +51,13 @@ const (
 	UDP
 )
 
-var l4ProtoNames = [...]string{SCTP: "SCTP", TCP: "TCP", UDP: "UDP"}
+var l4Protos = byteEnum[L4Proto]{
+	typeName: "L4Proto", what: "protocol", want: "TCP, UDP or SCTP",
+	names: []string{SCTP: "SCTP", TCP: "TCP", UDP: "UDP"},
+}
 
 // String is the protocol as Kubernetes spells it: TCP, UDP or SCTP.
-func (p L4Proto) String() string {
-	if int(p) < len(l4ProtoNames) && l4ProtoNames[p] != "" {
-		return l4ProtoNames[p]
-	}
-	return "L4Proto(" + strconv.Itoa(int(p)) + ")"
-}
+func (p L4Proto) String() string { return l4Protos.name(p) }
 
 func (p L4Proto) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
 
@@ -68,13 +66,34 @@ func (p *L4Proto) UnmarshalText(b []byte) (err error) {
 	return err
 }
 
-func parseL4Proto(s string) (L4Proto, error) {
-	for p, name := range l4ProtoNames {
+func parseL4Proto(s string) (L4Proto, error) { return l4Protos.parse(s) }
+
+// byteEnum names the values of an enumeration kept as a byte in the rows
+// (which the tables hold by the 100,000) and named in text and JSON.
+type byteEnum[T ~uint8] struct {
+	// typeName names a value without a name: "L4Proto(9)".
+	typeName string
+	// what and want make the error for a name that is none: "invalid
+	// protocol "ICMP": want TCP, UDP or SCTP".
+	what, want string
+	// names are by value, "" for none.
+	names []string
+}
+
+func (e byteEnum[T]) name(v T) string {
+	if int(v) < len(e.names) && e.names[v] != "" {
+		return e.names[v]
+	}
+	return e.typeName + "(" + strconv.Itoa(int(v)) + ")"
+}
+
+func (e byteEnum[T]) parse(s string) (T, error) {
+	for v, name := range e.names {
 		if name != "" && name == s {
-			return L4Proto(p), nil
+			return T(v), nil
 		}
 	}
-	return 0, fmt.Errorf("invalid protocol %q: want TCP, UDP or SCTP", s)
+	return 0, fmt.Errorf("invalid %s %q: want %s", e.what, s, e.want)
 }
 
 // L3n4Addr is an address, port and protocol: a frontend or a backend.
@@ -157,28 +176,21 @@ const (
 	FrontendLoadBalancer
 )
 
-var frontendTypeNames = [...]string{
-	FrontendClusterIP: "ClusterIP", FrontendNodePort: "NodePort",
-	FrontendExternalIP: "ExternalIP", FrontendLoadBalancer: "LoadBalancer",
+var frontendTypes = byteEnum[FrontendType]{
+	typeName: "FrontendType", what: "frontend type", want: "ClusterIP, NodePort, ExternalIP or LoadBalancer",
+	names: []string{
+		FrontendClusterIP: "ClusterIP", FrontendNodePort: "NodePort",
+		FrontendExternalIP: "ExternalIP", FrontendLoadBalancer: "LoadBalancer",
+	},
 }
 
-func (t FrontendType) String() string {
-	if int(t) < len(frontendTypeNames) && frontendTypeNames[t] != "" {
-		return frontendTypeNames[t]
-	}
-	return "FrontendType(" + strconv.Itoa(int(t)) + ")"
-}
+func (t FrontendType) String() string { return frontendTypes.name(t) }
 
 func (t FrontendType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
 
-func (t *FrontendType) UnmarshalText(b []byte) error {
-	for v, name := range frontendTypeNames {
-		if name != "" && name == string(b) {
-			*t = FrontendType(v)
-			return nil
-		}
-	}
-	return fmt.Errorf("invalid frontend type %q: want ClusterIP, NodePort, ExternalIP or LoadBalancer", b)
+func (t *FrontendType) UnmarshalText(b []byte) (err error) {
+	*t, err = frontendTypes.parse(string(b))
+	return err
 }
 
 // ServiceType is spec.type of a Service. Like FrontendType it is a byte in
@@ -192,17 +204,15 @@ const (
 	ServiceExternalName
 )
 
-var serviceTypeNames = [...]string{
-	ServiceClusterIP: "ClusterIP", ServiceNodePort: "NodePort",
-	ServiceLoadBalancer: "LoadBalancer", ServiceExternalName: "ExternalName",
+var serviceTypes = byteEnum[ServiceType]{
+	typeName: "ServiceType", what: "service type", want: "ClusterIP, NodePort, LoadBalancer or ExternalName",
+	names: []string{
+		ServiceClusterIP: "ClusterIP", ServiceNodePort: "NodePort",
+		ServiceLoadBalancer: "LoadBalancer", ServiceExternalName: "ExternalName",
+	},
 }
 
-func (t ServiceType) String() string {
-	if int(t) < len(serviceTypeNames) && serviceTypeNames[t] != "" {
-		return serviceTypeNames[t]
-	}
-	return "ServiceType(" + strconv.Itoa(int(t)) + ")"
-}
+func (t ServiceType) String() string { return serviceTypes.name(t) }
 
 func (t ServiceType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
 
@@ -212,14 +222,7 @@ func (t *ServiceType) UnmarshalText(b []byte) (err error) {
 }
 
 // parseServiceType is the type named s, as spec.type spells it.
-func parseServiceType(s string) (ServiceType, error) {
-	for v, name := range serviceTypeNames {
-		if name != "" && name == s {
-			return ServiceType(v), nil
-		}
-	}
-	return 0, fmt.Errorf("invalid service type %q: want ClusterIP, NodePort, LoadBalancer or ExternalName", s)
-}
+func parseServiceType(s string) (ServiceType, error) { return serviceTypes.parse(s) }
 
 // BackendState says whether a backend may take connections.
 type BackendState string

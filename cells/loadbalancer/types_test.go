@@ -101,3 +101,55 @@ func TestEnumsAsText(t *testing.T) {
 		t.Error("port with protocol ICMP decoded, want an error")
 	}
 }
+
+// The byte enumerations are their names in text both ways; a value
+// without a name shows its number, and a name that is none is an error
+// naming it and the names there are.
+func TestByteEnumText(t *testing.T) {
+	type textual interface {
+		String() string
+		MarshalText() ([]byte, error)
+	}
+	for _, c := range []struct {
+		v     textual
+		text  string
+		parse func(string) (textual, error)
+	}{
+		{TCP, "TCP", func(s string) (textual, error) { var p L4Proto; err := p.UnmarshalText([]byte(s)); return p, err }},
+		{SCTP, "SCTP", func(s string) (textual, error) { var p L4Proto; err := p.UnmarshalText([]byte(s)); return p, err }},
+		{FrontendLoadBalancer, "LoadBalancer", func(s string) (textual, error) { var f FrontendType; err := f.UnmarshalText([]byte(s)); return f, err }},
+		{ServiceExternalName, "ExternalName", func(s string) (textual, error) { var v ServiceType; err := v.UnmarshalText([]byte(s)); return v, err }},
+	} {
+		text, err := c.v.MarshalText()
+		if err != nil || string(text) != c.text || c.v.String() != c.text {
+			t.Errorf("%v: text %q (%v), String %q; want %q", c.v, text, err, c.v.String(), c.text)
+		}
+		if back, err := c.parse(c.text); err != nil || back != c.v {
+			t.Errorf("%q read back as %v (%v), want %v", c.text, back, err, c.v)
+		}
+	}
+	for _, c := range []struct{ got, want string }{
+		{L4Proto(9).String(), "L4Proto(9)"},
+		{FrontendType(0).String(), "FrontendType(0)"},
+		{ServiceType(200).String(), "ServiceType(200)"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	var p L4Proto
+	var f FrontendType
+	var s ServiceType
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{p.UnmarshalText([]byte("ICMP")), `invalid protocol "ICMP": want TCP, UDP or SCTP`},
+		{f.UnmarshalText([]byte("Headless")), `invalid frontend type "Headless": want ClusterIP, NodePort, ExternalIP or LoadBalancer`},
+		{s.UnmarshalText([]byte("")), `invalid service type "": want ClusterIP, NodePort, LoadBalancer or ExternalName`},
+	} {
+		if c.err == nil || c.err.Error() != c.want {
+			t.Errorf("error %v, want %q", c.err, c.want)
+		}
+	}
+}
