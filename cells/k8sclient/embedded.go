@@ -503,6 +503,14 @@ func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind s
 			if err != nil {
 				return "", true, fmt.Errorf("list %s: %s: %w", resource.Resource, m.key, err)
 			}
+			if acc, err := meta.Accessor(obj); err == nil {
+				// The same strings as the store's key: what the
+				// consumer keeps of the object (the load balancer's
+				// rows, a name per Service and EndpointSlice) shares
+				// them instead of holding copies of its own.
+				acc.SetNamespace(m.key.Namespace)
+				acc.SetName(m.key.Name)
+			}
 			if err := each(obj); err != nil {
 				return "", true, err
 			}

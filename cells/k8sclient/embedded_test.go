@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
@@ -228,6 +229,40 @@ func TestWatchFromListReportsDeletionsSince(t *testing.T) {
 // was deleted since, as from a list's; it goes through the fake's reactors
 // (a reactor's error is its error, and the call is recorded); an error
 // from each ends it; selectors are left to the typed client.
+// The objects of an embedded listing hold the store's strings for their
+// namespace and name, not copies decoded for them (a consumer such as the
+// load balancer keeps them in its rows): two listings give the same memory.
+func TestEmbeddedListEachSharesNames(t *testing.T) {
+	// Longer than a byte: Go has a single-byte string of each value.
+	cs, _, err := k8sclient.NewEmbedded(service("frontend-web"), service("backend-api"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr, gvk := corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service")
+	list := func() (names, namespaces []string) {
+		t.Helper()
+		if _, _, err := k8sclient.EmbeddedListEach(cs, gvr, gvk, "", metav1.ListOptions{}, func(obj runtime.Object) error {
+			svc := obj.(*corev1.Service)
+			names, namespaces = append(names, svc.Name), append(namespaces, svc.Namespace)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return names, namespaces
+	}
+	names, namespaces := list()
+	again, againNS := list()
+	if len(names) != 2 || len(again) != 2 {
+		t.Fatalf("listed %v, then %v; want the two services", names, again)
+	}
+	for i := range names {
+		if names[i] != again[i] || unsafe.StringData(names[i]) != unsafe.StringData(again[i]) ||
+			unsafe.StringData(namespaces[i]) != unsafe.StringData(againNS[i]) {
+			t.Errorf("the two listings' %s/%s are two copies, want the store's one", namespaces[i], names[i])
+		}
+	}
+}
+
 func TestEmbeddedListEach(t *testing.T) {
 	ctx := context.Background()
 	cs, f, err := k8sclient.NewEmbedded(service("a"), service("b"), service("c"))
