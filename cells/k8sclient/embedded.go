@@ -374,11 +374,7 @@ func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1
 	if err != nil {
 		return nil, err
 	}
-	listMeta, err := meta.ListAccessor(list)
-	if err != nil {
-		return nil, err
-	}
-	items, err := meta.ExtractList(list)
+	listMeta, items, err := ListItems(list)
 	if err != nil {
 		return nil, err
 	}
@@ -521,11 +517,7 @@ func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind s
 	if ret == nil {
 		return "", true, fmt.Errorf("list %s: the embedded server returned nothing", resource.Resource)
 	}
-	listMeta, err := meta.ListAccessor(ret)
-	if err != nil {
-		return "", true, err
-	}
-	items, err := meta.ExtractList(ret)
+	listMeta, items, err := ListItems(ret)
 	if err != nil {
 		return "", true, err
 	}
@@ -535,6 +527,20 @@ func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind s
 		}
 	}
 	return listMeta.GetResourceVersion(), true, nil
+}
+
+// ListItems is a list's metadata (resource version, continue token) and
+// its items.
+func ListItems(list runtime.Object) (metav1.ListInterface, []runtime.Object, error) {
+	listMeta, err := meta.ListAccessor(list)
+	if err != nil {
+		return nil, nil, err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return nil, nil, err
+	}
+	return listMeta, items, nil
 }
 
 // streamListAction is the LIST of EmbeddedListEach: the hub answers it with

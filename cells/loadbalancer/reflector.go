@@ -7,7 +7,6 @@ import (
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -143,19 +142,26 @@ func convertListing[K any](ctx context.Context, ks []K, convert func(K) k8sEvent
 // 50,000 Services and their EndpointSlices they were ~115 MB, the peak of
 // the agent's start. ok is false outside embedded mode.
 func (s *objectStore[T]) streamList(cs k8sclient.Clientset, resource schema.GroupVersionResource, kind schema.GroupVersionKind, opts metav1.ListOptions, emptyList func(rv string) runtime.Object) (runtime.Object, bool, error) {
-	item, end := s.listing()
-	rv, ok, err := k8sclient.EmbeddedListEach(cs, resource, kind, metav1.NamespaceAll, opts, func(obj runtime.Object) error {
-		o, err := s.object(obj)
-		if err != nil {
-			return err
-		}
-		return s.send(item(o))
-	})
+	send, end := s.sendListing()
+	rv, ok, err := k8sclient.EmbeddedListEach(cs, resource, kind, metav1.NamespaceAll, opts, send)
 	if !ok || err != nil {
 		return nil, ok, err
 	}
 	s.streamedEnd = end
 	return emptyList(rv), true, nil
+}
+
+// sendListing starts a listing whose objects are converted and sent one
+// at a time: send is for each object, end makes the event that ends it.
+func (s *objectStore[T]) sendListing() (send func(runtime.Object) error, end func() k8sEvent) {
+	item, end := s.listing()
+	return func(obj runtime.Object) error {
+		o, err := s.object(obj)
+		if err != nil {
+			return err
+		}
+		return s.send(item(o))
+	}, end
 }
 
 // listPageSize is how many objects a page of a listing from a real API
@@ -175,7 +181,7 @@ const listPageSize = 2000
 // part way leaves the objects already sent, which are current: the
 // Reflector lists again, and that listing's end settles what is gone.
 func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, list func(context.Context, metav1.ListOptions) (runtime.Object, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
-	item, end := s.listing()
+	send, end := s.sendListing()
 	if opts.Limit == 0 {
 		opts.Limit = listPageSize
 	}
@@ -191,20 +197,12 @@ func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions,
 		if err != nil {
 			return nil, err
 		}
-		pageMeta, err := meta.ListAccessor(page)
-		if err != nil {
-			return nil, err
-		}
-		objs, err := meta.ExtractList(page)
+		pageMeta, objs, err := k8sclient.ListItems(page)
 		if err != nil {
 			return nil, err
 		}
 		for _, obj := range objs {
-			o, err := s.object(obj)
-			if err != nil {
-				return nil, err
-			}
-			if err := s.send(item(o)); err != nil {
+			if err := send(obj); err != nil {
 				return nil, err
 			}
 		}
