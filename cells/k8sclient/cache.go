@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,7 +47,7 @@ const cacheMagic = "cellium-manifests-cache-v3\n"
 type cacheRecord struct {
 	Group, Version, Resource, Kind string
 	Namespace, Name                string
-	Line, Doc                      int
+	Line, Doc                      int32
 	Digest                         uint64
 }
 
@@ -129,10 +130,10 @@ func (r *cacheReader) next() (cacheRecord, []byte, error) {
 	if err != nil {
 		return rec, nil, err
 	}
-	if line > 1<<31 || doc > 1<<31 || len(r.data) < 8 {
+	if line > math.MaxInt32 || doc > math.MaxInt32 || len(r.data) < 8 {
 		return rec, nil, errCacheTruncated
 	}
-	rec.Line, rec.Doc = int(line), int(doc)
+	rec.Line, rec.Doc = int32(line), int32(doc)
 	rec.Digest = binary.LittleEndian.Uint64(r.data)
 	r.data = r.data[8:]
 	encoded, err := r.bytes()
@@ -207,8 +208,8 @@ func (rec cacheRecord) manifest(file *string, encoded []byte) (decoded, error) {
 		},
 		digest: rec.Digest,
 		file:   file,
-		line:   int32(rec.Line),
-		doc:    int32(rec.Doc),
+		line:   rec.Line,
+		doc:    rec.Doc,
 	}}, nil
 }
 
@@ -227,7 +228,7 @@ func (c *parseCache) store(file, digest string, objs []decoded) error {
 		rec := cacheRecord{
 			Group: m.key.resource.Group, Version: m.key.resource.Version, Resource: m.key.resource.Resource,
 			Kind: m.key.kind, Namespace: m.key.namespace, Name: m.key.name,
-			Line: int(m.line), Doc: int(m.doc), Digest: m.digest,
+			Line: m.line, Doc: m.doc, Digest: m.digest,
 		}
 		record = rec.appendTo(record[:0])
 		record = binary.AppendUvarint(record, uint64(len(encoded)))

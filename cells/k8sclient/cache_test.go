@@ -3,7 +3,10 @@ package k8sclient
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -184,4 +187,38 @@ func TestParseCacheCutOrExtended(t *testing.T) {
 	}
 	try("a byte after the last record", append(bytes.Clone(whole), 0))
 	try("its last quarter again", append(bytes.Clone(whole), whole[len(whole)-len(whole)/4:]...))
+}
+
+// A record whose line or document number does not fit a manifest's 32 bits
+// is refused, as a damaged one is; the largest that fits is read.
+func TestCacheRecordPositionRange(t *testing.T) {
+	record := func(line, doc uint64) []byte {
+		var b []byte
+		for _, s := range []string{"", "v1", "services", "Service", "default", "web"} {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
+		b = binary.AppendUvarint(b, line)
+		b = binary.AppendUvarint(b, doc)
+		b = binary.LittleEndian.AppendUint64(b, 7)
+		return binary.AppendUvarint(b, 0) // an empty encoding
+	}
+	for _, c := range []struct {
+		line, doc uint64
+		ok        bool
+	}{
+		{1, 1, true},
+		{math.MaxInt32, math.MaxInt32, true},
+		{math.MaxInt32 + 1, 1, false},
+		{1, math.MaxInt32 + 1, false},
+	} {
+		r := &cacheReader{data: record(c.line, c.doc), strs: map[string]string{}}
+		rec, _, err := r.next()
+		if c.ok && (err != nil || uint64(rec.Line) != c.line || uint64(rec.Doc) != c.doc) {
+			t.Errorf("line %d document %d: read %+v, %v", c.line, c.doc, rec, err)
+		}
+		if !c.ok && !errors.Is(err, errCacheTruncated) {
+			t.Errorf("line %d document %d: read %+v, %v; want it refused", c.line, c.doc, rec, err)
+		}
+	}
 }
