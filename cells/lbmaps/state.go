@@ -16,7 +16,7 @@ import (
 // read from the pinned maps at start, then kept up to date by every write
 // that succeeds. Comparing a frontend with it is how a restart, or a
 // frontend that did not change, writes nothing. Only the reconciler's
-// goroutine touches it, after the start hook has filled it.
+// goroutine touches it, after restore has filled it (ops.waitRestored).
 type realized struct {
 	frontends addrmap.Map[*frontendState]
 	backends  addrmap.Map[*backendState]
@@ -193,9 +193,9 @@ func mapProto(p loadbalancer.L4Proto) (lbmap.Proto, bool) {
 }
 
 // addrKey is a frontend or backend address as the reconciler's maps key
-// it: 20 bytes and no pointers, where loadbalancer.L3n4Addr is 48 bytes
-// holding two (the state of 50,000 services is that much smaller, and
-// cheaper to garbage collect).
+// it (see addrmap.Key): no pointers, where loadbalancer.L3n4Addr holds one
+// (the state of 50,000 services is that much cheaper to garbage collect),
+// and its protocol the datapath's number.
 type addrKey = addrmap.Key
 
 // keyOf is the key of a, and false for protocols the datapath does not
