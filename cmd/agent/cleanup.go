@@ -54,18 +54,17 @@ func newCleanupCmd(h *hive.Hive, agentFlags *pflag.FlagSet, targets *cleanupTarg
 			}
 			// The configuration first: with the datapath gone, the node
 			// must not be offered pods.
-			cleaner, cniConf, devConf, masqConf := targets.cleaner, targets.cniConf, targets.devConf, targets.masqConf
-			removed, cniErr := endpointmanager.RemoveCNIConfig(cniConf)
-			bpfRemoved, err := cleaner.Remove()
+			removed, cniErr := endpointmanager.RemoveCNIConfig(targets.cniConf)
+			bpfRemoved, err := targets.cleaner.Remove()
 			removed = append(removed, bpfRemoved...)
 			// The nftables table of the masquerade cell, in the namespace
 			// whose devices the agent watched. An agent run with
 			// --enable-masquerade=false owns no table (it removes its own
 			// at start), so it leaves any there alone.
 			var nftErr error
-			if masqConf.EnableMasquerade {
+			if targets.masqConf.EnableMasquerade {
 				var nftRemoved []string
-				nftRemoved, nftErr = masquerade.Remove(devConf)
+				nftRemoved, nftErr = masquerade.Remove(targets.devConf)
 				removed = append(removed, nftRemoved...)
 			}
 			err = errors.Join(cniErr, err, nftErr)
@@ -73,7 +72,7 @@ func newCleanupCmd(h *hive.Hive, agentFlags *pflag.FlagSet, targets *cleanupTarg
 				fmt.Fprintln(stdout, line)
 			}
 			if len(removed) == 0 && err == nil {
-				fmt.Fprintf(stdout, "Nothing to remove in %s\n", cleaner.PinDir())
+				fmt.Fprintf(stdout, "Nothing to remove in %s\n", targets.cleaner.PinDir())
 			}
 			return err
 		},
