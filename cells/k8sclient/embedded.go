@@ -480,10 +480,10 @@ func (w *queuedWatch) Stop() {
 // every object is made (a listing of 50,000 typed Services is ~70 MB, all
 // of it alive at once, and client-go's fake typed client copies every item
 // once more). It returns the list's resource version, from which a watch
-// reports what changed since, as after any list. The call goes through the fake's reactors as any
-// LIST does (a test's reactor may fail it, and it is recorded). An error
-// from each ends the listing with it. Not handled (false) for a real
-// cluster, nor for a label or field selector.
+// reports what changed since, as after any list. The call goes through the
+// fake's reactors as any LIST does (a test's reactor may fail it, and it
+// is recorded). An error from each ends the listing with it. Not handled
+// (false) for a real cluster, nor for a label or field selector.
 func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind schema.GroupVersionKind, ns string, opts metav1.ListOptions, each func(runtime.Object) error) (string, bool, error) {
 	e, ok := cs.(embeddedClientset)
 	if !ok || opts.LabelSelector != "" || opts.FieldSelector != "" {
