@@ -97,9 +97,8 @@ var (
 func newTestHive(extra ...cell.Cell) *hive.Hive {
 	return celltest.New(append([]cell.Cell{daemon.Cell, bpfmaps.Cell, ctmaps.Cell, monitor.Cell, Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
-		cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-			return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
-		}, statedb.RWTable[*loadbalancer.Frontend].ToTable),
+		cell.Provide(loadbalancer.NewFrontendsTable, statedb.RWTable[*loadbalancer.Frontend].ToTable),
+		cell.Provide(loadbalancer.NewServicesTable, statedb.RWTable[*loadbalancer.Service].ToTable),
 		cell.Provide(ipcache.NewTable, statedb.RWTable[*ipcache.Entry].ToTable),
 		cell.Provide(idalloc.NewTable, statedb.RWTable[*idalloc.Identity].ToTable),
 		cell.Provide(nodes.NewTable, statedb.RWTable[*nodes.Node].ToTable),

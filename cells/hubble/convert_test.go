@@ -29,7 +29,7 @@ func newTestConverter(t *testing.T) (*converter, *statedb.DB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fes, err := statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress)
+	fes, err := loadbalancer.NewFrontendsTable(db)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ var handFilled = frontendsTableHeldBy("maps-filled-by-hand")
 // named hold that nobody completes, if hold is not empty.
 func frontendsTableHeldBy(hold string) cell.Cell {
 	return cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-		tbl, err := statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
+		tbl, err := loadbalancer.NewFrontendsTable(db)
 		if err != nil || hold == "" {
 			return tbl, err
 		}

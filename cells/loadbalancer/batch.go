@@ -93,11 +93,12 @@ func (b *batch) insertBackend(t *lbTables, be *Backend) {
 func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
 	addrs := slices.Clip(b.addedFrontends[name])
 	// A service's frontends go in the transaction that deletes it: without
-	// the service, the snapshot has none of its frontends either.
-	if _, _, found := t.services.Get(b.snapshot, ServiceByName.Query(name)); found {
-		for fe := range t.frontends.List(b.snapshot, FrontendByServiceName.Query(name)) {
-			addrs = append(addrs, fe.Address)
-		}
+	// the service, the snapshot has none of its frontends either. With
+	// it, they are at the addresses its row in the snapshot names, or
+	// NodePort ones: a transaction leaves every service it changed with
+	// the frontends its row and the node's addresses give it.
+	if svc, _, found := t.services.Get(b.snapshot, ServiceByName.Query(name)); found {
+		addrs = frontendAddrs(b.snapshot, t.frontends, svc, addrs)
 	}
 	var out []*Frontend
 	for i, addr := range addrs {

@@ -3,10 +3,12 @@ package loadbalancer
 import (
 	"context"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 )
 
@@ -103,14 +105,8 @@ func (w *writer) desiredFrontends(b *batch, svc *Service) []*Frontend {
 				AffinityTimeout: svc.AffinityTimeout,
 			})
 		}
-		for _, a := range svc.ClusterIPs {
-			add(FrontendClusterIP, a, port.Port)
-		}
-		for _, a := range svc.ExternalIPs {
-			add(FrontendExternalIP, a, port.Port)
-		}
-		for _, a := range svc.LoadBalancerIPs {
-			add(FrontendLoadBalancer, a, port.Port)
+		for typ, a := range svc.addrsAt() {
+			add(typ, a, port.Port)
 		}
 		if port.NodePort != 0 && svc.hasNodePorts() {
 			// A NodePort serves the service's address families only: an
@@ -127,6 +123,54 @@ func (w *writer) desiredFrontends(b *batch, svc *Service) []*Frontend {
 				}
 				add(FrontendNodePort, wildcard, port.NodePort)
 			}
+		}
+	}
+	return out
+}
+
+// addrsAt are the addresses at which each of the service's ports has a
+// frontend whatever the node's addresses: its ClusterIPs, external IPs and
+// load-balancer IPs.
+func (s *Service) addrsAt() iter.Seq2[FrontendType, netip.Addr] {
+	return func(yield func(FrontendType, netip.Addr) bool) {
+		for _, list := range []struct {
+			typ   FrontendType
+			addrs []netip.Addr
+		}{{FrontendClusterIP, s.ClusterIPs}, {FrontendExternalIP, s.ExternalIPs}, {FrontendLoadBalancer, s.LoadBalancerIPs}} {
+			for _, a := range list.addrs {
+				if !yield(list.typ, a) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// frontendAddrs appends to addrs the addresses of the frontends svc has
+// in txn: those at the addresses its row names, and its NodePort ones
+// (index nodeport). Some may be another service's, which holds the address
+// (a conflict): callers look each up and check its service.
+func frontendAddrs(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc *Service, addrs []L3n4Addr) []L3n4Addr {
+	for _, port := range svc.Ports {
+		for _, a := range svc.addrsAt() {
+			addrs = append(addrs, L3n4Addr{Addr: a, Port: port.Port, Protocol: port.Protocol})
+		}
+	}
+	for fe := range frontends.List(txn, FrontendNodePortsByService.Query(svc.Name)) {
+		addrs = append(addrs, fe.Address)
+	}
+	return addrs
+}
+
+// FrontendsOf are the frontends of svc in txn, sorted by address.
+func FrontendsOf(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc *Service) []*Frontend {
+	addrs := frontendAddrs(txn, frontends, svc, nil)
+	slices.SortFunc(addrs, L3n4Addr.Compare)
+	addrs = slices.Compact(addrs)
+	out := make([]*Frontend, 0, len(addrs))
+	for _, addr := range addrs {
+		if fe, _, found := frontends.Get(txn, FrontendByAddress.Query(addr)); found && fe.ServiceName == svc.Name {
+			out = append(out, fe)
 		}
 	}
 	return out

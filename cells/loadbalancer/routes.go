@@ -92,7 +92,7 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 			})
 		}
 	}
-	for fe := range t.frontends.List(txn, FrontendByServiceName.Query(svc.Name)) {
+	for _, fe := range FrontendsOf(txn, t.frontends, svc) {
 		f := apiv1.Frontend{
 			Address:  fe.Address.String(),
 			Type:     fe.Type.String(),

@@ -86,6 +86,7 @@ type params struct {
 	Events    *ctmaps.Events
 	DB        *statedb.DB
 	Endpoints statedb.Table[*endpointmanager.Endpoint]
+	Services  statedb.Table[*loadbalancer.Service]
 	Frontends statedb.Table[*loadbalancer.Frontend]
 	Readiness *health.Readiness
 }
@@ -110,6 +111,7 @@ func newMonitor(p params) (*Monitor, metrics.Collectors, error) {
 		publish:   m.publish,
 		db:        p.DB,
 		endpoints: p.Endpoints,
+		services:  p.Services,
 		frontends: p.Frontends,
 		readiness: p.Readiness,
 	}

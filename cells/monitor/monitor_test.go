@@ -35,6 +35,7 @@ type env struct {
 	health    statedb.Table[*health.Status]
 	endpoints statedb.RWTable[*endpointmanager.Endpoint]
 	frontends statedb.RWTable[*loadbalancer.Frontend]
+	services  statedb.RWTable[*loadbalancer.Service]
 	monitor   *monitor.Monitor
 	writer    *monitortest.RecordWriter
 	boot      monitorapi.BootClock
@@ -57,13 +58,11 @@ func newEnv(t *testing.T, opts envOptions) *env {
 		bpfmaps.Cell, ctmaps.Cell, monitor.Cell,
 		cell.Provide(
 			endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable,
-			func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-				return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByServiceName)
-			},
-			statedb.RWTable[*loadbalancer.Frontend].ToTable,
+			loadbalancer.NewFrontendsTable, statedb.RWTable[*loadbalancer.Frontend].ToTable,
+			loadbalancer.NewServicesTable, statedb.RWTable[*loadbalancer.Service].ToTable,
 		),
-		cell.Invoke(func(db *statedb.DB, hs statedb.Table[*health.Status], eps statedb.RWTable[*endpointmanager.Endpoint], fes statedb.RWTable[*loadbalancer.Frontend], m *monitor.Monitor, ev *ctmaps.Events) {
-			e.db, e.health, e.endpoints, e.frontends, e.monitor, events = db, hs, eps, fes, m, ev
+		cell.Invoke(func(db *statedb.DB, hs statedb.Table[*health.Status], eps statedb.RWTable[*endpointmanager.Endpoint], fes statedb.RWTable[*loadbalancer.Frontend], svcs statedb.RWTable[*loadbalancer.Service], m *monitor.Monitor, ev *ctmaps.Events) {
+			e.db, e.health, e.endpoints, e.frontends, e.services, e.monitor, events = db, hs, eps, fes, svcs, m, ev
 			e.early = m.Subscribe("early", 64)
 		}),
 	}
@@ -264,7 +263,12 @@ func TestAgentNotifications(t *testing.T) {
 		ServiceName: loadbalancer.ServiceName{Namespace: "default", Name: "web"},
 		Backends:    []loadbalancer.L3n4Addr{{Addr: netip.MustParseAddr("10.244.0.12"), Port: 8080, Protocol: loadbalancer.TCP}},
 	}
-	txn = e.db.WriteTxn(e.frontends)
+	svc := &loadbalancer.Service{
+		Name: fe.ServiceName, Type: loadbalancer.ServiceClusterIP, ClusterIPs: []netip.Addr{fe.Address.Addr},
+		Ports: []loadbalancer.ServicePort{{Port: 80, Protocol: loadbalancer.TCP}},
+	}
+	txn = e.db.WriteTxn(e.services, e.frontends)
+	e.services.Insert(txn, svc)
 	e.frontends.Insert(txn, fe)
 	txn.Commit()
 	got = next(t, sub, agent(monitorapi.ServiceUpdated)).(*monitorapi.AgentEvent)
@@ -274,8 +278,9 @@ func TestAgentNotifications(t *testing.T) {
 		}
 	}
 
-	txn = e.db.WriteTxn(e.endpoints, e.frontends)
+	txn = e.db.WriteTxn(e.endpoints, e.services, e.frontends)
 	e.endpoints.Delete(txn, ep)
+	e.services.Delete(txn, svc)
 	e.frontends.Delete(txn, fe)
 	txn.Commit()
 	// The two come from separate watchers, in either order.

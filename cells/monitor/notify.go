@@ -27,6 +27,7 @@ type notifier struct {
 	publish   func(monitorapi.Event)
 	db        *statedb.DB
 	endpoints statedb.Table[*endpointmanager.Endpoint]
+	services  statedb.Table[*loadbalancer.Service]
 	frontends statedb.Table[*loadbalancer.Frontend]
 	readiness *health.Readiness
 }
@@ -173,7 +174,10 @@ func (n *notifier) watchFrontends(ctx context.Context, health cell.Health) error
 		}
 		txn := n.db.ReadTxn()
 		for _, name := range slices.SortedFunc(maps.Keys(touched), compareServiceNames) {
-			fes := slices.Collect(statedb.ToSeq(n.frontends.List(txn, loadbalancer.FrontendByServiceName.Query(name))))
+			var fes []*loadbalancer.Frontend
+			if svc, _, found := n.services.Get(txn, loadbalancer.ServiceByName.Query(name)); found {
+				fes = loadbalancer.FrontendsOf(txn, n.frontends, svc)
+			}
 			if len(fes) == 0 {
 				n.notify(monitorapi.ServiceDeleted, "service %s", name)
 				continue

@@ -41,10 +41,8 @@ func monitorCells(extra ...cell.Cell) []cell.Cell {
 		ctmaps.Cell, monitor.Cell,
 		cell.Provide(
 			endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable,
-			func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-				return statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress)
-			},
-			statedb.RWTable[*loadbalancer.Frontend].ToTable,
+			loadbalancer.NewFrontendsTable, statedb.RWTable[*loadbalancer.Frontend].ToTable,
+			loadbalancer.NewServicesTable, statedb.RWTable[*loadbalancer.Service].ToTable,
 		),
 	}, extra...)
 }

@@ -78,7 +78,7 @@ func (e *Env) StartDatapath(extra ...cell.Cell) *lbmaps.Maps {
 
 // handFilled is the frontends table of a datapath without a control plane.
 var handFilled = cell.Provide(func(db *statedb.DB) (statedb.RWTable[*loadbalancer.Frontend], error) {
-	tbl, err := statedb.NewTable(db, loadbalancer.FrontendsTableName, loadbalancer.FrontendByAddress, loadbalancer.FrontendByStatus)
+	tbl, err := loadbalancer.NewFrontendsTable(db)
 	if err != nil {
 		return nil, err
 	}
