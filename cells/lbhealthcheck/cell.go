@@ -64,7 +64,7 @@ type params struct {
 	Log      *slog.Logger
 	DB       *statedb.DB
 	Services statedb.Table[*loadbalancer.Service]
-	Backends statedb.Table[*loadbalancer.Backend]
+	Backends statedb.Table[*loadbalancer.SliceBackends]
 	NodeName daemon.NodeName
 	Jobs     job.Group
 	Health   cell.Health

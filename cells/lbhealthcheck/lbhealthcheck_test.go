@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,7 +37,7 @@ type testAgent struct {
 	cs       *fake.Clientset
 	db       *statedb.DB
 	health   statedb.Table[*health.Status]
-	backends statedb.Table[*loadbalancer.Backend]
+	backends statedb.Table[*loadbalancer.SliceBackends]
 	services statedb.Table[*loadbalancer.Service]
 }
 
@@ -59,7 +60,7 @@ func newAgent(config func(*lbhealthcheck.Config)) (*testAgent, *hive.Hive) {
 			return statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)
 		}),
 		cell.Invoke(func(cs *fake.Clientset, db *statedb.DB, hs statedb.Table[*health.Status],
-			bes statedb.Table[*loadbalancer.Backend], svcs statedb.Table[*loadbalancer.Service]) {
+			bes statedb.Table[*loadbalancer.SliceBackends], svcs statedb.Table[*loadbalancer.Service]) {
 			a.cs, a.db, a.health, a.backends, a.services = cs, db, hs, bes, svcs
 		}),
 	)
@@ -189,8 +190,8 @@ func TestHealthCheckNodePort(t *testing.T) {
 	if err := k8sclienttest.Create(a.cs, slice("web", endpoint{"10.244.2.5", "node-2"})); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the backend of node-2 in the backends table", func() bool {
-		return a.backends.NumObjects(a.db.ReadTxn()) == 2
+	celltest.Eventually(t, "the slice of node-2's backend in the backends table", func() bool {
+		return a.backends.NumObjects(a.db.ReadTxn()) == 1
 	})
 	// The listener's count follows the same table transaction; one more
 	// round trip through the server lets it catch up.
@@ -336,10 +337,9 @@ func TestHealthCheckNodePortBadBindAddress(t *testing.T) {
 	}
 }
 
-// TestHealthCheckNodePortSharedBackend: a pod that backs two Services is one
-// backends row with an instance of each; when the Service with the health
-// check stops listing it, the row stays for the other, and the count still
-// drops to 0.
+// TestHealthCheckNodePortSharedBackend: a pod that backs two Services is in
+// a backends row of each; when the Service with the health check stops
+// listing it, the count drops to 0 while the other Service keeps it.
 func TestHealthCheckNodePortSharedBackend(t *testing.T) {
 	a := start(t)
 	port := freePort(t)
@@ -363,7 +363,8 @@ func TestHealthCheckNodePortSharedBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitAnswer(t, port, http.StatusServiceUnavailable, 0)
-	if n := a.backends.NumObjects(a.db.ReadTxn()); n != 2 {
-		t.Errorf("%d backends rows, want other's two ports still there", n)
+	rows := slices.Collect(statedb.ToSeq(a.backends.All(a.db.ReadTxn())))
+	if len(rows) != 1 || rows[0].ServiceName.Name != "other" || len(rows[0].Backends) != 2 {
+		t.Errorf("backends rows %v, want other's with its two ports", rows)
 	}
 }

@@ -32,7 +32,7 @@ type server struct {
 	log      *slog.Logger
 	db       *statedb.DB
 	services statedb.Table[*loadbalancer.Service]
-	backends statedb.Table[*loadbalancer.Backend]
+	backends statedb.Table[*loadbalancer.SliceBackends]
 	node     string
 	// addr is the bind address; the zero Addr binds every address.
 	addr netip.Addr
@@ -43,7 +43,7 @@ type server struct {
 }
 
 func newServer(log *slog.Logger, db *statedb.DB, services statedb.Table[*loadbalancer.Service],
-	backends statedb.Table[*loadbalancer.Backend], node string, addr netip.Addr) *server {
+	backends statedb.Table[*loadbalancer.SliceBackends], node string, addr netip.Addr) *server {
 	return &server{log: log, db: db, services: services, backends: backends, node: node, addr: addr,
 		byName: map[loadbalancer.ServiceName]*listener{}}
 }
@@ -54,9 +54,6 @@ type listener struct {
 	port uint16
 	// localEndpoints is what the handler answers; run updates it.
 	localEndpoints atomic.Int64
-	// backends are the Service's backends at the last count, local or
-	// not: a change to any of them recounts.
-	backends map[loadbalancer.L3n4Addr]struct{}
 	// srv serves while the port is bound; err is why it is not.
 	srv *http.Server
 	err error
@@ -109,17 +106,8 @@ func (s *server) run(ctx context.Context, health cell.Health) error {
 		}
 		beSeq, beWatch := beChanges.Next(txn)
 		for c := range beSeq {
-			for _, inst := range c.Object.Instances {
-				if _, ok := s.byName[inst.ServiceName]; ok {
-					dirty[inst.ServiceName] = struct{}{}
-				}
-			}
-			// A backend that another Service keeps may stop listing one:
-			// the new row does not name it, the last count does.
-			for name, l := range s.byName {
-				if _, ok := l.backends[c.Object.Address]; ok {
-					dirty[name] = struct{}{}
-				}
+			if _, ok := s.byName[c.Object.ServiceName]; ok {
+				dirty[c.Object.ServiceName] = struct{}{}
 			}
 		}
 		for name := range dirty {
@@ -161,30 +149,22 @@ func (s *server) sync(txn statedb.ReadTxn, name loadbalancer.ServiceName) {
 		s.byName[name] = l
 		s.open(l)
 	}
-	n, backends := s.countLocal(txn, name)
-	l.localEndpoints.Store(int64(n))
-	l.backends = backends
+	l.localEndpoints.Store(int64(s.countLocal(txn, name)))
 }
 
 // countLocal is the number of distinct addresses of name's active,
-// unquarantined backends on this node (a pod that serves two ports is one
-// endpoint), and every backend of name.
-func (s *server) countLocal(txn statedb.ReadTxn, name loadbalancer.ServiceName) (int, map[loadbalancer.L3n4Addr]struct{}) {
+// unquarantined backends on this node: a pod that serves two ports, or
+// that two slices list, is one endpoint.
+func (s *server) countLocal(txn statedb.ReadTxn, name loadbalancer.ServiceName) int {
 	addrs := map[netip.Addr]struct{}{}
-	all := map[loadbalancer.L3n4Addr]struct{}{}
-	for be := range s.backends.List(txn, loadbalancer.BackendByServiceName.Query(name)) {
-		all[be.Address] = struct{}{}
-		if be.Quarantined {
-			continue
-		}
-		for _, inst := range be.Instances {
-			if inst.ServiceName == name && inst.NodeName == s.node && inst.State == loadbalancer.BackendActive {
+	for row := range loadbalancer.BackendsOf(txn, s.backends, name) {
+		for _, be := range row.Backends {
+			if be.EffectiveState() == loadbalancer.BackendActive && be.NodeName == s.node {
 				addrs[be.Address.Addr] = struct{}{}
-				break
 			}
 		}
 	}
-	return len(addrs), all
+	return len(addrs)
 }
 
 // open binds l's port and serves it, or records why it cannot.

@@ -30,10 +30,10 @@ type batch struct {
 	// frontendsDeleted says whether an address was freed, which may
 	// settle a contested one.
 	frontendsDeleted bool
-	// addedFrontends and addedBackends are the addresses of rows this
-	// transaction inserted, by service.
+	// addedFrontends are the addresses of frontends this transaction
+	// inserted, addedBackends the slices of backends rows, by service.
 	addedFrontends map[ServiceName][]L3n4Addr
-	addedBackends  map[ServiceName][]L3n4Addr
+	addedBackends  map[ServiceName][]string
 }
 
 func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
@@ -41,7 +41,7 @@ func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
 	if b.dirty == nil {
 		b.dirty = map[ServiceName]struct{}{}
 		b.addedFrontends = map[ServiceName][]L3n4Addr{}
-		b.addedBackends = map[ServiceName][]L3n4Addr{}
+		b.addedBackends = map[ServiceName][]string{}
 	}
 	b.ctx, b.txn, b.snapshot, b.frontendsDeleted, b.steps = ctx, txn, w.db.ReadTxn(), false, 0
 	return b
@@ -79,14 +79,9 @@ func (b *batch) insertFrontend(t *lbTables, fe *Frontend) {
 	b.addedFrontends[fe.ServiceName] = append(b.addedFrontends[fe.ServiceName], fe.Address)
 }
 
-func (b *batch) insertBackend(t *lbTables, be *Backend) {
+func (b *batch) insertBackends(t *lbTables, be *SliceBackends) {
 	t.backends.Insert(b.txn, be)
-	for i, inst := range be.Instances {
-		// Instances are sorted: a service's come together.
-		if i == 0 || inst.ServiceName != be.Instances[i-1].ServiceName {
-			b.addedBackends[inst.ServiceName] = append(b.addedBackends[inst.ServiceName], be.Address)
-		}
-	}
+	b.addedBackends[be.ServiceName] = append(b.addedBackends[be.ServiceName], be.EndpointSlice)
 }
 
 // frontendsOf are the service's frontends as of the transaction.
@@ -112,19 +107,18 @@ func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
 	return out
 }
 
-// backendsOf are the backends serving the service as of the transaction.
-func (b *batch) backendsOf(t *lbTables, name ServiceName) []*Backend {
-	addrs := slices.Clip(b.addedBackends[name])
-	for be := range t.backends.List(b.snapshot, BackendByServiceName.Query(name)) {
-		addrs = append(addrs, be.Address)
+// backendsOf are the backends rows of the service as of the transaction.
+func (b *batch) backendsOf(t *lbTables, name ServiceName) []*SliceBackends {
+	names := slices.Clip(b.addedBackends[name])
+	for be := range BackendsOf(b.snapshot, t.backends, name) {
+		names = append(names, be.EndpointSlice)
 	}
-	var out []*Backend
-	for i, addr := range addrs {
-		if slices.Contains(addrs[:i], addr) {
+	var out []*SliceBackends
+	for i, slice := range names {
+		if slices.Contains(names[:i], slice) {
 			continue
 		}
-		be, _, found := t.backends.Get(b.txn, BackendByAddress.Query(addr))
-		if found && slices.ContainsFunc(be.Instances, func(i BackendInstance) bool { return i.ServiceName == name }) {
+		if be, _, found := t.backends.Get(b.txn, BackendsBySlice.Query(SliceKey{name, slice})); found {
 			out = append(out, be)
 		}
 	}

@@ -34,7 +34,7 @@ type tablesOut struct {
 	Services    statedb.Table[*Service]
 	Frontends   statedb.Table[*Frontend]
 	FrontendsRW statedb.RWTable[*Frontend]
-	Backends    statedb.Table[*Backend]
+	Backends    statedb.Table[*SliceBackends]
 }
 
 func provideTables(t *lbTables) tablesOut {
@@ -73,6 +73,8 @@ func newWriter(p writerParams) *writer {
 		problems:  map[string]string{},
 		contested: map[ServiceName]struct{}{},
 		deferred:  map[ServiceName]struct{}{},
+
+		quarantined: map[L3n4Addr]struct{}{},
 	}
 	events := make(chan k8sEvent, eventQueueSize)
 	p.Jobs.Add(

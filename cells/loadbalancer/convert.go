@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 	"unique"
 
@@ -161,16 +162,9 @@ type endpointSlice struct {
 	// service is from the kubernetes.io/service-name label; a slice without
 	// it belongs to no service and adds no backends.
 	service ServiceName
-	// backends are sorted by address.
-	backends []sliceBackend
-}
-
-// sliceBackend is one endpoint address with one of the slice's ports.
-type sliceBackend struct {
-	addr     L3n4Addr
-	portName string
-	state    BackendState
-	nodeName string
+	// backends are sorted by address and port name, each pair once: the
+	// backends row as it is written.
+	backends []Backend
 }
 
 // convertEndpointSlice keeps the usable endpoints of a slice: ready ones
@@ -248,15 +242,28 @@ func convertEndpointSlice(k *discoveryv1.EndpointSlice) (*endpointSlice, []inval
 			node = intern(*ep.NodeName)
 		}
 		for _, p := range ports {
-			s.backends = append(s.backends, sliceBackend{
-				addr:     L3n4Addr{Addr: addr, Port: p.port, Protocol: p.proto},
-				portName: p.name,
-				state:    state,
-				nodeName: node,
+			s.backends = append(s.backends, Backend{
+				Address:  L3n4Addr{Addr: addr, Port: p.port, Protocol: p.proto},
+				PortName: p.name,
+				State:    state,
+				NodeName: node,
 			})
 		}
 	}
-	slices.SortStableFunc(s.backends, func(a, b sliceBackend) int { return a.addr.Compare(b.addr) })
+	// A slice that lists an address twice for a port counts it once,
+	// preferring the active listing (BackendActive sorts first).
+	slices.SortFunc(s.backends, func(a, b Backend) int {
+		if c := a.Address.Compare(b.Address); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.PortName, b.PortName); c != 0 {
+			return c
+		}
+		return int(a.State) - int(b.State)
+	})
+	s.backends = slices.Clip(slices.CompactFunc(s.backends, func(a, b Backend) bool {
+		return a.Address == b.Address && a.PortName == b.PortName
+	}))
 	return s, bad
 }
 
@@ -272,5 +279,5 @@ func endpointState(c discoveryv1.EndpointConditions) (BackendState, bool) {
 	case serving && terminating:
 		return BackendTerminating, true
 	}
-	return "", false
+	return 0, false
 }

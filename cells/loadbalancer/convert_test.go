@@ -155,6 +155,8 @@ func TestConvertEndpointSlice(t *testing.T) {
 		Endpoints: []discoveryv1.Endpoint{
 			// Listed out of order: backends come sorted.
 			{Addresses: []string{"10.244.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}},
+			// Listed twice, terminating first: it counts once, active.
+			{Addresses: []string{"10.244.0.3"}, Conditions: discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}},
 			{Addresses: []string{"10.244.0.3", "10.244.0.4"}, NodeName: &node},
 			{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}},
 		},
@@ -164,9 +166,9 @@ func TestConvertEndpointSlice(t *testing.T) {
 	want := &endpointSlice{
 		id:      sliceID{"kube-system", "dns-1"},
 		service: svc,
-		backends: []sliceBackend{
-			{addr: L3n4Addr{netip.MustParseAddr("10.244.0.3"), 53, UDP}, portName: "dns", state: BackendActive, nodeName: "node-1"},
-			{addr: L3n4Addr{netip.MustParseAddr("10.244.0.9"), 53, UDP}, portName: "dns", state: BackendTerminating},
+		backends: []Backend{
+			{Address: L3n4Addr{netip.MustParseAddr("10.244.0.3"), 53, UDP}, PortName: "dns", State: BackendActive, NodeName: "node-1"},
+			{Address: L3n4Addr{netip.MustParseAddr("10.244.0.9"), 53, UDP}, PortName: "dns", State: BackendTerminating},
 		},
 	}
 	if !reflect.DeepEqual(s, want) {

@@ -181,7 +181,7 @@ func FrontendsOf(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc *S
 type backendSelector struct {
 	svc      *Service
 	port     ServicePort
-	backends []*Backend
+	backends []*SliceBackends
 	nodeName string
 	picked   [2][2][]L3n4Addr
 	done     [2][2]bool
@@ -204,30 +204,22 @@ func boolIndex(b bool) int {
 }
 
 // selectBackends returns the active backends, or the terminating ones when
-// no backend is active, sorted by address.
+// no backend is active, sorted by address. An address two slices list is
+// active if either says so.
 func (s *backendSelector) selectBackends(is6, local bool) []L3n4Addr {
 	var active, terminating []L3n4Addr
-	for _, be := range s.backends {
-		if be.Quarantined || be.Address.Addr.Is6() != is6 || be.Address.Protocol != s.port.Protocol {
-			continue
-		}
-		best := BackendState("")
-		for _, inst := range be.Instances {
-			if inst.ServiceName != s.svc.Name || inst.PortName != s.port.Name {
+	for _, row := range s.backends {
+		for _, be := range row.Backends {
+			if be.Quarantined || be.PortName != s.port.Name || be.Address.Protocol != s.port.Protocol ||
+				be.Address.Addr.Is6() != is6 || (local && be.NodeName != s.nodeName) {
 				continue
 			}
-			if local && inst.NodeName != s.nodeName {
-				continue
+			switch be.State {
+			case BackendActive:
+				active = append(active, be.Address)
+			case BackendTerminating:
+				terminating = append(terminating, be.Address)
 			}
-			if inst.State == BackendActive || best == "" {
-				best = inst.State
-			}
-		}
-		switch best {
-		case BackendActive:
-			active = append(active, be.Address)
-		case BackendTerminating:
-			terminating = append(terminating, be.Address)
 		}
 	}
 	picked := active
@@ -235,5 +227,5 @@ func (s *backendSelector) selectBackends(is6, local bool) []L3n4Addr {
 		picked = terminating
 	}
 	slices.SortFunc(picked, L3n4Addr.Compare)
-	return slices.Clip(picked)
+	return slices.Clip(slices.Compact(picked))
 }

@@ -1,7 +1,9 @@
 package loadbalancer
 
 import (
+	"cmp"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/cilium/statedb"
@@ -73,24 +75,33 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 
 	// Frontends use backends in their state for this service and port.
 	states := map[backendPort]BackendState{}
-	for be := range t.backends.List(txn, BackendByServiceName.Query(svc.Name)) {
-		for _, inst := range be.Instances {
-			if inst.ServiceName != svc.Name {
-				continue
-			}
-			state := be.StateOf(inst)
-			key := backendPort{be.Address, inst.PortName}
+	type listed struct {
+		Backend
+		slice string
+	}
+	var backends []listed
+	for row := range BackendsOf(txn, t.backends, svc.Name) {
+		for _, be := range row.Backends {
+			state := be.EffectiveState()
+			key := backendPort{be.Address, be.PortName}
 			if old, ok := states[key]; !ok || old != BackendActive {
 				states[key] = state
 			}
-			out.Backends = append(out.Backends, apiv1.Backend{
-				Address:       be.Address.String(),
-				PortName:      inst.PortName,
-				State:         string(state),
-				NodeName:      inst.NodeName,
-				EndpointSlice: inst.EndpointSlice,
-			})
+			backends = append(backends, listed{be, row.EndpointSlice})
 		}
+	}
+	// By address, port name and slice, not by slice.
+	slices.SortFunc(backends, func(a, b listed) int {
+		return cmp.Or(a.Address.Compare(b.Address), strings.Compare(a.PortName, b.PortName), strings.Compare(a.slice, b.slice))
+	})
+	for _, be := range backends {
+		out.Backends = append(out.Backends, apiv1.Backend{
+			Address:       be.Address.String(),
+			PortName:      be.PortName,
+			State:         be.EffectiveState().String(),
+			NodeName:      be.NodeName,
+			EndpointSlice: be.slice,
+		})
 	}
 	for _, fe := range FrontendsOf(txn, t.frontends, svc) {
 		f := apiv1.Frontend{
@@ -102,7 +113,10 @@ func serviceAnswer(txn statedb.ReadTxn, t *lbTables, svc *Service) apiv1.Service
 			Error:    fe.GetStatus().GetError(),
 		}
 		for i, be := range fe.Backends {
-			f.Backends[i] = apiv1.FrontendBackend{Address: be.String(), State: string(states[backendPort{be, fe.PortName}])}
+			f.Backends[i] = apiv1.FrontendBackend{Address: be.String()}
+			if state, ok := states[backendPort{be, fe.PortName}]; ok {
+				f.Backends[i].State = state.String()
+			}
 		}
 		out.Frontends = append(out.Frontends, f)
 	}

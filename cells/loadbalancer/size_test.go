@@ -15,7 +15,8 @@ func TestRowSizes(t *testing.T) {
 	}{
 		{"Service", unsafe.Sizeof(Service{}), 144},
 		{"Frontend", unsafe.Sizeof(Frontend{}), 144},
-		{"Backend", unsafe.Sizeof(Backend{}), 64},
+		{"SliceBackends", unsafe.Sizeof(SliceBackends{}), 72},
+		{"Backend", unsafe.Sizeof(Backend{}), 72},
 	} {
 		if c.size > c.max {
 			t.Errorf("%s is %d bytes, want at most %d", c.name, c.size, c.max)

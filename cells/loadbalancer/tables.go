@@ -2,6 +2,7 @@ package loadbalancer
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -99,7 +100,7 @@ func (s *Service) equal(o *Service) bool {
 var (
 	_ statedb.TableWritable = &Service{}
 	_ statedb.TableWritable = &Frontend{}
-	_ statedb.TableWritable = &Backend{}
+	_ statedb.TableWritable = &SliceBackends{}
 )
 
 func (s *Service) TableHeader() []string {
@@ -197,10 +198,15 @@ func backendsString(backends []L3n4Addr) string {
 	if len(backends) == 0 {
 		return "none (reject)"
 	}
-	if len(backends) <= maxBackendsShown {
-		return joinStrings(backends)
+	return shownList(backends)
+}
+
+// shownList joins xs, or the first few of them and how many there are.
+func shownList[T fmt.Stringer](xs []T) string {
+	if len(xs) <= maxBackendsShown {
+		return joinStrings(xs)
 	}
-	return fmt.Sprintf("%s, ... (%d in all)", joinStrings(backends[:maxBackendsShown-1]), len(backends))
+	return fmt.Sprintf("%s, ... (%d in all)", joinStrings(xs[:maxBackendsShown-1]), len(xs))
 }
 
 // Clone, SetStatus and GetStatus are what reconciler.Register needs.
@@ -216,77 +222,59 @@ func (f *Frontend) SetStatus(s reconciler.Status) *Frontend {
 
 func (f *Frontend) GetStatus() reconciler.Status { return f.Status.Unpack() }
 
-// Backend is an address:port that serves one or more services.
-// Rows are immutable once inserted.
+// SliceBackends are the backends one EndpointSlice lists for its service:
+// the backends table has a row per slice, not per backend. A service's
+// backends are its rows (BackendsOf), found by the primary key's prefix;
+// an update of a slice replaces one row. Rows are immutable once inserted.
+type SliceBackends struct {
+	ServiceName ServiceName `json:"serviceName"`
+	// EndpointSlice is the name of the slice, in the service's namespace.
+	EndpointSlice string `json:"endpointSlice"`
+	// Backends are sorted by address and then port name, each pair once.
+	Backends []Backend `json:"backends"`
+}
+
+// Backend is an address:port that an EndpointSlice lists for one port of
+// its service. An address listed by two slices of the same service (as
+// happens while endpoints move between slices) is in both rows, so that
+// removing one slice keeps the other.
 type Backend struct {
-	Address L3n4Addr `json:"address"`
-	// Instances are the (service, port name, EndpointSlice) triples the
-	// backend appears in, sorted. An address listed by two slices of the
-	// same service (as happens while endpoints move between slices) has an
-	// instance for each, so that removing one slice keeps the other.
-	Instances []BackendInstance `json:"instances"`
+	Address  L3n4Addr `json:"address"`
+	PortName string   `json:"portName,omitempty"`
+	NodeName string   `json:"nodeName,omitempty"`
+	// State is active or terminating, as the slice says.
+	State BackendState `json:"state"`
 	// Quarantined backends are never used; see [BackendHealth].
 	Quarantined bool `json:"quarantined,omitempty"`
 }
 
-// BackendInstance is a backend as one EndpointSlice lists it for one port
-// of one service.
-type BackendInstance struct {
-	ServiceName ServiceName `json:"serviceName"`
-	PortName    string      `json:"portName,omitempty"`
-	// State is active or terminating, as the slice says.
-	State    BackendState `json:"state"`
-	NodeName string       `json:"nodeName,omitempty"`
-	// EndpointSlice is the name of the slice, in the service's namespace.
-	EndpointSlice string `json:"endpointSlice"`
-}
-
-func (i BackendInstance) compare(o BackendInstance) int {
-	if c := strings.Compare(i.ServiceName.Namespace, o.ServiceName.Namespace); c != 0 {
-		return c
-	}
-	if c := strings.Compare(i.ServiceName.Name, o.ServiceName.Name); c != 0 {
-		return c
-	}
-	if c := strings.Compare(i.PortName, o.PortName); c != 0 {
-		return c
-	}
-	return strings.Compare(i.EndpointSlice, o.EndpointSlice)
-}
-
-// StateOf is the state of one of b's instances, quarantine included.
-func (b *Backend) StateOf(i BackendInstance) BackendState {
+// EffectiveState is the backend's state, quarantine included.
+func (b Backend) EffectiveState() BackendState {
 	if b.Quarantined {
 		return BackendQuarantined
 	}
-	return i.State
+	return b.State
 }
 
-func (b *Backend) equal(o *Backend) bool {
-	return b.Address == o.Address && b.Quarantined == o.Quarantined && slices.Equal(b.Instances, o.Instances)
+// String is "address [port-name] state [node]".
+func (b Backend) String() string {
+	parts := []string{b.Address.String(), b.PortName, b.EffectiveState().String(), b.NodeName}
+	return strings.Join(slices.DeleteFunc(parts, func(p string) bool { return p == "" }), " ")
 }
 
-func (b *Backend) TableHeader() []string {
-	return []string{"Address", "Service", "Port", "State", "Node", "Slice"}
+func (b *SliceBackends) equal(o *SliceBackends) bool {
+	return b.ServiceName == o.ServiceName && b.EndpointSlice == o.EndpointSlice && slices.Equal(b.Backends, o.Backends)
 }
 
-// TableRow lists the instances column by column, in the same order.
-func (b *Backend) TableRow() []string {
-	column := func(f func(BackendInstance) string) string {
-		parts := make([]string, len(b.Instances))
-		for i, inst := range b.Instances {
-			parts[i] = f(inst)
-		}
-		return strings.Join(parts, ", ")
-	}
-	return []string{
-		b.Address.String(),
-		column(func(i BackendInstance) string { return i.ServiceName.String() }),
-		column(func(i BackendInstance) string { return i.PortName }),
-		column(func(i BackendInstance) string { return string(b.StateOf(i)) }),
-		column(func(i BackendInstance) string { return i.NodeName }),
-		column(func(i BackendInstance) string { return i.EndpointSlice }),
-	}
+func (b *SliceBackends) key() SliceKey { return SliceKey{b.ServiceName, b.EndpointSlice} }
+
+func (b *SliceBackends) TableHeader() []string {
+	return []string{"Service", "Slice", "Backends"}
+}
+
+// TableRow lists the backends as "address port-name state node".
+func (b *SliceBackends) TableRow() []string {
+	return []string{b.ServiceName.String(), b.EndpointSlice, shownList(b.Backends)}
 }
 
 func joinStrings[T fmt.Stringer](xs []T) string {
@@ -336,38 +324,49 @@ var (
 	// reconciliation status (see tables.UnsettledStatusIndex).
 	FrontendByStatus = tables.UnsettledStatusIndex((*Frontend).GetStatus)
 
-	// BackendByAddress indexes the backends table by address.
-	BackendByAddress = statedb.Index[*Backend, L3n4Addr]{
-		Name:       "address",
-		FromObject: func(b *Backend) index.KeySet { return index.NewKeySet(b.Address.key()) },
-		FromKey:    L3n4Addr.key,
-		FromString: l3n4AddrKey,
+	// BackendsBySlice is the backends table's primary index:
+	// "namespace/service/slice". BackendsOf lists a service's rows by its
+	// prefix.
+	BackendsBySlice = statedb.Index[*SliceBackends, SliceKey]{
+		Name:       "slice",
+		FromObject: func(b *SliceBackends) index.KeySet { return index.NewKeySet(b.key().key()) },
+		FromKey:    SliceKey.key,
+		FromString: sliceKeyKey,
 		Unique:     true,
 	}
-	// BackendByServiceName indexes the backends table by every service the
-	// backend serves.
-	BackendByServiceName = statedb.Index[*Backend, ServiceName]{
-		Name: "service",
-		FromObject: func(b *Backend) index.KeySet {
-			if len(b.Instances) == 1 {
-				return index.NewKeySet(b.Instances[0].ServiceName.key())
-			}
-			keys := make([]index.Key, 0, len(b.Instances))
-			for i, inst := range b.Instances {
-				// Instances are sorted: a service's come together.
-				if i == 0 || inst.ServiceName != b.Instances[i-1].ServiceName {
-					keys = append(keys, inst.ServiceName.key())
-				}
-			}
-			if len(keys) == 0 {
-				return index.EmptyKeySet
-			}
-			return index.NewKeySet(keys[0], keys[1:]...)
-		},
-		FromKey:    ServiceName.key,
-		FromString: serviceNameKey,
-	}
 )
+
+// SliceKey is the primary key of a backends row: a service and one of its
+// EndpointSlices. With no slice it is the prefix of every row of the
+// service.
+type SliceKey struct {
+	Service ServiceName
+	Slice   string
+}
+
+// key is "namespace/service/slice": "/" cannot occur in any part.
+func (k SliceKey) key() index.Key {
+	return index.String(k.Service.Namespace + "/" + k.Service.Name + "/" + k.Slice)
+}
+
+func sliceKeyKey(s string) (index.Key, error) {
+	svc, slice, ok := strings.Cut(s, "/")
+	if ok {
+		var name string
+		name, slice, ok = strings.Cut(slice, "/")
+		svc += "/" + name
+	}
+	n, err := ParseServiceName(svc)
+	if !ok || err != nil || slice == "" || strings.Contains(slice, "/") {
+		return nil, fmt.Errorf("invalid backends key %q: want NAMESPACE/SERVICE/ENDPOINTSLICE", s)
+	}
+	return SliceKey{n, slice}.key(), nil
+}
+
+// BackendsOf are the rows of the service's backends in txn.
+func BackendsOf(txn statedb.ReadTxn, backends statedb.Table[*SliceBackends], name ServiceName) iter.Seq2[*SliceBackends, statedb.Revision] {
+	return backends.Prefix(txn, BackendsBySlice.Query(SliceKey{Service: name}))
+}
 
 func serviceNameKey(s string) (index.Key, error) {
 	n, err := ParseServiceName(s)
@@ -390,7 +389,7 @@ func l3n4AddrKey(s string) (index.Key, error) {
 type lbTables struct {
 	services  statedb.RWTable[*Service]
 	frontends statedb.RWTable[*Frontend]
-	backends  statedb.RWTable[*Backend]
+	backends  statedb.RWTable[*SliceBackends]
 
 	// servicesSynced and slicesSynced are done with the services and
 	// backends of the initial listings; frontendsSynced once the frontends
@@ -417,7 +416,7 @@ func newTables(db *statedb.DB) (*lbTables, error) {
 	if err != nil {
 		return nil, err
 	}
-	backends, err := statedb.NewTable(db, BackendsTableName, BackendByAddress, BackendByServiceName)
+	backends, err := statedb.NewTable(db, BackendsTableName, BackendsBySlice)
 	if err != nil {
 		return nil, err
 	}

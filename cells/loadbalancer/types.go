@@ -224,16 +224,31 @@ func (t *ServiceType) UnmarshalText(b []byte) (err error) {
 // parseServiceType is the type named s, as spec.type spells it.
 func parseServiceType(s string) (ServiceType, error) { return serviceTypes.parse(s) }
 
-// BackendState says whether a backend may take connections.
-type BackendState string
+// BackendState says whether a backend may take connections. It is a
+// byte, named in text and JSON.
+type BackendState uint8
 
 const (
 	// BackendActive is a ready endpoint.
-	BackendActive BackendState = "active"
+	BackendActive BackendState = iota + 1
 	// BackendTerminating is an endpoint that is shutting down but still
 	// serving; frontends use it only when no active one is left.
-	BackendTerminating BackendState = "terminating"
+	BackendTerminating
 	// BackendQuarantined is a backend a health checker took out of service;
 	// frontends never use it.
-	BackendQuarantined BackendState = "quarantined"
+	BackendQuarantined
 )
+
+var backendStates = byteEnum[BackendState]{
+	typeName: "BackendState", what: "backend state", want: "active, terminating or quarantined",
+	names: []string{BackendActive: "active", BackendTerminating: "terminating", BackendQuarantined: "quarantined"},
+}
+
+func (s BackendState) String() string { return backendStates.name(s) }
+
+func (s BackendState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+func (s *BackendState) UnmarshalText(b []byte) (err error) {
+	*s, err = backendStates.parse(string(b))
+	return err
+}

@@ -2,7 +2,6 @@ package loadbalancer
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -52,6 +51,9 @@ type writer struct {
 	deferred                     map[ServiceName]struct{}
 	// frontendsSynced says the frontends table's initializers are done.
 	frontendsSynced bool
+	// quarantined are the backend addresses BackendHealth took out of
+	// service; see BackendHealth.
+	quarantined map[L3n4Addr]struct{}
 
 	// spare is the last batch, whose maps the next one reuses.
 	spare batch
@@ -151,26 +153,4 @@ func (w *writer) processEvents(ctx context.Context, events <-chan k8sEvent) {
 		// Let the converted objects go while waiting for more.
 		clear(pending)
 	}
-}
-
-// setQuarantined takes the backend at addr out of service or puts it back;
-// see BackendHealth.
-func (w *writer) setQuarantined(addr L3n4Addr, quarantined bool) (err error) {
-	w.update(context.Background(), func(b *batch) {
-		old, _, found := w.tables.backends.Get(b.txn, BackendByAddress.Query(addr))
-		if !found {
-			err = fmt.Errorf("no backend %s", addr)
-			return
-		}
-		if old.Quarantined == quarantined {
-			return
-		}
-		be := *old
-		be.Quarantined = quarantined
-		b.insertBackend(w.tables, &be)
-		for _, inst := range be.Instances {
-			b.markDirty(inst.ServiceName)
-		}
-	})
-	return err
 }

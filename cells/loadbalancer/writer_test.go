@@ -49,9 +49,9 @@ func listing(n int) []k8sEvent {
 		}})
 		id := sliceID{Namespace: "default", Name: name.Name + "-1"}
 		ids[id] = struct{}{}
-		sliceEvs = append(sliceEvs, &sliceUpserted{slice: &endpointSlice{id: id, service: name, backends: []sliceBackend{{
-			addr:  L3n4Addr{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Port: 8080, Protocol: TCP},
-			state: BackendActive,
+		sliceEvs = append(sliceEvs, &sliceUpserted{slice: &endpointSlice{id: id, service: name, backends: []Backend{{
+			Address: L3n4Addr{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Port: 8080, Protocol: TCP},
+			State:   BackendActive,
 		}}}})
 	}
 	evs = append(evs, &servicesListed{names: names})
