@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -62,6 +63,7 @@ func TestInvalidConfig(t *testing.T) {
 		{"relative state dir", daemon.Config{StateDir: "state", RunDir: "/run"}, `invalid --state-dir "state": must be an absolute path`},
 		{"relative run dir", daemon.Config{StateDir: "/state", RunDir: "run"}, `invalid --run-dir "run": must be an absolute path`},
 		{"node name with a slash", daemon.Config{StateDir: "/state", RunDir: "/run", NodeName: "a/b"}, `invalid --node-name "a/b"`},
+		{"negative GC target", daemon.Config{StateDir: "/state", RunDir: "/run", NodeName: "n", GCPercent: -1}, `invalid --gc-percent -1: want a percentage of at least 1, or 0 to leave Go's setting (GOGC)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,5 +74,35 @@ func TestInvalidConfig(t *testing.T) {
 				t.Fatalf("populate = %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestGCPercent: the garbage collector's target is the flag's once the cell
+// has started (not before: building the graph sets nothing), and 0 leaves
+// the runtime's.
+func TestGCPercent(t *testing.T) {
+	orig := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(orig) })
+	current := func() int {
+		v := debug.SetGCPercent(100)
+		debug.SetGCPercent(v)
+		return v
+	}
+	for _, c := range []struct{ flag, want int }{{37, 37}, {0, 100}} {
+		debug.SetGCPercent(100)
+		h := celltest.New(daemon.Cell)
+		hive.AddConfigOverride(h, func(cfg *daemon.Config) {
+			cfg.StateDir, cfg.RunDir, cfg.GCPercent = t.TempDir(), t.TempDir(), c.flag
+		})
+		if err := h.Populate(hivetest.Logger(t)); err != nil {
+			t.Fatal(err)
+		}
+		if got := current(); got != 100 {
+			t.Errorf("--gc-percent %d: target %d before start, want it unchanged (100)", c.flag, got)
+		}
+		celltest.Start(t, h)
+		if got := current(); got != c.want {
+			t.Errorf("--gc-percent %d: target %d after start, want %d", c.flag, got, c.want)
+		}
 	}
 }

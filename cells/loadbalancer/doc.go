@@ -4,12 +4,21 @@
 // programs into the datapath.
 //
 //   - services: a row per Service ([Service]), in compact form.
-//   - backends: a row per backend address:port/protocol ([Backend]), with
-//     an instance for each (service, port name, EndpointSlice) listing it.
+//   - backends: a row per EndpointSlice ([SliceBackends]): the backends
+//     ([Backend], address:port/protocol, port name, state, node) it lists
+//     for its service, by "namespace/service/slice" ([BackendsBySlice]); a
+//     service's rows share the prefix of its name ([BackendsOf]).
 //   - frontends: a row per address the datapath load-balances ([Frontend]):
 //     every ClusterIP, ExternalIP and LoadBalancer ingress IP of every
 //     service port, and its NodePort on every node address and on the
 //     wildcard address. ExternalName and headless services have none.
+//     They are indexed by address; the NodePort ones also by service
+//     ([FrontendNodePortsByService]), the others are at the addresses the
+//     service's row names ([FrontendsOf]).
+//
+// Each index entry costs about 100 bytes, and each table has a revision
+// index besides: a secondary index is kept only where nothing else
+// answers the question (see docs/performance.md).
 //
 // # Contract
 //
