@@ -71,7 +71,7 @@ func BenchmarkGCChunkSizes(b *testing.B) {
 	for b.Loop() {
 		for _, size := range []int{256, 1024, 4096, 16384, 65536} {
 			gc.mu.Lock()
-			gc.bufs4 = newBuffers[ctmap.Key4, ctmap.Entry](size)
+			gc.chunk = size
 			gc.mu.Unlock()
 			raw, pass, _ := dumpAndCollect(b, gc, m, size)
 			fmt.Printf("ctgc-chunk size=%d raw_dump_entries_per_s=%.0f gc_entries_per_s=%.0f raw_over_gc=%.2f\n",

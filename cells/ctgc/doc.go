@@ -11,8 +11,9 @@
 //     whose Lifetime is before ctmap.Now(), the boot-time clock the
 //     datapath writes lifetimes with. Live entries are left alone. The
 //     deletes of a chunk run on their own goroutine while the walk reads the
-//     next chunk, and the chunks' buffers are reused: a pass allocates
-//     nothing per entry.
+//     next chunk, and the chunks' buffers are reused from chunk to chunk:
+//     a pass allocates nothing per entry. They are a walk's own, let go
+//     when it ends: nothing is held between passes.
 //   - The first pass after start waits until the endpoints table is
 //     initialized, that is until the endpoint manager has restored the
 //     endpoints of the previous run, and also deletes the entries whose

@@ -2,9 +2,6 @@ package ctgc
 
 import (
 	"time"
-
-	"github.com/cellium/cellium/pkg/ctmap"
-	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
 // SetChunkSize makes gc's walks read size entries per system call, so that
@@ -12,9 +9,7 @@ import (
 func SetChunkSize(gc *GC, size int) {
 	gc.mu.Lock()
 	defer gc.mu.Unlock()
-	gc.bufs4 = newBuffers[ctmap.Key4, ctmap.Entry](size)
-	gc.bufs6 = newBuffers[ctmap.Key6, ctmap.Entry](size)
-	gc.bufsNAT = newBuffers[nodeportmap.Key4, nodeportmap.NAT4](size)
+	gc.chunk = size
 }
 
 // SetProgressEvery sets how often a long walk logs its progress; 0 logs
