@@ -6,9 +6,9 @@ import (
 	"log/slog"
 )
 
-// EndpointSlices into the backends table: each slice adds an instance to
-// the backend of every address and port it lists, and takes back the
-// instances it no longer lists.
+// EndpointSlices into the backends table: each slice is one row, its
+// service's backends as the slice lists them, replaced whole when the slice
+// changes and deleted with it.
 
 // sliceServices maps every EndpointSlice with a service label to the name
 // of its service (in the slice's namespace), by namespace and then slice
