@@ -87,7 +87,8 @@ func BenchmarkIdleAgent(b *testing.B) {
 //   - restart_lb_writes: entries the restart wrote to the load-balancing
 //     maps, which did not change (cellium_lbmaps_writes_total);
 //   - rss_mb: the agent's resident set once everything is written, the
-//     larger of the two runs, and rss_settled_mb the same -bench.settle
+//     larger of the two runs, and anon_mb its anonymous part (the rest is
+//     the binary's pages, clean and shared); rss_settled_mb the same -bench.settle
 //     later, once the Go runtime has returned what the load's peak took;
 //     rss_peak_mb the most it held at any time (VmHWM), the larger of the
 //     two runs;
@@ -123,14 +124,14 @@ func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix
 	for i := range runs {
 		runs[i] = runScale(b, env, flags, n, fmt.Sprintf("%srun%d", profilePrefix, i))
 	}
-	return fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f",
+	return fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f anon_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f",
 		n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
-		runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
+		runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].anon, runs[1].anon), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
 }
 
 type scaleRun struct {
-	ready, written, stop       time.Duration
-	writes, rss, settled, peak float64
+	ready, written, stop             time.Duration
+	writes, rss, anon, settled, peak float64
 }
 
 func runScale(b *testing.B, env *agentEnv, flags []string, n int, name string) scaleRun {
@@ -141,7 +142,8 @@ func runScale(b *testing.B, env *agentEnv, flags []string, n int, name string) s
 	r.written = a.waitWritten(b, n, 5*time.Minute)
 	<-cpu
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
-	r.rss = a.memory(b).rss
+	written := a.memory(b)
+	r.rss, r.anon = written.rss, written.anon
 	a.profile(b, name+"-written")
 	time.Sleep(*benchSettle)
 	mem := a.memory(b)
