@@ -176,6 +176,13 @@ func convertEndpointSlice(k *discoveryv1.EndpointSlice) (*endpointSlice, []inval
 	if name == "" {
 		return s, nil
 	}
+	if strings.HasPrefix(k.Name, name) {
+		// The EndpointSlice controller names a slice after its service:
+		// the rows then keep the slice name's bytes, which the embedded
+		// server's key holds too, instead of a copy of the label per
+		// slice.
+		name = k.Name[:len(name)]
+	}
 	s.service = ServiceName{Namespace: s.id.Namespace, Name: name}
 
 	var want6 bool

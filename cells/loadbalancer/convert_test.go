@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -144,7 +145,7 @@ func TestConvertEndpointSlice(t *testing.T) {
 	yes, no := true, false
 	name, node := "dns", "node-1"
 	k := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: "kube-system", Name: "dns-1", Labels: map[string]string{discoveryv1.LabelServiceName: "kube-dns"}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-dns-x7k2p", Labels: map[string]string{discoveryv1.LabelServiceName: "kube-dns"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports: []discoveryv1.EndpointPort{
 			{Name: &name, Port: &port, Protocol: &udp},
@@ -164,7 +165,7 @@ func TestConvertEndpointSlice(t *testing.T) {
 	s, bad := convertEndpointSlice(k)
 	svc := ServiceName{"kube-system", "kube-dns"}
 	want := &endpointSlice{
-		id:      sliceID{"kube-system", "dns-1"},
+		id:      sliceID{"kube-system", "kube-dns-x7k2p"},
 		service: svc,
 		backends: []Backend{
 			{Address: L3n4Addr{netip.MustParseAddr("10.244.0.3"), 53, UDP}, PortName: "dns", State: BackendActive, NodeName: "node-1"},
@@ -173,6 +174,9 @@ func TestConvertEndpointSlice(t *testing.T) {
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("convertEndpointSlice =\n%+v\nwant\n%+v", s, want)
+	}
+	if unsafe.StringData(s.service.Name) != unsafe.StringData(k.Name) {
+		t.Errorf("service name %q is a copy; want it to share the bytes of the slice name %q", s.service.Name, k.Name)
 	}
 	if len(bad) != 1 || bad[0].field != "ports[2].port" {
 		t.Errorf("invalid fields = %v, want ports[2].port", bad)
