@@ -39,6 +39,7 @@ var (
 	benchRuns    = flag.Int("lb.runs", 5, "Runs of each size in BenchmarkPipeline, whose mean it reports")
 	insertCPU    = flag.String("lb.insert-cpuprofile", "", "Write a CPU profile of the insert phase of the last size to this file")
 	insertHeap   = flag.String("lb.insert-heapprofile", "", "Write a heap profile taken after the insert of the last size to this file")
+	deleteCPU    = flag.String("lb.delete-cpuprofile", "", "Write a CPU profile of the delete phase of the last size to this file")
 	profiledSize int
 )
 
@@ -154,7 +155,7 @@ func runPipeline(b *testing.B, n int) pipelineResult {
 	done := newDoneCounter(b, db, frontends)
 
 	before := memStats()
-	stopProfile := startCPUProfile(b, n)
+	stopProfile := startCPUProfile(b, n, *insertCPU)
 	cpuBefore := cpuTime()
 	b.StartTimer()
 	start := time.Now()
@@ -170,12 +171,14 @@ func runPipeline(b *testing.B, n int) pipelineResult {
 		b.Fatalf("service map holds %d entries after the insert, want %d (a master and a slot per service)", got, 2*n)
 	}
 
+	stopProfile = startCPUProfile(b, n, *deleteCPU)
 	b.StartTimer()
 	start = time.Now()
 	feed.Delete()
 	waitGone(b, db, frontends, rec)
 	deleted := time.Since(start)
 	b.StopTimer()
+	stopProfile()
 	for name, got := range map[string]int{
 		"services": countEntries(b, maps.Services4), "backends": countEntries(b, maps.Backends4), "revnat": countEntries(b, maps.RevNAT4),
 	} {
@@ -300,11 +303,11 @@ func countEntries[K, V any](b *testing.B, m *bpfmaps.Map[K, V]) int {
 	return n
 }
 
-func startCPUProfile(b *testing.B, n int) (stop func()) {
-	if *insertCPU == "" || n != profiledSize {
+func startCPUProfile(b *testing.B, n int, file string) (stop func()) {
+	if file == "" || n != profiledSize {
 		return func() {}
 	}
-	f, err := os.Create(*insertCPU)
+	f, err := os.Create(file)
 	if err != nil {
 		b.Fatal(err)
 	}
