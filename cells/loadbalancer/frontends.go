@@ -162,7 +162,10 @@ func frontendAddrs(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc 
 	return addrs
 }
 
-// FrontendsOf are the frontends of svc in txn, sorted by address.
+// FrontendsOf are the frontends of svc in txn, sorted by address; svc is
+// the service's row in the same txn. The writer keeps a service's
+// frontends at the addresses its row names and its NodePort ones in the
+// nodeport index, so no index by service is needed.
 func FrontendsOf(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc *Service) []*Frontend {
 	addrs := frontendAddrs(txn, frontends, svc, nil)
 	slices.SortFunc(addrs, L3n4Addr.Compare)
