@@ -9,13 +9,16 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -82,13 +85,44 @@ func start(t testing.TB, tlsFiles *TLSFiles) *Server {
 			t.Logf("the test failed; etcd's log:\n%s", s.Log())
 		}
 	})
-	s.Restart()
+	// A port free when chosen may be taken before etcd binds it (by a
+	// test running beside, or an outgoing connection): then etcd exits at
+	// once, and the first start tries other ports. A restart keeps its
+	// ports, which clients were given.
+	for attempt := 1; ; attempt++ {
+		err := s.launch()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortTaken) || attempt == maxStartAttempts {
+			t.Fatal(err)
+		}
+		t.Logf("etcd's port was taken (attempt %d of %d), trying others", attempt, maxStartAttempts)
+		if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+			t.Fatal(err)
+		}
+		s.client, s.peer = scheme+freeAddr(t), "http://"+freeAddr(t)
+	}
 	return s
 }
 
-// freeAddr is a loopback address with a port nobody listens on now.
+const maxStartAttempts = 5
+
+// errPortTaken is etcd exiting at start because one of its ports was taken.
+var errPortTaken = errors.New("etcd's port is taken")
+
+// freeAddr is a loopback address with a port nobody listens on now, chosen
+// at random below the kernel's usual ephemeral range (32768-60999), from
+// which listeners on port 0 and outgoing connections take theirs.
 func freeAddr(t testing.TB) string {
 	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12768)))
+		if err == nil {
+			l.Close()
+			return l.Addr().String()
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("find a free port: %v", err)
@@ -104,14 +138,23 @@ func (s *Server) Endpoint() string { return s.client }
 // and waits until it answers its health check.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.launch(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// launch starts the server if it is stopped and waits until it answers its
+// health check. It returns errPortTaken (wrapped, with etcd's log) when
+// etcd exits at start because a port is taken.
+func (s *Server) launch() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil {
-		return
+		return nil
 	}
 	log, err := os.OpenFile(filepath.Join(s.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		s.t.Fatalf("etcd log: %v", err)
+		return fmt.Errorf("etcd log: %w", err)
 	}
 	args := []string{
 		"--name", "test",
@@ -149,29 +192,41 @@ func (s *Server) Restart() {
 	}()
 	if err := <-started; err != nil {
 		log.Close()
-		s.t.Fatalf("start etcd: %v", err)
+		return fmt.Errorf("start etcd: %w", err)
 	}
 	s.cmd, s.exited, s.logFile = cmd, exited, log
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		if s.healthy(ctx) {
-			return
+		select {
+		case <-exited:
+		default:
+			if s.healthy(ctx) {
+				return nil
+			}
 		}
 		select {
 		case <-exited:
-			s.t.Fatalf("etcd exited at start; its log: %s", s.Log())
+			log.Close()
+			s.cmd = nil
+			if strings.Contains(s.Log(), "address already in use") {
+				return fmt.Errorf("%w; its log: %s", errPortTaken, s.Log())
+			}
+			return fmt.Errorf("etcd exited at start; its log: %s", s.Log())
 		case <-ctx.Done():
-			s.t.Fatalf("etcd not healthy after 30s; its log: %s", s.Log())
+			return fmt.Errorf("etcd not healthy after 30s; its log: %s", s.Log())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
-// healthy says whether the server answers its health check; with TLS it
+// healthy says whether the server answers its health check within a
+// second (whoever else holds a taken port may never answer); with TLS it
 // presents the server's own certificate, which is also a client one.
 func (s *Server) healthy(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.client+"/health", nil)
 	if err != nil {
 		return false
