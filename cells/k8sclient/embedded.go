@@ -231,11 +231,7 @@ func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) 
 	if !handled || err != nil {
 		return handled, list, err
 	}
-	listMeta, err := meta.ListAccessor(list)
-	if err != nil {
-		return true, nil, err
-	}
-	items, err := meta.ExtractList(list)
+	listMeta, items, err := ListItems(list)
 	if err != nil {
 		return true, nil, err
 	}
