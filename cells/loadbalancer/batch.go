@@ -86,7 +86,7 @@ func (b *batch) insertBackends(t *lbTables, be *SliceBackends) {
 
 // frontendsOf are the service's frontends as of the transaction.
 func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
-	addrs := slices.Clip(b.addedFrontends[name])
+	addrs := slices.Clone(b.addedFrontends[name]) // heldAt sorts it
 	// A service's frontends go in the transaction that deletes it: without
 	// the service, the snapshot has none of its frontends either. With
 	// it, they are at the addresses its row in the snapshot names, or
@@ -95,16 +95,7 @@ func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
 	if svc, _, found := t.services.Get(b.snapshot, ServiceByName.Query(name)); found {
 		addrs = frontendAddrs(b.snapshot, t.frontends, svc, addrs)
 	}
-	var out []*Frontend
-	for i, addr := range addrs {
-		if slices.Contains(addrs[:i], addr) {
-			continue
-		}
-		if fe, _, found := t.frontends.Get(b.txn, FrontendByAddress.Query(addr)); found && fe.ServiceName == name {
-			out = append(out, fe)
-		}
-	}
-	return out
+	return heldAt(b.txn, t.frontends, name, addrs)
 }
 
 // backendsOf are the backends rows of the service as of the transaction.

@@ -167,12 +167,17 @@ func frontendAddrs(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc 
 // frontends at the addresses its row names and its NodePort ones in the
 // nodeport index, so no index by service is needed.
 func FrontendsOf(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], svc *Service) []*Frontend {
-	addrs := frontendAddrs(txn, frontends, svc, nil)
+	return heldAt(txn, frontends, svc.Name, frontendAddrs(txn, frontends, svc, nil))
+}
+
+// heldAt are the frontends at addrs (which it sorts, and may hold an
+// address twice) that name holds in txn, sorted by address.
+func heldAt(txn statedb.ReadTxn, frontends statedb.Table[*Frontend], name ServiceName, addrs []L3n4Addr) []*Frontend {
 	slices.SortFunc(addrs, L3n4Addr.Compare)
 	addrs = slices.Compact(addrs)
 	out := make([]*Frontend, 0, len(addrs))
 	for _, addr := range addrs {
-		if fe, _, found := frontends.Get(txn, FrontendByAddress.Query(addr)); found && fe.ServiceName == svc.Name {
+		if fe, _, found := frontends.Get(txn, FrontendByAddress.Query(addr)); found && fe.ServiceName == name {
 			out = append(out, fe)
 		}
 	}
