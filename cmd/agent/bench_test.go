@@ -33,6 +33,7 @@ var (
 	benchIdle     = flag.Duration("bench.idle", 60*time.Second, "How long BenchmarkIdleAgent lets the agent idle before reading its memory")
 	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) in BenchmarkScale's manifests directory")
 	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
+	benchArgs     = flag.String("bench.agent-args", "", "Flags added to every benchmark's agent command line, separated by spaces (as --release-start-pages=false)")
 	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
 )
 
@@ -257,7 +258,8 @@ func startBenchAgent(b *testing.B, env *agentEnv, flags ...string) *benchAgent {
 		b.Fatal(err)
 	}
 	defer log.Close()
-	cmd := exec.Command(agentBin, append([]string{"run", "--log-format", "json"}, flags...)...)
+	args := append([]string{"run", "--log-format", "json"}, flags...)
+	cmd := exec.Command(agentBin, append(args, strings.Fields(*benchArgs)...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	a := &benchAgent{env: env, cmd: cmd, exited: make(chan error, 1), client: client.New(env.socket)}
 	a.started = time.Now()

@@ -1,0 +1,33 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/cilium/hive/cell"
+
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/celltest"
+)
+
+// TestWaitReady: waitReady does not return while a barrier is pending (its
+// context's end does), and returns once none is.
+func TestWaitReady(t *testing.T) {
+	var (
+		r    *health.Readiness
+		done func()
+	)
+	h := celltest.New(cell.Invoke(func(rd *health.Readiness) { r, done = rd, rd.Add("test-barrier") }))
+	celltest.Start(t, h)
+
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := waitReady(ended, r); !errors.Is(err, context.Canceled) {
+		t.Fatalf("waitReady with a barrier pending = %v, want the context's end", err)
+	}
+	done()
+	if err := waitReady(context.Background(), r); err != nil {
+		t.Fatalf("waitReady once every barrier is done = %v", err)
+	}
+}
