@@ -19,12 +19,11 @@ import (
 //
 // Of an idle agent's resident set, most is its executable's clean pages,
 // read by ~390 package initializers and by the start (decoding manifests,
-// restoring state, first listings) and not used again; they stay resident,
-// and charged to the agent's memory cgroup, until the kernel is short of
-// memory. Once every readiness barrier is done the start is over: the pages
-// are reclaimed, and those the running agent uses come back on their next
-// access. Once per run: later bursts (a relist) leave their pages to the
-// kernel's own reclaim.
+// restoring state, first listings) and not used again; the process keeps
+// them mapped for as long as it runs. Once every readiness barrier is done
+// the start is over: the pages are paged out (pkg/pageout), and those the
+// running agent uses are mapped back on their next access. Once per run:
+// later bursts (a relist) leave their pages to the kernel's own reclaim.
 func registerPageOut(cfg Config, jobs job.Group, r *health.Readiness, h cell.Health, log *slog.Logger) {
 	if !cfg.ReleaseStartPages {
 		return

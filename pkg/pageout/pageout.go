@@ -6,13 +6,15 @@
 // agent's package initializers and its start (decoding the manifests,
 // restoring state, the first listings) read far more of a 120 MB binary
 // than it uses afterwards: at idle those clean file pages are most of its
-// resident set. The kernel reclaims them only under memory pressure, and
-// until then they are charged to the agent's memory cgroup.
+// resident set. The process keeps them mapped for as long as it runs, and
+// the kernel's reclaim protects mapped executable pages that were used.
 //
-// [Executable] asks the kernel to reclaim them now (madvise MADV_PAGEOUT,
-// Linux 5.4 and later). Nothing is lost: the pages are clean copies of the
-// file, and a page used again is read back from it on its next access (a
-// page fault, from the page cache or the disk).
+// [Executable] asks the kernel to page them out (madvise MADV_PAGEOUT,
+// Linux 5.4 and later): it unmaps them from the process and frees those it
+// can; those it keeps are the file's page cache, reclaimed like any other.
+// Nothing is lost: the pages are clean copies of the file, and a page used
+// again is mapped back on its next access (a page fault, from the page
+// cache or the disk).
 package pageout
 
 import (
@@ -86,7 +88,9 @@ func Executable() (Result, error) {
 type addrRange struct{ start, end uintptr }
 
 // readOnlyMappings are the mappings in maps (the text of /proc/PID/maps)
-// of the file with inode ino that are not writable.
+// of the file with inode ino that are not writable. A read-only mapping of
+// another file with the same inode number on another device would be
+// paged out too, which costs it only a page fault.
 func readOnlyMappings(maps []byte, ino uint64) ([]addrRange, error) {
 	var out []addrRange
 	sc := bufio.NewScanner(bytes.NewReader(maps))
