@@ -58,9 +58,10 @@ func New() (*Pinger, error) {
 		if fd < 0 {
 			continue
 		}
-		// Reads wake up now and then to see whether Close was called:
-		// closing a socket does not end a blocked read.
-		tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
+		// Close wakes a blocked read by shutting the socket's receiving
+		// side (closing it would not); the timeout is a fallback, should a
+		// kernel not wake it.
+		tv := unix.NsecToTimeval(readWakeup.Nanoseconds())
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 			p.Close()
 			return nil, err
@@ -71,13 +72,27 @@ func New() (*Pinger, error) {
 	return p, nil
 }
 
-// Close stops the readers and closes the sockets.
+// readWakeup is how often a blocked read wakes up on its own to see
+// whether Close was called.
+var readWakeup = 200 * time.Millisecond
+
+// Close stops the readers and closes the sockets. It does not wait for a
+// read's timeout: shutting a socket's receiving side ends its blocked read
+// at once (it returns no data).
 func (p *Pinger) Close() {
 	select {
 	case <-p.done:
 		return
 	default:
 		close(p.done)
+	}
+	for _, fd := range []int{p.fd4, p.fd6} {
+		if fd >= 0 {
+			// A raw socket is not connected: the kernel answers ENOTCONN,
+			// and shuts its receiving side and wakes its readers all the
+			// same.
+			_ = unix.Shutdown(fd, unix.SHUT_RD)
+		}
 	}
 	p.wg.Wait()
 	for _, fd := range []int{p.fd4, p.fd6} {

@@ -56,3 +56,43 @@ func TestPing(t *testing.T) {
 		t.Fatal("a ping to an address nobody answers for succeeded")
 	}
 }
+
+// TestCloseEndsBlockedReads: Close returns without waiting for the readers'
+// periodic wakeup (set to an hour here), which a node agent's stop would
+// otherwise wait for.
+func TestCloseEndsBlockedReads(t *testing.T) {
+	nettest.RequireRoot(t)
+	defer icmpprobe.SetReadWakeup(time.Hour)()
+	ns := nettest.NewNS(t)
+	var p *icmpprobe.Pinger
+	err := nettest.Do(ns.Path(), func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		p, err = icmpprobe.New()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A reply on each socket: its reader has run and is back in a
+	// blocking read.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, dst := range []string{"127.0.0.1", "::1"} {
+		if _, err := p.Ping(ctx, netip.MustParseAddr(dst)); err != nil {
+			t.Fatalf("ping %s: %v", dst, err)
+		}
+	}
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waiting for the readers after 10s: a blocked read was not woken")
+	}
+}
