@@ -16,23 +16,7 @@ import (
 // Many concurrent pings over the two shared sockets each get their own
 // reply; an address nobody answers for times out.
 func TestPing(t *testing.T) {
-	nettest.RequireRoot(t)
-	ns := nettest.NewNS(t)
-	var p *icmpprobe.Pinger
-	err := nettest.Do(ns.Path(), func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		p, err = icmpprobe.New()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newPinger(t)
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -61,24 +45,8 @@ func TestPing(t *testing.T) {
 // periodic wakeup (set to an hour here), which a node agent's stop would
 // otherwise wait for.
 func TestCloseEndsBlockedReads(t *testing.T) {
-	nettest.RequireRoot(t)
 	defer icmpprobe.SetReadWakeup(time.Hour)()
-	ns := nettest.NewNS(t)
-	var p *icmpprobe.Pinger
-	err := nettest.Do(ns.Path(), func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		p, err = icmpprobe.New()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newPinger(t)
 	// A reply on each socket: its reader has run and is back in a
 	// blocking read.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -95,4 +63,27 @@ func TestCloseEndsBlockedReads(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close still waiting for the readers after 10s: a blocked read was not woken")
 	}
+}
+
+// newPinger opens a Pinger in a new network namespace whose loopback is up.
+func newPinger(t *testing.T) *icmpprobe.Pinger {
+	t.Helper()
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	var p *icmpprobe.Pinger
+	err := nettest.Do(ns.Path(), func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		p, err = icmpprobe.New()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
