@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -33,6 +34,7 @@ func registerPageOut(cfg Config, jobs job.Group, r *health.Readiness, h cell.Hea
 			return nil // stopped before ready
 		}
 		report := h.NewScope("start-pages")
+		start := time.Now()
 		res, err := pageout.Executable()
 		switch {
 		case errors.Is(err, pageout.ErrUnsupported):
@@ -43,7 +45,7 @@ func registerPageOut(cfg Config, jobs job.Group, r *health.Readiness, h cell.Hea
 		default:
 			msg := fmt.Sprintf("Executable's pages released once ready: resident file-backed memory %.1f MB -> %.1f MB",
 				mb(res.FileBefore), mb(res.FileAfter))
-			log.Info(msg, "mappings", res.Mappings, "mapped-mb", mb(res.MappedBytes))
+			log.Info(msg, "mappings", res.Mappings, "mapped-mb", mb(res.MappedBytes), "duration", time.Since(start))
 			report.OK(msg)
 		}
 		return nil
