@@ -30,7 +30,7 @@ func registerPageOut(cfg Config, jobs job.Group, r *health.Readiness, h cell.Hea
 		return
 	}
 	jobs.Add(job.OneShot("release-start-pages", func(ctx context.Context, _ cell.Health) error {
-		if err := waitReady(ctx, r); err != nil {
+		if err := r.Wait(ctx); err != nil {
 			return nil // stopped before ready
 		}
 		report := h.NewScope("start-pages")
@@ -50,22 +50,6 @@ func registerPageOut(cfg Config, jobs job.Group, r *health.Readiness, h cell.Hea
 		}
 		return nil
 	}))
-}
-
-// waitReady returns once the agent is ready, or ctx's error if it ends
-// first.
-func waitReady(ctx context.Context, r *health.Readiness) error {
-	for {
-		hz, changed := r.Status()
-		if hz.Ready {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		}
-	}
 }
 
 func mb(b uint64) float64 { return float64(b) / (1 << 20) }

@@ -22,7 +22,8 @@
 //		done()
 //	}
 //
-// Barriers are rows of the StateDB table "readiness". The barrier
+// Barriers are rows of the StateDB table "readiness". A job that must wait
+// for readiness calls [Readiness.Wait]. The barrier
 // "cells-started" is done by [StartedMarker], which must be the last cell of
 // the hive so that its start hook runs after every other one.
 //

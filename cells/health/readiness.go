@@ -146,6 +146,22 @@ func (r *Readiness) Status() (apiv1.Healthz, <-chan struct{}) {
 	return hz, watch
 }
 
+// Wait returns once the agent is ready (every cell started, every barrier
+// done), or ctx's error if ctx ends first.
+func (r *Readiness) Wait(ctx context.Context) error {
+	for {
+		hz, changed := r.Status()
+		if hz.Ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
 // watchTimeouts reports the barriers that have waited longer than
 // --readiness-timeout as a health error naming them, and OK again once none
 // has. A barrier that never completes then shows in `agent status` and the

@@ -1,4 +1,4 @@
-package daemon
+package health_test
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 )
 
-// TestWaitReady: waitReady does not return while a barrier is pending (its
+// TestReadinessWait: Wait does not return while a barrier is pending (its
 // context's end does), and returns once none is.
-func TestWaitReady(t *testing.T) {
+func TestReadinessWait(t *testing.T) {
 	var (
 		r    *health.Readiness
 		done func()
@@ -23,11 +23,11 @@ func TestWaitReady(t *testing.T) {
 
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := waitReady(ended, r); !errors.Is(err, context.Canceled) {
-		t.Fatalf("waitReady with a barrier pending = %v, want the context's end", err)
+	if err := r.Wait(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with a barrier pending = %v, want the context's end", err)
 	}
 	done()
-	if err := waitReady(context.Background(), r); err != nil {
-		t.Fatalf("waitReady once every barrier is done = %v", err)
+	if err := r.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait once every barrier is done = %v", err)
 	}
 }
