@@ -18,8 +18,6 @@
 package pageout
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -93,16 +91,16 @@ type addrRange struct{ start, end uintptr }
 // paged out too, which costs it only a page fault.
 func readOnlyMappings(maps []byte, ino uint64) ([]addrRange, error) {
 	var out []addrRange
-	sc := bufio.NewScanner(bytes.NewReader(maps))
-	for sc.Scan() {
+	for line := range strings.Lines(string(maps)) {
+		line = strings.TrimSuffix(line, "\n")
 		// start-end perms offset dev inode [path]
-		f := strings.Fields(sc.Text())
+		f := strings.Fields(line)
 		if len(f) < 5 {
-			return nil, fmt.Errorf("/proc/self/maps: malformed line %q", sc.Text())
+			return nil, fmt.Errorf("/proc/self/maps: malformed line %q", line)
 		}
 		inode, err := strconv.ParseUint(f[4], 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("/proc/self/maps: inode in %q: %w", sc.Text(), err)
+			return nil, fmt.Errorf("/proc/self/maps: inode in %q: %w", line, err)
 		}
 		if inode != ino || len(f[1]) < 2 || f[1][1] == 'w' {
 			continue
@@ -111,11 +109,11 @@ func readOnlyMappings(maps []byte, ino uint64) ([]addrRange, error) {
 		start, err1 := strconv.ParseUint(startS, 16, 64)
 		end, err2 := strconv.ParseUint(endS, 16, 64)
 		if !ok || err1 != nil || err2 != nil || end <= start {
-			return nil, fmt.Errorf("/proc/self/maps: address range in %q", sc.Text())
+			return nil, fmt.Errorf("/proc/self/maps: address range in %q", line)
 		}
 		out = append(out, addrRange{uintptr(start), uintptr(end)})
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // residentFile is the process's resident file-backed memory (RssFile in
