@@ -6,32 +6,47 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/pkg/lbmap"
 )
 
 // puts collects the writes of a reconciliation round to one map, so that
 // they go to the kernel in one system call. Each write belongs to a batch
-// entry (a frontend) and has a function that records it in the realized
-// state once the kernel has it; a write that fails is retried alone, so its
-// error lands on its own frontend and the others go on.
+// entry (a frontend) and carries a mark, which the flush hands to its
+// record function once the kernel has the write; a write that fails is
+// retried alone, so its error lands on its own frontend and the others go
+// on. The slices are kept from round to round: a round allocates nothing
+// once they have grown to its size.
 type puts[K, V any] struct {
 	keys    []K
 	values  []V
 	entries []*entry
-	written []func()
+	marks   []mark
 }
 
-func (p *puts[K, V]) add(e *entry, k K, v V, written func()) {
+// mark is what a write changes in the realized state once the kernel has
+// it: the frontend or backend written, and for a slot its number and
+// backend, for a master entry its value. A value, not a closure: a round
+// writes hundreds of thousands of them.
+type mark struct {
+	fs     *frontendState
+	bs     *backendState
+	slot   int
+	id     lbmap.BackendID
+	master lbmap.ServiceValue
+}
+
+func (p *puts[K, V]) add(e *entry, k K, v V, m mark) {
 	p.keys = append(p.keys, k)
 	p.values = append(p.values, v)
 	p.entries = append(p.entries, e)
-	p.written = append(p.written, written)
+	p.marks = append(p.marks, m)
 }
 
-func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters) {
+func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mark)) {
 	for start := 0; start < len(p.keys); {
 		n, err := m.BatchPut(p.keys[start:], p.values[start:])
 		for i := start; i < start+n; i++ {
-			p.done(i)
+			record(p.marks[i])
 		}
 		c.wrote(m.Name(), n)
 		start += n
@@ -44,17 +59,19 @@ func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters) {
 			p.entries[start].fail(err)
 		} else {
 			c.wrote(m.Name(), 1)
-			p.done(start)
+			record(p.marks[start])
 		}
 		start++
 	}
-	*p = puts[K, V]{}
+	p.reset()
 }
 
-func (p *puts[K, V]) done(i int) {
-	if p.written[i] != nil {
-		p.written[i]()
-	}
+// reset empties p for the next round, keeping its slices' capacity and
+// dropping the pointers they held.
+func (p *puts[K, V]) reset() {
+	clear(p.entries)
+	clear(p.marks)
+	p.keys, p.values, p.entries, p.marks = p.keys[:0], p.values[:0], p.entries[:0], p.marks[:0]
 }
 
 // deletes is puts for deletions. Deleting a key that is already gone
@@ -62,20 +79,20 @@ func (p *puts[K, V]) done(i int) {
 type deletes[K, V any] struct {
 	keys    []K
 	entries []*entry
-	deleted []func()
+	marks   []mark
 }
 
-func (d *deletes[K, V]) add(e *entry, k K, deleted func()) {
+func (d *deletes[K, V]) add(e *entry, k K, m mark) {
 	d.keys = append(d.keys, k)
 	d.entries = append(d.entries, e)
-	d.deleted = append(d.deleted, deleted)
+	d.marks = append(d.marks, m)
 }
 
-func (d *deletes[K, V]) flush(m *bpfmaps.Map[K, V], c *counters) {
+func (d *deletes[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mark)) {
 	for start := 0; start < len(d.keys); {
 		n, err := m.BatchDelete(d.keys[start:])
 		for i := start; i < start+n; i++ {
-			d.done(i)
+			record(d.marks[i])
 		}
 		c.deleted(m.Name(), n)
 		start += n
@@ -84,21 +101,21 @@ func (d *deletes[K, V]) flush(m *bpfmaps.Map[K, V], c *counters) {
 		}
 		if err := m.Delete(d.keys[start]); err == nil {
 			c.deleted(m.Name(), 1)
-			d.done(start)
+			record(d.marks[start])
 		} else if errors.Is(err, ebpf.ErrKeyNotExist) {
-			d.done(start)
+			record(d.marks[start])
 		} else {
 			d.entries[start].fail(err)
 		}
 		start++
 	}
-	*d = deletes[K, V]{}
+	d.reset()
 }
 
-func (d *deletes[K, V]) done(i int) {
-	if d.deleted[i] != nil {
-		d.deleted[i]()
-	}
+func (d *deletes[K, V]) reset() {
+	clear(d.entries)
+	clear(d.marks)
+	d.keys, d.entries, d.marks = d.keys[:0], d.entries[:0], d.marks[:0]
 }
 
 // entry is one frontend of a round and the first error any of its writes

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -46,6 +47,11 @@ type ops struct {
 	v6       *family[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
 	state    *realized
 	counters *counters
+	// r4 and r6 are the rounds, kept between them with their buffers; the
+	// reconciler calls one operation at a time.
+	r4      *round[lbmap.Service4Key, lbmap.Backend4, lbmap.RevNAT4]
+	r6      *round[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
+	entries []entry
 
 	db        *statedb.DB
 	frontends statedb.RWTable[*loadbalancer.Frontend]
@@ -70,6 +76,7 @@ func newOps(p opsParams) *ops {
 		restoreDone: make(chan struct{}),
 		shutdowner:  p.Shutdowner,
 	}
+	o.r4, o.r6 = newRound(o, o.v4), newRound(o, o.v6)
 	txn := p.DB.WriteTxn(p.Frontends)
 	o.restored = p.Frontends.RegisterInitializer(txn, InitRestore)
 	txn.Commit()
@@ -179,8 +186,8 @@ func (o *ops) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 		failBatch(batch, err)
 		return
 	}
-	entries := make([]entry, len(batch))
-	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
+	entries := o.newEntries(len(batch))
+	r4, r6 := o.r4, o.r6
 	for i := range batch {
 		fe := batch[i].Object
 		if fe.Address.Addr.Is4() {
@@ -201,8 +208,8 @@ func (o *ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 		failBatch(batch, err)
 		return
 	}
-	entries := make([]entry, len(batch))
-	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
+	entries := o.newEntries(len(batch))
+	r4, r6 := o.r4, o.r6
 	for i := range batch {
 		addr, ok := keyOf(batch[i].Object.Address)
 		switch {
@@ -218,6 +225,14 @@ func (o *ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 	for i := range batch {
 		batch[i].Result = entries[i].err
 	}
+}
+
+// newEntries is a round's entries, one per frontend of the batch, in a
+// buffer kept between rounds.
+func (o *ops) newEntries(n int) []entry {
+	o.entries = slices.Grow(o.entries[:0], n)[:n]
+	clear(o.entries)
+	return o.entries
 }
 
 func failBatch(batch []reconciler.BatchEntry[*loadbalancer.Frontend], err error) {
@@ -242,17 +257,21 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 			wanted[addr] = struct{}{}
 		}
 	}
-	var stale []entry
-	r4, r6 := newRound(o, o.v4), newRound(o, o.v6)
+	var staleAddrs []addrKey
 	for addr := range o.state.frontends.All() {
-		if _, ok := wanted[addr]; ok {
-			continue
+		if _, ok := wanted[addr]; !ok {
+			staleAddrs = append(staleAddrs, addr)
 		}
-		stale = append(stale, entry{})
+	}
+	// Sized before the first delete is planned: the round holds pointers
+	// into it.
+	stale := make([]entry, len(staleAddrs))
+	r4, r6 := o.r4, o.r6
+	for i, addr := range staleAddrs {
 		if addr.Is4 {
-			r4.delete(&stale[len(stale)-1], addr)
+			r4.delete(&stale[i], addr)
 		} else {
-			r6.delete(&stale[len(stale)-1], addr)
+			r6.delete(&stale[i], addr)
 		}
 	}
 	// Backends no written slot points at: left over at restore, or whose
@@ -311,6 +330,8 @@ type round[SK comparable, B, R any] struct {
 	unused map[*backendState]bool
 	// deleted are frontends being deleted: forgotten once empty.
 	deleted map[addrKey]*frontendState
+	// ids is update's buffer for a frontend's backend IDs.
+	ids []lbmap.BackendID
 }
 
 func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B, R] {
@@ -337,7 +358,8 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 		return
 	}
 
-	ids := make([]lbmap.BackendID, len(fe.Backends))
+	ids := slices.Grow(r.ids[:0], len(fe.Backends))[:len(fe.Backends)]
+	r.ids = ids
 	for i, be := range fe.Backends {
 		beKey, ok := keyOf(be)
 		if !ok || beKey.Is4 != key.Is4 {
@@ -351,7 +373,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 		}
 		if !bs.written && !r.queued[bs] {
 			r.queued[bs] = true
-			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, lbmap.Proto(beKey.Proto)), func() { bs.written = true })
+			r.backendPuts.add(e, bs.id, r.f.backend(be.Addr, be.Port, lbmap.Proto(beKey.Proto)), mark{bs: bs})
 		}
 		ids[i] = bs.id
 	}
@@ -366,7 +388,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 		}
 		n := i + 1
 		r.slotPuts.add(e, r.f.serviceKey(addr, port, proto, uint16(n)), lbmap.NewServiceSlot(id, fs.id),
-			func() { st.slotWritten(fs, n, id) })
+			mark{fs: fs, slot: n, id: id})
 	}
 
 	var flags lbmap.ServiceFlags
@@ -382,11 +404,10 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 	}
 	master := lbmap.NewServiceMaster(uint16(len(ids)), fs.id, flags, fe.AffinityTimeout)
 	if !fs.hasMaster || fs.master != master {
-		r.masterPuts.add(e, r.f.serviceKey(addr, port, proto, 0), master,
-			func() { fs.master, fs.hasMaster = master, true })
+		r.masterPuts.add(e, r.f.serviceKey(addr, port, proto, 0), master, mark{fs: fs, master: master})
 	}
 	if !fs.revNAT {
-		r.revNATPuts.add(e, fs.id, r.f.revNATOf(addr, port), func() { fs.revNAT = true })
+		r.revNATPuts.add(e, fs.id, r.f.revNATOf(addr, port), mark{fs: fs})
 	}
 
 	switch {
@@ -422,7 +443,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 			continue
 		}
 		r.noteUnused(fs.slots[n-1])
-		r.slotDeletes.add(e, r.f.serviceKey(addr, port, proto, uint16(n)), func() { st.slotDeleted(fs, n) })
+		r.slotDeletes.add(e, r.f.serviceKey(addr, port, proto, uint16(n)), mark{fs: fs, slot: n})
 	}
 }
 
@@ -436,7 +457,7 @@ func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 	r.deleted[addr] = fs
 	ip, port, proto := addr.IP(), addr.Port, lbmap.Proto(addr.Proto)
 	if fs.hasMaster {
-		r.masterDeletes.add(e, r.f.serviceKey(ip, port, proto, 0), func() { fs.hasMaster = false })
+		r.masterDeletes.add(e, r.f.serviceKey(ip, port, proto, 0), mark{fs: fs})
 	}
 	for i, id := range fs.slots {
 		if id == 0 {
@@ -444,10 +465,10 @@ func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 		}
 		n := i + 1
 		r.noteUnused(id)
-		r.slotDeletes.add(e, r.f.serviceKey(ip, port, proto, uint16(n)), func() { st.slotDeleted(fs, n) })
+		r.slotDeletes.add(e, r.f.serviceKey(ip, port, proto, uint16(n)), mark{fs: fs, slot: n})
 	}
 	if fs.revNAT {
-		r.revNATDeletes.add(e, fs.id, func() { fs.revNAT = false })
+		r.revNATDeletes.add(e, fs.id, mark{fs: fs})
 	}
 	if fs.maglev != 0 {
 		r.maglevOps = append(r.maglevOps, func() {
@@ -487,19 +508,18 @@ func (r *round[SK, B, R]) maglevTable(backends []loadbalancer.L3n4Addr, ids []lb
 }
 
 func (r *round[SK, B, R]) flush() {
-	c := r.o.counters
-	r.backendPuts.flush(r.f.backends, c)
-	r.slotPuts.flush(r.f.services, c)
-	r.masterPuts.flush(r.f.services, c)
-	r.revNATPuts.flush(r.f.revNAT, c)
+	c, st := r.o.counters, r.o.state
+	r.backendPuts.flush(r.f.backends, c, wroteBackend)
+	r.slotPuts.flush(r.f.services, c, st.wroteSlot)
+	r.masterPuts.flush(r.f.services, c, wroteMaster)
+	r.revNATPuts.flush(r.f.revNAT, c, wroteRevNAT)
 	for _, op := range r.maglevOps {
 		op()
 	}
-	r.masterDeletes.flush(r.f.services, c)
-	r.slotDeletes.flush(r.f.services, c)
-	r.revNATDeletes.flush(r.f.revNAT, c)
+	r.masterDeletes.flush(r.f.services, c, deletedMaster)
+	r.slotDeletes.flush(r.f.services, c, st.deletedSlot)
+	r.revNATDeletes.flush(r.f.revNAT, c, deletedRevNAT)
 
-	st := r.o.state
 	for addr, fs := range r.deleted {
 		if fs.empty() {
 			st.forgetFrontend(addr, fs)
@@ -516,10 +536,16 @@ func (r *round[SK, B, R]) flush() {
 		default:
 			// A failed delete is not a frontend's failure: their entries
 			// are gone. The backend stays known and the next prune retries.
-			r.backendDels.add(nil, bs.id, func() { st.forgetBackend(bs) })
+			r.backendDels.add(nil, bs.id, mark{bs: bs})
 		}
 	}
-	r.backendDels.flush(r.f.backends, c)
+	r.backendDels.flush(r.f.backends, c, st.deletedBackend)
+
+	clear(r.maglevOps)
+	r.maglevOps = r.maglevOps[:0]
+	clear(r.queued)
+	clear(r.unused)
+	clear(r.deleted)
 }
 
 // counters count the entries written and deleted, per map: what a restart
