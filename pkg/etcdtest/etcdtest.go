@@ -9,8 +9,10 @@ package etcdtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -27,10 +29,14 @@ import (
 
 // Server is one etcd server process.
 type Server struct {
-	t       testing.TB
-	bin     string
-	dir     string
-	client  string // http://127.0.0.1:port, https with TLS
+	t      testing.TB
+	bin    string
+	dir    string
+	client string // http://127.0.0.1:port, https with TLS
+	// name is the member's name, unique to this server: the health check
+	// asks who answers, so another etcd that holds the port is not taken
+	// for this one.
+	name    string
 	peer    string
 	tls     *TLSFiles
 	mu      sync.Mutex
@@ -78,6 +84,7 @@ func start(t testing.TB, tlsFiles *TLSFiles) *Server {
 		client: scheme + freeAddr(t),
 		peer:   "http://" + freeAddr(t),
 		tls:    tlsFiles,
+		name:   fmt.Sprintf("etcdtest-%016x", rand.Uint64()),
 	}
 	t.Cleanup(func() {
 		s.Stop()
@@ -157,13 +164,13 @@ func (s *Server) launch() error {
 		return fmt.Errorf("etcd log: %w", err)
 	}
 	args := []string{
-		"--name", "test",
+		"--name", s.name,
 		"--data-dir", filepath.Join(s.dir, "data"),
 		"--listen-client-urls", s.client,
 		"--advertise-client-urls", s.client,
 		"--listen-peer-urls", s.peer,
 		"--initial-advertise-peer-urls", s.peer,
-		"--initial-cluster", "test=" + s.peer,
+		"--initial-cluster", s.name + "=" + s.peer,
 		"--heartbeat-interval", "50",
 		"--election-timeout", "500",
 	}
@@ -221,16 +228,13 @@ func (s *Server) launch() error {
 	}
 }
 
-// healthy says whether the server answers its health check within a
-// second (whoever else holds a taken port may never answer); with TLS it
-// presents the server's own certificate, which is also a client one.
+// healthy says whether this server, and not another etcd that holds its
+// port, answers its health check within a second (whoever else holds a
+// taken port may never answer); with TLS it presents the server's own
+// certificate, which is also a client one.
 func (s *Server) healthy(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.client+"/health", nil)
-	if err != nil {
-		return false
-	}
 	hc := http.DefaultClient
 	if s.tls != nil {
 		cfg, err := s.tls.ClientConfig()
@@ -240,12 +244,60 @@ func (s *Server) healthy(ctx context.Context) bool {
 		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
 		defer hc.CloseIdleConnections()
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
+	if resp, err := s.call(ctx, hc, http.MethodGet, "/health", nil); err != nil || resp.StatusCode != http.StatusOK {
 		return false
 	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	name, err := s.answering(ctx, hc)
+	return err == nil && name == s.name
+}
+
+// answering is the name of the member that answers on the client URL,
+// from etcd's member list (the JSON gateway of its v3 API).
+func (s *Server) answering(ctx context.Context, hc *http.Client) (string, error) {
+	resp, err := s.call(ctx, hc, http.MethodPost, "/v3/cluster/member/list", strings.NewReader("{}"))
+	if err != nil {
+		return "", err
+	}
+	var list struct {
+		Header struct {
+			MemberID string `json:"member_id"`
+		} `json:"header"`
+		Members []struct {
+			ID   string `json:"ID"`
+			Name string `json:"name"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(resp.Body, &list); err != nil {
+		return "", fmt.Errorf("member list from %s: %w", s.client, err)
+	}
+	for _, m := range list.Members {
+		if m.ID == list.Header.MemberID {
+			return m.Name, nil
+		}
+	}
+	return "", fmt.Errorf("member list from %s does not name the member answering (%s)", s.client, list.Header.MemberID)
+}
+
+type response struct {
+	StatusCode int
+	Body       []byte
+}
+
+func (s *Server) call(ctx context.Context, hc *http.Client, method, path string, body io.Reader) (*response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, s.client+path, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	return &response{StatusCode: resp.StatusCode, Body: b}, nil
 }
 
 // Stop stops the server (SIGKILL: as a crash would) and waits for it to exit.
