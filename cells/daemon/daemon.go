@@ -53,7 +53,8 @@ type Config struct {
 	// setting (the GOGC variable, else 100).
 	GCPercent int
 	// ReleaseStartPages has the kernel page out the resident pages of the
-	// agent's executable once the agent is first ready (pkg/pageout).
+	// agent's executable when the agent starts and once it is first ready
+	// (pkg/pageout).
 	ReleaseStartPages bool
 }
 
@@ -79,7 +80,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("run-dir", def.RunDir, "Directory for runtime files (sockets)")
 	flags.String("node-name", def.NodeName, "Name of this node (default: the host name)")
 	flags.Int("gc-percent", def.GCPercent, "Go garbage collector target: heap growth, in percent of the live heap, between collections (Go's GOGC); 0 leaves the GOGC variable or Go's default of 100")
-	flags.Bool("release-start-pages", def.ReleaseStartPages, "Once the agent is first ready, have the kernel page out its executable's resident pages, which the start read (code and read-only data; mapped back from the file when used again)")
+	flags.Bool("release-start-pages", def.ReleaseStartPages, "When the agent starts and once it is first ready, have the kernel page out its executable's resident pages, which the initialization and the start read (code and read-only data; mapped back from the file when used again)")
 }
 
 // Paths are the agent's directories. They exist once the daemon cell has
