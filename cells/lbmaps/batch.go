@@ -14,8 +14,8 @@ import (
 // entry (a frontend) and carries a mark, which the flush hands to its
 // record function once the kernel has the write; a write that fails is
 // retried alone, so its error lands on its own frontend and the others go
-// on. The slices are kept from round to round: a round allocates nothing
-// once they have grown to its size.
+// on. The slices are kept from round to round, up to keptWrites: a round
+// allocates nothing once they have grown to its size.
 type puts[K, V any] struct {
 	keys    []K
 	values  []V
@@ -66,9 +66,19 @@ func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mark))
 	p.reset()
 }
 
-// reset empties p for the next round, keeping its slices' capacity and
-// dropping the pointers they held.
+// keptWrites is how many writes a round's buffers keep room for between
+// rounds. A reconciliation round has at most 1,000 frontends (statedb's
+// default round size); a prune after a restart can plan 100,000s of
+// deletes at once, whose buffers are let go.
+const keptWrites = 4096
+
+// reset empties p for the next round, keeping its slices' capacity unless
+// it is above keptWrites, and dropping the pointers they held.
 func (p *puts[K, V]) reset() {
+	if cap(p.keys) > keptWrites {
+		*p = puts[K, V]{}
+		return
+	}
 	clear(p.entries)
 	clear(p.marks)
 	p.keys, p.values, p.entries, p.marks = p.keys[:0], p.values[:0], p.entries[:0], p.marks[:0]
@@ -113,6 +123,10 @@ func (d *deletes[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mar
 }
 
 func (d *deletes[K, V]) reset() {
+	if cap(d.keys) > keptWrites {
+		*d = deletes[K, V]{}
+		return
+	}
 	clear(d.entries)
 	clear(d.marks)
 	d.keys, d.entries, d.marks = d.keys[:0], d.entries[:0], d.marks[:0]

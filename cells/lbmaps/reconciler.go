@@ -541,8 +541,18 @@ func (r *round[SK, B, R]) flush() {
 	}
 	r.backendDels.flush(r.f.backends, c, st.deletedBackend)
 
+	r.reset()
+}
+
+// reset empties the round for the next one. Clearing a map keeps its
+// memory: maps a round grew beyond keptWrites are made anew.
+func (r *round[SK, B, R]) reset() {
 	clear(r.maglevOps)
 	r.maglevOps = r.maglevOps[:0]
+	if len(r.queued) > keptWrites || len(r.unused) > keptWrites || len(r.deleted) > keptWrites {
+		r.queued, r.unused, r.deleted = map[*backendState]bool{}, map[*backendState]bool{}, map[addrKey]*frontendState{}
+		return
+	}
 	clear(r.queued)
 	clear(r.unused)
 	clear(r.deleted)
