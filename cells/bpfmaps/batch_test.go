@@ -144,3 +144,29 @@ func TestIterateEveryEntryOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchWriteRefused: a batch the kernel refuses before its first entry
+// (a frozen map takes no writes from user space) reports none done, not
+// every one: callers retry from the count, and must not skip what was not
+// written.
+func TestBatchWriteRefused(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	var m *bpfmaps.Map[flowKey, flowStats]
+	start(t, newHive(root, declare("flows", bpfmaps.Spec{Name: "cellium_flows", Type: ebpf.Hash, MaxEntries: 64}, &m)))
+	keys := []flowKey{{ID: 1, Proto: 6}, {ID: 2, Proto: 6}, {ID: 3, Proto: 6}}
+	if err := m.Put(keys[0], flowStats{Packets: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EBPF().Freeze(); err != nil {
+		t.Skipf("cannot freeze the map: %v", err)
+	}
+	if n, err := m.BatchPut(keys, make([]flowStats, len(keys))); err == nil || n != 0 {
+		t.Errorf("batch put into a frozen map: %d done, %v; want 0 and an error", n, err)
+	}
+	if n, err := m.BatchDelete(keys); err == nil || n != 0 {
+		t.Errorf("batch delete from a frozen map: %d done, %v; want 0 and an error", n, err)
+	}
+	if _, err := m.Lookup(keys[0]); err != nil {
+		t.Errorf("the entry the refused delete named: %v, want it still there", err)
+	}
+}

@@ -357,7 +357,7 @@ func (m *Map[K, V]) BatchPut(keys []K, values []V) (n int, err error) {
 	defer m.p.mu.RUnlock()
 	n, err = em.BatchUpdate(keys, values, nil)
 	if err != nil {
-		return n, fmt.Errorf("bpf map %s: batch put: %w", m.p.spec.Name, err)
+		return doneBefore(n, len(keys)), fmt.Errorf("bpf map %s: batch put: %w", m.p.spec.Name, err)
 	}
 	return n, nil
 }
@@ -376,9 +376,21 @@ func (m *Map[K, V]) BatchDelete(keys []K) (n int, err error) {
 	defer m.p.mu.RUnlock()
 	n, err = em.BatchDelete(keys, nil)
 	if err != nil {
-		return n, fmt.Errorf("bpf map %s: batch delete: %w", m.p.spec.Name, err)
+		return doneBefore(n, len(keys)), fmt.Errorf("bpf map %s: batch delete: %w", m.p.spec.Name, err)
 	}
 	return n, nil
+}
+
+// doneBefore is how many of a failed batch's entries were done, from the
+// count the kernel gave back. The kernel writes the count only once it
+// has gone through entries: an error before the first (a frozen map's
+// EPERM) leaves the count as it was given, every entry, though none was
+// done. A failed batch has at least one entry not done.
+func doneBefore(count, entries int) int {
+	if count >= entries {
+		return 0
+	}
+	return count
 }
 
 // Iterate calls fn for each entry until fn returns false, and returns the

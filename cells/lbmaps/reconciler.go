@@ -289,8 +289,10 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	r6.flush()
 
 	var errs []error
-	for _, e := range stale {
-		errs = append(errs, e.err)
+	for i, e := range stale {
+		if e.err != nil {
+			errs = append(errs, fmt.Errorf("remove stale frontend %s: %w", describe(staleAddrs[i]), e.err))
+		}
 	}
 	for _, remove := range o.state.orphans {
 		if err := remove(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
@@ -56,6 +58,7 @@ type lbEnv struct {
 	maps      *lbmaps.Maps
 	registry  *prometheus.Registry
 	rec       lbmaps.Reconciler
+	health    statedb.Table[*health.Status]
 	stop      func()
 	// sync is an initializer of the frontends table that the test holds,
 	// as the loadbalancer cell does until Kubernetes has synced.
@@ -65,8 +68,8 @@ type lbEnv struct {
 func newLBEnv(t *testing.T, root string, cfg func(*lbmaps.Config)) *lbEnv {
 	e := &lbEnv{t: t, registry: prometheus.NewRegistry()}
 	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, frontendsTable,
-		cell.Invoke(func(db *statedb.DB, fe statedb.RWTable[*loadbalancer.Frontend], m *lbmaps.Maps, r lbmaps.Reconciler) {
-			e.db, e.frontends, e.maps, e.rec = db, fe, m, r
+		cell.Invoke(func(db *statedb.DB, fe statedb.RWTable[*loadbalancer.Frontend], m *lbmaps.Maps, r lbmaps.Reconciler, hs statedb.Table[*health.Status]) {
+			e.db, e.frontends, e.maps, e.rec, e.health = db, fe, m, r, hs
 			txn := db.WriteTxn(fe)
 			e.sync = fe.RegisterInitializer(txn, "test-sync")
 			txn.Commit()
@@ -398,6 +401,47 @@ func TestRestartConverges(t *testing.T) {
 	second.waitPruned(t, "10.96.0.12:80/TCP")
 	if n := len(second.dumpPrefix("be4")); n != 3 {
 		t.Fatalf("backends after prune = %d, want 3:\n%v", n, second.dump())
+	}
+}
+
+// TestPruneNamesEveryFailure: when the kernel refuses to remove stale
+// frontends, the prune's error (in the reconciler's health) names each of
+// them, not only some.
+func TestPruneNamesEveryFailure(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	stale := []string{"10.96.0.20:80/TCP", "10.96.0.21:80/TCP", "10.96.0.22:80/TCP", "10.96.0.23:80/UDP", "10.96.0.24:80/TCP"}
+	var fes []*loadbalancer.Frontend
+	for i, a := range stale {
+		fes = append(fes, frontend(a, fmt.Sprintf("10.244.0.%d:8080/TCP", i+1)))
+	}
+	first := newLBEnv(t, root, nil)
+	first.set(true, fes...)
+	first.waitDone()
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	// A frozen map takes no writes or deletes from user space.
+	if err := second.maps.Services4.EBPF().Freeze(); err != nil {
+		t.Skipf("cannot freeze the service map: %v", err)
+	}
+	second.set(true)
+	var report string
+	celltest.Eventually(t, "the prune's failure reported", func() bool {
+		for s := range second.health.All(second.db.ReadTxn()) {
+			if strings.Contains(s.Error, "remove stale frontend") {
+				report = s.Error
+				return true
+			}
+		}
+		return false
+	})
+	for _, a := range stale {
+		if !strings.Contains(report, "remove stale frontend "+a+": ") {
+			t.Errorf("the prune's error does not name %s:\n%s", a, report)
+		}
+	}
+	if svc := second.service4(stale[0]); len(svc) != 2 {
+		t.Errorf("stale frontend %s: %v, want its entries kept (the kernel refused)", stale[0], svc)
 	}
 }
 

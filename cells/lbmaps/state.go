@@ -209,6 +209,12 @@ func mapProto(p loadbalancer.L4Proto) (lbmap.Proto, bool) {
 // and its protocol the datapath's number.
 type addrKey = addrmap.Key
 
+// describe is a frontend's address as the frontends table writes it,
+// 10.96.0.10:80/TCP, for errors.
+func describe(a addrKey) string {
+	return netip.AddrPortFrom(a.IP(), a.Port).String() + "/" + lbmap.Proto(a.Proto).String()
+}
+
 // keyOf is the key of a, and false for protocols the datapath does not
 // balance (SCTP).
 func keyOf(a loadbalancer.L3n4Addr) (addrKey, bool) {
