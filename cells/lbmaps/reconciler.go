@@ -34,6 +34,7 @@ type opsParams struct {
 	Log        *slog.Logger
 	Lifecycle  cell.Lifecycle
 	Shutdowner hive.Shutdowner
+	Health     cell.Health
 	DB         *statedb.DB
 	Maps       *Maps
 	Frontends  statedb.RWTable[*loadbalancer.Frontend]
@@ -47,6 +48,10 @@ type ops struct {
 	v6       *family[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
 	state    *realized
 	counters *counters
+	// pruneHealth is "lb-maps.prune": the reconciler's own health shows a
+	// failed prune only until its next round reports OK, a millisecond
+	// later; this scope keeps it until a prune succeeds.
+	pruneHealth cell.Health
 	// r4 and r6 are the rounds, kept between them with their buffers; the
 	// reconciler calls one operation at a time.
 	r4      *round[lbmap.Service4Key, lbmap.Backend4, lbmap.RevNAT4]
@@ -72,6 +77,8 @@ func newOps(p opsParams) *ops {
 		v6:       ipv6(p.Maps),
 		state:    newRealized(min(p.Config.LBRevnatMapMax, 1<<16-1), p.Config.LBBackendMapMax),
 		counters: newCounters(),
+
+		pruneHealth: p.Health.NewScope("prune"),
 
 		restoreDone: make(chan struct{}),
 		shutdowner:  p.Shutdowner,
@@ -300,10 +307,17 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 		}
 	}
 	o.state.orphans = nil
-	if len(stale) > 0 {
-		o.log.Info("Pruned stale frontends from the load-balancing maps", "frontends", len(stale))
+	err := errors.Join(errs...)
+	switch {
+	case err != nil:
+		o.pruneHealth.Degraded("Stale entries left in the load-balancing maps; tried again at the next prune", err)
+	default:
+		o.pruneHealth.OK(fmt.Sprintf("Last prune removed %d stale frontends", len(stale)))
 	}
-	return errors.Join(errs...)
+	if len(stale) > 0 {
+		o.log.Info("Pruned stale frontends from the load-balancing maps", "frontends", len(stale), "failed", len(errs))
+	}
+	return err
 }
 
 // round is one family's writes of one reconciliation round, issued in the

@@ -405,8 +405,8 @@ func TestRestartConverges(t *testing.T) {
 }
 
 // TestPruneNamesEveryFailure: when the kernel refuses to remove stale
-// frontends, the prune's error (in the reconciler's health) names each of
-// them, not only some.
+// frontends, the health scope lb-maps.prune stays Degraded with an error
+// that names each of them, not only some.
 func TestPruneNamesEveryFailure(t *testing.T) {
 	root := bpfmapstest.Root(t)
 	stale := []string{"10.96.0.20:80/TCP", "10.96.0.21:80/TCP", "10.96.0.22:80/TCP", "10.96.0.23:80/UDP", "10.96.0.24:80/TCP"}
@@ -426,12 +426,11 @@ func TestPruneNamesEveryFailure(t *testing.T) {
 	}
 	second.set(true)
 	var report string
-	celltest.Eventually(t, "the prune's failure reported", func() bool {
-		for s := range second.health.All(second.db.ReadTxn()) {
-			if strings.Contains(s.Error, "remove stale frontend") {
-				report = s.Error
-				return true
-			}
+	celltest.Eventually(t, "lb-maps.prune Degraded", func() bool {
+		s, _, found := second.health.Get(second.db.ReadTxn(), health.StatusID.Query("lb-maps.prune"))
+		if found && s.Level == cell.StatusDegraded {
+			report = s.Error
+			return true
 		}
 		return false
 	})
