@@ -6,13 +6,12 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
-	"github.com/cellium/cellium/pkg/lbmap"
 )
 
 // puts collects the writes of a reconciliation round to one map, so that
 // they go to the kernel in one system call. Each write belongs to a batch
 // entry (a frontend) and carries a mark, which the flush hands to its
-// record function once the kernel has the write; a write that fails is
+// record function with the value once the kernel has the write; a write that fails is
 // retried alone, so its error lands on its own frontend and the others go
 // on. The slices are kept from round to round, up to keptWrites: a round
 // allocates nothing once they have grown to its size.
@@ -23,16 +22,14 @@ type puts[K, V any] struct {
 	marks   []mark
 }
 
-// mark is what a write changes in the realized state once the kernel has
-// it: the frontend or backend written, and for a slot its number and
-// backend, for a master entry its value. A value, not a closure: a round
-// writes hundreds of thousands of them.
+// mark is whose state a write changes once the kernel has it: the
+// frontend or backend written, and for a slot its number (what a slot
+// points at, or a master entry holds, is the written value). A value, not
+// a closure: a round writes hundreds of thousands of them.
 type mark struct {
-	fs     *frontendState
-	bs     *backendState
-	slot   int
-	id     lbmap.BackendID
-	master lbmap.ServiceValue
+	fs   *frontendState
+	bs   *backendState
+	slot int
 }
 
 func (p *puts[K, V]) add(e *entry, k K, v V, m mark) {
@@ -42,11 +39,11 @@ func (p *puts[K, V]) add(e *entry, k K, v V, m mark) {
 	p.marks = append(p.marks, m)
 }
 
-func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mark)) {
+func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mark, V)) {
 	for start := 0; start < len(p.keys); {
 		n, err := m.BatchPut(p.keys[start:], p.values[start:])
 		for i := start; i < start+n; i++ {
-			record(p.marks[i])
+			record(p.marks[i], p.values[i])
 		}
 		c.wrote(m.Name(), n)
 		start += n
@@ -59,7 +56,7 @@ func (p *puts[K, V]) flush(m *bpfmaps.Map[K, V], c *counters, record func(mark))
 			p.entries[start].fail(err)
 		} else {
 			c.wrote(m.Name(), 1)
-			record(p.marks[start])
+			record(p.marks[start], p.values[start])
 		}
 		start++
 	}

@@ -308,10 +308,9 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	}
 	o.state.orphans = nil
 	err := errors.Join(errs...)
-	switch {
-	case err != nil:
+	if err != nil {
 		o.pruneHealth.Degraded("Stale entries left in the load-balancing maps; tried again at the next prune", err)
-	default:
+	} else {
 		o.pruneHealth.OK(fmt.Sprintf("Last prune removed %d stale frontends", len(stale)))
 	}
 	if len(stale) > 0 {
@@ -404,7 +403,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 		}
 		n := i + 1
 		r.slotPuts.add(e, r.f.serviceKey(addr, port, proto, uint16(n)), lbmap.NewServiceSlot(id, fs.id),
-			mark{fs: fs, slot: n, id: id})
+			mark{fs: fs, slot: n})
 	}
 
 	var flags lbmap.ServiceFlags
@@ -420,7 +419,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 	}
 	master := lbmap.NewServiceMaster(uint16(len(ids)), fs.id, flags, fe.AffinityTimeout)
 	if !fs.hasMaster || fs.master != master {
-		r.masterPuts.add(e, r.f.serviceKey(addr, port, proto, 0), master, mark{fs: fs, master: master})
+		r.masterPuts.add(e, r.f.serviceKey(addr, port, proto, 0), master, mark{fs: fs})
 	}
 	if !fs.revNAT {
 		r.revNATPuts.add(e, fs.id, r.f.revNATOf(addr, port), mark{fs: fs})
@@ -525,10 +524,10 @@ func (r *round[SK, B, R]) maglevTable(backends []loadbalancer.L3n4Addr, ids []lb
 
 func (r *round[SK, B, R]) flush() {
 	c, st := r.o.counters, r.o.state
-	r.backendPuts.flush(r.f.backends, c, wroteBackend)
+	r.backendPuts.flush(r.f.backends, c, wroteBackend[B])
 	r.slotPuts.flush(r.f.services, c, st.wroteSlot)
 	r.masterPuts.flush(r.f.services, c, wroteMaster)
-	r.revNATPuts.flush(r.f.revNAT, c, wroteRevNAT)
+	r.revNATPuts.flush(r.f.revNAT, c, wroteRevNAT[R])
 	for _, op := range r.maglevOps {
 		op()
 	}

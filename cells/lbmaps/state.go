@@ -157,15 +157,15 @@ func (r *realized) slotDeleted(fs *frontendState, n int) {
 }
 
 // What each kind of write records once the kernel has it: the record
-// functions of a round's puts and deletes.
-func wroteBackend(m mark)                 { m.bs.written = true }
-func wroteMaster(m mark)                  { m.fs.master, m.fs.hasMaster = m.master, true }
-func wroteRevNAT(m mark)                  { m.fs.revNAT = true }
-func deletedMaster(m mark)                { m.fs.hasMaster = false }
-func deletedRevNAT(m mark)                { m.fs.revNAT = false }
-func (r *realized) wroteSlot(m mark)      { r.slotWritten(m.fs, m.slot, m.id) }
-func (r *realized) deletedSlot(m mark)    { r.slotDeleted(m.fs, m.slot) }
-func (r *realized) deletedBackend(m mark) { r.forgetBackend(m.bs) }
+// functions of a round's puts (given the written value) and deletes.
+func wroteBackend[B any](m mark, _ B)                      { m.bs.written = true }
+func wroteRevNAT[R any](m mark, _ R)                       { m.fs.revNAT = true }
+func wroteMaster(m mark, v lbmap.ServiceValue)             { m.fs.master, m.fs.hasMaster = v, true }
+func (r *realized) wroteSlot(m mark, v lbmap.ServiceValue) { r.slotWritten(m.fs, m.slot, v.BackendID) }
+func deletedMaster(m mark)                                 { m.fs.hasMaster = false }
+func deletedRevNAT(m mark)                                 { m.fs.revNAT = false }
+func (r *realized) deletedSlot(m mark)                     { r.slotDeleted(m.fs, m.slot) }
+func (r *realized) deletedBackend(m mark)                  { r.forgetBackend(m.bs) }
 
 func (r *realized) unref(id lbmap.BackendID) {
 	if bs := r.byID(id); bs != nil {
