@@ -45,10 +45,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	// On disk before the first agent runs, as an installed binary is: the
-	// kernel does not page out pages under writeback, and a binary just
-	// linked is written back during the first seconds of its run, when
-	// the agent releases its executable's pages (the benchmarks measure
-	// what it holds after).
+	// kernel skips pages under writeback when the agent releases its
+	// executable's pages, and a binary just linked can still be written
+	// back in the agent's first seconds (the idle benchmark measures what
+	// it holds after; docs/performance.md, "Eighth pass").
 	if err := syncFile(agentBin); err != nil {
 		fmt.Fprintln(os.Stderr, "sync agent binary:", err)
 		os.Exit(1)
