@@ -33,6 +33,7 @@ type etcdClient struct {
 
 	// Set by the start hook.
 	configFile string
+	handshakes *handshakes // nil without TLS
 	ctx        context.Context
 	cancel     context.CancelFunc
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,14 +15,17 @@ import (
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // startClient runs the kvstore cell against endpoint under a prefix of its
@@ -452,6 +456,43 @@ func TestOutage(t *testing.T) {
 	}
 }
 
+// TestReconnectsSoonAfterEtcdReturns: after an outage long enough for
+// gRPC's default backoff to wait many seconds between dials, the client
+// is back within 1.5 s of etcd answering again (gRPC's default backoff
+// would dial next 2 to 8 s later).
+func TestReconnectsSoonAfterEtcdReturns(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t8", func(c *etcdClient) {
+		c.statusBase, c.statusTimeout = 50*time.Millisecond, 500*time.Millisecond
+	})
+	if _, err := c.UpdateIfDifferent(ctxT(t), "state/x", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	etcd.Stop()
+	celltest.Eventually(t, "not connected", func() bool { return c.Status().State != StateConnected })
+	// Calls keep the client dialling, as the agent's jobs do.
+	outage := time.Now().Add(12 * time.Second)
+	for time.Now().Before(outage) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		c.Get(ctx, "state/x")
+		cancel()
+	}
+	start := time.Now()
+	etcd.Restart()
+	back := time.Now()
+	polltest.Until(t, "a read through the client", 30*time.Second, 10*time.Millisecond, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		_, _, err := c.Get(ctx, "state/x")
+		return err == nil, fmt.Sprint(err)
+	})
+	took := time.Since(back)
+	t.Logf("after a 12s outage: etcd answered %.2fs after its start, the client %.2fs after that", back.Sub(start).Seconds(), took.Seconds())
+	if took > 1500*time.Millisecond {
+		t.Fatalf("reconnecting took %s after etcd returned, want at most 1.5s", took)
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	dir := t.TempDir()
 	badYAML := filepath.Join(dir, "bad.yaml")
@@ -574,4 +615,113 @@ func copyFile(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 	writeFile(t, to, string(b))
+}
+
+// tlsEtcd starts an etcd serving TLS with a certificate for serverHosts
+// (signed by the CA the client trusts), and writes the client's
+// etcd.config naming it as https://host:port. It returns the config
+// file's path and the host:port.
+func tlsEtcd(t *testing.T, host string, serverHosts ...string) (*etcdtest.Server, etcdtest.TLSFiles, string, string) {
+	t.Helper()
+	serverDir, clientDir := t.TempDir(), t.TempDir()
+	ca := etcdtest.NewCA(t, "ca")
+	serverFiles := ca.IssueFor(serverDir, "server", serverHosts...)
+	clientFiles := ca.Issue(clientDir, "client")
+	etcd := etcdtest.StartTLS(t, serverFiles)
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(etcd.Endpoint(), "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPort := net.JoinHostPort(host, port)
+	config := filepath.Join(t.TempDir(), "etcd.yaml")
+	writeFile(t, config, fmt.Sprintf("endpoints: [https://%s]\ntrusted-ca-file: %s\ncert-file: %s\nkey-file: %s\n",
+		hostPort, clientFiles.CA, clientFiles.Cert, clientFiles.Key))
+	return etcd, clientFiles, config, hostPort
+}
+
+// startTLSClient runs the kvstore cell with an etcd.config file, and
+// returns its client and the kvstore-status job's health.
+func startTLSClient(t *testing.T, config string) (*etcdClient, func() *health.Status) {
+	t.Helper()
+	var c Client
+	var db *statedb.DB
+	var tbl statedb.Table[*health.Status]
+	h := celltest.New(Cell, cell.Invoke(func(cl Client, d *statedb.DB, hs statedb.Table[*health.Status]) {
+		c, db, tbl = cl, d, hs
+		cl.(*etcdClient).statusBase, cl.(*etcdClient).statusTimeout = 50*time.Millisecond, time.Second
+	}))
+	hive.AddConfigOverride(h, func(cfg *Config) {
+		cfg.KVStore, cfg.KVStoreOpt, cfg.KVStorePrefix = "etcd", []string{"etcd.config=" + config}, "tls"
+	})
+	celltest.Start(t, h)
+	status := func() *health.Status {
+		st, _, _ := tbl.Get(db.ReadTxn(), health.StatusID.Query("kvstore.job-kvstore-status"))
+		return st
+	}
+	return c.(*etcdClient), status
+}
+
+// TestTLSVerifiesTheEndpointsHost: the server's certificate must name the
+// host of the endpoint dialled, an IP address or a DNS name, as well as
+// chain to the trusted CA. A certificate of the trusted CA for another
+// host is refused: the client stays connecting, nothing is written, and
+// the status and health say which check failed against which endpoint.
+func TestTLSVerifiesTheEndpointsHost(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		host        string   // of the endpoint the client dials
+		serverHosts []string // the server certificate's names
+		ok          bool
+	}{
+		{"ip endpoint, certificate for the ip", "127.0.0.1", []string{"127.0.0.1"}, true},
+		{"dns endpoint, certificate for the name", "localhost", []string{"localhost"}, true},
+		{"ip endpoint, certificate for another host", "127.0.0.1", []string{"wrong.example", "10.9.9.9"}, false},
+		{"dns endpoint, certificate for another host", "localhost", []string{"wrong.example", "10.9.9.9"}, false},
+		{"dns endpoint, certificate for its address only", "localhost", []string{"127.0.0.1"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			etcd, files, config, hostPort := tlsEtcd(t, tc.host, tc.serverHosts...)
+			c, status := startTLSClient(t, config)
+			if tc.ok {
+				celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+				if _, err := c.UpdateIfDifferent(ctxT(t), "state/a", []byte("1")); err != nil {
+					t.Fatalf("write over TLS: %v", err)
+				}
+				return
+			}
+			celltest.Eventually(t, "the status names the refused certificate and the endpoint", func() bool {
+				st := c.Status()
+				return st.State == StateConnecting && strings.Contains(st.LastError, "TLS handshake with etcd "+hostPort) &&
+					strings.Contains(st.LastError, "tls: failed to verify certificate: x509: certificate is")
+			})
+			celltest.Eventually(t, "health degraded, naming it", func() bool {
+				st := status()
+				return st != nil && st.Level == cell.StatusDegraded && strings.Contains(st.Error, "TLS handshake with etcd "+hostPort)
+			})
+			short, cancel := context.WithTimeout(ctxT(t), time.Second)
+			defer cancel()
+			if _, err := c.UpdateIfDifferent(short, "state/a", []byte("1")); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("write to a server with a certificate for %v: %v, want ErrUnavailable", tc.serverHosts, err)
+			}
+			// Nothing reached the server: read it with a client of its own
+			// that does not check the host.
+			tlsCfg, err := files.ClientConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tlsCfg.InsecureSkipVerify = true
+			raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			resp, err := raw.Get(ctxT(t), "tls/", clientv3.WithPrefix())
+			if err != nil || len(resp.Kvs) != 0 {
+				t.Fatalf("keys on the server the client refused: %v, %v", resp, err)
+			}
+			if c.Status().State == StateConnected {
+				t.Fatal("connected to a server with a certificate for another host")
+			}
+		})
+	}
 }

@@ -1,13 +1,19 @@
 package kvstore
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 )
 
 // certFiles gives TLS its certificates from files, read again whenever a
@@ -77,45 +83,97 @@ func (c *certFiles) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, e
 	return &pair, nil
 }
 
-// verify checks the server's chain against the CA file as it is now.
-func (c *certFiles) verify(cs tls.ConnectionState) error {
-	if len(cs.PeerCertificates) == 0 {
-		return errors.New("etcd server sent no certificate")
+// tlsCreds are the gRPC transport credentials of an etcd.config file with
+// TLS. Each handshake is Go's own verification, made against the CA file
+// as it is then (so a rotated CA is used without a restart) and against
+// the host of the endpoint being dialled, a DNS name or an IP address, as
+// etcd's own client does: a certificate of the trusted CA for another
+// host is refused. The last handshake error of each endpoint is kept for
+// the status, which otherwise sees only its read time out.
+type tlsCreds struct {
+	credentials.TransportCredentials
+	files *certFiles
+	base  *tls.Config
+	hs    *handshakes
+}
+
+// handshakes are the last failed handshake of each endpoint (host:port),
+// none once one succeeds.
+type handshakes struct {
+	mu     sync.Mutex
+	failed map[string]error
+}
+
+func (t *tlsCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	cfg := t.base.Clone()
+	if t.files.ca != "" {
+		pool, err := t.files.caPool()
+		if err != nil {
+			raw.Close()
+			return nil, nil, t.hs.record(authority, err)
+		}
+		cfg.RootCAs = pool
 	}
-	pool, err := c.caPool()
-	if err != nil {
-		return err
+	// gRPC sets ServerName to the host of authority, which etcd's resolver
+	// makes the endpoint's host:port; Go checks the certificate's DNS
+	// names, or its IP addresses when the host is one, against it.
+	conn, info, err := credentials.NewTLS(cfg).ClientHandshake(ctx, authority, raw)
+	return conn, info, t.hs.record(authority, err)
+}
+
+// record keeps err as the endpoint's last handshake error (nil: it
+// succeeded), and returns it naming the endpoint.
+func (h *handshakes) record(endpoint string, err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil {
+		delete(h.failed, endpoint)
+		return nil
 	}
-	opts := x509.VerifyOptions{Roots: pool, DNSName: cs.ServerName, Intermediates: x509.NewCertPool()}
-	for _, ic := range cs.PeerCertificates[1:] {
-		opts.Intermediates.AddCert(ic)
-	}
-	_, err = cs.PeerCertificates[0].Verify(opts)
+	err = fmt.Errorf("TLS handshake with etcd %s: %w", endpoint, err)
+	h.failed[endpoint] = err
 	return err
 }
 
-// tlsConfig is the client's TLS configuration for an etcd.config file, nil
-// when it names no CA (plain http endpoints).
-func tlsConfig(f configFile) (*tls.Config, error) {
+// err is the endpoints' last failed handshakes, in endpoint order; nil
+// for none (or no TLS).
+func (h *handshakes) err() error {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var errs []error
+	for _, ep := range slices.Sorted(maps.Keys(h.failed)) {
+		errs = append(errs, h.failed[ep])
+	}
+	return errors.Join(errs...)
+}
+
+// Clone shares the record of failed handshakes: gRPC clones the
+// credentials it is given.
+func (t *tlsCreds) Clone() credentials.TransportCredentials {
+	return &tlsCreds{TransportCredentials: t.TransportCredentials.Clone(), files: t.files, base: t.base, hs: t.hs}
+}
+
+// newTLSCreds are the credentials for an etcd.config file, nil when it
+// names no CA nor client certificate (plain http endpoints).
+func newTLSCreds(f configFile) (*tlsCreds, error) {
 	if f.TrustedCAFile == "" && f.CertFile == "" {
 		return nil, nil
 	}
 	c := &certFiles{ca: f.TrustedCAFile, cert: f.CertFile, key: f.KeyFile}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	base := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.ca != "" {
 		if _, err := c.caPool(); err != nil {
 			return nil, err
 		}
-		// The chain is checked by verify, against the CA file as it is at
-		// each handshake, instead of a pool fixed now.
-		cfg.InsecureSkipVerify = true
-		cfg.VerifyConnection = c.verify
 	}
 	if c.cert != "" {
 		if _, err := c.clientCert(nil); err != nil {
 			return nil, err
 		}
-		cfg.GetClientCertificate = c.clientCert
+		base.GetClientCertificate = c.clientCert
 	}
-	return cfg, nil
+	return &tlsCreds{TransportCredentials: credentials.NewTLS(base), files: c, base: base, hs: &handshakes{failed: map[string]error{}}}, nil
 }

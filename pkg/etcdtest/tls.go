@@ -71,12 +71,29 @@ func NewCA(t testing.TB, name string) *CA {
 	return &CA{t: t, cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// Issue writes into dir a certificate for 127.0.0.1 named name, good for
-// both server and client authentication, its key and this CA's
-// certificate, replacing what the files held (each written atomically).
+// Issue writes into dir a certificate for 127.0.0.1 and localhost named
+// name, good for both server and client authentication, its key and this
+// CA's certificate, replacing what the files held (each written
+// atomically).
 func (ca *CA) Issue(dir, name string) TLSFiles {
+	ca.t.Helper()
+	return ca.IssueFor(dir, name, "127.0.0.1", "localhost")
+}
+
+// IssueFor is Issue with a certificate for hosts: IP addresses and DNS
+// names (a test's certificate for the wrong host).
+func (ca *CA) IssueFor(dir, name string, hosts ...string) TLSFiles {
 	t := ca.t
 	t.Helper()
+	var ips []net.IP
+	var dns []string
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, h)
+		}
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +103,7 @@ func (ca *CA) Issue(dir, name string) TLSFiles {
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		IPAddresses: ips, DNSNames: dns,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
