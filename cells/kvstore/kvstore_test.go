@@ -231,6 +231,34 @@ func TestLeasedKeysSpreadOverLeases(t *testing.T) {
 	}
 }
 
+// TestConcurrentFirstWritesShareALease: the first leased writes after a
+// start, made all at once (as the cells write their keys after a crash
+// restart), go on one lease, not one lease each.
+func TestConcurrentFirstWritesShareALease(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t9", nil)
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	for i := range 66 {
+		wg.Go(func() {
+			if _, err := c.UpdateIfDifferent(ctx, fmt.Sprintf("state/ip/v1/10.0.0.%d", i), []byte("v"), Leased()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	resp, err := rawClient(t, etcd.Endpoint()).Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Leases) != 1 {
+		t.Fatalf("66 concurrent first writes opened %d leases in etcd, want 1", len(resp.Leases))
+	}
+	if st := c.Status(); st.Leases != 1 || st.LeasedKeys != 66 {
+		t.Fatalf("Status leases=%d keys=%d, want 1 and 66", st.Leases, st.LeasedKeys)
+	}
+}
+
 func TestLostLeaseWritesKeysAgain(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	c := startClient(t, etcd.Endpoint(), "t3", nil)

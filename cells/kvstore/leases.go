@@ -30,6 +30,8 @@ type leases struct {
 	// lost are keys whose lease was lost, to be written again.
 	lost    map[string]struct{}
 	trigger chan struct{}
+	// granting is held while a lease is granted.
+	granting chan struct{}
 }
 
 type lease struct {
@@ -52,6 +54,8 @@ func newLeases(c *etcdClient, ttl time.Duration) *leases {
 		keys:    map[string]*leasedKey{},
 		lost:    map[string]struct{}{},
 		trigger: make(chan struct{}, 1),
+
+		granting: make(chan struct{}, 1),
 	}
 }
 
@@ -95,9 +99,23 @@ func (ls *leases) acquire(ctx context.Context, key string) (l *lease, reserved b
 		ls.mu.Unlock()
 		return k.lease, false, nil
 	}
-	if ls.open != nil && ls.open.keys < ls.maxKeys {
-		ls.open.keys++
-		l := ls.open
+	if l := ls.reserve(); l != nil {
+		ls.mu.Unlock()
+		return l, true, nil
+	}
+	ls.mu.Unlock()
+
+	// One grant at a time: the first writes after a start (or after the
+	// open lease filled up) all find no open lease, and would each open
+	// one. Those that waited take a slot on the lease just granted.
+	select {
+	case ls.granting <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+	defer func() { <-ls.granting }()
+	ls.mu.Lock()
+	if l := ls.reserve(); l != nil {
 		ls.mu.Unlock()
 		return l, true, nil
 	}
@@ -120,6 +138,15 @@ func (ls *leases) acquire(ctx context.Context, key string) (l *lease, reserved b
 	ls.mu.Unlock()
 	go ls.keepAlive(kctx, l, alive)
 	return l, true, nil
+}
+
+// reserve takes a slot on the open lease, if it has one; ls.mu is held.
+func (ls *leases) reserve() *lease {
+	if ls.open == nil || ls.open.keys >= ls.maxKeys {
+		return nil
+	}
+	ls.open.keys++
+	return ls.open
 }
 
 // keepAlive drains the lease's keep-alive answers; the channel closes when
