@@ -194,10 +194,12 @@ func (c *etcdClient) watchStatus(ctx context.Context, health cell.Health) error 
 func (c *etcdClient) check(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.statusTimeout)
 	defer cancel()
+	before, _ := c.seenNow()
 	resp, err := c.cli.Get(ctx, c.prefix+nodesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return 0, err
 	}
+	c.observe(before, resp.Header)
 	return resp.Count, nil
 }
 

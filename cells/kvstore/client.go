@@ -27,8 +27,9 @@ type Client interface {
 
 	// Watch lists every key under prefix as EventUpsert, then sends one
 	// EventListed, then every change, until ctx ends; then it closes the
-	// channel. When the connection is lost it reconnects and lists again by
-	// itself: the new listing sends EventUpsert for every key and
+	// channel. When the connection is lost, or the store is found replaced
+	// (restored, rebuilt empty), it lists again by itself: the new listing
+	// sends EventUpsert for every key that changed or is new and
 	// EventDelete for every key seen before that is gone, then EventListed
 	// again. A consumer that only needs "listed once" marks its table
 	// initializer at the first EventListed.

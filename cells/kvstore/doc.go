@@ -14,12 +14,17 @@
 //     [ErrUnavailable] when their context ends.
 //   - Keys are relative to --kvstore-prefix. [Client.Watch] lists, marks the
 //     end of the listing with EventListed (the moment a consumer's table
-//     initializer is done), then follows changes; when the watch breaks it
-//     lists again and sends what changed meanwhile.
+//     initializer is done), then follows changes; when the watch breaks,
+//     or the store is found replaced (another cluster ID, or a revision
+//     below one read before: a restore, a member rebuilt empty), it lists
+//     again and sends what changed meanwhile, deletes of the keys that went
+//     included.
 //   - Leased keys live on the agent's leases, at most 1000 keys each (etcd
 //     applies a put with a lease in time linear in the keys on it). When a
 //     lease is lost, the job kvstore-lease-rewrite writes its keys again on
-//     a new lease.
+//     a new lease; when the store is replaced, the leases it does not
+//     know are lost the same way. Concurrent writes share the lease being
+//     granted.
 //   - [Client.Txn] is a compare-and-swap over several keys in one round
 //     trip: the writes of the first branch whose conditions hold, on
 //     single keys or on every key under a prefix.

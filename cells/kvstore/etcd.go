@@ -43,6 +43,18 @@ type etcdClient struct {
 
 	mu     sync.Mutex
 	status Status
+	// seen is what the client has seen of the store, to tell when it is
+	// replaced; replaced is closed (and made anew) when it is.
+	seen     seen
+	replaced chan struct{}
+}
+
+// seen is the store as the client saw it last: its cluster ID, and the
+// highest revision a read returned.
+type seen struct {
+	epoch     uint64 // replacements seen so far
+	clusterID uint64
+	rev       int64
 }
 
 func newEtcdClient(log *slog.Logger, cfg Config, opts etcdOptions) *etcdClient {
@@ -53,6 +65,7 @@ func newEtcdClient(log *slog.Logger, cfg Config, opts etcdOptions) *etcdClient {
 
 		statusBase:    statusIntervalBase,
 		statusTimeout: statusTimeout,
+		replaced:      make(chan struct{}),
 	}
 	if opts.qps > 0 {
 		c.limit = rate.NewLimiter(rate.Limit(opts.qps), max(1, int(opts.qps)))
@@ -84,6 +97,55 @@ func (c *etcdClient) setState(state State, lastErr error) bool {
 		c.status.LastError = lastErr.Error()
 	}
 	return changed
+}
+
+// seenNow is what the client has seen of the store, and the channel
+// closed when it is found replaced; taken before a read whose header
+// observe checks.
+func (c *etcdClient) seenNow() (seen, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen, c.replaced
+}
+
+// observe checks the header of a linearizable read made after before was
+// taken: a store that is not the one the client talked to (an etcd
+// restored from a backup, a member rebuilt empty) has another cluster ID,
+// or a revision below one a read returned before. Watches resumed on it
+// at their old revision would wait for revisions it has not reached, so
+// the client says so: watches list again, and the leases are checked.
+func (c *etcdClient) observe(before seen, h *etcdserverpb.ResponseHeader) {
+	if h == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.seen.epoch != before.epoch {
+		// Sent to the store before the replacement was seen.
+		c.mu.Unlock()
+		return
+	}
+	var why string
+	switch {
+	case c.seen.clusterID != 0 && h.ClusterId != c.seen.clusterID:
+		why = fmt.Sprintf("its cluster ID changed from %x to %x", c.seen.clusterID, h.ClusterId)
+	case h.Revision < before.rev:
+		why = fmt.Sprintf("its revision went back from %d to %d", before.rev, h.Revision)
+	}
+	if why == "" {
+		c.seen.clusterID, c.seen.rev = h.ClusterId, max(c.seen.rev, h.Revision)
+		c.mu.Unlock()
+		return
+	}
+	c.seen = seen{epoch: c.seen.epoch + 1, clusterID: h.ClusterId, rev: h.Revision}
+	close(c.replaced)
+	c.replaced = make(chan struct{})
+	c.status.LastError = "etcd was replaced: " + why
+	c.mu.Unlock()
+	c.log.Warn("etcd was replaced (restored from a backup, or rebuilt); listing every watched prefix again and writing the leased keys again", "reason", why)
+	if c.metrics != nil {
+		c.metrics.storeReplaced.Inc()
+	}
+	c.leases.suspect()
 }
 
 // wait takes a request from the etcd.qps budget.
@@ -390,6 +452,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 		if err := c.wait(ctx); err != nil {
 			return
 		}
+		before, replaced := c.seenNow()
 		resp, err := c.cli.Get(ctx, c.prefix+prefix, clientv3.WithPrefix())
 		if err != nil {
 			if ctx.Err() == nil {
@@ -398,6 +461,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 			}
 			continue
 		}
+		c.observe(before, resp.Header)
 		var events []Event
 		known, events = relist(known, c.prefix, resp.Kvs)
 		for _, ev := range events {
@@ -409,29 +473,62 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := c.cli.Watch(wctx, c.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-		for wr := range wch {
-			if err := wr.Err(); err != nil {
-				c.log.Debug("kvstore watch broken, listing again", "prefix", prefix, "error", err)
-				break
-			}
-			for _, ev := range wr.Events {
-				key := strings.TrimPrefix(string(ev.Kv.Key), c.prefix)
-				e := Event{Kind: EventUpsert, Key: key, Value: ev.Kv.Value}
-				if ev.Type == clientv3.EventTypeDelete {
-					e = Event{Kind: EventDelete, Key: key}
-					delete(known, key)
-				} else {
-					known[key] = ev.Kv.Value
-				}
-				if !send(e) {
-					cancel()
-					return
-				}
-			}
-		}
+		reason := c.follow(prefix, wch, replaced, known, send)
 		cancel()
-		if ctx.Err() == nil {
+		if reason == "" {
+			return
+		}
+		if c.metrics != nil {
+			c.metrics.relists.WithLabelValues(reason).Inc()
+		}
+		if ctx.Err() == nil && reason != relistReplaced {
 			backoff.wait(ctx)
+		}
+	}
+}
+
+// Why a watch lists again.
+const (
+	relistBroken    = "broken"
+	relistCompacted = "compacted"
+	relistReplaced  = "store-replaced"
+)
+
+// follow sends the events of wch, keeping known up to date, until the
+// watch breaks or the store is found replaced (it says which), or send
+// fails ("").
+func (c *etcdClient) follow(prefix string, wch clientv3.WatchChan, replaced <-chan struct{}, known map[string][]byte, send func(Event) bool) string {
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-wch:
+		case <-replaced:
+			return relistReplaced
+		}
+		if !ok {
+			return relistBroken
+		}
+		if err := wr.Err(); err != nil {
+			if wr.CompactRevision != 0 {
+				c.log.Warn("kvstore watch fell behind a compaction; listing again", "prefix", prefix, "error", err)
+				return relistCompacted
+			}
+			c.log.Debug("kvstore watch broken, listing again", "prefix", prefix, "error", err)
+			return relistBroken
+		}
+		for _, ev := range wr.Events {
+			key := strings.TrimPrefix(string(ev.Kv.Key), c.prefix)
+			e := Event{Kind: EventUpsert, Key: key, Value: ev.Kv.Value}
+			if ev.Type == clientv3.EventTypeDelete {
+				e = Event{Kind: EventDelete, Key: key}
+				delete(known, key)
+			} else {
+				known[key] = ev.Kv.Value
+			}
+			if !send(e) {
+				return ""
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -356,6 +357,91 @@ func TestWatchListsThenFollowsAndRelists(t *testing.T) {
 	}
 	if _, ok := state["state/w/b"]; ok {
 		t.Fatalf("deleted key still there: %v", state)
+	}
+}
+
+// TestStoreReplaced: etcd is replaced by an empty one on the same
+// endpoint (a member rebuilt, a restore). The client finds out from the
+// revision going back, and its watches, which would wait at their old
+// revision for events the new store has not reached, list again: the
+// consumer gets a delete for every key that is gone and an upsert for
+// every key there now, and the changes after that. The agent's leased
+// keys are written again in the new store on a lease it has.
+func TestStoreReplaced(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	c := startClient(t, etcd.Endpoint(), "t10", func(c *etcdClient) {
+		c.statusBase, c.statusTimeout = 50*time.Millisecond, 500*time.Millisecond
+		c.leases.ttl = time.Minute // renewed every 20 s: the rewrite is not the keep-alive's
+	})
+	ctx := ctxT(t)
+	raw := rawClient(t, etcd.Endpoint())
+	for i := range 20 { // revisions the new store will not have reached
+		if _, err := raw.Put(ctx, "t10/state/w/a", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := raw.Put(ctx, "t10/state/w/b", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UpdateIfDifferent(ctx, "state/ip/v1/10.0.0.1", []byte("mine"), Leased()); err != nil {
+		t.Fatal(err)
+	}
+	ch := c.Watch(ctx, "state/w/")
+	state := map[string]string{}
+	next := func() Event {
+		t.Helper()
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatal("watch channel closed")
+			}
+			switch ev.Kind {
+			case EventUpsert:
+				state[ev.Key] = string(ev.Value)
+			case EventDelete:
+				delete(state, ev.Key)
+			}
+			return ev
+		case <-ctx.Done():
+			t.Fatalf("no event; the consumer has %v", state)
+		}
+		return Event{}
+	}
+	for next().Kind != EventListed {
+	}
+	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+
+	etcd.Wipe()
+	etcd.Restart()
+	if _, err := raw.Put(ctx, "t10/state/w/c", "new"); err != nil {
+		t.Fatal(err)
+	}
+	for len(state) != 1 || state["state/w/c"] != "new" {
+		next()
+	}
+	// Changes go on flowing.
+	if _, err := raw.Put(ctx, "t10/state/w/d", "1"); err != nil {
+		t.Fatal(err)
+	}
+	for state["state/w/d"] != "1" {
+		next()
+	}
+	celltest.Eventually(t, "the leased key written again in the new store", func() bool {
+		resp, err := raw.Get(ctx, "t10/state/ip/v1/10.0.0.1")
+		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false
+		}
+		ttl, err := raw.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+		return err == nil && ttl.TTL > 0
+	})
+	if n := testutil.ToFloat64(c.metrics.storeReplaced); n != 1 {
+		t.Fatalf("store replacements counted %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(c.metrics.relists.WithLabelValues(relistReplaced)); n != 1 {
+		t.Fatalf("relists for a replaced store %v, want 1", n)
+	}
+	if st := c.Status(); st.State != StateConnected || !strings.Contains(st.LastError, "etcd was replaced: its revision went back") {
+		t.Fatalf("status after the replacement %+v", st)
 	}
 }
 

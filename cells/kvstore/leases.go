@@ -2,10 +2,14 @@ package kvstore
 
 import (
 	"context"
+	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,6 +34,8 @@ type leases struct {
 	// lost are keys whose lease was lost, to be written again.
 	lost    map[string]struct{}
 	trigger chan struct{}
+	// check asks the run job to check the leases exist.
+	check chan struct{}
 	// granting is held while a lease is granted.
 	granting chan struct{}
 }
@@ -55,6 +61,7 @@ func newLeases(c *etcdClient, ttl time.Duration) *leases {
 		lost:    map[string]struct{}{},
 		trigger: make(chan struct{}, 1),
 
+		check:    make(chan struct{}, 1),
 		granting: make(chan struct{}, 1),
 	}
 }
@@ -157,7 +164,17 @@ func (ls *leases) keepAlive(ctx context.Context, l *lease, alive <-chan *clientv
 	if ctx.Err() != nil {
 		return
 	}
+	ls.lose(l)
+}
+
+// lose moves the keys of a lease that is gone to the lost keys, and has
+// the run job write them again.
+func (ls *leases) lose(l *lease) {
 	ls.mu.Lock()
+	if ls.all[l.id] != l {
+		ls.mu.Unlock()
+		return
+	}
 	delete(ls.all, l.id)
 	if ls.open == l {
 		ls.open = nil
@@ -171,6 +188,8 @@ func (ls *leases) keepAlive(ctx context.Context, l *lease, alive <-chan *clientv
 		}
 	}
 	ls.mu.Unlock()
+	// Its keep-alive goroutine ends without reporting it again.
+	l.cancel()
 	if ls.c.metrics != nil {
 		ls.c.metrics.leasesLost.Inc()
 	}
@@ -179,6 +198,37 @@ func (ls *leases) keepAlive(ctx context.Context, l *lease, alive <-chan *clientv
 	case ls.trigger <- struct{}{}:
 	default:
 	}
+}
+
+// suspect has the run job ask etcd whether the leases still exist: a
+// replaced store has none of them, and their keep-alives would tell only
+// at their next renewal, a third of the TTL later.
+func (ls *leases) suspect() {
+	select {
+	case ls.check <- struct{}{}:
+	default:
+	}
+}
+
+// dropGone loses the leases etcd does not know; it says whether it could
+// ask about each.
+func (ls *leases) dropGone(ctx context.Context) bool {
+	ls.mu.Lock()
+	all := slices.Collect(maps.Values(ls.all))
+	ls.mu.Unlock()
+	for _, l := range all {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := ls.c.cli.TimeToLive(cctx, l.id)
+		cancel()
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			ls.lose(l)
+		case err != nil:
+			ls.c.log.Debug("Checking a kvstore lease failed; will retry", "lease", int64(l.id), "error", err)
+			return false
+		}
+	}
+	return true
 }
 
 // forget stops tracking key (it was deleted).
@@ -201,6 +251,11 @@ func (ls *leases) run(ctx context.Context, _ cell.Health) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-ls.check:
+			for ctx.Err() == nil && !ls.dropGone(ctx) {
+				b.wait(ctx)
+			}
+			b.reset()
 		case <-ls.trigger:
 		}
 		for ctx.Err() == nil {

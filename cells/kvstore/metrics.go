@@ -15,6 +15,8 @@ type kvMetrics struct {
 	leasesLost    prometheus.Counter
 	leasedKeys    prometheus.GaugeFunc
 	locksReleased prometheus.Counter
+	storeReplaced prometheus.Counter
+	relists       *prometheus.CounterVec
 }
 
 func newKVMetrics(c Client) (*kvMetrics, metrics.Collectors) {
@@ -41,8 +43,16 @@ func newKVMetrics(c Client) (*kvMetrics, metrics.Collectors) {
 			Namespace: ns, Subsystem: sub, Name: "stale_locks_released_total",
 			Help: "Locks released by kvstore-locks-gc because they were held too long",
 		}),
+		storeReplaced: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_replaced_total",
+			Help: "Times etcd was found replaced (another cluster ID, or a revision below one read before): restored from a backup, or rebuilt",
+		}),
+		relists: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "watch_relists_total",
+			Help: "Watches listed again, by reason (broken, compacted, store-replaced)",
+		}, []string{"reason"}),
 	}
-	return m, metrics.NewCollectors(m.duration, m.quorumErrors, m.leasesLost, m.leasedKeys, m.locksReleased)
+	return m, metrics.NewCollectors(m.duration, m.quorumErrors, m.leasesLost, m.leasedKeys, m.locksReleased, m.storeReplaced, m.relists)
 }
 
 // observe records an operation that started at start and ended with

@@ -317,6 +317,17 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// Wipe stops the server and removes its data: the next Restart starts an
+// empty store on the same ports, as an etcd rebuilt or restored would be
+// to its clients.
+func (s *Server) Wipe() {
+	s.t.Helper()
+	s.Stop()
+	if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
 // Log is what the server has logged so far.
 func (s *Server) Log() string {
 	b, _ := os.ReadFile(filepath.Join(s.dir, "etcd.log"))
