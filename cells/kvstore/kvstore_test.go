@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -294,7 +295,9 @@ func TestLostLeaseWritesKeysAgain(t *testing.T) {
 	}
 }
 
-func TestWatchListsThenFollowsAndRelists(t *testing.T) {
+// TestWatchListsThenFollows: a watch lists, then follows changes, across
+// an etcd restart (the relist is TestWatchRelistsAfterACompaction's).
+func TestWatchListsThenFollows(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	c := startClient(t, etcd.Endpoint(), "t4", nil)
 	ctx := ctxT(t)
@@ -357,6 +360,133 @@ func TestWatchListsThenFollowsAndRelists(t *testing.T) {
 	}
 	if _, ok := state["state/w/b"]; ok {
 		t.Fatalf("deleted key still there: %v", state)
+	}
+}
+
+// TestWatchRelistsAfterACompaction: a watch cut off from etcd while keys
+// change and the store is compacted cannot resume where it was; it lists
+// again, and sends the changes it missed (a delete for the key that went)
+// and a second EventListed, which only a listing sends.
+func TestWatchRelistsAfterACompaction(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cut := newCutProxy(t, strings.TrimPrefix(etcd.Endpoint(), "http://"))
+	c := startClient(t, "http://"+cut.addr(), "t11", nil)
+	ctx := ctxT(t)
+	raw := rawClient(t, etcd.Endpoint())
+	put := func(k, v string) {
+		t.Helper()
+		if _, err := raw.Put(ctx, "t11/"+k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("state/w/a", "1")
+	put("state/w/b", "1")
+	ch := c.Watch(ctx, "state/w/")
+	state := map[string]string{}
+	next := func() Event {
+		t.Helper()
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatal("watch channel closed")
+			}
+			switch ev.Kind {
+			case EventUpsert:
+				state[ev.Key] = string(ev.Value)
+			case EventDelete:
+				delete(state, ev.Key)
+			}
+			return ev
+		case <-ctx.Done():
+			t.Fatalf("no event; the consumer has %v", state)
+		}
+		return Event{}
+	}
+	for next().Kind != EventListed {
+	}
+	put("state/w/a", "2")
+	if ev := next(); ev.Kind != EventUpsert || ev.Key != "state/w/a" {
+		t.Fatalf("after a put: %+v", ev)
+	}
+
+	cut.set(true)
+	if _, err := raw.Delete(ctx, "t11/state/w/b"); err != nil {
+		t.Fatal(err)
+	}
+	put("state/w/c", "1")
+	put("state/w/a", "3")
+	resp, err := raw.Get(ctx, "t11/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	cut.set(false)
+	for next().Kind != EventListed {
+	}
+	if len(state) != 2 || state["state/w/a"] != "3" || state["state/w/c"] != "1" {
+		t.Fatalf("after the relist the consumer has %v, want a=3 c=1", state)
+	}
+	if n := testutil.ToFloat64(c.metrics.relists.WithLabelValues(relistCompacted)); n != 1 {
+		t.Fatalf("relists after a compaction %v, want 1", n)
+	}
+}
+
+// cutProxy forwards TCP connections to an address until it is cut: then
+// it closes them and every new one, as a network partition would.
+type cutProxy struct {
+	ln net.Listener
+	mu sync.Mutex
+	on bool // cut
+	cs map[net.Conn]struct{}
+}
+
+func newCutProxy(t *testing.T, to string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, cs: map[net.Conn]struct{}{}}
+	t.Cleanup(func() { ln.Close(); p.set(true) })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", to)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.on {
+				in.Close()
+				out.Close()
+				p.mu.Unlock()
+				continue
+			}
+			p.cs[in], p.cs[out] = struct{}{}, struct{}{}
+			p.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) set(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.on = cut
+	if cut {
+		for conn := range p.cs {
+			conn.Close()
+		}
+		clear(p.cs)
 	}
 }
 
@@ -528,12 +658,19 @@ func TestLocks(t *testing.T) {
 	}
 }
 
+// TestLocksGCReleasesStaleLocks: a lock held past the stale timeout is
+// released in etcd, so another agent takes it (the holder's own session
+// would be let in again by etcd's mutex anyway).
 func TestLocksGCReleasesStaleLocks(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	a := startClient(t, etcd.Endpoint(), "t6", func(c *etcdClient) { c.locks.stale = 0 })
+	b := startClient(t, etcd.Endpoint(), "t6", nil)
 	ctx := ctxT(t)
 	if _, err := a.Lock(ctx, "state/locks/stuck"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := b.TryLock(ctx, "state/locks/stuck"); !errors.Is(err, ErrLocked) {
+		t.Fatalf("another agent's TryLock of the held lock = %v, want ErrLocked", err)
 	}
 	if err := a.locks.gc(ctx); err != nil {
 		t.Fatal(err)
@@ -541,8 +678,11 @@ func TestLocksGCReleasesStaleLocks(t *testing.T) {
 	if n := a.locks.count(); n != 0 {
 		t.Fatalf("%d locks still held after GC", n)
 	}
-	if _, err := a.TryLock(ctx, "state/locks/stuck"); err != nil {
-		t.Fatalf("lock not free after GC: %v", err)
+	if n := testutil.ToFloat64(a.metrics.locksReleased); n != 1 {
+		t.Fatalf("stale locks released %v, want 1", n)
+	}
+	if _, err := b.TryLock(ctx, "state/locks/stuck"); err != nil {
+		t.Fatalf("another agent cannot take the lock after GC: %v", err)
 	}
 }
 
