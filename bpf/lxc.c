@@ -18,7 +18,8 @@
  * another node's NodePort carries, the from-endpoint program sends the
  * pod's replies from it. Otherwise they parse the packet, account it in
  * the conntrack maps of ct.h, find the source's and the destination's
- * security identities in the ipcache (ipcache.h), and write trace and drop
+ * security identities in the ipcache (ipcache.h), enforce the endpoint's
+ * network policy (policy.h), and write trace, drop and policy-verdict
  * events (events.h) that carry them.
  * A packet they pass goes on with TC_ACT_UNSPEC, which is tcx's TCX_NEXT,
  * so that other programs on the same hook still see it.
@@ -34,6 +35,16 @@
  * B's answer finds the first in A's to-endpoint program and the second in
  * B's from-endpoint program.
  *
+ * Policy is decided once per connection and program, when conntrack would
+ * create the entry: from-endpoint decides the endpoint's egress with the
+ * destination's identity as the peer, to-endpoint its ingress with the
+ * source's. A denied packet creates no entry, so its connection stays
+ * new and every retry is decided again; an allowed one creates it, and
+ * the connection's later packets and its replies find it and pay no policy
+ * lookup. ICMP errors about a tracked connection (CT_RELATED) pass; so do
+ * IPv6 neighbour discovery and MLD, and IPv4 fragments after the first,
+ * which have no ports to decide on.
+ *
  * Headers are copied out with bpf_skb_load_bytes rather than read in
  * place: the programs only read, and the helper works the same whether or
  * not the headers are in the skb's linear part, which saves the pulls and
@@ -45,6 +56,7 @@
 #include "endpoints.h"
 #include "events.h"
 #include "ipcache.h"
+#include "policy.h"
 
 #include <stdbool.h>
 #include <linux/in.h>
@@ -91,7 +103,15 @@ volatile const __u32 lb_dsr = 0;
 
 /* ICMP types (linux/icmp.h would pull in libc headers). */
 #define ICMP_ECHOREPLY 0
+#define ICMP_DEST_UNREACH 3
 #define ICMP_ECHO 8
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_PARAMETERPROB 12
+/* ICMPv6 errors are the types below 128; MLD and neighbour discovery
+ * these. */
+#define ICMPV6_MLD_QUERY 130
+#define ICMPV6_ND_REDIRECT 137
+#define ICMPV6_MLD2_REPORT 143
 
 /*
  * The first 8 bytes of ICMP and ICMPv6 messages, which share their layout:
@@ -115,6 +135,12 @@ struct icmp_echo_hdr {
 #define PKT_UNTRACKED 1
 /* Pass it silently: ARP. */
 #define PKT_PASS_SILENT 2
+/* Report it untracked, and look for the connection it is an error about: an
+ * ICMP or ICMPv6 error. */
+#define PKT_ICMP_ERROR 3
+/* Report it untracked, and pass it whatever the policy: IPv6 neighbour
+ * discovery and MLD, without which the endpoint has no network. */
+#define PKT_UNTRACKED_ALWAYS 4
 
 /* Both directions sent a FIN. */
 #define CTF_CLOSED (CTF_TX_CLOSING | CTF_RX_CLOSING)
@@ -175,6 +201,13 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, __u32 end,
 			return PKT_TRACK;
 		}
 		/* Errors, neighbour discovery, ...: no connection of their own. */
+		if (v6 ? icmp.type < ICMPV6_ECHO_REQUEST
+		       : icmp.type == ICMP_DEST_UNREACH || icmp.type == ICMP_TIME_EXCEEDED ||
+				 icmp.type == ICMP_PARAMETERPROB)
+			return PKT_ICMP_ERROR;
+		if (v6 && ((icmp.type >= ICMPV6_MLD_QUERY && icmp.type <= ICMPV6_ND_REDIRECT) ||
+			   icmp.type == ICMPV6_MLD2_REPORT))
+			return PKT_UNTRACKED_ALWAYS;
 		return PKT_UNTRACKED;
 	}
 	}
@@ -192,7 +225,7 @@ static __always_inline __u32 big_packet_len(struct __sk_buff *skb)
 	return skb->gso_size ? skb->len - ETH_HLEN : 0;
 }
 
-static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary *flow)
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
 {
 	struct iphdr ip;
 	__u32 hlen, len;
@@ -212,7 +245,8 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary
 	__builtin_memcpy(flow->dst, &ip.daddr, 4);
 	/* Only the first fragment carries the transport header. */
 	if (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET))
-		return PKT_UNTRACKED;
+		return PKT_UNTRACKED_ALWAYS;
+	*l4_off = ETH_HLEN + hlen;
 	return parse_l4(skb, ETH_HLEN + hlen, ETH_HLEN + len, flow);
 }
 
@@ -221,7 +255,7 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary
  * not TCP, UDP or ICMPv6 is tracked under that header's number with no
  * ports, which still tells its connections apart by address.
  */
-static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary *flow)
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
 {
 	struct ipv6hdr ip6;
 	__u32 end;
@@ -238,11 +272,15 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary
 	flow->proto = ip6.nexthdr;
 	__builtin_memcpy(flow->src, &ip6.saddr, 16);
 	__builtin_memcpy(flow->dst, &ip6.daddr, 16);
+	*l4_off = ETH_HLEN + sizeof(ip6);
 	return parse_l4(skb, ETH_HLEN + sizeof(ip6), end, flow);
 }
 
-/* parse_packet fills flow from the packet and says what to do with it. */
-static __always_inline int parse_packet(struct __sk_buff *skb, struct flow_summary *flow)
+/*
+ * parse_packet fills flow from the packet and says what to do with it;
+ * *l4_off is where the transport header starts.
+ */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
 {
 	struct ethhdr eth;
 
@@ -250,9 +288,9 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct flow_summa
 		return -DROP_INVALID_PACKET;
 	switch (eth.h_proto) {
 	case bpf_htons(ETH_P_IP):
-		return parse_ipv4(skb, flow);
+		return parse_ipv4(skb, flow, l4_off);
 	case bpf_htons(ETH_P_IPV6):
-		return parse_ipv6(skb, flow);
+		return parse_ipv6(skb, flow, l4_off);
 	case bpf_htons(ETH_P_ARP):
 		/* Neighbour resolution: nothing to track or report. */
 		return PKT_PASS_SILENT;
@@ -328,18 +366,31 @@ static __always_inline int ct_create(void *map, const void *key, const struct fl
 }
 
 /*
- * ct_process finds the packet's connection in map, or creates it, and
- * accounts the packet: fwd is the packet's tuple with this program's key
- * flag, rev the tuple reversed with the other program's. It sets
- * flow->ct_state, and *report when the packet is worth an event under
- * aggregation. It returns 0 or -DROP_CT_CREATE_FAILED.
+ * The policy decision of a packet that opens a connection: policy_check's
+ * arguments other than the packet's, and its answer (POLICY_NOT_ENFORCED
+ * also for a packet that opened nothing).
+ */
+struct policy_req {
+	__u32 peer;
+	__u16 endpoint_id;
+	__u8 direction;
+	int verdict;
+};
+
+/*
+ * ct_process finds the packet's connection in map, or creates it if the
+ * endpoint's policy allows it (pol), and accounts the packet: fwd is the
+ * packet's tuple with this program's key flag, rev the tuple reversed with
+ * the other program's. It sets flow->ct_state, and *report when the packet
+ * is worth an event under aggregation. It returns 0,
+ * -DROP_CT_CREATE_FAILED or -DROP_POLICY_DENIED.
  *
  * Several CPUs may update one entry: the counters are added atomically;
  * flags, lifetime and times are plain stores, where a lost update costs at
  * most an event or a second of lifetime.
  */
 static __always_inline int ct_process(void *map, const void *fwd, const void *rev, struct flow_summary *flow,
-				      __u16 endpoint_id, bool *report)
+				      struct policy_req *pol, bool *report)
 {
 	__u32 now = now_seconds();
 	struct ct_entry *entry;
@@ -365,7 +416,10 @@ static __always_inline int ct_process(void *map, const void *fwd, const void *re
 	if (!entry) {
 		flow->ct_state = CT_NEW;
 		*report = true;
-		return ct_create(map, fwd, flow, endpoint_id, now);
+		pol->verdict = policy_check(pol->endpoint_id, pol->direction, pol->peer, flow->proto, flow->dport);
+		if (pol->verdict < 0)
+			return pol->verdict;
+		return ct_create(map, fwd, flow, pol->endpoint_id, now);
 	}
 
 	old = entry->flags;
@@ -399,7 +453,7 @@ static __always_inline int ct_process(void *map, const void *fwd, const void *re
 	return 0;
 }
 
-static __always_inline int ct_track4(struct flow_summary *flow, __u8 key_flag, __u16 endpoint_id, bool *report)
+static __always_inline int ct_track4(struct flow_summary *flow, __u8 key_flag, struct policy_req *pol, bool *report)
 {
 	void *map = flow->proto == IPPROTO_TCP ? (void *)&cellium_ct4_tcp : (void *)&cellium_ct4_any;
 	struct ct4_key fwd = {
@@ -419,10 +473,10 @@ static __always_inline int ct_track4(struct flow_summary *flow, __u8 key_flag, _
 	__builtin_memcpy(&fwd.dst_addr, flow->dst, 4);
 	rev.src_addr = fwd.dst_addr;
 	rev.dst_addr = fwd.src_addr;
-	return ct_process(map, &fwd, &rev, flow, endpoint_id, report);
+	return ct_process(map, &fwd, &rev, flow, pol, report);
 }
 
-static __always_inline int ct_track6(struct flow_summary *flow, __u8 key_flag, __u16 endpoint_id, bool *report)
+static __always_inline int ct_track6(struct flow_summary *flow, __u8 key_flag, struct policy_req *pol, bool *report)
 {
 	void *map = flow->proto == IPPROTO_TCP ? (void *)&cellium_ct6_tcp : (void *)&cellium_ct6_any;
 	struct ct6_key fwd = {
@@ -442,7 +496,127 @@ static __always_inline int ct_track6(struct flow_summary *flow, __u8 key_flag, _
 	__builtin_memcpy(fwd.dst_addr, flow->dst, 16);
 	__builtin_memcpy(rev.src_addr, flow->dst, 16);
 	__builtin_memcpy(rev.dst_addr, flow->src, 16);
-	return ct_process(map, &fwd, &rev, flow, endpoint_id, report);
+	return ct_process(map, &fwd, &rev, flow, pol, report);
+}
+
+/*
+ * quoted_ports reads the ports of the conntrack tuple of the packet an ICMP
+ * error quotes, whose transport header is at off: false if the error quotes
+ * no packet that conntrack tracks (an ICMP message other than echo).
+ */
+static __always_inline bool quoted_ports(struct __sk_buff *skb, __u32 off, __u8 proto, __be16 *sport, __be16 *dport)
+{
+	struct icmp_echo_hdr icmp;
+	__be16 ports[2];
+
+	switch (proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)))
+			return false;
+		*sport = ports[0];
+		*dport = ports[1];
+		return true;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		if (bpf_skb_load_bytes(skb, off, &icmp, sizeof(icmp)))
+			return false;
+		if (icmp.type == (proto == IPPROTO_ICMPV6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO)) {
+			*sport = icmp.id;
+			return true;
+		}
+		if (icmp.type == (proto == IPPROTO_ICMPV6 ? ICMPV6_ECHO_REPLY : ICMP_ECHOREPLY)) {
+			*dport = icmp.id;
+			return true;
+		}
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The quoted packet is one of its connection's, sent either way, and the
+ * entry is either program's: the four keys it may have.
+ */
+#define CT_FIND_ANY(map, key, rev)                                                                   \
+	({                                                                                           \
+		bool found_ = bpf_map_lookup_elem(map, key) || bpf_map_lookup_elem(map, rev);        \
+		if (!found_) {                                                                       \
+			(key)->flags = CT_KEY_F_INCOMING;                                            \
+			(rev)->flags = CT_KEY_F_INCOMING;                                            \
+			found_ = bpf_map_lookup_elem(map, key) || bpf_map_lookup_elem(map, rev);     \
+		}                                                                                    \
+		found_;                                                                              \
+	})
+
+/* ct_related4 says whether the ICMP error at off quotes a tracked connection. */
+static __always_inline bool ct_related4(struct __sk_buff *skb, __u32 off)
+{
+	struct ct4_key key = {}, rev = {};
+	struct iphdr ip;
+	void *map;
+
+	if (bpf_skb_load_bytes(skb, off + sizeof(struct icmp_echo_hdr), &ip, sizeof(ip)) || ip.version != 4 ||
+	    ip.ihl < 5)
+		return false;
+	if (!quoted_ports(skb, off + sizeof(struct icmp_echo_hdr) + ip.ihl * 4, ip.protocol, &key.src_port,
+			  &key.dst_port))
+		return false;
+	key.src_addr = ip.saddr;
+	key.dst_addr = ip.daddr;
+	key.proto = ip.protocol;
+	rev.src_addr = key.dst_addr;
+	rev.dst_addr = key.src_addr;
+	rev.src_port = key.dst_port;
+	rev.dst_port = key.src_port;
+	rev.proto = key.proto;
+	map = key.proto == IPPROTO_TCP ? (void *)&cellium_ct4_tcp : (void *)&cellium_ct4_any;
+	return CT_FIND_ANY(map, &key, &rev);
+}
+
+/* ct_related6 says whether the ICMPv6 error at off quotes a tracked connection. */
+static __always_inline bool ct_related6(struct __sk_buff *skb, __u32 off)
+{
+	struct ct6_key key = {}, rev = {};
+	struct ipv6hdr ip6;
+	void *map;
+
+	if (bpf_skb_load_bytes(skb, off + sizeof(struct icmp_echo_hdr), &ip6, sizeof(ip6)) || ip6.version != 6)
+		return false;
+	if (!quoted_ports(skb, off + sizeof(struct icmp_echo_hdr) + sizeof(ip6), ip6.nexthdr, &key.src_port,
+			  &key.dst_port))
+		return false;
+	__builtin_memcpy(key.src_addr, &ip6.saddr, 16);
+	__builtin_memcpy(key.dst_addr, &ip6.daddr, 16);
+	__builtin_memcpy(rev.src_addr, &ip6.daddr, 16);
+	__builtin_memcpy(rev.dst_addr, &ip6.saddr, 16);
+	key.proto = rev.proto = ip6.nexthdr;
+	rev.src_port = key.dst_port;
+	rev.dst_port = key.src_port;
+	map = key.proto == IPPROTO_TCP ? (void *)&cellium_ct6_tcp : (void *)&cellium_ct6_any;
+	return CT_FIND_ANY(map, &key, &rev);
+}
+
+/*
+ * policy_untracked decides a packet that conntrack does not track: an ICMP
+ * error passes if it is about a tracked connection, which makes it
+ * CT_RELATED; anything else is decided as a new connection would be.
+ */
+static __always_inline int policy_untracked(struct __sk_buff *skb, struct flow_summary *flow, __u32 l4_off,
+					    int kind, struct policy_req *pol)
+{
+	if (!policy_enforced(pol->endpoint_id, pol->direction))
+		return 0;
+	if (kind == PKT_ICMP_ERROR) {
+		bool related = flow->family == EVENT_FAMILY_IPV4 ? ct_related4(skb, l4_off) : ct_related6(skb, l4_off);
+
+		if (related) {
+			flow->ct_state = CT_RELATED;
+			return 0;
+		}
+	}
+	pol->verdict = policy_check(pol->endpoint_id, pol->direction, pol->peer, flow->proto, 0);
+	return pol->verdict < 0 ? pol->verdict : 0;
 }
 
 static __always_inline void emit_flow_event(struct __sk_buff *skb, struct flow_record *rec, __u8 type,
@@ -462,14 +636,17 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 	struct flow_record rec = {};
 	struct flow_summary *flow = &rec.flow;
 	const struct endpoint_info *ep;
+	struct policy_req pol = {
+		.direction = to_endpoint ? TRAFFIC_INGRESS : TRAFFIC_EGRESS,
+	};
 	__u8 point = TRACE_TO_ENDPOINT;
-	__u16 endpoint_id = 0;
 	bool report = true;
-	int ret;
+	__u32 l4_off = 0;
+	int kind, ret = 0;
 
 	flow->len = skb->len;
-	ret = parse_packet(skb, flow);
-	if (ret == PKT_PASS_SILENT)
+	kind = parse_packet(skb, flow, &l4_off);
+	if (kind == PKT_PASS_SILENT)
 		return TC_ACT_UNSPEC;
 
 	if (flow->family != EVENT_FAMILY_NONE) {
@@ -483,28 +660,40 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 			flow->dst_identity = id->identity;
 		ep = endpoint_lookup(flow, to_endpoint ? flow->dst : flow->src);
 		if (ep)
-			endpoint_id = ep->endpoint_id;
+			pol.endpoint_id = ep->endpoint_id;
 		if (!to_endpoint)
 			point = endpoint_lookup(flow, flow->dst) ? TRACE_FROM_ENDPOINT : TRACE_TO_STACK;
+		pol.peer = to_endpoint ? flow->src_identity : flow->dst_identity;
 	}
 
-	if (ret == PKT_TRACK) {
+	if (kind < 0) {
+		ret = kind;
+	} else if (kind == PKT_TRACK) {
 		__u8 key_flag = to_endpoint ? CT_KEY_F_INCOMING : 0;
 
 		if (flow->family == EVENT_FAMILY_IPV4)
-			ret = ct_track4(flow, key_flag, endpoint_id, &report);
+			ret = ct_track4(flow, key_flag, &pol, &report);
 		else
-			ret = ct_track6(flow, key_flag, endpoint_id, &report);
+			ret = ct_track6(flow, key_flag, &pol, &report);
+	} else if (kind != PKT_UNTRACKED_ALWAYS) {
+		ret = policy_untracked(skb, flow, l4_off, kind, &pol);
 	}
+	if (ret == -DROP_POLICY_DENIED)
+		flow->direction = pol.direction;
 	if (ret < 0) {
-		emit_flow_event(skb, &rec, EVENT_DROP, -ret, endpoint_id);
+		emit_flow_event(skb, &rec, EVENT_DROP, -ret, pol.endpoint_id);
 		return TC_ACT_SHOT;
 	}
 	if (report || !monitor_aggregation)
-		emit_flow_event(skb, &rec, EVENT_TRACE, point, endpoint_id);
+		emit_flow_event(skb, &rec, EVENT_TRACE, point, pol.endpoint_id);
+	/* One per connection the policy let open, as its first trace. */
+	if (pol.verdict > 0) {
+		flow->direction = pol.direction;
+		emit_flow_event(skb, &rec, EVENT_POLICY_VERDICT, pol.verdict, pol.endpoint_id);
+	}
 	/* After conntrack, which tracks the reply under the pod's address,
 	 * as the pod's connection is. */
-	if (lb_dsr && ret == PKT_TRACK && flow->family == EVENT_FAMILY_IPV4) {
+	if (lb_dsr && kind == PKT_TRACK && flow->family == EVENT_FAMILY_IPV4) {
 		__be32 src, dst;
 
 		__builtin_memcpy(&src, flow->src, 4);

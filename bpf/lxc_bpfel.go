@@ -98,27 +98,52 @@ type LXCLb4DsrKey struct {
 	Pad        [3]uint8
 }
 
+type LXCPolicyEnforcement struct {
+	_     structs.HostLayout
+	Flags uint8
+	Pad   [3]uint8
+}
+
+type LXCPolicyKey struct {
+	_          structs.HostLayout
+	Prefixlen  uint32
+	EndpointId uint16
+	Direction  uint8
+	Pad        uint8
+	Identity   uint32
+	Pad2       uint8
+	Proto      uint8
+	Dport      uint16
+}
+
+type LXCPolicyValue struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LXCMapCelliumCt4Any        = "cellium_ct4_any"
-	LXCMapCelliumCt4Tcp        = "cellium_ct4_tcp"
-	LXCMapCelliumCt6Any        = "cellium_ct6_any"
-	LXCMapCelliumCt6Tcp        = "cellium_ct6_tcp"
-	LXCMapCelliumEndpoints     = "cellium_endpoints"
-	LXCMapCelliumEvents        = "cellium_events"
-	LXCMapCelliumEventsLost    = "cellium_events_lost"
-	LXCMapCelliumIpcache       = "cellium_ipcache"
-	LXCMapCelliumLb4Dsr        = "cellium_lb4_dsr"
-	LXCProgCelliumFromEndpoint = "cellium_from_endpoint"
-	LXCProgCelliumToEndpoint   = "cellium_to_endpoint"
-	LXCVarCtLifetimeClose      = "ct_lifetime_close"
-	LXCVarCtLifetimeNontcp     = "ct_lifetime_nontcp"
-	LXCVarCtLifetimeSyn        = "ct_lifetime_syn"
-	LXCVarCtLifetimeTcp        = "ct_lifetime_tcp"
-	LXCVarLbDsr                = "lb_dsr"
-	LXCVarMonitorAggregation   = "monitor_aggregation"
+	LXCMapCelliumCt4Any            = "cellium_ct4_any"
+	LXCMapCelliumCt4Tcp            = "cellium_ct4_tcp"
+	LXCMapCelliumCt6Any            = "cellium_ct6_any"
+	LXCMapCelliumCt6Tcp            = "cellium_ct6_tcp"
+	LXCMapCelliumEndpoints         = "cellium_endpoints"
+	LXCMapCelliumEvents            = "cellium_events"
+	LXCMapCelliumEventsLost        = "cellium_events_lost"
+	LXCMapCelliumIpcache           = "cellium_ipcache"
+	LXCMapCelliumLb4Dsr            = "cellium_lb4_dsr"
+	LXCMapCelliumPolicy            = "cellium_policy"
+	LXCMapCelliumPolicyEnforcement = "cellium_policy_enforcement"
+	LXCProgCelliumFromEndpoint     = "cellium_from_endpoint"
+	LXCProgCelliumToEndpoint       = "cellium_to_endpoint"
+	LXCVarCtLifetimeClose          = "ct_lifetime_close"
+	LXCVarCtLifetimeNontcp         = "ct_lifetime_nontcp"
+	LXCVarCtLifetimeSyn            = "ct_lifetime_syn"
+	LXCVarCtLifetimeTcp            = "ct_lifetime_tcp"
+	LXCVarLbDsr                    = "lb_dsr"
+	LXCVarMonitorAggregation       = "monitor_aggregation"
 )
 
 // LoadLXC returns the embedded CollectionSpec for LXC.
@@ -171,15 +196,17 @@ type LXCProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LXCMapSpecs struct {
-	CelliumCt4Any     *ebpf.MapSpec `ebpf:"cellium_ct4_any"`
-	CelliumCt4Tcp     *ebpf.MapSpec `ebpf:"cellium_ct4_tcp"`
-	CelliumCt6Any     *ebpf.MapSpec `ebpf:"cellium_ct6_any"`
-	CelliumCt6Tcp     *ebpf.MapSpec `ebpf:"cellium_ct6_tcp"`
-	CelliumEndpoints  *ebpf.MapSpec `ebpf:"cellium_endpoints"`
-	CelliumEvents     *ebpf.MapSpec `ebpf:"cellium_events"`
-	CelliumEventsLost *ebpf.MapSpec `ebpf:"cellium_events_lost"`
-	CelliumIpcache    *ebpf.MapSpec `ebpf:"cellium_ipcache"`
-	CelliumLb4Dsr     *ebpf.MapSpec `ebpf:"cellium_lb4_dsr"`
+	CelliumCt4Any            *ebpf.MapSpec `ebpf:"cellium_ct4_any"`
+	CelliumCt4Tcp            *ebpf.MapSpec `ebpf:"cellium_ct4_tcp"`
+	CelliumCt6Any            *ebpf.MapSpec `ebpf:"cellium_ct6_any"`
+	CelliumCt6Tcp            *ebpf.MapSpec `ebpf:"cellium_ct6_tcp"`
+	CelliumEndpoints         *ebpf.MapSpec `ebpf:"cellium_endpoints"`
+	CelliumEvents            *ebpf.MapSpec `ebpf:"cellium_events"`
+	CelliumEventsLost        *ebpf.MapSpec `ebpf:"cellium_events_lost"`
+	CelliumIpcache           *ebpf.MapSpec `ebpf:"cellium_ipcache"`
+	CelliumLb4Dsr            *ebpf.MapSpec `ebpf:"cellium_lb4_dsr"`
+	CelliumPolicy            *ebpf.MapSpec `ebpf:"cellium_policy"`
+	CelliumPolicyEnforcement *ebpf.MapSpec `ebpf:"cellium_policy_enforcement"`
 }
 
 // LXCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -214,15 +241,17 @@ func (o *LXCObjects) Close() error {
 //
 // It can be passed to LoadLXCObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LXCMaps struct {
-	CelliumCt4Any     *ebpf.Map `ebpf:"cellium_ct4_any"`
-	CelliumCt4Tcp     *ebpf.Map `ebpf:"cellium_ct4_tcp"`
-	CelliumCt6Any     *ebpf.Map `ebpf:"cellium_ct6_any"`
-	CelliumCt6Tcp     *ebpf.Map `ebpf:"cellium_ct6_tcp"`
-	CelliumEndpoints  *ebpf.Map `ebpf:"cellium_endpoints"`
-	CelliumEvents     *ebpf.Map `ebpf:"cellium_events"`
-	CelliumEventsLost *ebpf.Map `ebpf:"cellium_events_lost"`
-	CelliumIpcache    *ebpf.Map `ebpf:"cellium_ipcache"`
-	CelliumLb4Dsr     *ebpf.Map `ebpf:"cellium_lb4_dsr"`
+	CelliumCt4Any            *ebpf.Map `ebpf:"cellium_ct4_any"`
+	CelliumCt4Tcp            *ebpf.Map `ebpf:"cellium_ct4_tcp"`
+	CelliumCt6Any            *ebpf.Map `ebpf:"cellium_ct6_any"`
+	CelliumCt6Tcp            *ebpf.Map `ebpf:"cellium_ct6_tcp"`
+	CelliumEndpoints         *ebpf.Map `ebpf:"cellium_endpoints"`
+	CelliumEvents            *ebpf.Map `ebpf:"cellium_events"`
+	CelliumEventsLost        *ebpf.Map `ebpf:"cellium_events_lost"`
+	CelliumIpcache           *ebpf.Map `ebpf:"cellium_ipcache"`
+	CelliumLb4Dsr            *ebpf.Map `ebpf:"cellium_lb4_dsr"`
+	CelliumPolicy            *ebpf.Map `ebpf:"cellium_policy"`
+	CelliumPolicyEnforcement *ebpf.Map `ebpf:"cellium_policy_enforcement"`
 }
 
 func (m *LXCMaps) Close() error {
@@ -236,6 +265,8 @@ func (m *LXCMaps) Close() error {
 		m.CelliumEventsLost,
 		m.CelliumIpcache,
 		m.CelliumLb4Dsr,
+		m.CelliumPolicy,
+		m.CelliumPolicyEnforcement,
 	)
 }
 

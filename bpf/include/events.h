@@ -10,8 +10,8 @@
  * the decoder accepts records longer than it knows.
  *
  * Every record is a struct event_hdr followed by a body that depends on the
- * type: a flow summary for EVENT_TRACE and EVENT_DROP, a socket translation
- * for EVENT_SOCK_LB. Multi-byte fields are in the machine's order, except
+ * type: a flow summary for EVENT_TRACE, EVENT_DROP and EVENT_POLICY_VERDICT,
+ * a socket translation for EVENT_SOCK_LB. Multi-byte fields are in the machine's order, except
  * ports and addresses, which stay in network byte order as the packet or the
  * socket carries them. No struct has implicit padding: the records are
  * copied to user space byte for byte, and the verifier wants every byte of
@@ -26,6 +26,7 @@
 #define EVENT_TRACE 1
 #define EVENT_DROP 2
 #define EVENT_SOCK_LB 3
+#define EVENT_POLICY_VERDICT 4
 
 /* struct event_hdr.subtype of EVENT_TRACE: where the packet was seen. */
 /* From an endpoint to another endpoint of this node. */
@@ -42,6 +43,27 @@
 #define DROP_UNSUPPORTED_L3 2
 /* The conntrack map refused the connection's new entry. */
 #define DROP_CT_CREATE_FAILED 3
+/* The endpoint is isolated in the direction and no policy entry allows the
+ * packet's new connection (struct flow_summary.direction says which). */
+#define DROP_POLICY_DENIED 4
+
+/* struct event_hdr.subtype of EVENT_POLICY_VERDICT: which kind of policy
+ * entry allowed a new connection in an isolated direction. */
+/* The peer's identity, and the protocol and port. */
+#define POLICY_MATCH_L3_L4 1
+/* The peer's identity, any protocol. */
+#define POLICY_MATCH_L3_ONLY 2
+/* Any peer, the protocol and port. */
+#define POLICY_MATCH_L4_ONLY 3
+/* Any peer, any protocol. */
+#define POLICY_MATCH_ALL 4
+/* Ingress from the endpoint's own node (identity host), always allowed. */
+#define POLICY_MATCH_HOST 5
+
+/* struct flow_summary.direction: the policy direction of the endpoint
+ * the program runs for; 0 on events that no policy decision made. */
+#define TRAFFIC_INGRESS 1
+#define TRAFFIC_EGRESS 2
 
 /* struct event_hdr.subtype of EVENT_SOCK_LB: the socket operation. */
 #define SOCK_LB_HOOK_CONNECT 1
@@ -58,7 +80,8 @@
 #define CT_ESTABLISHED 2
 /* The reply direction of a known connection. */
 #define CT_REPLY 3
-/* Belongs to a known connection without being part of it; reserved. */
+/* An ICMP error about a known connection, checked only where policy
+ * applies. */
 #define CT_RELATED 4
 
 /* struct flow_summary.family, struct sock_lb_summary.family. */
@@ -99,6 +122,9 @@ struct flow_summary {
 	 * the ipcache's longest prefix match; 0 where it has none. */
 	__u32 src_identity;
 	__u32 dst_identity;
+	/* TRAFFIC_*: set on policy drops and policy verdicts. */
+	__u8 direction;
+	__u8 pad2[7];
 };
 
 /*

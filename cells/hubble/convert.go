@@ -20,6 +20,7 @@ import (
 const (
 	eventTypeDrop      = 1
 	eventTypeTrace     = 4
+	eventTypePolicy    = 5
 	eventTypeTraceSock = 7
 )
 
@@ -48,6 +49,23 @@ var dropReasons = map[monitorapi.DropReason]flow.DropReason{
 	monitorapi.DropInvalidPacket:  flow.DropReason_INVALID_PACKET_DROPPED,
 	monitorapi.DropUnsupportedL3:  flow.DropReason_UNSUPPORTED_L3_PROTOCOL,
 	monitorapi.DropCTCreateFailed: flow.DropReason_CT_MAP_INSERTION_FAILED,
+	monitorapi.DropPolicyDenied:   flow.DropReason_POLICY_DENIED,
+}
+
+// policyMatchTypes maps the kinds of policy match to Cilium's numbers
+// (flow.Flow.PolicyMatchType); the host's ingress is an identity match.
+var policyMatchTypes = map[monitorapi.PolicyMatch]uint32{
+	monitorapi.PolicyMatchL3Only: 1,
+	monitorapi.PolicyMatchHost:   1,
+	monitorapi.PolicyMatchL3L4:   2,
+	monitorapi.PolicyMatchL4Only: 3,
+	monitorapi.PolicyMatchAll:    4,
+}
+
+// directions maps the datapath's policy directions to Hubble's.
+var directions = map[monitorapi.Direction]flow.TrafficDirection{
+	monitorapi.DirectionIngress: flow.TrafficDirection_INGRESS,
+	monitorapi.DirectionEgress:  flow.TrafficDirection_EGRESS,
 }
 
 // agentEventTypes maps the monitor's agent notifications to Hubble's.
@@ -78,6 +96,8 @@ func (c *converter) flowOf(txn statedb.ReadTxn, ev monitorapi.Event) *flow.Flow 
 		return c.traceFlow(txn, ev)
 	case *monitorapi.DropEvent:
 		return c.dropFlow(txn, ev)
+	case *monitorapi.PolicyVerdictEvent:
+		return c.policyFlow(txn, ev)
 	case *monitorapi.SockLBEvent:
 		return c.sockFlow(txn, ev)
 	}
@@ -145,8 +165,10 @@ func (c *converter) dropFlow(txn statedb.ReadTxn, ev *monitorapi.DropEvent) *flo
 	f.DropReason = uint32(f.DropReasonDesc) //nolint:staticcheck // older clients read the number
 	f.EventType = &flow.CiliumEventType{Type: eventTypeDrop, SubType: int32(f.DropReasonDesc)}
 	// A drop by the program of the endpoint the packet came from stops it
-	// leaving; any other stops it arriving.
-	if ev.EndpointID != 0 && f.Source != nil {
+	// leaving; any other stops it arriving. A policy drop says which.
+	if d, ok := directions[ev.Flow.Direction]; ok {
+		f.TrafficDirection = d
+	} else if ev.EndpointID != 0 && f.Source != nil {
 		if f.Source.ID == uint32(ev.EndpointID) {
 			f.TrafficDirection = flow.TrafficDirection_EGRESS
 		} else {
@@ -156,6 +178,17 @@ func (c *converter) dropFlow(txn statedb.ReadTxn, ev *monitorapi.DropEvent) *flo
 	if f.DropReasonDesc == flow.DropReason_DROP_REASON_UNKNOWN {
 		f.Summary = strings.TrimSpace(f.Summary + " (drop reason " + ev.Reason.String() + ")")
 	}
+	return f
+}
+
+// policyFlow is the flow of a new connection that an isolated endpoint's
+// policy allowed, as Cilium's policy-verdict events show it.
+func (c *converter) policyFlow(txn statedb.ReadTxn, ev *monitorapi.PolicyVerdictEvent) *flow.Flow {
+	f := c.packetFlow(txn, timestamppb.New(ev.Time), ev.EndpointID, ev.IfIndex, &ev.Flow)
+	f.Verdict = flow.Verdict_FORWARDED
+	f.EventType = &flow.CiliumEventType{Type: eventTypePolicy}
+	f.PolicyMatchType = policyMatchTypes[ev.Match]
+	f.TrafficDirection = directions[ev.Flow.Direction]
 	return f
 }
 

@@ -117,6 +117,46 @@ func TestPacketFlowEdges(t *testing.T) {
 			},
 		},
 		{
+			// A SYN into postgres-0 that its ingress policy denied: the
+			// event says the direction, whoever the source is.
+			name: "policy drop",
+			ev: &monitorapi.DropEvent{Time: epoch, EndpointID: 2, Reason: monitorapi.DropPolicyDenied, Flow: monitorapi.Flow{
+				Src: webPod.IPv4, Dst: dbPod.IPv4, Proto: 6, SrcPort: 40000, DstPort: 5432, TCPFlags: monitorapi.TCPSyn,
+				CTState: monitorapi.CTNew, Direction: monitorapi.DirectionIngress}},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_DROPPED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				IP: &flow.IP{Source: "10.244.0.5", Destination: "10.244.0.9", IpVersion: flow.IPVersion_IPv4},
+				L4: &flow.Layer4{Protocol: &flow.Layer4_TCP{TCP: &flow.TCP{SourcePort: 40000, DestinationPort: 5432,
+					Flags: &flow.TCPFlags{SYN: true}}}},
+				Source:         c.enrich.endpointPB(db.ReadTxn(), webPod),
+				Destination:    c.enrich.endpointPB(db.ReadTxn(), dbPod),
+				DropReasonDesc: flow.DropReason_POLICY_DENIED, DropReason: 133,
+				EventType:   &flow.CiliumEventType{Type: 1, SubType: 133},
+				TraceReason: flow.TraceReason_NEW, IsReply: wrapperspb.Bool(false),
+				TrafficDirection: flow.TrafficDirection_INGRESS,
+				Summary:          "TCP Flags: SYN",
+			},
+		},
+		{
+			name: "policy verdict",
+			ev: &monitorapi.PolicyVerdictEvent{Time: epoch, EndpointID: 1, Match: monitorapi.PolicyMatchL3L4, Flow: monitorapi.Flow{
+				Src: webPod.IPv4, Dst: dbPod.IPv4, Proto: 6, SrcPort: 40000, DstPort: 5432, TCPFlags: monitorapi.TCPSyn,
+				CTState: monitorapi.CTNew, Direction: monitorapi.DirectionEgress}},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_FORWARDED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				IP: &flow.IP{Source: "10.244.0.5", Destination: "10.244.0.9", IpVersion: flow.IPVersion_IPv4},
+				L4: &flow.Layer4{Protocol: &flow.Layer4_TCP{TCP: &flow.TCP{SourcePort: 40000, DestinationPort: 5432,
+					Flags: &flow.TCPFlags{SYN: true}}}},
+				Source:          c.enrich.endpointPB(db.ReadTxn(), webPod),
+				Destination:     c.enrich.endpointPB(db.ReadTxn(), dbPod),
+				EventType:       &flow.CiliumEventType{Type: 5},
+				PolicyMatchType: 2,
+				TraceReason:     flow.TraceReason_NEW, IsReply: wrapperspb.Bool(false),
+				TrafficDirection: flow.TrafficDirection_EGRESS,
+				Summary:          "TCP Flags: SYN",
+			},
+		},
+		{
 			// The interface is not the endpoint's: no name.
 			name: "SCTP, an interface not the endpoint's",
 			ev: &monitorapi.TraceEvent{Time: epoch, EndpointID: 1, IfIndex: 99, Point: monitorapi.TraceFromEndpoint, Flow: monitorapi.Flow{

@@ -115,6 +115,8 @@ func printMonitorLine(w io.Writer, msg apiv1.MonitorMessage) error {
 		at = ev.Time
 	case *monitorapi.SockLBEvent:
 		at = ev.Time
+	case *monitorapi.PolicyVerdictEvent:
+		at = ev.Time
 	case *monitorapi.AgentEvent:
 		at = ev.Time
 	}

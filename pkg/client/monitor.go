@@ -34,6 +34,8 @@ func MonitorEvent(m apiv1.MonitorMessage) (monitorapi.Event, error) {
 		ev = &monitorapi.DropEvent{}
 	case monitorapi.KindSockLB:
 		ev = &monitorapi.SockLBEvent{}
+	case monitorapi.KindPolicy:
+		ev = &monitorapi.PolicyVerdictEvent{}
 	case monitorapi.KindAgent:
 		ev = &monitorapi.AgentEvent{}
 	case apiv1.MonitorLostKind:

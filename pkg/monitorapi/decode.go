@@ -40,6 +40,12 @@ func Decode(raw []byte, boot BootClock) (Event, error) {
 			return nil, fmt.Errorf("decode drop event: %w", err)
 		}
 		return &DropEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Reason: DropReason(sub), Flow: flow}, nil
+	case RecordPolicyVerdict:
+		flow, err := decodeFlow(body)
+		if err != nil {
+			return nil, fmt.Errorf("decode policy-verdict event: %w", err)
+		}
+		return &PolicyVerdictEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Match: PolicyMatch(sub), Flow: flow}, nil
 	case RecordSockLB:
 		ev, err := decodeSockLB(body)
 		if err != nil {
@@ -48,8 +54,8 @@ func Decode(raw []byte, boot BootClock) (Event, error) {
 		ev.Time, ev.Hook = t, SockLBHook(sub)
 		return ev, nil
 	}
-	return nil, fmt.Errorf("decode event: unknown record type %d: want %d (trace), %d (drop) or %d (sock-lb)",
-		typ, RecordTrace, RecordDrop, RecordSockLB)
+	return nil, fmt.Errorf("decode event: unknown record type %d: want %d (trace), %d (drop), %d (sock-lb) or %d (policy-verdict)",
+		typ, RecordTrace, RecordDrop, RecordSockLB, RecordPolicyVerdict)
 }
 
 func addrOf(family uint8, b []byte) (netip.Addr, error) {
@@ -80,6 +86,7 @@ func decodeFlow(b []byte) (Flow, error) {
 
 		SrcIdentity: le.Uint32(b[48:]),
 		DstIdentity: le.Uint32(b[52:]),
+		Direction:   Direction(b[56]),
 	}
 	var err error
 	if f.Src, err = addrOf(b[0], b[16:32]); err != nil {
@@ -119,6 +126,9 @@ func Encode(ev Event, boot BootClock) ([]byte, error) {
 		return rec, encodeFlow(rec[HeaderLen:], &ev.Flow)
 	case *DropEvent:
 		rec := header(RecordDrop, uint8(ev.Reason), ev.EndpointID, ev.IfIndex, boot.KTime(ev.Time), FlowSummaryLen)
+		return rec, encodeFlow(rec[HeaderLen:], &ev.Flow)
+	case *PolicyVerdictEvent:
+		rec := header(RecordPolicyVerdict, uint8(ev.Match), ev.EndpointID, ev.IfIndex, boot.KTime(ev.Time), FlowSummaryLen)
 		return rec, encodeFlow(rec[HeaderLen:], &ev.Flow)
 	case *SockLBEvent:
 		rec := header(RecordSockLB, uint8(ev.Hook), 0, 0, boot.KTime(ev.Time), SockLBSummaryLen)
@@ -162,6 +172,7 @@ func encodeFlow(b []byte, f *Flow) error {
 	le.PutUint32(b[12:], f.Len)
 	le.PutUint32(b[48:], f.SrcIdentity)
 	le.PutUint32(b[52:], f.DstIdentity)
+	b[56] = uint8(f.Direction)
 	return nil
 }
 

@@ -29,6 +29,7 @@ var traceRecord = []byte{
 	10, 244, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // daddr
 	0x2c, 0x01, 0, 0, // src identity 300
 	2, 0, 0, 0, // dst identity 2 (world)
+	0, 0, 0, 0, 0, 0, 0, 0, // no direction, pad2
 }
 
 var dropRecord = []byte{
@@ -39,6 +40,33 @@ var dropRecord = []byte{
 	0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2,
 	0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3,
 	0, 0, 0, 0, 0, 0, 0, 0, // identities unknown
+	0, 0, 0, 0, 0, 0, 0, 0, // no direction, pad2
+}
+
+var policyDropRecord = []byte{
+	// drop, reason 4 (policy-denied), endpoint 5, ifindex 9, ktime 0
+	2, 4, 5, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	// family 4, TCP, SYN, ct new
+	4, 6, 0x02, 1, 0, 0,
+	0x9c, 0x40, // sport 40000
+	0x00, 0x51, // dport 81
+	0, 0, 74, 0, 0, 0,
+	10, 244, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	10, 244, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	0xe8, 0x03, 0, 0, 0xd0, 0x07, 0, 0, // identities 1000, 2000
+	1, 0, 0, 0, 0, 0, 0, 0, // direction ingress, pad2
+}
+
+var policyVerdictRecord = []byte{
+	// policy verdict, match 1 (l3-l4), endpoint 5, ifindex 9, ktime 0
+	4, 1, 5, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	4, 6, 0x02, 1, 0, 0,
+	0x9c, 0x40, 0x00, 0x50, // 40000 -> 80
+	0, 0, 74, 0, 0, 0,
+	10, 244, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	10, 244, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	0xd0, 0x07, 0, 0, 0xe8, 0x03, 0, 0, // identities 2000, 1000
+	2, 0, 0, 0, 0, 0, 0, 0, // direction egress, pad2
 }
 
 var sockLBRecord = []byte{
@@ -86,6 +114,32 @@ func TestDecode(t *testing.T) {
 				},
 			},
 			text: "drop (invalid-packet) endpoint 5 ifindex 9: ICMPv6 fd00::2 -> fd00::3 type 128 code 0 ct=new len=64",
+		},
+		{
+			name: "policy drop",
+			raw:  policyDropRecord,
+			want: &monitorapi.DropEvent{
+				Time: boot.Boot, EndpointID: 5, IfIndex: 9, Reason: monitorapi.DropPolicyDenied,
+				Flow: monitorapi.Flow{
+					Src: netip.MustParseAddr("10.244.0.9"), Dst: netip.MustParseAddr("10.244.0.3"), Proto: 6,
+					SrcPort: 40000, DstPort: 81, TCPFlags: monitorapi.TCPSyn, CTState: monitorapi.CTNew, Len: 74,
+					SrcIdentity: 1000, DstIdentity: 2000, Direction: monitorapi.DirectionIngress,
+				},
+			},
+			text: "drop (policy-denied) endpoint 5 ifindex 9: TCP 10.244.0.9:40000 -> 10.244.0.3:81 SYN ct=new len=74 ingress",
+		},
+		{
+			name: "policy verdict",
+			raw:  policyVerdictRecord,
+			want: &monitorapi.PolicyVerdictEvent{
+				Time: boot.Boot, EndpointID: 5, IfIndex: 9, Match: monitorapi.PolicyMatchL3L4,
+				Flow: monitorapi.Flow{
+					Src: netip.MustParseAddr("10.244.0.3"), Dst: netip.MustParseAddr("10.244.0.9"), Proto: 6,
+					SrcPort: 40000, DstPort: 80, TCPFlags: monitorapi.TCPSyn, CTState: monitorapi.CTNew, Len: 74,
+					SrcIdentity: 2000, DstIdentity: 1000, Direction: monitorapi.DirectionEgress,
+				},
+			},
+			text: "policy-verdict allowed (l3-l4) endpoint 5 ifindex 9: TCP 10.244.0.3:40000 -> 10.244.0.9:80 SYN ct=new len=74 egress",
 		},
 		{
 			name: "sock-lb",
@@ -143,10 +197,10 @@ func TestDecodeErrors(t *testing.T) {
 		want string
 	}{
 		{"empty", nil, "record of 0 bytes, shorter than the 16-byte header"},
-		{"header only", traceRecord[:16], "decode trace event: flow summary of 0 bytes, want 56"},
-		{"short drop", dropRecord[:40], "decode drop event: flow summary of 24 bytes, want 56"},
+		{"header only", traceRecord[:16], "decode trace event: flow summary of 0 bytes, want 64"},
+		{"short drop", dropRecord[:40], "decode drop event: flow summary of 24 bytes, want 64"},
 		{"short sock-lb", sockLBRecord[:79], "decode sock-lb event: socket summary of 63 bytes, want 64"},
-		{"unknown type", unknownType, "unknown record type 9: want 1 (trace), 2 (drop) or 3 (sock-lb)"},
+		{"unknown type", unknownType, "unknown record type 9: want 1 (trace), 2 (drop), 3 (sock-lb) or 4 (policy-verdict)"},
 		{"unknown family", unknownFamily, "decode trace event: unknown address family 5: want 4 or 6"},
 		{"sock-lb without family", sockNoFamily, "decode sock-lb event: unknown address family 0"},
 	} {

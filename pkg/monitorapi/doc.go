@@ -8,7 +8,8 @@
 //   - Every record starts with a 16-byte header: type, subtype, endpoint
 //     ID, ifindex and the time in nanoseconds of CLOCK_BOOTTIME
 //     (bpf_ktime_get_boot_ns). The rest depends on the type:
-//     EVENT_TRACE and EVENT_DROP carry a flow summary (48 bytes),
+//     EVENT_TRACE, EVENT_DROP and EVENT_POLICY_VERDICT carry a flow
+//     summary (64 bytes),
 //     EVENT_SOCK_LB a socket translation (64 bytes). [HeaderLen],
 //     [FlowSummaryLen] and [SockLBSummaryLen] are the sizes, which the
 //     package's tests check against the BTF of the compiled programs.
@@ -24,7 +25,8 @@
 //   - [AgentEvent] is not from the datapath: the monitor makes it from the
 //     agent's own changes. It has no binary form.
 //
-// Every event has a Kind, "trace", "drop", "sock-lb" or "agent", which is
+// Every event has a Kind, "trace", "drop", "sock-lb", "policy-verdict" or
+// "agent", which is
 // also what `agent monitor --type` filters on, and JSON tags for
 // `agent monitor -o json`.
 //
@@ -35,5 +37,6 @@
 //	case *monitorapi.TraceEvent:             // ev.Point, ev.Flow.Src, ev.Flow.CTState ...
 //	case *monitorapi.DropEvent:              // ev.Reason.String() == "invalid-packet"
 //	case *monitorapi.SockLBEvent:            // ev.Original -> ev.Translated
+//	case *monitorapi.PolicyVerdictEvent:     // ev.Match, ev.Flow.Direction
 //	}
 package monitorapi

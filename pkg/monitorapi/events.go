@@ -18,12 +18,14 @@ const (
 	RecordTrace  uint8 = 1
 	RecordDrop   uint8 = 2
 	RecordSockLB uint8 = 3
+	// RecordPolicyVerdict carries a flow summary, as RecordTrace does.
+	RecordPolicyVerdict uint8 = 4
 )
 
 // Sizes of the parts of a record.
 const (
 	HeaderLen        = 16
-	FlowSummaryLen   = 56
+	FlowSummaryLen   = 64
 	SockLBSummaryLen = 64
 )
 
@@ -32,14 +34,15 @@ const (
 	KindTrace  = "trace"
 	KindDrop   = "drop"
 	KindSockLB = "sock-lb"
+	KindPolicy = "policy-verdict"
 	KindAgent  = "agent"
 )
 
 // Kinds lists every kind, for flag validation and help texts.
-var Kinds = []string{KindTrace, KindDrop, KindSockLB, KindAgent}
+var Kinds = []string{KindTrace, KindDrop, KindSockLB, KindPolicy, KindAgent}
 
 // Event is a decoded datapath event or an agent notification: one of
-// *TraceEvent, *DropEvent, *SockLBEvent, *AgentEvent.
+// *TraceEvent, *DropEvent, *SockLBEvent, *PolicyVerdictEvent, *AgentEvent.
 type Event interface {
 	Kind() string
 }
@@ -116,12 +119,16 @@ const (
 	// DropCTCreateFailed: the conntrack map refused the connection's new
 	// entry.
 	DropCTCreateFailed DropReason = 3
+	// DropPolicyDenied: the endpoint is isolated in the flow's Direction
+	// and no policy entry allows the packet's new connection.
+	DropPolicyDenied DropReason = 4
 )
 
 var dropReasonNames = codeNames[DropReason]{
 	DropInvalidPacket:  "invalid-packet",
 	DropUnsupportedL3:  "unsupported-l3",
 	DropCTCreateFailed: "ct-create-failed",
+	DropPolicyDenied:   "policy-denied",
 }
 
 // DropReasonName names a drop reason code: "invalid-packet", ..., or
@@ -134,6 +141,65 @@ func (r DropReason) MarshalText() ([]byte, error) { return []byte(r.String()), n
 
 func (r *DropReason) UnmarshalText(b []byte) error {
 	return dropReasonNames.parse(r, b, "drop reason", "reason-%d")
+}
+
+// Direction is the policy direction of the endpoint whose program made a
+// policy decision (TRAFFIC_* in events.h): ingress into it, egress out of
+// it; DirectionUnknown on events that no policy decision made.
+type Direction uint8
+
+const (
+	DirectionUnknown Direction = 0
+	DirectionIngress Direction = 1
+	DirectionEgress  Direction = 2
+)
+
+var directionNames = codeNames[Direction]{
+	DirectionUnknown: "unknown",
+	DirectionIngress: "ingress",
+	DirectionEgress:  "egress",
+}
+
+func (d Direction) String() string { return directionNames.name(d, "direction-%d") }
+
+func (d Direction) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+func (d *Direction) UnmarshalText(b []byte) error {
+	return directionNames.parse(d, b, "direction", "direction-%d")
+}
+
+// PolicyMatch is the kind of policy entry that allowed a new connection
+// (POLICY_MATCH_* in events.h).
+type PolicyMatch uint8
+
+const (
+	// PolicyMatchL3L4: the peer's identity, with the protocol and port.
+	PolicyMatchL3L4 PolicyMatch = 1
+	// PolicyMatchL3Only: the peer's identity, any protocol.
+	PolicyMatchL3Only PolicyMatch = 2
+	// PolicyMatchL4Only: any peer, the protocol and port.
+	PolicyMatchL4Only PolicyMatch = 3
+	// PolicyMatchAll: any peer, any protocol.
+	PolicyMatchAll PolicyMatch = 4
+	// PolicyMatchHost: ingress from the endpoint's own node, which
+	// policy always allows.
+	PolicyMatchHost PolicyMatch = 5
+)
+
+var policyMatchNames = codeNames[PolicyMatch]{
+	PolicyMatchL3L4:   "l3-l4",
+	PolicyMatchL3Only: "l3-only",
+	PolicyMatchL4Only: "l4-only",
+	PolicyMatchAll:    "all",
+	PolicyMatchHost:   "host",
+}
+
+func (m PolicyMatch) String() string { return policyMatchNames.name(m, "match-%d") }
+
+func (m PolicyMatch) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+func (m *PolicyMatch) UnmarshalText(b []byte) error {
+	return policyMatchNames.parse(m, b, "policy match", "match-%d")
 }
 
 // SockLBHook is the socket operation a socket translation happened in
@@ -296,6 +362,8 @@ type Flow struct {
 	// datapath found for the addresses in the ipcache; 0 for none.
 	SrcIdentity uint32 `json:"srcIdentity,omitempty"`
 	DstIdentity uint32 `json:"dstIdentity,omitempty"`
+	// Direction is set on policy drops and policy verdicts.
+	Direction Direction `json:"direction,omitzero"`
 }
 
 // IsICMP says whether the flow is ICMP or ICMPv6, whose type and code are
@@ -319,6 +387,9 @@ func (f *Flow) String() string {
 		fmt.Fprintf(&b, " %s", f.TCPFlags)
 	}
 	fmt.Fprintf(&b, " ct=%s len=%d", f.CTState, f.Len)
+	if f.Direction != DirectionUnknown {
+		fmt.Fprintf(&b, " %s", f.Direction)
+	}
 	return b.String()
 }
 
@@ -354,6 +425,23 @@ func (*DropEvent) Kind() string { return KindDrop }
 
 func (e *DropEvent) String() string {
 	return fmt.Sprintf("drop (%s) endpoint %d ifindex %d: %s", e.Reason, e.EndpointID, e.IfIndex, &e.Flow)
+}
+
+// PolicyVerdictEvent: a program let a new connection open in a direction
+// where its endpoint is isolated; one per connection and program.
+// Flow.Direction is the direction, Match the kind of entry that allowed it.
+type PolicyVerdictEvent struct {
+	Time       time.Time   `json:"time"`
+	EndpointID uint16      `json:"endpointID"`
+	IfIndex    uint32      `json:"ifindex"`
+	Match      PolicyMatch `json:"match"`
+	Flow       Flow        `json:"flow"`
+}
+
+func (*PolicyVerdictEvent) Kind() string { return KindPolicy }
+
+func (e *PolicyVerdictEvent) String() string {
+	return fmt.Sprintf("policy-verdict allowed (%s) endpoint %d ifindex %d: %s", e.Match, e.EndpointID, e.IfIndex, &e.Flow)
 }
 
 // SockLBEvent: a socket program translated an address. For connect and

@@ -115,6 +115,7 @@ func TestFlowRecordMatchesBTF(t *testing.T) {
 			Src: netip.MustParseAddr("fd00::2"), Dst: netip.MustParseAddr("fd00::3"),
 			Proto: 6, SrcPort: 40000, DstPort: 80, TCPFlags: 0x12, CTState: 3,
 			ICMPType: 9, ICMPCode: 10, Len: 0x11223344, SrcIdentity: 0x01000001, DstIdentity: 0x0102,
+			Direction: monitorapi.DirectionEgress,
 		},
 	}
 	rec, err := monitorapi.Encode(ev, layoutBoot)
@@ -130,6 +131,7 @@ func TestFlowRecordMatchesBTF(t *testing.T) {
 		"sport": be16(40000), "dport": be16(80), "pad": {0, 0}, "len": le32(0x11223344),
 		"src": addr16("fd00::2"), "dst": addr16("fd00::3"),
 		"src_identity": le32(0x01000001), "dst_identity": le32(0x0102),
+		"direction": {uint8(monitorapi.DirectionEgress)}, "pad2": make([]byte, 7),
 	})
 }
 
@@ -165,7 +167,7 @@ func TestConstantsMatchC(t *testing.T) {
 		t.Fatal(err)
 	}
 	defines := map[string]uint8{}
-	for _, m := range regexp.MustCompile(`(?m)^#define ((?:EVENT|TRACE|DROP|CT|SOCK_LB_HOOK)_\w+) (\d+)`).FindAllSubmatch(src, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^#define ((?:EVENT|TRACE|DROP|CT|SOCK_LB_HOOK|POLICY_MATCH|TRAFFIC)_\w+) (\d+)`).FindAllSubmatch(src, -1) {
 		v, err := strconv.ParseUint(string(m[2]), 10, 8)
 		if err != nil {
 			t.Fatal(err)
@@ -176,6 +178,15 @@ func TestConstantsMatchC(t *testing.T) {
 		"EVENT_TRACE":              monitorapi.RecordTrace,
 		"EVENT_DROP":               monitorapi.RecordDrop,
 		"EVENT_SOCK_LB":            monitorapi.RecordSockLB,
+		"EVENT_POLICY_VERDICT":     monitorapi.RecordPolicyVerdict,
+		"DROP_POLICY_DENIED":       uint8(monitorapi.DropPolicyDenied),
+		"POLICY_MATCH_L3_L4":       uint8(monitorapi.PolicyMatchL3L4),
+		"POLICY_MATCH_L3_ONLY":     uint8(monitorapi.PolicyMatchL3Only),
+		"POLICY_MATCH_L4_ONLY":     uint8(monitorapi.PolicyMatchL4Only),
+		"POLICY_MATCH_ALL":         uint8(monitorapi.PolicyMatchAll),
+		"POLICY_MATCH_HOST":        uint8(monitorapi.PolicyMatchHost),
+		"TRAFFIC_INGRESS":          uint8(monitorapi.DirectionIngress),
+		"TRAFFIC_EGRESS":           uint8(monitorapi.DirectionEgress),
 		"EVENT_FAMILY_NONE":        0,
 		"EVENT_FAMILY_IPV4":        4,
 		"EVENT_FAMILY_IPV6":        6,
