@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/ipcachemap"
 	"github.com/cellium/cellium/pkg/monitorapi"
+	"github.com/cellium/cellium/pkg/policymap"
 )
 
 // The lxc tests run the TC programs on crafted packets with
@@ -64,14 +65,17 @@ const (
 
 // lxc is one load of lxc.c with maps of its own.
 type lxc struct {
-	t        *testing.T
+	t        testing.TB
 	from, to *ebpf.Program
 	ct       map[string]*ebpf.Map
 	ipcache  *ebpf.Map
 	dsr      *ebpf.Map
 	lost     *ebpf.Map
-	ring     *ringbuf.Reader
-	boot     monitorapi.BootClock
+	// policy and enforcement are the policy maps of policy.h.
+	policy      *ebpf.Map
+	enforcement *ebpf.Map
+	ring        *ringbuf.Reader
+	boot        monitorapi.BootClock
 }
 
 type lxcOptions struct {
@@ -85,7 +89,7 @@ type lxcOptions struct {
 // loadLXC loads the programs with the test lifetimes, through the
 // ct-maps cell's ProgramConstants, as the loader sets them, and puts pods
 // A and B (both families) into the endpoint map.
-func loadLXC(t *testing.T, opts lxcOptions) *lxc {
+func loadLXC(t testing.TB, opts lxcOptions) *lxc {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to load BPF programs")
@@ -128,14 +132,16 @@ func loadLXC(t *testing.T, opts lxcOptions) *lxc {
 	coll := bpftest.Load(t, spec)
 
 	l := &lxc{
-		t:       t,
-		from:    coll.Programs[bpf.LXCProgCelliumFromEndpoint],
-		to:      coll.Programs[bpf.LXCProgCelliumToEndpoint],
-		ct:      map[string]*ebpf.Map{},
-		lost:    coll.Maps[ctmaps.MapEventsLost],
-		ipcache: coll.Maps[ipcachemap.MapName],
-		dsr:     coll.Maps[bpf.LXCMapCelliumLb4Dsr],
-		boot:    monitorapi.SystemBootClock(),
+		t:           t,
+		from:        coll.Programs[bpf.LXCProgCelliumFromEndpoint],
+		to:          coll.Programs[bpf.LXCProgCelliumToEndpoint],
+		ct:          map[string]*ebpf.Map{},
+		lost:        coll.Maps[ctmaps.MapEventsLost],
+		ipcache:     coll.Maps[ipcachemap.MapName],
+		dsr:         coll.Maps[bpf.LXCMapCelliumLb4Dsr],
+		policy:      coll.Maps[policymap.MapName],
+		enforcement: coll.Maps[policymap.EnforcementMapName],
+		boot:        monitorapi.SystemBootClock(),
 	}
 	for _, name := range []string{ctmaps.MapTCP4, ctmaps.MapAny4, ctmaps.MapTCP6, ctmaps.MapAny6} {
 		l.ct[name] = coll.Maps[name]
@@ -184,7 +190,7 @@ func (l *lxc) runWith(opts *ebpf.RunOptions, prog *ebpf.Program, want uint32) {
 // their records before they return, and the socket programs during the
 // system calls, so whatever a run or a finished client reported is there
 // already.
-func ringEvents(t *testing.T, rd *ringbuf.Reader, boot monitorapi.BootClock) []monitorapi.Event {
+func ringEvents(t testing.TB, rd *ringbuf.Reader, boot monitorapi.BootClock) []monitorapi.Event {
 	t.Helper()
 	var evs []monitorapi.Event
 	rd.SetDeadline(time.Now())
@@ -966,6 +972,8 @@ func TestLXCLayoutsMatchBTF(t *testing.T) {
 		{bpf.LXCMapCelliumEndpoints, reflect.TypeFor[endpointmaps.EndpointKey](), reflect.TypeFor[endpointmaps.EndpointInfo]()},
 		{ctmaps.MapEventsLost, reflect.TypeFor[uint32](), reflect.TypeFor[uint64]()},
 		{ipcachemap.MapName, reflect.TypeFor[ipcachemap.Key](), reflect.TypeFor[ipcachemap.Value]()},
+		{policymap.MapName, reflect.TypeFor[policymap.Key](), reflect.TypeFor[policymap.Value]()},
+		{policymap.EnforcementMapName, reflect.TypeFor[uint32](), reflect.TypeFor[policymap.Enforcement]()},
 	} {
 		m, ok := spec.Maps[l.name]
 		if !ok {
