@@ -475,13 +475,13 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 		wch := c.cli.Watch(wctx, c.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		reason := c.follow(prefix, wch, replaced, known, send)
 		cancel()
-		if reason == "" {
+		if reason == "" || ctx.Err() != nil {
 			return
 		}
 		if c.metrics != nil {
 			c.metrics.relists.WithLabelValues(reason).Inc()
 		}
-		if ctx.Err() == nil && reason != relistReplaced {
+		if reason != relistReplaced {
 			backoff.wait(ctx)
 		}
 	}
