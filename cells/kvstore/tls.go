@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -135,19 +136,22 @@ func (h *handshakes) record(endpoint string, err error) error {
 	return err
 }
 
-// err is the endpoints' last failed handshakes, in endpoint order; nil
-// for none (or no TLS).
+// err is the endpoints' last failed handshakes, in endpoint order, on
+// one line (the status shows it on one); nil for none (or no TLS).
 func (h *handshakes) err() error {
 	if h == nil {
 		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var errs []error
-	for _, ep := range slices.Sorted(maps.Keys(h.failed)) {
-		errs = append(errs, h.failed[ep])
+	if len(h.failed) == 0 {
+		return nil
 	}
-	return errors.Join(errs...)
+	var msgs []string
+	for _, ep := range slices.Sorted(maps.Keys(h.failed)) {
+		msgs = append(msgs, h.failed[ep].Error())
+	}
+	return errors.New(strings.Join(msgs, "; "))
 }
 
 // Clone shares the record of failed handshakes: gRPC clones the
