@@ -38,6 +38,7 @@ import (
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/cells/sysctl"
 )
@@ -62,6 +63,7 @@ var ControlPlane = cell.Group(
 	ipam.Cell,
 	identity.Cell,
 	endpointmanager.Cell,
+	policy.Cell,
 	ipcache.Cell,
 	nodes.Cell,
 	routing.Cell,

@@ -98,6 +98,16 @@ func entryKeyBytes(k EntryKey) index.Key {
 	return index.Key(fmt.Appendf(nil, "%05d/%d/%010d/%03d/%05d/%05d", k.EndpointID, k.Direction, k.Identity, k.Protocol, k.Port, k.EndPort))
 }
 
+// EndpointIdentity is an endpoint of this node and a peer identity.
+type EndpointIdentity struct {
+	EndpointID uint16
+	Identity   identity.NumericIdentity
+}
+
+func endpointIdentityKey(k EndpointIdentity) index.Key {
+	return append(index.Uint16(k.EndpointID), index.Uint32(uint32(k.Identity))...)
+}
+
 var (
 	// EntryByKey is the primary index of "policy-entries".
 	EntryByKey = statedb.Index[*Entry, EntryKey]{
@@ -115,6 +125,23 @@ var (
 		FromString: index.Uint16String,
 		Unique:     false,
 	}
+	// EntryByEndpointIdentity finds an endpoint's entries for one peer
+	// identity: what a new or vanished identity changes.
+	EntryByEndpointIdentity = statedb.Index[*Entry, EndpointIdentity]{
+		Name: "endpoint-identity",
+		FromObject: func(e *Entry) index.KeySet {
+			return index.NewKeySet(endpointIdentityKey(EndpointIdentity{e.Key.EndpointID, e.Key.Identity}))
+		},
+		FromKey: endpointIdentityKey,
+		FromString: func(s string) (index.Key, error) {
+			var k EndpointIdentity
+			if _, err := fmt.Sscanf(s, "%d/%d", &k.EndpointID, &k.Identity); err != nil {
+				return nil, fmt.Errorf("want ENDPOINT/IDENTITY: %w", err)
+			}
+			return endpointIdentityKey(k), nil
+		},
+		Unique: false,
+	}
 	// EnforcementByEndpoint is the primary index of "policy-enforcement".
 	EnforcementByEndpoint = statedb.Index[*Enforcement, uint16]{
 		Name:       "endpoint",
@@ -128,7 +155,7 @@ var (
 // NewEntriesTable and NewEnforcementTable make the two tables the policy
 // cell writes and the policy-maps reconciler reads.
 func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
-	return statedb.NewTable(db, "policy-entries", EntryByKey, EntryByEndpoint)
+	return statedb.NewTable(db, "policy-entries", EntryByKey, EntryByEndpoint, EntryByEndpointIdentity)
 }
 
 func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {

@@ -1,0 +1,254 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	idcell "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/k8sclient"
+)
+
+// Cell provides the tables "policy-rules", "policy-entries" and
+// "policy-enforcement" and the job that computes the last two.
+var Cell = cell.Module(
+	"policy",
+	"Kubernetes NetworkPolicy into per-endpoint desired policy entries",
+
+	cell.ProvidePrivate(NewRulesTable, job.Registry.NewGroup),
+	cell.Provide(
+		NewEntriesTable, NewEnforcementTable,
+		statedb.RWTable[*Rule].ToTable, statedb.RWTable[*Entry].ToTable, statedb.RWTable[*Enforcement].ToTable,
+		newPolicy, apiRoutes, newMetrics,
+	),
+	cell.Invoke(func(*Policy) {}),
+)
+
+type params struct {
+	cell.In
+
+	Log         *slog.Logger
+	DB          *statedb.DB
+	Clientset   k8sclient.Clientset
+	NodeName    daemon.NodeName
+	Rules       statedb.RWTable[*Rule]
+	Entries     statedb.RWTable[*Entry]
+	Enforcement statedb.RWTable[*Enforcement]
+	Identities  statedb.Table[*idcell.Identity]
+	Endpoints   statedb.Table[*endpointmanager.Endpoint]
+	Jobs        job.Group
+}
+
+// Policy computes the desired policy of the local endpoints. The job
+// compute-policy owns the engine; the API reads it under mu.
+type Policy struct {
+	log         *slog.Logger
+	db          *statedb.DB
+	rules       statedb.RWTable[*Rule]
+	entries     statedb.RWTable[*Entry]
+	enforcement statedb.RWTable[*Enforcement]
+	identities  statedb.Table[*idcell.Identity]
+	endpoints   statedb.Table[*endpointmanager.Endpoint]
+	watcher     *policyWatcher
+	pods        *podPorts
+	// computed marks both output tables initialized after the first
+	// complete computation.
+	computed []func(statedb.WriteTxn)
+
+	computeSeconds prometheus.Histogram
+
+	mu       sync.Mutex
+	engine   *engine
+	problems map[string]string
+	summary  string
+}
+
+func newPolicy(p params) (*Policy, error) {
+	watcher, err := newPolicyWatcher(p.Log, p.Clientset, p.DB, p.Rules)
+	if err != nil {
+		return nil, err
+	}
+	pods, err := newPodPorts(p.Clientset, string(p.NodeName))
+	if err != nil {
+		return nil, err
+	}
+	pol := &Policy{
+		log: p.Log, db: p.DB, rules: p.Rules, entries: p.Entries, enforcement: p.Enforcement,
+		identities: p.Identities, endpoints: p.Endpoints, watcher: watcher, pods: pods,
+		engine: newEngine(p.Entries, p.Enforcement, pods.ports),
+		computeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "cellium_policy_computation_seconds",
+			Help:    "Time to compute and write one batch of policy changes (policies, identities, endpoints, pods)",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+	}
+	txn := p.DB.WriteTxn(p.Entries, p.Enforcement)
+	pol.computed = []func(statedb.WriteTxn){
+		p.Entries.RegisterInitializer(txn, "policy-computed"),
+		p.Enforcement.RegisterInitializer(txn, "policy-computed"),
+	}
+	txn.Commit()
+	p.Jobs.Add(
+		job.OneShot("watch-networkpolicies", func(ctx context.Context, _ cell.Health) error {
+			watcher.run(ctx)
+			return nil
+		}),
+		job.OneShot("watch-pod-ports", func(ctx context.Context, _ cell.Health) error {
+			pods.run(ctx)
+			return nil
+		}),
+		job.OneShot("compute-policy", pol.run),
+	)
+	return pol, nil
+}
+
+// run follows the rules, identities and endpoints tables and the pods of
+// this node, and writes each batch of their changes into the entries and
+// enforcement tables, until ctx ends.
+func (p *Policy) run(ctx context.Context, health cell.Health) error {
+	wtxn := p.db.WriteTxn(p.rules, p.identities, p.endpoints)
+	ruleChanges, err := p.rules.Changes(wtxn)
+	if err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("watch table %s: %w", p.rules.Name(), err)
+	}
+	defer ruleChanges.Close()
+	idChanges, err := p.identities.Changes(wtxn)
+	if err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("watch table %s: %w", p.identities.Name(), err)
+	}
+	defer idChanges.Close()
+	epChanges, err := p.endpoints.Changes(wtxn)
+	if err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("watch table %s: %w", p.endpoints.Name(), err)
+	}
+	defer epChanges.Close()
+	wtxn.Commit()
+
+	// Until every input is complete, a pod could look unselected, and so
+	// allowed everything: nothing is written before.
+	health.OK("Waiting for the NetworkPolicies, identities, endpoints and pods")
+	if tables.WaitInitialized(ctx, p.db, p.rules.ToTable()) != nil ||
+		tables.WaitInitialized(ctx, p.db, p.identities) != nil ||
+		tables.WaitInitialized(ctx, p.db, p.endpoints) != nil ||
+		!cache.WaitForCacheSync(ctx.Done(), p.pods.synced) {
+		return nil
+	}
+
+	first := true
+	for {
+		txn := p.db.ReadTxn()
+		start := time.Now()
+		p.mu.Lock()
+		idSeq, idWatch := idChanges.Next(txn)
+		for c := range idSeq {
+			if c.Deleted {
+				p.engine.removeIdentity(c.Object.ID)
+			} else {
+				p.engine.addIdentity(c.Object.ID, c.Object.Labels)
+			}
+		}
+		epSeq, epWatch := epChanges.Next(txn)
+		for c := range epSeq {
+			if c.Deleted {
+				p.engine.deleteEndpoint(c.Object.ID)
+			} else {
+				p.engine.setEndpoint(c.Object)
+			}
+		}
+		for _, pod := range p.pods.take() {
+			ns, name, _ := strings.Cut(pod, "/")
+			p.engine.podChanged(ns, name)
+		}
+		ruleSeq, ruleWatch := ruleChanges.Next(txn)
+		for c := range ruleSeq {
+			if c.Deleted {
+				p.engine.setRule(c.Object.Name, nil)
+			} else {
+				p.engine.setRule(c.Object.Name, c.Object)
+			}
+		}
+		p.engine.revision = p.rules.Revision(txn)
+		wtxn := p.db.WriteTxn(p.entries, p.enforcement)
+		stats, err := p.engine.flush(wtxn)
+		if err != nil {
+			wtxn.Abort()
+			p.mu.Unlock()
+			return fmt.Errorf("write the policy entries: %w", err)
+		}
+		if first {
+			for _, done := range p.computed {
+				done(wtxn)
+			}
+		}
+		wtxn.Commit()
+		p.report(health, first)
+		p.mu.Unlock()
+		if first || stats.endpoints > 0 {
+			p.computeSeconds.Observe(time.Since(start).Seconds())
+		}
+		if stats.written+stats.deleted > 0 {
+			p.log.Debug("Policy entries written", "endpoints", stats.endpoints, "written", stats.written, "deleted", stats.deleted,
+				"revision", p.engine.revision, "duration", time.Since(start))
+		}
+		first = false
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-idWatch:
+		case <-epWatch:
+		case <-ruleWatch:
+		case <-p.pods.wake:
+		}
+	}
+}
+
+// report puts the policies the agent cannot apply (or applies in part) in
+// health and the log, each once, by name.
+func (p *Policy) report(health cell.Health, first bool) {
+	problems := p.engine.problems()
+	summary := fmt.Sprintf("%d NetworkPolicies applied to %d endpoints, revision %d",
+		len(p.engine.rules), len(p.engine.endpoints), p.engine.revision)
+	if !first && summary == p.summary && maps.Equal(problems, p.problems) {
+		return
+	}
+	p.summary = summary
+	for name, why := range problems {
+		if p.problems[name] != why {
+			p.log.Warn("NetworkPolicy not applied as written", "policy", name, "problem", why)
+		}
+	}
+	for name := range p.problems {
+		if _, ok := problems[name]; !ok {
+			p.log.Info("NetworkPolicy now applied as written", "policy", name)
+		}
+	}
+	p.problems = problems
+	if len(problems) == 0 {
+		health.OK(summary)
+		return
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(problems)) {
+		errs = append(errs, errors.New(problems[name]))
+	}
+	health.Degraded(fmt.Sprintf("%s; %d with problems", summary, len(problems)), errors.Join(errs...))
+}

@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/cellium/cellium/pkg/identity"
+)
+
+// rows are the revisions of every row of both output tables, by key.
+func (f *fixture) rows() map[string]uint64 {
+	out := map[string]uint64{}
+	txn := f.db.ReadTxn()
+	for e, rev := range f.entries.All(txn) {
+		out[e.Key.String()] = rev
+	}
+	for e, rev := range f.enforcement.All(txn) {
+		out[fmt.Sprint("enforcement ", e.EndpointID)] = rev
+	}
+	return out
+}
+
+// changedRows are the keys whose row is new, gone or rewritten.
+func changedRows(before, after map[string]uint64) []string {
+	var out []string
+	for k, rev := range after {
+		if before[k] != rev {
+			out = append(out, "written "+k)
+		}
+	}
+	for k := range before {
+		if _, ok := after[k]; !ok {
+			out = append(out, "deleted "+k)
+		}
+	}
+	return out
+}
+
+func namedPolicy(np *networkingv1.NetworkPolicy, name string) *networkingv1.NetworkPolicy {
+	np.Name = name
+	return np
+}
+
+func incrementalFixture(t *testing.T) *fixture {
+	f := newFixture(t)
+	// Two revisions: web's endpoint has an older one than the engine.
+	f.apply(namedPolicy(netpol("prod", web, networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{
+		{From: []networkingv1.NetworkPolicyPeer{podSel(client)}, Ports: []networkingv1.NetworkPolicyPort{port("", 8080)}}}}), "web"))
+	f.apply(namedPolicy(netpol("prod", db, networkingv1.NetworkPolicySpec{Ingress: from(nss(map[string]string{"team": "b"}))}), "db"))
+	return f
+}
+
+// TestNewIdentityWritesOnlyItsEntries: an identity a selector selects
+// adds the entries of the endpoints whose policies use the selector, and
+// no other row is written; when it goes, they go, and nothing else.
+func TestNewIdentityWritesOnlyItsEntries(t *testing.T) {
+	f := incrementalFixture(t)
+	before := f.rows()
+	f.e.addIdentity(2000, podIdentityLabels("prod", map[string]string{"app": "client", "v": "2"}, namespaces["prod"]))
+	f.flush()
+	want := EntryKey{EndpointID: 1, Direction: Ingress, Identity: 2000, Protocol: ProtoTCP, Port: 8080}
+	after := f.rows()
+	if got := changedRows(before, after); len(got) != 1 || got[0] != "written "+want.String() {
+		t.Fatalf("a new client identity changed %v, want only the entry %s", got, want)
+	}
+
+	// An identity no selector selects writes nothing.
+	f.e.addIdentity(2001, podIdentityLabels("prod", map[string]string{"app": "other"}, namespaces["prod"]))
+	f.flush()
+	if got := changedRows(after, f.rows()); len(got) != 0 {
+		t.Fatalf("an identity no policy selects changed %v", got)
+	}
+
+	f.e.removeIdentity(2000)
+	f.flush()
+	if got := changedRows(after, f.rows()); len(got) != 1 || got[0] != "deleted "+want.String() {
+		t.Fatalf("removing the identity changed %v, want only the entry %s deleted", got, want)
+	}
+}
+
+// TestNoopRecomputeWritesNothing: recomputing from the same inputs writes
+// no row.
+func TestNoopRecomputeWritesNothing(t *testing.T) {
+	f := incrementalFixture(t)
+	before := f.rows()
+	for name, r := range maps.Clone(f.e.rules) {
+		cp := *r
+		f.e.setRule(name, &cp)
+	}
+	for _, st := range f.e.endpoints {
+		ep := st.ep.Clone()
+		ep.MapStatus = reconciler.StatusDone()
+		f.e.setEndpoint(ep)
+	}
+	f.e.podChanged("prod", "web")
+	st := f.flush()
+	if st.endpoints != 2 {
+		t.Fatalf("the recompute covered %d endpoints, want 2", st.endpoints)
+	}
+	if got := changedRows(before, f.rows()); len(got) != 0 || st.written != 0 || st.deleted != 0 {
+		t.Fatalf("a recompute of unchanged inputs wrote %v", got)
+	}
+}
+
+// TestBadVersionKeepsLastGood: a new version of a policy the agent cannot
+// apply changes nothing and is named as a problem; the version before
+// stays in force, and other policies keep working.
+func TestBadVersionKeepsLastGood(t *testing.T) {
+	f := incrementalFixture(t)
+	before := f.rows()
+	bad := namedPolicy(netpol("prod", web, networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{
+		{Ports: []networkingv1.NetworkPolicyPort{portRange(9000, 8000)}}}}), "web")
+	r := Translate(bad)
+	f.e.setRule(r.Name, r)
+	f.flush()
+	if got := changedRows(before, f.rows()); len(got) != 0 {
+		t.Fatalf("a bad version changed %v", got)
+	}
+	if p := f.e.problems()["prod/web"]; !strings.Contains(p, "prod/web") || !strings.Contains(p, "endPort 8000") {
+		t.Fatalf("problem of prod/web is %q, want it to name the policy and the endPort", p)
+	}
+	if !f.connects("prod/client", "prod/web", ProtoTCP, 8080) || f.connects("prod/client", "prod/web", ProtoTCP, 9000) {
+		t.Fatal("the last good version of prod/web is not in force")
+	}
+	// Deleting the policy stops its enforcement.
+	f.e.setRule("prod/web", nil)
+	f.flush()
+	if !f.connects("prod/client", "prod/web", ProtoTCP, 9000) {
+		t.Fatal("prod/web is still enforced after its deletion")
+	}
+	if _, ok := f.e.problems()["prod/web"]; ok {
+		t.Fatal("a deleted policy is still named as a problem")
+	}
+}
+
+// TestTranslateErrors: what the agent cannot apply is an error naming the
+// policy and the part that is wrong.
+func TestTranslateErrors(t *testing.T) {
+	sctp := corev1.Protocol("ICMP")
+	named := intstr.FromString("http")
+	endPort := int32(90)
+	cases := []struct {
+		name string
+		spec networkingv1.NetworkPolicySpec
+		want string
+	}{
+		{"selector", networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "app", Operator: "Near", Values: []string{"x"}}}}}, "podSelector"},
+		{"peer selector", networkingv1.NetworkPolicySpec{Ingress: from(networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bad key!": "x"}}})}, "ingress[0]: peer 0: namespaceSelector"},
+		{"endPort below port", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			Ports: []networkingv1.NetworkPolicyPort{portRange(100, 90)}}}}, "endPort 90"},
+		{"endPort with a named port", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			Ports: []networkingv1.NetworkPolicyPort{{Port: &named, EndPort: &endPort}}}}}, "endPort needs a numeric port"},
+		{"protocol", networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: &sctp}}}}}, `protocol "ICMP"`},
+		{"policy type", networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{"Sideways"}}, "policyTypes"},
+		{"ipBlock cidr", networkingv1.NetworkPolicySpec{Ingress: from(networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.300/8"}})}, "ipBlock cidr"},
+		{"ipBlock except outside", networkingv1.NetworkPolicySpec{Ingress: from(networkingv1.NetworkPolicyPeer{
+			IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"192.168.0.0/16"}}})}, "not strictly inside"},
+		{"empty peer", networkingv1.NetworkPolicySpec{Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{}}}}}, "egress[0]: peer 0"},
+	}
+	for _, c := range cases {
+		r := Translate(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "p"}, Spec: c.spec})
+		if !strings.HasPrefix(r.Error, "NetworkPolicy prod/p: ") || !strings.Contains(r.Error, c.want) {
+			t.Errorf("%s: error %q, want one naming prod/p and %q", c.name, r.Error, c.want)
+		}
+	}
+	ok := Translate(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "p"}})
+	if ok.Error != "" || !ok.Ingress || ok.Egress {
+		t.Errorf("an empty spec: %+v, want ingress isolation and no error", ok)
+	}
+}
+
+// TestIdentityOfOtherKindSelectsNothing: reserved identities are no pod's:
+// a namespaceSelector {} does not select them.
+func TestIdentityOfOtherKindSelectsNothing(t *testing.T) {
+	f := newFixture(t)
+	f.apply(netpol("prod", web, networkingv1.NetworkPolicySpec{Ingress: from(nss(all))}))
+	for _, id := range []identity.NumericIdentity{identity.World, identity.RemoteNode, identity.Health} {
+		if f.allows(1, Ingress, id, ProtoTCP, 80) {
+			t.Errorf("identity %d is allowed by namespaceSelector {}", id)
+		}
+	}
+}

@@ -1,0 +1,239 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
+
+	idcell "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/labels"
+)
+
+// namespaceNameLabel is the label the API server gives every namespace:
+// its name. Identities keep the namespace's name under their own key and
+// the default --labels filter drops kubernetes.io/* labels, so it is put
+// back from the name for namespace selectors to see.
+const namespaceNameLabel = "kubernetes.io/metadata.name"
+
+// peerSelector is a NetworkPolicy peer of pod and namespace selectors:
+// the pods it selects, as identities.
+type peerSelector struct {
+	// key is the selector's text, the same for equal selectors of any
+	// policy: "ns=NAMESPACE pods{SELECTOR}" for a podSelector alone,
+	// "ns{SELECTOR} pods{SELECTOR}" with a namespaceSelector.
+	key string
+	// namespace is the policy's namespace, for a podSelector alone.
+	namespace string
+	// ns is nil for a podSelector alone.
+	ns  k8slabels.Selector
+	pod k8slabels.Selector
+}
+
+func newPeerSelector(policyNamespace string, pod, ns *metav1.LabelSelector) (*peerSelector, error) {
+	if pod == nil && ns == nil {
+		return nil, fmt.Errorf("a peer needs a podSelector, a namespaceSelector or an ipBlock")
+	}
+	s := &peerSelector{pod: k8slabels.Everything()}
+	if pod != nil {
+		sel, err := metav1.LabelSelectorAsSelector(pod)
+		if err != nil {
+			return nil, fmt.Errorf("podSelector: %w", err)
+		}
+		s.pod = sel
+	}
+	if ns == nil {
+		s.namespace = policyNamespace
+		s.key = fmt.Sprintf("ns=%s pods{%s}", policyNamespace, s.pod)
+		return s, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ns)
+	if err != nil {
+		return nil, fmt.Errorf("namespaceSelector: %w", err)
+	}
+	s.ns = sel
+	s.key = fmt.Sprintf("ns{%s} pods{%s}", sel, s.pod)
+	return s, nil
+}
+
+func (s *peerSelector) matches(v *identView) bool {
+	if s.ns == nil {
+		if v.namespace != s.namespace {
+			return false
+		}
+	} else if !s.ns.Matches(v.nsLabels) {
+		return false
+	}
+	return s.pod.Matches(v.podLabels)
+}
+
+// identView is a pod identity's labels as selectors see them.
+type identView struct {
+	namespace string
+	podLabels k8slabels.Set
+	nsLabels  k8slabels.Set
+}
+
+// viewOf reads the labels of a pod identity (cells/identity's PodLabels);
+// other identities (reserved, CIDR) are no pod's and get nil.
+func viewOf(ls labels.Labels) *identView {
+	ns, ok := ls.Get(labels.SourceK8s, idcell.NamespaceLabel)
+	if !ok {
+		return nil
+	}
+	v := &identView{namespace: ns, podLabels: k8slabels.Set{}, nsLabels: k8slabels.Set{namespaceNameLabel: ns}}
+	for _, l := range ls {
+		switch {
+		case l.Source != labels.SourceK8s || l.Key == idcell.NamespaceLabel || l.Key == idcell.ServiceAccountLabel:
+		case strings.HasPrefix(l.Key, idcell.NamespaceLabelsPrefix):
+			v.nsLabels[strings.TrimPrefix(l.Key, idcell.NamespaceLabelsPrefix)] = l.Value
+		default:
+			v.podLabels[l.Key] = l.Value
+		}
+	}
+	return v
+}
+
+// cachedSelector is a selector, the identities it selects now and the
+// policies that use it.
+type cachedSelector struct {
+	sel   *peerSelector
+	ids   map[identity.NumericIdentity]struct{}
+	users map[string]struct{}
+}
+
+// selectorCache keeps every selector of the applied policies and the
+// identities each selects, updated as identities come and go: a new
+// identity is matched against the selectors of its namespace and those
+// with a namespaceSelector, not against all.
+type selectorCache struct {
+	ids  map[identity.NumericIdentity]*identView
+	sels map[string]*cachedSelector
+	// byNamespace holds the podSelector-alone selectors by namespace;
+	// anyNamespace those with a namespaceSelector.
+	byNamespace  map[string]map[string]*cachedSelector
+	anyNamespace map[string]*cachedSelector
+}
+
+func newSelectorCache() *selectorCache {
+	return &selectorCache{
+		ids:          map[identity.NumericIdentity]*identView{},
+		sels:         map[string]*cachedSelector{},
+		byNamespace:  map[string]map[string]*cachedSelector{},
+		anyNamespace: map[string]*cachedSelector{},
+	}
+}
+
+// acquire counts user as a user of sel, adding sel with the identities it
+// selects if it is new.
+func (c *selectorCache) acquire(sel *peerSelector, user string) {
+	cs, ok := c.sels[sel.key]
+	if !ok {
+		cs = &cachedSelector{sel: sel, ids: map[identity.NumericIdentity]struct{}{}, users: map[string]struct{}{}}
+		for id, v := range c.ids {
+			if sel.matches(v) {
+				cs.ids[id] = struct{}{}
+			}
+		}
+		c.sels[sel.key] = cs
+		if sel.ns == nil {
+			if c.byNamespace[sel.namespace] == nil {
+				c.byNamespace[sel.namespace] = map[string]*cachedSelector{}
+			}
+			c.byNamespace[sel.namespace][sel.key] = cs
+		} else {
+			c.anyNamespace[sel.key] = cs
+		}
+	}
+	cs.users[user] = struct{}{}
+}
+
+// release drops user's use of the selector key; the last user removes it.
+func (c *selectorCache) release(key, user string) {
+	cs, ok := c.sels[key]
+	if !ok {
+		return
+	}
+	delete(cs.users, user)
+	if len(cs.users) > 0 {
+		return
+	}
+	delete(c.sels, key)
+	if cs.sel.ns == nil {
+		delete(c.byNamespace[cs.sel.namespace], key)
+		if len(c.byNamespace[cs.sel.namespace]) == 0 {
+			delete(c.byNamespace, cs.sel.namespace)
+		}
+	} else {
+		delete(c.anyNamespace, key)
+	}
+}
+
+// candidates are the selectors that may select a pod of namespace.
+func (c *selectorCache) candidates(namespace string, yield func(*cachedSelector)) {
+	for _, cs := range c.byNamespace[namespace] {
+		yield(cs)
+	}
+	for _, cs := range c.anyNamespace {
+		yield(cs)
+	}
+}
+
+// addIdentity adds an identity and calls changed with each selector that
+// now selects it. An identity already known is left alone: its labels
+// never change.
+func (c *selectorCache) addIdentity(id identity.NumericIdentity, ls labels.Labels, changed func(*cachedSelector)) {
+	if _, ok := c.ids[id]; ok {
+		return
+	}
+	v := viewOf(ls)
+	if v == nil {
+		return
+	}
+	c.ids[id] = v
+	c.candidates(v.namespace, func(cs *cachedSelector) {
+		if cs.sel.matches(v) {
+			cs.ids[id] = struct{}{}
+			changed(cs)
+		}
+	})
+}
+
+// removeIdentity removes an identity and calls changed with each selector
+// that selected it.
+func (c *selectorCache) removeIdentity(id identity.NumericIdentity, changed func(*cachedSelector)) {
+	v, ok := c.ids[id]
+	if !ok {
+		return
+	}
+	delete(c.ids, id)
+	c.candidates(v.namespace, func(cs *cachedSelector) {
+		if _, ok := cs.ids[id]; ok {
+			delete(cs.ids, id)
+			changed(cs)
+		}
+	})
+}
+
+// selects says whether the selector key selects id.
+func (c *selectorCache) selects(key string, id identity.NumericIdentity) bool {
+	cs, ok := c.sels[key]
+	if !ok {
+		return false
+	}
+	_, ok = cs.ids[id]
+	return ok
+}
+
+// identities are the identities the selector key selects, in order.
+func (c *selectorCache) identities(key string) []identity.NumericIdentity {
+	cs, ok := c.sels[key]
+	if !ok {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(cs.ids))
+}
