@@ -1,0 +1,380 @@
+package policymaps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/metrics"
+	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/pkg/policymap"
+)
+
+// Cell declares the policy maps and reconciles the policy tables into them.
+var Cell = cell.Module(
+	"policy-maps",
+	"BPF network policy maps reconciled from the policy tables",
+
+	cell.Config(defaultConfig),
+	cell.ProvidePrivate(job.Registry.NewGroup),
+	cell.Provide(newMaps, newMetrics),
+	cell.Invoke(registerReconcilers),
+)
+
+// Config is the policy-maps cell's configuration.
+type Config struct {
+	PolicyMapMax uint32
+}
+
+// The default holds 64 allows (or blocks of a port range) for each of a
+// node's 1,024 endpoints; the trie is not preallocated, so an entry costs
+// kernel memory only once written.
+var defaultConfig = Config{PolicyMapMax: 1 << 16}
+
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.Uint32("policy-map-max", def.PolicyMapMax,
+		"Entries of the policy map that all endpoints of the node share (one per allow, or per prefix-aligned block of an allow's port range)")
+}
+
+// Maps are the pinned policy maps.
+type Maps struct {
+	Policy      *bpfmaps.Map[policymap.Key, policymap.Value]
+	Enforcement *bpfmaps.Map[uint32, policymap.Enforcement]
+}
+
+func newMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*Maps, error) {
+	if cfg.PolicyMapMax == 0 {
+		return nil, errors.New("invalid --policy-map-max 0: want at least 1 entry")
+	}
+	p, err := bpfmaps.NewMap[policymap.Key, policymap.Value](lc, reg, bpfmaps.Spec{
+		Name: policymap.MapName, Type: ebpf.LPMTrie, MaxEntries: cfg.PolicyMapMax, Flags: unix.BPF_F_NO_PREALLOC,
+	})
+	if err != nil {
+		return nil, err
+	}
+	e, err := bpfmaps.NewMap[uint32, policymap.Enforcement](lc, reg, bpfmaps.Spec{
+		Name: policymap.EnforcementMapName, Type: ebpf.Hash, MaxEntries: policymap.EnforcementMaxEntries,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Maps{Policy: p, Enforcement: e}, nil
+}
+
+// EBPF is the maps by name, for the programs' MapReplacements.
+func (m *Maps) EBPF() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{m.Policy.Name(): m.Policy.EBPF(), m.Enforcement.Name(): m.Enforcement.EBPF()}
+}
+
+// mapMetrics are the cell's figures, under cellium_policy_map_.
+type mapMetrics struct {
+	writes  *prometheus.CounterVec
+	full    prometheus.Counter
+	repairs prometheus.Counter
+}
+
+func newMetrics() (*mapMetrics, metrics.Collectors) {
+	const ns, sub = "cellium", "policy_map"
+	m := &mapMetrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "writes_total",
+			Help: "Updates and deletes of the policy maps, by map (policy, enforcement) and operation (update, delete)",
+		}, []string{"map", "op"}),
+		full: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "full_total",
+			Help: "Policy entries the full policy map refused (--policy-map-max); their endpoints are failed until written",
+		}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "repairs_total",
+			Help: "Policy map entries written again because they went missing behind the agent's back",
+		}),
+	}
+	return m, metrics.NewCollectors(m.writes, m.full, m.repairs)
+}
+
+// refreshInterval is how often every row is checked against the maps
+// again, putting back what went missing; a variable for the tests.
+var refreshInterval = 10 * time.Minute
+
+func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h cell.Health, m *Maps, mm *mapMetrics,
+	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement]) error {
+	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, failed: map[uint16]*failedEndpoint{}}
+	if _, err := reconciler.Register(p, entries,
+		(*policy.Entry).Clone,
+		func(e *policy.Entry, s reconciler.Status) *policy.Entry { e.Status = s; return e },
+		func(e *policy.Entry) reconciler.Status { return e.Status },
+		eo, nil, reconciler.WithName("entries"),
+		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
+	); err != nil {
+		return err
+	}
+	fo := &enforcementOps{log: log, m: m.Enforcement, metrics: mm}
+	_, err := reconciler.Register(p, enforcement,
+		(*policy.Enforcement).Clone,
+		func(e *policy.Enforcement, s reconciler.Status) *policy.Enforcement { e.Status = s; return e },
+		func(e *policy.Enforcement) reconciler.Status { return e.Status },
+		fo, nil, reconciler.WithName("enforcement"),
+		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
+	)
+	return err
+}
+
+// allowOf is the map's view of an entry.
+func allowOf(k policy.EntryKey) policymap.Allow {
+	dir := policymap.Ingress
+	if k.Direction == policy.Egress {
+		dir = policymap.Egress
+	}
+	return policymap.Allow{EndpointID: k.EndpointID, Direction: dir, Identity: uint32(k.Identity),
+		Proto: k.Protocol, Port: k.Port, EndPort: k.EndPort}
+}
+
+func keysOf(k policy.EntryKey) ([]policymap.Key, error) {
+	keys, err := policymap.KeysOf(allowOf(k))
+	if err != nil {
+		return nil, fmt.Errorf("policy entry %s: %w", k, err)
+	}
+	return keys, nil
+}
+
+// failedEndpoint is an endpoint some of whose entries the full map
+// refused, with its health scope.
+type failedEndpoint struct {
+	entries map[policy.EntryKey]bool
+	health  cell.Health
+}
+
+// entryOps writes policy entries into the trie. The reconciler calls it
+// from one goroutine.
+type entryOps struct {
+	cfg     Config
+	log     *slog.Logger
+	health  cell.Health
+	m       *bpfmaps.Map[policymap.Key, policymap.Value]
+	metrics *mapMetrics
+	entries statedb.Table[*policy.Entry]
+	failed  map[uint16]*failedEndpoint
+}
+
+// has says whether the trie holds exactly k: a lookup finds the longest
+// entry that covers k, which is k itself if its value has k's length.
+func (o *entryOps) has(k policymap.Key) (bool, error) {
+	v, err := o.m.Lookup(k)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil
+	}
+	return err == nil && v.PrefixLen == k.PrefixLen, err
+}
+
+func (o *entryOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
+	keys, err := keysOf(e.Key)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		ok, err := o.has(k)
+		if err != nil {
+			return fmt.Errorf("policy entry %s: look up %s: %w", e.Key, k, err)
+		}
+		if ok {
+			continue
+		}
+		if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen}); err != nil {
+			if errors.Is(err, unix.ENOSPC) {
+				o.metrics.full.Inc()
+				err = fmt.Errorf("endpoint %d: policy map %s is full (--policy-map-max=%d): entry %s not written: %w",
+					e.Key.EndpointID, o.m.Name(), o.cfg.PolicyMapMax, e.Key, err)
+				o.fail(e.Key, err)
+				return err
+			}
+			return fmt.Errorf("policy entry %s: write %s: %w", e.Key, k, err)
+		}
+		o.metrics.writes.WithLabelValues("policy", "update").Inc()
+		if e.Status.Kind == reconciler.StatusKindRefreshing {
+			o.metrics.repairs.Inc()
+			o.log.Warn("Put back a policy map entry that went missing", "key", k, "entry", e.Key)
+		}
+	}
+	o.recovered(e.Key)
+	return nil
+}
+
+// fail marks k's endpoint failed.
+func (o *entryOps) fail(k policy.EntryKey, err error) {
+	f := o.failed[k.EndpointID]
+	if f == nil {
+		f = &failedEndpoint{entries: map[policy.EntryKey]bool{}, health: o.health.NewScope("endpoint-" + strconv.Itoa(int(k.EndpointID)))}
+		o.failed[k.EndpointID] = f
+	}
+	f.entries[k] = true
+	f.health.Degraded(fmt.Sprintf("Endpoint %d: %d policy entries not in the datapath: it denies more than its policy", k.EndpointID, len(f.entries)), err)
+}
+
+// recovered clears k from its endpoint's failures, and the endpoint's
+// failed state with the last one.
+func (o *entryOps) recovered(k policy.EntryKey) {
+	f := o.failed[k.EndpointID]
+	if f == nil || !f.entries[k] {
+		return
+	}
+	delete(f.entries, k)
+	if len(f.entries) == 0 {
+		f.health.Close()
+		delete(o.failed, k.EndpointID)
+		o.log.Info("Every policy entry of the endpoint is in the datapath again", "endpoint", k.EndpointID)
+	}
+}
+
+func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
+	o.recovered(e.Key)
+	keys, err := keysOf(e.Key)
+	if err != nil {
+		// Never written: an entry that KeysOf refuses fails its update.
+		return nil
+	}
+	// The keys of the endpoint's other entries stay.
+	keep := map[policymap.Key]bool{}
+	for other := range o.entries.List(txn, policy.EntryByEndpoint.Query(e.Key.EndpointID)) {
+		if other.Key == e.Key {
+			continue
+		}
+		ks, _ := keysOf(other.Key)
+		for _, k := range ks {
+			keep[k] = true
+		}
+	}
+	for _, k := range keys {
+		if keep[k] {
+			continue
+		}
+		if err := o.m.Delete(k); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return fmt.Errorf("policy entry %s: delete %s: %w", e.Key, k, err)
+		}
+		o.metrics.writes.WithLabelValues("policy", "delete").Inc()
+	}
+	return nil
+}
+
+// Prune removes the keys no entry wants.
+func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2[*policy.Entry, statedb.Revision]) error {
+	want := map[policymap.Key]bool{}
+	for e := range entries {
+		ks, _ := keysOf(e.Key)
+		for _, k := range ks {
+			want[k] = true
+		}
+	}
+	var stale []policymap.Key
+	if err := o.m.Iterate(func(k policymap.Key, _ policymap.Value) bool {
+		if !want[k] {
+			stale = append(stale, k)
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	var errs []error
+	for _, k := range stale {
+		if err := o.m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete stale %s: %w", k, err))
+			continue
+		}
+		o.metrics.writes.WithLabelValues("policy", "delete").Inc()
+		o.log.Info("Removed a policy map entry that no policy entry wants", "key", k)
+	}
+	return errors.Join(errs...)
+}
+
+// enforcementOps writes the enforcement rows.
+type enforcementOps struct {
+	log     *slog.Logger
+	m       *bpfmaps.Map[uint32, policymap.Enforcement]
+	metrics *mapMetrics
+}
+
+func flagsOf(e *policy.Enforcement) uint8 {
+	var f uint8
+	if e.Ingress {
+		f |= policymap.FlagIngress
+	}
+	if e.Egress {
+		f |= policymap.FlagEgress
+	}
+	return f
+}
+
+func (o *enforcementOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
+	want := policymap.Enforcement{Flags: flagsOf(e)}
+	got, err := o.m.Lookup(uint32(e.EndpointID))
+	switch {
+	case err == nil && got == want:
+		return nil
+	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
+		return fmt.Errorf("endpoint %d: look up its enforcement: %w", e.EndpointID, err)
+	}
+	if err := o.m.Put(uint32(e.EndpointID), want); err != nil {
+		return fmt.Errorf("endpoint %d: write its enforcement: %w", e.EndpointID, err)
+	}
+	o.metrics.writes.WithLabelValues("enforcement", "update").Inc()
+	if e.Status.Kind == reconciler.StatusKindRefreshing {
+		o.metrics.repairs.Inc()
+		o.log.Warn("Put back an endpoint's policy enforcement that was changed", "endpoint", e.EndpointID,
+			"ingress", e.Ingress, "egress", e.Egress)
+	}
+	return nil
+}
+
+func (o *enforcementOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
+	if err := o.m.Delete(uint32(e.EndpointID)); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("endpoint %d: delete its enforcement: %w", e.EndpointID, err)
+	}
+	o.metrics.writes.WithLabelValues("enforcement", "delete").Inc()
+	return nil
+}
+
+func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*policy.Enforcement, statedb.Revision]) error {
+	want := map[uint32]bool{}
+	for e := range rows {
+		want[uint32(e.EndpointID)] = true
+	}
+	var stale []uint32
+	if err := o.m.Iterate(func(id uint32, _ policymap.Enforcement) bool {
+		if !want[id] {
+			stale = append(stale, id)
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range stale {
+		if err := o.m.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete the enforcement of endpoint %d: %w", id, err))
+			continue
+		}
+		o.metrics.writes.WithLabelValues("enforcement", "delete").Inc()
+		o.log.Info("Removed the policy enforcement of an endpoint that has none", "endpoint", id)
+	}
+	return errors.Join(errs...)
+}

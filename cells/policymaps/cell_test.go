@@ -1,0 +1,373 @@
+package policymaps
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/policymap"
+)
+
+// pruneSignal is the reconcilers' metrics: it tells the test when a prune
+// has run.
+type pruneSignal struct {
+	reconciler.Metrics
+	pruned chan string
+}
+
+func (p *pruneSignal) PruneDuration(id cell.FullModuleID, name string, d time.Duration) {
+	p.Metrics.PruneDuration(id, name, d)
+	select {
+	case p.pruned <- name:
+	default:
+	}
+}
+
+// agent is one run of policy-maps over tables the test fills, playing the
+// policy cell; done completes the tables' initializers.
+type agent struct {
+	h           *hive.Hive
+	db          *statedb.DB
+	entries     statedb.RWTable[*policy.Entry]
+	enforcement statedb.RWTable[*policy.Enforcement]
+	health      statedb.Table[*health.Status]
+	maps        *Maps
+	metrics     *mapMetrics
+	done        func()
+	signal      *pruneSignal
+}
+
+func newAgent(t *testing.T, root string, max uint32) *agent {
+	a := &agent{signal: &pruneSignal{Metrics: reconciler.NewUnpublishedExpVarMetrics(), pruned: make(chan string, 16)}}
+	a.h = celltest.New(bpfmaps.Cell, Cell,
+		cell.Module("test-policy", "Policy tables filled by the test",
+			cell.Provide(policy.NewEntriesTable, policy.NewEnforcementTable, func() reconciler.Metrics { return a.signal }),
+			cell.Invoke(func(db *statedb.DB, e statedb.RWTable[*policy.Entry], f statedb.RWTable[*policy.Enforcement],
+				hs statedb.Table[*health.Status], m *Maps, mm *mapMetrics) {
+				a.db, a.entries, a.enforcement, a.health, a.maps, a.metrics = db, e, f, hs, m, mm
+				txn := db.WriteTxn(e, f)
+				doneE := e.RegisterInitializer(txn, "policy-compute")
+				doneF := f.RegisterInitializer(txn, "policy-compute")
+				txn.Commit()
+				a.done = func() {
+					txn := db.WriteTxn(e, f)
+					doneE(txn)
+					doneF(txn)
+					txn.Commit()
+				}
+			}),
+		),
+	)
+	hive.AddConfigOverride(a.h, func(c *bpfmaps.Config) { c.BPFRoot = root })
+	hive.AddConfigOverride(a.h, func(c *Config) { c.PolicyMapMax = max })
+	return a
+}
+
+func (a *agent) start(t *testing.T) {
+	t.Helper()
+	if err := a.h.Start(hivetest.Logger(t), context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (a *agent) stop(t *testing.T) {
+	t.Helper()
+	if err := a.h.Stop(hivetest.Logger(t), context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func entry(ep uint16, dir policy.Direction, id uint32, proto uint8, port, end uint16) *policy.Entry {
+	return &policy.Entry{
+		Key:      policy.EntryKey{EndpointID: ep, Direction: dir, Identity: identityOf(id), Protocol: proto, Port: port, EndPort: end},
+		Policies: []string{"default/test"},
+		Status:   reconciler.StatusPending(),
+	}
+}
+
+func (a *agent) put(objs ...any) {
+	txn := a.db.WriteTxn(a.entries, a.enforcement)
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *policy.Entry:
+			a.entries.Insert(txn, o)
+		case *policy.Enforcement:
+			o.Status = reconciler.StatusPending()
+			a.enforcement.Insert(txn, o)
+		}
+	}
+	txn.Commit()
+}
+
+func (a *agent) deleteEntry(e *policy.Entry) {
+	txn := a.db.WriteTxn(a.entries)
+	a.entries.Delete(txn, e)
+	txn.Commit()
+}
+
+// reconciled waits until every row is Done.
+func (a *agent) reconciled(t *testing.T) {
+	t.Helper()
+	celltest.Eventually(t, "policy rows reconciled", func() bool {
+		txn := a.db.ReadTxn()
+		for e := range a.entries.All(txn) {
+			if e.Status.Kind != reconciler.StatusKindDone {
+				return false
+			}
+		}
+		for e := range a.enforcement.All(txn) {
+			if e.Status.Kind != reconciler.StatusKindDone {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// dump is the policy map's keys, sorted.
+func (a *agent) dump(t *testing.T) []string {
+	t.Helper()
+	var keys []string
+	if err := a.maps.Policy.Iterate(func(k policymap.Key, v policymap.Value) bool {
+		s := k.String()
+		if v.PrefixLen != k.PrefixLen {
+			s += " (value of another key)"
+		}
+		keys = append(keys, s)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func (a *agent) enforcementOf(t *testing.T, ep uint16) (uint8, bool) {
+	t.Helper()
+	v, err := a.maps.Enforcement.Lookup(uint32(ep))
+	if err != nil {
+		return 0, false
+	}
+	return v.Flags, true
+}
+
+func (a *agent) writes() float64 {
+	return testutil.ToFloat64(a.metrics.writes.WithLabelValues("policy", "update")) +
+		testutil.ToFloat64(a.metrics.writes.WithLabelValues("policy", "delete")) +
+		testutil.ToFloat64(a.metrics.writes.WithLabelValues("enforcement", "update")) +
+		testutil.ToFloat64(a.metrics.writes.WithLabelValues("enforcement", "delete"))
+}
+
+func wantKeys(t *testing.T, got []string, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("policy map:\n got %q\nwant %q", got, want)
+	}
+}
+
+// waitPrunes waits for a prune of both reconcilers.
+func (a *agent) waitPrunes(t *testing.T) {
+	t.Helper()
+	seen := map[string]bool{}
+	timeout := time.After(10 * time.Second)
+	for len(seen) < 2 {
+		select {
+		case name := <-a.signal.pruned:
+			seen[name] = true
+		case <-timeout:
+			t.Fatalf("prunes seen %v, want entries and enforcement", seen)
+		}
+	}
+}
+
+// Rows become keys and flags; a deleted entry takes only the keys no other
+// entry of its endpoint needs.
+func TestEntriesIntoMaps(t *testing.T) {
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+
+	web := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)
+	wide := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 8000, 8010)
+	narrow := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 8000, 8007)
+	anyProto := entry(12, policy.Egress, 2000, 0, 0, 0)
+	dns := entry(13, policy.Egress, 0, unix.IPPROTO_UDP, 53, 0)
+	a.put(web, wide, narrow, anyProto, dns,
+		&policy.Enforcement{EndpointID: 12, Ingress: true, Egress: true},
+		&policy.Enforcement{EndpointID: 13, Egress: true})
+	a.reconciled(t)
+	wantKeys(t, a.dump(t),
+		"ep 12 ingress id 1000 proto 6 port 80-80",
+		"ep 12 ingress id 1000 proto 6 port 8000-8007",
+		"ep 12 ingress id 1000 proto 6 port 8008-8009",
+		"ep 12 ingress id 1000 proto 6 port 8010-8010",
+		"ep 12 egress id 2000 any",
+		"ep 13 egress id 0 proto 17 port 53-53")
+	if f, ok := a.enforcementOf(t, 12); !ok || f != policymap.FlagIngress|policymap.FlagEgress {
+		t.Fatalf("endpoint 12 enforcement %#x (%v), want ingress|egress", f, ok)
+	}
+	if f, ok := a.enforcementOf(t, 13); !ok || f != policymap.FlagEgress {
+		t.Fatalf("endpoint 13 enforcement %#x (%v), want egress", f, ok)
+	}
+
+	// 8000-8007 is also narrow's: it stays.
+	a.deleteEntry(wide)
+	celltest.Eventually(t, "wide's own keys deleted", func() bool { return len(a.dump(t)) == 4 })
+	wantKeys(t, a.dump(t),
+		"ep 12 ingress id 1000 proto 6 port 80-80",
+		"ep 12 ingress id 1000 proto 6 port 8000-8007",
+		"ep 12 egress id 2000 any",
+		"ep 13 egress id 0 proto 17 port 53-53")
+
+	txn := a.db.WriteTxn(a.enforcement)
+	a.enforcement.Delete(txn, &policy.Enforcement{EndpointID: 13})
+	txn.Commit()
+	celltest.Eventually(t, "endpoint 13's enforcement deleted", func() bool { _, ok := a.enforcementOf(t, 13); return !ok })
+}
+
+// A restart with the same rows rewrites nothing; what the new run does not
+// want goes only once the tables are initialized.
+func TestRestartWritesNothing(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	rows := func() []any {
+		return []any{
+			entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0),
+			entry(12, policy.Ingress, 0, unix.IPPROTO_TCP, 1024, 65535),
+			entry(12, policy.Egress, 2000, 0, 0, 0),
+			&policy.Enforcement{EndpointID: 12, Ingress: true, Egress: true},
+		}
+	}
+	first := newAgent(t, root, 1<<16)
+	first.start(t)
+	first.put(append(rows(), entry(14, policy.Ingress, 3000, unix.IPPROTO_UDP, 0, 0),
+		&policy.Enforcement{EndpointID: 14, Ingress: true})...)
+	first.done()
+	first.reconciled(t)
+	if w := first.writes(); w != 11 {
+		t.Fatalf("first run wrote %v times, want 11 (8 keys and the flags of endpoint 12, 1 key and the flags of 14)", w)
+	}
+	before := first.dump(t)
+	first.stop(t)
+
+	second := newAgent(t, root, 1<<16)
+	second.start(t)
+	defer second.stop(t)
+	if o := second.maps.Policy.Origin(); o != bpfmaps.OriginReused {
+		t.Fatalf("policy map %s, want reused", o)
+	}
+	// Endpoint 14 is gone in this run; the same rows for 12.
+	second.put(rows()...)
+	second.reconciled(t)
+	if w := second.writes(); w != 0 {
+		t.Fatalf("restart wrote %v times, want 0", w)
+	}
+	// Not initialized: endpoint 14's state stays.
+	wantKeys(t, second.dump(t), before...)
+	if _, ok := second.enforcementOf(t, 14); !ok {
+		t.Fatal("endpoint 14's enforcement pruned before the tables were initialized")
+	}
+
+	second.done()
+	second.waitPrunes(t)
+	want := slices.DeleteFunc(slices.Clone(before), func(k string) bool { return strings.HasPrefix(k, "ep 14 ") })
+	wantKeys(t, second.dump(t), want...)
+	if _, ok := second.enforcementOf(t, 14); ok {
+		t.Fatal("endpoint 14's enforcement not pruned")
+	}
+	if w := second.writes(); w != 2 {
+		t.Fatalf("restart wrote %v times, want 2 (endpoint 14's key and flags pruned)", w)
+	}
+}
+
+// A full map fails the entry and its endpoint, with health naming it,
+// and counts; room again clears both.
+func TestMapFull(t *testing.T) {
+	a := newAgent(t, bpfmapstest.Root(t), 4)
+	a.start(t)
+	defer a.stop(t)
+
+	small := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)
+	wide := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 1, 65535) // 16 keys
+	a.put(small, wide, &policy.Enforcement{EndpointID: 12, Ingress: true})
+
+	var got *policy.Entry
+	celltest.Eventually(t, "the wide entry failed", func() bool {
+		got, _, _ = a.entries.Get(a.db.ReadTxn(), policy.EntryByKey.Query(wide.Key))
+		return got.Status.Kind == reconciler.StatusKindError
+	})
+	if !strings.Contains(got.Status.GetError(), "endpoint 12: policy map cellium_policy is full (--policy-map-max=4)") {
+		t.Fatalf("status error %q, want the endpoint and the flag named", got.Status.GetError())
+	}
+	var st *health.Status
+	celltest.Eventually(t, "endpoint 12 degraded", func() bool {
+		var found bool
+		st, _, found = a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.endpoint-12"))
+		return found && st.Level == cell.StatusDegraded
+	})
+	if !strings.Contains(st.Message, "Endpoint 12") {
+		t.Fatalf("health %+v, want the endpoint named", st)
+	}
+	if n := testutil.ToFloat64(a.metrics.full); n < 1 {
+		t.Fatalf("full counted %v, want at least 1", n)
+	}
+	// Never a silent allow: the endpoint is isolated all along.
+	if f, ok := a.enforcementOf(t, 12); !ok || f != policymap.FlagIngress {
+		t.Fatalf("endpoint 12 enforcement %#x (%v), want ingress", f, ok)
+	}
+
+	a.deleteEntry(wide)
+	a.put(entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 8000, 8001))
+	a.reconciled(t)
+	celltest.Eventually(t, "endpoint 12's failure cleared", func() bool {
+		_, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.endpoint-12"))
+		return !found
+	})
+}
+
+// A key deleted and flags changed behind the agent's back are put back
+// by the refresh, and counted.
+func TestDriftRepaired(t *testing.T) {
+	defer func(d time.Duration) { refreshInterval = d }(refreshInterval)
+	refreshInterval = 50 * time.Millisecond
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+	e := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 81)
+	a.put(e, &policy.Enforcement{EndpointID: 12, Ingress: true})
+	a.reconciled(t)
+	want := a.dump(t)
+	keys, err := policymap.KeysOf(allowOf(e.Key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.maps.Policy.Delete(keys[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.maps.Enforcement.Put(12, policymap.Enforcement{}); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "drift repaired", func() bool {
+		f, _ := a.enforcementOf(t, 12)
+		return slices.Equal(a.dump(t), want) && f == policymap.FlagIngress
+	})
+	celltest.Eventually(t, "repairs counted", func() bool { return testutil.ToFloat64(a.metrics.repairs) == 2 })
+}
+
+func identityOf(id uint32) identity.NumericIdentity { return identity.NumericIdentity(id) }

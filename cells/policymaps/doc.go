@@ -1,0 +1,32 @@
+// Package policymaps keeps the datapath's network policy maps
+// (bpf/include/policy.h, layout in pkg/policymap) equal to the policy
+// cell's tables: "policy-entries" into the shared trie cellium_policy,
+// "policy-enforcement" into cellium_policy_enforcement. The endpoint
+// programs of bpf/lxc.c read both for every new connection.
+//
+// The contract:
+//
+//   - Both maps are declared through the bpf-maps registry, pinned, and kept
+//     while the agent is down and while it restarts: the datapath goes on
+//     enforcing the policy it had.
+//   - One generic reconciler per table. An entry's Update writes the trie
+//     keys of its port range (pkg/policymap.KeysOf) that the map does not
+//     hold already, and an enforcement row's its flags if they differ: it
+//     looks each key up first, so that a restart with unchanged tables
+//     rewrites nothing (cellium_policy_map_writes_total counts every write).
+//   - Delete removes an entry's keys that no other entry of the endpoint
+//     still needs (two port ranges may share a block).
+//   - Prune removes what no row wants, and only once the table is
+//     initialized (the policy cell's restore and first computation), never
+//     the policy of an endpoint about to be restored.
+//   - A write the full trie refuses (--policy-map-max entries) fails the
+//     entry (its status in `agent db show policy-entries`), counts in
+//     cellium_policy_map_full_total, and puts the endpoint's health scope
+//     "policy-maps.endpoint-<id>" in Degraded, naming the endpoint, until all
+//     its entries are written. The datapath then holds only part of that
+//     endpoint's allows: it denies more than the policy says, never more
+//     than the policy allows, since enforcement is a map of its own that
+//     cannot be full.
+//   - The refresh rewrites a key that went missing behind the agent's back,
+//     logs what it put back and counts it in cellium_policy_map_repairs_total.
+package policymaps
