@@ -65,7 +65,7 @@ const maxRingbufSize = 1 << 30
 
 // The ring buffer's size when --monitor-ringbuf-size is 0: room per CPU
 // (every CPU's programs write into the one ring), rounded up to a power of
-// two and kept within bounds: 1 MiB on 2 CPUs (14,500 trace records),
+// two and kept within bounds: 1 MiB on 2 CPUs (11,900 trace records),
 // 4 MiB on 8. The ring is kernel memory the agent maps twice (its pages
 // count twice in the agent's resident set), so a fixed 4 MiB was 8 MB of a
 // small node's idle agent.

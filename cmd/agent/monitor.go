@@ -30,7 +30,7 @@ func newMonitorCmd(stdout io.Writer) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "monitor",
-		Short: "Stream the running agent's datapath events (trace, drop, sock-lb) and notifications until interrupted",
+		Short: "Stream the running agent's datapath events (trace, drop, sock-lb, policy-verdict) and notifications until interrupted",
 		Long: `Stream the running agent's datapath events and notifications until interrupted.
 
 Each line is one event: trace (a program passed a packet), drop (a program
