@@ -13,6 +13,8 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/drift"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/nodes"
 )
 
@@ -24,7 +26,7 @@ var Cell = cell.Module(
 	"Routes neighbors and VXLAN FDB entries to other nodes pods",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(newTables, job.Registry.NewGroup, newNetlink),
+	cell.ProvidePrivate(newTables, job.Registry.NewGroup, newNetlink, newRepairs),
 	cell.Provide(
 		statedb.RWTable[*Route].ToTable,
 		statedb.RWTable[*Neighbor].ToTable,
@@ -32,6 +34,7 @@ var Cell = cell.Module(
 		modeAnnotation,
 		readinessWaits,
 		tunnelOverhead,
+		repairMetrics,
 	),
 	cell.Invoke(newRouter, registerReconcilers),
 )
@@ -123,15 +126,21 @@ type params struct {
 	Neighbors statedb.RWTable[*Neighbor]
 	FDB       statedb.RWTable[*FDBEntry]
 	Netlink   *Netlink
+	Repairs   *drift.Repairs
 	Jobs      job.Group
 }
+
+// newRepairs counts what the routing cell puts back in the kernel.
+func newRepairs(log *slog.Logger) *drift.Repairs { return drift.NewRepairs(log, "routing") }
+
+func repairMetrics(r *drift.Repairs) metrics.Collectors { return r.Collectors() }
 
 func newRouter(p params) error {
 	if err := p.Config.validate(); err != nil {
 		return err
 	}
 	r := &router{cfg: p.Config, log: p.Log, db: p.DB, nodes: p.Nodes, devices: p.Devices,
-		routes: p.Routes, neighbors: p.Neighbors, fdb: p.FDB, nl: p.Netlink}
+		routes: p.Routes, neighbors: p.Neighbors, fdb: p.FDB, nl: p.Netlink, repairs: p.Repairs}
 	txn := p.DB.WriteTxn(p.Routes, p.Neighbors, p.FDB)
 	r.initialized = []func(statedb.WriteTxn){
 		p.Routes.RegisterInitializer(txn, "routing-desired"),
@@ -140,23 +149,22 @@ func newRouter(p params) error {
 	}
 	txn.Commit()
 	p.Jobs.Add(job.OneShot("desired", r.run))
+	f := &drift.Follower{Netns: p.Netlink.path, Routes: true, Neighbors: p.Config.RoutingMode == ModeTunnel, Handle: r.kernelChanged}
+	p.Jobs.Add(job.OneShot("kernel-changes", f.Run, drift.Retry))
 	return nil
 }
 
-func registerReconcilers(p reconciler.Params, nl *Netlink, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry]) error {
-	if _, err := reconciler.Register(p, routes, (*Route).Clone,
-		func(r *Route, s reconciler.Status) *Route { r.Status = s; return r },
-		(*Route).status, &routeOps{nl}, &routeOps{nl}, reconciler.WithName("routes")); err != nil {
+func registerReconcilers(p reconciler.Params, nl *Netlink, repairs *drift.Repairs, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry]) error {
+	if _, err := reconciler.Register(p, routes, (*Route).Clone, (*Route).withStatus,
+		(*Route).status, &routeOps{nl, repairs}, &routeOps{nl, repairs}, reconciler.WithName("routes")); err != nil {
 		return err
 	}
-	if _, err := reconciler.Register(p, neighbors, (*Neighbor).Clone,
-		func(n *Neighbor, s reconciler.Status) *Neighbor { n.Status = s; return n },
-		(*Neighbor).status, &neighborOps{nl}, &neighborOps{nl}, reconciler.WithName("neighbors")); err != nil {
+	if _, err := reconciler.Register(p, neighbors, (*Neighbor).Clone, (*Neighbor).withStatus,
+		(*Neighbor).status, &neighborOps{nl, repairs}, &neighborOps{nl, repairs}, reconciler.WithName("neighbors")); err != nil {
 		return err
 	}
-	_, err := reconciler.Register(p, fdb, (*FDBEntry).Clone,
-		func(f *FDBEntry, s reconciler.Status) *FDBEntry { f.Status = s; return f },
-		(*FDBEntry).status, &fdbOps{nl}, &fdbOps{nl}, reconciler.WithName("fdb"))
+	_, err := reconciler.Register(p, fdb, (*FDBEntry).Clone, (*FDBEntry).withStatus,
+		(*FDBEntry).status, &fdbOps{nl, repairs}, &fdbOps{nl, repairs}, reconciler.WithName("fdb"))
 	return err
 }
 

@@ -9,13 +9,17 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/internal/drift"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/nodes"
 )
@@ -39,8 +43,15 @@ type router struct {
 	neighbors statedb.RWTable[*Neighbor]
 	fdb       statedb.RWTable[*FDBEntry]
 	nl        *Netlink
+	repairs   *drift.Repairs
 
 	initialized []func(statedb.WriteTxn)
+	// tunnelIndex is the tunnel device's ifindex once made (0 before);
+	// kernelChanged reads it.
+	tunnelIndex atomic.Int64
+	// upDevices are the selected devices' ifindexes as last seen, nil
+	// before the first look.
+	upDevices map[int]bool
 }
 
 // desired is the routing state for a set of nodes.
@@ -78,6 +89,9 @@ func (r *router) run(ctx context.Context, health cell.Health) error {
 			retry = time.After(time.Second)
 		} else {
 			r.write(want)
+			if r.cfg.RoutingMode == ModeNative {
+				r.devicesUp(txn)
+			}
 			if !slices.Equal(want.skipped, lastSkipped) {
 				for _, s := range want.skipped {
 					r.log.Warn("No route to part of a node", "problem", s)
@@ -108,7 +122,47 @@ func (r *router) ensureTunnel(txn statedb.ReadTxn, local *nodes.Node) error {
 	if dev := r.deviceOf(txn, ip); dev != nil {
 		mtu = dev.MTU
 	}
-	return r.nl.ensureTunnel(tunnelParams{port: r.cfg.TunnelPort, vni: tunnelVNI, mac: vtepMAC(ip), mtu: mtu - r.cfg.Overhead(ip.Is6())})
+	st, err := r.nl.ensureTunnel(tunnelParams{port: r.cfg.TunnelPort, vni: tunnelVNI, mac: vtepMAC(ip), mtu: mtu - r.cfg.Overhead(ip.Is6())})
+	if err != nil {
+		return err
+	}
+	// A device made again, or set up again, has lost what the agent wrote
+	// on it: the kernel removes a device's routes, neighbor and fdb entries
+	// with it, and its IPv4 routes when it goes down, with no route event.
+	prev := int(r.tunnelIndex.Swap(int64(st.index)))
+	if prev == 0 || (st.index == prev && !st.setUp) {
+		return nil
+	}
+	if st.created {
+		r.repairs.Repaired("link", fmt.Sprintf("%s (VXLAN %d, UDP %d)", TunnelDevice, tunnelVNI, r.cfg.TunnelPort))
+	} else if st.setUp {
+		r.repairs.Repaired("link", TunnelDevice+" up")
+	}
+	r.refresh(func(dev string) bool { return dev == TunnelDevice })
+	return nil
+}
+
+// devicesUp refreshes the routes that have no device of their own
+// (native mode) when a selected device came up or was made again: its
+// IPv4 routes went when it went down, with no route event.
+func (r *router) devicesUp(txn statedb.ReadTxn) {
+	now := map[int]bool{}
+	for d := range r.devices.All(txn) {
+		if d.Selected {
+			now[d.Index] = true
+		}
+	}
+	prev := r.upDevices
+	r.upDevices = now
+	if prev == nil {
+		return
+	}
+	for i := range now {
+		if !prev[i] {
+			r.refresh(func(dev string) bool { return dev == "" })
+			return
+		}
+	}
 }
 
 // deviceOf is the device that holds ip, nil for none.
@@ -121,6 +175,99 @@ func (r *router) deviceOf(txn statedb.ReadTxn, ip netip.Addr) *devices.Device {
 		}
 	}
 	return nil
+}
+
+// refresh has the reconcilers compare the rows whose device matches with
+// the kernel again: what the kernel lacks is written back, and counted as
+// a repair.
+func (r *router) refresh(device func(string) bool) {
+	r.routeRows().Refresh(func(x *Route) bool { return device(x.Device) })
+	r.neighborRows().Refresh(func(x *Neighbor) bool { return device(x.Device) })
+	r.fdbRows().Refresh(func(x *FDBEntry) bool { return device(x.Device) })
+}
+
+func (r *router) routeRows() drift.Rows[*Route] {
+	return drift.Rows[*Route]{DB: r.db, Table: r.routes, Clone: (*Route).Clone, SetStatus: (*Route).withStatus, Status: (*Route).status}
+}
+
+func (r *router) neighborRows() drift.Rows[*Neighbor] {
+	return drift.Rows[*Neighbor]{DB: r.db, Table: r.neighbors, Clone: (*Neighbor).Clone, SetStatus: (*Neighbor).withStatus, Status: (*Neighbor).status}
+}
+
+func (r *router) fdbRows() drift.Rows[*FDBEntry] {
+	return drift.Rows[*FDBEntry]{DB: r.db, Table: r.fdb, Clone: (*FDBEntry).Clone, SetStatus: (*FDBEntry).withStatus, Status: (*FDBEntry).status}
+}
+
+// kernelChanged has the reconcilers compare with the kernel the rows that
+// a batch of netlink updates may have undone: a route of the agent's
+// deleted, or another written over it; a neighbor or fdb entry of the
+// tunnel device deleted or changed. Updates the agent's own writes cause
+// match the rows, and are passed over. After lost updates, every row.
+func (r *router) kernelChanged(_ context.Context, b drift.Batch) {
+	if b.Resync {
+		r.refresh(func(string) bool { return true })
+		return
+	}
+	routes := map[netip.Prefix][]netlink.RouteUpdate{}
+	for _, u := range b.Routes {
+		p, ok := prefixOf(u.Dst)
+		if !ok || u.Table != unix.RT_TABLE_MAIN || (u.Type == unix.RTM_DELROUTE && !r.linkExists(u.LinkIndex)) {
+			continue
+		}
+		routes[p] = append(routes[p], u)
+	}
+	if len(routes) > 0 {
+		r.routeRows().Refresh(func(x *Route) bool {
+			return slices.ContainsFunc(routes[x.Prefix], func(u netlink.RouteUpdate) bool {
+				if u.Type == unix.RTM_DELROUTE {
+					return u.Protocol == RouteProtocol
+				}
+				return u.Protocol != RouteProtocol || !u.Gw.Equal(x.Gateway.AsSlice())
+			})
+		})
+	}
+	tunnel := int(r.tunnelIndex.Load())
+	neighs := map[netip.Addr][]netlink.NeighUpdate{}
+	fdb := map[MAC][]netlink.NeighUpdate{}
+	for _, u := range b.Neighbors {
+		// An update of a device that is gone is passed over: the device's
+		// return refreshes all of it.
+		if tunnel == 0 || u.LinkIndex != tunnel || (u.Type == unix.RTM_DELNEIGH && !r.linkExists(u.LinkIndex)) {
+			continue
+		}
+		if u.Family == unix.AF_BRIDGE {
+			if len(u.HardwareAddr) == 6 {
+				fdb[MAC(u.HardwareAddr)] = append(fdb[MAC(u.HardwareAddr)], u)
+			}
+		} else if ip, ok := netip.AddrFromSlice(u.IP); ok {
+			neighs[ip.Unmap()] = append(neighs[ip.Unmap()], u)
+		}
+	}
+	if len(neighs) > 0 {
+		r.neighborRows().Refresh(func(x *Neighbor) bool {
+			return slices.ContainsFunc(neighs[x.IP], func(u netlink.NeighUpdate) bool {
+				return u.Type == unix.RTM_DELNEIGH || u.HardwareAddr.String() != x.MAC.String() || u.State&netlink.NUD_PERMANENT == 0
+			})
+		})
+	}
+	if len(fdb) > 0 {
+		r.fdbRows().Refresh(func(x *FDBEntry) bool {
+			return slices.ContainsFunc(fdb[x.MAC], func(u netlink.NeighUpdate) bool {
+				// The agent replaces an entry by deleting the old
+				// destination: only the loss of the wanted one counts.
+				return u.IP.Equal(x.Dst.AsSlice()) == (u.Type == unix.RTM_DELNEIGH)
+			})
+		})
+	}
+}
+
+// linkExists says whether the device of ifindex (0: none named) is there.
+func (r *router) linkExists(ifindex int) bool {
+	if ifindex == 0 {
+		return true
+	}
+	_, err := r.nl.h.LinkByIndex(ifindex)
+	return err == nil
 }
 
 // desired computes the routes, neighbors and fdb entries to the remote

@@ -27,6 +27,14 @@
 //     each write compares with the kernel first, so a restart rewrites
 //     nothing that is right. Routes stay when the agent stops: traffic
 //     flows while it is down.
+//   - Drift is put right without a restart: the tunnel device made again
+//     or set up again after someone removed it or set it down has every
+//     row on it refreshed; a route of the agent's, or a neighbor or fdb
+//     entry of the tunnel device, deleted or written over (netlink route
+//     and neighbour updates) has its row refreshed. A refreshed row is
+//     compared with the kernel and written only if the kernel differs;
+//     each object put back is logged and counted
+//     (cellium_kernel_repairs_total{module="routing"}).
 //   - A node that leaves takes its rows, and so its kernel entries, away.
 //   - The routing mode is annotated on this node's Node object.
 package routing

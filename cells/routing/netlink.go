@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/devices"
+	"github.com/cellium/cellium/cells/internal/drift"
 )
 
 // RouteProtocol marks the routes the agent owns (`ip route` shows it as
@@ -67,48 +68,62 @@ type tunnelParams struct {
 	mtu  int
 }
 
+// tunnelState is what ensureTunnel found and did.
+type tunnelState struct {
+	// index is the device's ifindex: a new one is a new device, which has
+	// none of the routes, neighbor and fdb entries of the one before.
+	index int
+	// created: the device was made; setUp: it was down and was set up
+	// (setting a device down flushes its IPv4 routes, with no event).
+	created, setUp bool
+}
+
 // ensureTunnel makes the tunnel device exist with p, up; a device of that
 // name that differs in kind, VNI or port is made again, one that differs
 // in MTU only is changed in place.
-func (nl *Netlink) ensureTunnel(p tunnelParams) error {
+func (nl *Netlink) ensureTunnel(p tunnelParams) (tunnelState, error) {
+	var st tunnelState
 	link, err := nl.h.LinkByName(TunnelDevice)
 	if err == nil {
 		if vx, ok := link.(*netlink.Vxlan); !ok || vx.VxlanId != p.vni || vx.Port != int(p.port) || vx.Learning {
 			if err := nl.h.LinkDel(link); err != nil {
-				return fmt.Errorf("remove %s to make it again: %w", TunnelDevice, err)
+				return st, fmt.Errorf("remove %s to make it again: %w", TunnelDevice, err)
 			}
 			link = nil
 		}
 	} else if !errors.As(err, &netlink.LinkNotFoundError{}) {
-		return fmt.Errorf("look up %s: %w", TunnelDevice, err)
+		return st, fmt.Errorf("look up %s: %w", TunnelDevice, err)
 	} else {
 		link = nil
 	}
 	if link == nil {
 		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: TunnelDevice, MTU: p.mtu, HardwareAddr: p.mac[:]}, VxlanId: p.vni, Port: int(p.port), Learning: false}
 		if err := nl.h.LinkAdd(vx); err != nil {
-			return fmt.Errorf("create %s (VXLAN %d, UDP %d): %w", TunnelDevice, p.vni, p.port, err)
+			return st, fmt.Errorf("create %s (VXLAN %d, UDP %d): %w", TunnelDevice, p.vni, p.port, err)
 		}
 		if link, err = nl.h.LinkByName(TunnelDevice); err != nil {
-			return err
+			return st, err
 		}
+		st.created = true
 	}
 	if link.Attrs().HardwareAddr.String() != p.mac.String() {
 		if err := nl.h.LinkSetHardwareAddr(link, p.mac[:]); err != nil {
-			return fmt.Errorf("set the MAC address of %s to %s: %w", TunnelDevice, p.mac, err)
+			return st, fmt.Errorf("set the MAC address of %s to %s: %w", TunnelDevice, p.mac, err)
 		}
 	}
 	if link.Attrs().MTU != p.mtu {
 		if err := nl.h.LinkSetMTU(link, p.mtu); err != nil {
-			return fmt.Errorf("set the MTU of %s to %d: %w", TunnelDevice, p.mtu, err)
+			return st, fmt.Errorf("set the MTU of %s to %d: %w", TunnelDevice, p.mtu, err)
 		}
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		if err := nl.h.LinkSetUp(link); err != nil {
-			return fmt.Errorf("set %s up: %w", TunnelDevice, err)
+			return st, fmt.Errorf("set %s up: %w", TunnelDevice, err)
 		}
+		st.setUp = true
 	}
-	return nil
+	st.index = link.Attrs().Index
+	return st, nil
 }
 
 // removeTunnel removes a tunnel device a run in tunnel mode left.
@@ -144,7 +159,10 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // routeOps write routes into the main table.
-type routeOps struct{ nl *Netlink }
+type routeOps struct {
+	nl      *Netlink
+	repairs *drift.Repairs
+}
 
 func (o *routeOps) kernel(r *Route) (*netlink.Route, error) {
 	ifindex, err := o.nl.ifindex(r.Device)
@@ -209,6 +227,9 @@ func (o *routeOps) update(r *Route, have []netlink.Route) error {
 	if err := o.nl.h.RouteReplace(want); err != nil {
 		return fmt.Errorf("route %s via %s: %w", r.Prefix, r.Gateway, err)
 	}
+	if drift.IsRepair(r.Status) {
+		o.repairs.Repaired("route", r.String())
+	}
 	return nil
 }
 
@@ -260,7 +281,10 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 }
 
 // neighborOps write permanent neighbor entries on the tunnel device.
-type neighborOps struct{ nl *Netlink }
+type neighborOps struct {
+	nl      *Netlink
+	repairs *drift.Repairs
+}
 
 func (o *neighborOps) kernel(n *Neighbor) (*netlink.Neigh, error) {
 	ifindex, err := o.nl.ifindex(n.Device)
@@ -308,7 +332,10 @@ func (o *neighborOps) update(n *Neighbor, want *netlink.Neigh, have []netlink.Ne
 		}
 	}
 	if err := o.nl.h.NeighSet(want); err != nil {
-		return fmt.Errorf("neighbor %s lladdr %s dev %s: %w", n.IP, n.MAC, n.Device, err)
+		return fmt.Errorf("neighbor %s: %w", n, err)
+	}
+	if drift.IsRepair(n.Status) {
+		o.repairs.Repaired("neigh", n.String())
 	}
 	return nil
 }
@@ -360,7 +387,10 @@ func (o *neighborOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2
 
 // fdbOps write the tunnel device's forwarding entries: a VTEP's MAC to its
 // node's address.
-type fdbOps struct{ nl *Netlink }
+type fdbOps struct {
+	nl      *Netlink
+	repairs *drift.Repairs
+}
 
 func (o *fdbOps) kernel(f *FDBEntry) (*netlink.Neigh, error) {
 	ifindex, err := o.nl.ifindex(f.Device)
@@ -414,7 +444,10 @@ func (o *fdbOps) update(f *FDBEntry, want *netlink.Neigh, have []netlink.Neigh) 
 		}
 	}
 	if err := o.nl.h.NeighAppend(want); err != nil {
-		return fmt.Errorf("fdb %s dst %s dev %s: %w", f.MAC, f.Dst, f.Device, err)
+		return fmt.Errorf("fdb %s: %w", f, err)
+	}
+	if drift.IsRepair(f.Status) {
+		o.repairs.Repaired("fdb", f.String())
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -28,9 +30,11 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -47,10 +51,14 @@ type testNode struct {
 	pod     netip.Addr
 	dir     string
 
-	h      *hive.Hive
-	db     *statedb.DB
-	routes statedb.Table[*routing.Route]
-	k8s    *fake.Clientset
+	h         *hive.Hive
+	db        *statedb.DB
+	routes    statedb.Table[*routing.Route]
+	neighbors statedb.Table[*routing.Neighbor]
+	fdb       statedb.Table[*routing.FDBEntry]
+	k8s       *fake.Clientset
+	metrics   *prometheus.Registry
+	logs      *logtest.Recorder
 }
 
 func k8sNode(name string, ip netip.Addr, cidr netip.Prefix) *corev1.Node {
@@ -124,10 +132,11 @@ func ipNet(p netip.Prefix) *net.IPNet {
 // start runs the node's cells in mode, knowing the given Node objects.
 func (n *testNode) start(t *testing.T, mode string, objs ...runtime.Object) {
 	t.Helper()
-	n.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(objs...), nodes.Cell, routing.Cell,
+	n.h = celltest.New(daemon.Cell, metrics.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(objs...), nodes.Cell, routing.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
-		cell.Invoke(func(db *statedb.DB, routes statedb.Table[*routing.Route], cs *fake.Clientset) {
-			n.db, n.routes, n.k8s = db, routes, cs
+		cell.Invoke(func(db *statedb.DB, routes statedb.Table[*routing.Route], neighbors statedb.Table[*routing.Neighbor],
+			fdb statedb.Table[*routing.FDBEntry], cs *fake.Clientset, reg *prometheus.Registry) {
+			n.db, n.routes, n.neighbors, n.fdb, n.k8s, n.metrics = db, routes, neighbors, fdb, cs, reg
 		}))
 	hive.AddConfigOverride(n.h, func(c *daemon.Config) {
 		c.StateDir, c.RunDir, c.NodeName = filepath.Join(n.dir, "state"), filepath.Join(n.dir, "run"), n.name
@@ -136,7 +145,8 @@ func (n *testNode) start(t *testing.T, mode string, objs ...runtime.Object) {
 	hive.AddConfigOverride(n.h, func(c *nodes.Config) { c.NodeIP = []string{n.ip.String()} })
 	hive.AddConfigOverride(n.h, func(c *devices.Config) { c.DevicesNetns = n.ns.Path() })
 	hive.AddConfigOverride(n.h, func(c *routing.Config) { c.RoutingMode = mode })
-	log := hivetest.Logger(t)
+	n.logs = logtest.NewRecorder(hivetest.Logger(t).Handler())
+	log := slog.New(n.logs)
 	if err := n.h.Start(log, context.Background()); err != nil {
 		t.Fatalf("start %s: %v", n.name, err)
 	}

@@ -91,6 +91,28 @@ func (f *FDBEntry) TableRow() []string {
 	return []string{f.MAC.String(), f.Dst.String(), f.Device, f.Node, f.Status.String()}
 }
 
+// String is the route as `ip route` shows it.
+func (r *Route) String() string {
+	s := r.Prefix.String() + " via " + r.Gateway.String()
+	if r.Device != "" {
+		s += " dev " + r.Device
+	}
+	if r.OnLink {
+		s += " onlink"
+	}
+	return s
+}
+
+// String is the entry as `ip neigh` shows it.
+func (n *Neighbor) String() string {
+	return n.IP.String() + " lladdr " + n.MAC.String() + " dev " + n.Device
+}
+
+// String is the entry as `bridge fdb` shows it.
+func (f *FDBEntry) String() string {
+	return f.MAC.String() + " dst " + f.Dst.String() + " dev " + f.Device
+}
+
 func (r *Route) Clone() *Route       { c := *r; return &c }
 func (n *Neighbor) Clone() *Neighbor { c := *n; return &c }
 func (f *FDBEntry) Clone() *FDBEntry { c := *f; return &c }
@@ -148,3 +170,8 @@ func newTables(db *statedb.DB) (statedb.RWTable[*Route], statedb.RWTable[*Neighb
 func (r *Route) status() reconciler.Status    { return r.Status }
 func (n *Neighbor) status() reconciler.Status { return n.Status }
 func (f *FDBEntry) status() reconciler.Status { return f.Status }
+
+// withStatus set the status of a row that is not in a table (a clone).
+func (r *Route) withStatus(s reconciler.Status) *Route       { r.Status = s; return r }
+func (n *Neighbor) withStatus(s reconciler.Status) *Neighbor { n.Status = s; return n }
+func (f *FDBEntry) withStatus(s reconciler.Status) *FDBEntry { f.Status = s; return f }

@@ -1,0 +1,172 @@
+package drift
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/cilium/hive/cell"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Batch is the netlink updates that queued up since the last batch.
+type Batch struct {
+	Routes    []netlink.RouteUpdate
+	Neighbors []netlink.NeighUpdate
+	// Resync: updates may have been lost before this batch (a subscription
+	// failed and was made again); compare everything.
+	Resync bool
+}
+
+// Follower follows the kernel's route and neighbour updates in a network
+// namespace and hands them to Handle in batches. Run it as a job with
+// Retry: a subscription that fails ends Run with its error, and the next
+// Run's first batch is a Resync.
+type Follower struct {
+	// Netns is the path of the network namespace; "" for the agent's own.
+	Netns string
+	// Routes and Neighbors say what to follow: IPv4 and IPv6 routes,
+	// neighbour and bridge FDB entries.
+	Routes, Neighbors bool
+	// Handle is called from Run's goroutine, one batch at a time, with
+	// Run's context.
+	Handle func(context.Context, Batch)
+
+	// subscribed: a subscription was made before, so updates may have been
+	// missed since it ended.
+	subscribed bool
+}
+
+// updateBuffer is how many updates queue while a batch is handled; the
+// kernel's socket buffer holds more behind it.
+const updateBuffer = 1024
+
+// maxBatch bounds one batch, so that a flood of updates is handled in
+// steps.
+const maxBatch = 4096
+
+// Run subscribes and hands batches to Handle until ctx ends.
+func (f *Follower) Run(ctx context.Context, health cell.Health) error {
+	ns := netns.None()
+	if f.Netns != "" {
+		var err error
+		if ns, err = netns.GetFromPath(f.Netns); err != nil {
+			return fmt.Errorf("open network namespace %s: %w", f.Netns, err)
+		}
+		defer ns.Close()
+	}
+	s := &subscription{done: make(chan struct{})}
+	defer s.close()
+	if err := s.start(ns, f.Routes, f.Neighbors); err != nil {
+		return err
+	}
+	if f.subscribed {
+		f.Handle(ctx, Batch{Resync: true})
+	}
+	f.subscribed = true
+	health.OK("Following netlink updates")
+	for {
+		var b Batch
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-s.routes:
+			if !ok {
+				return s.ended("route")
+			}
+			b.Routes = append(b.Routes, u)
+		case u, ok := <-s.neighs:
+			if !ok {
+				return s.ended("neighbour")
+			}
+			b.Neighbors = append(b.Neighbors, u)
+		}
+	more:
+		for len(b.Routes)+len(b.Neighbors) < maxBatch {
+			select {
+			case u, ok := <-s.routes:
+				if !ok {
+					return s.ended("route")
+				}
+				b.Routes = append(b.Routes, u)
+			case u, ok := <-s.neighs:
+				if !ok {
+					return s.ended("neighbour")
+				}
+				b.Neighbors = append(b.Neighbors, u)
+			default:
+				break more
+			}
+		}
+		f.Handle(ctx, b)
+	}
+}
+
+// subscription is netlink's subscriptions to routes and neighbours; a
+// channel of what is not followed stays nil, and so is never ready.
+type subscription struct {
+	done   chan struct{}
+	routes chan netlink.RouteUpdate
+	neighs chan netlink.NeighUpdate
+	// started are the channels netlink closes when its goroutine ends.
+	startedRoutes, startedNeighs bool
+
+	mu  sync.Mutex
+	err error
+}
+
+func (s *subscription) start(ns netns.NsHandle, routes, neighs bool) error {
+	if routes {
+		ch := make(chan netlink.RouteUpdate, updateBuffer)
+		if err := netlink.RouteSubscribeWithOptions(ch, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
+			return fmt.Errorf("subscribe to netlink route updates: %w", err)
+		}
+		s.routes, s.startedRoutes = ch, true
+	}
+	if neighs {
+		ch := make(chan netlink.NeighUpdate, updateBuffer)
+		if err := netlink.NeighSubscribeWithOptions(ch, s.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
+			return fmt.Errorf("subscribe to netlink neighbour updates: %w", err)
+		}
+		s.neighs, s.startedNeighs = ch, true
+	}
+	return nil
+}
+
+// onError keeps the last error netlink reports, to say why updates
+// ended; closing the subscription makes its receive fail, which is not
+// one.
+func (s *subscription) onError(err error) {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+}
+
+func (s *subscription) ended(kind string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		return fmt.Errorf("netlink %s updates ended", kind)
+	}
+	return fmt.Errorf("netlink %s updates ended: %w", kind, s.err)
+}
+
+// close ends the subscriptions and waits for netlink's goroutines, which
+// may be blocked sending an update.
+func (s *subscription) close() {
+	close(s.done)
+	if s.startedRoutes {
+		for range s.routes {
+		}
+	}
+	if s.startedNeighs {
+		for range s.neighs {
+		}
+	}
+}
