@@ -16,6 +16,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/internal/kvsync"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
@@ -29,7 +30,7 @@ var Cell = cell.Module(
 	"ipcache",
 	"Prefix to security identity table and its LPM BPF map",
 
-	cell.ProvidePrivate(NewTable, job.Registry.NewGroup),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs),
 	cell.Provide(NewMap, statedb.RWTable[*Entry].ToTable, apiRoutes, newMetrics, syncedBarrier),
 	cell.Invoke(newIPCache, registerReconciler),
 )
@@ -66,6 +67,7 @@ type params struct {
 	Addresses statedb.Table[*devices.NodeAddress]
 	Nodes     statedb.Table[*nodes.Node]
 	KVStore   kvstore.Client
+	Repairs   *kvsync.Repairs
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
 }
@@ -79,12 +81,12 @@ type ipCache struct {
 	kv  kvstore.Client
 
 	restoredDone func(statedb.WriteTxn)
-	// republish asks the publisher to write every local address again.
-	republish chan struct{}
+	// owner writes this node's ip/v1 keys and puts them back.
+	owner *kvsync.Owner
 }
 
 func newIPCache(p params) {
-	c := &ipCache{log: p.Log, db: p.DB, tbl: p.Table, m: p.Map, kv: p.KVStore, republish: make(chan struct{}, 1)}
+	c := &ipCache{log: p.Log, db: p.DB, tbl: p.Table, m: p.Map, kv: p.KVStore}
 	txn := p.DB.WriteTxn(p.Table)
 	local := p.Table.RegisterInitializer(txn, initLocal)
 	reserved := p.Table.RegisterInitializer(txn, initReserved)
@@ -117,8 +119,12 @@ func newIPCache(p params) {
 		job.OneShot("drop-restored", c.dropRestored),
 	)
 	if p.KVStore.Enabled() {
+		c.owner = kvsync.NewOwner(p.Log, p.KVStore, p.Repairs, "pod address key")
 		p.Jobs.Add(
-			job.OneShot("kvstore-watch", func(ctx context.Context, h cell.Health) error { return c.watchKVStore(ctx, h, kvListed) }),
+			job.OneShot("kvstore-watch", func(ctx context.Context, h cell.Health) error {
+				return c.watchKVStore(ctx, h, p.Nodes, kvListed)
+			}),
+			job.OneShot("kvstore-write", c.owner.Run),
 			job.OneShot("kvstore-publish", func(ctx context.Context, h cell.Health) error { return c.publish(ctx, h, p.Endpoints, p.Nodes) }),
 		)
 	}

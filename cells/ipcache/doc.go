@@ -21,5 +21,8 @@
 //     done. The reconciler writes nothing that is already right.
 //   - With the kvstore, this node's endpoint addresses are published as
 //     leased ip/v1 keys, and deleted when the endpoint goes; a key of ours
-//     that someone else deletes is written back.
+//     that someone else deletes or changes is written back on its lease
+//     (logged, counted). An ip/v1 key that is not a pod's address in
+//     canonical form, or whose value breaks the bounds, is refused: logged,
+//     named in health, and its earlier claim taken back.
 package ipcache

@@ -17,7 +17,9 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/kvsync/kvsynctest"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
@@ -36,6 +38,8 @@ type node struct {
 	nodes statedb.RWTable[*nodes.Node]
 	tbl   statedb.Table[*ipcache.Entry]
 	m     *ipcache.Map
+	hs    statedb.Table[*health.Status]
+	mets  kvsynctest.Metrics
 }
 
 func startNode(t testing.TB, root, etcd, prefix string) *node {
@@ -50,9 +54,10 @@ func startNode(t testing.TB, root, etcd, prefix string) *node {
 			cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable, newAddrs,
 				nodes.NewTable, statedb.RWTable[*nodes.Node].ToTable),
 			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint], addrs statedb.RWTable[*devices.NodeAddress],
-				nodeTbl statedb.RWTable[*nodes.Node], tbl statedb.Table[*ipcache.Entry], m *ipcache.Map) {
-				n.db, n.eps, n.addrs, n.nodes, n.tbl, n.m = db, eps, addrs, nodeTbl, tbl, m
+				nodeTbl statedb.RWTable[*nodes.Node], tbl statedb.Table[*ipcache.Entry], m *ipcache.Map, hs statedb.Table[*health.Status]) {
+				n.db, n.eps, n.addrs, n.nodes, n.tbl, n.m, n.hs = db, eps, addrs, nodeTbl, tbl, m, hs
 			}),
+			cell.Invoke(func(mets kvsynctest.Metrics) { n.mets = mets }),
 		),
 	)
 	hive.AddConfigOverride(n.h, func(c *bpfmaps.Config) { c.BPFRoot = root })
@@ -122,7 +127,7 @@ func TestIPCache(t *testing.T) {
 
 	txn := n.db.WriteTxn(n.eps, n.addrs, n.nodes)
 	n.eps.Insert(txn, &endpointmanager.Endpoint{ID: 1, ContainerID: "c1", IPv4: netip.MustParseAddr("10.0.0.5"),
-		PodNamespace: "default", PodName: "web", Identity: identity.MinLocal})
+		PodNamespace: "default", PodName: "web", Identity: 310})
 	n.addrs.Insert(txn, &devices.NodeAddress{Addr: netip.MustParseAddr("192.168.50.1"), Device: "eth0"})
 	n.nodes.Insert(txn, &nodes.Node{Name: "self", Local: true, Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.168.50.1")}}}})
 	n.nodes.Insert(txn, &nodes.Node{Name: "other", Spec: nodes.Spec{
@@ -132,7 +137,7 @@ func TestIPCache(t *testing.T) {
 
 	// Local endpoint, host address, and the world through the kernel's
 	// longest-prefix match.
-	n.mapHas(t, "10.0.0.5", identity.MinLocal, "")
+	n.mapHas(t, "10.0.0.5", 310, "")
 	n.mapHas(t, "192.168.50.1", identity.Host, "")
 	n.mapHas(t, "8.8.4.4", identity.World, "")
 	n.mapHas(t, "2001:db8::1", identity.World, "")
@@ -144,7 +149,7 @@ func TestIPCache(t *testing.T) {
 			return false
 		}
 		var v ipcache.IPValue
-		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == identity.MinLocal && v.PodName == "web" &&
+		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == 310 && v.PodName == "web" &&
 			v.HostIP == netip.MustParseAddr("192.168.50.1")
 	})
 
@@ -162,7 +167,7 @@ func TestIPCache(t *testing.T) {
 		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
 		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
 	})
-	n.mapHas(t, "10.0.0.5", identity.MinLocal, "")
+	n.mapHas(t, "10.0.0.5", 310, "")
 
 	// Another node's pod, and a garbage value that changes nothing else.
 	remote, _ := json.Marshal(ipcache.IPValue{IP: netip.MustParseAddr("10.0.1.7"), HostIP: netip.MustParseAddr("192.168.50.2"),
@@ -173,20 +178,6 @@ func TestIPCache(t *testing.T) {
 	if e, ok := ipcache.Lookup(n.db.ReadTxn(), n.tbl, netip.MustParseAddr("10.0.1.8")); !ok || e.Prefix.Bits() == 32 {
 		t.Fatalf("the garbage key made an entry: %+v", e)
 	}
-
-	// A kvstore claim on a host address loses to the host; when the host
-	// address goes, the kvstore claim takes over.
-	hostClaim, _ := json.Marshal(ipcache.IPValue{IP: netip.MustParseAddr("192.168.50.1"), Identity: 301})
-	raw.Put(ctx, "ipc/state/ip/v1/192.168.50.1", string(hostClaim))
-	celltest.Eventually(t, "both claims on the host address", func() bool {
-		e, ok := ipcache.Lookup(n.db.ReadTxn(), n.tbl, netip.MustParseAddr("192.168.50.1"))
-		return ok && len(e.Claims) == 2 && e.Winner().Source == ipcache.SourceReserved
-	})
-	n.mapHas(t, "192.168.50.1", identity.Host, "")
-	txn = n.db.WriteTxn(n.addrs)
-	n.addrs.DeleteAll(txn)
-	txn.Commit()
-	n.mapHas(t, "192.168.50.1", 301, "")
 
 	// The remote pod goes: its entry leaves the map.
 	raw.Delete(ctx, "ipc/state/ip/v1/10.0.1.7")
