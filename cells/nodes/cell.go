@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/kvsync"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
@@ -31,7 +32,7 @@ var Cell = cell.Module(
 	"Local and remote nodes from Kubernetes and the kvstore",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(NewTable, job.Registry.NewGroup),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs),
 	cell.Provide(statedb.RWTable[*Node].ToTable, apiRoutes, newMetrics),
 	cell.Invoke(newNodes),
 )
@@ -96,6 +97,7 @@ type params struct {
 	Endpoints     statedb.Table[*endpointmanager.Endpoint]
 	DevicesConfig devices.Config
 	KVStore       kvstore.Client
+	Repairs       *kvsync.Repairs
 	Clientset     k8sclient.Clientset
 	Readiness     *health.Readiness
 	Annotations   []Annotation `group:"node-annotations"`
@@ -108,6 +110,7 @@ type nodes struct {
 	log    *slog.Logger
 	db     *statedb.DB
 	tbl    statedb.RWTable[*Node]
+	kv     kvstore.Client
 	name   string
 	claims *claims
 	// localDone marks the local node known; merge calls it.
@@ -119,7 +122,7 @@ func newNodes(p params) error {
 	if err != nil {
 		return err
 	}
-	n := &nodes{log: p.Log, db: p.DB, tbl: p.Table, name: string(p.NodeName), claims: newClaims(string(p.NodeName))}
+	n := &nodes{log: p.Log, db: p.DB, tbl: p.Table, kv: p.KVStore, name: string(p.NodeName), claims: newClaims(string(p.NodeName))}
 	txn := p.DB.WriteTxn(p.Table)
 	n.localDone = p.Table.RegisterInitializer(txn, initLocal)
 	k8sSynced := p.Table.RegisterInitializer(txn, initK8s)
@@ -144,10 +147,11 @@ func newNodes(p params) error {
 		}, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: time.Minute})),
 	)
 	if p.KVStore.Enabled() {
-		kv := &kvstoreNodes{log: p.Log, kv: p.KVStore, nodes: n, republish: make(chan struct{}, 1)}
+		kv := &kvstoreNodes{nodes: n, owner: kvsync.NewOwner(p.Log, p.KVStore, p.Repairs, "node key")}
 		p.Jobs.Add(
 			job.OneShot("kvstore-watch", func(ctx context.Context, h cell.Health) error { return kv.watch(ctx, h, kvListed) }),
 			job.OneShot("kvstore-publish", kv.publish),
+			job.OneShot("kvstore-write", kv.owner.Run),
 		)
 	}
 	return nil

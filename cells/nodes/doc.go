@@ -13,16 +13,20 @@
 //     pod CIDRs, health IPs) a weaker source may fill.
 //   - What cannot be used is left out of a row and said in its Problems: a
 //     node without address is listed but unreachable; a pod CIDR that
-//     overlaps this node's, or that of a node whose name sorts first, is
-//     dropped (a route for it would take another node's pods). Invalid
-//     values of a Node object or a key are logged with the object and
-//     ignored; nothing else is affected.
+//     overlaps one another node has a stronger claim on is dropped (a
+//     route for it would take another node's pods). The claims, strongest
+//     first: this node's; one its Node object gives a node; the node that
+//     held the CIDR until now; the node whose name sorts first. A key
+//     cannot take a CIDR another node holds. Invalid values of a Node
+//     object are logged and ignored; a bad key is refused (logged, named
+//     in health, what it said before taken back); nothing else is
+//     affected.
 //   - The table is initialized once this node is known, the Node objects
 //     are synced and (with the kvstore) the node keys are listed: consumers
 //     that remove what the table does not have (routes, ipcache entries)
 //     wait for it.
 //   - This node is published to the kvstore as a leased key, written back
-//     if someone deletes it.
+//     on its lease if someone else deletes or changes it (logged, counted).
 //   - On its Node object the agent keeps the annotations
 //     network.cellium.io/pod-cidrs and /health-ips, and those other cells
 //     contribute (group "node-annotations"), patching only when they differ;

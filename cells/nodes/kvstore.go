@@ -4,18 +4,29 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
+	"net/netip"
+	"slices"
 	"strings"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/internal/kvsync"
 )
 
 // keyPrefix is where agents publish their nodes (docs/kvstore.md).
 const keyPrefix = "state/nodes/v1/"
+
+// Bounds of a nodes/v1 key: its value is well under 1 KiB, one address per
+// family of each type, a pod CIDR or two per family, one health address
+// per family.
+const (
+	maxNodeValue = 8 << 10
+	maxAddresses = 8
+	maxPodCIDRs  = 8
+	maxHealthIPs = 4
+)
 
 // Value is the value of a nodes/v1/<name> key.
 type Value struct {
@@ -23,113 +34,112 @@ type Value struct {
 	Spec
 }
 
-// parseKey reads a nodes/v1 key and its value; the error names what is
+// parseKey reads a nodes/v1 key and its value; the error says what is
 // wrong.
 func parseKey(key string, value []byte) (string, Spec, error) {
 	name := strings.TrimPrefix(key, keyPrefix)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", Spec{}, fmt.Errorf("not a node name: %s", strings.Join(errs, "; "))
+	}
 	var v Value
 	dec := json.NewDecoder(strings.NewReader(string(value)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
-		return "", Spec{}, fmt.Errorf("key %s: value %.80q: %w", key, value, err)
+		return "", Spec{}, fmt.Errorf("value %.80q: %w", value, err)
 	}
 	if v.Name != name {
-		return "", Spec{}, fmt.Errorf("key %s: value names another node, %q", key, v.Name)
+		return "", Spec{}, fmt.Errorf("value names another node, %q", v.Name)
 	}
-	for _, a := range v.Addresses {
-		if !a.IP.IsValid() || (a.Type != InternalIP && a.Type != ExternalIP) {
-			return "", Spec{}, fmt.Errorf("key %s: invalid address %+v: want {type: InternalIP or ExternalIP, ip}", key, a)
+	if len(v.Addresses) > maxAddresses || len(v.PodCIDRs) > maxPodCIDRs || len(v.HealthIPs) > maxHealthIPs {
+		return "", Spec{}, fmt.Errorf("%d addresses, %d pod CIDRs, %d health IPs: want at most %d, %d and %d",
+			len(v.Addresses), len(v.PodCIDRs), len(v.HealthIPs), maxAddresses, maxPodCIDRs, maxHealthIPs)
+	}
+	for i, a := range v.Addresses {
+		if !unicast(a.IP) || (a.Type != InternalIP && a.Type != ExternalIP) {
+			return "", Spec{}, fmt.Errorf("invalid address %+v: want {type: InternalIP or ExternalIP, ip: a unicast address without zone}", a)
+		}
+		if slices.Contains(v.Addresses[:i], a) {
+			return "", Spec{}, fmt.Errorf("address %s twice", a.IP)
 		}
 	}
-	for _, p := range v.PodCIDRs {
-		if !p.IsValid() || p != p.Masked() {
-			return "", Spec{}, fmt.Errorf("key %s: invalid pod CIDR %s", key, p)
+	for i, p := range v.PodCIDRs {
+		if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() {
+			return "", Spec{}, fmt.Errorf("invalid pod CIDR %s", p)
+		}
+		if slices.Contains(v.PodCIDRs[:i], p) {
+			return "", Spec{}, fmt.Errorf("pod CIDR %s twice", p)
+		}
+	}
+	for i, ip := range v.HealthIPs {
+		if !unicast(ip) {
+			return "", Spec{}, fmt.Errorf("invalid health IP %s: want a unicast address without zone", ip)
+		}
+		if slices.Contains(v.HealthIPs[:i], ip) {
+			return "", Spec{}, fmt.Errorf("health IP %s twice", ip)
 		}
 	}
 	return name, v.Spec, nil
 }
 
+// unicast: an address a node or its health endpoint can have, in one
+// form only.
+func unicast(a netip.Addr) bool {
+	return a.IsValid() && a.Zone() == "" && !a.Is4In6() && a.IsGlobalUnicast()
+}
+
+// nodeKey is a nodes/v1 key as the follower hands it on.
+type nodeKey struct {
+	name string
+	spec Spec
+}
+
 // kvstoreNodes follows the nodes/v1 keys and publishes this node's.
 type kvstoreNodes struct {
-	log   *slog.Logger
-	kv    kvstore.Client
 	nodes *nodes
-	// republish asks publish to write this node's key again: someone
-	// deleted it.
-	republish chan struct{}
+	// owner writes this node's key and puts it back.
+	owner *kvsync.Owner
 }
 
+// watch keeps the kvstore's claims equal to the accepted nodes/v1 keys: a
+// refused key takes back what it said before.
 func (k *kvstoreNodes) watch(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
-	known := map[string]bool{}
-	for batch := range kvstore.Batches(k.kv.Watch(ctx, keyPrefix), 1024) {
-		for _, ev := range batch {
-			switch ev.Kind {
-			case kvstore.EventListed:
-				if listed != nil {
-					txn := k.nodes.db.WriteTxn(k.nodes.tbl)
-					listed(txn)
-					txn.Commit()
-					listed = nil
-				}
-				health.OK(fmt.Sprintf("Following %d nodes", len(known)))
-			case kvstore.EventUpsert:
-				name, spec, err := parseKey(ev.Key, ev.Value)
-				if err != nil {
-					k.log.Warn("Ignoring an invalid node key from the kvstore", "error", err)
-					if name := strings.TrimPrefix(ev.Key, keyPrefix); known[name] {
-						// What it said before no longer holds.
-						delete(known, name)
-						k.nodes.claims.set(name, SourceKVStore, Spec{}, false)
-					}
-					continue
-				}
-				known[name] = true
-				k.nodes.claims.set(name, SourceKVStore, spec, true)
-			case kvstore.EventDelete:
-				name := strings.TrimPrefix(ev.Key, keyPrefix)
-				delete(known, name)
-				k.nodes.claims.set(name, SourceKVStore, Spec{}, false)
-				if name == k.nodes.name {
-					select {
-					case k.republish <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}
+	rule := kvsync.Rule[nodeKey]{
+		Prefix: keyPrefix, MaxValue: maxNodeValue, What: "node key",
+		Parse: func(key string, value []byte) (nodeKey, error) {
+			name, spec, err := parseKey(key, value)
+			return nodeKey{name, spec}, err
+		},
 	}
-	return nil
+	return kvsync.Follow(ctx, k.nodes.kv, k.nodes.log, health, rule, k.owner, func(changes []kvsync.Change[nodeKey], done bool) {
+		for _, ch := range changes {
+			if ch.Deleted {
+				k.nodes.claims.set(strings.TrimPrefix(ch.Key, keyPrefix), SourceKVStore, Spec{}, false)
+				continue
+			}
+			k.nodes.claims.set(ch.Value.name, SourceKVStore, ch.Value.spec, true)
+		}
+		if done && listed != nil {
+			txn := k.nodes.db.WriteTxn(k.nodes.tbl)
+			listed(txn)
+			txn.Commit()
+			listed = nil
+		}
+	})
 }
 
-// publish writes this node's key (leased) whenever the local node changes,
-// and again a second later after a failure.
-func (k *kvstoreNodes) publish(ctx context.Context, health cell.Health) error {
-	var published []byte
+// publish gives the owner this node's key whenever the local node
+// changes; the owner writes it (leased) and puts it back when someone
+// else changes or deletes it.
+func (k *kvstoreNodes) publish(ctx context.Context, _ cell.Health) error {
 	for {
 		txn := k.nodes.db.ReadTxn()
 		local, _, watch, found := k.nodes.tbl.GetWatch(txn, ByName.Query(k.nodes.name))
-		var retry <-chan time.Time
 		if found && local.Local {
 			v, _ := json.Marshal(Value{Name: local.Name, Spec: local.Spec})
-			if string(v) != string(published) {
-				wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				_, err := k.kv.UpdateIfDifferent(wctx, keyPrefix+local.Name, v, kvstore.Leased())
-				cancel()
-				if err != nil {
-					health.Degraded("Publishing this node to the kvstore", err)
-					retry = time.After(time.Second)
-				} else {
-					published = v
-					health.OK("Published node " + local.Name)
-				}
-			}
+			k.owner.Want(map[string][]byte{keyPrefix + local.Name: v})
 		}
 		select {
 		case <-watch:
-		case <-retry:
-		case <-k.republish:
-			k.log.Warn("This node's key was deleted from the kvstore; writing it back", "key", keyPrefix+k.nodes.name)
-			published = nil
 		case <-ctx.Done():
 			return nil
 		}

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 )
 
@@ -15,6 +16,8 @@ type claims struct {
 	mu    sync.Mutex
 	local string
 	specs map[string]map[Source]Spec
+	// held are the pod CIDRs as the last rows gave them, to their node.
+	held map[netip.Prefix]string
 	// changed is signalled (never blocks) when a claim changes.
 	changed chan struct{}
 }
@@ -51,10 +54,10 @@ func (c *claims) set(node string, source Source, spec Spec, ok bool) {
 
 // rows are the nodes as the table must hold them: each node as its
 // strongest source describes it (with what it leaves empty from weaker
-// ones), without what cannot be used. A node
-// without address keeps its row, named unusable in its problems. A pod
-// CIDR that overlaps one of this node's, or one of another node whose name
-// sorts first, is left out: a route for it would take another node's pods.
+// ones), without what cannot be used. A node without address keeps its
+// row, named unusable in its problems. A pod CIDR that overlaps one that
+// another node has a stronger claim on (see below) is left out, and said
+// in the node's problems: a route for it would take another node's pods.
 func (c *claims) rows() map[string]*Node {
 	c.mu.Lock()
 	out := make(map[string]*Node, len(c.specs))
@@ -78,42 +81,54 @@ func (c *claims) rows() map[string]*Node {
 		}
 		out[name] = n
 	}
-	c.mu.Unlock()
 
-	type owned struct {
+	// Who gets a pod CIDR that several nodes claim: this node (its CIDRs
+	// are its own, whatever anyone else says), then a node whose Node
+	// object gives it, then the node that held it until now; only then
+	// the node whose name sorts first. A key that appears with another
+	// node's CIDR, whatever its name, cannot take it from that node.
+	type candidate struct {
 		cidr netip.Prefix
 		node string
+		rank int
 	}
-	var taken []owned
-	names := slices.Sorted(maps.Keys(out))
-	// The local node's pod CIDRs first: they are this node's, whatever
-	// anyone else says.
-	slices.SortStableFunc(names, func(a, b string) int {
-		return cmp.Compare(boolRank(!out[a].Local), boolRank(!out[b].Local))
+	var cands []candidate
+	for name, n := range out {
+		for _, cidr := range n.PodCIDRs {
+			rank := 3
+			switch {
+			case n.Local:
+				rank = 0
+			case slices.Contains(c.specs[name][SourceK8s].PodCIDRs, cidr):
+				rank = 1
+			case c.held[cidr] == name:
+				rank = 2
+			}
+			cands = append(cands, candidate{cidr, name, rank})
+		}
+	}
+	slices.SortFunc(cands, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.rank, b.rank), strings.Compare(a.node, b.node), a.cidr.Addr().Compare(b.cidr.Addr()), cmp.Compare(a.cidr.Bits(), b.cidr.Bits()))
 	})
-	for _, name := range names {
-		n := out[name]
+	held := map[netip.Prefix]string{}
+	refused := map[string][]string{}
+	var taken []candidate
+	for _, cand := range cands {
+		if i := slices.IndexFunc(taken, func(o candidate) bool { return o.cidr.Overlaps(cand.cidr) }); i >= 0 {
+			refused[cand.node] = append(refused[cand.node], fmt.Sprintf("pod CIDR %s ignored: it overlaps %s of node %s", cand.cidr, taken[i].cidr, taken[i].node))
+			continue
+		}
+		taken = append(taken, cand)
+		held[cand.cidr] = cand.node
+	}
+	c.held = held
+	for name, n := range out {
 		if len(n.Addresses) == 0 {
 			n.Problems = append(n.Problems, "no InternalIP or ExternalIP address: other nodes cannot reach it")
 		}
-		var kept []netip.Prefix
-		for _, cidr := range n.PodCIDRs {
-			i := slices.IndexFunc(taken, func(o owned) bool { return o.cidr.Overlaps(cidr) })
-			if i >= 0 {
-				n.Problems = append(n.Problems, fmt.Sprintf("pod CIDR %s ignored: it overlaps %s of node %s", cidr, taken[i].cidr, taken[i].node))
-				continue
-			}
-			taken = append(taken, owned{cidr, name})
-			kept = append(kept, cidr)
-		}
-		n.PodCIDRs = kept
+		n.Problems = append(n.Problems, refused[name]...)
+		n.PodCIDRs = slices.DeleteFunc(slices.Clone(n.PodCIDRs), func(p netip.Prefix) bool { return held[p] != name })
 	}
+	c.mu.Unlock()
 	return out
-}
-
-func boolRank(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

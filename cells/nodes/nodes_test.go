@@ -24,7 +24,9 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/kvsync/kvsynctest"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
@@ -40,6 +42,8 @@ type agent struct {
 	k8s *fake.Clientset
 	kv  kvstore.Client
 	h   *hive.Hive
+	hs  statedb.Table[*health.Status]
+	m   kvsynctest.Metrics
 }
 
 type opts struct {
@@ -62,8 +66,8 @@ func start(t *testing.T, o opts) *agent {
 	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(o.k8s...), nodes.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Provide(func() annotationOut { return annotationOut{A: nodes.Annotation{Key: "example.com/test", Value: "yes"}} }),
-		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *fake.Clientset, kv kvstore.Client) {
-			a.db, a.tbl, a.k8s, a.kv = db, tbl, cs, kv
+		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *fake.Clientset, kv kvstore.Client, hs statedb.Table[*health.Status], m kvsynctest.Metrics) {
+			a.db, a.tbl, a.k8s, a.kv, a.hs, a.m = db, tbl, cs, kv, hs, m
 		}))
 	dir := t.TempDir()
 	hive.AddConfigOverride(a.h, func(c *daemon.Config) {

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cellium/cellium/cells/api"
+	"github.com/cellium/cellium/cells/internal/kvsync"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/pkg/apiv1"
 )
@@ -45,10 +46,12 @@ func apiNode(n *Node) apiv1.Node {
 }
 
 // newMetrics is cellium_nodes: the nodes of the table, the local one
-// included.
-func newMetrics(db *statedb.DB, tbl statedb.Table[*Node]) metrics.Collectors {
+// included; and the repairs of this node's key.
+func newMetrics(db *statedb.DB, tbl statedb.Table[*Node], repairs *kvsync.Repairs) metrics.Collectors {
 	return metrics.NewCollectors(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "cellium", Name: "nodes",
 		Help: "Nodes of the cluster this agent knows, itself included",
-	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }))
+	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }), repairs)
 }
+
+func newRepairs() *kvsync.Repairs { return kvsync.NewRepairs("nodes") }
