@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/internal/kvsync"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/identity"
@@ -35,7 +36,7 @@ var Cell = cell.Module(
 	"Security identities of label sets node-local or through the kvstore",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(NewTable, job.Registry.NewGroup),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs),
 	cell.Provide(newAllocator, statedb.RWTable[*Identity].ToTable, apiRoutes, newMetrics),
 )
 
@@ -76,6 +77,7 @@ type params struct {
 	KVStore   kvstore.Client
 	Paths     daemon.Paths
 	NodeName  daemon.NodeName
+	Repairs   *kvsync.Repairs
 	Lifecycle cell.Lifecycle
 	Jobs      job.Group
 	Health    cell.Health
@@ -97,6 +99,8 @@ type Allocator struct {
 	node   string
 	path   string
 	health cell.Health
+	// repairs counts master and value keys written back.
+	repairs *kvsync.Repairs
 
 	// mu guards used; a use or release of an identity that stays in use
 	// needs only its read lock (the count is atomic).
@@ -150,7 +154,7 @@ func newAllocator(p params) (*Allocator, error) {
 	}
 	a := &Allocator{
 		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore,
-		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health,
+		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health, repairs: p.Repairs,
 		used: map[string]*usedIdentity{}, refsChanged: make(chan struct{}, 1),
 	}
 	p.Lifecycle.Append(cell.Hook{OnStart: a.start})
@@ -558,11 +562,7 @@ func (a *Allocator) allocateCluster(ctx context.Context, key string) (identity.N
 	n, _ := a.lookupCluster(key)
 	for attempt := 0; attempt < maxAllocateAttempts; attempt++ {
 		if n != 0 {
-			master := kvstore.ValueIs(idPrefix+n.String(), []byte(key))
-			put := []kvstore.Op{kvstore.Put(a.valueKey(key), []byte(n.String()), kvstore.Leased())}
-			i, err := a.kv.Txn(ctx,
-				kvstore.Branch{If: []kvstore.Cond{master, kvstore.NoneUnder(values)}, Then: put},
-				kvstore.Branch{If: []kvstore.Cond{master, kvstore.EveryValueUnder(values, []byte(n.String()))}, Then: put})
+			i, err := a.joinOrRecreate(ctx, n, key)
 			if err != nil || i >= 0 {
 				return n, err
 			}
@@ -590,6 +590,30 @@ func (a *Allocator) allocateCluster(ctx context.Context, key string) (identity.N
 	return 0, fmt.Errorf("no cluster identity for %s after %d attempts: the label set's keys or the numbers keep changing", key, maxAllocateAttempts)
 }
 
+// joinOrRecreate writes this node's value key for the label set key,
+// naming n, if n's master key names the set and every value key of the
+// set names n. When n's master key is gone (etcd lost it, or someone
+// deleted every key) and the set's value keys, if any, all name n, it
+// writes the master key again with the value key: a number in use keeps
+// its label set, it is not allocated anew. It returns the branch that
+// applied (2 and 3: the master key recreated), -1 for none.
+func (a *Allocator) joinOrRecreate(ctx context.Context, n identity.NumericIdentity, key string) (int, error) {
+	values, master, number := valuePrefix+key+"/", idPrefix+n.String(), []byte(n.String())
+	put := kvstore.Put(a.valueKey(key), number, kvstore.Leased())
+	recreate := []kvstore.Op{kvstore.Put(master, []byte(key)), put}
+	names, gone := kvstore.ValueIs(master, []byte(key)), kvstore.Absent(master)
+	i, err := a.kv.Txn(ctx,
+		kvstore.Branch{If: []kvstore.Cond{names, kvstore.NoneUnder(values)}, Then: []kvstore.Op{put}},
+		kvstore.Branch{If: []kvstore.Cond{names, kvstore.EveryValueUnder(values, number)}, Then: []kvstore.Op{put}},
+		kvstore.Branch{If: []kvstore.Cond{gone, kvstore.NoneUnder(values)}, Then: recreate},
+		kvstore.Branch{If: []kvstore.Cond{gone, kvstore.EveryValueUnder(values, number)}, Then: recreate})
+	if err == nil && i >= 2 {
+		a.repairs.Inc()
+		a.log.Warn("Wrote back the master key of an identity, which was gone, with the number its label set has", "key", master, "labels", key)
+	}
+	return i, err
+}
+
 // freeCluster is a random cluster number the table does not know.
 func (a *Allocator) freeCluster() identity.NumericIdentity {
 	txn := a.db.ReadTxn()
@@ -615,7 +639,8 @@ func (a *Allocator) lookupCluster(key string) (identity.NumericIdentity, bool) {
 
 // existing is the number the value keys of the label set key name (any
 // node's, this one's from before a restart included), when its master key
-// still names the set; 0 for none.
+// still names the set or is gone (joinOrRecreate writes it again); 0 for
+// none.
 func (a *Allocator) existing(ctx context.Context, key string) (identity.NumericIdentity, error) {
 	values, err := a.kv.List(ctx, valuePrefix+key+"/")
 	if err != nil {
@@ -631,86 +656,144 @@ func (a *Allocator) existing(ctx context.Context, key string) (identity.NumericI
 		if err != nil {
 			return 0, err
 		}
-		if found && string(master) == key {
+		if !found || string(master) == key {
 			return n, nil
 		}
 	}
 	return 0, nil
 }
 
-// watch keeps the table's cluster identities equal to the master keys.
+// masterKey is an identities/v1/id key as the follower hands it on.
+type masterKey struct {
+	id     identity.NumericIdentity
+	labels labels.Labels
+}
+
+// maxMasterValue bounds a master key's value, a label set: a pod's labels
+// and its namespace's, which Kubernetes bounds to 256 KiB each in all.
+const maxMasterValue = 512 << 10
+
+// parseMasterKey reads a master key: its number in canonical form and in
+// the cluster range, its value a label set in canonical form.
+func parseMasterKey(key string, value []byte) (masterKey, error) {
+	name := strings.TrimPrefix(key, idPrefix)
+	n, err := strconv.ParseUint(name, 10, 32)
+	id := identity.NumericIdentity(n)
+	switch {
+	case err != nil || id.String() != name:
+		return masterKey{}, fmt.Errorf("not an identity number in canonical form")
+	case !id.IsCluster():
+		return masterKey{}, fmt.Errorf("identity %d is outside the cluster range %d-%d", id, identity.MinCluster, identity.MaxCluster)
+	}
+	ls, err := labels.Parse(string(value))
+	switch {
+	case err != nil:
+		return masterKey{}, fmt.Errorf("value %.80q is not a label set: %w", value, err)
+	case len(ls) == 0:
+		return masterKey{}, fmt.Errorf("empty label set")
+	case ls.String() != string(value):
+		return masterKey{}, fmt.Errorf("label set %.80q not in canonical form (%.80q)", value, ls.String())
+	}
+	return masterKey{id, ls}, nil
+}
+
+// watch keeps the table's cluster identities equal to the accepted master
+// keys. A master key of an identity this node uses that goes, or turns
+// bad, is written back with this node's value key.
 func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
-	for batch := range kvstore.Batches(a.kv.Watch(ctx, idPrefix), 1024) {
-		var writeBack []kvstore.Event
+	rule := kvsync.Rule[masterKey]{Prefix: idPrefix, MaxValue: maxMasterValue, What: "identity master key", Parse: parseMasterKey}
+	return kvsync.Follow(ctx, a.kv, a.log, health, rule, nil, func(changes []kvsync.Change[masterKey], done bool) {
+		var writeBack []*usedIdentity
 		a.mu.Lock()
 		txn := a.db.WriteTxn(a.tbl)
-		for _, ev := range batch {
-			switch ev.Kind {
-			case kvstore.EventListed:
-				if listed != nil {
-					listed(txn)
-					listed = nil
-				}
-				health.OK("Cluster identities listed")
-			case kvstore.EventUpsert, kvstore.EventDelete:
-				if ls := a.apply(txn, ev); ls != nil {
-					writeBack = append(writeBack, kvstore.Event{Key: ev.Key, Value: []byte(ls.String())})
-				}
+		for _, ch := range changes {
+			if u := a.apply(txn, ch); u != nil {
+				writeBack = append(writeBack, u)
 			}
+		}
+		if done && listed != nil {
+			listed(txn)
+			listed = nil
 		}
 		txn.Commit()
 		a.mu.Unlock()
-		for _, ev := range writeBack {
-			a.writeBack(ctx, ev.Key, string(ev.Value))
+		for _, u := range writeBack {
+			a.writeBack(ctx, u)
 		}
-	}
-	return nil
+	})
 }
 
-// writeBack creates again the master key of an identity this node uses,
-// which someone deleted: its endpoints keep their number, and the number
-// must keep naming their label set.
-func (a *Allocator) writeBack(ctx context.Context, key, ls string) {
+// writeBack writes again the master key of an identity this node uses,
+// which someone deleted or changed, with this node's value key (which
+// went too when every key was deleted at once): its endpoints keep their
+// number, the number keeps naming their label set, and the collector
+// sees it in use. A master key that now names a label set in use
+// elsewhere is left alone, and logged.
+func (a *Allocator) writeBack(ctx context.Context, u *usedIdentity) {
+	ls := u.labels.String()
+	unlock := a.sets.lock(ls)
+	defer unlock()
+	a.mu.RLock()
+	still := a.used[ls] == u && u.refs.Load() > 0
+	a.mu.RUnlock()
+	if !still {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	created, err := a.kv.CreateOnly(ctx, key, []byte(ls))
+	master := idPrefix + u.id.String()
+	put := kvstore.Put(a.valueKey(ls), []byte(u.id.String()), kvstore.Leased())
+	rewrite := []kvstore.Op{kvstore.Put(master, []byte(ls)), put}
+	branches := []kvstore.Branch{
+		{If: []kvstore.Cond{kvstore.Absent(master)}, Then: rewrite},
+		{If: []kvstore.Cond{kvstore.ValueIs(master, []byte(ls))}, Then: []kvstore.Op{put}},
+	}
+	cur, found, err := a.kv.Get(ctx, master)
+	if err == nil && found && string(cur) != ls {
+		// Changed by hand: put right unless its value is a label set that
+		// some node uses with this number.
+		branches = append(branches, kvstore.Branch{
+			If:   []kvstore.Cond{kvstore.ValueIs(master, cur), kvstore.NoneUnder(valuePrefix + string(cur) + "/")},
+			Then: rewrite,
+		})
+	}
+	i := -1
+	if err == nil {
+		i, err = a.kv.Txn(ctx, branches...)
+	}
 	switch {
 	case err != nil:
-		a.log.Error("An identity in use lost its master key and writing it back failed", "key", key, "labels", ls, "error", err)
-	case created:
-		a.log.Warn("Wrote back the deleted master key of an identity in use", "key", key, "labels", ls)
+		a.log.Error("An identity in use lost its master key and writing it back failed", "key", master, "labels", ls, "error", err)
+	case i < 0:
+		a.log.Error("An identity in use lost its master key to a label set in use elsewhere; its endpoints need new identities", "key", master, "labels", ls, "now", string(cur))
 	default:
-		a.log.Error("An identity in use lost its master key to another label set; its endpoints need new identities", "key", key, "labels", ls)
+		a.repairs.Inc()
+		a.log.Warn("Wrote back the master key of an identity in use, and this node's value key", "key", master, "labels", ls, "value-key", a.valueKey(ls))
 	}
 }
 
 // apply writes a master key's change into the table, with a.mu held. It
-// returns the label set of a master key that was deleted while this node
-// uses it, for the watcher to write back.
-func (a *Allocator) apply(txn statedb.WriteTxn, ev kvstore.Event) (writeBack labels.Labels) {
-	n, err := strconv.ParseUint(strings.TrimPrefix(ev.Key, idPrefix), 10, 32)
-	if err != nil || !identity.NumericIdentity(n).IsCluster() {
-		a.log.Warn("Ignoring an identity master key outside the cluster range", "key", ev.Key)
-		return nil
-	}
-	id := identity.NumericIdentity(n)
-	old, _, found := a.tbl.Get(txn, ByID.Query(id))
-	if ev.Kind == kvstore.EventDelete {
+// returns the identity this node uses whose master key went, turned bad or
+// names another label set, for the watcher to write back; its row stays.
+func (a *Allocator) apply(txn statedb.WriteTxn, ch kvsync.Change[masterKey]) (writeBack *usedIdentity) {
+	if ch.Deleted {
+		n, _ := strconv.ParseUint(strings.TrimPrefix(ch.Key, idPrefix), 10, 32)
+		id := identity.NumericIdentity(n)
 		if u := a.usedByID(id); u != nil && u.kind == KindCluster {
-			return u.labels
+			return u
 		}
-		if found {
+		if old, _, found := a.tbl.Get(txn, ByID.Query(id)); found {
 			a.tbl.Delete(txn, old)
 		}
 		return nil
 	}
-	ls, err := labels.Parse(string(ev.Value))
-	if err != nil || len(ls) == 0 {
-		a.log.Warn("Ignoring an identity master key whose value is not a label set", "key", ev.Key, "value", string(ev.Value), "error", err)
-		return nil
+	if u := a.usedByID(ch.Value.id); u != nil && u.kind == KindCluster && !u.labels.Equal(ch.Value.labels) {
+		// Rewritten to name another label set: this node's endpoints hold
+		// the number for theirs.
+		return u
 	}
-	row := &Identity{ID: id, Labels: ls, Kind: KindCluster}
-	if u := a.used[ls.String()]; u != nil && u.id == id {
+	row := &Identity{ID: ch.Value.id, Labels: ch.Value.labels, Kind: KindCluster}
+	if u := a.used[row.Labels.String()]; u != nil && u.id == row.ID {
 		row.Refs = int(u.refs.Load())
 	}
 	a.tbl.Insert(txn, row)

@@ -20,7 +20,10 @@
 //     value key. The job watch-identities keeps every master key in the
 //     table, so a known label set resolves with no round trip
 //     ([Allocator.Lookup]) and any number can be named, and writes back a
-//     master key deleted while this node uses it.
+//     master key deleted or changed while this node uses it, with this
+//     node's value key. A number whose master key vanished while value
+//     keys name it is kept: the next allocation of its set writes the
+//     master key again. Bad master keys are refused and named in health.
 //   - The job identity-gc (kvstore only) deletes master keys that no value
 //     key has named for two rounds of the agent holding the GC lock, by a
 //     transaction that checks they are still unused.

@@ -4,6 +4,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cellium/cellium/cells/internal/kvsync"
 	"github.com/cellium/cellium/cells/metrics"
 )
 
@@ -15,10 +16,12 @@ type identitiesByKind struct {
 	desc *prometheus.Desc
 }
 
-func newMetrics(db *statedb.DB, tbl statedb.Table[*Identity]) metrics.Collectors {
+func newMetrics(db *statedb.DB, tbl statedb.Table[*Identity], repairs *kvsync.Repairs) metrics.Collectors {
 	return metrics.NewCollectors(&identitiesByKind{db: db, tbl: tbl,
-		desc: prometheus.NewDesc("cellium_identities", "Security identities the node knows, by kind (reserved, cluster, local)", []string{"kind"}, nil)})
+		desc: prometheus.NewDesc("cellium_identities", "Security identities the node knows, by kind (reserved, cluster, local)", []string{"kind"}, nil)}, repairs)
 }
+
+func newRepairs() *kvsync.Repairs { return kvsync.NewRepairs("identity") }
 
 func (c *identitiesByKind) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 

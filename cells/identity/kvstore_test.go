@@ -1,0 +1,193 @@
+package identity
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/identity"
+)
+
+func rawClient(t *testing.T, etcd *etcdtest.Server) *clientv3.Client {
+	t.Helper()
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return raw
+}
+
+// TestEveryKeyDeleted: every key under the prefix deleted at once: each
+// node writes back the master key of the identity it uses and its own
+// value key, on its lease, and counts the repair; the collector then sees
+// the identity in use and keeps it, round after round.
+func TestEveryKeyDeleted(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "all")
+	b, _ := startAllocator(t, "node-b", t.TempDir(), etcd.Endpoint(), "all")
+	ctx := ctxT(t)
+	n, err := a.Allocate(ctx, web("all"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.Allocate(ctx, web("all")); err != nil || m != n {
+		t.Fatalf("node b: %v, %v; want %v", m, err, n)
+	}
+	raw := rawClient(t, etcd)
+	if _, err := raw.Delete(ctx, "all/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	ls := web("all").String()
+	celltest.Eventually(t, "the master key and both value keys back, leased", func() bool {
+		master, found, err := a.kv.Get(ctx, idPrefix+n.String())
+		if err != nil || !found || string(master) != ls {
+			return false
+		}
+		values, err := a.kv.List(ctx, valuePrefix+ls+"/")
+		if err != nil || len(values) != 2 {
+			return false
+		}
+		for _, v := range values {
+			if string(v.Value) != n.String() || v.Lease == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if got := testutil.ToFloat64(a.repairs) + testutil.ToFloat64(b.repairs); got < 2 {
+		t.Errorf("repairs counted: %v, want one per node at least", got)
+	}
+	for range 3 {
+		if err := a.gcRound(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, found, _ := a.kv.Get(ctx, idPrefix+n.String()); !found {
+		t.Fatal("the collector deleted the master key of an identity in use after it was written back")
+	}
+}
+
+// TestVanishedMasterKeepsNumber: a label set whose master key is gone while
+// a value key still names its number (etcd lost the master key, the
+// value key was written again on its lease) gets that number, with its
+// master key written again, not a new one nor an error.
+func TestVanishedMasterKeepsNumber(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "van")
+	ctx := ctxT(t)
+	ls := web("van").String()
+	for _, kv := range [][2]string{{idPrefix + "300", ls}, {valuePrefix + ls + "/node-x", "300"}} {
+		if _, err := a.kv.UpdateIfDifferent(ctx, kv[0], []byte(kv[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	celltest.Eventually(t, "node a knows 300", func() bool { id, ok := a.Lookup(web("van")); return ok && id == 300 })
+	if err := a.kv.Delete(ctx, idPrefix+"300"); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "node a forgot 300", func() bool { _, ok := a.Lookup(web("van")); return !ok })
+	n, err := a.Allocate(ctx, web("van"))
+	if err != nil || n != 300 {
+		t.Fatalf("Allocate = %v, %v; want 300, the number the value keys name", n, err)
+	}
+	if v, found, _ := a.kv.Get(ctx, idPrefix+"300"); !found || string(v) != ls {
+		t.Fatalf("master key 300 = %q (found %v), want %s", v, found, ls)
+	}
+}
+
+// TestMasterKeyOverwritten: the master key of an identity in use rewritten
+// to name another label set is put back.
+func TestMasterKeyOverwritten(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "ow")
+	ctx := ctxT(t)
+	n, err := a.Allocate(ctx, web("ow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, forged := range []string{web("forged").String(), "not a label set"} {
+		if _, err := a.kv.UpdateIfDifferent(ctx, idPrefix+n.String(), []byte(forged)); err != nil {
+			t.Fatal(err)
+		}
+		celltest.Eventually(t, "the master key put back", func() bool {
+			v, found, err := a.kv.Get(ctx, idPrefix+n.String())
+			return err == nil && found && string(v) == web("ow").String()
+		})
+	}
+	if id, ok := a.Lookup(web("ow")); !ok || id != n {
+		t.Fatalf("Lookup = %v, %v; want %v", id, ok, n)
+	}
+}
+
+// TestMasterKeysRefused: master keys whose number is not canonical or not
+// in the cluster range, or whose value is not a label set in canonical
+// form or too large, are refused and named in health; they change nothing
+// else (an alias of a number in use neither renames nor, when deleted,
+// removes it).
+func TestMasterKeysRefused(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	var (
+		a  *Allocator
+		hs statedb.Table[*health.Status]
+	)
+	dir := t.TempDir()
+	h := celltest.New(daemon.Cell, kvstore.Cell, Cell, cell.Invoke(func(al *Allocator, s statedb.Table[*health.Status]) { a, hs = al, s }))
+	hive.AddConfigOverride(h, func(c *daemon.Config) {
+		c.StateDir, c.RunDir, c.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), "node-a"
+	})
+	hive.AddConfigOverride(h, func(c *kvstore.Config) {
+		c.KVStore, c.KVStoreOpt, c.KVStorePrefix = "etcd", []string{"etcd.address=" + etcd.Endpoint()}, "ref"
+	})
+	celltest.Start(t, h)
+	ctx := ctxT(t)
+	if _, err := a.kv.UpdateIfDifferent(ctx, idPrefix+"300", []byte(web("ref").String())); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "300 known", func() bool { id, ok := a.Lookup(web("ref")); return ok && id == 300 })
+
+	big := web("big").String() + ";k8s:x=" + strings.Repeat("y", maxMasterValue)
+	for _, c := range []struct{ key, value, why string }{
+		{"0300", web("alias").String(), "canonical form"},
+		{"1", web("host").String(), "outside the cluster range"},
+		{"70000", web("high").String(), "outside the cluster range"},
+		{"301", "k8s:b=1;k8s:a=1", "canonical form"},
+		{"302", big, "bytes"},
+	} {
+		if _, err := a.kv.UpdateIfDifferent(ctx, idPrefix+c.key, []byte(c.value)); err != nil {
+			t.Fatal(err)
+		}
+		celltest.Eventually(t, "health names "+c.key, func() bool {
+			s, _, found := hs.Get(a.db.ReadTxn(), health.StatusID.Query("identity.job-watch-identities"))
+			return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, idPrefix+c.key+": ") && strings.Contains(s.Error, c.why)
+		})
+	}
+	if err := a.kv.Delete(ctx, idPrefix+"0300"); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the alias gone from health", func() bool {
+		s, _, _ := hs.Get(a.db.ReadTxn(), health.StatusID.Query("identity.job-watch-identities"))
+		return !strings.Contains(s.Error, idPrefix+"0300:")
+	})
+	row, _, found := a.tbl.Get(a.db.ReadTxn(), ByID.Query(300))
+	if !found || row.Labels.String() != web("ref").String() {
+		t.Fatalf("row 300 = %+v, %v; want it unchanged", row, found)
+	}
+	for _, n := range []identity.NumericIdentity{1, 301, 302} {
+		if row, _, _ := a.tbl.Get(a.db.ReadTxn(), ByID.Query(n)); row != nil && row.Kind == KindCluster {
+			t.Errorf("refused key made row %+v", row)
+		}
+	}
+}
