@@ -23,7 +23,7 @@
 // A cell that publishes and follows keys:
 //
 //	owner := kvsync.NewOwner(log, kv, repairs, "node")
-//	jobs.Add(job.OneShot("kvstore-publish", owner.Run))
+//	jobs.Add(job.OneShot("kvstore-write", owner.Run))
 //	jobs.Add(job.OneShot("kvstore-watch", func(ctx context.Context, h cell.Health) error {
 //		return kvsync.Follow(ctx, kv, log, h, rule, owner, func(changes []kvsync.Change[Spec], listed bool) { ... })
 //	}))
