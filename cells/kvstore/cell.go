@@ -81,10 +81,10 @@ func (c *etcdClient) connect(cell.HookContext) error {
 		DialKeepAliveTimeout: 5 * time.Second,
 		AutoSyncInterval:     0,
 		Logger:               zap.NewNop(),
-		// gRPC's default backoff grows to two minutes between dials: an
-		// etcd back after a 10 s outage would be seen 10 to 20 s later.
-		// Dialling a loopback or LAN endpoint every second at most costs
-		// little, and the agent is back within a second or two.
+		// gRPC's default backoff grows by 1.6 per failed dial up to two
+		// minutes: an etcd that returns is seen at the next dial, seconds
+		// later, more the longer it was away. Dialling every second at
+		// most costs little, and the agent is back within about a second.
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 5 * time.Second,
@@ -160,6 +160,7 @@ func (c *etcdClient) watchStatus(ctx context.Context, health cell.Health) error 
 			if c.setState(StateConnected, nil) {
 				c.log.Info("Connected to etcd", "endpoints", c.Status().Endpoints)
 			}
+			c.handshakes.reset()
 			health.OK(fmt.Sprintf("Connected to etcd %v", c.Status().Endpoints))
 			interval = statusInterval(c.statusBase, nodes)
 		default:

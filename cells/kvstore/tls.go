@@ -136,6 +136,17 @@ func (h *handshakes) record(endpoint string, err error) error {
 	return err
 }
 
+// reset forgets the failed handshakes: etcd answered, and an error of
+// before would mislead when it next does not.
+func (h *handshakes) reset() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	clear(h.failed)
+}
+
 // err is the endpoints' last failed handshakes, in endpoint order, on
 // one line (the status shows it on one); nil for none (or no TLS).
 func (h *handshakes) err() error {
