@@ -13,12 +13,15 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/google/nftables"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/drift"
 	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/nodes"
 )
 
@@ -31,8 +34,8 @@ var Cell = cell.Module(
 	"Pod egress masquerade through nftables",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(newTable, job.Registry.NewGroup, newKernelCell),
-	cell.Provide(statedb.RWTable[*Prefix].ToTable, readinessWait),
+	cell.ProvidePrivate(newTable, job.Registry.NewGroup, newKernelCell, newRepairs),
+	cell.Provide(statedb.RWTable[*Prefix].ToTable, readinessWait, repairMetrics),
 	cell.Invoke(newDesired, registerReconciler),
 )
 
@@ -262,52 +265,79 @@ type ops struct {
 	k       *kernelCell
 	tbl     statedb.Table[*Prefix]
 	log     *slog.Logger
+	repairs *drift.Repairs
 }
 
-func (o *ops) sync(txn statedb.ReadTxn) error {
+// sync makes the kernel match the rows. repair: the rows did not change
+// (a prune, a refresh), so whatever had to be written had been changed
+// behind the agent's back.
+func (o *ops) sync(txn statedb.ReadTxn, repair bool) error {
 	want := RulesetOf(o.tbl.All(txn))
 	want.Enabled = o.enabled
 	changed, err := o.k.Sync(want)
+	if repair && o.enabled && len(changed) > 0 {
+		o.repairs.Repaired("nft", strings.Join(changed, "; "))
+		return err
+	}
 	for _, c := range changed {
 		o.log.Info("nftables", "changed", c)
 	}
 	return err
 }
 
-func (o *ops) Update(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, _ *Prefix) error {
-	return o.sync(txn)
+func (o *ops) Update(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, p *Prefix) error {
+	return o.sync(txn, drift.IsRepair(p.Status))
 }
 
 func (o *ops) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, _ *Prefix) error {
-	return o.sync(txn)
+	return o.sync(txn, false)
 }
 
 // Prune removes what the agent's table holds that the rows do not ask for,
-// and the table itself with no rows (masquerade disabled).
+// and the table itself with no rows (masquerade disabled). It also puts
+// back what was removed from the table, or the table itself: it runs
+// periodically and after every nftables change that may have touched it.
 func (o *ops) Prune(_ context.Context, txn statedb.ReadTxn, _ iter.Seq2[*Prefix, statedb.Revision]) error {
-	return o.sync(txn)
+	return o.sync(txn, true)
 }
 
 func (o *ops) UpdateBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*Prefix]) {
-	err := o.sync(txn)
+	repair := true
+	for i := range batch {
+		repair = repair && drift.IsRepair(batch[i].Object.Status)
+	}
+	err := o.sync(txn, repair)
 	for i := range batch {
 		batch[i].Result = err
 	}
 }
 
 func (o *ops) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*Prefix]) {
-	err := o.sync(txn)
+	err := o.sync(txn, false)
 	for i := range batch {
 		batch[i].Result = err
 	}
 }
 
-func registerReconciler(p reconciler.Params, cfg Config, log *slog.Logger, k *kernelCell, tbl statedb.RWTable[*Prefix]) error {
-	o := &ops{enabled: cfg.EnableMasquerade, k: k, tbl: tbl, log: log}
-	_, err := reconciler.Register(p, tbl, (*Prefix).Clone,
+// newRepairs counts what the masquerade cell puts back in the kernel.
+func newRepairs(log *slog.Logger) *drift.Repairs { return drift.NewRepairs(log, "masquerade") }
+
+func repairMetrics(r *drift.Repairs) metrics.Collectors { return r.Collectors() }
+
+func registerReconciler(p reconciler.Params, cfg Config, devCfg devices.Config, log *slog.Logger, k *kernelCell, tbl statedb.RWTable[*Prefix], repairs *drift.Repairs) error {
+	o := &ops{enabled: cfg.EnableMasquerade, k: k, tbl: tbl, log: log, repairs: repairs}
+	rec, err := reconciler.Register(p, tbl, (*Prefix).Clone,
 		func(x *Prefix, s reconciler.Status) *Prefix { x.Status = s; return x },
 		(*Prefix).status, o, o, reconciler.WithName("nftables"))
-	return err
+	if err != nil || !cfg.EnableMasquerade {
+		return err
+	}
+	// A change to the agent's table (`nft delete table inet cellium`, a
+	// rule or set removed) has the reconciler prune, which compares the
+	// whole table with the rows and puts back what differs.
+	f := &drift.NFTables{Netns: devCfg.DevicesNetns, Family: nftables.TableFamilyINet, Table: TableName, Changed: rec.Prune}
+	p.JobGroup.Add(job.OneShot("nftables-changes", f.Run, drift.Retry))
+	return nil
 }
 
 // Remove deletes the agent's nftables table in the namespace of cfg, for

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -16,12 +17,15 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/masquerade"
 	"github.com/cellium/cellium/cells/masquerade/masqtest"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/nettest"
 )
@@ -29,27 +33,30 @@ import (
 // agent is the masquerade cell, with a nodes table the test writes,
 // pointed at a namespace of the test's own.
 type agent struct {
-	h     *hive.Hive
-	db    *statedb.DB
-	nodes statedb.RWTable[*nodes.Node]
-	masq  statedb.Table[*masquerade.Prefix]
+	h       *hive.Hive
+	db      *statedb.DB
+	nodes   statedb.RWTable[*nodes.Node]
+	masq    statedb.Table[*masquerade.Prefix]
+	metrics *prometheus.Registry
+	logs    *logtest.Recorder
 }
 
 func newAgent(t *testing.T, nsPath string, seed []*nodes.Node, cfg func(*masquerade.Config)) *agent {
-	a := &agent{}
+	a := &agent{logs: logtest.NewRecorder(hivetest.Logger(t).Handler())}
 	a.h = celltest.New(
 		cell.Config(devices.Config{}),
 		cell.Provide(nodes.NewTable, statedb.RWTable[*nodes.Node].ToTable),
+		metrics.Cell,
 		masquerade.Cell,
-		cell.Invoke(func(db *statedb.DB, n statedb.RWTable[*nodes.Node], m statedb.Table[*masquerade.Prefix]) {
-			a.db, a.nodes, a.masq = db, n, m
+		cell.Invoke(func(db *statedb.DB, n statedb.RWTable[*nodes.Node], m statedb.Table[*masquerade.Prefix], reg *prometheus.Registry) {
+			a.db, a.nodes, a.masq, a.metrics = db, n, m, reg
 		}),
 	)
 	hive.AddConfigOverride(a.h, func(c *devices.Config) { c.DevicesNetns = nsPath })
 	if cfg != nil {
 		hive.AddConfigOverride(a.h, cfg)
 	}
-	if err := a.h.Populate(hivetest.Logger(t)); err != nil {
+	if err := a.h.Populate(slog.New(a.logs)); err != nil {
 		t.Fatal(err)
 	}
 	a.setNodes(seed...)
@@ -58,7 +65,7 @@ func newAgent(t *testing.T, nsPath string, seed []*nodes.Node, cfg func(*masquer
 
 func (a *agent) start(t *testing.T) {
 	t.Helper()
-	if err := a.h.Start(hivetest.Logger(t), context.Background()); err != nil {
+	if err := a.h.Start(slog.New(a.logs), context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
 }

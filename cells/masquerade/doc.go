@@ -26,6 +26,12 @@
 //     writes nothing when the table is right. Nothing is written before the
 //     nodes table is initialized.
 //
+//   - Drift is put back without a restart: a change to the agent's table
+//     (or a set element change, which names no table) seen by an nftables
+//     monitor has the reconciler prune, which compares the whole table and
+//     writes back what differs; each repair is logged and counted
+//     (cellium_kernel_repairs_total{module="masquerade",object="nft"}).
+//
 //   - Port clashes and NAT state are the kernel's: conntrack picks a free
 //     source port for each new connection, and its entries expire with the
 //     connections (no agent GC). The table stays when the agent stops, so
