@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	corev1 "k8s.io/api/core/v1"
@@ -43,9 +44,19 @@ type testAgent struct {
 // identities and endpoints tables written by the test as the identity and
 // endpoint-manager cells would.
 func start(t *testing.T, objects ...runtime.Object) *testAgent {
+	a, h := newAgent(t, nil, objects...)
+	celltest.Start(t, h)
+	return a
+}
+
+func newAgent(t *testing.T, extra cell.Cell, objects ...runtime.Object) (*testAgent, *hive.Hive) {
 	a := &testAgent{t: t}
+	if extra == nil {
+		extra = cell.Group()
+	}
 	h := celltest.New(
 		policy.Cell,
+		extra,
 		k8sclienttest.Cell(objects...),
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Provide(idcell.NewTable, statedb.RWTable[*idcell.Identity].ToTable),
@@ -55,8 +66,7 @@ func start(t *testing.T, objects ...runtime.Object) *testAgent {
 			a.cs, a.db, a.identities, a.endpoints, a.entries, a.enforcement, a.health = cs, db, ids, eps, entries, enf, hs
 		}),
 	)
-	celltest.Start(t, h)
-	return a
+	return a, h
 }
 
 func (a *testAgent) addIdentity(id identity.NumericIdentity, namespace string, podLabels, nsLabels map[string]string) {

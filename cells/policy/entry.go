@@ -161,3 +161,24 @@ func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {
 	return statedb.NewTable(db, "policy-enforcement", EnforcementByEndpoint)
 }
+
+// Allows says whether the entry allows traffic with peer to a destination
+// port of proto: the lookup the datapath makes of an isolated direction.
+func (k EntryKey) Allows(peer identity.NumericIdentity, proto uint8, port uint16) bool {
+	if k.Identity != identity.Unknown && k.Identity != peer {
+		return false
+	}
+	if k.Protocol == 0 {
+		return true
+	}
+	if k.Protocol != proto {
+		return false
+	}
+	switch {
+	case k.Port == 0:
+		return true
+	case k.EndPort == 0:
+		return port == k.Port
+	}
+	return port >= k.Port && port <= k.EndPort
+}

@@ -38,6 +38,17 @@ func apiRoutes(p *Policy) api.Routes {
 			}
 			return out, nil
 		}},
+		api.Route{Method: http.MethodGet, Path: apiv1.PathPolicyTrace, Handler: func(r *http.Request) (any, error) {
+			q := r.URL.Query()
+			if q.Get("from") == "" || q.Get("to") == "" || q.Get("port") == "" {
+				return nil, api.BadRequest("trace: want from, to and port")
+			}
+			t, err := p.trace(q.Get("from"), q.Get("to"), q.Get("port"))
+			if err != nil {
+				return nil, api.BadRequest("trace: %v", err)
+			}
+			return t, nil
+		}},
 		api.Route{Method: http.MethodGet, Path: apiv1.PathPolicy + "/{namespace}/{name}", Handler: func(r *http.Request) (any, error) {
 			name := r.PathValue("namespace") + "/" + r.PathValue("name")
 			rule, rev, found := p.rules.Get(p.db.ReadTxn(), RuleByName.Query(name))

@@ -138,12 +138,7 @@ func (f *fixture) allows(ep uint16, dir Direction, peer identity.NumericIdentity
 		return true
 	}
 	for e := range f.entries.List(txn, EntryByEndpoint.Query(ep)) {
-		k := e.Key
-		if k.Direction != dir || (k.Identity != identity.Unknown && k.Identity != peer) {
-			continue
-		}
-		if k.Protocol == 0 || (k.Protocol == proto && (k.Port == 0 || port == k.Port ||
-			(k.EndPort != 0 && port >= k.Port && port <= k.EndPort))) {
+		if e.Key.Direction == dir && e.Key.Allows(peer, proto, port) {
 			return true
 		}
 	}
@@ -153,7 +148,7 @@ func (f *fixture) allows(ep uint16, dir Direction, peer identity.NumericIdentity
 // connects says whether a connection from one party to another is allowed:
 // the source's egress and the destination's ingress must both allow it.
 func (f *fixture) connects(from, to string, proto uint8, port uint16) bool {
-	src, dst := party(f.t, from), party(f.t, to)
+	src, dst := testParty(f.t, from), testParty(f.t, to)
 	if src.ep != 0 && !f.allows(src.ep, Egress, dst.id, proto, port) {
 		return false
 	}
@@ -163,7 +158,7 @@ func (f *fixture) connects(from, to string, proto uint8, port uint16) bool {
 	return true
 }
 
-func party(t testing.TB, name string) testPod {
+func testParty(t testing.TB, name string) testPod {
 	switch name {
 	case "world":
 		return testPod{id: identity.World}

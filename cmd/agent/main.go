@@ -130,6 +130,7 @@ func newRootCmd(stdout, stderr io.Writer, origins flagsource.Origins) *cobra.Com
 		newIPAMCmd(stdout),
 		newKVStoreCmd(stdout),
 		newIdentityCmd(stdout),
+		newPolicyCmd(stdout),
 		newIPCacheCmd(stdout),
 		newNodeCmd(stdout),
 		newHealthCmd(stdout),

@@ -56,3 +56,36 @@ type PolicySelector struct {
 	Identities []uint32 `json:"identities"`
 	Users      []string `json:"users"`
 }
+
+// PathPolicyTrace explains the verdict on a connection: GET with from, to
+// (each NAMESPACE/POD of a local pod, an identity number or a reserved
+// name such as world) and port (PORT/PROTO, PROTO for ICMP).
+const PathPolicyTrace = "/v1/policy/trace"
+
+// PolicyTrace is a connection's verdict and why: the source's egress and
+// the destination's ingress, each where the peer is a local endpoint.
+type PolicyTrace struct {
+	From    string `json:"from"`
+	To      string `json:"to"`
+	Port    string `json:"port"`
+	Allowed bool   `json:"allowed"`
+	// Sides are the checks made: egress of a local source, ingress of a
+	// local destination. Neither local: no check, allowed.
+	Sides []PolicyTraceSide `json:"sides"`
+}
+
+// PolicyTraceSide is one endpoint's check of the connection.
+type PolicyTraceSide struct {
+	Endpoint  uint16 `json:"endpoint"`
+	Pod       string `json:"pod"`
+	Direction string `json:"direction"`
+	// Peer is the identity of the other side.
+	Peer uint32 `json:"peer"`
+	// SelectedBy are the policies selecting the endpoint that isolate it
+	// in this direction; none: not isolated, everything allowed.
+	SelectedBy []string `json:"selectedBy"`
+	Isolated   bool     `json:"isolated"`
+	// AllowedBy are the policies whose rules allow the connection.
+	AllowedBy []string `json:"allowedBy"`
+	Allowed   bool     `json:"allowed"`
+}

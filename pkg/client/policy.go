@@ -27,3 +27,8 @@ func (c *Client) Policy(ctx context.Context, name string) (apiv1.Policy, error) 
 func (c *Client) PolicySelectors(ctx context.Context) ([]apiv1.PolicySelector, error) {
 	return get[[]apiv1.PolicySelector](ctx, c, apiv1.PathPolicySelectors, nil)
 }
+
+// PolicyTrace explains the verdict on a connection (see apiv1.PathPolicyTrace).
+func (c *Client) PolicyTrace(ctx context.Context, from, to, port string) (apiv1.PolicyTrace, error) {
+	return get[apiv1.PolicyTrace](ctx, c, apiv1.PathPolicyTrace, url.Values{"from": {from}, "to": {to}, "port": {port}})
+}
