@@ -39,6 +39,7 @@ import (
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/cells/policymaps"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/cells/sysctl"
 )
@@ -75,6 +76,7 @@ var ControlPlane = cell.Group(
 // Datapath reconciles tables into the kernel.
 var Datapath = cell.Group(
 	endpointmaps.Cell,
+	policymaps.Cell,
 	lbmaps.Cell,
 	ctmaps.Cell,
 	loader.Cell,

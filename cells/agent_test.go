@@ -27,7 +27,7 @@ func TestAgentModules(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"daemon", "statedb", "jobs", "health", "metrics", "api", "sysctl", "bpf-maps", "devices", "k8s-client", "loadbalancer",
-		"ipam", "endpoint-manager", "lb-maps", "loader", "endpoint-maps", "kvstore", "identity", "ipcache", "masquerade", "policy"} {
+		"ipam", "endpoint-manager", "lb-maps", "loader", "endpoint-maps", "kvstore", "identity", "ipcache", "masquerade", "policy", "policy-maps"} {
 		if !strings.Contains(buf.String(), "Ⓜ️ "+id+" (") {
 			t.Errorf("agent hive does not show module %q", id)
 		}

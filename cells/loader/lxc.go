@@ -13,6 +13,7 @@ import (
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmaps"
 	"github.com/cellium/cellium/cells/ipcache"
+	"github.com/cellium/cellium/cells/policymaps"
 )
 
 // lxcPrograms are the endpoint programs of bpf/lxc.c, loaded once per
@@ -25,6 +26,7 @@ type lxcPrograms struct {
 	events    *ctmaps.Events
 	endpoints *endpointmaps.EndpointMap
 	ipcache   *ipcache.Map
+	policy    *policymaps.Maps
 	loader    Config
 	dsr       *nodePortMaps
 
@@ -42,8 +44,8 @@ var lxcProgramNames = map[endpointHook]string{
 // newLXCPrograms takes the maps so that they open before the programs
 // load, which needs them; the DSR map is among the NodePort maps.
 func newLXCPrograms(lc cell.Lifecycle, log *slog.Logger, cfg ctmaps.Config, ct *ctmaps.Maps, events *ctmaps.Events,
-	endpoints *endpointmaps.EndpointMap, ipc *ipcache.Map, loader Config, np *nodePortMaps) endpointPrograms {
-	p := &lxcPrograms{log: log, cfg: cfg, ct: ct, events: events, endpoints: endpoints, ipcache: ipc, loader: loader, dsr: np}
+	endpoints *endpointmaps.EndpointMap, ipc *ipcache.Map, policy *policymaps.Maps, loader Config, np *nodePortMaps) endpointPrograms {
+	p := &lxcPrograms{log: log, cfg: cfg, ct: ct, events: events, endpoints: endpoints, ipcache: ipc, policy: policy, loader: loader, dsr: np}
 	lc.Append(p)
 	return p
 }
@@ -114,6 +116,7 @@ func (p *lxcPrograms) spec() (*ebpf.CollectionSpec, map[string]*ebpf.Map, error)
 	replacements[p.endpoints.Name()] = p.endpoints.EBPF()
 	replacements[p.ipcache.Name()] = p.ipcache.EBPF()
 	replacements[p.dsr.DSR.Name()] = p.dsr.DSR.EBPF()
+	maps.Copy(replacements, p.policy.EBPF())
 	for name, m := range replacements {
 		ms, ok := spec.Maps[name]
 		if !ok {

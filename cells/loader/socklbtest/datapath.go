@@ -16,6 +16,8 @@ import (
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/loader"
+	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/cells/policymaps"
 )
 
 // MaglevTableSize is the Maglev table size of the datapath the harness
@@ -46,6 +48,10 @@ func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *
 		// The ipcache map alone: the endpoint programs read it, and a test
 		// fills it by hand (the ipcache cell would need its sources).
 		cell.Module("test-ipcache-map", "The ipcache map filled by the test", cell.Provide(ipcache.NewMap)),
+		// The policy maps over policy tables no one fills: no endpoint
+		// is isolated.
+		policymaps.Cell,
+		cell.Module("test-policy", "Empty policy tables", cell.Provide(policy.NewEntriesTable, policy.NewEnforcementTable)),
 		cell.Invoke(func(m *lbmaps.Maps) { *maps = m }),
 	}
 	h := celltest.New(append(cells, extra...)...)
