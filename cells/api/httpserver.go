@@ -3,12 +3,15 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/cilium/hive/cell"
+
+	"github.com/cellium/cellium/pkg/netlimit"
 )
 
 // HTTPServer serves a handler on a listener that its owner's start hook
@@ -46,6 +49,19 @@ func (s *HTTPServer) Serve(ln net.Listener) {
 			s.health.Degraded(s.what+" server failed", err)
 		}
 	}()
+}
+
+// ServeTCP listens on addr, which --flag chose, and serves there in the
+// background with netlimit.Default's bounds: a TCP address may be reachable
+// from outside the node.
+func (s *HTTPServer) ServeTCP(flag, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--%s %s: %w", flag, addr, err)
+	}
+	netlimit.Default.Apply(s.srv)
+	s.Serve(netlimit.Default.Listener(ln))
+	return nil
 }
 
 // Shutdown stops accepting, waits for requests in flight (until ctx ends)

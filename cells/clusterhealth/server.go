@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
+
+	"github.com/cellium/cellium/pkg/netlimit"
 )
 
 // helloHandler answers the other nodes' HTTP probes.
@@ -21,11 +23,14 @@ func helloHandler(what string) http.Handler {
 	return mux
 }
 
-// serve serves /hello on ln until ctx ends.
+// serve serves /hello on ln until ctx ends. Every node address, and the
+// health endpoint's, is reachable from outside: netlimit bounds what a
+// client may hold there.
 func serve(ctx context.Context, ln net.Listener, what string) error {
-	srv := &http.Server{Handler: helloHandler(what), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: helloHandler(what)}
+	netlimit.Default.Apply(srv)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(netlimit.Default.Listener(ln)) }()
 	select {
 	case <-ctx.Done():
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)

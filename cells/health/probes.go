@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -29,7 +28,7 @@ var defaultConfig = Config{HealthAddr: "127.0.0.1:9879", ReadinessTimeout: 5 * t
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("health-addr", def.HealthAddr,
-		"TCP address for /healthz, /readyz and /metrics (empty: do not serve)")
+		"TCP address for the kubelet probes /healthz and /readyz (empty: do not serve); /metrics is on --metrics-addr")
 	flags.Duration("readiness-timeout", def.ReadinessTimeout,
 		"How long a readiness barrier may stay pending before health reports it as an error naming it (0: never)")
 }
@@ -85,12 +84,7 @@ func newProbeServer(p probeParams) (*probeServer, error) {
 }
 
 func (s *probeServer) start(cell.HookContext) error {
-	ln, err := net.Listen("tcp", s.addr)
-	if err != nil {
-		return fmt.Errorf("--health-addr %s: %w", s.addr, err)
-	}
-	s.http.Serve(ln)
-	return nil
+	return s.http.ServeTCP("health-addr", s.addr)
 }
 
 func (s *probeServer) stop(ctx cell.HookContext) error {

@@ -17,6 +17,8 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/netlimit"
+	"github.com/cellium/cellium/pkg/netlimit/netlimittest"
 )
 
 // TestProbes drives the probe server over HTTP: /healthz follows "every cell
@@ -98,4 +100,20 @@ func TestInvalidHealthAddr(t *testing.T) {
 	if want := `invalid --health-addr "9879"`; !strings.Contains(err.Error(), want) {
 		t.Fatalf("error %q does not name the flag: want %q", err, want)
 	}
+}
+
+// The probe server may be bound to a node address (--health-addr): it caps
+// the header and the connections it serves at once.
+func TestProbeServerLimits(t *testing.T) {
+	addr := freePort(t)
+	h := hive.NewWithOptions(hive.Options{ModuleDecorators: ModuleDecorators},
+		statedb.Cell, job.Cell, Cell, StartedMarker)
+	hive.AddConfigOverride(h, func(c *Config) { c.HealthAddr = addr })
+	log := hivetest.Logger(t)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Stop(log, context.Background()) })
+	netlimittest.HeaderCapped(t, addr, "/healthz", netlimit.Default.MaxHeaderBytes)
+	netlimittest.ConnCapped(t, addr, "/healthz", netlimit.Default.MaxConns)
 }
