@@ -129,6 +129,7 @@ func startTestAgent(t *testing.T, extraFlags []string, slow *slowTable) *testAge
 		"--run-dir", filepath.Join(dir, "run"),
 		"--proc-fs", filepath.Join(dir, "proc"),
 		"--health-addr", a.healthAddr,
+		"--metrics-addr", "",
 		"--bpf-root", bpfRoot,
 		"--cni-conf-dir", filepath.Dir(a.conflist),
 		"--cgroup-root", cgroup,

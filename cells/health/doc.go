@@ -29,5 +29,7 @@
 //
 // Probes. --health-addr serves /healthz (200 once every cell has started) and
 // /readyz (200 once ready) for kubelet probes, plus the routes other cells
-// contribute to the "health-routes" value group (/metrics).
+// contribute to the "health-routes" value group (/debug/pprof/ with
+// --pprof). Its default, 127.0.0.1:9879, keeps it on the node: the kubelet
+// probes loopback. /metrics has an address of its own (--metrics-addr).
 package health

@@ -4,26 +4,12 @@ import (
 	"net/http"
 	"net/http/pprof"
 
-	"github.com/spf13/pflag"
-
 	"github.com/cellium/cellium/cells/health"
 )
 
-// Config is the metrics cell's configuration.
-type Config struct {
-	// Pprof serves the Go runtime's profiles at /debug/pprof/ on the health
-	// address. Off by default: a debugging aid, not an interface.
-	Pprof bool
-}
-
-var defaultConfig = Config{Pprof: false}
-
-func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.Bool("pprof", def.Pprof,
-		"Serve Go runtime profiles (heap, CPU, goroutines) at /debug/pprof/ on --health-addr; for debugging only")
-}
-
-// pprofRoute serves the profiles when --pprof is set.
+// pprofRoute serves the profiles when --pprof is set, on --health-addr: a
+// debugging aid stays on the probes' loopback address, away from the
+// metrics address that a scraper elsewhere reaches.
 func pprofRoute(cfg Config) health.ProbeRoutes {
 	if !cfg.Pprof {
 		return health.ProbeRoutes{}

@@ -60,7 +60,7 @@ func TestMain(m *testing.M) {
 
 // agentEnv is a set of private paths for one agent process.
 type agentEnv struct {
-	dir, socket, healthAddr, bpfRoot, cgroup string
+	dir, socket, healthAddr, metricsAddr, bpfRoot, cgroup string
 }
 
 func newAgentEnv(t testing.TB) *agentEnv {
@@ -68,8 +68,9 @@ func newAgentEnv(t testing.TB) *agentEnv {
 	env := &agentEnv{
 		dir:        dir,
 		socket:     filepath.Join(dir, "run", "agent.sock"),
-		healthAddr: freePort(t),
-		bpfRoot:    filepath.Join(dir, "bpffs"),
+		healthAddr:  freePort(t),
+		metricsAddr: freePort(t),
+		bpfRoot:     filepath.Join(dir, "bpffs"),
 	}
 	// A fake procfs: the test must not change the host's forwarding.
 	ipv4 := filepath.Join(dir, "proc", "sys", "net", "ipv4")
@@ -107,6 +108,7 @@ func (e *agentEnv) runFlags() []string {
 		"--run-dir", filepath.Join(e.dir, "run"),
 		"--proc-fs", filepath.Join(e.dir, "proc"),
 		"--health-addr", e.healthAddr,
+		"--metrics-addr", e.metricsAddr,
 		"--bpf-root", e.bpfRoot,
 		"--cni-conf-dir", filepath.Join(e.dir, "net.d"),
 		// Never the machine's cgroup root: the socket programs would
@@ -290,7 +292,7 @@ func TestBadConfigStartsNothing(t *testing.T) {
 			}
 			tc.want = strings.ReplaceAll(tc.want, "$DIR", dir)
 			args := append([]string{"run", "--config-dir", configDir, "--api-socket", socket,
-				"--state-dir", filepath.Join(dir, "state"), "--health-addr", "",
+				"--state-dir", filepath.Join(dir, "state"), "--health-addr", "", "--metrics-addr", "",
 				"--bpf-root", filepath.Join(dir, "bpffs"), "--proc-fs", filepath.Join(dir, "proc")}, tc.args...)
 			var stderr bytes.Buffer
 			cmd := exec.Command(agentBin, args...)

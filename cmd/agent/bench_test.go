@@ -195,8 +195,8 @@ func (a *benchAgent) profile(b *testing.B, name string) {
 	if err := os.MkdirAll(*benchProfile, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	get := func(path, file string) []byte {
-		resp, err := http.Get("http://" + a.env.healthAddr + path)
+	get := func(addr, path, file string) []byte {
+		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -211,7 +211,7 @@ func (a *benchAgent) profile(b *testing.B, name string) {
 		return data
 	}
 	var figures []string
-	for line := range strings.Lines(string(get("/metrics", name+".metrics"))) {
+	for line := range strings.Lines(string(get(a.env.metricsAddr, "/metrics", name+".metrics"))) {
 		if strings.HasPrefix(line, "go_memstats_") && !strings.HasPrefix(line, "go_memstats_alloc_bytes_total") {
 			figures = append(figures, strings.TrimSpace(strings.TrimPrefix(line, "go_memstats_")))
 		}
@@ -219,8 +219,8 @@ func (a *benchAgent) profile(b *testing.B, name string) {
 	mem := a.memory(b)
 	fmt.Printf("agent-scale-profile %s rss_mb=%.0f anon_mb=%.0f %s\n", name, mem.rss, mem.anon, strings.Join(figures, " "))
 	// Before a collection (what is resident: live and garbage), then after.
-	get("/debug/pprof/heap", name+"-heap.pb.gz")
-	get("/debug/pprof/heap?gc=1", name+"-heap-gc.pb.gz")
+	get(a.env.healthAddr, "/debug/pprof/heap", name+"-heap.pb.gz")
+	get(a.env.healthAddr, "/debug/pprof/heap?gc=1", name+"-heap-gc.pb.gz")
 }
 
 // writeScaleManifests writes n Services and their EndpointSlices, 1000 of
@@ -338,7 +338,7 @@ func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Durati
 // metric is the sum of a counter's series in /metrics.
 func (a *benchAgent) metric(b *testing.B, name string) float64 {
 	b.Helper()
-	resp, err := http.Get("http://" + a.env.healthAddr + "/metrics")
+	resp, err := http.Get("http://" + a.env.metricsAddr + "/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}

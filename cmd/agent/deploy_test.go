@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -38,8 +40,96 @@ func TestDeployConfigMap(t *testing.T) {
 	if code := execute([]string{"hive", "--config-dir", dir}, &stdout, &stderr); code != 0 {
 		t.Fatalf("agent hive with deploy/configmap.yaml as --config-dir: exit %d\n%s", code, stderr.String())
 	}
-	if !strings.Contains(stdout.String(), `HealthAddr: (string) (len=12) "0.0.0.0:9879"`) {
+	if !strings.Contains(stdout.String(), `HealthAddr: (string) (len=14) "127.0.0.1:9879"`) {
 		t.Errorf("the ConfigMap's health-addr did not reach the health cell")
+	}
+	if !strings.Contains(stdout.String(), `MetricsAddr: (string) (len=5) ":9962"`) {
+		t.Errorf("the ConfigMap's metrics-addr did not reach the metrics cell")
+	}
+}
+
+// TestDeployProbes checks the DaemonSet's probes and ports against the
+// ConfigMap: the kubelet probes the loopback address the probe server
+// listens on, which is loopback only (issue 25), and the port named
+// "metrics" is metrics-addr's, which is not the probes'.
+func TestDeployProbes(t *testing.T) {
+	var cm struct {
+		Data map[string]string `yaml:"data"`
+	}
+	readYAML(t, "configmap.yaml", &cm)
+	type probe struct {
+		HTTPGet struct {
+			Host string `yaml:"host"`
+			Path string `yaml:"path"`
+			Port int    `yaml:"port"`
+		} `yaml:"httpGet"`
+	}
+	var ds struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Name  string `yaml:"name"`
+						Ports []struct {
+							Name          string `yaml:"name"`
+							ContainerPort int    `yaml:"containerPort"`
+						} `yaml:"ports"`
+						StartupProbe   *probe `yaml:"startupProbe"`
+						LivenessProbe  *probe `yaml:"livenessProbe"`
+						ReadinessProbe *probe `yaml:"readinessProbe"`
+					} `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	readYAML(t, "daemonset.yaml", &ds)
+
+	healthHost, healthPort, err := net.SplitHostPort(cm.Data["health-addr"])
+	if err != nil || healthHost != "127.0.0.1" {
+		t.Fatalf("configmap.yaml health-addr = %q, want 127.0.0.1:<port>", cm.Data["health-addr"])
+	}
+	_, metricsPort, err := net.SplitHostPort(cm.Data["metrics-addr"])
+	if err != nil || metricsPort == healthPort {
+		t.Fatalf("configmap.yaml metrics-addr = %q, want a host:port other than health-addr's port", cm.Data["metrics-addr"])
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name != "agent" {
+			continue
+		}
+		for name, p := range map[string]*probe{"startupProbe": c.StartupProbe, "livenessProbe": c.LivenessProbe, "readinessProbe": c.ReadinessProbe} {
+			if p == nil {
+				t.Errorf("daemonset.yaml: agent has no %s", name)
+				continue
+			}
+			if got := net.JoinHostPort(p.HTTPGet.Host, strconv.Itoa(p.HTTPGet.Port)); got != cm.Data["health-addr"] {
+				t.Errorf("daemonset.yaml %s probes %s, want health-addr %s", name, got, cm.Data["health-addr"])
+			}
+		}
+		var named bool
+		for _, p := range c.Ports {
+			if p.Name == "metrics" {
+				named = true
+				if strconv.Itoa(p.ContainerPort) != metricsPort {
+					t.Errorf("daemonset.yaml port metrics = %d, want metrics-addr's %s", p.ContainerPort, metricsPort)
+				}
+			}
+		}
+		if !named {
+			t.Error("daemonset.yaml: agent has no port named metrics")
+		}
+		return
+	}
+	t.Fatal("daemonset.yaml has no container agent")
+}
+
+func readYAML(t *testing.T, file string, v any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, v); err != nil {
+		t.Fatalf("deploy/%s: %v", file, err)
 	}
 }
 

@@ -75,7 +75,7 @@ func TestAgentKVStore(t *testing.T) {
 	}
 
 	// The metrics of the three cells.
-	resp, err := http.Get("http://" + env.healthAddr + "/metrics")
+	resp, err := http.Get("http://" + env.metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

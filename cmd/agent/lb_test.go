@@ -204,9 +204,9 @@ func backendsOf(results []socklbtest.Result) map[string]int {
 	return seen
 }
 
-func metric(t *testing.T, healthAddr, name string) float64 {
+func metric(t *testing.T, metricsAddr, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + healthAddr + "/metrics")
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func TestServiceLoadBalancing(t *testing.T) {
 		}
 	}
 	// web regained a backend: its backend entry, slot 2 and its master.
-	if w := metric(t, env.healthAddr, "cellium_lbmaps_writes_total"); w != 3 {
+	if w := metric(t, env.metricsAddr, "cellium_lbmaps_writes_total"); w != 3 {
 		t.Errorf("the restart wrote %v map entries, want 3 (web's new backend, its slot and its master)", w)
 	}
 	seen := backendsOf(sock.Run(socklbtest.Repeat(40, socklbtest.Call{Op: socklbtest.TCP, To: clusterIP})...))

@@ -132,6 +132,7 @@ func (n *node) flags(extra ...string) []string {
 		"--bpf-root", n.bpfRoot,
 		"--proc-fs", filepath.Join(n.dir, "proc"),
 		"--health-addr", freePort(n.t),
+		"--metrics-addr", "",
 		"--pod-cidr", n.podCIDR,
 		"--cgroup-root", n.cgroup,
 		"--log-format", "json",

@@ -7,8 +7,8 @@
 //	hive.AddConfigOverride(h, func(c *sysctl.Config) { c.ProcFS = dir })
 //	celltest.Start(t, h)
 //
-// The probe server is turned off (--health-addr ""), so tests never fight over
-// its port.
+// The probe and metrics servers are turned off (--health-addr "",
+// --metrics-addr ""), so tests never fight over their ports.
 package celltest
 
 import (
@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/pkg/polltest"
 )
 
@@ -37,6 +38,7 @@ func New(cells ...cell.Cell) *hive.Hive {
 	all := append([]cell.Cell{statedb.Cell, job.Cell, health.Cell}, cells...)
 	h := hive.NewWithOptions(opts, append(all, health.StartedMarker)...)
 	hive.AddConfigOverride(h, func(c *health.Config) { c.HealthAddr = "" })
+	hive.AddConfigOverride(h, func(c *metrics.Config) { c.MetricsAddr = "" })
 	return h
 }
 
