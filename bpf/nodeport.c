@@ -33,6 +33,11 @@
  * ICMP errors (destination unreachable, time exceeded) about the packets
  * of a translated connection are translated too: nodeport_icmp.h.
  *
+ * A packet to a frontend that has no backend (or whose backend is missing
+ * from the maps) is refused, a TCP segment with a reset and a UDP
+ * datagram with ICMP port unreachable, sent back out of the device:
+ * nodeport_reject.h.
+ *
  * Not done yet: IPv6; ICMP errors about DSR connections.
  *
  * A packet they do not translate goes on with TC_ACT_UNSPEC (tcx's
@@ -358,6 +363,9 @@ static __always_inline int reply4(struct __sk_buff *skb, const struct packet4 *p
 /* ICMP errors about the connections above: after the NAT map and
  * forward4, which it uses. */
 #include "nodeport_icmp.h"
+/* Refusals of packets to a frontend without backends: after packet4 and
+ * the ICMP header and checksum helpers, which it uses. */
+#include "nodeport_reject.h"
 
 SEC("tc")
 int cellium_nodeport_ingress(struct __sk_buff *skb)
@@ -402,7 +410,7 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		if (ret == 0)
 			return TC_ACT_UNSPEC;
 		if (ret < 0)
-			return TC_ACT_SHOT;
+			return reject4(skb, &p);
 		if (!now)
 			now = nat_now();
 

@@ -334,16 +334,13 @@ func TestNodePortUDPNoChecksum(t *testing.T) {
 }
 
 // TestNodePortUntouched: what is no frontend, no TCP or UDP, or a reply
-// of no translated connection passes unchanged; a frontend without
-// backends drops; a remote backend passes unchanged while the device has
-// no node address to send from.
+// of no translated connection passes unchanged; a remote backend passes
+// unchanged while the device has no node address to send from.
 func TestNodePortUntouched(t *testing.T) {
 	n := loadNodePort(t)
 	fe := netip.AddrPortFrom(nodeAddr, 30080)
-	empty := netip.AddrPortFrom(nodeAddr, 30081)
 	remoteFE := netip.AddrPortFrom(nodeAddr, 30082)
 	n.service(fe, lbmap.TCP, localPod)
-	n.service(empty, lbmap.TCP)
 	n.service(remoteFE, lbmap.TCP, remotePod)
 
 	for _, tc := range []struct {
@@ -358,7 +355,6 @@ func TestNodePortUntouched(t *testing.T) {
 		{"IPv6", n.ingress, tcpPacket(netip.MustParseAddrPort("[2001:db8::1]:1000"), netip.MustParseAddrPort("[2001:db8::2]:30080"), syn), verdictNext},
 		{"remote backend, no node address", n.ingress, checksummed4(unix.IPPROTO_TCP, client, remoteFE, "x"), verdictNext},
 		{"untranslated reply", n.egress, checksummed4(unix.IPPROTO_TCP, localPod, client, "x"), verdictNext},
-		{"no backends", n.ingress, checksummed4(unix.IPPROTO_TCP, client, empty, "x"), verdictDrop},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := n.run(tc.prog, tc.pkt, tc.want)
