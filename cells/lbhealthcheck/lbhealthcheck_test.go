@@ -29,6 +29,8 @@ import (
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/lbhealthcheck"
 	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/netlimit"
+	"github.com/cellium/cellium/pkg/netlimit/netlimittest"
 )
 
 const nodeName = "node-1"
@@ -239,6 +241,21 @@ func TestHealthCheckNodePort(t *testing.T) {
 	celltest.Eventually(t, "the listener of shop/web closed", func() bool {
 		return errors.Is(get(port, "/").err, syscall.ECONNREFUSED)
 	})
+}
+
+// TestHealthCheckNodePortLimits: a health check node port is reachable
+// from outside the node; it caps the header and the connections it serves
+// at once.
+func TestHealthCheckNodePortLimits(t *testing.T) {
+	a := start(t)
+	port := freePort(t)
+	if err := k8sclienttest.Create(a.cs, lbService("web", int32(port))); err != nil {
+		t.Fatal(err)
+	}
+	waitAnswer(t, port, http.StatusServiceUnavailable, 0)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	netlimittest.HeaderCapped(t, addr, "/", netlimit.Default.MaxHeaderBytes)
+	netlimittest.ConnCapped(t, addr, "/", netlimit.Default.MaxConns)
 }
 
 // TestHealthCheckNodePortInvalid: a healthCheckNodePort out of range is

@@ -22,6 +22,7 @@ import (
 
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/pkg/netlimit"
 )
 
 // retryInterval is how often a port that could not be bound is tried again.
@@ -178,9 +179,12 @@ func (s *server) open(l *listener) {
 		return
 	}
 	l.err = nil
-	l.srv = &http.Server{Handler: l, ReadHeaderTimeout: 5 * time.Second}
+	// Load balancers outside the cluster probe it, so anyone who reaches
+	// the node may: netlimit bounds what a client can hold.
+	l.srv = &http.Server{Handler: l}
+	netlimit.Default.Apply(l.srv)
 	s.log.Info("Serving health check node port", "service", l.name, "addr", ln.Addr().String())
-	go l.srv.Serve(ln)
+	go l.srv.Serve(netlimit.Default.Listener(ln))
 }
 
 func (s *server) listenAddr(port uint16) string {
