@@ -66,8 +66,8 @@ type agentEnv struct {
 func newAgentEnv(t testing.TB) *agentEnv {
 	dir := t.TempDir()
 	env := &agentEnv{
-		dir:        dir,
-		socket:     filepath.Join(dir, "run", "agent.sock"),
+		dir:         dir,
+		socket:      filepath.Join(dir, "run", "agent.sock"),
 		healthAddr:  freePort(t),
 		metricsAddr: freePort(t),
 		bpfRoot:     filepath.Join(dir, "bpffs"),
