@@ -2,6 +2,7 @@ package hubble
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -55,6 +56,15 @@ type Config struct {
 	// node; 0: the port of this agent's TCP listener, else
 	// DefaultPeerPort.
 	HubblePeerPort int
+	// HubbleTLSCertFile and HubbleTLSKeyFile are the TCP listeners'
+	// certificate and key (PEM), read again when they change.
+	HubbleTLSCertFile string
+	HubbleTLSKeyFile  string
+	// HubbleTLSClientCAFiles are the CAs (PEM) a client's certificate
+	// must be signed by; none: clients need no certificate.
+	HubbleTLSClientCAFiles []string
+	// HubbleDisableTLS lets the TCP listeners serve plaintext.
+	HubbleDisableTLS bool
 }
 
 // DefaultConfig is the hubble cell's default configuration. The client
@@ -65,10 +75,14 @@ var DefaultConfig = Config{
 	HubbleBufferSize:     4095,
 	HubbleEventQueueSize: 0,
 	HubbleListenAddress:  "",
-	// Off by default: TCP without TLS is for networks the operator
-	// trusts, so it is asked for.
+	// Off by default: a TCP listener needs a certificate (or consent to
+	// plaintext), so it is asked for.
 	HubbleTCPListenAddress: "",
 	HubblePeerPort:         0,
+	HubbleTLSCertFile:      "",
+	HubbleTLSKeyFile:       "",
+	HubbleTLSClientCAFiles: []string{},
+	HubbleDisableTLS:       false,
 }
 
 // maxBufferSize bounds --hubble-buffer-size: a flow takes about a
@@ -82,9 +96,17 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Int("hubble-event-queue-size", def.HubbleEventQueueSize,
 		"Monitor events queued for conversion to flows before Hubble loses them (0: --hubble-buffer-size)")
 	flags.String("hubble-listen-address", def.HubbleListenAddress,
-		"Where the Hubble server listens: empty for hubble.sock in --run-dir, unix:///path/to.sock, or host:port such as :4244 (TCP, no TLS)")
+		"Where the Hubble server listens: empty for hubble.sock in --run-dir, unix:///path/to.sock, or host:port such as :4244 (TCP with TLS, see --hubble-tls-cert-file)")
 	flags.String("hubble-tcp-listen-address", def.HubbleTCPListenAddress,
-		"A second address the Hubble server listens on, host:port such as :4244 (TCP, no TLS), where hubble-relay reaches it; empty: none")
+		"A second address the Hubble server listens on, host:port such as :4244 (TCP with TLS, see --hubble-tls-cert-file), where hubble-relay reaches it; empty: none")
+	flags.String("hubble-tls-cert-file", def.HubbleTLSCertFile,
+		"The Hubble TCP listeners' TLS certificate (PEM), read again when it changes; its DNS names must include <node>.default.hubble-grpc.cilium.io and hubble-peer.default.hubble-grpc.cilium.io for hubble-relay (or *.default.hubble-grpc.cilium.io)")
+	flags.String("hubble-tls-key-file", def.HubbleTLSKeyFile,
+		"The private key (PEM) of --hubble-tls-cert-file, read again when it changes")
+	flags.StringSlice("hubble-tls-client-ca-files", def.HubbleTLSClientCAFiles,
+		"CA certificates (PEM) that must have signed a Hubble TCP client's certificate (mutual TLS); empty: clients need no certificate")
+	flags.Bool("hubble-disable-tls", def.HubbleDisableTLS,
+		"Serve the Hubble TCP listeners without TLS: anyone who reaches them reads every flow of the node")
 	flags.Int("hubble-peer-port", def.HubblePeerPort,
 		fmt.Sprintf("The port the Hubble Peer service announces for every node (<node-ip>:<port>); 0: the port of this agent's TCP listener (--hubble-tcp-listen-address, else a TCP --hubble-listen-address), or %d without one", DefaultPeerPort))
 }
@@ -98,6 +120,30 @@ func (cfg Config) validate() error {
 	}
 	if cfg.HubblePeerPort < 0 || cfg.HubblePeerPort > 65535 {
 		return fmt.Errorf("invalid --hubble-peer-port %d: want a port number 1 to 65535, or 0 for the port of the TCP listener", cfg.HubblePeerPort)
+	}
+	return cfg.validateTLS()
+}
+
+// validateTLS checks the TLS flags against each other and the listen
+// addresses: a TCP listener gets TLS, or plaintext only when asked for.
+func (cfg Config) validateTLS() error {
+	switch {
+	case (cfg.HubbleTLSCertFile == "") != (cfg.HubbleTLSKeyFile == ""):
+		return fmt.Errorf("--hubble-tls-cert-file %q and --hubble-tls-key-file %q: set both or neither", cfg.HubbleTLSCertFile, cfg.HubbleTLSKeyFile)
+	case cfg.HubbleDisableTLS && cfg.HubbleTLSCertFile != "":
+		return fmt.Errorf("--hubble-disable-tls with --hubble-tls-cert-file %q: choose one", cfg.HubbleTLSCertFile)
+	case len(cfg.HubbleTLSClientCAFiles) > 0 && cfg.HubbleTLSCertFile == "":
+		return fmt.Errorf("--hubble-tls-client-ca-files %v without --hubble-tls-cert-file: mutual TLS needs the server's certificate too", cfg.HubbleTLSClientCAFiles)
+	case cfg.HubbleTLSCertFile != "" || cfg.HubbleDisableTLS:
+		return nil
+	}
+	for _, f := range []struct{ flag, value string }{
+		{"--hubble-listen-address", cfg.HubbleListenAddress},
+		{"--hubble-tcp-listen-address", cfg.HubbleTCPListenAddress},
+	} {
+		if a, err := ListenAddress(f.value, "/"); err == nil && a.Network == "tcp" {
+			return fmt.Errorf("%s %s is TCP, which Hubble serves only with TLS: %w", f.flag, f.value, errTLSFlags)
+		}
 	}
 	return nil
 }
@@ -129,6 +175,9 @@ type Hubble struct {
 	observer *Observer
 	server   *grpcServer
 	peer     *peerServer
+	// tls serves the TCP listeners' TLS; nil for plaintext, or without a
+	// TCP listener.
+	tls *tlsFiles
 
 	// sub and lostAtStart are taken in the start hook, before the job
 	// that reads them runs: what is published or lost from the end of
@@ -177,12 +226,27 @@ func newHubble(p params) (*Hubble, error) {
 	h.convert = newConverter(string(p.Node), p.Tables)
 	h.observer = NewObserver(p.Config.HubbleBufferSize, string(p.Node), time.Now)
 	h.peer = newPeerServer(p.DB, p.Nodes)
-	h.server = newGRPCServer(h.observer, h.peer)
+	// The Peer service announces TLS when this agent has a certificate,
+	// even with no TCP listener of its own: every node is configured
+	// alike.
+	h.peer.tls = p.Config.HubbleTLSCertFile != ""
+	var tlsConfig *tls.Config
+	if p.Config.HubbleTLSCertFile != "" && (addr.Network == "tcp" || tcpAddr != nil) {
+		h.tls = newTLSFiles(p.Config, p.Log, p.Health.NewScope("tls"))
+		tlsConfig = h.tls.serverConfig()
+	}
+	h.server = newGRPCServer(h.observer, h.peer, tlsConfig)
 	// This constructor takes daemon.Paths and the Monitor: the run
 	// directory exists and the monitor reads by the time these run. The
-	// job is added after the hook, so it starts after it.
+	// jobs are added after the hook, so they start after it.
 	p.Lifecycle.Append(cell.Hook{OnStart: h.start, OnStop: h.stop})
 	p.Jobs.Add(job.OneShot("observe-events", h.observeEvents))
+	if h.tls != nil {
+		p.Jobs.Add(job.Timer("tls-reload", func(context.Context) error {
+			h.tls.reload()
+			return nil
+		}, certReloadInterval))
+	}
 	return h, nil
 }
 
@@ -224,10 +288,12 @@ func (h *Hubble) start(cell.HookContext) error {
 	if err != nil {
 		return err
 	}
-	lns := []net.Listener{ln}
+	var plain, tcp []net.Listener
 	tcpLn := ln
 	if h.addr.Network == "unix" {
-		tcpLn = nil
+		plain, tcpLn = append(plain, ln), nil
+	} else {
+		tcp = append(tcp, ln)
 	}
 	if h.tcpAddr != nil {
 		tcpLn, err = net.Listen("tcp", h.tcpAddr.Addr)
@@ -238,7 +304,20 @@ func (h *Hubble) start(cell.HookContext) error {
 		// A port 0 becomes the port the listener got, so that the
 		// address is one a client can dial.
 		h.tcpAddr.Addr = tcpLn.Addr().String()
-		lns = append(lns, tcpLn)
+		tcp = append(tcp, tcpLn)
+	}
+	var secure []net.Listener
+	switch {
+	case h.tls != nil:
+		// Read the files now, so that the log and health say at start
+		// whether clients can connect.
+		h.tls.reload()
+		secure = tcp
+	case len(tcp) > 0:
+		for _, l := range tcp {
+			h.log.Warn("Serving Hubble on TCP without TLS (--hubble-disable-tls): anyone who reaches this address reads every flow of the node", "addr", l.Addr().String())
+		}
+		plain = append(plain, tcp...)
 	}
 	port := h.cfg.HubblePeerPort
 	switch {
@@ -254,8 +333,14 @@ func (h *Hubble) start(cell.HookContext) error {
 	if h.tcpAddr != nil {
 		served += " and " + h.tcpAddr.String()
 	}
+	switch {
+	case len(secure) > 0:
+		served += " (TCP with TLS)"
+	case len(tcp) > 0:
+		served += " (TCP without TLS)"
+	}
 	h.log.Info("Serving Hubble", "addr", served, "peer-port", port, "buffer", h.cfg.HubbleBufferSize)
-	h.server.serve(lns, func(ln net.Listener, err error) {
+	h.server.serve(plain, secure, func(ln net.Listener, err error) {
 		h.log.Error("Hubble server failed", "addr", ln.Addr().String(), "error", err)
 		h.health.Degraded("Hubble server failed on "+ln.Addr().String(), err)
 	})

@@ -585,7 +585,7 @@ func TestServesOnTCP(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	e := newCellEnv(t, envOptions{config: func(c *Config) { c.HubbleListenAddress = addr }})
+	e := newCellEnv(t, envOptions{config: func(c *Config) { c.HubbleListenAddress, c.HubbleDisableTLS = addr, true }})
 	if a := e.hubble.Address(); a.Network != "tcp" || a.Addr != addr {
 		t.Fatalf("address %v, want tcp %s", a, addr)
 	}

@@ -68,8 +68,8 @@ func serveWith(t *testing.T, o *Observer, peer *peerServer) (*grpc.ClientConn, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newGRPCServer(o, peer)
-	s.serve([]net.Listener{ln}, func(_ net.Listener, err error) { t.Errorf("serve: %v", err) })
+	s := newGRPCServer(o, peer, nil)
+	s.serve([]net.Listener{ln}, nil, func(_ net.Listener, err error) { t.Errorf("serve: %v", err) })
 	t.Cleanup(func() { s.stop(context.Background()) })
 	conn, err := Dial(addr)
 	if err != nil {

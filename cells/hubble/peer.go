@@ -37,6 +37,10 @@ type peerServer struct {
 	// port is set by the start hook, before the server serves: it may be
 	// the port the TCP listener got.
 	port atomic.Uint32
+	// tls, set before the server serves, makes every announcement say
+	// that the node's server speaks TLS, under the node's TLSServerName:
+	// hubble-relay then dials it with TLS and checks that name.
+	tls bool
 	// done ends the Notify streams when the server stops.
 	done     chan struct{}
 	stopOnce sync.Once
@@ -77,6 +81,9 @@ func (p *peerServer) Notify(_ *peerpb.NotifyRequest, stream peerpb.Peer_NotifySe
 			}
 		}
 		for _, cn := range peerChanges(sent, want) {
+			if p.tls {
+				cn.Tls = &peerpb.TLS{ServerName: TLSServerName(cn.Name)}
+			}
 			if err := stream.Send(cn); err != nil {
 				return err
 			}

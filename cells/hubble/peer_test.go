@@ -215,7 +215,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // listeners; the announced port is the TCP listener's.
 func TestPeerServiceOfTheCell(t *testing.T) {
 	e := newCellEnv(t, envOptions{
-		config: func(c *Config) { c.HubbleTCPListenAddress = "127.0.0.1:0" },
+		config: func(c *Config) { c.HubbleTCPListenAddress, c.HubbleDisableTLS = "127.0.0.1:0", true },
 		nodes:  []*nodes.Node{node("node-1", true, "10.90.0.11"), node("node-2", false, "10.90.0.12")},
 	})
 	tcp, ok := e.hubble.TCPAddress()
@@ -273,7 +273,9 @@ func TestPeerPortOfTheCell(t *testing.T) {
 		want int
 	}{
 		{"unix socket only", func(*Config) {}, DefaultPeerPort},
-		{"flag", func(c *Config) { c.HubbleTCPListenAddress, c.HubblePeerPort = "127.0.0.1:0", 5000 }, 5000},
+		{"flag", func(c *Config) {
+			c.HubbleTCPListenAddress, c.HubblePeerPort, c.HubbleDisableTLS = "127.0.0.1:0", 5000, true
+		}, 5000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newCellEnv(t, envOptions{config: tc.cfg, noClient: true})

@@ -2,11 +2,14 @@ package hubble
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
+	"sync"
 
 	"github.com/cilium/cilium/api/v1/observer"
 	peerpb "github.com/cilium/cilium/api/v1/peer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -20,31 +23,56 @@ var (
 )
 
 // grpcServer serves an Observer, the Peer service and the standard gRPC
-// health service, on one or more listeners.
+// health service, on one or more listeners: plaintext, and with TLS.
 type grpcServer struct {
 	observer *Observer
 	peer     *peerServer
 	srv      *grpc.Server
-	health   *grpchealth.Server
+	// tlsSrv serves the same services with TLS; nil without a TLS
+	// configuration.
+	tlsSrv *grpc.Server
+	health *grpchealth.Server
 }
 
-func newGRPCServer(o *Observer, peer *peerServer) *grpcServer {
+// newGRPCServer serves o and peer; with tlsConfig, also on listeners
+// given to serve as TLS listeners.
+func newGRPCServer(o *Observer, peer *peerServer, tlsConfig *tls.Config) *grpcServer {
 	s := &grpcServer{observer: o, peer: peer, srv: grpc.NewServer(), health: grpchealth.NewServer()}
-	observer.RegisterObserverServer(s.srv, o)
-	peerpb.RegisterPeerServer(s.srv, peer)
-	healthpb.RegisterHealthServer(s.srv, s.health)
+	if tlsConfig != nil {
+		s.tlsSrv = grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsConfig)))
+	}
+	for _, srv := range s.servers() {
+		observer.RegisterObserverServer(srv, o)
+		peerpb.RegisterPeerServer(srv, peer)
+		healthpb.RegisterHealthServer(srv, s.health)
+	}
 	return s
 }
 
-// serve serves on each of lns in the background until stop; failed is
-// called with the listener whose serving fails.
-func (s *grpcServer) serve(lns []net.Listener, failed func(net.Listener, error)) {
+func (s *grpcServer) servers() []*grpc.Server {
+	if s.tlsSrv == nil {
+		return []*grpc.Server{s.srv}
+	}
+	return []*grpc.Server{s.srv, s.tlsSrv}
+}
+
+// serve serves on each of plain, and with TLS on each of secure, in the
+// background until stop; failed is called with the listener whose
+// serving fails.
+func (s *grpcServer) serve(plain, secure []net.Listener, failed func(net.Listener, error)) {
 	s.health.SetServingStatus(ObserverService, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(HubbleService, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(PeerService, healthpb.HealthCheckResponse_SERVING)
-	for _, ln := range lns {
+	for _, ln := range plain {
 		go func() {
 			if err := s.srv.Serve(ln); err != nil {
+				failed(ln, err)
+			}
+		}()
+	}
+	for _, ln := range secure {
+		go func() {
+			if err := s.tlsSrv.Serve(ln); err != nil {
 				failed(ln, err)
 			}
 		}()
@@ -58,15 +86,21 @@ func (s *grpcServer) stop(ctx context.Context) {
 	s.health.Shutdown()
 	s.observer.stop()
 	s.peer.stop()
+	var wg sync.WaitGroup
+	for _, srv := range s.servers() {
+		wg.Go(srv.GracefulStop)
+	}
 	done := make(chan struct{})
 	go func() {
-		s.srv.GracefulStop()
+		wg.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		s.srv.Stop()
+		for _, srv := range s.servers() {
+			srv.Stop()
+		}
 		<-done
 	}
 }
