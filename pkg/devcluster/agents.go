@@ -32,6 +32,7 @@ const healthPort = "9879"
 // kvstore are the cluster's. The cluster's AgentArgs come last, so they
 // override these.
 func agentFlags(s *state, n Node) []string {
+	tls := s.hubbleTLS()
 	return append([]string{
 		"--node-name", n.Name,
 		"--node-ip", n.IPv4.String() + "," + n.IPv6.String(),
@@ -46,6 +47,9 @@ func agentFlags(s *state, n Node) []string {
 		"--cni-conf-dir", n.CNIConfDir(),
 		"--hubble-listen-address", "unix://" + n.HubbleSocket(),
 		"--hubble-tcp-listen-address", n.HubbleAddress().String(),
+		"--hubble-tls-cert-file", tls.NodeCert(n.Name),
+		"--hubble-tls-key-file", tls.NodeKey(n.Name),
+		"--hubble-tls-client-ca-files", tls.CA,
 		"--kvstore", "etcd",
 		"--kvstore-opt", "etcd.address=" + s.etcdURL(),
 		"--k8s-mode", "embedded",

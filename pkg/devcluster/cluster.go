@@ -304,6 +304,9 @@ func (c *Cluster) build(ctx context.Context, s *state) error {
 	if err := statefile.MkdirAll(s.manifestsDir()); err != nil {
 		return err
 	}
+	if err := makeHubbleTLS(s); err != nil {
+		return err
+	}
 	for i := range s.Nodes {
 		if err := c.buildNode(s, &s.Nodes[i]); err != nil {
 			return fmt.Errorf("node %s: %w", s.Nodes[i].Name, err)

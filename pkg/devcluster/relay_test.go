@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -16,19 +19,22 @@ import (
 	"github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/cilium/api/v1/observer"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/hubblerelay"
 )
 
-// TestHubbleRelay: the upstream hubble-relay, told only of node-1's Peer
-// service, connects to the Hubble server of every node; `hubble observe
-// --server <relay>` shows the flows of pods on all three nodes with their
-// identities and labels; a node removed from the cluster leaves the
-// relay's nodes.
+// TestHubbleRelay: every agent serves Hubble on its node's address only
+// with mutual TLS; the upstream hubble-relay, told only of node-1's Peer
+// service, connects to the Hubble server of every node with the client
+// certificate the cluster made at Up; `hubble observe --server <relay>`
+// shows the flows of pods on all three nodes with their identities and
+// labels; a node removed from the cluster leaves the relay's nodes.
 func TestHubbleRelay(t *testing.T) {
 	relayBin, hubbleBin, err := hubblerelay.Binaries()
 	if err != nil {
@@ -41,6 +47,51 @@ func TestHubbleRelay(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
+
+	t.Run("an agent serves Hubble on its address only with mutual TLS", func(t *testing.T) {
+		files := c.HubbleTLS()
+		ca, err := os.ReadFile(files.CA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(ca) {
+			t.Fatalf("no certificate in %s", files.CA)
+		}
+		relayCert, err := tls.LoadX509KeyPair(files.RelayCert, files.RelayKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node1 := c.Node("node-1")
+		status := func(creds credentials.TransportCredentials) error {
+			conn, err := grpc.NewClient("passthrough:///"+node1.HubbleAddress().String(),
+				grpc.WithTransportCredentials(creds),
+				grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+					return c.DialBridge(ctx, "tcp", addr)
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err = observer.NewObserverClient(conn).ServerStatus(ctx, &observer.ServerStatusRequest{})
+			return err
+		}
+		withCerts := func(certs ...tls.Certificate) credentials.TransportCredentials {
+			return credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: hubble.TLSServerName("node-1"), Certificates: certs, MinVersion: tls.VersionTLS13})
+		}
+		if err := status(insecure.NewCredentials()); err == nil {
+			t.Errorf("node-1's Hubble at %s serves plaintext", node1.HubbleAddress())
+		}
+		if err := status(withCerts()); err == nil {
+			t.Errorf("node-1's Hubble at %s serves a client without a certificate", node1.HubbleAddress())
+		}
+		if err := status(withCerts(relayCert)); err != nil {
+			t.Errorf("node-1's Hubble at %s with the relay's certificate: %v", node1.HubbleAddress(), err)
+		}
+	})
+
 	if err := c.StartRelay(ctx, relayBin); err != nil {
 		t.Fatal(err)
 	}
