@@ -134,7 +134,7 @@ func (cfg Config) validateTLS() error {
 		return fmt.Errorf("--hubble-disable-tls with --hubble-tls-cert-file %q: choose one", cfg.HubbleTLSCertFile)
 	case len(cfg.HubbleTLSClientCAFiles) > 0 && cfg.HubbleTLSCertFile == "":
 		return fmt.Errorf("--hubble-tls-client-ca-files %v without --hubble-tls-cert-file: mutual TLS needs the server's certificate too", cfg.HubbleTLSClientCAFiles)
-	case cfg.HubbleTLSCertFile != "" || cfg.HubbleDisableTLS:
+	case cfg.HubbleTLSCertFile != "" || cfg.HubbleDisableTLS || !cfg.HubbleEnabled:
 		return nil
 	}
 	for _, f := range []struct{ flag, value string }{

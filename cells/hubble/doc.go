@@ -38,11 +38,18 @@
 //     address is never announced.
 //   - The server listens on --hubble-listen-address: hubble.sock in
 //     --run-dir by default (a stale socket is replaced, a live one or a
-//     file is an error), another unix socket, or host:port for TCP
-//     without TLS; and, with --hubble-tcp-listen-address, on a TCP
-//     address as well. Its start hook listens; its stop hook ends follow
-//     and Notify streams, waits for calls in flight and removes the
-//     socket.
+//     file is an error), another unix socket, or host:port for TCP; and,
+//     with --hubble-tcp-listen-address, on a TCP address as well. Its
+//     start hook listens; its stop hook ends follow and Notify streams,
+//     waits for calls in flight and removes the socket.
+//   - TCP is TLS (1.3): --hubble-tls-cert-file and --hubble-tls-key-file,
+//     read again whenever they change (each handshake and every second
+//     look), a bad change keeping the last good pair (health hubble.tls
+//     Degraded); with --hubble-tls-client-ca-files only clients with a
+//     certificate those CAs signed are served. Plaintext TCP only with
+//     --hubble-disable-tls, logged as a warning; a TCP address with
+//     neither is a start error. The unix socket is never TLS. With TLS,
+//     the Peer service announces each node's TLSServerName.
 //
 // A client:
 //

@@ -250,7 +250,7 @@ func TestTLS(t *testing.T) {
 // A TCP listener without certificate starts only with consent to
 // plaintext; the TLS flags are checked against each other.
 func TestTLSFlags(t *testing.T) {
-	ok := Config{HubbleBufferSize: 1}
+	ok := Config{HubbleEnabled: true, HubbleBufferSize: 1}
 	for _, tc := range []struct {
 		cfg  func(*Config)
 		want string
@@ -277,6 +277,8 @@ func TestTLSFlags(t *testing.T) {
 		func(c *Config) {
 			c.HubbleTCPListenAddress, c.HubbleTLSCertFile, c.HubbleTLSKeyFile = ":4244", "/tls/tls.crt", "/tls/tls.key"
 		},
+		// A server that does not serve needs no certificate.
+		func(c *Config) { c.HubbleTCPListenAddress, c.HubbleEnabled = ":4244", false },
 	} {
 		cfg := ok
 		good(&cfg)
