@@ -1,5 +1,5 @@
-// Package tlsca is a small certificate authority: it makes a CA, loads one
-// from PEM files, and issues certificates for servers and clients, so that
+// Package tlsca is a small certificate authority: it makes a CA and
+// issues certificates for servers and clients, so that
 // the dev-cluster can run Hubble and hubble-relay with mutual TLS without
 // any tool outside Go, and tests can serve TLS with certificates they make.
 //
@@ -14,12 +14,9 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
-	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -66,31 +63,9 @@ func New(name string) (*CA, error) {
 	return &CA{Cert: cert, key: key}, nil
 }
 
-// Load reads a CA that WriteFiles wrote: its certificate and key.
-func Load(certFile, keyFile string) (*CA, error) {
-	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("CA %s, %s: %w", certFile, keyFile, err)
-	}
-	key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
-	if !ok || !pair.Leaf.IsCA {
-		return nil, fmt.Errorf("CA %s, %s: not a CA certificate with an ECDSA key", certFile, keyFile)
-	}
-	return &CA{Cert: pair.Leaf, key: key}, nil
-}
-
 // CertPEM is the CA's certificate, PEM encoded: what a peer trusts.
 func (ca *CA) CertPEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
-}
-
-// WriteFiles writes the CA's certificate and key, for Load.
-func (ca *CA) WriteFiles(certFile, keyFile string) error {
-	keyPEM, err := keyPEM(ca.key)
-	if err != nil {
-		return err
-	}
-	return errors.Join(WriteFile(certFile, ca.CertPEM()), WriteFile(keyFile, keyPEM))
 }
 
 // Usage is what an issued certificate is good for.
