@@ -21,6 +21,7 @@ import (
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
 	idalloc "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/internal/drift"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
@@ -35,9 +36,9 @@ var Cell = cell.Module(
 	"Pod endpoints with state files restore and the CNI API",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(NewTable, statedb.RWTable[*Endpoint].ToTable, newManager, apiRoutes),
-	cell.Invoke(writeCNIConfig),
+	cell.ProvidePrivate(job.Registry.NewGroup, newRepairs),
+	cell.Provide(NewTable, statedb.RWTable[*Endpoint].ToTable, newManager, apiRoutes, repairMetrics),
+	cell.Invoke(writeCNIConfig, registerHostRouteRepair),
 )
 
 // Config is the endpoint-manager cell's configuration.
@@ -182,6 +183,8 @@ type Manager struct {
 	// addresses in no pod pool.
 	outside  map[string]string
 	problems cell.Health
+	// repairs counts the host routes put back (see hostroutes.go).
+	repairs *drift.Repairs
 }
 
 func newManager(p params) (*Manager, error) {

@@ -45,6 +45,13 @@
 //     was lost: it is claimed for that container until its DEL. What the
 //     restore could not use is the health row endpoint-manager.state.
 //
+// A ready endpoint's host route deleted (or written over) behind the
+// agent's back is put back at once, following the netlink route updates,
+// with the container's lock held, and logged and counted
+// (cellium_kernel_repairs_total{module="endpoint-manager"}); every ready
+// endpoint's host routes are compared with the kernel every 30 minutes,
+// which writes nothing when they are there.
+//
 // --endpoint-test-crash-at, a hidden flag, kills the agent at a named step
 // of every creation: crash tests use it to stop the agent in the middle of
 // a CNI ADD.

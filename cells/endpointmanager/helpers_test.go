@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/nettest"
 )
@@ -46,6 +48,7 @@ type node struct {
 	health   statedb.Table[*health.Status]
 	client   *client.Client
 	logs     *logtest.Recorder
+	metrics  *prometheus.Registry
 	stateDir string
 	// k8s is the fake API server the agent watches pods in.
 	k8s  *fake.Clientset
@@ -90,10 +93,10 @@ type nodeOpts struct {
 func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
-	h := celltest.New(daemon.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
+	h := celltest.New(daemon.Cell, metrics.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
 		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
-			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *fake.Clientset) {
-			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s = m, db, eps, tbl, ids, hs, cs
+			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *fake.Clientset, reg *prometheus.Registry) {
+			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s, n.metrics = m, db, eps, tbl, ids, hs, cs, reg
 		}))
 	socket := filepath.Join(tn.dir, "agent.sock")
 	hive.AddConfigOverride(h, func(c *daemon.Config) {
