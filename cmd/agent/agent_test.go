@@ -270,6 +270,8 @@ func TestBadConfigStartsNothing(t *testing.T) {
 			want: `invalid --devices-netns "/nonexistent": stat /nonexistent: no such file or directory`},
 		{name: "port out of range", args: []string{"--health-addr", "127.0.0.1:99999"},
 			want: `invalid --health-addr "127.0.0.1:99999": want host:port, e.g. 127.0.0.1:9879: port "99999" is not a port number (0 to 65535)`},
+		{name: "metrics address without a port", args: []string{"--metrics-addr", "9962"},
+			want: `invalid --metrics-addr "9962": want host:port, e.g. 127.0.0.1:9962`},
 		{name: "bad lb mode", args: []string{"--lb-mode", "direct"},
 			want: `invalid --lb-mode "direct": want snat or dsr`},
 		{name: "socket under a file", args: []string{"--hubble-listen-address", "unix://$DIR/file/hubble.sock"},
