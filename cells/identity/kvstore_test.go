@@ -1,6 +1,8 @@
 package identity
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 func rawClient(t *testing.T, etcd *etcdtest.Server) *clientv3.Client {
@@ -189,5 +192,51 @@ func TestMasterKeysRefused(t *testing.T) {
 		if row, _, _ := a.tbl.Get(a.db.ReadTxn(), ByID.Query(n)); row != nil && row.Kind == KindCluster {
 			t.Errorf("refused key made row %+v", row)
 		}
+	}
+}
+
+// TestEtcdReplacedByAnEmptyOne: etcd replaced by an empty one behind the
+// same endpoint: each node writes back the master key of the identity it
+// uses and its value key; a node that starts afterwards (or restarts)
+// gets the same number for the label set.
+func TestEtcdReplacedByAnEmptyOne(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	raw := rawClient(t, etcd)
+	ctx := ctxT(t)
+	// Revisions the empty store will not have reached when the agents
+	// read it again: how the kvstore client tells it was replaced.
+	for i := range 20 {
+		if _, err := raw.Put(ctx, "rep/other", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "rep")
+	b, _ := startAllocator(t, "node-b", t.TempDir(), etcd.Endpoint(), "rep")
+	n, err := a.Allocate(ctx, web("rep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := b.Allocate(ctx, web("rep")); err != nil || m != n {
+		t.Fatalf("node b: %v, %v; want %v", m, err, n)
+	}
+	etcd.Wipe()
+	etcd.Restart()
+	ls := web("rep").String()
+	polltest.Until(t, "the master key and both value keys in the new etcd", 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		master, found, err := a.kv.Get(ctx, idPrefix+n.String())
+		if err != nil || !found || string(master) != ls {
+			return false, fmt.Sprintf("master %q found %v err %v", master, found, err)
+		}
+		values, err := a.kv.List(ctx, valuePrefix+ls+"/")
+		if err != nil || len(values) != 2 {
+			return false, fmt.Sprintf("value keys %v, err %v", values, err)
+		}
+		return true, ""
+	})
+	c, _ := startAllocator(t, "node-c", t.TempDir(), etcd.Endpoint(), "rep")
+	if m, err := c.Allocate(ctxT(t), web("rep")); err != nil || m != n {
+		t.Fatalf("a node started after the replacement: %v, %v; want %v", m, err, n)
 	}
 }

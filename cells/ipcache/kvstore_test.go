@@ -3,6 +3,7 @@ package ipcache_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // kvEnv is one node's ipcache against a real etcd, and a raw client that
@@ -155,4 +157,40 @@ func TestKVStoreKeysRefused(t *testing.T) {
 	e.put(t, "10.0.1.7", bad("10.0.1.7", func(v *ipcache.IPValue) { v.Identity = identity.World }))
 	e.refused(t, "10.0.1.7", "identity")
 	e.mapLacks(t, "10.0.1.7/32")
+}
+
+// TestOwnKeysAfterEtcdReplaced: etcd replaced by an empty one behind the
+// same endpoint: the local pod's key is written again, leased.
+func TestOwnKeysAfterEtcdReplaced(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	// Revisions the empty store will not have reached when the agent
+	// reads it again: how the kvstore client tells it was replaced.
+	for i := range 20 {
+		if _, err := raw.Put(context.Background(), "rep/other", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := startNode(t, bpfmapstest.Root(t), etcd.Endpoint(), "rep")
+	txn := n.db.WriteTxn(n.eps)
+	n.eps.Insert(txn, &endpointmanager.Endpoint{ID: 1, ContainerID: "c1", IPv4: netip.MustParseAddr("10.0.0.5"),
+		PodNamespace: "default", PodName: "web", Identity: 300})
+	txn.Commit()
+	published := func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		resp, err := raw.Get(ctx, "rep/state/ip/v1/10.0.0.5")
+		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false, fmt.Sprintf("%v %v", resp, err)
+		}
+		return true, ""
+	}
+	polltest.Until(t, "the local address published", 10*time.Second, 20*time.Millisecond, published)
+	etcd.Wipe()
+	etcd.Restart()
+	polltest.Until(t, "the local address in the new etcd, leased", 30*time.Second, 50*time.Millisecond, published)
 }

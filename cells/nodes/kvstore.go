@@ -100,8 +100,8 @@ type kvstoreNodes struct {
 	owner *kvsync.Owner
 }
 
-// watch keeps the kvstore's claims equal to the accepted nodes/v1 keys: a
-// refused key takes back what it said before.
+// watch keeps the kvstore's claims equal to the accepted nodes/v1 keys of
+// other nodes: a refused key takes back what it said before.
 func (k *kvstoreNodes) watch(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn)) error {
 	rule := kvsync.Rule[nodeKey]{
 		Prefix: keyPrefix, MaxValue: maxNodeValue, What: "node key",
@@ -112,11 +112,19 @@ func (k *kvstoreNodes) watch(ctx context.Context, health cell.Health, listed fun
 	}
 	return kvsync.Follow(ctx, k.nodes.kv, k.nodes.log, health, rule, k.owner, func(changes []kvsync.Change[nodeKey], done bool) {
 		for _, ch := range changes {
-			if ch.Deleted {
-				k.nodes.claims.set(strings.TrimPrefix(ch.Key, keyPrefix), SourceKVStore, Spec{}, false)
+			name := strings.TrimPrefix(ch.Key, keyPrefix)
+			if name == k.nodes.name {
+				// This node's key is what it says of itself, not something
+				// to learn from: a value written over it must not fill
+				// what the local description leaves empty (health IPs).
+				// The owner puts it back.
 				continue
 			}
-			k.nodes.claims.set(ch.Value.name, SourceKVStore, ch.Value.spec, true)
+			if ch.Deleted {
+				k.nodes.claims.set(name, SourceKVStore, Spec{}, false)
+				continue
+			}
+			k.nodes.claims.set(name, SourceKVStore, ch.Value.spec, true)
 		}
 		if done && listed != nil {
 			txn := k.nodes.db.WriteTxn(k.nodes.tbl)

@@ -108,11 +108,11 @@ func TestOwnNodeKeyPutBack(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	a := start(t, opts{name: "node-a", podCIDR: "10.244.10.0/24", nodeIP: []string{"192.0.2.20"}, etcd: etcd.Endpoint()})
 	ctx := context.Background()
-	var published []byte
+	rows := a.wait(t, "node-a known", func(r map[string]*nodes.Node) bool { return r["node-a"] != nil })
+	published, _ := json.Marshal(nodes.Value{Name: "node-a", Spec: rows["node-a"].Spec})
 	celltest.Eventually(t, "node-a published", func() bool {
 		v, found, err := a.kv.Get(ctx, "state/nodes/v1/node-a")
-		published = v
-		return err == nil && found
+		return err == nil && found && string(v) == string(published)
 	})
 	forged := nodes.Value{Name: "node-a", Spec: nodes.Spec{
 		Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.20")}},

@@ -18,7 +18,7 @@
 //     wants; when the follower sees one of its keys deleted or holding
 //     another value (anyone else's write, whatever it says), the Owner
 //     writes its value back on its lease. Each such repair is logged with
-//     the key and counted in cellium_kvstore_repairs_total{owner}.
+//     the key and counted in cellium_kvstore_repairs_total{module}.
 //
 // A cell that publishes and follows keys:
 //
@@ -163,17 +163,19 @@ func refusedError(refused map[string]string) error {
 	return errors.New(b.String())
 }
 
-// Repairs is cellium_kvstore_repairs_total for one owner: its keys put
-// back after someone else changed or deleted them.
+// Repairs is cellium_kvstore_repairs_total{module} for one module: its
+// keys put back after someone else changed or deleted them. Each module
+// registers its own, under the same name with its module label, as
+// cellium_kernel_repairs_total (cells/internal/drift) is.
 type Repairs struct{ prometheus.Counter }
 
-// NewRepairs is the repairs counter of owner (a module id), for the
-// module's metrics group.
-func NewRepairs(owner string) *Repairs {
+// NewRepairs is the repairs counter of module (its id), for the module's
+// metrics group.
+func NewRepairs(module string) *Repairs {
 	return &Repairs{prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "cellium", Subsystem: "kvstore", Name: "repairs_total",
 		Help:        "kvstore keys of this agent put back after someone else changed or deleted them, by owning module",
-		ConstLabels: prometheus.Labels{"owner": owner},
+		ConstLabels: prometheus.Labels{"module": module},
 	})}
 }
 

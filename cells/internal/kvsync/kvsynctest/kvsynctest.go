@@ -17,8 +17,8 @@ type Metrics struct {
 	Collectors []prometheus.Collector `group:"metrics"`
 }
 
-// Repairs is cellium_kvstore_repairs_total{owner} among m's collectors.
-func (m Metrics) Repairs(t testing.TB, owner string) float64 {
+// Repairs is cellium_kvstore_repairs_total{module} among m's collectors.
+func (m Metrics) Repairs(t testing.TB, module string) float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	for _, c := range m.Collectors {
@@ -36,12 +36,12 @@ func (m Metrics) Repairs(t testing.TB, owner string) float64 {
 		}
 		for _, m := range f.Metric {
 			for _, l := range m.Label {
-				if l.GetName() == "owner" && l.GetValue() == owner {
+				if l.GetName() == "module" && l.GetValue() == module {
 					return m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("no cellium_kvstore_repairs_total{owner=%q}", owner)
+	t.Fatalf("no cellium_kvstore_repairs_total{module=%q}", module)
 	return 0
 }
