@@ -76,6 +76,15 @@ type identView struct {
 	namespace string
 	podLabels k8slabels.Set
 	nsLabels  k8slabels.Set
+	// group names the identities of one namespace with the same
+	// namespace labels: a namespace selector is matched once per group.
+	group string
+}
+
+// idGroup is the identities of one group.
+type idGroup struct {
+	nsLabels k8slabels.Set
+	ids      map[identity.NumericIdentity]*identView
 }
 
 // viewOf reads the labels of a pod identity (cells/identity's PodLabels);
@@ -95,6 +104,7 @@ func viewOf(ls labels.Labels) *identView {
 			v.podLabels[l.Key] = l.Value
 		}
 	}
+	v.group = v.nsLabels.String()
 	return v
 }
 
@@ -111,8 +121,10 @@ type cachedSelector struct {
 // identity is matched against the selectors of its namespace and those
 // with a namespaceSelector, not against all.
 type selectorCache struct {
-	ids  map[identity.NumericIdentity]*identView
-	sels map[string]*cachedSelector
+	ids map[identity.NumericIdentity]*identView
+	// groups are the identities by namespace, then by group.
+	groups map[string]map[string]*idGroup
+	sels   map[string]*cachedSelector
 	// byNamespace holds the podSelector-alone selectors by namespace;
 	// anyNamespace those with a namespaceSelector.
 	byNamespace  map[string]map[string]*cachedSelector
@@ -122,6 +134,7 @@ type selectorCache struct {
 func newSelectorCache() *selectorCache {
 	return &selectorCache{
 		ids:          map[identity.NumericIdentity]*identView{},
+		groups:       map[string]map[string]*idGroup{},
 		sels:         map[string]*cachedSelector{},
 		byNamespace:  map[string]map[string]*cachedSelector{},
 		anyNamespace: map[string]*cachedSelector{},
@@ -134,11 +147,7 @@ func (c *selectorCache) acquire(sel *peerSelector, user string) {
 	cs, ok := c.sels[sel.key]
 	if !ok {
 		cs = &cachedSelector{sel: sel, ids: map[identity.NumericIdentity]struct{}{}, users: map[string]struct{}{}}
-		for id, v := range c.ids {
-			if sel.matches(v) {
-				cs.ids[id] = struct{}{}
-			}
-		}
+		c.scan(sel, func(id identity.NumericIdentity) { cs.ids[id] = struct{}{} })
 		c.sels[sel.key] = cs
 		if sel.ns == nil {
 			if c.byNamespace[sel.namespace] == nil {
@@ -150,6 +159,31 @@ func (c *selectorCache) acquire(sel *peerSelector, user string) {
 		}
 	}
 	cs.users[user] = struct{}{}
+}
+
+// scan calls found with each identity sel selects: those of its
+// namespace, or those of the groups its namespace selector matches.
+func (c *selectorCache) scan(sel *peerSelector, found func(identity.NumericIdentity)) {
+	scanGroup := func(g *idGroup) {
+		for id, v := range g.ids {
+			if sel.pod.Matches(v.podLabels) {
+				found(id)
+			}
+		}
+	}
+	if sel.ns == nil {
+		for _, g := range c.groups[sel.namespace] {
+			scanGroup(g)
+		}
+		return
+	}
+	for _, groups := range c.groups {
+		for _, g := range groups {
+			if sel.ns.Matches(g.nsLabels) {
+				scanGroup(g)
+			}
+		}
+	}
 }
 
 // release drops user's use of the selector key; the last user removes it.
@@ -195,6 +229,17 @@ func (c *selectorCache) addIdentity(id identity.NumericIdentity, ls labels.Label
 		return
 	}
 	c.ids[id] = v
+	groups := c.groups[v.namespace]
+	if groups == nil {
+		groups = map[string]*idGroup{}
+		c.groups[v.namespace] = groups
+	}
+	g := groups[v.group]
+	if g == nil {
+		g = &idGroup{nsLabels: v.nsLabels, ids: map[identity.NumericIdentity]*identView{}}
+		groups[v.group] = g
+	}
+	g.ids[id] = v
 	c.candidates(v.namespace, func(cs *cachedSelector) {
 		if cs.sel.matches(v) {
 			cs.ids[id] = struct{}{}
@@ -211,6 +256,14 @@ func (c *selectorCache) removeIdentity(id identity.NumericIdentity, changed func
 		return
 	}
 	delete(c.ids, id)
+	groups := c.groups[v.namespace]
+	delete(groups[v.group].ids, id)
+	if len(groups[v.group].ids) == 0 {
+		delete(groups, v.group)
+		if len(groups) == 0 {
+			delete(c.groups, v.namespace)
+		}
+	}
 	c.candidates(v.namespace, func(cs *cachedSelector) {
 		if _, ok := cs.ids[id]; ok {
 			delete(cs.ids, id)
