@@ -107,8 +107,6 @@ type Rule struct {
 	Egress       bool       `json:"egress"`
 	IngressRules []PeerRule `json:"ingressRules,omitempty"`
 	EgressRules  []PeerRule `json:"egressRules,omitempty"`
-	// Revision is the policy revision at which this version was read.
-	Revision uint64 `json:"revision"`
 	// Error says why the policy cannot be applied.
 	Error string `json:"error,omitempty"`
 	// Notes say which parts of an applied policy select nothing yet.
@@ -119,12 +117,11 @@ type Rule struct {
 }
 
 func (r *Rule) TableHeader() []string {
-	return []string{"Name", "PodSelector", "Types", "Ingress", "Egress", "Revision", "Error"}
+	return []string{"Name", "PodSelector", "Types", "Ingress", "Egress", "Error"}
 }
 
 func (r *Rule) TableRow() []string {
-	return []string{r.Name, r.PodSelector, r.types(), fmt.Sprint(len(r.IngressRules)), fmt.Sprint(len(r.EgressRules)),
-		fmt.Sprint(r.Revision), r.Error}
+	return []string{r.Name, r.PodSelector, r.types(), fmt.Sprint(len(r.IngressRules)), fmt.Sprint(len(r.EgressRules)), r.Error}
 }
 
 func (r *Rule) types() string {
