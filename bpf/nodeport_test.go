@@ -495,6 +495,12 @@ func remoteBackendNS(t *testing.T) string {
 		if err := netlink.LinkSetUp(lo); err != nil {
 			return err
 		}
+		// The FIB lookup of a packet forwarded past the stack fails while
+		// the namespace does not forward, and a new namespace forwards
+		// only if the host happens to (IPv4 settings are inherited).
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0o644); err != nil {
+			return err
+		}
 		addr, _ := netlink.ParseAddr(nodeAddr.String() + "/24")
 		if err := netlink.AddrAdd(dev, addr); err != nil {
 			return err
