@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/ipcachemap"
 )
 
@@ -82,9 +84,10 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2[*Ent
 
 // SyncedBarrier is the readiness barrier that waits until the map holds
 // what every source claims: restored, local endpoints, node addresses and,
-// with a kvstore, its first listing.
+// with a kvstore, its first listing; or until etcd has failed to answer
+// (the restored entries then stay).
 const SyncedBarrier = "ipcache-synced"
 
-func syncedBarrier(db *statedb.DB, tbl statedb.RWTable[*Entry]) health.WaitOut {
-	return health.Reconciled(SyncedBarrier, db, tbl.ToTable(), func(e *Entry) reconciler.Status { return e.Status })
+func syncedBarrier(db *statedb.DB, tbl statedb.RWTable[*Entry], kv kvstore.Client, log *slog.Logger) health.WaitOut {
+	return health.WaitOut{Wait: kvstore.UnlessUnreachable(health.Reconciled(SyncedBarrier, db, tbl.ToTable(), func(e *Entry) reconciler.Status { return e.Status }).Wait, kv, log)}
 }

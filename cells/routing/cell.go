@@ -14,6 +14,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/drift"
+	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/nodes"
 )
@@ -105,12 +106,14 @@ type waitsOut struct {
 
 // readinessWaits hold readiness back until every route, neighbor and fdb
 // entry to the other nodes known at start is in the kernel: a node takes
-// no pod before it can reach the cluster's other pods.
-func readinessWaits(db *statedb.DB, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry]) waitsOut {
+// no pod before it can reach the cluster's other pods. While etcd does not
+// answer they pass without it: the routes to the nodes it knew stay, as
+// the tables are not initialized (and not pruned) before it answers.
+func readinessWaits(db *statedb.DB, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry], kv kvstore.Client, log *slog.Logger) waitsOut {
 	return waitsOut{
-		Routes:    health.Reconciled("routes-written", db, routes.ToTable(), (*Route).status).Wait,
-		Neighbors: health.Reconciled("neighbors-written", db, neighbors.ToTable(), (*Neighbor).status).Wait,
-		FDB:       health.Reconciled("fdb-written", db, fdb.ToTable(), (*FDBEntry).status).Wait,
+		Routes:    kvstore.UnlessUnreachable(health.Reconciled("routes-written", db, routes.ToTable(), (*Route).status).Wait, kv, log),
+		Neighbors: kvstore.UnlessUnreachable(health.Reconciled("neighbors-written", db, neighbors.ToTable(), (*Neighbor).status).Wait, kv, log),
+		FDB:       kvstore.UnlessUnreachable(health.Reconciled("fdb-written", db, fdb.ToTable(), (*FDBEntry).status).Wait, kv, log),
 	}
 }
 
