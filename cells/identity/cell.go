@@ -118,6 +118,7 @@ type Allocator struct {
 	// refsChanged wakes the job identity-refs, which writes the counts
 	// of the rows whose count moved between nonzero values.
 	refsChanged chan struct{}
+	writeBacks  writeBacks
 }
 
 // usedIdentity is an identity of this node's endpoints and its count of
@@ -156,6 +157,7 @@ func newAllocator(p params) (*Allocator, error) {
 		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore,
 		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health, repairs: p.Repairs,
 		used: map[string]*usedIdentity{}, refsChanged: make(chan struct{}, 1),
+		writeBacks: writeBacks{pending: map[identity.NumericIdentity]*usedIdentity{}, wake: make(chan struct{}, 1)},
 	}
 	p.Lifecycle.Append(cell.Hook{OnStart: a.start})
 	p.Jobs.Add(job.OneShot("identity-refs", a.publishRefs))
@@ -167,6 +169,7 @@ func newAllocator(p params) (*Allocator, error) {
 			job.OneShot("watch-identities", func(ctx context.Context, h cell.Health) error {
 				return a.watch(ctx, h, listed)
 			}),
+			job.OneShot("identity-write-back", a.runWriteBacks),
 			job.Timer("identity-gc", a.gcRound, p.Config.IdentityGCInterval),
 		)
 	}
@@ -717,10 +720,69 @@ func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(s
 		}
 		txn.Commit()
 		a.mu.Unlock()
-		for _, u := range writeBack {
-			a.writeBack(ctx, u)
+		if len(writeBack) > 0 {
+			a.writeBacks.add(writeBack)
 		}
 	})
+}
+
+// writeBacks are the identities in use whose master key must be written
+// back; the job identity-write-back writes them, again a second later for
+// those that failed (etcd replaced, and this node's lease not yet in the
+// new store, say).
+type writeBacks struct {
+	mu      sync.Mutex
+	pending map[identity.NumericIdentity]*usedIdentity
+	wake    chan struct{}
+}
+
+func (w *writeBacks) add(us []*usedIdentity) {
+	w.mu.Lock()
+	for _, u := range us {
+		w.pending[u.id] = u
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Allocator) runWriteBacks(ctx context.Context, health cell.Health) error {
+	w := &a.writeBacks
+	for {
+		var retry <-chan time.Time
+		w.mu.Lock()
+		pending := w.pending
+		w.pending = map[identity.NumericIdentity]*usedIdentity{}
+		w.mu.Unlock()
+		var failed []*usedIdentity
+		var err error
+		for _, u := range pending {
+			if e := a.writeBack(ctx, u); e != nil {
+				failed, err = append(failed, u), e
+			}
+		}
+		if len(failed) > 0 {
+			w.mu.Lock()
+			for _, u := range failed {
+				if _, newer := w.pending[u.id]; !newer {
+					w.pending[u.id] = u
+				}
+			}
+			w.mu.Unlock()
+			health.Degraded(fmt.Sprintf("Writing back %d master keys of identities in use", len(failed)), err)
+			retry = time.After(time.Second)
+		} else if len(pending) > 0 {
+			health.OK("Master keys of identities in use written back")
+		}
+		select {
+		case <-w.wake:
+		case <-retry:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // writeBack writes again the master key of an identity this node uses,
@@ -729,7 +791,7 @@ func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(s
 // number, the number keeps naming their label set, and the collector
 // sees it in use. A master key that now names a label set in use
 // elsewhere is left alone, and logged.
-func (a *Allocator) writeBack(ctx context.Context, u *usedIdentity) {
+func (a *Allocator) writeBack(ctx context.Context, u *usedIdentity) error {
 	ls := u.labels.String()
 	unlock := a.sets.lock(ls)
 	defer unlock()
@@ -737,7 +799,7 @@ func (a *Allocator) writeBack(ctx context.Context, u *usedIdentity) {
 	still := a.used[ls] == u && u.refs.Load() > 0
 	a.mu.RUnlock()
 	if !still {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -763,13 +825,15 @@ func (a *Allocator) writeBack(ctx context.Context, u *usedIdentity) {
 	}
 	switch {
 	case err != nil:
-		a.log.Error("An identity in use lost its master key and writing it back failed", "key", master, "labels", ls, "error", err)
+		a.log.Warn("An identity in use lost its master key and writing it back failed; retrying", "key", master, "labels", ls, "error", err)
+		return err
 	case i < 0:
 		a.log.Error("An identity in use lost its master key to a label set in use elsewhere; its endpoints need new identities", "key", master, "labels", ls, "now", string(cur))
 	default:
 		a.repairs.Inc()
 		a.log.Warn("Wrote back the master key of an identity in use, and this node's value key", "key", master, "labels", ls, "value-key", a.valueKey(ls))
 	}
+	return nil
 }
 
 // apply writes a master key's change into the table, with a.mu held. It
