@@ -49,9 +49,10 @@ type router struct {
 	// tunnelIndex is the tunnel device's ifindex once made (0 before);
 	// kernelChanged reads it.
 	tunnelIndex atomic.Int64
-	// upDevices are the selected devices' ifindexes as last seen, nil
-	// before the first look.
-	upDevices map[int]bool
+	// linksUp and linksDown are the devices last seen up, and those seen
+	// going down from up, by ifindex, from link updates (kernelChanged's
+	// goroutine only).
+	linksUp, linksDown map[int]bool
 }
 
 // desired is the routing state for a set of nodes.
@@ -89,9 +90,6 @@ func (r *router) run(ctx context.Context, health cell.Health) error {
 			retry = time.After(time.Second)
 		} else {
 			r.write(want)
-			if r.cfg.RoutingMode == ModeNative {
-				r.devicesUp(txn)
-			}
 			if !slices.Equal(want.skipped, lastSkipped) {
 				for _, s := range want.skipped {
 					r.log.Warn("No route to part of a node", "problem", s)
@@ -142,29 +140,6 @@ func (r *router) ensureTunnel(txn statedb.ReadTxn, local *nodes.Node) error {
 	return nil
 }
 
-// devicesUp refreshes the routes that have no device of their own
-// (native mode) when a selected device came up or was made again: its
-// IPv4 routes went when it went down, with no route event.
-func (r *router) devicesUp(txn statedb.ReadTxn) {
-	now := map[int]bool{}
-	for d := range r.devices.All(txn) {
-		if d.Selected {
-			now[d.Index] = true
-		}
-	}
-	prev := r.upDevices
-	r.upDevices = now
-	if prev == nil {
-		return
-	}
-	for i := range now {
-		if !prev[i] {
-			r.refresh(func(dev string) bool { return dev == "" })
-			return
-		}
-	}
-}
-
 // deviceOf is the device that holds ip, nil for none.
 func (r *router) deviceOf(txn statedb.ReadTxn, ip netip.Addr) *devices.Device {
 	for d := range r.devices.All(txn) {
@@ -201,13 +176,17 @@ func (r *router) fdbRows() drift.Rows[*FDBEntry] {
 // kernelChanged has the reconcilers compare with the kernel the rows that
 // a batch of netlink updates may have undone: a route of the agent's
 // deleted, or another written over it; a neighbor or fdb entry of the
-// tunnel device deleted or changed. Updates the agent's own writes cause
-// match the rows, and are passed over. After lost updates, every row.
+// tunnel device deleted or changed; the rows on a device that went down
+// and came up again (a device going down loses its IPv4 routes and
+// neighbor entries, with no update of their own). Updates the agent's own
+// writes cause match the rows, and are passed over. After lost updates,
+// every row.
 func (r *router) kernelChanged(_ context.Context, b drift.Batch) {
 	if b.Resync {
 		r.refresh(func(string) bool { return true })
 		return
 	}
+	r.linksChanged(b.Links)
 	routes := map[netip.Prefix][]netlink.RouteUpdate{}
 	for _, u := range b.Routes {
 		p, ok := prefixOf(u.Dst)
@@ -258,6 +237,33 @@ func (r *router) kernelChanged(_ context.Context, b drift.Batch) {
 				return u.IP.Equal(x.Dst.AsSlice()) == (u.Type == unix.RTM_DELNEIGH)
 			})
 		})
+	}
+}
+
+// linksChanged refreshes the rows on each device that came up again after
+// it was seen going down; a route without a device of its own (native
+// mode) may have been through any of them.
+func (r *router) linksChanged(links []netlink.LinkUpdate) {
+	if r.linksUp == nil {
+		r.linksUp, r.linksDown = map[int]bool{}, map[int]bool{}
+	}
+	for _, u := range links {
+		i := int(u.Index)
+		switch {
+		case u.Header.Type == unix.RTM_DELLINK:
+			delete(r.linksUp, i)
+			delete(r.linksDown, i)
+		case u.Flags&unix.IFF_UP == 0:
+			r.linksDown[i] = r.linksDown[i] || r.linksUp[i]
+			r.linksUp[i] = false
+		default:
+			r.linksUp[i] = true
+			if r.linksDown[i] {
+				delete(r.linksDown, i)
+				name := u.Attrs().Name
+				r.refresh(func(dev string) bool { return dev == name || dev == "" })
+			}
+		}
 	}
 }
 

@@ -28,8 +28,9 @@
 //     nothing that is right. Routes stay when the agent stops: traffic
 //     flows while it is down.
 //   - Drift is put right without a restart: the tunnel device made again
-//     or set up again after someone removed it or set it down has every
-//     row on it refreshed; a route of the agent's, or a neighbor or fdb
+//     or set up again after someone removed it or set it down, or any
+//     device seen going down and up (netlink link updates), has every row
+//     on it refreshed; a route of the agent's, or a neighbor or fdb
 //     entry of the tunnel device, deleted or written over (netlink route
 //     and neighbour updates) has its row refreshed. A refreshed row is
 //     compared with the kernel and written only if the kernel differs;

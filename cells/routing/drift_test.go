@@ -277,3 +277,39 @@ func watchChanges(t *testing.T, n *testNode) func() []string {
 		return got
 	}
 }
+
+// TestNativeDrift: in native mode, a node device set down and up again
+// has lost the agent's routes through it, with no route event: they are
+// put back once it is up, logged and counted.
+func TestNativeDrift(t *testing.T) {
+	a, b := twoNodes(t)
+	objs := []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
+	a.start(t, routing.ModeNative, objs...)
+	b.start(t, routing.ModeNative, objs...)
+	a.waitReconciled(t, 1)
+	b.waitReconciled(t, 1)
+	want := a.kernelRoutes(t)
+	for _, up := range []bool{false, true} {
+		err := nettest.Do(a.ns.Path(), func() error {
+			eth0, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			if up {
+				return netlink.LinkSetUp(eth0)
+			}
+			return netlink.LinkSetDown(eth0)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !up {
+			celltest.Eventually(t, "the route gone with eth0 down", func() bool { return len(a.kernelRoutes(t)) == 0 })
+		}
+	}
+	celltest.Eventually(t, "the route put back", func() bool { return slices.Equal(a.kernelRoutes(t), want) })
+	a.waitAllDone(t)
+	a.wantRepairs(t, map[string]float64{"route": 1})
+	a.wantRepairLog(t, "route", fmt.Sprintf("%s via %s", b.podCIDR, b.ip))
+	tcp(t, a, b)
+}

@@ -3,14 +3,15 @@
 //
 // The contract:
 //
-//   - A cell follows the kernel's change events for what it owns (Follower:
-//     netlink route and neighbour updates in one network namespace) and,
-//     for an event that undoes one of its objects, marks that object's row
-//     Refreshing (Rows.Refresh). The generic reconciler then calls the
-//     cell's Update again, which compares with the kernel and writes only
-//     what is missing or different: a refresh of a kernel that is right
-//     writes nothing.
-//   - An Update that writes for a Refreshing row is a repair: it says so
+//   - A cell follows the kernel's change events for what it owns
+//     (Follower: netlink link, route and neighbour updates in one network
+//     namespace; NFTables: the nftables monitor) and, for an event that
+//     undoes one of its objects, marks that object's row Refreshing
+//     (Rows.Refresh) or has its reconciler prune. The generic reconciler
+//     then compares with the kernel and writes only what is missing or
+//     different: a refresh of a kernel that is right writes nothing.
+//   - An Update that writes for a Refreshing row (or a prune that writes)
+//     is a repair: it says so
 //     with Repairs.Repaired, which logs a warning naming what was put back
 //     and counts it in cellium_kernel_repairs_total{module, object}.
 //   - Events can be lost (the kernel drops them when a reader falls

@@ -12,6 +12,7 @@ import (
 
 // Batch is the netlink updates that queued up since the last batch.
 type Batch struct {
+	Links     []netlink.LinkUpdate
 	Routes    []netlink.RouteUpdate
 	Neighbors []netlink.NeighUpdate
 	// Resync: updates may have been lost before this batch (a subscription
@@ -19,16 +20,18 @@ type Batch struct {
 	Resync bool
 }
 
-// Follower follows the kernel's route and neighbour updates in a network
+// Follower follows the kernel's link, route and neighbour updates in a network
 // namespace and hands them to Handle in batches. Run it as a job with
 // Retry: a subscription that fails ends Run with its error, and the next
 // Run's first batch is a Resync.
 type Follower struct {
 	// Netns is the path of the network namespace; "" for the agent's own.
 	Netns string
-	// Routes and Neighbors say what to follow: IPv4 and IPv6 routes,
-	// neighbour and bridge FDB entries.
-	Routes, Neighbors bool
+	// Links, Routes and Neighbors say what to follow: devices, IPv4 and
+	// IPv6 routes, neighbour and bridge FDB entries. Every device there is
+	// comes first, as an update each, so that a device's state is known
+	// before it changes.
+	Links, Routes, Neighbors bool
 	// Handle is called from Run's goroutine, one batch at a time, with
 	// Run's context.
 	Handle func(context.Context, Batch)
@@ -58,7 +61,7 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 	}
 	s := &subscription{done: make(chan struct{})}
 	defer s.close()
-	if err := s.start(ns, f.Routes, f.Neighbors); err != nil {
+	if err := s.start(ns, f.Links, f.Routes, f.Neighbors); err != nil {
 		return err
 	}
 	if f.subscribed {
@@ -71,6 +74,11 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case u, ok := <-s.links:
+			if !ok {
+				return s.ended("link")
+			}
+			b.Links = append(b.Links, u)
 		case u, ok := <-s.routes:
 			if !ok {
 				return s.ended("route")
@@ -83,8 +91,13 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 			b.Neighbors = append(b.Neighbors, u)
 		}
 	more:
-		for len(b.Routes)+len(b.Neighbors) < maxBatch {
+		for len(b.Links)+len(b.Routes)+len(b.Neighbors) < maxBatch {
 			select {
+			case u, ok := <-s.links:
+				if !ok {
+					return s.ended("link")
+				}
+				b.Links = append(b.Links, u)
 			case u, ok := <-s.routes:
 				if !ok {
 					return s.ended("route")
@@ -103,20 +116,29 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 	}
 }
 
-// subscription is netlink's subscriptions to routes and neighbours; a
-// channel of what is not followed stays nil, and so is never ready.
+// subscription is netlink's subscriptions to links, routes and
+// neighbours; a channel of what is not followed stays nil, and so is never
+// ready.
 type subscription struct {
 	done   chan struct{}
+	links  chan netlink.LinkUpdate
 	routes chan netlink.RouteUpdate
 	neighs chan netlink.NeighUpdate
 	// started are the channels netlink closes when its goroutine ends.
-	startedRoutes, startedNeighs bool
+	startedLinks, startedRoutes, startedNeighs bool
 
 	mu  sync.Mutex
 	err error
 }
 
-func (s *subscription) start(ns netns.NsHandle, routes, neighs bool) error {
+func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) error {
+	if links {
+		ch := make(chan netlink.LinkUpdate, updateBuffer)
+		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError, ListExisting: true}); err != nil {
+			return fmt.Errorf("subscribe to netlink link updates: %w", err)
+		}
+		s.links, s.startedLinks = ch, true
+	}
 	if routes {
 		ch := make(chan netlink.RouteUpdate, updateBuffer)
 		if err := netlink.RouteSubscribeWithOptions(ch, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
@@ -161,6 +183,10 @@ func (s *subscription) ended(kind string) error {
 // may be blocked sending an update.
 func (s *subscription) close() {
 	close(s.done)
+	if s.startedLinks {
+		for range s.links {
+		}
+	}
 	if s.startedRoutes {
 		for range s.routes {
 		}
