@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/monitorapi"
+	"github.com/cellium/cellium/pkg/netlimit"
 )
 
 // Cell turns the monitor's events into flows and serves them with the
@@ -235,7 +236,7 @@ func newHubble(p params) (*Hubble, error) {
 		h.tls = newTLSFiles(p.Config, p.Log, p.Health.NewScope("tls"))
 		tlsConfig = h.tls.serverConfig()
 	}
-	h.server = newGRPCServer(h.observer, h.peer, tlsConfig)
+	h.server = newGRPCServer(h.observer, h.peer, tlsConfig, netlimit.Default)
 	// This constructor takes daemon.Paths and the Monitor: the run
 	// directory exists and the monitor reads by the time these run. The
 	// jobs are added after the hook, so they start after it.
@@ -293,6 +294,7 @@ func (h *Hubble) start(cell.HookContext) error {
 	if h.addr.Network == "unix" {
 		plain, tcpLn = append(plain, ln), nil
 	} else {
+		ln = netlimit.Default.Listener(ln)
 		tcp = append(tcp, ln)
 	}
 	if h.tcpAddr != nil {
@@ -304,6 +306,7 @@ func (h *Hubble) start(cell.HookContext) error {
 		// A port 0 becomes the port the listener got, so that the
 		// address is one a client can dial.
 		h.tcpAddr.Addr = tcpLn.Addr().String()
+		tcpLn = netlimit.Default.Listener(tcpLn)
 		tcp = append(tcp, tcpLn)
 	}
 	var secure []net.Listener

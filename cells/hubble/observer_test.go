@@ -26,6 +26,7 @@ import (
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/netlimit"
 )
 
 // testClock is a clock the test moves.
@@ -68,7 +69,7 @@ func serveWith(t *testing.T, o *Observer, peer *peerServer) (*grpc.ClientConn, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newGRPCServer(o, peer, nil)
+	s := newGRPCServer(o, peer, nil, netlimit.Default)
 	s.serve([]net.Listener{ln}, nil, func(_ net.Listener, err error) { t.Errorf("serve: %v", err) })
 	t.Cleanup(func() { s.stop(context.Background()) })
 	conn, err := Dial(addr)

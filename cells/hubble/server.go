@@ -12,6 +12,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/cellium/cellium/pkg/netlimit"
 )
 
 // The health service reports on the Observer under two names: its gRPC
@@ -35,11 +38,21 @@ type grpcServer struct {
 }
 
 // newGRPCServer serves o and peer; with tlsConfig, also on listeners
-// given to serve as TLS listeners.
-func newGRPCServer(o *Observer, peer *peerServer, tlsConfig *tls.Config) *grpcServer {
-	s := &grpcServer{observer: o, peer: peer, srv: grpc.NewServer(), health: grpchealth.NewServer()}
+// given to serve as TLS listeners. limits bound what a client can hold:
+// a connection must finish its handshake (TLS and the HTTP/2 preface)
+// within ReadHeaderTimeout, one with no call in flight is closed after
+// IdleTimeout (a follow stream is a call in flight: it is never cut), and
+// a call's header is capped at MaxHeaderBytes. The caller caps the
+// connections of each TCP listener with limits.Listener.
+func newGRPCServer(o *Observer, peer *peerServer, tlsConfig *tls.Config, limits netlimit.Limits) *grpcServer {
+	opts := []grpc.ServerOption{
+		grpc.ConnectionTimeout(limits.ReadHeaderTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: limits.IdleTimeout}),
+		grpc.MaxHeaderListSize(uint32(limits.MaxHeaderBytes)),
+	}
+	s := &grpcServer{observer: o, peer: peer, srv: grpc.NewServer(opts...), health: grpchealth.NewServer()}
 	if tlsConfig != nil {
-		s.tlsSrv = grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsConfig)))
+		s.tlsSrv = grpc.NewServer(append(opts, grpc.Creds(credentials.NewTLS(tlsConfig)))...)
 	}
 	for _, srv := range s.servers() {
 		observer.RegisterObserverServer(srv, o)
