@@ -198,6 +198,13 @@ func TestCell(t *testing.T) {
 	a.deleteIdentity(1004)
 	a.addIdentity(1005, "dev", map[string]string{"app": "client"}, map[string]string{"team": "c"})
 	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 8080-0 prod/from-client", "ingress 1005 6 9090-0 prod/from-team-c")
+	// And back: the identity of team c goes, and its entry with it.
+	a.deleteIdentity(1005)
+	a.addIdentity(1004, "dev", map[string]string{"app": "client"}, dev)
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 8080-0 prod/from-client")
+	a.deleteIdentity(1004)
+	a.addIdentity(1005, "dev", map[string]string{"app": "client"}, map[string]string{"team": "c"})
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 8080-0 prod/from-client", "ingress 1005 6 9090-0 prod/from-team-c")
 
 	// Bad policies are named in health and change nothing else.
 	end := int32(80)
