@@ -71,49 +71,45 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 	health.OK("Following netlink updates")
 	for {
 		var b Batch
+		var err error
 		select {
 		case <-ctx.Done():
 			return nil
 		case u, ok := <-s.links:
-			if !ok {
-				return s.ended("link")
-			}
-			b.Links = append(b.Links, u)
+			err = add(s, &b.Links, u, ok, "link")
 		case u, ok := <-s.routes:
-			if !ok {
-				return s.ended("route")
-			}
-			b.Routes = append(b.Routes, u)
+			err = add(s, &b.Routes, u, ok, "route")
 		case u, ok := <-s.neighs:
-			if !ok {
-				return s.ended("neighbour")
-			}
-			b.Neighbors = append(b.Neighbors, u)
+			err = add(s, &b.Neighbors, u, ok, "neighbour")
 		}
 	more:
-		for len(b.Links)+len(b.Routes)+len(b.Neighbors) < maxBatch {
+		for err == nil && len(b.Links)+len(b.Routes)+len(b.Neighbors) < maxBatch {
 			select {
 			case u, ok := <-s.links:
-				if !ok {
-					return s.ended("link")
-				}
-				b.Links = append(b.Links, u)
+				err = add(s, &b.Links, u, ok, "link")
 			case u, ok := <-s.routes:
-				if !ok {
-					return s.ended("route")
-				}
-				b.Routes = append(b.Routes, u)
+				err = add(s, &b.Routes, u, ok, "route")
 			case u, ok := <-s.neighs:
-				if !ok {
-					return s.ended("neighbour")
-				}
-				b.Neighbors = append(b.Neighbors, u)
+				err = add(s, &b.Neighbors, u, ok, "neighbour")
 			default:
 				break more
 			}
 		}
+		if err != nil {
+			return err
+		}
 		f.Handle(ctx, b)
 	}
+}
+
+// add appends an update received from a subscription's channel to its
+// batch list; a closed channel (!ok) means the subscription ended.
+func add[U any](s *subscription, to *[]U, u U, ok bool, kind string) error {
+	if !ok {
+		return s.ended(kind)
+	}
+	*to = append(*to, u)
+	return nil
 }
 
 // subscription is netlink's subscriptions to links, routes and
