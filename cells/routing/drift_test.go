@@ -12,7 +12,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/drift/drifttest"
@@ -114,12 +113,7 @@ func (n *testNode) wantRepairLog(t *testing.T, object, what string) {
 // a restart, logged and counted; a refresh of a kernel that is right
 // writes nothing.
 func TestTunnelDrift(t *testing.T) {
-	a, b := twoNodes(t)
-	objs := []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
-	a.start(t, routing.ModeTunnel, objs...)
-	b.start(t, routing.ModeTunnel, objs...)
-	a.waitReconciled(t, 1)
-	b.waitReconciled(t, 1)
+	a, b, _ := twoAgents(t, routing.ModeTunnel)
 	a.waitAllDone(t)
 	want := a.tunnelEntries(t)
 	if len(want) != 3 {
@@ -282,12 +276,7 @@ func watchChanges(t *testing.T, n *testNode) func() []string {
 // has lost the agent's routes through it, with no route event: they are
 // put back once it is up, logged and counted.
 func TestNativeDrift(t *testing.T) {
-	a, b := twoNodes(t)
-	objs := []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
-	a.start(t, routing.ModeNative, objs...)
-	b.start(t, routing.ModeNative, objs...)
-	a.waitReconciled(t, 1)
-	b.waitReconciled(t, 1)
+	a, b, _ := twoAgents(t, routing.ModeNative)
 	want := a.kernelRoutes(t)
 	for _, up := range []bool{false, true} {
 		err := nettest.Do(a.ns.Path(), func() error {

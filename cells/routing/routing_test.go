@@ -125,6 +125,19 @@ func twoNodes(t *testing.T) (*testNode, *testNode) {
 	return a, b
 }
 
+// twoAgents starts an agent in mode on each of twoNodes, both knowing
+// the two Node objects (objs, to start one again), and waits until each
+// has the other's route in the kernel.
+func twoAgents(t *testing.T, mode string) (a, b *testNode, objs []runtime.Object) {
+	a, b = twoNodes(t)
+	objs = []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
+	a.start(t, mode, objs...)
+	b.start(t, mode, objs...)
+	a.waitReconciled(t, 1)
+	b.waitReconciled(t, 1)
+	return a, b, objs
+}
+
 func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
@@ -253,12 +266,7 @@ func tcp(t *testing.T, from, to *testNode) {
 }
 
 func TestTunnel(t *testing.T) {
-	a, b := twoNodes(t)
-	objs := []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
-	a.start(t, routing.ModeTunnel, objs...)
-	b.start(t, routing.ModeTunnel, objs...)
-	a.waitReconciled(t, 1)
-	b.waitReconciled(t, 1)
+	a, b, _ := twoAgents(t, routing.ModeTunnel)
 	if got, want := a.kernelRoutes(t), []string{"10.250.2.0/24 via 10.250.2.0 dev cellium_vxlan"}; strings.Join(got, ";") != strings.Join(want, ";") {
 		t.Fatalf("node-a's routes %v, want %v", got, want)
 	}
@@ -305,12 +313,7 @@ func TestTunnel(t *testing.T) {
 }
 
 func TestNative(t *testing.T) {
-	a, b := twoNodes(t)
-	objs := []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
-	a.start(t, routing.ModeNative, objs...)
-	b.start(t, routing.ModeNative, objs...)
-	a.waitReconciled(t, 1)
-	b.waitReconciled(t, 1)
+	a, b, _ := twoAgents(t, routing.ModeNative)
 	if got, want := a.kernelRoutes(t), []string{"10.250.2.0/24 via 192.0.2.2 dev eth0"}; strings.Join(got, ";") != strings.Join(want, ";") {
 		t.Fatalf("node-a's routes %v, want %v", got, want)
 	}
@@ -322,12 +325,7 @@ func TestNative(t *testing.T) {
 // that is already right, prunes what is stale (its own routes only), and
 // traffic flows while it is down.
 func TestRestart(t *testing.T) {
-	a, b := twoNodes(t)
-	objs := []runtime.Object{k8sNode("node-a", a.ip, a.podCIDR), k8sNode("node-b", b.ip, b.podCIDR)}
-	a.start(t, routing.ModeTunnel, objs...)
-	b.start(t, routing.ModeTunnel, objs...)
-	a.waitReconciled(t, 1)
-	b.waitReconciled(t, 1)
+	a, b, objs := twoAgents(t, routing.ModeTunnel)
 	a.stop(t)
 	tcp(t, a, b) // with node-a's agent down
 
