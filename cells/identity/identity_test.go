@@ -374,22 +374,37 @@ func TestGC(t *testing.T) {
 // that lost its value key's race) while a node uses the identity is
 // written back by that node with the same label set.
 func TestMasterKeyWrittenBack(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "wb")
-	ctx := ctxT(t)
-	n, err := a.Allocate(ctx, web("wb"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, ctx, n := allocatedOne(t, "wb")
 	if err := a.kv.Delete(ctx, idPrefix+n.String()); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the master key written back", func() bool {
+	wantMasterKeyBack(t, ctx, a, n, web("wb"))
+}
+
+// allocatedOne starts node-a's allocator on a new etcd under prefix and
+// allocates web(prefix) there, as n.
+func allocatedOne(t *testing.T, prefix string) (a *Allocator, ctx context.Context, n identity.NumericIdentity) {
+	t.Helper()
+	etcd := etcdtest.Start(t)
+	a, _ = startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), prefix)
+	ctx = ctxT(t)
+	n, err := a.Allocate(ctx, web(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, ctx, n
+}
+
+// wantMasterKeyBack waits until n's master key holds ls again and checks
+// that a still resolves ls to n.
+func wantMasterKeyBack(t *testing.T, ctx context.Context, a *Allocator, n identity.NumericIdentity, ls labels.Labels) {
+	t.Helper()
+	celltest.Eventually(t, "the master key of "+n.String()+" back", func() bool {
 		v, found, err := a.kv.Get(ctx, idPrefix+n.String())
-		return err == nil && found && string(v) == web("wb").String()
+		return err == nil && found && string(v) == ls.String()
 	})
-	if id, ok := a.Lookup(web("wb")); !ok || id != n {
-		t.Fatalf("Lookup after the write-back = %v, %v; want %v", id, ok, n)
+	if id, ok := a.Lookup(ls); !ok || id != n {
+		t.Fatalf("Lookup(%s) after the master key came back = %v, %v; want %v", ls, id, ok, n)
 	}
 }
 

@@ -114,24 +114,12 @@ func TestVanishedMasterKeepsNumber(t *testing.T) {
 // TestMasterKeyOverwritten: the master key of an identity in use rewritten
 // to name another label set is put back.
 func TestMasterKeyOverwritten(t *testing.T) {
-	etcd := etcdtest.Start(t)
-	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "ow")
-	ctx := ctxT(t)
-	n, err := a.Allocate(ctx, web("ow"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, ctx, n := allocatedOne(t, "ow")
 	for _, forged := range []string{web("forged").String(), "not a label set"} {
 		if _, err := a.kv.UpdateIfDifferent(ctx, idPrefix+n.String(), []byte(forged)); err != nil {
 			t.Fatal(err)
 		}
-		celltest.Eventually(t, "the master key put back", func() bool {
-			v, found, err := a.kv.Get(ctx, idPrefix+n.String())
-			return err == nil && found && string(v) == web("ow").String()
-		})
-	}
-	if id, ok := a.Lookup(web("ow")); !ok || id != n {
-		t.Fatalf("Lookup = %v, %v; want %v", id, ok, n)
+		wantMasterKeyBack(t, ctx, a, n, web("ow"))
 	}
 }
 
