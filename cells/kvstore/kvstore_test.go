@@ -62,6 +62,32 @@ func rawClient(t *testing.T, endpoint string) *clientv3.Client {
 	return cli
 }
 
+// watchState keeps state from the events of ch as a watch's consumer
+// would; next applies the next event to state and returns it.
+func watchState(t *testing.T, ctx context.Context, ch <-chan Event) (state map[string]string, next func() Event) {
+	state = map[string]string{}
+	next = func() Event {
+		t.Helper()
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatal("watch channel closed")
+			}
+			switch ev.Kind {
+			case EventUpsert:
+				state[ev.Key] = string(ev.Value)
+			case EventDelete:
+				delete(state, ev.Key)
+			}
+			return ev
+		case <-ctx.Done():
+			t.Fatalf("no event; the consumer has %v", state)
+		}
+		return Event{}
+	}
+	return state, next
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -381,27 +407,7 @@ func TestWatchRelistsAfterACompaction(t *testing.T) {
 	}
 	put("state/w/a", "1")
 	put("state/w/b", "1")
-	ch := c.Watch(ctx, "state/w/")
-	state := map[string]string{}
-	next := func() Event {
-		t.Helper()
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				t.Fatal("watch channel closed")
-			}
-			switch ev.Kind {
-			case EventUpsert:
-				state[ev.Key] = string(ev.Value)
-			case EventDelete:
-				delete(state, ev.Key)
-			}
-			return ev
-		case <-ctx.Done():
-			t.Fatalf("no event; the consumer has %v", state)
-		}
-		return Event{}
-	}
+	state, next := watchState(t, ctx, c.Watch(ctx, "state/w/"))
 	for next().Kind != EventListed {
 	}
 	put("state/w/a", "2")
@@ -516,27 +522,7 @@ func TestStoreReplaced(t *testing.T) {
 	if _, err := c.UpdateIfDifferent(ctx, "state/ip/v1/10.0.0.1", []byte("mine"), Leased()); err != nil {
 		t.Fatal(err)
 	}
-	ch := c.Watch(ctx, "state/w/")
-	state := map[string]string{}
-	next := func() Event {
-		t.Helper()
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				t.Fatal("watch channel closed")
-			}
-			switch ev.Kind {
-			case EventUpsert:
-				state[ev.Key] = string(ev.Value)
-			case EventDelete:
-				delete(state, ev.Key)
-			}
-			return ev
-		case <-ctx.Done():
-			t.Fatalf("no event; the consumer has %v", state)
-		}
-		return Event{}
-	}
+	state, next := watchState(t, ctx, c.Watch(ctx, "state/w/"))
 	for next().Kind != EventListed {
 	}
 	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
