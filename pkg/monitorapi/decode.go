@@ -29,23 +29,14 @@ func Decode(raw []byte, boot BootClock) (Event, error) {
 	body := raw[HeaderLen:]
 	switch typ {
 	case RecordTrace:
-		flow, err := decodeFlow(body)
-		if err != nil {
-			return nil, fmt.Errorf("decode trace event: %w", err)
-		}
-		return &TraceEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Point: TracePoint(sub), Flow: flow}, nil
+		ev := &TraceEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Point: TracePoint(sub)}
+		return withFlow(ev, &ev.Flow, body)
 	case RecordDrop:
-		flow, err := decodeFlow(body)
-		if err != nil {
-			return nil, fmt.Errorf("decode drop event: %w", err)
-		}
-		return &DropEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Reason: DropReason(sub), Flow: flow}, nil
+		ev := &DropEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Reason: DropReason(sub)}
+		return withFlow(ev, &ev.Flow, body)
 	case RecordPolicyVerdict:
-		flow, err := decodeFlow(body)
-		if err != nil {
-			return nil, fmt.Errorf("decode policy-verdict event: %w", err)
-		}
-		return &PolicyVerdictEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Match: PolicyMatch(sub), Flow: flow}, nil
+		ev := &PolicyVerdictEvent{Time: t, EndpointID: endpoint, IfIndex: ifindex, Match: PolicyMatch(sub)}
+		return withFlow(ev, &ev.Flow, body)
 	case RecordSockLB:
 		ev, err := decodeSockLB(body)
 		if err != nil {
@@ -56,6 +47,16 @@ func Decode(raw []byte, boot BootClock) (Event, error) {
 	}
 	return nil, fmt.Errorf("decode event: unknown record type %d: want %d (trace), %d (drop), %d (sock-lb) or %d (policy-verdict)",
 		typ, RecordTrace, RecordDrop, RecordSockLB, RecordPolicyVerdict)
+}
+
+// withFlow decodes body, the flow summary of a trace, drop or
+// policy-verdict record, into flow, ev's Flow.
+func withFlow(ev Event, flow *Flow, body []byte) (Event, error) {
+	var err error
+	if *flow, err = decodeFlow(body); err != nil {
+		return nil, fmt.Errorf("decode %s event: %w", ev.Kind(), err)
+	}
+	return ev, nil
 }
 
 func addrOf(family uint8, b []byte) (netip.Addr, error) {
