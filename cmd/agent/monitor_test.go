@@ -164,8 +164,8 @@ func TestMonitorMarkerLines(t *testing.T) {
 	}{
 		{apiv1.MonitorMessage{Kind: apiv1.MonitorLostKind, Lost: &apiv1.MonitorLost{Stream: 3, Datapath: 5}},
 			"lost: 3 events (this client fell behind), 5 events (datapath ring buffer full)\n"},
-		{apiv1.MonitorMessage{Kind: "policy-verdict", Event: []byte(`{"verdict":"deny"}`)},
-			"policy-verdict {\"verdict\":\"deny\"}\n"},
+		{apiv1.MonitorMessage{Kind: "l7-request", Event: []byte(`{"method":"GET"}`)},
+			"l7-request {\"method\":\"GET\"}\n"},
 	} {
 		var out strings.Builder
 		if err := printMonitorLine(&out, tc.msg); err != nil || out.String() != tc.want {
