@@ -413,6 +413,37 @@ func (m *Map[K, V]) Iterate(fn func(K, V) bool) error {
 	return m.iterateKeys(fn)
 }
 
+// Prune deletes the entries whose key want rejects, for a reconciler's
+// Prune. done, if not nil, is called with each such key and the outcome of
+// its delete: nil when the key is gone (also when it went before); what
+// done returns is joined into Prune's error. Without done, failed deletes
+// are joined as they are. A failed delete does not stop the others.
+func (m *Map[K, V]) Prune(want func(K) bool, done func(K, error) error) error {
+	var stale []K
+	if err := m.Iterate(func(k K, _ V) bool {
+		if !want(k) {
+			stale = append(stale, k)
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	var errs []error
+	for _, k := range stale {
+		err := m.Delete(k)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			err = nil
+		}
+		if done != nil {
+			err = done(k, err)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // iterateChunk is how many entries Iterate reads per batch at most: far
 // more than a hash bucket ever holds (a batch must take a whole bucket).
 // iterateChunkBytes bounds the batch's buffers for large entries.

@@ -165,23 +165,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq2[*endpoin
 			}
 		}
 	}
-	var stale []EndpointKey
-	err := o.m.Iterate(func(k EndpointKey, _ EndpointInfo) bool {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-		return true
-	})
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, k := range stale {
-		if err := o.m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return o.m.Prune(func(k EndpointKey) bool { return want[k] }, nil)
 }
 
 // WrittenBarrier is the readiness barrier that waits until the restored

@@ -64,22 +64,7 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2[*Ent
 	for e := range entries {
 		want[ipcachemap.KeyOf(e.Prefix)] = true
 	}
-	var stale []ipcachemap.Key
-	if err := o.m.Iterate(func(k ipcachemap.Key, _ ipcachemap.Value) bool {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-		return true
-	}); err != nil {
-		return err
-	}
-	var errs []error
-	for _, k := range stale {
-		if err := o.m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return o.m.Prune(func(k ipcachemap.Key) bool { return want[k] }, nil)
 }
 
 // SyncedBarrier is the readiness barrier that waits until the map holds

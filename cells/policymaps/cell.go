@@ -282,25 +282,14 @@ func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2
 			want[k] = true
 		}
 	}
-	var stale []policymap.Key
-	if err := o.m.Iterate(func(k policymap.Key, _ policymap.Value) bool {
-		if !want[k] {
-			stale = append(stale, k)
-		}
-		return true
-	}); err != nil {
-		return err
-	}
-	var errs []error
-	for _, k := range stale {
-		if err := o.m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete stale %s: %w", k, err))
-			continue
+	return o.m.Prune(func(k policymap.Key) bool { return want[k] }, func(k policymap.Key, err error) error {
+		if err != nil {
+			return fmt.Errorf("delete stale %s: %w", k, err)
 		}
 		o.metrics.writes.WithLabelValues("policy", "delete").Inc()
 		o.log.Info("Removed a policy map entry that no policy entry wants", "key", k)
-	}
-	return errors.Join(errs...)
+		return nil
+	})
 }
 
 // enforcementOps writes the enforcement rows.
@@ -358,23 +347,12 @@ func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.S
 	for e := range rows {
 		want[uint32(e.EndpointID)] = true
 	}
-	var stale []uint32
-	if err := o.m.Iterate(func(id uint32, _ policymap.Enforcement) bool {
-		if !want[id] {
-			stale = append(stale, id)
-		}
-		return true
-	}); err != nil {
-		return err
-	}
-	var errs []error
-	for _, id := range stale {
-		if err := o.m.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, fmt.Errorf("delete the enforcement of endpoint %d: %w", id, err))
-			continue
+	return o.m.Prune(func(id uint32) bool { return want[id] }, func(id uint32, err error) error {
+		if err != nil {
+			return fmt.Errorf("delete the enforcement of endpoint %d: %w", id, err)
 		}
 		o.metrics.writes.WithLabelValues("enforcement", "delete").Inc()
 		o.log.Info("Removed the policy enforcement of an endpoint that has none", "endpoint", id)
-	}
-	return errors.Join(errs...)
+		return nil
+	})
 }
