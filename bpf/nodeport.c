@@ -246,8 +246,9 @@ static __always_inline bool local_endpoint4(__be32 addr)
 /*
  * select_backend4 finds the frontend p is sent to and chooses its backend,
  * as the socket programs do. Returns 1 with *out set, 0 when p is sent to
- * no frontend, or -1 when it is a frontend that cannot take it (no
- * backends, or a backend missing from the maps).
+ * no frontend, -1 when it is a frontend that cannot take it (no
+ * backends, or a backend missing from the maps), or -2 when it is a
+ * frontend of traffic policy Local with no backend on this node.
  */
 static __always_inline int select_backend4(struct __sk_buff *skb, const struct packet4 *p,
 					   struct nodeport4_nat *out)
@@ -265,7 +266,7 @@ static __always_inline int select_backend4(struct __sk_buff *skb, const struct p
 	if (!svc)
 		return 0;
 	if (svc->count == 0)
-		return -1;
+		return (svc->flags & SVC_F_LOCAL) ? -2 : -1;
 	if (svc->flags & SVC_F_MAGLEV)
 		backend_id = maglev_select(&cellium_lb4_maglev, svc->rev_nat_index,
 					   flow_hash4(p->saddr, p->daddr, p->sport, p->dport, p->proto));
@@ -409,6 +410,8 @@ int cellium_nodeport_ingress(struct __sk_buff *skb)
 		ret = select_backend4(skb, &p, &backend);
 		if (ret == 0)
 			return TC_ACT_UNSPEC;
+		if (ret == -2)
+			return TC_ACT_SHOT;
 		if (ret < 0)
 			return reject4(skb, &p);
 		if (!now)

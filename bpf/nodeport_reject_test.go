@@ -147,3 +147,18 @@ func noNAT(t *testing.T, n *nodeport) {
 		t.Errorf("NAT entry %v -> %v for a refused packet", key, val)
 	}
 }
+
+// A NodePort of traffic policy Local with no backend on this node drops,
+// as kube-proxy does, rather than refusing: the service may have backends
+// on other nodes, and a load balancer learns that this node has none from
+// the health check node port, not from its clients' connections refused.
+func TestNodePortLocalWithoutBackendDrops(t *testing.T) {
+	n := loadNodePort(t)
+	local := netip.AddrPortFrom(nodeAddr, 30082)
+	master := lbmap.NewServiceMaster(0, n.nextRevNAT, lbmap.ServiceLocal, 0)
+	n.nextRevNAT++
+	if err := n.services.Put(lbmap.NewService4Key(local.Addr(), local.Port(), lbmap.TCP, 0), master); err != nil {
+		t.Fatal(err)
+	}
+	n.run(n.ingress, tcpSegment(client, local, syn, 1000, 0, ""), verdictDrop)
+}

@@ -32,6 +32,11 @@
 #define SVC_F_MAGLEV (1 << 1)
 /* A NodePort at the wildcard address (0.0.0.0, ::): it also answers on loopback. */
 #define SVC_F_NODEPORT_WILDCARD (1 << 2)
+/* Traffic policy Local: the backends are this node's only. A NodePort with
+ * none drops (as kube-proxy does) instead of refusing: the node has none
+ * but the service may have, and a load balancer learns it from the health
+ * check node port, not from its clients' connections refused. */
+#define SVC_F_LOCAL (1 << 3)
 
 /*
  * A service frontend and one of its slots. Slot 0 is the master entry,

@@ -413,6 +413,9 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 	if fe.Type == loadbalancer.FrontendNodePort && addr.IsUnspecified() {
 		flags |= lbmap.ServiceNodePortWildcard
 	}
+	if fe.TrafficPolicyLocal {
+		flags |= lbmap.ServiceLocal
+	}
 	useMaglev := r.o.cfg.LBAlgorithm == AlgorithmMaglev && len(ids) > 0
 	if useMaglev {
 		flags |= lbmap.ServiceMaglev

@@ -96,13 +96,14 @@ func (w *writer) desiredFrontends(b *batch, svc *Service) []*Frontend {
 				local = svc.IntTrafficPolicyLocal
 			}
 			out = append(out, &Frontend{
-				Address:         L3n4Addr{Addr: addr, Port: p, Protocol: port.Protocol},
-				Type:            typ,
-				ServiceName:     svc.Name,
-				PortName:        port.Name,
-				Backends:        sel.pick(addr.Is6(), local),
-				SessionAffinity: svc.SessionAffinity,
-				AffinityTimeout: svc.AffinityTimeout,
+				Address:            L3n4Addr{Addr: addr, Port: p, Protocol: port.Protocol},
+				Type:               typ,
+				ServiceName:        svc.Name,
+				PortName:           port.Name,
+				Backends:           sel.pick(addr.Is6(), local),
+				TrafficPolicyLocal: local,
+				SessionAffinity:    svc.SessionAffinity,
+				AffinityTimeout:    svc.AffinityTimeout,
 			})
 		}
 		for typ, a := range svc.addrsAt() {

@@ -165,13 +165,19 @@ type Frontend struct {
 	Status          tables.PackedStatus `json:"status"`
 	Type            FrontendType        `json:"type"`
 	SessionAffinity bool                `json:"sessionAffinity,omitempty"`
+	// TrafficPolicyLocal: Backends are this node's only (the service's
+	// external policy for NodePort, ExternalIP and LoadBalancer frontends,
+	// its internal one for ClusterIP). A NodePort without any then drops,
+	// where one of a service with no backends at all refuses.
+	TrafficPolicyLocal bool `json:"trafficPolicyLocal,omitempty"`
 }
 
 // sameContent is whether f and o differ in anything but Status.
 func (f *Frontend) sameContent(o *Frontend) bool {
 	return f.Address == o.Address && f.Type == o.Type && f.ServiceName == o.ServiceName &&
 		f.PortName == o.PortName && slices.Equal(f.Backends, o.Backends) &&
-		f.SessionAffinity == o.SessionAffinity && f.AffinityTimeout == o.AffinityTimeout
+		f.SessionAffinity == o.SessionAffinity && f.AffinityTimeout == o.AffinityTimeout &&
+		f.TrafficPolicyLocal == o.TrafficPolicyLocal
 }
 
 func (f *Frontend) TableHeader() []string {

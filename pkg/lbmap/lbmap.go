@@ -39,9 +39,13 @@ const (
 	// ServiceNodePortWildcard marks a NodePort at the wildcard address
 	// (0.0.0.0, ::), which also answers on loopback.
 	ServiceNodePortWildcard
+	// ServiceLocal marks a frontend of traffic policy Local (its backends
+	// are this node's only): a NodePort with none drops instead of
+	// refusing.
+	ServiceLocal
 )
 
-var serviceFlagNames = []string{"affinity", "maglev", "nodeport-wildcard"}
+var serviceFlagNames = []string{"affinity", "maglev", "nodeport-wildcard", "local"}
 
 func (f ServiceFlags) String() string {
 	if f == 0 {

@@ -83,6 +83,7 @@ func TestFlagsMatchC(t *testing.T) {
 		"SVC_F_AFFINITY":          lbmap.ServiceAffinity,
 		"SVC_F_MAGLEV":            lbmap.ServiceMaglev,
 		"SVC_F_NODEPORT_WILDCARD": lbmap.ServiceNodePortWildcard,
+		"SVC_F_LOCAL":             lbmap.ServiceLocal,
 	}
 	if len(defines) != len(want) {
 		t.Errorf("lb.h defines %v, Go has %v", defines, want)
