@@ -99,6 +99,17 @@ func TestOwnKeysPutBack(t *testing.T) {
 		celltest.Eventually(t, "the forged key put back, leased", own)
 		celltest.Eventually(t, "the repair counted", func() bool { return e.mets.Repairs(t, "ipcache") == float64(i+1) })
 	}
+	// The same value written again without a lease: the key would outlive
+	// the node. It is put back on the lease.
+	resp, err := e.raw.Get(e.ctx, e.prefix("10.0.0.5"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("get the published key: %v", err)
+	}
+	if _, err := e.raw.Put(e.ctx, e.prefix("10.0.0.5"), string(resp.Kvs[0].Value)); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the key stripped of its lease put back on it", own)
+	celltest.Eventually(t, "the repair counted", func() bool { return e.mets.Repairs(t, "ipcache") == 3 })
 	e.mapHas(t, "10.0.0.5", 300, "")
 }
 

@@ -219,17 +219,18 @@ func (o *Owner) signal() {
 	}
 }
 
-// observe marks an owned key that an event shows deleted, or holding
-// another value than the one wanted, for Run to look at. This agent's own
-// writes come back as events too; Run tells them apart (a write that finds
-// the key as wanted changes nothing and is no repair).
+// observe marks an owned key that an event shows deleted or written, for
+// Run to look at. A write of the wanted value is looked at too: it may
+// have taken the key off this node's lease (a key that would then outlive
+// the node). This agent's own writes come back as events as well; Run
+// tells them apart at the cost of one comparison in etcd (a write that
+// finds the key as wanted, on its lease, changes nothing and is no repair).
 func (o *Owner) observe(ev kvstore.Event) {
 	if ev.Kind == kvstore.EventListed {
 		return
 	}
 	o.mu.Lock()
-	v, owned := o.want[ev.Key]
-	mark := owned && (ev.Kind == kvstore.EventDelete || !bytes.Equal(v, ev.Value))
+	_, mark := o.want[ev.Key]
 	if mark {
 		o.suspect[ev.Key] = true
 	}
