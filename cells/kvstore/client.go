@@ -124,6 +124,10 @@ type Event struct {
 	// Key is relative to the prefix.
 	Key   string
 	Value []byte
+	// CreateRevision is the store's revision at which an upserted key was
+	// created: of two keys, the one with the lower was there first, which a
+	// consumer can trust across restarts (a claim's age).
+	CreateRevision int64
 }
 
 // Branch is one alternative of a Txn: its writes, if its conditions hold.

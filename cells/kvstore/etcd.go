@@ -519,7 +519,7 @@ func (c *etcdClient) follow(prefix string, wch clientv3.WatchChan, replaced <-ch
 		}
 		for _, ev := range wr.Events {
 			key := strings.TrimPrefix(string(ev.Kv.Key), c.prefix)
-			e := Event{Kind: EventUpsert, Key: key, Value: ev.Kv.Value}
+			e := Event{Kind: EventUpsert, Key: key, Value: ev.Kv.Value, CreateRevision: ev.Kv.CreateRevision}
 			if ev.Type == clientv3.EventTypeDelete {
 				e = Event{Kind: EventDelete, Key: key}
 				delete(known, key)
@@ -546,7 +546,7 @@ func relist(known map[string][]byte, prefix string, kvs []*mvccpb.KeyValue) (map
 		if old, ok := known[key]; ok && bytes.Equal(old, kv.Value) {
 			continue
 		}
-		events = append(events, Event{Kind: EventUpsert, Key: key, Value: kv.Value})
+		events = append(events, Event{Kind: EventUpsert, Key: key, Value: kv.Value, CreateRevision: kv.CreateRevision})
 	}
 	for _, key := range slices.Sorted(maps.Keys(known)) {
 		if _, ok := listed[key]; !ok {

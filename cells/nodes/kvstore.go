@@ -121,9 +121,11 @@ func (k *kvstoreNodes) watch(ctx context.Context, health cell.Health, listed fun
 				continue
 			}
 			if ch.Deleted {
+				k.nodes.claims.setCreated(name, 0)
 				k.nodes.claims.set(name, SourceKVStore, Spec{}, false)
 				continue
 			}
+			k.nodes.claims.setCreated(name, ch.CreateRevision)
 			k.nodes.claims.set(name, SourceKVStore, ch.Value.spec, true)
 		}
 		if done && listed != nil {

@@ -101,6 +101,31 @@ func TestNewcomerCannotTakePodCIDR(t *testing.T) {
 	})
 }
 
+// TestOlderKeyKeepsPodCIDRAfterRestart: an agent that starts anew, with
+// no Node objects and so nothing of its own to go by, gives a pod CIDR two
+// keys claim to the key that was there first, as the agents that watched
+// them arrive do, not to the name that sorts first.
+func TestOlderKeyKeepsPodCIDRAfterRestart(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := start(t, opts{name: "node-a", podCIDR: "10.244.10.0/24", nodeIP: []string{"192.0.2.20"}, etcd: etcd.Endpoint()})
+	put(t, a.kv, "state/nodes/v1/node-z", nodeValue("node-z", "192.0.2.50", "10.244.50.0/24"))
+	a.wait(t, "node-z with its CIDR", func(r map[string]*nodes.Node) bool {
+		return r["node-z"] != nil && len(r["node-z"].PodCIDRs) == 1
+	})
+	put(t, a.kv, "state/nodes/v1/aaa-late", nodeValue("aaa-late", "192.0.2.51", "10.244.50.0/24"))
+
+	c := start(t, opts{name: "node-c", podCIDR: "10.244.12.0/24", nodeIP: []string{"192.0.2.22"}, etcd: etcd.Endpoint()})
+	rows := c.wait(t, "node-z and aaa-late known", func(r map[string]*nodes.Node) bool {
+		return r["node-z"] != nil && r["aaa-late"] != nil
+	})
+	if z := rows["node-z"]; len(z.PodCIDRs) != 1 || z.PodCIDRs[0] != netip.MustParsePrefix("10.244.50.0/24") {
+		t.Fatalf("node-z, whose key came first, lost its CIDR on a new agent: %+v", z)
+	}
+	if late := rows["aaa-late"]; len(late.PodCIDRs) != 0 {
+		t.Fatalf("aaa-late, whose key came later, got the CIDR on a new agent: %+v", late)
+	}
+}
+
 // TestOwnNodeKeyPutBack: this node's key overwritten by someone else (a
 // forged health address, no lease) is written back, leased, and the
 // repair is counted.

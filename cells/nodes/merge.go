@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"math"
 	"net/netip"
 	"slices"
 	"strings"
@@ -18,12 +19,28 @@ type claims struct {
 	specs map[string]map[Source]Spec
 	// held are the pod CIDRs as the last rows gave them, to their node.
 	held map[netip.Prefix]string
+	// created is when each node's kvstore key was created (its create
+	// revision): the age of its claims, which outlasts a restart of this
+	// agent where held does not.
+	created map[string]int64
 	// changed is signalled (never blocks) when a claim changes.
 	changed chan struct{}
 }
 
 func newClaims(local string) *claims {
-	return &claims{local: local, specs: map[string]map[Source]Spec{}, changed: make(chan struct{}, 1)}
+	return &claims{local: local, specs: map[string]map[Source]Spec{}, created: map[string]int64{}, changed: make(chan struct{}, 1)}
+}
+
+// setCreated records when node's kvstore key was created; 0 forgets it. It
+// takes effect with the next set.
+func (c *claims) setCreated(node string, rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rev == 0 {
+		delete(c.created, node)
+		return
+	}
+	c.created[node] = rev
 }
 
 // set records what source says of node; ok false removes it.
@@ -84,9 +101,11 @@ func (c *claims) rows() map[string]*Node {
 
 	// Who gets a pod CIDR that several nodes claim: this node (its CIDRs
 	// are its own, whatever anyone else says), then a node whose Node
-	// object gives it, then the node that held it until now; only then
-	// the node whose name sorts first. A key that appears with another
-	// node's CIDR, whatever its name, cannot take it from that node.
+	// object gives it, then the node that held it until now, then the node
+	// whose kvstore key is oldest (so an agent that starts anew ranks them
+	// as the running ones do); only then the node whose name sorts first.
+	// A key that appears with another node's CIDR, whatever its name,
+	// cannot take it from that node.
 	type candidate struct {
 		cidr netip.Prefix
 		node string
@@ -108,7 +127,8 @@ func (c *claims) rows() map[string]*Node {
 		}
 	}
 	slices.SortFunc(cands, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(a.rank, b.rank), strings.Compare(a.node, b.node), a.cidr.Addr().Compare(b.cidr.Addr()), cmp.Compare(a.cidr.Bits(), b.cidr.Bits()))
+		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(c.age(a.node), c.age(b.node)), strings.Compare(a.node, b.node),
+			a.cidr.Addr().Compare(b.cidr.Addr()), cmp.Compare(a.cidr.Bits(), b.cidr.Bits()))
 	})
 	held := map[netip.Prefix]string{}
 	refused := map[string][]string{}
@@ -131,4 +151,13 @@ func (c *claims) rows() map[string]*Node {
 	}
 	c.mu.Unlock()
 	return out
+}
+
+// age orders nodes by when their kvstore key was created, oldest first; a
+// node without one (or not yet known) after every node with one.
+func (c *claims) age(node string) int64 {
+	if rev, ok := c.created[node]; ok {
+		return rev
+	}
+	return math.MaxInt64
 }

@@ -67,6 +67,8 @@ type Change[T any] struct {
 	Key     string
 	Value   T
 	Deleted bool
+	// CreateRevision is when the key was created (kvstore.Event's).
+	CreateRevision int64
 }
 
 // batchMax bounds the events applied in one call of the consumer: a
@@ -117,7 +119,7 @@ func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, hea
 				}
 				delete(refused, ev.Key)
 				accepted[ev.Key] = true
-				changes = append(changes, Change[T]{Key: ev.Key, Value: v})
+				changes = append(changes, Change[T]{Key: ev.Key, Value: v, CreateRevision: ev.CreateRevision})
 			}
 		}
 		if len(changes) > 0 || firstListed {
