@@ -119,13 +119,15 @@ func (e *env) write(ev monitorapi.Event, repeat int) {
 	}
 }
 
-// waitHealthy waits until the health scopes ids report OK.
-func (e *env) waitHealthy(ids ...string) {
+// waitNotifying waits until the change watchers ids have their baseline:
+// they report OK with "Notifying changes …" then. OK alone is not enough,
+// since a one-shot job reports OK "Running" as soon as it starts.
+func (e *env) waitNotifying(ids ...string) {
 	e.t.Helper()
 	for _, id := range ids {
 		for {
 			s, _, watch, found := e.health.GetWatch(e.db.ReadTxn(), health.StatusID.Query(id))
-			if found && s.Level == cell.StatusOK {
+			if found && s.Level == cell.StatusOK && strings.HasPrefix(s.Message, "Notifying changes") {
 				break
 			}
 			select {
@@ -240,7 +242,7 @@ func TestAgentNotifications(t *testing.T) {
 	defer sub.Close()
 	agent := isAgent
 	// Changes before the watchers took their baseline are not news.
-	e.waitHealthy("monitor.job-notify-endpoints", "monitor.job-notify-services")
+	e.waitNotifying("monitor.job-notify-endpoints", "monitor.job-notify-services")
 
 	ep := &endpointmanager.Endpoint{
 		ID: 12, ContainerID: "c12", PodNamespace: "default", PodName: "web-1",
