@@ -15,6 +15,7 @@ import (
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // Cell probes every node of the cluster, through the node's address and
@@ -118,10 +119,10 @@ func newClusterHealth(p params) error {
 func cleanup(paths daemon.Paths) bpfmaps.CleanupOut {
 	path := paths.StateDir + "/" + healthNetns
 	return bpfmaps.CleanupOut{Cleanup: bpfmaps.Cleanup{Name: "cluster-health", Remove: func() ([]string, error) {
-		if !isNetns(path) {
+		if !netnsrun.Exists(path) {
 			return nil, nil
 		}
-		if err := removeNetns(path); err != nil {
+		if err := netnsrun.Remove(path); err != nil {
 			return nil, err
 		}
 		return []string{"removed the health endpoint's network namespace " + path}, nil

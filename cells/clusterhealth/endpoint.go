@@ -12,6 +12,7 @@ import (
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // checkInterval is how often the health endpoint is checked for damage the
@@ -84,7 +85,7 @@ func (h *healthEndpoint) run(ctx context.Context, health cell.Health) error {
 		case <-ctx.Done():
 			return nil
 		}
-		if !isNetns(h.netnsPath) {
+		if !netnsrun.Exists(h.netnsPath) {
 			// A new namespace needs a new listener.
 			servedNetns = false
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // healthPort is every agent's probe port. Each agent listens in its own
@@ -259,7 +260,7 @@ func (c *Cluster) removeNode(ctx context.Context, s *state, n Node) []error {
 	if err := c.cleanupPins(ctx, s, n); err != nil {
 		errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 	}
-	if err := deleteNetNS(n.NetNS); err != nil {
+	if err := netnsrun.Remove(n.NetNS); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeCgroup(ctx, n.Cgroup); err != nil {
@@ -290,8 +291,8 @@ func (c *Cluster) cleanupPins(ctx context.Context, s *state, n Node) error {
 	}
 	var out string
 	var err error
-	if netnsExists(n.NetNS) {
-		out, err = inNetNS(n.NetNS, run)
+	if netnsrun.Exists(n.NetNS) {
+		out, err = netnsrun.In(n.NetNS, run)
 	} else {
 		// In this process's namespace: its nftables are not the node's
 		// (which went with the node's namespace), so leave them alone.
@@ -374,7 +375,7 @@ func (c *Cluster) etcdDelete(ctx context.Context, s *state, keys ...string) erro
 
 // etcdHealthy asks etcd's /health from the bridge namespace.
 func (c *Cluster) etcdHealthy(ctx context.Context, s *state) bool {
-	if !netnsExists(s.BridgeNetNS) {
+	if !netnsrun.Exists(s.BridgeNetNS) {
 		return false
 	}
 	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cellium/cellium/pkg/cgroup2"
+	"github.com/cellium/cellium/pkg/netnsrun"
 	"github.com/cellium/cellium/pkg/statefile"
 )
 
@@ -271,14 +272,14 @@ func emptyDir(dir string) error {
 // left by a cluster of the same name whose state is gone, most likely.
 func checkFree(s *state) error {
 	var taken []string
-	if netnsExists(s.BridgeNetNS) {
+	if netnsrun.Exists(s.BridgeNetNS) {
 		taken = append(taken, "network namespace "+s.BridgeNetNS)
 	}
 	if _, err := os.Stat(s.Cgroup); err == nil {
 		taken = append(taken, "cgroup "+s.Cgroup)
 	}
 	for _, n := range s.Nodes {
-		if netnsExists(n.NetNS) {
+		if netnsrun.Exists(n.NetNS) {
 			taken = append(taken, "network namespace "+n.NetNS)
 		}
 		if _, err := os.Stat(filepath.Join(s.BPFRoot, n.BPFPrefix)); err == nil {
@@ -292,7 +293,7 @@ func checkFree(s *state) error {
 }
 
 func (c *Cluster) build(ctx context.Context, s *state) error {
-	if err := createNetNS(s.BridgeNetNS); err != nil {
+	if err := netnsrun.Create(s.BridgeNetNS); err != nil {
 		return err
 	}
 	if err := setupBridge(s); err != nil {
@@ -326,7 +327,7 @@ func (c *Cluster) build(ctx context.Context, s *state) error {
 }
 
 func (c *Cluster) buildNode(s *state, n *Node) error {
-	if err := createNetNS(n.NetNS); err != nil {
+	if err := netnsrun.Create(n.NetNS); err != nil {
 		return err
 	}
 	if err := setupNode(s, n); err != nil {

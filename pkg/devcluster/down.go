@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // Down takes the cluster down: agents, etcd, pods, nodes, the bridge,
@@ -72,17 +74,17 @@ func (c *Cluster) down(ctx context.Context, s *state) error {
 	// Pods go with their namespaces: their agents are stopped, and their
 	// endpoints' state is in the directory that goes last.
 	for _, p := range s.Pods {
-		keep(deleteNetNS(p.NetNS))
+		keep(netnsrun.Remove(p.NetNS))
 	}
 	if s.Outside != nil {
-		keep(deleteNetNS(s.Outside.NetNS))
+		keep(netnsrun.Remove(s.Outside.NetNS))
 	}
 	for _, n := range s.Nodes {
 		for _, err := range c.removeNode(ctx, s, n) {
 			keep(err)
 		}
 	}
-	keep(deleteNetNS(s.BridgeNetNS))
+	keep(netnsrun.Remove(s.BridgeNetNS))
 	keep(removeCgroup(ctx, s.Cgroup))
 	if len(errs) > 0 {
 		return fmt.Errorf("take cluster %s down: %w (cluster.json is kept: run down again)", s.Name, errors.Join(errs...))
@@ -134,7 +136,7 @@ type nsID struct{ dev, ino uint64 }
 
 func netnsID(path string) (nsID, bool) {
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil || !netnsExists(path) {
+	if err := unix.Stat(path, &st); err != nil || !netnsrun.Exists(path) {
 		return nsID{}, false
 	}
 	return nsID{st.Dev, st.Ino}, true

@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // bridgeName is the bridge in the cluster's bridge namespace; its ports are
@@ -54,7 +56,7 @@ func blackholeRoute(p netip.Prefix) *netlink.Route {
 // addresses and blackhole default routes: whatever a node sends that is not
 // for another node ends here.
 func setupBridge(s *state) error {
-	return withHandle(s.BridgeNetNS, func(h *netlink.Handle) error {
+	return netnsrun.WithHandle(s.BridgeNetNS, func(h *netlink.Handle) error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName}}
 		if err := h.LinkAdd(br); err != nil {
 			return fmt.Errorf("create bridge %s: %w", bridgeName, err)
@@ -84,7 +86,7 @@ func setupNode(s *state, n *Node) error {
 		return err
 	}
 	defer unix.Close(nodeNS)
-	err = withHandle(s.BridgeNetNS, func(h *netlink.Handle) error {
+	err = netnsrun.WithHandle(s.BridgeNetNS, func(h *netlink.Handle) error {
 		br, err := h.LinkByName(bridgeName)
 		if err != nil {
 			return fmt.Errorf("bridge %s: %w", bridgeName, err)
@@ -105,7 +107,7 @@ func setupNode(s *state, n *Node) error {
 	if err != nil {
 		return err
 	}
-	return withHandle(n.NetNS, func(h *netlink.Handle) error {
+	return netnsrun.WithHandle(n.NetNS, func(h *netlink.Handle) error {
 		eth0, err := h.LinkByName("eth0")
 		if err != nil {
 			return err

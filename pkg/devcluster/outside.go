@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // Outside is a network namespace on the cluster's bridge that is no node:
@@ -46,7 +48,7 @@ func (c *Cluster) AddOutside() (Outside, error) {
 			return err
 		}
 		if err := makeOutside(s, o); err != nil {
-			deleteNetNS(o.NetNS)
+			netnsrun.Remove(o.NetNS)
 			s.Outside = nil
 			return fmt.Errorf("outside namespace: %w", err)
 		}
@@ -58,7 +60,7 @@ func (c *Cluster) AddOutside() (Outside, error) {
 }
 
 func makeOutside(s *state, o Outside) error {
-	if err := createNetNS(o.NetNS); err != nil {
+	if err := netnsrun.Create(o.NetNS); err != nil {
 		return err
 	}
 	fd, err := nsHandleOf(o.NetNS)
@@ -66,7 +68,7 @@ func makeOutside(s *state, o Outside) error {
 		return err
 	}
 	defer unix.Close(fd)
-	err = withHandle(s.BridgeNetNS, func(h *netlink.Handle) error {
+	err = netnsrun.WithHandle(s.BridgeNetNS, func(h *netlink.Handle) error {
 		br, err := h.LinkByName(bridgeName)
 		if err != nil {
 			return fmt.Errorf("bridge %s: %w", bridgeName, err)
@@ -89,7 +91,7 @@ func makeOutside(s *state, o Outside) error {
 	}
 	// No default route and no route to the pods: only the nodes'
 	// network is reachable, on link.
-	return withHandle(o.NetNS, func(h *netlink.Handle) error {
+	return netnsrun.WithHandle(o.NetNS, func(h *netlink.Handle) error {
 		eth0, err := h.LinkByName("eth0")
 		if err != nil {
 			return err

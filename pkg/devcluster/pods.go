@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // conflistName is the file the agent writes into --cni-conf-dir.
@@ -91,7 +92,7 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string, labels map[stri
 }
 
 func (c *Cluster) makePod(ctx context.Context, s *state, n Node, p *Pod) error {
-	if err := createNetNS(p.NetNS); err != nil {
+	if err := netnsrun.Create(p.NetNS); err != nil {
 		return err
 	}
 	if err := writeManifest(s.manifestsDir(), podManifest(p.Name), podObject(*p)); err != nil {
@@ -179,7 +180,7 @@ func removePod(s *state, p Pod, skipDel bool) error {
 	if err != nil {
 		return err
 	}
-	if !skipDel && netnsExists(n.NetNS) {
+	if !skipDel && netnsrun.Exists(n.NetNS) {
 		cni, list, err := cniConfig(s, *n)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -193,7 +194,7 @@ func removePod(s *state, p Pod, skipDel bool) error {
 	if err := removeManifest(s.manifestsDir(), podManifest(p.Name)); err != nil {
 		return fmt.Errorf("pod %s: %w", p.Name, err)
 	}
-	return deleteNetNS(p.NetNS)
+	return netnsrun.Remove(p.NetNS)
 }
 
 // DeletePod deletes a pod: the CNI DEL (its node's agent must run), its
@@ -243,7 +244,7 @@ func (c *Cluster) Start(pod string, cmd *exec.Cmd) error {
 	// sockets escape the node's programs.
 	attr.UseCgroupFD, attr.CgroupFD = true, cg
 	cmd.SysProcAttr = attr
-	_, err = inNetNS(p.NetNS, func() (struct{}, error) { return struct{}{}, cmd.Start() })
+	_, err = netnsrun.In(p.NetNS, func() (struct{}, error) { return struct{}{}, cmd.Start() })
 	if err != nil {
 		return fmt.Errorf("start %s in pod %s: %w", cmd.Path, pod, err)
 	}

@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/netnsrun"
 )
 
 // stopGrace is how long a process has to exit after SIGTERM before it gets
@@ -38,36 +39,30 @@ func startDetached(netnsPath string, argv []string, logPath string, dieWithCalle
 	if dieWithCaller {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
-	started := make(chan error)
+	// The child forks from a thread in the namespace. The kernel sends
+	// Pdeathsig when the thread that forked the child ends, not the
+	// process: with dieWithCaller that thread stays, waiting, as long as
+	// the child runs. Either way Wait reaps it, should it end while this
+	// process runs.
+	started := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread()
-		back, err := threadNetNS()
-		if err != nil {
+		entered := false
+		err := netnsrun.Do(netnsPath, func() error {
+			entered = true
+			err := cmd.Start()
+			started <- err
+			if err == nil && dieWithCaller {
+				cmd.Wait()
+			}
+			return nil
+		})
+		if !entered {
 			started <- err
 			return
 		}
-		if err := enterNetNS(netnsPath); err != nil {
-			back()
-			started <- err
-			return
-		}
-		err = cmd.Start()
-		if err != nil || !dieWithCaller {
-			back()
-		}
-		started <- err
-		if err != nil {
-			return
-		}
-		if dieWithCaller {
-			// The kernel sends Pdeathsig when the thread that forked the
-			// child exits, not the process: the thread stays, waiting,
-			// as long as the child runs.
+		if cmd.Process != nil && !dieWithCaller {
 			cmd.Wait()
-			back()
-			return
 		}
-		cmd.Wait() // reaps it, should it end while this process runs
 	}()
 	if err := <-started; err != nil {
 		return Process{}, fmt.Errorf("start %s: %w", argv[0], err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cellium/cellium/cells/hubble"
+	"github.com/cellium/cellium/pkg/netnsrun"
 	"github.com/cellium/cellium/pkg/tlsca"
 )
 
@@ -191,5 +192,13 @@ func (c *Cluster) StopRelay(ctx context.Context) error {
 		}
 		s.Relay = Process{}
 		return nil
+	})
+}
+
+// dialIn dials addr from the network namespace at path.
+func dialIn(ctx context.Context, path, network, addr string) (net.Conn, error) {
+	return netnsrun.In(path, func() (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
 	})
 }
