@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -280,9 +281,9 @@ func printPods(w io.Writer, pods []devcluster.Pod) error {
 		if !p.Ready {
 			state = "incomplete (delete it)"
 		}
-		rows = append(rows, []string{p.Name, p.Node, p.IPv4.String(), p.IPv6.String(), strings.Join(labels, ","), state})
+		rows = append(rows, []string{p.Namespace, p.Name, p.Node, p.IPv4.String(), p.IPv6.String(), strings.Join(labels, ","), state})
 	}
-	return writeTable(w, []string{"POD", "NODE", "IPV4", "IPV6", "LABELS", "STATE"}, rows)
+	return writeTable(w, []string{"NAMESPACE", "POD", "NODE", "IPV4", "IPV6", "LABELS", "STATE"}, rows)
 }
 
 func newDevClusterDownCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
@@ -325,24 +326,31 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 	pod := &cobra.Command{Use: "pod", Short: "Add, delete and list the cluster's pods"}
 
 	var (
-		labels []string
-		addOut outputFlag
+		labels, ports []string
+		namespace     string
+		addOut        outputFlag
 	)
 	add := &cobra.Command{
 		Use:   "add NODE NAME",
 		Short: "Add a pod on a node: its network namespace, its Pod manifest and the CNI ADD",
-		Long: "Make pod NAME on NODE: a network namespace, a Pod manifest (namespace default, the\n" +
-			"labels) that every agent sees, and the CNI ADD through the node agent's configuration\n" +
-			"and the cellium-cni plugin. Returns once the agent has the pod's endpoint with its\n" +
-			"labels, and prints the pod's addresses.",
+		Long: "Make pod NAME on NODE: a network namespace, a Pod manifest (the namespace, labels\n" +
+			"and container ports) that every agent sees, and the CNI ADD through the node agent's\n" +
+			"configuration and the cellium-cni plugin. Returns once the agent has the pod's\n" +
+			"endpoint with its labels, and prints the pod's addresses. A pod outside the default\n" +
+			"namespace is named NAMESPACE/NAME by the other commands; a Namespace manifest in the\n" +
+			"manifests directory gives it its namespace's labels.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lbls, err := parseLabels(labels)
 			if err != nil {
 				return err
 			}
+			cports, err := parsePorts(ports)
+			if err != nil {
+				return err
+			}
 			return f.run(cmd, func(ctx context.Context, c *devcluster.Cluster) error {
-				p, err := c.AddPod(ctx, args[0], args[1], lbls)
+				p, err := c.AddPodSpec(ctx, devcluster.PodSpec{Node: args[0], Namespace: namespace, Name: args[1], Labels: lbls, Ports: cports})
 				if err != nil {
 					return err
 				}
@@ -351,10 +359,39 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 		},
 	}
 	add.Flags().StringArrayVar(&labels, "label", nil, "A label of the pod, key=value (repeat for more)")
+	add.Flags().StringVarP(&namespace, "namespace", "n", devcluster.DefaultNamespace, "The pod's Kubernetes namespace")
+	add.Flags().StringArrayVar(&ports, "port", nil, "A container port, [NAME=]PORT[/PROTOCOL] (TCP, UDP or SCTP; default TCP), e.g. http=8080/TCP (repeat for more)")
 	addOut.register(add)
 
+	var labelOut outputFlag
+	label := &cobra.Command{
+		Use:   "label POD KEY=VALUE|KEY-...",
+		Short: "Change a pod's labels: KEY=VALUE sets one, KEY- removes one",
+		Long: "Change the labels of POD (NAME, or NAMESPACE/NAME) in its Pod manifest, as\n" +
+			"`kubectl label --overwrite` does: KEY=VALUE sets a label, KEY- removes it. Returns\n" +
+			"once the node's agent has the pod's endpoint with the new labels and their identity.",
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return f.run(cmd, func(ctx context.Context, c *devcluster.Cluster) error {
+				p, err := c.Pod(args[0])
+				if err != nil {
+					return err
+				}
+				lbls, err := changeLabels(p.Labels, args[1:])
+				if err != nil {
+					return err
+				}
+				if p, err = c.SetPodLabels(ctx, args[0], lbls); err != nil {
+					return err
+				}
+				return labelOut.print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
+			})
+		},
+	}
+	labelOut.register(label)
+
 	del := &cobra.Command{
-		Use:   "del NAME",
+		Use:   "del POD",
 		Short: "Delete a pod: the CNI DEL, its manifest and its network namespace",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -387,7 +424,7 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 	}
 	listOut.register(list)
 
-	pod.AddCommand(add, del, list)
+	pod.AddCommand(add, label, del, list)
 	return pod
 }
 
@@ -405,6 +442,54 @@ func parseLabels(flags []string) (map[string]string, error) {
 		labels[k] = v
 	}
 	return labels, nil
+}
+
+// changeLabels applies kubectl-label style changes to labels: KEY=VALUE
+// sets, KEY- removes.
+func changeLabels(labels map[string]string, changes []string) (map[string]string, error) {
+	out := maps.Clone(labels)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for _, ch := range changes {
+		if k, ok := strings.CutSuffix(ch, "-"); ok && !strings.Contains(ch, "=") {
+			if _, has := out[k]; !has {
+				return nil, fmt.Errorf("invalid label change %q: the pod has no label %s", ch, k)
+			}
+			delete(out, k)
+			continue
+		}
+		k, v, ok := strings.Cut(ch, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("invalid label change %q: want KEY=VALUE to set a label or KEY- to remove one, e.g. app=web", ch)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// parsePorts parses --port [NAME=]PORT[/PROTOCOL] flags.
+func parsePorts(flags []string) ([]devcluster.ContainerPort, error) {
+	var ports []devcluster.ContainerPort
+	for _, f := range flags {
+		var p devcluster.ContainerPort
+		rest := f
+		if name, r, ok := strings.Cut(rest, "="); ok {
+			p.Name, rest = name, r
+		}
+		num, proto, ok := strings.Cut(rest, "/")
+		p.Protocol = "TCP"
+		if ok {
+			p.Protocol = strings.ToUpper(proto)
+		}
+		n, err := strconv.ParseUint(num, 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("invalid --port %q: want [NAME=]PORT[/PROTOCOL] with a port from 1 to 65535, e.g. http=8080/TCP", f)
+		}
+		p.Port = uint16(n)
+		ports = append(ports, p)
+	}
+	return ports, nil
 }
 
 // exitCodeError ends the program with a command's exit code; the command

@@ -101,6 +101,12 @@ func TestDevCluster(t *testing.T) {
 		{[]string{"pod", "add", "node-1", "x", "--label", "app"}, `invalid --label "app": want key=value`},
 		{[]string{"pod", "add", "node-1", "x", "--label", "a b=c"}, `invalid label key "a b"`},
 		{[]string{"pod", "add", "node-1", "web"}, `has a pod "web" already`},
+		{[]string{"pod", "add", "node-1", "x", "--namespace", "Prod"}, `invalid namespace "Prod"`},
+		{[]string{"pod", "add", "node-1", "x", "--port", "http=99999"}, `invalid --port "http=99999": want [NAME=]PORT[/PROTOCOL]`},
+		{[]string{"pod", "add", "node-1", "x", "--port", "80/ICMP"}, `invalid protocol "ICMP" of port 80`},
+		{[]string{"pod", "label", "web", "tier-"}, `invalid label change "tier-": the pod has no label tier`},
+		{[]string{"pod", "label", "web", "=x"}, `invalid label change "=x"`},
+		{[]string{"pod", "label", "prod/web", "a=b"}, `has no pod "prod/web"`},
 		{[]string{"pod", "del", "nope"}, `has no pod "nope"`},
 		{[]string{"exec", "web", "cat"}, "want a pod, --, and a command"},
 		{[]string{"exec", "nope", "--", "true"}, `has no pod "nope"`},
@@ -126,9 +132,33 @@ func TestDevCluster(t *testing.T) {
 		t.Errorf("exec of a command that exits 7 = %d", code)
 	}
 
+	// A pod of the same name in another namespace, with named ports; a
+	// label change reaches its node's agent before `pod label` returns.
+	out, errOut, code = dc("pod", "add", "node-1", "web", "--namespace", "prod", "--label", "app=web", "--port", "http=8080", "--port", "53/udp", "-o", "json")
+	var prodWeb devcluster.Pod
+	if err := json.Unmarshal([]byte(out), &prodWeb); code != 0 || err != nil || prodWeb.Namespace != "prod" || prodWeb.Ref() != "prod/web" ||
+		!slices.Equal(prodWeb.Ports, []devcluster.ContainerPort{{Name: "http", Port: 8080, Protocol: "TCP"}, {Port: 53, Protocol: "UDP"}}) {
+		t.Fatalf("pod add --namespace prod = %d %s (%v): %s", code, out, err, errOut)
+	}
+	if out, errOut, code := dc("pod", "label", "prod/web", "app-", "tier=front"); code != 0 || !strings.Contains(out, "prod        web   node-1") || !strings.Contains(out, "tier=front   ready") {
+		t.Errorf("pod label = %d: %s%s", code, out, errOut)
+	}
+	if out, errOut, code := agentCmd(t, "endpoint", "get", "container-id:"+prodWeb.ContainerID, "-o", "json", "--api-socket", st.Nodes[0].APISocket); code != 0 ||
+		!strings.Contains(out, `"tier": "front"`) || strings.Contains(out, `"app"`) || !strings.Contains(out, `"podNamespace": "prod"`) {
+		t.Errorf("endpoint get of prod/web after pod label = %d: %s%s", code, out, errOut)
+	}
+	if b, err := os.ReadFile(filepath.Join(st.ManifestsDir, "pod.prod.web.yaml")); err != nil || !strings.Contains(string(b), "name: http") {
+		t.Errorf("manifest of prod/web: %v\n%s", err, b)
+	}
 	out, _, _ = dc("pod", "list")
-	if !strings.Contains(out, "web   node-2   "+pod.IPv4.String()) {
-		t.Errorf("pod list does not show web:\n%s", out)
+	if !strings.Contains(out, "default     web   node-2   "+pod.IPv4.String()) || !strings.Contains(out, "prod        web   node-1   "+prodWeb.IPv4.String()) {
+		t.Errorf("pod list does not show both webs:\n%s", out)
+	}
+	if out, errOut, code := dc("exec", "prod/web", "--", "cat", "/proc/self/cgroup"); code != 0 || !strings.Contains(out, "/node-1\n") {
+		t.Errorf("exec in prod/web = %d: %s%s", code, out, errOut)
+	}
+	if out, errOut, code := dc("pod", "del", "prod/web"); code != 0 || out != "Deleted pod prod/web\n" {
+		t.Errorf("pod del prod/web = %d: %s%s", code, out, errOut)
 	}
 	if out, errOut, code := dc("pod", "del", "web"); code != 0 || out != "Deleted pod web\n" {
 		t.Errorf("pod del = %d: %s%s", code, out, errOut)

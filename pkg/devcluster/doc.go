@@ -28,8 +28,8 @@
 //     http://10.90.0.1:2379, its data in the cluster directory;
 //   - a Node manifest per node (InternalIPs, spec.podCIDRs) in the shared
 //     manifests directory, which every agent serves with its embedded API
-//     server (--k8s-mode=embedded), so every agent sees every Node, Pod and
-//     Service written there;
+//     server (--k8s-mode=embedded), so every agent sees every Node, Pod,
+//     Service, Namespace and NetworkPolicy written there;
 //   - an agent per node (`agent run`, flags from agentFlags), started in its
 //     node's namespace in a session of its own, its log in the cluster
 //     directory, its BPF objects pinned under <bpf-root>/cellium_<name>_node-<i>.
@@ -43,11 +43,16 @@
 //
 // # Pods
 //
-// AddPod makes a pod: a network namespace "cellium-<name>.pod.<pod>", a Pod
-// manifest (namespace default, the node, the labels) in the manifests
-// directory, and a CNI ADD through libcni with the node's configuration and
-// the cellium-cni plugin. It returns once the node's agent has the pod's
-// endpoint with its labels. Start and Exec run a command in the pod's
+// AddPod and AddPodSpec make a pod: a network namespace
+// "cellium-<name>.pod.<pod>" ("...pod.<namespace>.<pod>" outside the
+// default namespace), a Pod manifest (its namespace, the node, the labels,
+// the container ports) in the manifests directory, and a CNI ADD through
+// libcni with the node's configuration and the cellium-cni plugin. It
+// returns once the node's agent has the pod's endpoint with its labels.
+// Pods are named by their Ref: NAME in the default namespace,
+// NAMESPACE/NAME elsewhere. SetPodLabels changes a pod's labels through its
+// manifest, as a label change through the API server; Namespace manifests
+// give namespaces their labels. Start and Exec run a command in the pod's
 // network namespace and in its node's cgroup, so the node agent's socket
 // load balancing applies as it would to a container. DeletePod is the CNI
 // DEL and removes the rest.

@@ -16,7 +16,7 @@ import (
 // The cluster's own manifests are named after what they hold, so a user's
 // files beside them (services, say) do not clash.
 func nodeManifest(node string) string { return "node." + node + ".yaml" }
-func podManifest(pod string) string   { return "pod." + pod + ".yaml" }
+func podManifest(p Pod) string        { return "pod." + podFileName(p) + ".yaml" }
 
 // object is a manifest's object: only the fields that are set, which
 // typed objects would not give (their zero structs print too).
@@ -50,13 +50,24 @@ func podObject(p Pod) object {
 	if len(p.Labels) > 0 {
 		meta["labels"] = p.Labels
 	}
+	container := object{"name": "main", "image": "none"}
+	if len(p.Ports) > 0 {
+		ports := make([]object, len(p.Ports))
+		for i, cp := range p.Ports {
+			ports[i] = object{"containerPort": cp.Port, "protocol": cp.Protocol}
+			if cp.Name != "" {
+				ports[i]["name"] = cp.Name
+			}
+		}
+		container["ports"] = ports
+	}
 	return object{
 		"apiVersion": "v1",
 		"kind":       "Pod",
 		"metadata":   meta,
 		"spec": object{
 			"nodeName":   p.Node,
-			"containers": []object{{"name": "main", "image": "none"}},
+			"containers": []object{container},
 		},
 	}
 }

@@ -26,14 +26,54 @@ import (
 // conflistName is the file the agent writes into --cni-conf-dir.
 const conflistName = "05-cellium.conflist"
 
-// podNamespace is the Kubernetes namespace of every pod.
-const podNamespace = "default"
+// DefaultNamespace is the Kubernetes namespace of a pod when none is
+// given.
+const DefaultNamespace = "default"
 
-// checkPod checks a new pod's name and labels, naming what is wrong.
-func checkPod(name string, labels map[string]string) error {
-	if !podNameRE.MatchString(name) {
-		return fmt.Errorf("invalid pod name %q: want at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. web-1", name)
+// PodSpec is what AddPodSpec makes a pod of.
+type PodSpec struct {
+	Node string
+	// Namespace is the pod's Kubernetes namespace; empty is default. It
+	// needs no Namespace object: one written into the manifests directory
+	// gives its pods the namespace's labels.
+	Namespace string
+	Name      string
+	Labels    map[string]string
+	// Ports are its container's ports, for NetworkPolicies' named ports.
+	Ports []ContainerPort
+}
+
+// checkPod checks a new pod's names, labels and ports, naming what is
+// wrong.
+func checkPod(spec PodSpec) error {
+	if !podNameRE.MatchString(spec.Name) {
+		return fmt.Errorf("invalid pod name %q: want at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. web-1", spec.Name)
 	}
+	if !podNameRE.MatchString(spec.Namespace) {
+		return fmt.Errorf("invalid namespace %q: want at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. prod", spec.Namespace)
+	}
+	if err := checkLabels(spec.Labels); err != nil {
+		return err
+	}
+	names := map[string]bool{}
+	for _, p := range spec.Ports {
+		switch {
+		case p.Port == 0:
+			return fmt.Errorf("invalid port %+v: want a port from 1 to 65535", p)
+		case p.Protocol != "TCP" && p.Protocol != "UDP" && p.Protocol != "SCTP":
+			return fmt.Errorf("invalid protocol %q of port %d: want TCP, UDP or SCTP", p.Protocol, p.Port)
+		case p.Name == "":
+		case len(validation.IsValidPortName(p.Name)) > 0:
+			return fmt.Errorf("invalid port name %q: %s", p.Name, strings.Join(validation.IsValidPortName(p.Name), "; "))
+		case names[p.Name]:
+			return fmt.Errorf("invalid port name %q: given twice", p.Name)
+		}
+		names[p.Name] = p.Name != ""
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			return fmt.Errorf("invalid label key %q: %s", k, strings.Join(errs, "; "))
@@ -45,31 +85,44 @@ func checkPod(name string, labels map[string]string) error {
 	return nil
 }
 
-// AddPod makes a pod called name on node: its network namespace, its Pod
-// manifest (namespace default, the labels) and the CNI ADD of its eth0
-// with the node agent's configuration. It returns once the node's agent
-// has the pod's endpoint with its labels and identity. What a failed AddPod
+// AddPod makes a pod on node with labels (see AddPodSpec). ref is NAME (in
+// the default namespace) or NAMESPACE/NAME.
+func (c *Cluster) AddPod(ctx context.Context, node, ref string, labels map[string]string) (Pod, error) {
+	ns, name := splitPodRef(ref)
+	return c.AddPodSpec(ctx, PodSpec{Node: node, Namespace: ns, Name: name, Labels: labels})
+}
+
+// AddPodSpec makes a pod: its network namespace, its Pod manifest (the
+// namespace, labels and container ports) and the CNI ADD of its eth0 with
+// the node agent's configuration. It returns once the node's agent has the
+// pod's endpoint with its labels and identity. What a failed AddPodSpec
 // made is removed before it returns.
-func (c *Cluster) AddPod(ctx context.Context, node, name string, labels map[string]string) (Pod, error) {
-	if err := checkPod(name, labels); err != nil {
+func (c *Cluster) AddPodSpec(ctx context.Context, spec PodSpec) (Pod, error) {
+	if spec.Namespace == "" {
+		spec.Namespace = DefaultNamespace
+	}
+	if err := checkPod(spec); err != nil {
 		return Pod{}, err
 	}
 	var pod Pod
 	err := c.update(func(s *state) error {
-		n, err := s.node(node)
+		n, err := s.node(spec.Node)
 		if err != nil {
 			return err
 		}
-		if _, err := s.pod(name); err == nil {
-			return fmt.Errorf("cluster %s has a pod %q already", s.Name, name)
+		p := Pod{
+			Name: spec.Name, Namespace: spec.Namespace, Node: n.Name, Labels: maps.Clone(spec.Labels),
+			Ports: slices.Clone(spec.Ports),
+		}
+		ref := p.Ref()
+		if _, err := s.pod(ref); err == nil {
+			return fmt.Errorf("cluster %s has a pod %q already", s.Name, ref)
 		}
 		if !n.Agent.Alive() {
 			return fmt.Errorf("node %s: its agent does not run (pid %d), so it cannot add a pod", n.Name, n.Agent.PID)
 		}
-		p := Pod{
-			Name: name, Namespace: podNamespace, Node: n.Name, Labels: maps.Clone(labels),
-			NetNS: podNetNS(s.Name, name), ContainerID: s.Name + "-" + name,
-		}
+		p.NetNS, p.ContainerID = podNetNS(s.Name, p), s.Name+"-"+podFileName(p)
+		isPod := func(q Pod) bool { return q.Ref() == ref }
 		// Recorded before it is made, so Down removes what a crash here
 		// leaves.
 		s.Pods = append(s.Pods, p)
@@ -78,14 +131,45 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string, labels map[stri
 		}
 		if err := c.makePod(ctx, s, *n, &p); err != nil {
 			if rerr := removePod(s, p, false); rerr != nil {
-				return fmt.Errorf("add pod %s on %s: %w; removing what was made failed: %w", name, n.Name, err, rerr)
+				return fmt.Errorf("add pod %s on %s: %w; removing what was made failed: %w", ref, n.Name, err, rerr)
 			}
-			s.Pods = slices.DeleteFunc(s.Pods, func(q Pod) bool { return q.Name == name })
-			return fmt.Errorf("add pod %s on %s: %w", name, n.Name, err)
+			s.Pods = slices.DeleteFunc(s.Pods, isPod)
+			return fmt.Errorf("add pod %s on %s: %w", ref, n.Name, err)
 		}
 		p.Ready = true
-		s.Pods[slices.IndexFunc(s.Pods, func(q Pod) bool { return q.Name == name })] = p
+		s.Pods[slices.IndexFunc(s.Pods, isPod)] = p
 		pod = p
+		return nil
+	})
+	return pod, err
+}
+
+// SetPodLabels replaces the labels of pod ref (in its manifest, as a
+// label change through the API server) and returns once its node's agent
+// has its endpoint with those labels and the identity they make.
+func (c *Cluster) SetPodLabels(ctx context.Context, ref string, labels map[string]string) (Pod, error) {
+	if err := checkLabels(labels); err != nil {
+		return Pod{}, err
+	}
+	var pod Pod
+	err := c.update(func(s *state) error {
+		p, err := s.pod(ref)
+		if err != nil {
+			return err
+		}
+		n, err := s.node(p.Node)
+		if err != nil {
+			return err
+		}
+		p.Labels = maps.Clone(labels)
+		if err := writeManifest(s.manifestsDir(), podManifest(*p), podObject(*p)); err != nil {
+			return err
+		}
+		pod = *p
+		if err := waitEndpoint(ctx, *n, *p); err != nil {
+			return fmt.Errorf("pod %s: %w", ref, err)
+		}
+		c.log.Info("Set pod labels", "pod", ref, "labels", labels)
 		return nil
 	})
 	return pod, err
@@ -95,7 +179,7 @@ func (c *Cluster) makePod(ctx context.Context, s *state, n Node, p *Pod) error {
 	if err := netnsrun.Create(p.NetNS); err != nil {
 		return err
 	}
-	if err := writeManifest(s.manifestsDir(), podManifest(p.Name), podObject(*p)); err != nil {
+	if err := writeManifest(s.manifestsDir(), podManifest(*p), podObject(*p)); err != nil {
 		return err
 	}
 	cni, list, err := cniConfig(s, n)
@@ -124,7 +208,7 @@ func (c *Cluster) makePod(ctx context.Context, s *state, n Node, p *Pod) error {
 	if err := waitEndpoint(ctx, n, *p); err != nil {
 		return err
 	}
-	c.log.Info("Added pod", "pod", p.Name, "node", n.Name, "ipv4", p.IPv4, "ipv6", p.IPv6)
+	c.log.Info("Added pod", "pod", p.Ref(), "node", n.Name, "ipv4", p.IPv4, "ipv6", p.IPv6)
 	return nil
 }
 
@@ -188,28 +272,29 @@ func removePod(s *state, p Pod, skipDel bool) error {
 			cancel()
 		}
 		if err != nil {
-			return fmt.Errorf("pod %s: CNI DEL on %s: %w", p.Name, n.Name, err)
+			return fmt.Errorf("pod %s: CNI DEL on %s: %w", p.Ref(), n.Name, err)
 		}
 	}
-	if err := removeManifest(s.manifestsDir(), podManifest(p.Name)); err != nil {
-		return fmt.Errorf("pod %s: %w", p.Name, err)
+	if err := removeManifest(s.manifestsDir(), podManifest(p)); err != nil {
+		return fmt.Errorf("pod %s: %w", p.Ref(), err)
 	}
 	return netnsrun.Remove(p.NetNS)
 }
 
-// DeletePod deletes a pod: the CNI DEL (its node's agent must run), its
-// manifest and its namespace.
-func (c *Cluster) DeletePod(ctx context.Context, name string) error {
+// DeletePod deletes pod ref (NAME or NAMESPACE/NAME): the CNI DEL (its
+// node's agent must run), its manifest and its network namespace.
+func (c *Cluster) DeletePod(ctx context.Context, ref string) error {
 	return c.update(func(s *state) error {
-		p, err := s.pod(name)
+		p, err := s.pod(ref)
 		if err != nil {
 			return err
 		}
 		if err := removePod(s, *p, false); err != nil {
 			return err
 		}
-		s.Pods = slices.DeleteFunc(s.Pods, func(q Pod) bool { return q.Name == name })
-		c.log.Info("Deleted pod", "pod", name)
+		gone := p.Ref()
+		s.Pods = slices.DeleteFunc(s.Pods, func(q Pod) bool { return q.Ref() == gone })
+		c.log.Info("Deleted pod", "pod", ref)
 		return nil
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -109,10 +110,13 @@ func (n Node) HubbleSocket() string { return filepath.Join(n.RunDir(), "hubble.s
 // Pod is a pod of the cluster.
 type Pod struct {
 	Name string `json:"name"`
-	// Namespace is the pod's Kubernetes namespace: always default.
+	// Namespace is the pod's Kubernetes namespace (default unless given).
 	Namespace string            `json:"namespace"`
 	Node      string            `json:"node"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// Ports are the container ports of its Pod manifest, which named
+	// ports of NetworkPolicies resolve on.
+	Ports []ContainerPort `json:"ports,omitempty"`
 	// NetNS is the path of the pod's network namespace.
 	NetNS       string     `json:"netns"`
 	ContainerID string     `json:"containerID"`
@@ -121,6 +125,25 @@ type Pod struct {
 	// Ready is false while AddPod has not finished, or when it died half
 	// way; DeletePod and Down remove such a pod too.
 	Ready bool `json:"ready"`
+}
+
+// Ref is how commands name the pod: NAME in the default namespace,
+// NAMESPACE/NAME in any other.
+func (p Pod) Ref() string {
+	if p.Namespace == DefaultNamespace {
+		return p.Name
+	}
+	return p.Namespace + "/" + p.Name
+}
+
+// ContainerPort is a port of a pod's container, as in a Pod's
+// spec.containers[].ports.
+type ContainerPort struct {
+	// Name is empty or an IANA service name (at most 15 characters).
+	Name string `json:"name,omitempty"`
+	Port uint16 `json:"port"`
+	// Protocol is TCP, UDP or SCTP.
+	Protocol string `json:"protocol"`
 }
 
 // state is cluster.json: everything Down needs to remove, recorded before
@@ -171,13 +194,23 @@ func (s *state) node(name string) (*Node, error) {
 	return nil, fmt.Errorf("cluster %s has no node %q: its nodes are %v", s.Name, name, names)
 }
 
-func (s *state) pod(name string) (*Pod, error) {
+// pod is the pod ref names (see Pod.Ref).
+func (s *state) pod(ref string) (*Pod, error) {
+	ns, name := splitPodRef(ref)
 	for i := range s.Pods {
-		if s.Pods[i].Name == name {
+		if s.Pods[i].Namespace == ns && s.Pods[i].Name == name {
 			return &s.Pods[i], nil
 		}
 	}
-	return nil, fmt.Errorf("cluster %s has no pod %q (agent dev-cluster status lists them)", s.Name, name)
+	return nil, fmt.Errorf("cluster %s has no pod %q (agent dev-cluster status lists them)", s.Name, ref)
+}
+
+// splitPodRef is the namespace and name of a pod's Ref.
+func splitPodRef(ref string) (namespace, name string) {
+	if ns, name, ok := strings.Cut(ref, "/"); ok {
+		return ns, name
+	}
+	return DefaultNamespace, ref
 }
 
 // plan is the state of a cluster before anything exists: every name and
@@ -283,15 +316,27 @@ func (s *state) validate(dir string) error {
 		}
 	}
 	for _, p := range s.Pods {
-		if !podNameRE.MatchString(p.Name) || p.NetNS != podNetNS(s.Name, p.Name) {
-			return fmt.Errorf("invalid pod %q (namespace %q)", p.Name, p.NetNS)
+		if !podNameRE.MatchString(p.Name) || !podNameRE.MatchString(p.Namespace) || p.NetNS != podNetNS(s.Name, p) {
+			return fmt.Errorf("invalid pod %q (network namespace %q)", p.Ref(), p.NetNS)
 		}
 	}
 	return nil
 }
 
-func podNetNS(cluster, pod string) string {
-	return filepath.Join(netnsDir, "cellium-"+cluster+".pod."+pod)
+// podNetNS is the path of p's network namespace: cellium-CLUSTER.pod.NAME,
+// with NAMESPACE. before NAME outside the default namespace (names have no
+// dots, so no two pods share one).
+func podNetNS(cluster string, p Pod) string {
+	return filepath.Join(netnsDir, "cellium-"+cluster+".pod."+podFileName(p))
+}
+
+// podFileName is NAME, or NAMESPACE.NAME outside the default namespace:
+// p's part of the names of its network namespace and manifest.
+func podFileName(p Pod) string {
+	if p.Namespace == DefaultNamespace {
+		return p.Name
+	}
+	return p.Namespace + "." + p.Name
 }
 
 // lockDir takes the cluster's lock: commands of several processes (two

@@ -18,7 +18,10 @@ func TestLoadBadState(t *testing.T) {
 		t.Fatalf("Load of an empty directory = %v, want ErrNoCluster", err)
 	}
 	good := plan(Options{Name: "dev", Dir: dir, Nodes: 2, BPFRoot: "/sys/fs/bpf"}, "/sys/fs/cgroup")
-	good.Pods = []Pod{{Name: "web", Node: "node-1", NetNS: podNetNS("dev", "web")}}
+	web := Pod{Name: "web", Namespace: DefaultNamespace, Node: "node-1"}
+	prodWeb := Pod{Name: "web", Namespace: "prod", Node: "node-2"}
+	web.NetNS, prodWeb.NetNS = podNetNS("dev", web), podNetNS("dev", prodWeb)
+	good.Pods = []Pod{web, prodWeb}
 	if err := good.save(); err != nil {
 		t.Fatal(err)
 	}
@@ -28,6 +31,16 @@ func TestLoadBadState(t *testing.T) {
 	}
 	if got := c.Nodes(); len(got) != 2 || got[1].IPv4.String() != "10.90.0.12" {
 		t.Fatalf("Load: nodes %+v", got)
+	}
+	// Two pods of one name in two namespaces, each named by its Ref.
+	if p, err := c.Pod("prod/web"); err != nil || p.Node != "node-2" || p.NetNS != "/var/run/netns/cellium-dev.pod.prod.web" {
+		t.Fatalf("Pod(prod/web) = %+v, %v", p, err)
+	}
+	if p, err := c.Pod("web"); err != nil || p.Node != "node-1" || p.NetNS != "/var/run/netns/cellium-dev.pod.web" || p.Ref() != "web" {
+		t.Fatalf("Pod(web) = %+v, %v", p, err)
+	}
+	if _, err := c.Pod("test/web"); err == nil || !strings.Contains(err.Error(), `no pod "test/web"`) {
+		t.Fatalf("Pod(test/web) = %v, want no such pod", err)
 	}
 
 	for _, tc := range []struct {
@@ -45,6 +58,8 @@ func TestLoadBadState(t *testing.T) {
 		{name: "node name", change: func(s *state) { s.Nodes[0].Name = "node-01" }, want: `invalid node name "node-01"`},
 		{name: "cgroup", change: func(s *state) { s.Cgroup = "/sys/fs/cgroup/other" }, want: "is not the cluster's"},
 		{name: "pod", change: func(s *state) { s.Pods[0].NetNS = "/var/run/netns/x" }, want: `invalid pod "web"`},
+		{name: "pod namespace", change: func(s *state) { s.Pods[1].NetNS = podNetNS("dev", Pod{Name: "web", Namespace: DefaultNamespace}) }, want: `invalid pod "prod/web"`},
+		{name: "bad namespace", change: func(s *state) { s.Pods[1].Namespace = "../x" }, want: `invalid pod "../x/web"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			data := []byte(tc.raw)
@@ -104,5 +119,57 @@ func TestManifestNames(t *testing.T) {
 		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {
 			t.Errorf("checkManifestName(%q) = %v, want %q", name, err, want)
 		}
+	}
+}
+
+func TestCheckPod(t *testing.T) {
+	ok := PodSpec{Name: "a", Namespace: "x", Labels: map[string]string{"pod": "a"},
+		Ports: []ContainerPort{{Name: "serve-80-tcp", Port: 80, Protocol: "TCP"}, {Port: 81, Protocol: "SCTP"}}}
+	if err := checkPod(ok); err != nil {
+		t.Fatalf("checkPod(%+v) = %v", ok, err)
+	}
+	for _, tc := range []struct {
+		change func(*PodSpec)
+		want   string
+	}{
+		{func(s *PodSpec) { s.Name = "A" }, `invalid pod name "A"`},
+		{func(s *PodSpec) { s.Namespace = "x.y" }, `invalid namespace "x.y"`},
+		{func(s *PodSpec) { s.Labels = map[string]string{"a b": "c"} }, `invalid label key "a b"`},
+		{func(s *PodSpec) { s.Ports = []ContainerPort{{Port: 80, Protocol: "ICMP"}} }, `invalid protocol "ICMP" of port 80`},
+		{func(s *PodSpec) { s.Ports = []ContainerPort{{Port: 0, Protocol: "TCP"}} }, `want a port from 1 to 65535`},
+		{func(s *PodSpec) {
+			s.Ports = []ContainerPort{{Name: "a-very-long-port-name", Port: 80, Protocol: "TCP"}}
+		}, `invalid port name "a-very-long-port-name"`},
+		{func(s *PodSpec) {
+			s.Ports = []ContainerPort{{Name: "http", Port: 80, Protocol: "TCP"}, {Name: "http", Port: 81, Protocol: "TCP"}}
+		}, `invalid port name "http": given twice`},
+	} {
+		spec := ok
+		tc.change(&spec)
+		if err := checkPod(spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("checkPod(%+v) = %v, want %q", spec, err, tc.want)
+		}
+	}
+}
+
+// A pod's manifest has its namespace, labels and named container ports,
+// which NetworkPolicies' named ports resolve on.
+func TestPodObject(t *testing.T) {
+	p := Pod{Name: "a", Namespace: "x", Node: "node-1", Labels: map[string]string{"pod": "a"},
+		Ports: []ContainerPort{{Name: "serve-80-udp", Port: 80, Protocol: "UDP"}, {Port: 81, Protocol: "TCP"}}}
+	got, err := json.Marshal(podObject(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"apiVersion":"v1","kind":"Pod","metadata":{"labels":{"pod":"a"},"name":"a","namespace":"x"},` +
+		`"spec":{"containers":[{"image":"none","name":"main","ports":[{"containerPort":80,"name":"serve-80-udp","protocol":"UDP"},{"containerPort":81,"protocol":"TCP"}]}],"nodeName":"node-1"}}`
+	if string(got) != want {
+		t.Errorf("podObject = %s\nwant        %s", got, want)
+	}
+	if m := podManifest(p); m != "pod.x.a.yaml" {
+		t.Errorf("podManifest = %s", m)
+	}
+	if m := podManifest(Pod{Name: "a", Namespace: DefaultNamespace}); m != "pod.a.yaml" {
+		t.Errorf("podManifest in default = %s", m)
 	}
 }

@@ -192,7 +192,8 @@ func (c *Cluster) Node(name string) devcluster.Node {
 	return n
 }
 
-// Pod is the pod called name.
+// Pod is the pod called name (NAME, or NAMESPACE/NAME outside the
+// default namespace).
 func (c *Cluster) Pod(name string) devcluster.Pod {
 	c.t.Helper()
 	p, err := c.Cluster.Pod(name)
@@ -208,6 +209,31 @@ func (c *Cluster) AddPod(node, name string, labels map[string]string) devcluster
 	ctx, cancel := c.ctx()
 	defer cancel()
 	p, err := c.Cluster.AddPod(ctx, node, name, labels)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+// AddPodSpec adds a pod (see devcluster.Cluster.AddPodSpec).
+func (c *Cluster) AddPodSpec(spec devcluster.PodSpec) devcluster.Pod {
+	c.t.Helper()
+	ctx, cancel := c.ctx()
+	defer cancel()
+	p, err := c.Cluster.AddPodSpec(ctx, spec)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+// SetPodLabels replaces a pod's labels and waits until its node's agent
+// has them (see devcluster.Cluster.SetPodLabels).
+func (c *Cluster) SetPodLabels(pod string, labels map[string]string) devcluster.Pod {
+	c.t.Helper()
+	ctx, cancel := c.ctx()
+	defer cancel()
+	p, err := c.Cluster.SetPodLabels(ctx, pod, labels)
 	if err != nil {
 		c.t.Fatal(err)
 	}
