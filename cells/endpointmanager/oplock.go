@@ -3,26 +3,9 @@ package endpointmanager
 import (
 	"context"
 	"sync"
+
+	"github.com/cellium/cellium/cells/internal/keyedlock"
 )
-
-// opLock is a lock whose waiter gives up when its context ends: should one
-// operation ever get stuck holding it, the others fail at their own
-// deadlines with an error that says so (ErrBusy), instead of hanging with
-// it. It is a channel of one; waiters get it in the order they came.
-type opLock chan struct{}
-
-func newOpLock() opLock { return make(opLock, 1) }
-
-func (l opLock) lock(ctx context.Context) error {
-	select {
-	case l <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return errorf(ErrBusy, "gave up waiting for another endpoint operation to finish: %v", context.Cause(ctx))
-	}
-}
-
-func (l opLock) unlock() { <-l }
 
 // opLocks are the manager's locks. Operations on one container (its
 // creation, deletion and identity changes) are serialized by the
@@ -44,19 +27,15 @@ type opLocks struct {
 	// changed is closed, and replaced, whenever the manager's lock is
 	// released or a waiting writer gives up.
 	changed chan struct{}
-	// containers are the locks of the containers with an operation
-	// running or waiting, by container ID.
-	containers map[string]*containerLock
-}
-
-type containerLock struct {
-	l opLock
-	// refs are the holders and waiters; at zero it leaves the map.
-	refs int
+	// containers are the locks of the containers, by container ID: a
+	// waiter gives up when its context ends, so that should one operation
+	// ever get stuck holding one, the others fail at their own deadlines
+	// with an error that says so (ErrBusy) instead of hanging with it.
+	containers keyedlock.Map
 }
 
 func newOpLocks() *opLocks {
-	return &opLocks{changed: make(chan struct{}), containers: map[string]*containerLock{}}
+	return &opLocks{changed: make(chan struct{})}
 }
 
 // broadcast wakes the waiters for the manager's lock. With l.mu held.
@@ -139,30 +118,13 @@ func (l *opLocks) lockContainer(ctx context.Context, containerID string) (unlock
 	if err := l.lockShared(ctx); err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	c := l.containers[containerID]
-	if c == nil {
-		c = &containerLock{l: newOpLock()}
-		l.containers[containerID] = c
-	}
-	c.refs++
-	l.mu.Unlock()
-	release := func() {
-		l.mu.Lock()
-		if c.refs--; c.refs == 0 {
-			delete(l.containers, containerID)
-		}
-		l.mu.Unlock()
+	unlockContainer, err := l.containers.Lock(ctx, containerID)
+	if err != nil {
 		l.unlockShared()
-	}
-	select {
-	case c.l <- struct{}{}:
-	case <-ctx.Done():
-		release()
 		return nil, errorf(ErrBusy, "gave up waiting for another operation on container %s to finish: %v", containerID, context.Cause(ctx))
 	}
 	return func() {
-		c.l.unlock()
-		release()
+		unlockContainer()
+		l.unlockShared()
 	}, nil
 }

@@ -9,37 +9,6 @@ import (
 	"time"
 )
 
-// A waiter for the lock gives up when its context ends, with ErrBusy;
-// once the holder unlocks, the next one gets it.
-func TestOpLockWaitEndsWithContext(t *testing.T) {
-	l := newOpLock()
-	if err := l.lock(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	err := l.lock(ctx)
-	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "context deadline exceeded") {
-		t.Fatalf("lock while held = %v, want ErrBusy naming the deadline", err)
-	}
-	l.unlock()
-	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := l.lock(ctx); err != nil {
-		t.Fatalf("lock after unlock: %v", err)
-	}
-}
-
-// waiters is how many hold or wait for the lock of a container.
-func (l *opLocks) waiters(containerID string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if c := l.containers[containerID]; c != nil {
-		return c.refs
-	}
-	return 0
-}
-
 // pollUntil polls cond until it holds, failing the test after 10s.
 func pollUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -74,7 +43,7 @@ func TestContainerLocksOrderedPerContainer(t *testing.T) {
 			unlock()
 		}()
 		// The next one comes once this one waits.
-		pollUntil(t, fmt.Sprintf("waiter %d waits", i), func() bool { return l.waiters("a") == i+2 })
+		pollUntil(t, fmt.Sprintf("waiter %d waits", i), func() bool { return l.containers.Users("a") == i+2 })
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -100,7 +69,7 @@ func TestContainerLocksOrderedPerContainer(t *testing.T) {
 	pollUntil(t, "the entry of container a is gone", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return len(l.containers) == 0 && l.readers == 0
+		return l.containers.Users("a") == 0 && l.readers == 0
 	})
 }
 

@@ -1,39 +1,19 @@
 package identity
 
-import "sync"
+import (
+	"context"
 
-// keyedMutex is a mutex per key, for as long as someone holds or waits for
-// it. The zero value is ready to use.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]*keyLock
-}
+	"github.com/cellium/cellium/cells/internal/keyedlock"
+)
 
-type keyLock struct {
-	sync.Mutex
-	users int
-}
+// keyedMutex is a keyedlock.Map whose waiters never give up: a release
+// that stopped waiting half way would leave the label set's value key
+// behind for the collector, and an allocation that waits has its own
+// context for the etcd calls after it. The zero value is ready to use.
+type keyedMutex struct{ m keyedlock.Map }
 
 // lock locks key and returns its unlock.
 func (k *keyedMutex) lock(key string) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyLock{}
-	}
-	l := k.locks[key]
-	if l == nil {
-		l = &keyLock{}
-		k.locks[key] = l
-	}
-	l.users++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
+	unlock, _ := k.m.Lock(context.Background(), key) // no error without a deadline
+	return unlock
 }

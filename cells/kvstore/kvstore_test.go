@@ -618,6 +618,10 @@ func TestLocks(t *testing.T) {
 	if max.Load() != 1 {
 		t.Fatalf("%d holders at once", max.Load())
 	}
+	// Once nobody holds or waits, the process's entry for the lock goes.
+	if n := a.locks.local.Users("state/locks/x"); n != 0 {
+		t.Fatalf("%d holders or waiters of state/locks/x left after every unlock", n)
+	}
 
 	// TryLock sees a held lock.
 	u, err := a.TryLock(ctx, "state/locks/y")
@@ -626,6 +630,9 @@ func TestLocks(t *testing.T) {
 	}
 	if _, err := b.TryLock(ctx, "state/locks/y"); !errors.Is(err, ErrLocked) {
 		t.Fatalf("TryLock of a held lock = %v, want ErrLocked", err)
+	}
+	if _, err := a.TryLock(ctx, "state/locks/y"); !errors.Is(err, ErrLocked) {
+		t.Fatalf("TryLock of a lock this process holds = %v, want ErrLocked", err)
 	}
 	u.Unlock(ctx)
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/cellium/cellium/cells/internal/keyedlock"
 )
 
 const (
@@ -31,11 +33,11 @@ type locks struct {
 	held map[*heldLock]struct{}
 	// local serialises this process's holders of one lock: an etcd mutex
 	// is held by a session, and every caller here shares the one session.
-	local map[string]chan struct{}
+	local keyedlock.Map
 }
 
 func newLocks(c *etcdClient, ttl time.Duration) *locks {
-	return &locks{c: c, ttl: ttl, stale: defaultLockStale, held: map[*heldLock]struct{}{}, local: map[string]chan struct{}{}}
+	return &locks{c: c, ttl: ttl, stale: defaultLockStale, held: map[*heldLock]struct{}{}}
 }
 
 // session is the live session, made anew when there is none.
@@ -65,32 +67,24 @@ func (l *locks) session(ctx context.Context) (*concurrency.Session, error) {
 }
 
 func (l *locks) lock(ctx context.Context, key string, try bool) (Unlocker, error) {
-	l.mu.Lock()
-	slot, ok := l.local[key]
-	if !ok {
-		slot = make(chan struct{}, 1)
-		l.local[key] = slot
-	}
-	l.mu.Unlock()
+	var unlockLocal func()
 	if try {
-		select {
-		case slot <- struct{}{}:
-		default:
+		var ok bool
+		if unlockLocal, ok = l.local.TryLock(key); !ok {
 			return nil, ErrLocked
 		}
 	} else {
-		select {
-		case slot <- struct{}{}:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		var err error
+		if unlockLocal, err = l.local.Lock(ctx, key); err != nil {
+			return nil, err
 		}
 	}
 	u, err := l.lockSession(ctx, key, try)
 	if err != nil {
-		<-slot
+		unlockLocal()
 		return nil, err
 	}
-	u.slot = slot
+	u.unlockLocal = unlockLocal
 	return u, nil
 }
 
@@ -164,9 +158,10 @@ type heldLock struct {
 	key   string
 	m     *concurrency.Mutex
 	since time.Time
-	slot  chan struct{}
-	once  sync.Once
-	err   error
+	// unlockLocal lets this process's next holder of key in.
+	unlockLocal func()
+	once        sync.Once
+	err         error
 }
 
 func (h *heldLock) Unlock(ctx context.Context) error {
@@ -177,7 +172,7 @@ func (h *heldLock) Unlock(ctx context.Context) error {
 		if err := h.m.Unlock(ctx); err != nil {
 			h.err = wrap("unlock", h.key, err)
 		}
-		<-h.slot
+		h.unlockLocal()
 	})
 	return h.err
 }
