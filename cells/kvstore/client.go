@@ -3,7 +3,6 @@ package kvstore
 import (
 	"context"
 	"errors"
-	"iter"
 	"time"
 )
 
@@ -232,32 +231,4 @@ type Status struct {
 	// Leases and LeasedKeys count this agent's leases and the keys on them.
 	Leases     int `json:"leases"`
 	LeasedKeys int `json:"leasedKeys"`
-}
-
-// Batches reads a Watch channel in batches: each holds the first event to
-// arrive and those queued behind it, up to max, so that a consumer applies
-// a listing of many keys in few transactions. It ends when the channel
-// closes.
-func Batches(events <-chan Event, max int) iter.Seq[[]Event] {
-	return func(yield func([]Event) bool) {
-		batch := make([]Event, 0, max)
-		for ev := range events {
-			batch = append(batch[:0], ev)
-		more:
-			for len(batch) < max {
-				select {
-				case ev, ok := <-events:
-					if !ok {
-						break more
-					}
-					batch = append(batch, ev)
-				default:
-					break more
-				}
-			}
-			if !yield(batch) {
-				return
-			}
-		}
-	}
 }

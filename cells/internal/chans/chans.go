@@ -1,6 +1,11 @@
 // Package chans has what the cells' event loops share for reading their
-// channels in batches.
+// channels in batches: a batch is the value that woke the loop and the
+// ones already queued behind it, never one waited for, so a burst (a
+// kvstore listing, a flood of monitor events) is applied in few write
+// transactions and a lone value is applied at once.
 package chans
+
+import "iter"
 
 // Ready hands fn, in order, up to max more values that ch holds right now,
 // without waiting for any: a loop that has received one value takes the
@@ -19,4 +24,20 @@ func Ready[T any](ch <-chan T, max int, fn func(T)) (closed bool) {
 		}
 	}
 	return false
+}
+
+// Batches reads ch in batches of up to max values, each the first to
+// arrive and those queued behind it (see Ready). It ends when ch closes;
+// the slice it yields is reused for the next batch.
+func Batches[T any](ch <-chan T, max int) iter.Seq[[]T] {
+	return func(yield func([]T) bool) {
+		batch := make([]T, 0, max)
+		for v := range ch {
+			batch = append(batch[:0], v)
+			closed := Ready(ch, max-1, func(v T) { batch = append(batch, v) })
+			if !yield(batch) || closed {
+				return
+			}
+		}
+	}
 }

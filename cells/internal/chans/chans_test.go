@@ -23,3 +23,27 @@ func TestReady(t *testing.T) {
 		t.Fatal("Ready on a closed channel says open")
 	}
 }
+
+// Batches yields what is queued at once, up to max, and waits for no more;
+// it ends when the channel closes, after the values queued before.
+func TestBatches(t *testing.T) {
+	ch := make(chan int, 10)
+	for i := range 5 {
+		ch <- i
+	}
+	var got [][]int
+	for b := range Batches(ch, 3) {
+		got = append(got, slices.Clone(b))
+		switch len(got) {
+		case 2:
+			ch <- 5 // arrives after the loop woke: the next batch's
+		case 3:
+			ch <- 6
+			close(ch)
+		}
+	}
+	want := [][]int{{0, 1, 2}, {3, 4}, {5}, {6}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("batches %v, want %v", got, want)
+	}
+}

@@ -45,6 +45,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/cellium/cellium/cells/internal/chans"
 	"github.com/cellium/cellium/cells/kvstore"
 )
 
@@ -86,7 +87,7 @@ func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, hea
 	refused := map[string]string{}
 	listed := false
 	var changes []Change[T]
-	for batch := range kvstore.Batches(kv.Watch(ctx, r.Prefix), batchMax) {
+	for batch := range chans.Batches(kv.Watch(ctx, r.Prefix), batchMax) {
 		changes = changes[:0]
 		firstListed := false
 		for _, ev := range batch {
