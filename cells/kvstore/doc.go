@@ -18,7 +18,14 @@
 //     or the store is found replaced (another cluster ID, or a revision
 //     below one read before: a restore, a member rebuilt empty), it lists
 //     again and sends what changed meanwhile, deletes of the keys that went
-//     included.
+//     included. It keeps a fingerprint of each value it sent, not the
+//     value: its consumer holds the one copy. Retries (a failed listing, a
+//     broken watch, a lost lease's rewrite) back off from 100ms to 10s with
+//     each wait drawn from half its step to the whole, so that agents that
+//     lost etcd together do not all come back at one instant.
+//   - [Client.List] and Watch's listings read a prefix in pages of 1000
+//     keys, all at the first page's revision: one consistent listing, not
+//     one response of every key.
 //   - Leased keys live on the agent's leases, at most 1000 keys each (etcd
 //     applies a put with a lease in time linear in the keys on it). When a
 //     lease is lost, the job kvstore-lease-rewrite writes its keys again on

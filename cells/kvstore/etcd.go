@@ -1,12 +1,13 @@
 package kvstore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,9 @@ type etcdClient struct {
 	prefix string // "<kvstore-prefix>/"
 	cli    *clientv3.Client
 	limit  *rate.Limiter // nil: no etcd.qps
+	// pageSize bounds the keys of one listing response (listPageSize;
+	// tests make it small).
+	pageSize int64
 
 	leases  *leases
 	locks   *locks
@@ -63,6 +67,7 @@ func newEtcdClient(log *slog.Logger, cfg Config, opts etcdOptions) *etcdClient {
 		prefix: cfg.KVStorePrefix + "/",
 		status: Status{State: StateConnecting, Endpoints: opts.endpoints, Since: time.Now()},
 
+		pageSize:      listPageSize,
 		statusBase:    statusIntervalBase,
 		statusTimeout: statusTimeout,
 		replaced:      make(chan struct{}),
@@ -197,20 +202,56 @@ func (c *etcdClient) List(ctx context.Context, prefix string) (_ []KeyValue, err
 	if err := c.wait(ctx); err != nil {
 		return nil, wrap("list", prefix, err)
 	}
-	resp, err := c.cli.Get(ctx, c.prefix+prefix, clientv3.WithPrefix())
+	var out []KeyValue
+	_, err = c.listPages(ctx, c.prefix+prefix, func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			out = append(out, KeyValue{
+				Key:         strings.TrimPrefix(string(kv.Key), c.prefix),
+				Value:       kv.Value,
+				ModRevision: kv.ModRevision,
+				Lease:       kv.Lease,
+			})
+		}
+	})
 	if err != nil {
 		return nil, wrap("list", prefix, err)
 	}
-	out := make([]KeyValue, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		out = append(out, KeyValue{
-			Key:         strings.TrimPrefix(string(kv.Key), c.prefix),
-			Value:       kv.Value,
-			ModRevision: kv.ModRevision,
-			Lease:       kv.Lease,
-		})
-	}
 	return out, nil
+}
+
+// listPageSize is how many keys one listing response holds at most: a
+// prefix of a million keys is a thousand responses, not one.
+const listPageSize = 1000
+
+// listPages lists the keys under the etcd prefix full in pages of
+// c.pageSize keys, handing each page to fn: the first page is a
+// linearizable read, and the others are read at its revision, so the
+// pages together are one consistent listing (a revision compacted
+// meanwhile fails it with etcd's ErrCompacted). It returns the first
+// page's header: the listing's revision.
+func (c *etcdClient) listPages(ctx context.Context, full string, fn func([]*mvccpb.KeyValue)) (*etcdserverpb.ResponseHeader, error) {
+	end := clientv3.GetPrefixRangeEnd(full)
+	from := full
+	var header *etcdserverpb.ResponseHeader
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(c.pageSize)}
+		if header != nil {
+			opts = append(opts, clientv3.WithRev(header.Revision))
+		}
+		resp, err := c.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return nil, err
+		}
+		if header == nil {
+			header = resp.Header
+		}
+		fn(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			return header, nil
+		}
+		// Keys come in order: the next page starts just after the last.
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
 }
 
 func (c *etcdClient) CreateOnly(ctx context.Context, key string, value []byte, opts ...WriteOption) (_ bool, err error) {
@@ -446,14 +487,15 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 			return false
 		}
 	}
-	known := map[string][]byte{}
+	known := &sentValues{seed: maphash.MakeSeed(), sums: map[string]uint64{}}
 	backoff := newBackoff()
 	for ctx.Err() == nil {
 		if err := c.wait(ctx); err != nil {
 			return
 		}
 		before, replaced := c.seenNow()
-		resp, err := c.cli.Get(ctx, c.prefix+prefix, clientv3.WithPrefix())
+		var kvs []*mvccpb.KeyValue
+		header, err := c.listPages(ctx, c.prefix+prefix, func(page []*mvccpb.KeyValue) { kvs = append(kvs, page...) })
 		if err != nil {
 			if ctx.Err() == nil {
 				c.log.Debug("kvstore watch: listing failed, retrying", "prefix", prefix, "error", err)
@@ -461,9 +503,9 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 			}
 			continue
 		}
-		c.observe(before, resp.Header)
-		var events []Event
-		known, events = relist(known, c.prefix, resp.Kvs)
+		c.observe(before, header)
+		events := known.relist(c.prefix, kvs)
+		kvs = nil
 		for _, ev := range events {
 			if !send(ev) {
 				return
@@ -472,7 +514,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 		backoff.reset()
 
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := c.cli.Watch(wctx, c.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		wch := c.cli.Watch(wctx, c.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(header.Revision+1))
 		reason := c.follow(prefix, wch, replaced, known, send)
 		cancel()
 		if reason == "" || ctx.Err() != nil {
@@ -497,7 +539,7 @@ const (
 // follow sends the events of wch, keeping known up to date, until the
 // watch breaks or the store is found replaced (it says which), or send
 // fails ("").
-func (c *etcdClient) follow(prefix string, wch clientv3.WatchChan, replaced <-chan struct{}, known map[string][]byte, send func(Event) bool) string {
+func (c *etcdClient) follow(prefix string, wch clientv3.WatchChan, replaced <-chan struct{}, known *sentValues, send func(Event) bool) string {
 	for {
 		var wr clientv3.WatchResponse
 		var ok bool
@@ -522,9 +564,9 @@ func (c *etcdClient) follow(prefix string, wch clientv3.WatchChan, replaced <-ch
 			e := Event{Kind: EventUpsert, Key: key, Value: ev.Kv.Value, CreateRevision: ev.Kv.CreateRevision}
 			if ev.Type == clientv3.EventTypeDelete {
 				e = Event{Kind: EventDelete, Key: key}
-				delete(known, key)
+				delete(known.sums, key)
 			} else {
-				known[key] = ev.Kv.Value
+				known.sums[key] = known.sum(ev.Kv.Value)
 			}
 			if !send(e) {
 				return ""
@@ -533,27 +575,39 @@ func (c *etcdClient) follow(prefix string, wch clientv3.WatchChan, replaced <-ch
 	}
 }
 
-// relist compares a new listing with what a watch had sent: the events
+// sentValues is what a watch has sent its consumer: each key present and
+// a 64-bit fingerprint of its value (seeded anew for each watch), not the
+// value itself: the consumer holds the one copy of each value it keeps.
+type sentValues struct {
+	seed maphash.Seed
+	sums map[string]uint64
+}
+
+func (s *sentValues) sum(value []byte) uint64 { return maphash.Bytes(s.seed, value) }
+
+// relist compares a new listing with what the watch had sent: the events
 // that bring its consumer up to date (changed or new keys, then deleted
-// ones), and the new state. Keys sent before with the same value are not
-// sent again.
-func relist(known map[string][]byte, prefix string, kvs []*mvccpb.KeyValue) (map[string][]byte, []Event) {
-	listed := make(map[string][]byte, len(kvs))
+// ones, then EventListed), and it records the new state. Keys sent before
+// with the same value are not sent again.
+func (s *sentValues) relist(prefix string, kvs []*mvccpb.KeyValue) []Event {
+	listed := make(map[string]uint64, len(kvs))
 	var events []Event
 	for _, kv := range kvs {
 		key := strings.TrimPrefix(string(kv.Key), prefix)
-		listed[key] = kv.Value
-		if old, ok := known[key]; ok && bytes.Equal(old, kv.Value) {
+		sum := s.sum(kv.Value)
+		listed[key] = sum
+		if old, ok := s.sums[key]; ok && old == sum {
 			continue
 		}
 		events = append(events, Event{Kind: EventUpsert, Key: key, Value: kv.Value, CreateRevision: kv.CreateRevision})
 	}
-	for _, key := range slices.Sorted(maps.Keys(known)) {
+	for _, key := range slices.Sorted(maps.Keys(s.sums)) {
 		if _, ok := listed[key]; !ok {
 			events = append(events, Event{Kind: EventDelete, Key: key})
 		}
 	}
-	return listed, append(events, Event{Kind: EventListed})
+	s.sums = listed
+	return append(events, Event{Kind: EventListed})
 }
 
 func writeOpts(opts []WriteOption) writeOptions {
@@ -564,19 +618,39 @@ func writeOpts(opts []WriteOption) writeOptions {
 	return o
 }
 
-// backoff is an exponential wait between retries, 100ms to 10s.
-type backoff struct{ d time.Duration }
+// Bounds of backoff's waits.
+const (
+	backoffMin = 100 * time.Millisecond
+	backoffMax = 10 * time.Second
+)
 
-func newBackoff() *backoff { return &backoff{d: 100 * time.Millisecond} }
+// backoff is an exponential wait between retries, from 100ms doubling to
+// 10s, each wait drawn at random between half its step and the whole:
+// agents that lost etcd together (an outage, a leader election) come back
+// to list and rewrite at different instants, not all at once.
+type backoff struct {
+	d time.Duration
+	// randN draws in [0, n): rand.Int64N, a seeded one in tests.
+	randN func(n int64) int64
+}
 
-func (b *backoff) reset() { b.d = 100 * time.Millisecond }
+func newBackoff() *backoff { return &backoff{d: backoffMin, randN: rand.Int64N} }
+
+func (b *backoff) reset() { b.d = backoffMin }
+
+// next is the wait before the next retry, and steps the backoff up.
+func (b *backoff) next() time.Duration {
+	half := b.d / 2
+	w := half + time.Duration(b.randN(int64(b.d-half)+1))
+	b.d = min(2*b.d, backoffMax)
+	return w
+}
 
 func (b *backoff) wait(ctx context.Context) {
-	t := time.NewTimer(b.d)
+	t := time.NewTimer(b.next())
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	b.d = min(2*b.d, 10*time.Second)
 }

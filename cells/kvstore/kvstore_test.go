@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net"
 	"os"
@@ -564,13 +565,18 @@ func TestStoreReplaced(t *testing.T) {
 // TestRelist: a listing after a broken watch sends what changed, and a
 // delete for what went, then listed.
 func TestRelist(t *testing.T) {
-	known := map[string][]byte{"k/a": []byte("1"), "k/b": []byte("1"), "k/d": []byte("1")}
+	known := &sentValues{seed: maphash.MakeSeed(), sums: map[string]uint64{}}
+	known.relist("p/", []*mvccpb.KeyValue{
+		{Key: []byte("p/k/a"), Value: []byte("1")},
+		{Key: []byte("p/k/b"), Value: []byte("1")},
+		{Key: []byte("p/k/d"), Value: []byte("1")},
+	})
 	kvs := []*mvccpb.KeyValue{
 		{Key: []byte("p/k/a"), Value: []byte("1")},
 		{Key: []byte("p/k/b"), Value: []byte("2")},
 		{Key: []byte("p/k/c"), Value: []byte("1")},
 	}
-	now, events := relist(known, "p/", kvs)
+	events := known.relist("p/", kvs)
 	var got []string
 	for _, ev := range events {
 		got = append(got, ev.Kind.String()+" "+ev.Key+"="+string(ev.Value))
@@ -579,8 +585,8 @@ func TestRelist(t *testing.T) {
 	if strings.Join(got, ",") != want {
 		t.Fatalf("events %v, want %s", got, want)
 	}
-	if len(now) != 3 || string(now["k/b"]) != "2" {
-		t.Fatalf("state after relisting %v", now)
+	if len(known.sums) != 3 || known.sums["k/b"] != known.sum([]byte("2")) {
+		t.Fatalf("state after relisting %v", known.sums)
 	}
 }
 

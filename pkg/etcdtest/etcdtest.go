@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -280,6 +281,32 @@ func (s *Server) answering(ctx context.Context, hc *http.Client) (string, error)
 		}
 	}
 	return "", fmt.Errorf("member list from %s does not name the member answering (%s)", s.client, list.Header.MemberID)
+}
+
+// RangeRequests is how many Range calls (reads) the server has answered,
+// from its own metrics: what a test counts to see how many requests a
+// listing took. Servers with TLS are not asked.
+func (s *Server) RangeRequests() (int, error) {
+	if s.tls != nil {
+		return 0, errors.New("RangeRequests: not for a server with TLS")
+	}
+	resp, err := s.call(context.Background(), http.DefaultClient, http.MethodGet, "/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for line := range strings.Lines(string(resp.Body)) {
+		if !strings.HasPrefix(line, "grpc_server_handled_total{") || !strings.Contains(line, `grpc_method="Range"`) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics of %s: %q: %w", s.client, line, err)
+		}
+		n += int(v)
+	}
+	return n, nil
 }
 
 type response struct {
