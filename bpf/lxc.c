@@ -377,6 +377,14 @@ struct policy_req {
 	int verdict;
 };
 
+/* policy_decide is policy_check of pol for the packet's new connection to
+ * dport: the peer is the source on ingress, the destination on egress. */
+static __always_inline int policy_decide(const struct policy_req *pol, const struct flow_summary *flow, __be16 dport)
+{
+	return policy_check(pol->endpoint_id, pol->direction, pol->peer, flow->family,
+			    pol->direction == TRAFFIC_INGRESS ? flow->src : flow->dst, flow->proto, dport);
+}
+
 /*
  * ct_process finds the packet's connection in map, or creates it if the
  * endpoint's policy allows it (pol), and accounts the packet: fwd is the
@@ -416,7 +424,7 @@ static __always_inline int ct_process(void *map, const void *fwd, const void *re
 	if (!entry) {
 		flow->ct_state = CT_NEW;
 		*report = true;
-		pol->verdict = policy_check(pol->endpoint_id, pol->direction, pol->peer, flow->proto, flow->dport);
+		pol->verdict = policy_decide(pol, flow, flow->dport);
 		if (pol->verdict < 0)
 			return pol->verdict;
 		return ct_create(map, fwd, flow, pol->endpoint_id, now);
@@ -615,7 +623,7 @@ static __always_inline int policy_untracked(struct __sk_buff *skb, struct flow_s
 			return 0;
 		}
 	}
-	pol->verdict = policy_check(pol->endpoint_id, pol->direction, pol->peer, flow->proto, 0);
+	pol->verdict = policy_decide(pol, flow, 0);
 	return pol->verdict < 0 ? pol->verdict : 0;
 }
 

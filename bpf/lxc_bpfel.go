@@ -116,6 +116,11 @@ type LXCPolicyKey struct {
 	Dport      uint16
 }
 
+type LXCPolicyPrefixValue struct {
+	_  structs.HostLayout
+	Id uint32
+}
+
 type LXCPolicyValue struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -136,6 +141,7 @@ const (
 	LXCMapCelliumLb4Dsr            = "cellium_lb4_dsr"
 	LXCMapCelliumPolicy            = "cellium_policy"
 	LXCMapCelliumPolicyEnforcement = "cellium_policy_enforcement"
+	LXCMapCelliumPolicyPrefix      = "cellium_policy_prefix"
 	LXCProgCelliumFromEndpoint     = "cellium_from_endpoint"
 	LXCProgCelliumToEndpoint       = "cellium_to_endpoint"
 	LXCVarCtLifetimeClose          = "ct_lifetime_close"
@@ -207,6 +213,7 @@ type LXCMapSpecs struct {
 	CelliumLb4Dsr            *ebpf.MapSpec `ebpf:"cellium_lb4_dsr"`
 	CelliumPolicy            *ebpf.MapSpec `ebpf:"cellium_policy"`
 	CelliumPolicyEnforcement *ebpf.MapSpec `ebpf:"cellium_policy_enforcement"`
+	CelliumPolicyPrefix      *ebpf.MapSpec `ebpf:"cellium_policy_prefix"`
 }
 
 // LXCVariableSpecs contains global variables before they are loaded into the kernel.
@@ -252,6 +259,7 @@ type LXCMaps struct {
 	CelliumLb4Dsr            *ebpf.Map `ebpf:"cellium_lb4_dsr"`
 	CelliumPolicy            *ebpf.Map `ebpf:"cellium_policy"`
 	CelliumPolicyEnforcement *ebpf.Map `ebpf:"cellium_policy_enforcement"`
+	CelliumPolicyPrefix      *ebpf.Map `ebpf:"cellium_policy_prefix"`
 }
 
 func (m *LXCMaps) Close() error {
@@ -267,6 +275,7 @@ func (m *LXCMaps) Close() error {
 		m.CelliumLb4Dsr,
 		m.CelliumPolicy,
 		m.CelliumPolicyEnforcement,
+		m.CelliumPolicyPrefix,
 	)
 }
 

@@ -225,6 +225,84 @@ func TestLXCPolicyEgress(t *testing.T) {
 	}
 }
 
+// prefix puts an ipBlock prefix with its ID into the prefix trie, as the
+// policy-maps cell does.
+func (l *lxc) prefix(p string, id uint32) {
+	l.t.Helper()
+	if err := l.prefixes.Put(policymap.PrefixKeyOf(netip.MustParsePrefix(p)), policymap.PrefixValue{ID: id}); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+// ipBlocks: a peer's address resolves to the ID of its longest prefix in
+// the prefix trie, which the allows name; an except prefix has an ID of
+// its own that the ipBlock does not allow. Pod addresses match too.
+func TestLXCPolicyPrefixes(t *testing.T) {
+	const (
+		world24  = policymap.MinPrefixID + 1 // 192.0.2.0/24
+		remote32 = policymap.MinPrefixID + 2 // 192.0.2.1/32, an except of the /24
+		pods16   = policymap.MinPrefixID + 3 // 10.244.0.0/16
+		podB32   = policymap.MinPrefixID + 4 // 10.244.0.3/32, an except of the /16
+		podA32   = policymap.MinPrefixID + 5 // 10.244.0.2/32
+		doc32    = policymap.MinPrefixID + 6 // 2001:db8::/32
+	)
+	l := loadPolicyLXC(t)
+	l.prefix("192.0.2.0/24", world24)
+	l.prefix("192.0.2.1/32", remote32)
+	l.prefix("10.244.0.0/16", pods16)
+	l.prefix("10.244.0.3/32", podB32)
+	l.prefix("10.244.0.2/32", podA32)
+	l.prefix("2001:db8::/32", doc32)
+	l.isolate(epA, policymap.FlagEgress)
+	l.isolate(epB, policymap.FlagIngress)
+	// B: from 192.0.2.0/24 except 192.0.2.1/32 on TCP/80; from A's
+	// address on TCP/8080; from 2001:db8::/32, anything.
+	l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: world24, Proto: unix.IPPROTO_TCP, Port: 80})
+	l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: podA32, Proto: unix.IPPROTO_TCP, Port: 8080})
+	l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: doc32})
+	// A: to 10.244.0.0/16 except B's address, anything.
+	l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Egress, Identity: pods16})
+	l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Egress, Identity: podA32})
+
+	other := netip.MustParseAddr("192.0.2.7")
+	sport := uint16(20000)
+	for _, tc := range []struct {
+		name     string
+		to       bool // the to-endpoint program (B's ingress), else A's egress
+		src, dst netip.Addr
+		port     uint16
+		match    monitorapi.PolicyMatch // 0: denied
+	}{
+		{"inside the cidr", true, other, podB, 80, monitorapi.PolicyMatchL3L4},
+		{"inside the cidr, other port", true, other, podB, 81, 0},
+		{"in the except", true, remote, podB, 80, 0},
+		{"a pod's address, identity not allowed", true, podA, podB, 8080, monitorapi.PolicyMatchL3L4},
+		{"a pod's address, other port", true, podA, podB, 80, 0},
+		{"IPv6 prefix", true, remote6, podB6, 22, monitorapi.PolicyMatchL3Only},
+		{"IPv6 pod outside the prefix", true, podA6, podB6, 22, 0},
+		{"egress into the cidr", false, podA, netip.MustParseAddr("10.244.7.9"), 443, monitorapi.PolicyMatchL3Only},
+		{"egress to a pod in the except", false, podA, podB, 443, 0},
+		{"egress outside the cidr", false, podA, other, 443, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := l.on(t)
+			sport++
+			prog, dir, ep := l.from, monitorapi.DirectionEgress, epA
+			if tc.to {
+				prog, dir, ep = l.to, monitorapi.DirectionIngress, epB
+			}
+			pkt := tcpPacket(ap(tc.src, sport), ap(tc.dst, tc.port), syn)
+			if tc.match == 0 {
+				l.run(prog, pkt, verdictDrop)
+				l.policyDrop(dir, ep)
+				return
+			}
+			l.run(prog, pkt, verdictNext)
+			l.allowed(dir, tc.match)
+		})
+	}
+}
+
 // unreachable is an ICMP destination unreachable, or ICMPv6's, from src to
 // dst that quotes frame's IP packet.
 func unreachable(src, dst netip.Addr, frame []byte) []byte {
@@ -306,11 +384,12 @@ func TestPolicyConstantsMatchC(t *testing.T) {
 // per packet, with BPF_PROG_TEST_RUN: ICMP timestamp requests, which
 // conntrack does not track, so that every run decides policy again, into
 // an endpoint not isolated (the baseline: one hash lookup), isolated with
-// an allow of the peer's identity (one trie lookup), of any peer (two) and
-// with none (two, and a drop); and an established TCP packet into an
-// isolated endpoint, which pays no policy lookup. Each with the trie
-// holding the test endpoints' 3 entries only, and with 65,475 entries of 1,023 more
-// endpoints. Every run also writes its events into a ring buffer that
+// an allow of the peer's identity (one trie lookup), of an ipBlock prefix
+// (a miss, a prefix trie lookup and a hit), of any peer (a miss, a prefix
+// trie miss, a hit) and with none (the same, and a drop); and an
+// established TCP packet into an isolated endpoint, which pays no policy
+// lookup. Each with the trie holding the test endpoints' 4 entries only,
+// and with 65,472 entries of 1,023 more endpoints and 1,023 more prefixes. Every run also writes its events into a ring buffer that
 // nobody reads, so after the first few thousand runs they are counted as
 // lost, the same cost in every case.
 func BenchmarkLXCPolicy(b *testing.B) {
@@ -322,7 +401,12 @@ func BenchmarkLXCPolicy(b *testing.B) {
 					Proto: unix.IPPROTO_TCP, Port: uint16(1000 + port)})
 			}
 		}
+		for i := range fill {
+			l.prefix(fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256), policymap.MinPrefixID+100+uint32(i))
+		}
+		l.prefix("198.51.100.0/24", policymap.MinPrefixID+1)
 		l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_ICMP})
+		l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: policymap.MinPrefixID + 1, Proto: unix.IPPROTO_ICMP})
 		l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Ingress, Proto: unix.IPPROTO_ICMP})
 		l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_TCP, Port: 80})
 		l.isolate(epA, policymap.FlagIngress)
@@ -340,10 +424,11 @@ func BenchmarkLXCPolicy(b *testing.B) {
 			{"not isolated", icmpPacket(remote, podA, icmpTimestamp, 0, 1), verdictNext},
 			{"identity allow", icmpPacket(remote, podB, icmpTimestamp, 0, 1), verdictNext},
 			{"any-peer allow", icmpPacket(podB, podA, icmpTimestamp, 0, 1), verdictNext},
+			{"ipBlock allow", icmpPacket(netip.MustParseAddr("198.51.100.1"), podB, icmpTimestamp, 0, 1), verdictNext},
 			{"denied", icmpPacket(podA, podB, icmpTimestamp, 0, 1), verdictDrop},
 			{"established", tcpPacket(ap(remote, 40000), ap(podA, 80), ack), verdictNext},
 		} {
-			b.Run(fmt.Sprintf("entries=%d/%s", fill*64+3, tc.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("entries=%d/%s", fill*64+4, tc.name), func(b *testing.B) {
 				if tc.name == "not isolated" {
 					// A's enforcement entry says no direction.
 					l.isolate(epA, 0)

@@ -74,6 +74,7 @@ type lxc struct {
 	// policy and enforcement are the policy maps of policy.h.
 	policy      *ebpf.Map
 	enforcement *ebpf.Map
+	prefixes    *ebpf.Map
 	ring        *ringbuf.Reader
 	boot        monitorapi.BootClock
 }
@@ -141,6 +142,7 @@ func loadLXC(t testing.TB, opts lxcOptions) *lxc {
 		dsr:         coll.Maps[bpf.LXCMapCelliumLb4Dsr],
 		policy:      coll.Maps[policymap.MapName],
 		enforcement: coll.Maps[policymap.EnforcementMapName],
+		prefixes:    coll.Maps[policymap.PrefixMapName],
 		boot:        monitorapi.SystemBootClock(),
 	}
 	for _, name := range []string{ctmaps.MapTCP4, ctmaps.MapAny4, ctmaps.MapTCP6, ctmaps.MapAny6} {
@@ -974,6 +976,7 @@ func TestLXCLayoutsMatchBTF(t *testing.T) {
 		{ipcachemap.MapName, reflect.TypeFor[ipcachemap.Key](), reflect.TypeFor[ipcachemap.Value]()},
 		{policymap.MapName, reflect.TypeFor[policymap.Key](), reflect.TypeFor[policymap.Value]()},
 		{policymap.EnforcementMapName, reflect.TypeFor[uint32](), reflect.TypeFor[policymap.Enforcement]()},
+		{policymap.PrefixMapName, reflect.TypeFor[policymap.PrefixKey](), reflect.TypeFor[policymap.PrefixValue]()},
 	} {
 		m, ok := spec.Maps[l.name]
 		if !ok {

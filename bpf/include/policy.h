@@ -19,12 +19,21 @@
  * lookup sets every bit (POLICY_PREFIX_FULL) and tries the peer's identity,
  * then identity 0. The measurements that chose this layout are in
  * docs/datapath.md.
+ *
+ * cellium_policy_prefix holds the address prefixes of the policies'
+ * ipBlocks (their cidr and except prefixes), each with an ID of a range
+ * no identity uses. Between the peer's identity and identity 0, a lookup
+ * tries the ID of the longest prefix that holds the peer's address: an
+ * ipBlock selects the IDs of the prefixes inside its cidr and outside its
+ * excepts, so the longest match decides the except clauses. It matches
+ * any address, a pod's as well (docs/cells/policy.md).
  */
 #ifndef CELLIUM_POLICY_H
 #define CELLIUM_POLICY_H
 
 #include "cellium.h"
 #include "events.h"
+#include "ipcache.h"
 
 #include <stdbool.h>
 
@@ -70,6 +79,20 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } cellium_policy SEC(".maps");
 
+/* Keyed as the ipcache is; the agent writes the distinct prefixes of the
+ * node's policies (pkg/policymap.PrefixMaxEntries). */
+struct policy_prefix_value {
+	__u32 id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipcache_key);
+	__type(value, struct policy_prefix_value);
+	__uint(max_entries, 1 << 14);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} cellium_policy_prefix SEC(".maps");
+
 /* struct policy_enforcement.flags: the endpoint is isolated in ... */
 #define POLICY_F_INGRESS 0x01
 #define POLICY_F_EGRESS 0x02
@@ -106,12 +129,29 @@ static __always_inline bool policy_enforced(__u16 endpoint_id, __u8 direction)
 	return enf->flags & (direction == TRAFFIC_INGRESS ? POLICY_F_INGRESS : POLICY_F_EGRESS);
 }
 
+/* policy_prefix_id is the ID of the longest ipBlock prefix that holds the
+ * address (family EVENT_FAMILY_IPV4: addr's first 4 bytes), 0 for none. */
+static __always_inline __u32 policy_prefix_id(__u8 family, const __u8 addr[16])
+{
+	struct ipcache_key key = {
+		.prefixlen = IPCACHE_PREFIX_HDR_BITS + (family == IPCACHE_FAMILY_IPV4 ? 32 : 128),
+		.family = family,
+	};
+	const struct policy_prefix_value *v;
+
+	__builtin_memcpy(key.addr, addr, 16);
+	v = bpf_map_lookup_elem(&cellium_policy_prefix, &key);
+	return v ? v->id : 0;
+}
+
 /*
  * policy_check decides a new connection of endpoint_id in direction with the
- * peer of identity peer: POLICY_NOT_ENFORCED, a POLICY_MATCH_* that allows
- * it, or -DROP_POLICY_DENIED.
+ * peer of identity peer at peer_addr (family EVENT_FAMILY_*; NONE: not
+ * read): POLICY_NOT_ENFORCED, a POLICY_MATCH_* that allows it, or
+ * -DROP_POLICY_DENIED.
  */
-static __always_inline int policy_check(__u16 endpoint_id, __u8 direction, __u32 peer, __u8 proto, __be16 dport)
+static __always_inline int policy_check(__u16 endpoint_id, __u8 direction, __u32 peer, __u8 family,
+					const __u8 peer_addr[16], __u8 proto, __be16 dport)
 {
 	struct policy_key key = {
 		.prefixlen = POLICY_PREFIX_FULL,
@@ -131,8 +171,18 @@ static __always_inline int policy_check(__u16 endpoint_id, __u8 direction, __u32
 		v = bpf_map_lookup_elem(&cellium_policy, &key);
 		if (v)
 			return v->prefixlen >= POLICY_PREFIX_PROTO ? POLICY_MATCH_L3_L4 : POLICY_MATCH_L3_ONLY;
-		key.identity = 0;
 	}
+	if (family != EVENT_FAMILY_NONE) {
+		__u32 prefix = policy_prefix_id(family, peer_addr);
+
+		if (prefix) {
+			key.identity = bpf_htonl(prefix);
+			v = bpf_map_lookup_elem(&cellium_policy, &key);
+			if (v)
+				return v->prefixlen >= POLICY_PREFIX_PROTO ? POLICY_MATCH_L3_L4 : POLICY_MATCH_L3_ONLY;
+		}
+	}
+	key.identity = 0;
 	v = bpf_map_lookup_elem(&cellium_policy, &key);
 	if (v)
 		return v->prefixlen >= POLICY_PREFIX_PROTO ? POLICY_MATCH_L4_ONLY : POLICY_MATCH_ALL;

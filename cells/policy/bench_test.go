@@ -80,7 +80,10 @@ func benchEngine(b *testing.B) *fixture {
 	if f.enforcement, err = NewEnforcementTable(f.db); err != nil {
 		b.Fatal(err)
 	}
-	f.e = newEngine(f.entries, f.enforcement, func(string, string) []namedPort { return nil })
+	if f.prefixes, err = NewPrefixesTable(f.db); err != nil {
+		b.Fatal(err)
+	}
+	f.e = newEngine(f.entries, f.enforcement, f.prefixes, func(string, string) []namedPort { return nil })
 	for ns := range benchNamespaces {
 		for app := range benchApps {
 			f.e.addIdentity(benchIdentity(ns, app), benchLabels(ns, app))

@@ -21,19 +21,22 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	idcell "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/k8sclient"
 )
 
-// Cell provides the tables "policy-rules", "policy-entries" and
-// "policy-enforcement" and the job that computes the last two.
+// Cell provides the tables "policy-rules", "policy-entries",
+// "policy-enforcement" and "policy-prefixes" and the job that computes the
+// last three.
 var Cell = cell.Module(
 	"policy",
 	"Kubernetes NetworkPolicy into per-endpoint desired policy entries",
 
 	cell.ProvidePrivate(NewRulesTable, job.Registry.NewGroup),
 	cell.Provide(
-		NewEntriesTable, NewEnforcementTable,
+		NewEntriesTable, NewEnforcementTable, NewPrefixesTable,
 		statedb.RWTable[*Rule].ToTable, statedb.RWTable[*Entry].ToTable, statedb.RWTable[*Enforcement].ToTable,
+		statedb.RWTable[*Prefix].ToTable,
 		newPolicy, apiRoutes, newMetrics,
 	),
 	cell.Invoke(func(*Policy) {}),
@@ -49,9 +52,12 @@ type params struct {
 	Rules       statedb.RWTable[*Rule]
 	Entries     statedb.RWTable[*Entry]
 	Enforcement statedb.RWTable[*Enforcement]
+	Prefixes    statedb.RWTable[*Prefix]
 	Identities  statedb.Table[*idcell.Identity]
 	Endpoints   statedb.Table[*endpointmanager.Endpoint]
-	Jobs        job.Group
+	// IPCache gives `agent policy trace` the identity of an address.
+	IPCache statedb.Table[*ipcache.Entry] `optional:"true"`
+	Jobs    job.Group
 }
 
 // Policy computes the desired policy of the local endpoints. The job
@@ -62,8 +68,10 @@ type Policy struct {
 	rules       statedb.RWTable[*Rule]
 	entries     statedb.RWTable[*Entry]
 	enforcement statedb.RWTable[*Enforcement]
+	prefixes    statedb.RWTable[*Prefix]
 	identities  statedb.Table[*idcell.Identity]
 	endpoints   statedb.Table[*endpointmanager.Endpoint]
+	ipcache     statedb.Table[*ipcache.Entry]
 	watcher     *policyWatcher
 	pods        *podPorts
 	// computed marks both output tables initialized after the first
@@ -88,19 +96,20 @@ func newPolicy(p params) (*Policy, error) {
 		return nil, err
 	}
 	pol := &Policy{
-		log: p.Log, db: p.DB, rules: p.Rules, entries: p.Entries, enforcement: p.Enforcement,
-		identities: p.Identities, endpoints: p.Endpoints, watcher: watcher, pods: pods,
-		engine: newEngine(p.Entries, p.Enforcement, pods.ports),
+		log: p.Log, db: p.DB, rules: p.Rules, entries: p.Entries, enforcement: p.Enforcement, prefixes: p.Prefixes,
+		identities: p.Identities, endpoints: p.Endpoints, ipcache: p.IPCache, watcher: watcher, pods: pods,
+		engine: newEngine(p.Entries, p.Enforcement, p.Prefixes, pods.ports),
 		computeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "cellium_policy_computation_seconds",
 			Help:    "Time to compute and write one batch of policy changes (policies, identities, endpoints, pods)",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
 	}
-	txn := p.DB.WriteTxn(p.Entries, p.Enforcement)
+	txn := p.DB.WriteTxn(p.Entries, p.Enforcement, p.Prefixes)
 	pol.computed = []func(statedb.WriteTxn){
 		p.Entries.RegisterInitializer(txn, "policy-computed"),
 		p.Enforcement.RegisterInitializer(txn, "policy-computed"),
+		p.Prefixes.RegisterInitializer(txn, "policy-computed"),
 	}
 	txn.Commit()
 	p.Jobs.Add(
@@ -186,7 +195,7 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 			}
 		}
 		p.engine.revision = p.rules.Revision(txn)
-		wtxn := p.db.WriteTxn(p.entries, p.enforcement)
+		wtxn := p.db.WriteTxn(p.entries, p.enforcement, p.prefixes)
 		stats, err := p.engine.flush(wtxn)
 		if err != nil {
 			wtxn.Abort()

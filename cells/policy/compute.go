@@ -41,10 +41,12 @@ type endpointState struct {
 type engine struct {
 	entries     statedb.RWTable[*Entry]
 	enforcement statedb.RWTable[*Enforcement]
+	prefixTable statedb.RWTable[*Prefix]
 	// podPorts are the named ports of a pod of this node.
 	podPorts func(namespace, name string) []namedPort
 
-	cache *selectorCache
+	cache    *selectorCache
+	prefixes *prefixCache
 	// rules are the applied policies by name: the last version of each
 	// that could be applied.
 	rules map[string]*Rule
@@ -66,10 +68,11 @@ type engine struct {
 	deleted map[uint16]struct{}
 }
 
-func newEngine(entries statedb.RWTable[*Entry], enforcement statedb.RWTable[*Enforcement], podPorts func(string, string) []namedPort) *engine {
+func newEngine(entries statedb.RWTable[*Entry], enforcement statedb.RWTable[*Enforcement], prefixes statedb.RWTable[*Prefix],
+	podPorts func(string, string) []namedPort) *engine {
 	return &engine{
-		entries: entries, enforcement: enforcement, podPorts: podPorts,
-		cache: newSelectorCache(), rules: map[string]*Rule{}, ruleEndpoints: map[string]map[uint16]struct{}{},
+		entries: entries, enforcement: enforcement, prefixTable: prefixes, podPorts: podPorts,
+		cache: newSelectorCache(), prefixes: newPrefixCache(), rules: map[string]*Rule{}, ruleEndpoints: map[string]map[uint16]struct{}{},
 		endpoints: map[uint16]*endpointState{}, bad: map[string]string{},
 		full: map[uint16]struct{}{}, partial: map[uint16]map[identity.NumericIdentity]struct{}{}, deleted: map[uint16]struct{}{},
 	}
@@ -88,6 +91,9 @@ func (e *engine) setRule(name string, r *Rule) {
 		for key := range old.selectors {
 			e.cache.release(key, name)
 		}
+		for _, b := range old.blocks() {
+			e.prefixes.release(b.key(), name, e.blockChanged)
+		}
 		for id := range e.ruleEndpoints[name] {
 			delete(e.endpoints[id].rules, name)
 			e.full[id] = struct{}{}
@@ -104,6 +110,9 @@ func (e *engine) setRule(name string, r *Rule) {
 	e.rules[name] = r
 	for _, sel := range r.selectors {
 		e.cache.acquire(sel, name)
+	}
+	for _, b := range r.blocks() {
+		e.prefixes.acquire(b, name, e.blockChanged)
 	}
 	eps := map[uint16]struct{}{}
 	for id, st := range e.endpoints {
@@ -203,7 +212,18 @@ func (e *engine) removeIdentity(id identity.NumericIdentity) {
 }
 
 func (e *engine) selectorChanged(cs *cachedSelector, id identity.NumericIdentity) {
-	for user := range cs.users {
+	e.usersChanged(cs.users, id)
+}
+
+// blockChanged: an ipBlock now selects the prefix ID id, or no longer.
+func (e *engine) blockChanged(cb *cachedBlock, id identity.NumericIdentity) {
+	e.usersChanged(cb.users, id)
+}
+
+// usersChanged makes the entries of id pending for the endpoints of the
+// policies users.
+func (e *engine) usersChanged(users map[string]struct{}, id identity.NumericIdentity) {
+	for user := range users {
 		for ep := range e.ruleEndpoints[user] {
 			if e.partial[ep] == nil {
 				e.partial[ep] = map[identity.NumericIdentity]struct{}{}
@@ -224,6 +244,9 @@ type flushStats struct {
 // that differ from the table's.
 func (e *engine) flush(wtxn statedb.WriteTxn) (flushStats, error) {
 	var st flushStats
+	if err := e.prefixes.flush(wtxn, e.prefixTable); err != nil {
+		return st, err
+	}
 	for id := range e.deleted {
 		for entry := range e.entries.List(wtxn, EntryByEndpoint.Query(id)) {
 			if _, _, err := e.entries.Delete(wtxn, entry); err != nil {
@@ -392,8 +415,19 @@ func (e *engine) addPeerRule(out map[EntryKey][]string, st *endpointState, dir D
 	if pr.Everyone {
 		add(identity.Unknown)
 	}
-	if pr.world() {
-		add(identity.World)
+	for _, b := range pr.IPBlocks {
+		key := b.key()
+		if only != nil {
+			if e.prefixes.selects(key, *only) {
+				add(*only)
+			}
+			continue
+		}
+		if cb, ok := e.prefixes.blocks[key]; ok {
+			for id := range cb.ids {
+				add(id)
+			}
+		}
 	}
 	for _, key := range pr.Selectors {
 		if only != nil {

@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"maps"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -190,5 +192,70 @@ func TestIdentityOfOtherKindSelectsNothing(t *testing.T) {
 		if f.allows(1, Ingress, id, ProtoTCP, 80) {
 			t.Errorf("identity %d is allowed by namespaceSelector {}", id)
 		}
+	}
+}
+
+// prefixID is the ID of the prefix p in the table "policy-prefixes".
+func (f *fixture) prefixID(p string) identity.NumericIdentity {
+	f.t.Helper()
+	row, _, ok := f.prefixes.Get(f.db.ReadTxn(), PrefixByPrefix.Query(netip.MustParsePrefix(p)))
+	if !ok {
+		f.t.Fatalf("no row for prefix %s", p)
+	}
+	return row.ID
+}
+
+// TestPrefixesIncremental: a prefix that another policy's ipBlock brings
+// in splits the blocks that hold it: their endpoints get the new prefix's
+// entries (only those), verdicts stay, and the tables equal those
+// computed from scratch; when it goes, its entries go.
+func TestPrefixesIncremental(t *testing.T) {
+	webEgress := namedPolicy(netpol("prod", web, networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{block("10.1.0.0/16", "10.1.0.2/32")}}}}), "web-egress")
+	dbIngress := namedPolicy(netpol("prod", db, networkingv1.NetworkPolicySpec{
+		Ingress: from(block("10.1.0.0/24"))}), "db-ingress")
+	f := newFixture(t)
+	f.apply(webEgress)
+	before := f.rows()
+	f.apply(dbIngress)
+	slash24, dbAddr := f.prefixID("10.1.0.0/24"), f.prefixID("10.1.0.2/32")
+	// db's block selects web's except too: the address is inside the /24.
+	wantWritten := []string{
+		"written " + EntryKey{EndpointID: 1, Direction: Egress, Identity: slash24}.String(),
+		"written " + EntryKey{EndpointID: 2, Direction: Ingress, Identity: slash24}.String(),
+		"written " + EntryKey{EndpointID: 2, Direction: Ingress, Identity: dbAddr}.String(),
+		"written " + EntryKey{EndpointID: 2, Direction: Ingress, Identity: identity.Host}.String(),
+		"written enforcement 2",
+	}
+	got := changedRows(before, f.rows())
+	slices.Sort(got)
+	slices.Sort(wantWritten)
+	if !slices.Equal(got, wantWritten) {
+		t.Fatalf("a new policy with prefix 10.1.0.0/24 changed\n%v\nwant\n%v", got, wantWritten)
+	}
+	for _, c := range []check{
+		{"prod/web", "prod/client", ProtoTCP, 80, true}, {"prod/web", "dev/web", ProtoTCP, 80, true},
+		{"prod/web", "prod/db", ProtoTCP, 80, false}, {"prod/client", "prod/db", ProtoTCP, 80, true},
+	} {
+		if got := f.connects(c.from, c.to, c.proto, c.port); got != c.want {
+			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+	scratch := newFixture(t)
+	scratch.apply(webEgress, dbIngress)
+	if a, b := slices.Sorted(maps.Keys(f.rows())), slices.Sorted(maps.Keys(scratch.rows())); !slices.Equal(a, b) {
+		t.Fatalf("incremental rows\n%v\nfrom scratch\n%v", a, b)
+	}
+
+	f.e.setRule("prod/db-ingress", nil)
+	f.e.revision++
+	f.flush()
+	for p := range f.prefixes.All(f.db.ReadTxn()) {
+		if p.ID == slash24 {
+			t.Fatal("prefix 10.1.0.0/24 outlived the policy that named it")
+		}
+	}
+	if got := changedRows(before, f.rows()); len(got) != 1 || got[0] != "written enforcement 2" {
+		t.Fatalf("deleting the policy left %v changed, want only db's enforcement row", got)
 	}
 }

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -103,5 +104,46 @@ func TestAPI(t *testing.T) {
 	}
 	if _, err := c.PolicyTrace(ctx, "world", "prod/web", "80/GRE"); err == nil || !strings.Contains(err.Error(), `port "80/GRE"`) {
 		t.Errorf("trace with a bad port: %v", err)
+	}
+}
+
+// TestTraceAddress: a trace names a party by address: its ipBlock prefix
+// decides, an except included, and a local pod's address is that pod.
+func TestTraceAddress(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	a, h := newAgent(t, api.Cell)
+	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
+	celltest.Start(t, h)
+	a.addIdentity(1001, "prod", map[string]string{"app": "web"}, nil)
+	a.addEndpoint(&endpointmanager.Endpoint{ID: 1, PodNamespace: "prod", PodName: "web", Labels: map[string]string{"app": "web"},
+		Identity: 1001, IPv4: netip.MustParseAddr("10.1.0.1")})
+	block := networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24", Except: []string{"192.0.2.10/32"}}}
+	if err := k8sclienttest.Create(a.cs, netpol("outside", ingressFrom(block, portOf(intstr.FromInt32(80))))); err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(socket)
+	for _, tc := range []struct {
+		from, to, prefix string
+		allowed          bool
+	}{
+		{"192.0.2.7", "prod/web", "192.0.2.0/24", true},
+		{"192.0.2.7", "10.1.0.1", "192.0.2.0/24", true},
+		{"192.0.2.10", "prod/web", "192.0.2.10/32", false},
+		{"198.51.100.1", "prod/web", "", false},
+		{"world", "prod/web", "", false}, // no address: no prefix
+	} {
+		var tr apiv1.PolicyTrace
+		celltest.Eventually(t, "trace "+tc.from+" -> "+tc.to, func() bool {
+			var err error
+			tr, err = c.PolicyTrace(t.Context(), tc.from, tc.to, "80/TCP")
+			return err == nil && len(tr.Sides) == 1 && tr.Sides[0].Isolated
+		})
+		s := tr.Sides[0]
+		if tr.Allowed != tc.allowed || s.PeerPrefix != tc.prefix || s.Peer != 2 || s.Pod != "prod/web" {
+			t.Errorf("trace %s -> %s = %+v, want allowed %v with prefix %q", tc.from, tc.to, tr, tc.allowed, tc.prefix)
+		}
+		if tc.allowed && !reflect.DeepEqual(s.AllowedBy, []string{"prod/outside"}) {
+			t.Errorf("trace %s -> %s allowed by %v, want prod/outside", tc.from, tc.to, s.AllowedBy)
+		}
 	}
 }

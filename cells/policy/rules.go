@@ -67,9 +67,6 @@ type IPBlock struct {
 	Except []netip.Prefix `json:"except,omitempty"`
 }
 
-// everything says whether b is every address of its family.
-func (b IPBlock) everything() bool { return b.CIDR.Bits() == 0 && len(b.Except) == 0 }
-
 // PeerRule is one ingress or egress rule of a NetworkPolicy: traffic with
 // any of its peers to any of its ports.
 type PeerRule struct {
@@ -79,17 +76,11 @@ type PeerRule struct {
 	// Selectors are the keys of the selector cache's selectors of the
 	// pod and namespace selector peers.
 	Selectors []string `json:"selectors,omitempty"`
-	// IPBlocks are the ipBlock peers. One of every address of a family
-	// (0.0.0.0/0, ::/0) with no except selects the world identity; the
-	// others select nothing yet (see docs/cells/policy.md).
+	// IPBlocks are the ipBlock peers: they match the peer's address,
+	// whoever has it, pods included (see docs/cells/policy.md).
 	IPBlocks []IPBlock `json:"ipBlocks,omitempty"`
 	// Ports: empty is every port and protocol.
 	Ports []Port `json:"ports,omitempty"`
-}
-
-// world says whether an ipBlock peer of the rule selects the world identity.
-func (r PeerRule) world() bool {
-	return slices.ContainsFunc(r.IPBlocks, IPBlock.everything)
 }
 
 // Rule is one row of the table "policy-rules": a NetworkPolicy as the agent
@@ -138,6 +129,21 @@ func (r *Rule) types() string {
 // selects says whether the policy applies to a pod of namespace with labels.
 func (r *Rule) selects(namespace string, podLabels map[string]string) bool {
 	return r.Error == "" && namespace == r.Namespace && r.subject.Matches(k8slabels.Set(podLabels))
+}
+
+// blocks are the policy's ipBlocks, each once.
+func (r *Rule) blocks() []IPBlock {
+	seen := map[string]bool{}
+	var out []IPBlock
+	for _, pr := range slices.Concat(r.IngressRules, r.EgressRules) {
+		for _, b := range pr.IPBlocks {
+			if k := b.key(); !seen[k] {
+				seen[k] = true
+				out = append(out, b)
+			}
+		}
+	}
+	return out
 }
 
 // namedPorts says whether the rules of a direction have a named port.
@@ -235,9 +241,6 @@ func (r *Rule) peerRule(peers []networkingv1.NetworkPolicyPeer, ports []networki
 				return pr, fmt.Errorf("peer %d: %w", i, err)
 			}
 			pr.IPBlocks = append(pr.IPBlocks, b)
-			if !b.everything() {
-				r.Notes = append(r.Notes, fmt.Sprintf("ipBlock %s selects nothing: CIDR identities are not in this version (only 0.0.0.0/0 and ::/0 without except select the world)", b.CIDR))
-			}
 			continue
 		}
 		sel, err := newPeerSelector(r.Namespace, peer.PodSelector, peer.NamespaceSelector)

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"net/netip"
 	"testing"
 
 	"github.com/cilium/statedb"
@@ -23,20 +24,30 @@ var (
 		"dev":  {"team": "b"},
 	}
 	pods = []testPod{
-		{name: "prod/web", labels: map[string]string{"app": "web"}, id: 1001, ep: 1,
+		{name: "prod/web", labels: map[string]string{"app": "web"}, id: 1001, ep: 1, addr: addr("10.1.0.1"),
 			ports: []namedPort{{"http", ProtoTCP, 8080}, {"dns", ProtoUDP, 53}}},
-		{name: "prod/db", labels: map[string]string{"app": "db"}, id: 1002, ep: 2,
+		{name: "prod/db", labels: map[string]string{"app": "db"}, id: 1002, ep: 2, addr: addr("10.1.0.2"),
 			ports: []namedPort{{"pg", ProtoTCP, 5432}}},
-		{name: "prod/client", labels: map[string]string{"app": "client"}, id: 1003},
-		{name: "dev/client", labels: map[string]string{"app": "client"}, id: 1004},
-		{name: "dev/web", labels: map[string]string{"app": "web"}, id: 1005},
+		{name: "prod/client", labels: map[string]string{"app": "client"}, id: 1003, addr: addr("10.1.0.3")},
+		{name: "dev/client", labels: map[string]string{"app": "client"}, id: 1004, addr: addr("10.1.1.4")},
+		{name: "dev/web", labels: map[string]string{"app": "web"}, id: 1005, addr: addr("10.1.1.5")},
+	}
+	// Parties that are no pod: their identity and address.
+	others = map[string]testPod{
+		"world":   {id: identity.World, addr: addr("192.0.2.10")},
+		"outside": {id: identity.World, addr: addr("192.0.2.20")},
+		"world6":  {id: identity.World, addr: addr("2001:db8::10")},
+		"host":    {id: identity.Host, addr: addr("10.0.0.1")},
 	}
 )
+
+func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 type testPod struct {
 	name   string
 	labels map[string]string
 	id     identity.NumericIdentity
+	addr   netip.Addr
 	ep     uint16 // 0: not on this node
 	ports  []namedPort
 }
@@ -60,6 +71,7 @@ type fixture struct {
 	db          *statedb.DB
 	entries     statedb.RWTable[*Entry]
 	enforcement statedb.RWTable[*Enforcement]
+	prefixes    statedb.RWTable[*Prefix]
 	e           *engine
 }
 
@@ -77,8 +89,12 @@ func newFixture(t testing.TB) *fixture {
 	for _, p := range pods {
 		ports[p.name] = p.ports
 	}
-	f := &fixture{t: t, db: db, entries: entries, enforcement: enforcement,
-		e: newEngine(entries, enforcement, func(ns, name string) []namedPort { return ports[ns+"/"+name] })}
+	prefixes, err := NewPrefixesTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, db: db, entries: entries, enforcement: enforcement, prefixes: prefixes,
+		e: newEngine(entries, enforcement, prefixes, func(ns, name string) []namedPort { return ports[ns+"/"+name] })}
 	for id, name := range identity.Reserved() {
 		f.e.addIdentity(id, labels.New(labels.Label{Source: labels.SourceReserved, Key: name}))
 	}
@@ -104,7 +120,7 @@ func splitName(s string) (string, string) {
 
 func (f *fixture) flush() flushStats {
 	f.t.Helper()
-	wtxn := f.db.WriteTxn(f.entries, f.enforcement)
+	wtxn := f.db.WriteTxn(f.entries, f.enforcement, f.prefixes)
 	st, err := f.e.flush(wtxn)
 	if err != nil {
 		f.t.Fatal(err)
@@ -129,6 +145,13 @@ func (f *fixture) apply(nps ...*networkingv1.NetworkPolicy) {
 // allows says whether an endpoint's direction allows traffic with peer
 // to proto/port, reading the tables as the datapath does (entry.go).
 func (f *fixture) allows(ep uint16, dir Direction, peer identity.NumericIdentity, proto uint8, port uint16) bool {
+	return f.allowsAt(ep, dir, peer, netip.Addr{}, proto, port)
+}
+
+// allowsAt is allows for a peer at addr (invalid: not known), which also
+// matches the entries of the ID of the longest prefix holding addr in
+// the table "policy-prefixes".
+func (f *fixture) allowsAt(ep uint16, dir Direction, peer identity.NumericIdentity, addr netip.Addr, proto uint8, port uint16) bool {
 	txn := f.db.ReadTxn()
 	enf, _, ok := f.enforcement.Get(txn, EnforcementByEndpoint.Query(ep))
 	if !ok {
@@ -137,8 +160,14 @@ func (f *fixture) allows(ep uint16, dir Direction, peer identity.NumericIdentity
 	if (dir == Ingress && !enf.Ingress) || (dir == Egress && !enf.Egress) {
 		return true
 	}
+	prefixID, longest := identity.Unknown, -1
+	for p := range f.prefixes.All(txn) {
+		if addr.IsValid() && p.Prefix.Contains(addr) && p.Prefix.Bits() > longest {
+			prefixID, longest = p.ID, p.Prefix.Bits()
+		}
+	}
 	for e := range f.entries.List(txn, EntryByEndpoint.Query(ep)) {
-		if e.Key.Direction == dir && e.Key.Allows(peer, proto, port) {
+		if e.Key.Direction == dir && (e.Key.Allows(peer, proto, port) || (longest >= 0 && e.Key.Allows(prefixID, proto, port))) {
 			return true
 		}
 	}
@@ -149,21 +178,18 @@ func (f *fixture) allows(ep uint16, dir Direction, peer identity.NumericIdentity
 // the source's egress and the destination's ingress must both allow it.
 func (f *fixture) connects(from, to string, proto uint8, port uint16) bool {
 	src, dst := testParty(f.t, from), testParty(f.t, to)
-	if src.ep != 0 && !f.allows(src.ep, Egress, dst.id, proto, port) {
+	if src.ep != 0 && !f.allowsAt(src.ep, Egress, dst.id, dst.addr, proto, port) {
 		return false
 	}
-	if dst.ep != 0 && !f.allows(dst.ep, Ingress, src.id, proto, port) {
+	if dst.ep != 0 && !f.allowsAt(dst.ep, Ingress, src.id, src.addr, proto, port) {
 		return false
 	}
 	return true
 }
 
 func testParty(t testing.TB, name string) testPod {
-	switch name {
-	case "world":
-		return testPod{id: identity.World}
-	case "host":
-		return testPod{id: identity.Host}
+	if p, ok := others[name]; ok {
+		return p
 	}
 	for _, p := range pods {
 		if p.name == name {
@@ -182,6 +208,11 @@ func netpol(namespace string, selector map[string]string, spec networkingv1.Netw
 
 func from(peers ...networkingv1.NetworkPolicyPeer) []networkingv1.NetworkPolicyIngressRule {
 	return []networkingv1.NetworkPolicyIngressRule{{From: peers}}
+}
+
+// block is an ipBlock peer.
+func block(cidr string, except ...string) networkingv1.NetworkPolicyPeer {
+	return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr, Except: except}}
 }
 
 func podSel(m map[string]string) networkingv1.NetworkPolicyPeer {
@@ -336,14 +367,45 @@ func TestSemantics(t *testing.T) {
 				Ports: []networkingv1.NetworkPolicyPort{port("", "pg")}}}})}, []check{
 			{"prod/web", "prod/db", tcp, 5432, true}, {"prod/web", "prod/db", tcp, 5433, false}, {"host", "prod/web", tcp, 8080, true},
 		}},
-		{"ipBlock of every address: the world, not pods", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+		{"ipBlock of every address: everyone, pods included", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
 			PolicyTypes: ingressOnly,
-			Ingress:     from(networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0"}})})}, []check{
-			{"world", "prod/web", tcp, 1, true}, {"prod/client", "prod/web", tcp, 1, false},
+			Ingress:     from(block("0.0.0.0/0"))})}, []check{
+			{"world", "prod/web", tcp, 1, true}, {"prod/client", "prod/web", tcp, 1, true}, {"dev/web", "prod/web", udp, 53, true},
+			{"world6", "prod/web", tcp, 1, false}, // ::/0 is another block
 		}},
-		{"ipBlock of a prefix selects nothing yet (fails closed)", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
-			Ingress: from(networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24"}})})}, []check{
-			{"world", "prod/web", tcp, 1, false}, {"prod/client", "prod/web", tcp, 1, false},
+		{"ipBlock with except, ingress from outside the cluster", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{block("192.0.2.0/24", "192.0.2.10/32")},
+				Ports: []networkingv1.NetworkPolicyPort{port("", 8080)}}}})}, []check{
+			{"outside", "prod/web", tcp, 8080, true}, {"outside", "prod/web", tcp, 80, false},
+			{"world", "prod/web", tcp, 8080, false}, {"prod/client", "prod/web", tcp, 8080, false},
+		}},
+		{"egress to a server's pod address /32", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+			PolicyTypes: egressOnly,
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{block("10.1.0.2/32")}}}})}, []check{
+			{"prod/web", "prod/db", tcp, 5432, true}, {"prod/web", "prod/db", udp, 53, true},
+			{"prod/web", "prod/client", tcp, 80, false}, {"prod/web", "world", tcp, 443, false},
+		}},
+		{"egress except clause with a pod's address", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+			PolicyTypes: egressOnly,
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{block("10.1.0.0/16", "10.1.0.2/32")}}}})}, []check{
+			{"prod/web", "prod/db", tcp, 5432, false}, {"prod/web", "prod/client", tcp, 80, true}, {"prod/web", "dev/web", tcp, 80, true},
+			{"prod/web", "world", tcp, 443, false},
+		}},
+		{"an address in one policy's except and another's cidr is allowed", []*networkingv1.NetworkPolicy{
+			netpol("prod", web, networkingv1.NetworkPolicySpec{PolicyTypes: egressOnly,
+				Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{block("10.1.0.0/16", "10.1.0.2/32")}}}}),
+			netpol("prod", web, networkingv1.NetworkPolicySpec{PolicyTypes: egressOnly,
+				Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{block("10.1.0.2/32")}}}}),
+		}, []check{
+			{"prod/web", "prod/db", tcp, 5432, true}, {"prod/web", "prod/client", tcp, 80, true}, {"prod/web", "world", tcp, 443, false},
+		}},
+		{"the same except in two rules, ports apart", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{From: []networkingv1.NetworkPolicyPeer{block("10.1.0.0/16", "10.1.0.3/32")}, Ports: []networkingv1.NetworkPolicyPort{port("", 80)}},
+				{From: []networkingv1.NetworkPolicyPeer{block("10.1.0.0/24")}, Ports: []networkingv1.NetworkPolicyPort{port("", 443)}},
+			}})}, []check{
+			{"prod/client", "prod/web", tcp, 80, false}, {"prod/client", "prod/web", tcp, 443, true},
+			{"dev/client", "prod/web", tcp, 80, true}, {"dev/client", "prod/web", tcp, 443, false},
 		}},
 		{"the policy applies only to the pods it selects", []*networkingv1.NetworkPolicy{netpol("prod", db, networkingv1.NetworkPolicySpec{PolicyTypes: both})}, []check{
 			{"prod/client", "prod/web", tcp, 8080, true}, {"prod/web", "world", tcp, 443, true},

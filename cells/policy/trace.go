@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,24 +11,44 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
-// party is one side of a traced connection: an identity, and the local
-// endpoint when it is one.
+// party is one side of a traced connection: an identity, its address
+// when known (for ipBlocks), and the local endpoint when it is one.
 type party struct {
-	id identity.NumericIdentity
-	ep *endpointmanager.Endpoint
+	id   identity.NumericIdentity
+	addr netip.Addr
+	ep   *endpointmanager.Endpoint
 }
 
 func (p *Policy) party(txn statedb.ReadTxn, s string) (party, error) {
+	if addr, err := netip.ParseAddr(s); err == nil {
+		// Its identity as the datapath finds it: the ipcache's, else
+		// the world's.
+		pt := party{id: identity.World, addr: addr.Unmap()}
+		if p.ipcache != nil {
+			if e, ok := ipcache.Lookup(txn, p.ipcache, addr); ok {
+				pt.id = e.Winner().Identity
+			}
+		}
+		if ep, _, found := p.endpoints.Get(txn, endpointmanager.EndpointIP.Query(pt.addr)); found && ep.PodName != "" {
+			pt.ep = ep
+		}
+		return pt, nil
+	}
 	if strings.Contains(s, "/") {
 		ep, _, found := p.endpoints.Get(txn, endpointmanager.EndpointPod.Query(s))
 		if !found {
-			return party{}, fmt.Errorf("no endpoint of pod %s on this node: name a local pod NAMESPACE/POD, anything else by identity (a number, world, host, ...)", s)
+			return party{}, fmt.Errorf("no endpoint of pod %s on this node: name a local pod NAMESPACE/POD, an address, or anything else by identity (a number, world, host, ...)", s)
 		}
-		return party{id: ep.Identity, ep: ep}, nil
+		addr := ep.IPv4
+		if !addr.IsValid() {
+			addr = ep.IPv6
+		}
+		return party{id: ep.Identity, addr: addr, ep: ep}, nil
 	}
 	id, err := identity.Parse(s)
 	return party{id: id}, err
@@ -86,10 +107,10 @@ func (p *Policy) trace(from, to, port string) (apiv1.PolicyTrace, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if src.ep != nil {
-		out.Sides = append(out.Sides, p.traceSide(txn, src.ep, Egress, dst.id, proto, dport))
+		out.Sides = append(out.Sides, p.traceSide(txn, src.ep, Egress, dst, proto, dport))
 	}
 	if dst.ep != nil {
-		out.Sides = append(out.Sides, p.traceSide(txn, dst.ep, Ingress, src.id, proto, dport))
+		out.Sides = append(out.Sides, p.traceSide(txn, dst.ep, Ingress, src, proto, dport))
 	}
 	for _, s := range out.Sides {
 		out.Allowed = out.Allowed && s.Allowed
@@ -97,9 +118,18 @@ func (p *Policy) trace(from, to, port string) (apiv1.PolicyTrace, error) {
 	return out, nil
 }
 
-func (p *Policy) traceSide(txn statedb.ReadTxn, ep *endpointmanager.Endpoint, dir Direction, peer identity.NumericIdentity, proto uint8, port uint16) apiv1.PolicyTraceSide {
+func (p *Policy) traceSide(txn statedb.ReadTxn, ep *endpointmanager.Endpoint, dir Direction, peer party, proto uint8, port uint16) apiv1.PolicyTraceSide {
 	side := apiv1.PolicyTraceSide{Endpoint: ep.ID, Pod: ep.PodNamespace + "/" + ep.PodName, Direction: dir.String(),
-		Peer: uint32(peer), SelectedBy: []string{}, AllowedBy: []string{}}
+		Peer: uint32(peer.id), SelectedBy: []string{}, AllowedBy: []string{}}
+	// The ipBlock prefix the peer's address is in, as the datapath
+	// matches it after the identity.
+	prefixID, inPrefix := identity.Unknown, false
+	if peer.addr.IsValid() {
+		prefixID, inPrefix = p.engine.prefixes.lookup(peer.addr)
+		if inPrefix {
+			side.PeerPrefix = p.engine.prefixes.ids[prefixID].String()
+		}
+	}
 	if st, ok := p.engine.endpoints[ep.ID]; ok {
 		for name, r := range st.rules {
 			if (dir == Ingress && r.Ingress) || (dir == Egress && r.Egress) {
@@ -113,7 +143,7 @@ func (p *Policy) traceSide(txn statedb.ReadTxn, ep *endpointmanager.Endpoint, di
 	}
 	allowedBy := map[string]struct{}{}
 	for e := range p.entries.List(txn, EntryByEndpoint.Query(ep.ID)) {
-		if e.Key.Direction == dir && e.Key.Allows(peer, proto, port) {
+		if e.Key.Direction == dir && (e.Key.Allows(peer.id, proto, port) || (inPrefix && e.Key.Allows(prefixID, proto, port))) {
 			for _, pol := range e.Policies {
 				allowedBy[pol] = struct{}{}
 			}

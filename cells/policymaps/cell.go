@@ -55,6 +55,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 type Maps struct {
 	Policy      *bpfmaps.Map[policymap.Key, policymap.Value]
 	Enforcement *bpfmaps.Map[uint32, policymap.Enforcement]
+	Prefixes    *bpfmaps.Map[policymap.PrefixKey, policymap.PrefixValue]
 }
 
 func newMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*Maps, error) {
@@ -73,12 +74,19 @@ func newMaps(cfg Config, lc cell.Lifecycle, reg *bpfmaps.Registry) (*Maps, error
 	if err != nil {
 		return nil, err
 	}
-	return &Maps{Policy: p, Enforcement: e}, nil
+	pr, err := bpfmaps.NewMap[policymap.PrefixKey, policymap.PrefixValue](lc, reg, bpfmaps.Spec{
+		Name: policymap.PrefixMapName, Type: ebpf.LPMTrie, MaxEntries: policymap.PrefixMaxEntries, Flags: unix.BPF_F_NO_PREALLOC,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Maps{Policy: p, Enforcement: e, Prefixes: pr}, nil
 }
 
 // EBPF is the maps by name, for the programs' MapReplacements.
 func (m *Maps) EBPF() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{m.Policy.Name(): m.Policy.EBPF(), m.Enforcement.Name(): m.Enforcement.EBPF()}
+	return map[string]*ebpf.Map{m.Policy.Name(): m.Policy.EBPF(), m.Enforcement.Name(): m.Enforcement.EBPF(),
+		m.Prefixes.Name(): m.Prefixes.EBPF()}
 }
 
 // mapMetrics are the cell's figures, under cellium_policy_map_.
@@ -93,7 +101,7 @@ func newMetrics() (*mapMetrics, metrics.Collectors) {
 	m := &mapMetrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "writes_total",
-			Help: "Updates and deletes of the policy maps, by map (policy, enforcement) and operation (update, delete)",
+			Help: "Updates and deletes of the policy maps, by map (policy, enforcement, prefix) and operation (update, delete)",
 		}, []string{"map", "op"}),
 		full: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "full_total",
@@ -112,7 +120,8 @@ func newMetrics() (*mapMetrics, metrics.Collectors) {
 var refreshInterval = 10 * time.Minute
 
 func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h cell.Health, m *Maps, mm *mapMetrics,
-	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement]) error {
+	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
+	prefixes statedb.RWTable[*policy.Prefix]) error {
 	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, failed: map[uint16]*failedEndpoint{}}
 	if _, err := reconciler.Register(p, entries,
 		(*policy.Entry).Clone,
@@ -124,11 +133,21 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 		return err
 	}
 	fo := &enforcementOps{log: log, m: m.Enforcement, metrics: mm}
-	_, err := reconciler.Register(p, enforcement,
+	if _, err := reconciler.Register(p, enforcement,
 		(*policy.Enforcement).Clone,
 		func(e *policy.Enforcement, s reconciler.Status) *policy.Enforcement { e.Status = s; return e },
 		func(e *policy.Enforcement) reconciler.Status { return e.Status },
 		fo, nil, reconciler.WithName("enforcement"),
+		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
+	); err != nil {
+		return err
+	}
+	po := &prefixOps{log: log, m: m.Prefixes, metrics: mm}
+	_, err := reconciler.Register(p, prefixes,
+		(*policy.Prefix).Clone,
+		func(e *policy.Prefix, s reconciler.Status) *policy.Prefix { e.Status = s; return e },
+		func(e *policy.Prefix) reconciler.Status { return e.Status },
+		po, nil, reconciler.WithName("prefixes"),
 		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
 	)
 	return err
@@ -353,6 +372,61 @@ func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.S
 		}
 		o.metrics.writes.WithLabelValues("enforcement", "delete").Inc()
 		o.log.Info("Removed the policy enforcement of an endpoint that has none", "endpoint", id)
+		return nil
+	})
+}
+
+// prefixOps writes the ipBlock prefixes and their IDs into the prefix trie.
+type prefixOps struct {
+	log     *slog.Logger
+	m       *bpfmaps.Map[policymap.PrefixKey, policymap.PrefixValue]
+	metrics *mapMetrics
+}
+
+func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+	k, want := policymap.PrefixKeyOf(p.Prefix), policymap.PrefixValue{ID: uint32(p.ID)}
+	// A lookup finds the longest prefix that covers k: k's own entry only
+	// if it holds k's ID.
+	got, err := o.m.Lookup(k)
+	switch {
+	case err == nil && got == want:
+		return nil
+	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
+		return fmt.Errorf("policy prefix %s: look it up: %w", p.Prefix, err)
+	}
+	if err := o.m.Put(k, want); err != nil {
+		return fmt.Errorf("policy prefix %s: write it: %w", p.Prefix, err)
+	}
+	o.metrics.writes.WithLabelValues("prefix", "update").Inc()
+	if p.Status.Kind == reconciler.StatusKindRefreshing {
+		o.metrics.repairs.Inc()
+		o.log.Warn("Put back a policy prefix that went missing", "prefix", p.Prefix, "id", p.ID)
+	}
+	return nil
+}
+
+func (o *prefixOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+	if err := o.m.Delete(policymap.PrefixKeyOf(p.Prefix)); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("policy prefix %s: delete it: %w", p.Prefix, err)
+	}
+	o.metrics.writes.WithLabelValues("prefix", "delete").Inc()
+	return nil
+}
+
+func (o *prefixOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*policy.Prefix, statedb.Revision]) error {
+	want := map[policymap.PrefixKey]bool{}
+	for p := range rows {
+		want[policymap.PrefixKeyOf(p.Prefix)] = true
+	}
+	return o.m.Prune(func(k policymap.PrefixKey) bool { return want[k] }, func(k policymap.PrefixKey, err error) error {
+		if err != nil {
+			return fmt.Errorf("delete stale policy prefix %s: %w", k.Prefix(), err)
+		}
+		o.metrics.writes.WithLabelValues("prefix", "delete").Inc()
+		o.log.Info("Removed a policy prefix that no policy names", "prefix", k.Prefix())
 		return nil
 	})
 }

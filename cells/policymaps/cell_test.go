@@ -2,6 +2,8 @@ package policymaps
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -46,6 +48,7 @@ type agent struct {
 	db          *statedb.DB
 	entries     statedb.RWTable[*policy.Entry]
 	enforcement statedb.RWTable[*policy.Enforcement]
+	prefixes    statedb.RWTable[*policy.Prefix]
 	health      statedb.Table[*health.Status]
 	maps        *Maps
 	metrics     *mapMetrics
@@ -57,18 +60,20 @@ func newAgent(t *testing.T, root string, max uint32) *agent {
 	a := &agent{signal: &pruneSignal{Metrics: reconciler.NewUnpublishedExpVarMetrics(), pruned: make(chan string, 16)}}
 	a.h = celltest.New(bpfmaps.Cell, Cell,
 		cell.Module("test-policy", "Policy tables filled by the test",
-			cell.Provide(policy.NewEntriesTable, policy.NewEnforcementTable, func() reconciler.Metrics { return a.signal }),
+			cell.Provide(policy.NewEntriesTable, policy.NewEnforcementTable, policy.NewPrefixesTable, func() reconciler.Metrics { return a.signal }),
 			cell.Invoke(func(db *statedb.DB, e statedb.RWTable[*policy.Entry], f statedb.RWTable[*policy.Enforcement],
-				hs statedb.Table[*health.Status], m *Maps, mm *mapMetrics) {
-				a.db, a.entries, a.enforcement, a.health, a.maps, a.metrics = db, e, f, hs, m, mm
-				txn := db.WriteTxn(e, f)
+				pr statedb.RWTable[*policy.Prefix], hs statedb.Table[*health.Status], m *Maps, mm *mapMetrics) {
+				a.db, a.entries, a.enforcement, a.prefixes, a.health, a.maps, a.metrics = db, e, f, pr, hs, m, mm
+				txn := db.WriteTxn(e, f, pr)
 				doneE := e.RegisterInitializer(txn, "policy-compute")
 				doneF := f.RegisterInitializer(txn, "policy-compute")
+				doneP := pr.RegisterInitializer(txn, "policy-compute")
 				txn.Commit()
 				a.done = func() {
-					txn := db.WriteTxn(e, f)
+					txn := db.WriteTxn(e, f, pr)
 					doneE(txn)
 					doneF(txn)
+					doneP(txn)
 					txn.Commit()
 				}
 			}),
@@ -102,9 +107,12 @@ func entry(ep uint16, dir policy.Direction, id uint32, proto uint8, port, end ui
 }
 
 func (a *agent) put(objs ...any) {
-	txn := a.db.WriteTxn(a.entries, a.enforcement)
+	txn := a.db.WriteTxn(a.entries, a.enforcement, a.prefixes)
 	for _, o := range objs {
 		switch o := o.(type) {
+		case *policy.Prefix:
+			o.Status = reconciler.StatusPending()
+			a.prefixes.Insert(txn, o)
 		case *policy.Entry:
 			a.entries.Insert(txn, o)
 		case *policy.Enforcement:
@@ -133,6 +141,11 @@ func (a *agent) reconciled(t *testing.T) {
 		}
 		for e := range a.enforcement.All(txn) {
 			if e.Status.Kind != reconciler.StatusKindDone {
+				return false
+			}
+		}
+		for p := range a.prefixes.All(txn) {
+			if p.Status.Kind != reconciler.StatusKindDone {
 				return false
 			}
 		}
@@ -171,7 +184,23 @@ func (a *agent) writes() float64 {
 	return testutil.ToFloat64(a.metrics.writes.WithLabelValues("policy", "update")) +
 		testutil.ToFloat64(a.metrics.writes.WithLabelValues("policy", "delete")) +
 		testutil.ToFloat64(a.metrics.writes.WithLabelValues("enforcement", "update")) +
-		testutil.ToFloat64(a.metrics.writes.WithLabelValues("enforcement", "delete"))
+		testutil.ToFloat64(a.metrics.writes.WithLabelValues("enforcement", "delete")) +
+		testutil.ToFloat64(a.metrics.writes.WithLabelValues("prefix", "update")) +
+		testutil.ToFloat64(a.metrics.writes.WithLabelValues("prefix", "delete"))
+}
+
+// prefixes is the prefix trie, as "PREFIX=ID", sorted.
+func (a *agent) prefixDump(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	if err := a.maps.Prefixes.Iterate(func(k policymap.PrefixKey, v policymap.PrefixValue) bool {
+		out = append(out, fmt.Sprintf("%s=%d", k.Prefix(), v.ID))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func wantKeys(t *testing.T, got []string, want ...string) {
@@ -182,17 +211,17 @@ func wantKeys(t *testing.T, got []string, want ...string) {
 	}
 }
 
-// waitPrunes waits for a prune of both reconcilers.
+// waitPrunes waits for a prune of the three reconcilers.
 func (a *agent) waitPrunes(t *testing.T) {
 	t.Helper()
 	seen := map[string]bool{}
 	timeout := time.After(10 * time.Second)
-	for len(seen) < 2 {
+	for len(seen) < 3 {
 		select {
 		case name := <-a.signal.pruned:
 			seen[name] = true
 		case <-timeout:
-			t.Fatalf("prunes seen %v, want entries and enforcement", seen)
+			t.Fatalf("prunes seen %v, want entries, enforcement and prefixes", seen)
 		}
 	}
 }
@@ -242,6 +271,31 @@ func TestEntriesIntoMaps(t *testing.T) {
 	celltest.Eventually(t, "endpoint 13's enforcement deleted", func() bool { _, ok := a.enforcementOf(t, 13); return !ok })
 }
 
+// Prefix rows become prefix trie entries with their IDs, a prefix inside
+// another one too, and go with their rows.
+func TestPrefixesIntoMap(t *testing.T) {
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+	wide := &policy.Prefix{Prefix: netip.MustParsePrefix("10.0.0.0/8"), ID: 1 << 30}
+	narrow := &policy.Prefix{Prefix: netip.MustParsePrefix("10.1.0.0/16"), ID: 1<<30 + 7}
+	v6 := &policy.Prefix{Prefix: netip.MustParsePrefix("::/0"), ID: 1<<30 + 9}
+	a.put(wide, narrow, v6)
+	a.reconciled(t)
+	want := []string{fmt.Sprintf("10.0.0.0/8=%d", 1<<30), fmt.Sprintf("10.1.0.0/16=%d", 1<<30+7), fmt.Sprintf("::/0=%d", 1<<30+9)}
+	slices.Sort(want)
+	if got := a.prefixDump(t); !slices.Equal(got, want) {
+		t.Fatalf("prefix trie %v, want %v", got, want)
+	}
+	txn := a.db.WriteTxn(a.prefixes)
+	a.prefixes.Delete(txn, narrow)
+	txn.Commit()
+	celltest.Eventually(t, "10.1.0.0/16 deleted", func() bool { return len(a.prefixDump(t)) == 2 })
+	if got := a.prefixDump(t); got[0] != fmt.Sprintf("10.0.0.0/8=%d", 1<<30) {
+		t.Fatalf("prefix trie %v, want 10.0.0.0/8 and ::/0", got)
+	}
+}
+
 // A restart with the same rows rewrites nothing; what the new run does not
 // want goes only once the tables are initialized.
 func TestRestartWritesNothing(t *testing.T) {
@@ -252,16 +306,18 @@ func TestRestartWritesNothing(t *testing.T) {
 			entry(12, policy.Ingress, 0, unix.IPPROTO_TCP, 1024, 65535),
 			entry(12, policy.Egress, 2000, 0, 0, 0),
 			&policy.Enforcement{EndpointID: 12, Ingress: true, Egress: true},
+			&policy.Prefix{Prefix: netip.MustParsePrefix("10.1.0.0/16"), ID: 1 << 30},
 		}
 	}
 	first := newAgent(t, root, 1<<16)
 	first.start(t)
 	first.put(append(rows(), entry(14, policy.Ingress, 3000, unix.IPPROTO_UDP, 0, 0),
-		&policy.Enforcement{EndpointID: 14, Ingress: true})...)
+		&policy.Enforcement{EndpointID: 14, Ingress: true},
+		&policy.Prefix{Prefix: netip.MustParsePrefix("10.1.2.0/24"), ID: 1<<30 + 1})...)
 	first.done()
 	first.reconciled(t)
-	if w := first.writes(); w != 11 {
-		t.Fatalf("first run wrote %v times, want 11 (8 keys and the flags of endpoint 12, 1 key and the flags of 14)", w)
+	if w := first.writes(); w != 13 {
+		t.Fatalf("first run wrote %v times, want 13 (8 keys and the flags of endpoint 12, 1 key and the flags of 14, 2 prefixes)", w)
 	}
 	before := first.dump(t)
 	first.stop(t)
@@ -291,8 +347,11 @@ func TestRestartWritesNothing(t *testing.T) {
 	if _, ok := second.enforcementOf(t, 14); ok {
 		t.Fatal("endpoint 14's enforcement not pruned")
 	}
-	if w := second.writes(); w != 2 {
-		t.Fatalf("restart wrote %v times, want 2 (endpoint 14's key and flags pruned)", w)
+	if got := second.prefixDump(t); !slices.Equal(got, []string{fmt.Sprintf("10.1.0.0/16=%d", 1<<30)}) {
+		t.Fatalf("prefixes after the prune %v, want 10.1.0.0/16 alone", got)
+	}
+	if w := second.writes(); w != 3 {
+		t.Fatalf("restart wrote %v times, want 3 (endpoint 14's key and flags and 10.1.2.0/24 pruned)", w)
 	}
 }
 

@@ -1,12 +1,13 @@
 // Package policymaps keeps the datapath's network policy maps
 // (bpf/include/policy.h, layout in pkg/policymap) equal to the policy
 // cell's tables: "policy-entries" into the shared trie cellium_policy,
-// "policy-enforcement" into cellium_policy_enforcement. The endpoint
-// programs of bpf/lxc.c read both for every new connection.
+// "policy-enforcement" into cellium_policy_enforcement, "policy-prefixes"
+// (ipBlock prefixes and their IDs) into cellium_policy_prefix. The endpoint
+// programs of bpf/lxc.c read them for every new connection.
 //
 // The contract:
 //
-//   - Both maps are declared through the bpf-maps registry, pinned, and kept
+//   - The maps are declared through the bpf-maps registry, pinned, and kept
 //     while the agent is down and while it restarts: the datapath goes on
 //     enforcing the policy it had.
 //   - One generic reconciler per table. An entry's Update writes the trie

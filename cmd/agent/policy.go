@@ -73,8 +73,8 @@ func newPolicyCmd(stdout io.Writer) *cobra.Command {
 			}
 			return out.print(stdout, tr, func(w io.Writer) error { return writeTrace(w, tr) })
 		})
-	trace.Flags().StringVar(&from, "from", "", "Source: NAMESPACE/POD of a pod of this node, or an identity (a number, world, host, ...)")
-	trace.Flags().StringVar(&to, "to", "", "Destination: NAMESPACE/POD of a pod of this node, or an identity")
+	trace.Flags().StringVar(&from, "from", "", "Source: NAMESPACE/POD of a pod of this node, an address, or an identity (a number, world, host, ...)")
+	trace.Flags().StringVar(&to, "to", "", "Destination: NAMESPACE/POD of a pod of this node, an address, or an identity")
 	trace.Flags().StringVar(&port, "port", "", "Destination port: PORT/PROTO (8080/TCP, 53/UDP) or ICMP")
 	for _, f := range []string{"from", "to", "port"} {
 		_ = trace.MarkFlagRequired(f)
@@ -105,7 +105,11 @@ func writeTrace(w io.Writer, tr apiv1.PolicyTrace) error {
 		fmt.Fprintln(w, "  neither side is a pod of this node: nothing here checks it")
 	}
 	for _, s := range tr.Sides {
-		fmt.Fprintf(w, "  %s of endpoint %d (%s), peer identity %d:\n", s.Direction, s.Endpoint, s.Pod, s.Peer)
+		peer := fmt.Sprintf("peer identity %d", s.Peer)
+		if s.PeerPrefix != "" {
+			peer += " in ipBlock prefix " + s.PeerPrefix
+		}
+		fmt.Fprintf(w, "  %s of endpoint %d (%s), %s:\n", s.Direction, s.Endpoint, s.Pod, peer)
 		switch {
 		case !s.Isolated:
 			fmt.Fprintf(w, "    not isolated (no policy with %s type selects it): allowed\n", s.Direction)

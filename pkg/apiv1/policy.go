@@ -58,8 +58,8 @@ type PolicySelector struct {
 }
 
 // PathPolicyTrace explains the verdict on a connection: GET with from, to
-// (each NAMESPACE/POD of a local pod, an identity number or a reserved
-// name such as world) and port (PORT/PROTO, PROTO for ICMP).
+// (each NAMESPACE/POD of a local pod, an address, an identity number or a
+// reserved name such as world) and port (PORT/PROTO, PROTO for ICMP).
 const PathPolicyTrace = "/v1/policy/trace"
 
 // PolicyTrace is a connection's verdict and why: the source's egress and
@@ -81,6 +81,10 @@ type PolicyTraceSide struct {
 	Direction string `json:"direction"`
 	// Peer is the identity of the other side.
 	Peer uint32 `json:"peer"`
+	// PeerPrefix is the longest ipBlock prefix of the node's policies
+	// that holds the other side's address, when known: ipBlock allows
+	// match it.
+	PeerPrefix string `json:"peerPrefix,omitempty"`
 	// SelectedBy are the policies selecting the endpoint that isolate it
 	// in this direction; none: not isolated, everything allowed.
 	SelectedBy []string `json:"selectedBy"`

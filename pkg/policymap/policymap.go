@@ -17,12 +17,20 @@
 //
 //	key   u32 endpoint ID
 //	value Enforcement { flags u8 (FlagIngress|FlagEgress), pad [3]u8 }
+//
+// A third map, cellium_policy_prefix (see [PrefixMapName]), resolves a
+// peer's address to the ID of the longest ipBlock prefix that holds it,
+// which the trie's keys hold in place of an identity.
 package policymap
 
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"math/bits"
+	"net/netip"
+
+	"github.com/cellium/cellium/pkg/ipcachemap"
 )
 
 // Map names, as the C declarations name them.
@@ -163,4 +171,56 @@ func (k Key) String() string {
 	port := binary.BigEndian.Uint16(k.DPort[:])
 	last := uint32(port) + 1<<(PrefixFull-k.PrefixLen) - 1
 	return fmt.Sprintf("ep %d %s id %d proto %d port %d-%d", k.Endpoint(), dir, id, k.Proto, port, last)
+}
+
+// PrefixMapName is the trie of the address prefixes that NetworkPolicy
+// ipBlocks name, shared by every endpoint of the node: a peer's address
+// resolves in it, by longest prefix match, to the prefix's ID, which the
+// policy trie's entries hold in Key.Identity as they hold identities.
+//
+//	key   PrefixKey   (the ipcache's key: prefixlen u32, family u8, pad, addr [16]u8)
+//	value PrefixValue { id u32 }
+const PrefixMapName = "cellium_policy_prefix"
+
+// PrefixMaxEntries is the C declaration's max_entries: distinct prefixes
+// (ipBlock CIDRs and excepts) of all policies of the node.
+const PrefixMaxEntries = 1 << 14
+
+// PrefixKey is the prefix trie's key, laid out as the ipcache's.
+type PrefixKey = ipcachemap.Key
+
+// PrefixKeyOf is the key of p, masked.
+func PrefixKeyOf(p netip.Prefix) PrefixKey { return ipcachemap.KeyOf(p) }
+
+// PrefixValue is the prefix trie's value.
+type PrefixValue struct {
+	ID uint32
+}
+
+// Prefix IDs are a range of their own, above every security identity
+// (pkg/identity ends at 1<<25), so that an entry of a prefix never matches
+// an identity's, nor the reverse.
+const (
+	MinPrefixID uint32 = 1 << 30
+	MaxPrefixID uint32 = 1<<31 - 1
+)
+
+// IsPrefixID says whether id is in the prefix IDs' range.
+func IsPrefixID(id uint32) bool { return id >= MinPrefixID && id <= MaxPrefixID }
+
+// PrefixID is the ID of p: a hash of the prefix into the range, so that
+// a restarted agent gives a prefix the ID it had; taken says whether an
+// ID is another prefix's already, and a collision takes the next free one
+// (only then can the ID depend on the order prefixes came in).
+func PrefixID(p netip.Prefix, taken func(uint32) bool) uint32 {
+	p = p.Masked()
+	h := fnv.New32a()
+	b, _ := p.MarshalBinary()
+	h.Write(b)
+	n := MaxPrefixID - MinPrefixID + 1
+	id := MinPrefixID + h.Sum32()%n
+	for taken(id) {
+		id = MinPrefixID + (id-MinPrefixID+1)%n
+	}
+	return id
 }

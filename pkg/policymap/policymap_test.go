@@ -1,6 +1,7 @@
 package policymap_test
 
 import (
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -83,5 +84,21 @@ func TestKeysOfRefuses(t *testing.T) {
 		if keys, err := policymap.KeysOf(a); err == nil {
 			t.Errorf("KeysOf(%+v) = %v, want an error", a, keys)
 		}
+	}
+}
+
+// PrefixID is a function of the prefix alone, in the range, and takes the
+// next free ID on a collision.
+func TestPrefixID(t *testing.T) {
+	none := func(uint32) bool { return false }
+	a := policymap.PrefixID(netip.MustParsePrefix("10.0.0.0/8"), none)
+	if !policymap.IsPrefixID(a) || a != policymap.PrefixID(netip.MustParsePrefix("10.1.2.3/8"), none) {
+		t.Fatalf("10.0.0.0/8 = %d, not in range or not the same for 10.1.2.3/8", a)
+	}
+	if b := policymap.PrefixID(netip.MustParsePrefix("10.0.0.0/9"), none); b == a {
+		t.Fatalf("10.0.0.0/8 and /9 both %d", a)
+	}
+	if c := policymap.PrefixID(netip.MustParsePrefix("10.0.0.0/8"), func(id uint32) bool { return id == a }); c == a || !policymap.IsPrefixID(c) {
+		t.Fatalf("with %d taken, 10.0.0.0/8 = %d", a, c)
 	}
 }

@@ -51,7 +51,7 @@ func (e *Env) Datapath(bpfRoot string, maps **lbmaps.Maps, extra ...cell.Cell) *
 		// The policy maps over policy tables no one fills: no endpoint
 		// is isolated.
 		policymaps.Cell,
-		cell.Module("test-policy", "Empty policy tables", cell.Provide(policy.NewEntriesTable, policy.NewEnforcementTable)),
+		cell.Module("test-policy", "Empty policy tables", cell.Provide(policy.NewEntriesTable, policy.NewEnforcementTable, policy.NewPrefixesTable)),
 		cell.Invoke(func(m *lbmaps.Maps) { *maps = m }),
 	}
 	h := celltest.New(append(cells, extra...)...)
