@@ -40,9 +40,20 @@ type node struct {
 	m     *ipcache.Map
 	hs    statedb.Table[*health.Status]
 	mets  kvsynctest.Metrics
+	// endpointsListed marks the endpoints table initialized, when
+	// startHeld held it back (nil otherwise).
+	endpointsListed func(statedb.WriteTxn)
 }
 
 func startNode(t testing.TB, root, etcd, prefix string) *node {
+	t.Helper()
+	return startHeld(t, root, etcd, prefix, false)
+}
+
+// startHeld is startNode; with holdEndpoints, the endpoints table stays
+// uninitialized (the endpoint manager not yet restored) until the test
+// calls n.endpointsListed.
+func startHeld(t testing.TB, root, etcd, prefix string, holdEndpoints bool) *node {
 	t.Helper()
 	n := &node{}
 	newAddrs := func(db *statedb.DB) (statedb.RWTable[*devices.NodeAddress], statedb.Table[*devices.NodeAddress], error) {
@@ -58,6 +69,13 @@ func startNode(t testing.TB, root, etcd, prefix string) *node {
 				n.db, n.eps, n.addrs, n.nodes, n.tbl, n.m, n.hs = db, eps, addrs, nodeTbl, tbl, m, hs
 			}),
 			cell.Invoke(func(mets kvsynctest.Metrics) { n.mets = mets }),
+			cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint]) {
+				if holdEndpoints {
+					txn := db.WriteTxn(eps)
+					n.endpointsListed = eps.RegisterInitializer(txn, "test-endpoints")
+					txn.Commit()
+				}
+			}),
 		),
 	)
 	hive.AddConfigOverride(n.h, func(c *bpfmaps.Config) { c.BPFRoot = root })
@@ -194,9 +212,9 @@ func TestIPCache(t *testing.T) {
 	})
 }
 
-// TestRestoredStaleEntryGoes: a restart reads the pinned map back;
-// an entry that no source claims goes once every
-// source has synced.
+// TestRestoredStaleEntryGoes: a restart reads the pinned map back as
+// restored claims, which hold while a source has not synced; an entry that
+// no source claims goes once every source has synced.
 func TestRestoredStaleEntryGoes(t *testing.T) {
 	root := bpfmapstest.Root(t)
 	n := startNode(t, root, "", "")
@@ -209,7 +227,17 @@ func TestRestoredStaleEntryGoes(t *testing.T) {
 	// The endpoint was removed while the agent was down: this run's
 	// endpoints table does not have it. Its restored entry goes once the
 	// sources have synced; the world entries stay.
-	m2 := startNode(t, root, "", "")
+	m2 := startHeld(t, root, "", "", true)
+	stale := netip.MustParsePrefix("10.0.0.5/32")
+	celltest.Eventually(t, "the stale entry read back as a restored claim", func() bool {
+		e, _, found := m2.tbl.Get(m2.db.ReadTxn(), ipcache.ByPrefix.Query(stale))
+		return found && e.Winner().Source == ipcache.SourceRestored && e.Winner().Identity == 400
+	})
+	// The endpoints have not synced: the restored entry stays in the map.
+	m2.mapHas(t, "10.0.0.5", 400, "")
+	txn = m2.db.WriteTxn(m2.eps)
+	m2.endpointsListed(txn)
+	txn.Commit()
 	m2.mapLacks(t, "10.0.0.5/32")
 	m2.mapHas(t, "1.2.3.4", identity.World, "")
 }
