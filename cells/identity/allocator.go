@@ -30,6 +30,9 @@ type Allocator struct {
 	tbl    statedb.RWTable[*Identity]
 	filter labelFilter
 	kv     kvstore.Client
+	mode   Mode
+	// crd is the crd mode's state (nil in the other modes).
+	crd    *crdBackend
 	node   string
 	path   string
 	health cell.Health
@@ -63,20 +66,21 @@ type usedIdentity struct {
 	id     identity.NumericIdentity
 	labels labels.Labels
 	kind   Kind
+	source Source
 	refs   atomic.Int64
 	// stale says the row's Refs lag refs.
 	stale atomic.Bool
 }
 
-func newUsedIdentity(id identity.NumericIdentity, ls labels.Labels, kind Kind, refs int64) *usedIdentity {
-	u := &usedIdentity{id: id, labels: ls, kind: kind}
+func newUsedIdentity(id identity.NumericIdentity, ls labels.Labels, src Source, refs int64) *usedIdentity {
+	u := &usedIdentity{id: id, labels: ls, kind: src.kind(), source: src}
 	u.refs.Store(refs)
 	return u
 }
 
 // row is u's row of the table now.
 func (u *usedIdentity) row() *Identity {
-	return &Identity{ID: u.id, Labels: u.labels, Kind: u.kind, Refs: int(u.refs.Load())}
+	return &Identity{ID: u.id, Labels: u.labels, Kind: u.kind, Source: u.source, Refs: int(u.refs.Load())}
 }
 
 // Allocate is the identity of a label set, counted as one more user. An
@@ -91,7 +95,7 @@ func (a *Allocator) Allocate(ctx context.Context, ls labels.Labels) (identity.Nu
 	if id, ok := a.useKnown(key); ok {
 		return id, nil
 	}
-	if !a.kv.Enabled() {
+	if a.mode == ModeLocal {
 		return a.allocateLocal(ls)
 	}
 	// This node's allocations and releases of one label set go one at a
@@ -102,13 +106,21 @@ func (a *Allocator) Allocate(ctx context.Context, ls labels.Labels) (identity.Nu
 	if id, ok := a.useKnown(key); ok {
 		return id, nil
 	}
-	n, err := a.allocateCluster(ctx, key)
+	var n identity.NumericIdentity
+	var err error
+	src := SourceKVStore
+	if a.mode == ModeCRD {
+		n, err = a.allocateCRD(ctx, ls)
+		src = SourceCRD
+	} else {
+		n, err = a.allocateCluster(ctx, key)
+	}
 	if err != nil {
 		return 0, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	u := newUsedIdentity(n, ls, KindCluster, 1)
+	u := newUsedIdentity(n, ls, src, 1)
 	a.used[key] = u
 	a.publish(u)
 	return n, nil
@@ -234,6 +246,10 @@ func (a *Allocator) Release(ctx context.Context, n identity.NumericIdentity) err
 	delete(a.used, key)
 	a.unpublish(id)
 	a.mu.Unlock()
+	if a.mode != ModeKVStore {
+		// The CelliumEndpoint objects say who uses an identity (crd).
+		return nil
+	}
 	if err := a.kv.Delete(ctx, a.valueKey(key)); err != nil {
 		return fmt.Errorf("release identity %d: %w", n, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/internal/kvsync"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -22,7 +23,7 @@ import (
 // "identities".
 var Cell = cell.Module(
 	"identity",
-	"Security identities of label sets node-local or through the kvstore",
+	"Security identities of label sets node-local kvstore or Kubernetes CRDs",
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs),
@@ -34,17 +35,22 @@ type Config struct {
 	// Labels filters the pod labels that make an identity.
 	Labels []string
 	// IdentityGCInterval is how often an agent collects the cluster
-	// identities nobody uses (with the kvstore).
+	// identities nobody uses (kvstore and crd modes).
 	IdentityGCInterval time.Duration
+	// IdentityAllocationMode is where cluster identities live: auto,
+	// kvstore, crd or local (see resolveMode).
+	IdentityAllocationMode string
 }
 
-var defaultConfig = Config{Labels: defaultLabelFilter, IdentityGCInterval: 15 * time.Minute}
+var defaultConfig = Config{Labels: defaultLabelFilter, IdentityGCInterval: 15 * time.Minute, IdentityAllocationMode: modeAuto}
 
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("labels", def.Labels,
 		"Which pod labels make a pod's identity: label keys or key prefixes ending in *; a leading ! drops what matches; when any pattern has no !, only labels matching one are kept. Replaces the default list")
 	flags.Duration("identity-gc-interval", def.IdentityGCInterval,
 		"With --kvstore: how often one agent (elected through a kvstore lock) deletes cluster identities that no node has used for two rounds")
+	flags.String("identity-allocation-mode", def.IdentityAllocationMode,
+		"Where identities live: kvstore (cluster-wide through --kvstore), crd (cluster-wide as CelliumIdentity objects in the Kubernetes API), local (this node only), or auto: kvstore with --kvstore, crd with a real API server, local otherwise")
 }
 
 // checkpointFile holds the node-local identities in the state dir.
@@ -53,11 +59,13 @@ const checkpointFile = "identities.json"
 type params struct {
 	cell.In
 
-	Config    Config
-	Log       *slog.Logger
-	DB        *statedb.DB
-	Table     statedb.RWTable[*Identity]
-	KVStore   kvstore.Client
+	Config  Config
+	Log     *slog.Logger
+	DB      *statedb.DB
+	Table   statedb.RWTable[*Identity]
+	KVStore kvstore.Client
+	// Clientset is the Kubernetes API; absent in hives without it.
+	Clientset k8sclient.Clientset `optional:"true"`
 	Paths     daemon.Paths
 	NodeName  daemon.NodeName
 	Repairs   *kvsync.Repairs
@@ -74,15 +82,24 @@ func newAllocator(p params) (*Allocator, error) {
 	if p.Config.IdentityGCInterval < time.Second {
 		return nil, fmt.Errorf("invalid --identity-gc-interval %s: want 1s or more", p.Config.IdentityGCInterval)
 	}
+	mode, err := resolveMode(p.Config.IdentityAllocationMode, p.KVStore, p.Clientset)
+	if err != nil {
+		return nil, err
+	}
 	a := &Allocator{
-		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore,
+		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore, mode: mode,
 		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health, repairs: p.Repairs,
 		used: map[string]*usedIdentity{}, refsChanged: make(chan struct{}, 1),
 		writeBacks: writeBacks{pending: map[identity.NumericIdentity]*usedIdentity{}, wake: make(chan struct{}, 1)},
 	}
 	p.Lifecycle.Append(cell.Hook{OnStart: a.start})
 	p.Jobs.Add(job.OneShot("identity-refs", a.publishRefs))
-	if a.kv.Enabled() {
+	switch mode {
+	case ModeCRD:
+		if err := a.newCRDBackend(p); err != nil {
+			return nil, err
+		}
+	case ModeKVStore:
 		txn := p.DB.WriteTxn(p.Table)
 		listed := p.Table.RegisterInitializer(txn, "kvstore-identities")
 		txn.Commit()
@@ -107,18 +124,21 @@ func (a *Allocator) start(cell.HookContext) error {
 			return err
 		}
 	}
-	if !a.kv.Enabled() {
+	if a.mode == ModeLocal {
 		restored, err := a.loadCheckpoint()
 		if err != nil {
 			return err
 		}
 		for _, id := range restored {
-			a.used[id.Labels.String()] = newUsedIdentity(id.ID, id.Labels, id.Kind, 0)
+			a.used[id.Labels.String()] = newUsedIdentity(id.ID, id.Labels, SourceLocal, 0)
 		}
 		if len(restored) > 0 {
 			a.log.Info("Restored node-local identities", "identities", len(restored), "file", a.path)
 		}
 		a.health.OK(fmt.Sprintf("Node-local identities (no kvstore), %d restored", len(restored)))
+	}
+	if a.mode == ModeCRD {
+		a.health.OK("Cluster-wide identities as CelliumIdentity objects (--identity-allocation-mode=crd)")
 	}
 	txn.Commit()
 	return nil

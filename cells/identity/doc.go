@@ -7,10 +7,17 @@
 //   - The reserved identities (host, world, unmanaged, health, init,
 //     remote-node, kube-apiserver) are rows from the start.
 //   - [Allocator.Allocate] counts one more user of a label set's identity
-//     and [Allocator.Release] one fewer. The same label set has the same
-//     number on every node when --kvstore is set, and on this node across
-//     restarts when it is not (the checkpoint identities.json in the state
-//     dir, written before a new number is handed out).
+//     and [Allocator.Release] one fewer. --identity-allocation-mode says
+//     where numbers live (resolveMode): kvstore and crd give the same label
+//     set the same number on every node; local on this node across
+//     restarts (the checkpoint identities.json in the state dir, written
+//     before a new number is handed out).
+//   - In crd mode (crd.go) each cluster identity is a CelliumIdentity object
+//     (pkg/k8sapi) named by its number. The job register-crds installs the
+//     CRDs first; the job watch-crd-identities keeps every valid object in
+//     the table (bad ones are named in health); a new label set is
+//     allocated by creating the object of its first free candidate number,
+//     a sequence of the label set's own, so that racing nodes meet on one.
 //   - With the kvstore, every value key of a label set
 //     (identities/v1/value/<labels>/<node>) names one number, whose master
 //     key (identities/v1/id/<N>) names the set. Allocation keeps this with

@@ -342,7 +342,7 @@ func (a *Allocator) apply(txn statedb.WriteTxn, ch kvsync.Change[masterKey]) (wr
 		// the number for theirs.
 		return u
 	}
-	row := &Identity{ID: ch.Value.id, Labels: ch.Value.labels, Kind: KindCluster}
+	row := &Identity{ID: ch.Value.id, Labels: ch.Value.labels, Kind: KindCluster, Source: SourceKVStore}
 	if u := a.used[row.Labels.String()]; u != nil && u.id == row.ID {
 		row.Refs = int(u.refs.Load())
 	}

@@ -45,7 +45,7 @@ func (a *Allocator) loadCheckpoint() ([]*Identity, error) {
 		if err == nil && !e.ID.IsLocal() {
 			err = fmt.Errorf("identity %d is outside the local range", e.ID)
 		}
-		out = append(out, &Identity{ID: e.ID, Labels: ls, Kind: KindLocal})
+		out = append(out, &Identity{ID: e.ID, Labels: ls, Kind: KindLocal, Source: SourceLocal})
 	}
 	if err != nil {
 		to, merr := statefile.MoveAside(a.path, filepath.Join(filepath.Dir(a.path), "invalid"))
@@ -94,7 +94,7 @@ func (a *Allocator) allocateLocal(ls labels.Labels) (identity.NumericIdentity, e
 		a.publish(u)
 		return u.id, nil
 	}
-	u := newUsedIdentity(a.freeLocal(), ls, KindLocal, 1)
+	u := newUsedIdentity(a.freeLocal(), ls, SourceLocal, 1)
 	a.used[key] = u
 	if err := a.writeCheckpoint(); err != nil {
 		delete(a.used, key)

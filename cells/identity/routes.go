@@ -34,5 +34,5 @@ func apiRoutes(db *statedb.DB, tbl statedb.Table[*Identity]) api.Routes {
 }
 
 func apiIdentity(id *Identity) apiv1.Identity {
-	return apiv1.Identity{ID: uint32(id.ID), Kind: string(id.Kind), Labels: id.Labels.Strings(), Refs: id.Refs}
+	return apiv1.Identity{ID: uint32(id.ID), Kind: string(id.Kind), Source: string(id.Source), Labels: id.Labels.Strings(), Refs: id.Refs}
 }

@@ -17,11 +17,36 @@ type Kind string
 const (
 	// KindReserved: one of the fixed identities (host, world, ...).
 	KindReserved Kind = "reserved"
-	// KindCluster: allocated cluster-wide through the kvstore.
+	// KindCluster: allocated cluster-wide, through the kvstore or the
+	// Kubernetes API.
 	KindCluster Kind = "cluster"
 	// KindLocal: allocated by this node alone.
 	KindLocal Kind = "local"
 )
+
+// Source says where a row comes from.
+type Source string
+
+const (
+	SourceReserved Source = "reserved"
+	// SourceLocal: this node's allocator (and its checkpoint).
+	SourceLocal Source = "local"
+	// SourceKVStore: a master key in the kvstore.
+	SourceKVStore Source = "kvstore"
+	// SourceCRD: a CelliumIdentity object in the Kubernetes API.
+	SourceCRD Source = "crd"
+)
+
+// kind is the kind of identities from s.
+func (s Source) kind() Kind {
+	switch s {
+	case SourceReserved:
+		return KindReserved
+	case SourceLocal:
+		return KindLocal
+	}
+	return KindCluster
+}
 
 // Identity is one row of the table "identities": a security identity and
 // the label set it stands for. Rows are immutable.
@@ -29,16 +54,17 @@ type Identity struct {
 	ID     identity.NumericIdentity `json:"id"`
 	Labels labels.Labels            `json:"labels"`
 	Kind   Kind                     `json:"kind"`
+	Source Source                   `json:"source"`
 	// Refs is how many endpoints of this node use the identity.
 	Refs int `json:"refs"`
 }
 
 var _ statedb.TableWritable = &Identity{}
 
-func (i *Identity) TableHeader() []string { return []string{"ID", "Kind", "Refs", "Labels"} }
+func (i *Identity) TableHeader() []string { return []string{"ID", "Kind", "Source", "Refs", "Labels"} }
 
 func (i *Identity) TableRow() []string {
-	return []string{i.ID.String(), string(i.Kind), strconv.Itoa(i.Refs), strings.Join(i.Labels.Strings(), " ")}
+	return []string{i.ID.String(), string(i.Kind), string(i.Source), strconv.Itoa(i.Refs), strings.Join(i.Labels.Strings(), " ")}
 }
 
 var (
@@ -75,7 +101,7 @@ func NewTable(db *statedb.DB) (statedb.RWTable[*Identity], error) {
 func reservedRows() []*Identity {
 	var rows []*Identity
 	for id, name := range identity.Reserved() {
-		rows = append(rows, &Identity{ID: id, Kind: KindReserved,
+		rows = append(rows, &Identity{ID: id, Kind: KindReserved, Source: SourceReserved,
 			Labels: labels.New(labels.Label{Source: labels.SourceReserved, Key: name})})
 	}
 	return rows

@@ -91,9 +91,22 @@ type Clientset interface {
 }
 
 // clusterClientset talks to a real API server.
-type clusterClientset struct{ *kubernetes.Clientset }
+type clusterClientset struct {
+	*kubernetes.Clientset
+	config *rest.Config
+}
 
 func (clusterClientset) Embedded() bool { return false }
+
+// RESTConfig is the client configuration of cs's API server, for clients
+// of kinds the Clientset does not know (custom resources); nil in
+// embedded mode.
+func RESTConfig(cs Clientset) *rest.Config {
+	if c, ok := cs.(clusterClientset); ok {
+		return rest.CopyConfig(c.config)
+	}
+	return nil
+}
 
 // embeddedClientset is client-go's fake. Embedding the pointer passes on
 // its IsWatchListSemanticsUnSupported, so informers list and watch rather
@@ -131,7 +144,7 @@ func newClientset(p clientsetParams) (Clientset, error) {
 			return nil, fmt.Errorf("kubernetes client for %s: %w", rc.Host, err)
 		}
 		p.Log.Info("Kubernetes API", "mode", mode, "server", rc.Host)
-		return clusterClientset{cs}, nil
+		return clusterClientset{cs, rc}, nil
 	}
 
 	cs, store, err := newFakeClientset()

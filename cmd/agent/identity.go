@@ -16,9 +16,9 @@ func newIdentityCmd(stdout io.Writer) *cobra.Command {
 	table := func(w io.Writer, ids []apiv1.Identity) error {
 		rows := make([][]string, 0, len(ids))
 		for _, id := range ids {
-			rows = append(rows, []string{fmt.Sprint(id.ID), id.Kind, fmt.Sprint(id.Refs), strings.Join(id.Labels, " ")})
+			rows = append(rows, []string{fmt.Sprint(id.ID), id.Kind, id.Source, fmt.Sprint(id.Refs), strings.Join(id.Labels, " ")})
 		}
-		return writeTable(w, []string{"ID", "KIND", "REFS", "LABELS"}, rows)
+		return writeTable(w, []string{"ID", "KIND", "SOURCE", "REFS", "LABELS"}, rows)
 	}
 	cmd.AddCommand(listGetCmds[apiv1.Identity]{list: (*client.Client).Identities, get: (*client.Client).Identity, table: table}.
 		commands(stdout, "List identities: reserved, cluster-wide and node-local",

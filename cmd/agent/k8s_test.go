@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,8 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/yaml"
 
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/apiv1"
@@ -32,8 +28,8 @@ import (
 const deployNamespace = "kube-system"
 
 // agentPermissions is what the agent does with the API server: its
-// reflectors (Services, EndpointSlices, its Node, the pods of its node)
-// and, with the nodes cell, its Node's annotations and NetworkUnavailable
+// reflectors (Services, EndpointSlices, its Node, the pods of its node),
+// the crd identity mode and, with the nodes cell, its Node's annotations and NetworkUnavailable
 // condition (patch nodes, patch nodes/status).
 var agentPermissions = []authorizationv1.ResourceAttributes{
 	{Verb: "list", Resource: "services"}, {Verb: "watch", Resource: "services"},
@@ -41,6 +37,15 @@ var agentPermissions = []authorizationv1.ResourceAttributes{
 	{Verb: "get", Resource: "nodes"}, {Verb: "list", Resource: "nodes"}, {Verb: "watch", Resource: "nodes"},
 	{Verb: "list", Resource: "pods"}, {Verb: "watch", Resource: "pods"},
 	{Verb: "patch", Resource: "nodes"}, {Verb: "patch", Resource: "nodes", Subresource: "status"},
+	// crd identity mode: its CRDs, identities, endpoint objects and the
+	// collector's Lease.
+	{Verb: "create", Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"},
+	{Verb: "get", Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions", Name: "celliumidentities.cellium.io"},
+	{Verb: "update", Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions", Name: "celliumendpoints.cellium.io"},
+	{Verb: "create", Group: "cellium.io", Resource: "celliumidentities"}, {Verb: "watch", Group: "cellium.io", Resource: "celliumidentities"},
+	{Verb: "delete", Group: "cellium.io", Resource: "celliumidentities"},
+	{Verb: "update", Group: "cellium.io", Resource: "celliumendpoints"}, {Verb: "list", Group: "cellium.io", Resource: "celliumendpoints"},
+	{Verb: "update", Group: "coordination.k8s.io", Resource: "leases"},
 }
 
 // TestKubeAPIServer runs the agent against a real kube-apiserver, as the
@@ -156,51 +161,7 @@ func TestKubeAPIServer(t *testing.T) {
 // namespace, each ClusterRole rule passed through edit first if not nil.
 func applyRBAC(t testing.TB, admin *kubernetes.Clientset, edit func(*rbacv1.PolicyRule)) {
 	t.Helper()
-	ctx := context.Background()
-	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "rbac.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, doc := range bytes.Split(raw, []byte("\n---\n")) {
-		js, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			t.Fatalf("deploy/rbac.yaml document %d: %v", i+1, err)
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(js, nil, nil)
-		if err != nil {
-			t.Fatalf("deploy/rbac.yaml document %d: %v", i+1, err)
-		}
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			o.Namespace = deployNamespace
-			_, err = admin.CoreV1().ServiceAccounts(deployNamespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			if edit != nil {
-				for j := range o.Rules {
-					edit(&o.Rules[j])
-				}
-			}
-			var old *rbacv1.ClusterRole
-			if old, err = admin.RbacV1().ClusterRoles().Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
-				o.ResourceVersion = old.ResourceVersion
-				_, err = admin.RbacV1().ClusterRoles().Update(ctx, o, metav1.UpdateOptions{})
-			} else {
-				_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-			}
-		case *rbacv1.ClusterRoleBinding:
-			for j := range o.Subjects {
-				if o.Subjects[j].Namespace == "" {
-					o.Subjects[j].Namespace = deployNamespace
-				}
-			}
-			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("deploy/rbac.yaml document %d: unexpected %T", i+1, obj)
-		}
-		if err != nil && !strings.Contains(err.Error(), "already exists") {
-			t.Fatalf("apply deploy/rbac.yaml document %d: %v", i+1, err)
-		}
-	}
+	kubeapitest.ApplyRBAC(t, admin, filepath.Join("..", "..", "deploy", "rbac.yaml"), edit)
 }
 
 // checkPermissions asks the API server, as the agent, whether it may do

@@ -7,8 +7,11 @@ const PathIdentities = "/v1/identities"
 // Identity is a security identity and its label set.
 type Identity struct {
 	ID uint32 `json:"id"`
-	// Kind is reserved, cluster (through the kvstore) or local.
-	Kind   string   `json:"kind"`
+	// Kind is reserved, cluster or local.
+	Kind string `json:"kind"`
+	// Source is where it comes from: reserved, local, kvstore (a master
+	// key) or crd (a CelliumIdentity object).
+	Source string   `json:"source"`
 	Labels []string `json:"labels"`
 	// Refs is how many endpoints of this node use it.
 	Refs int `json:"refs"`

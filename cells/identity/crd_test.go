@@ -1,0 +1,257 @@
+package identity
+
+import (
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/k8sapi"
+	"github.com/cellium/cellium/pkg/kubeapitest"
+	"github.com/cellium/cellium/pkg/labels"
+)
+
+type fakeKV struct {
+	kvstore.Client
+	enabled bool
+}
+
+func (f fakeKV) Enabled() bool { return f.enabled }
+
+type fakeClientset struct {
+	k8sclient.Clientset
+	embedded bool
+}
+
+func (f fakeClientset) Embedded() bool { return f.embedded }
+
+func TestResolveMode(t *testing.T) {
+	real, embedded := fakeClientset{}, fakeClientset{embedded: true}
+	for _, c := range []struct {
+		flag    string
+		kv      bool
+		cs      k8sclient.Clientset
+		want    Mode
+		wantErr string
+	}{
+		{flag: "auto", kv: true, cs: real, want: ModeKVStore},
+		{flag: "auto", cs: real, want: ModeCRD},
+		{flag: "auto", cs: embedded, want: ModeLocal},
+		{flag: "auto", want: ModeLocal},
+		{flag: "kvstore", kv: true, cs: real, want: ModeKVStore},
+		{flag: "kvstore", cs: real, wantErr: "--identity-allocation-mode=kvstore needs a kvstore: set --kvstore"},
+		{flag: "crd", cs: real, want: ModeCRD},
+		{flag: "crd", kv: true, cs: real, want: ModeCRD},
+		{flag: "crd", cs: embedded, wantErr: "--identity-allocation-mode=crd needs a real Kubernetes API server"},
+		{flag: "local", cs: real, want: ModeLocal},
+		{flag: "local", kv: true, wantErr: "--identity-allocation-mode=local conflicts with --kvstore"},
+		{flag: "etcd", wantErr: `invalid --identity-allocation-mode "etcd"`},
+	} {
+		got, err := resolveMode(c.flag, fakeKV{enabled: c.kv}, c.cs)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("resolveMode(%q, kvstore %v, %v) = %v, %v; want error %q", c.flag, c.kv, c.cs, got, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("resolveMode(%q, kvstore %v, %v) = %v, %v; want %v", c.flag, c.kv, c.cs, got, err, c.want)
+		}
+	}
+}
+
+// Racing nodes try one label set's numbers in the same order.
+func TestCandidateSequence(t *testing.T) {
+	key := web("default").String()
+	seen := map[identity.NumericIdentity]bool{}
+	for i := range 16 {
+		n := candidate(key, i)
+		if !n.IsCluster() || n != candidate(key, i) {
+			t.Fatalf("candidate %d = %v: want the same cluster number each time", i, n)
+		}
+		seen[n] = true
+	}
+	if len(seen) < 14 {
+		t.Fatalf("16 candidates, %d distinct", len(seen))
+	}
+	if candidate(key, 0) == candidate(web("other").String(), 0) {
+		t.Fatal("two label sets start at one number")
+	}
+}
+
+// crdNode is the identity cell of one node in crd mode.
+type crdNode struct {
+	a  *Allocator
+	hs statedb.Table[*health.Status]
+}
+
+// crdCluster is a kube-apiserver with deploy/rbac.yaml applied, and a
+// kubeconfig of the agent's service account.
+type crdCluster struct {
+	kas        *kubeapitest.Server
+	admin      *k8sapi.Client
+	kubeconfig string
+}
+
+func startCRDCluster(t *testing.T) *crdCluster {
+	t.Helper()
+	if _, err := kubeapitest.Binary(); err != nil {
+		t.Skip(err)
+	}
+	etcd := etcdtest.Start(t)
+	kas := kubeapitest.Start(t, etcd.Endpoint())
+	kubeapitest.ApplyRBAC(t, kas.Admin, filepath.Join("..", "..", "deploy", "rbac.yaml"), nil)
+	c := &crdCluster{kas: kas, kubeconfig: filepath.Join(t.TempDir(), "kubeconfig")}
+	kas.WriteKubeconfig(t, c.kubeconfig, kas.Token(t, kubeapitest.DeployNamespace, "cellium-agent"))
+	admin, err := k8sapi.NewClient(kas.Config(kubeapitest.AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.admin = admin
+	return c
+}
+
+// startNode runs the identity cell of node against the cluster, as the
+// agent's service account, with the default --identity-allocation-mode.
+func (c *crdCluster) startNode(t *testing.T, node string) *crdNode {
+	t.Helper()
+	n := &crdNode{}
+	h := celltest.New(daemon.Cell, kvstore.Cell, k8sclient.Cell, Cell,
+		cell.Invoke(func(a *Allocator, hs statedb.Table[*health.Status]) { n.a, n.hs = a, hs }))
+	dir := t.TempDir()
+	hive.AddConfigOverride(h, func(cfg *daemon.Config) {
+		cfg.StateDir, cfg.RunDir, cfg.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), node
+	})
+	hive.AddConfigOverride(h, func(cfg *k8sclient.Config) { cfg.K8sMode, cfg.Kubeconfig = "kubeconfig", c.kubeconfig })
+	celltest.Start(t, h)
+	if n.a.Mode() != ModeCRD {
+		t.Fatalf("mode with a real API server and no kvstore = %s, want crd", n.a.Mode())
+	}
+	return n
+}
+
+func (n *crdNode) row(id identity.NumericIdentity) (*Identity, bool) {
+	row, _, found := n.a.tbl.Get(n.a.db.ReadTxn(), ByID.Query(id))
+	return row, found
+}
+
+// Two nodes with no kvstore: the agent installs the CRDs; one label set
+// gets one number on both, also when they race to allocate it; each node's
+// table has every identity object, with source crd; bad objects are named
+// in health and ignored.
+func TestCRDAllocation(t *testing.T) {
+	c := startCRDCluster(t)
+	n1, n2 := c.startNode(t, "node-1"), c.startNode(t, "node-2")
+	ctx := ctxT(t)
+	if err := n1.a.WaitSynced(ctx); err != nil {
+		t.Fatalf("identities not synced (CRDs not installed?): %v", err)
+	}
+
+	id, err := n1.a.Allocate(ctx, web("default"))
+	if err != nil || !id.IsCluster() {
+		t.Fatalf("Allocate on node-1 = %v, %v; want a cluster identity", id, err)
+	}
+	obj, err := c.admin.GetIdentity(ctx, id.String())
+	if err != nil || strings.Join(obj.Spec.Labels, ";") != web("default").String() {
+		t.Fatalf("CelliumIdentity %s = %+v, %v; want the label set", id, obj, err)
+	}
+	celltest.Eventually(t, "node-2 knows the identity from its object", func() bool {
+		row, found := n2.row(id)
+		return found && row.Source == SourceCRD && row.Labels.Equal(web("default"))
+	})
+	if got, ok := n2.a.Lookup(web("default")); !ok || got != id {
+		t.Fatalf("Lookup on node-2 = %v, %v; want %v", got, ok, id)
+	}
+	if got, err := n2.a.Allocate(ctx, web("default")); err != nil || got != id {
+		t.Fatalf("Allocate on node-2 = %v, %v; want node-1's %v", got, err, id)
+	}
+	if row, _ := n2.row(id); row.Refs != 1 || row.Source != SourceCRD {
+		t.Fatalf("node-2's row %+v: want 1 ref, source crd", row)
+	}
+
+	// Racing allocations of a new label set on both nodes meet on one
+	// number.
+	racing := labels.New(labels.Label{Source: "k8s", Key: "app", Value: "racing"})
+	var wg sync.WaitGroup
+	got := make([]identity.NumericIdentity, 8)
+	for i := range got {
+		n := []*crdNode{n1, n2}[i%2]
+		wg.Go(func() {
+			var err error
+			if got[i], err = n.a.Allocate(ctx, racing); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, g := range got {
+		if g != got[0] || !g.IsCluster() {
+			t.Fatalf("racing allocations got %v: want one cluster number", got)
+		}
+	}
+	list, err := c.admin.ListIdentities(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 2 {
+		t.Fatalf("%d identity objects after two label sets: %+v", len(list.Items), list.Items)
+	}
+
+	// Bad objects: the schema lets these in, the watch refuses them.
+	for _, bad := range []struct{ name, label, why string }{
+		{"400", "=garbage", "not a label set"},
+		{"401", "k8s:a;b=c", "not in canonical form"},
+		{"7", "k8s:app=host", "outside the cluster range"},
+		{"0402", "k8s:app=alias", "canonical form"},
+	} {
+		if _, err := c.admin.CreateIdentity(ctx, &k8sapi.CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: bad.name}, Spec: k8sapi.IdentitySpec{Labels: []string{bad.label}}}); err != nil {
+			t.Fatal(err)
+		}
+		celltest.Eventually(t, "node-2's health names "+bad.name, func() bool {
+			s, _, found := n2.hs.Get(n2.a.db.ReadTxn(), health.StatusID.Query("identity.crd-identities"))
+			return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, bad.name+": ") && strings.Contains(s.Error, bad.why)
+		})
+	}
+	for _, n := range []identity.NumericIdentity{400, 401} {
+		if row, found := n2.row(n); found {
+			t.Errorf("bad object %d has a row: %+v", n, row)
+		}
+	}
+	if row, _ := n2.row(7); row.Kind != KindReserved {
+		t.Errorf("a CelliumIdentity named 7 replaced the reserved row: %+v", row)
+	}
+	if err := c.admin.DeleteIdentity(ctx, "400", ""); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "a deleted bad object leaves health", func() bool {
+		s, _, _ := n2.hs.Get(n2.a.db.ReadTxn(), health.StatusID.Query("identity.crd-identities"))
+		return !strings.Contains(s.Error, "400: ")
+	})
+
+	// An object nobody here uses goes from the table when deleted.
+	other := labels.New(labels.Label{Source: "k8s", Key: "app", Value: "other"})
+	if _, err := c.admin.CreateIdentity(ctx, &k8sapi.CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "500"}, Spec: k8sapi.IdentitySpec{Labels: other.Strings()}}); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "500 known on node-1", func() bool { n, ok := n1.a.Lookup(other); return ok && n == 500 })
+	if err := c.admin.DeleteIdentity(ctx, "500", ""); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "500 gone on node-1", func() bool { _, found := n1.row(500); return !found })
+	if err := c.admin.DeleteIdentity(ctx, "500", ""); !apierrors.IsNotFound(err) {
+		t.Fatalf("delete again: %v", err)
+	}
+}

@@ -1,0 +1,135 @@
+package k8sapi
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/kubeapitest"
+)
+
+// The CRDs the agent installs are those deploy/ ships.
+func TestDeployCRDsAreTheAgents(t *testing.T) {
+	deploy, err := os.ReadFile(filepath.Join("..", "..", "deploy", "crds.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(deploy, CRDsYAML) {
+		t.Fatal("deploy/crds.yaml differs from pkg/k8sapi/crds.yaml: copy it (cp pkg/k8sapi/crds.yaml deploy/)")
+	}
+	crds, err := CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{ResourceIdentities + "." + Group: true, ResourceEndpoints + "." + Group: true}
+	for _, c := range crds {
+		if !want[c.GetName()] || crdVersion(c) < 1 {
+			t.Errorf("CRD %s (version label %q): want one of %v with a version", c.GetName(), c.GetLabels()[LabelCRDVersion], want)
+		}
+		delete(want, c.GetName())
+	}
+	if len(want) > 0 {
+		t.Errorf("crds.yaml lacks %v", want)
+	}
+}
+
+func TestDeepCopyShares(t *testing.T) {
+	ep := &CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"x": "y"}},
+		Status: EndpointStatus{Identity: 300, Addresses: []string{"10.0.0.1"}, NamedPorts: []NamedPort{{Name: "http", Port: 80, Protocol: "TCP"}}}}
+	c := ep.DeepCopyObject().(*CelliumEndpoint)
+	c.Labels["x"], c.Status.Addresses[0], c.Status.NamedPorts[0].Port = "z", "10.0.0.2", 81
+	if ep.Labels["x"] != "y" || ep.Status.Addresses[0] != "10.0.0.1" || ep.Status.NamedPorts[0].Port != 80 {
+		t.Fatalf("the copy shares with the original: %+v", ep)
+	}
+	id := &CelliumIdentity{Spec: IdentitySpec{Labels: []string{"k8s:a=b"}}}
+	ci := id.DeepCopyObject().(*CelliumIdentity)
+	ci.Spec.Labels[0] = "k8s:c=d"
+	if id.Spec.Labels[0] != "k8s:a=b" {
+		t.Fatal("the identity's copy shares its labels")
+	}
+}
+
+// agentConfig starts a kube-apiserver with deploy/rbac.yaml applied and
+// returns the agent service account's config and an admin's.
+func agentConfig(t *testing.T) (agent, admin *rest.Config, kas *kubeapitest.Server) {
+	if _, err := kubeapitest.Binary(); err != nil {
+		t.Skip(err)
+	}
+	etcd := etcdtest.Start(t)
+	kas = kubeapitest.Start(t, etcd.Endpoint())
+	kubeapitest.ApplyRBAC(t, kas.Admin, filepath.Join("..", "..", "deploy", "rbac.yaml"), nil)
+	return kas.Config(kas.Token(t, kubeapitest.DeployNamespace, "cellium-agent")), kas.Config(kubeapitest.AdminToken), kas
+}
+
+// As the DaemonSet's service account, EnsureCRDs installs missing CRDs,
+// updates older ones, leaves newer ones, and returns once they serve.
+func TestEnsureCRDs(t *testing.T) {
+	agentCfg, adminCfg, _ := agentConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	agent, err := NewClient(agentCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := NewClient(adminCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if err := agent.EnsureCRDs(ctx, log); err != nil {
+		t.Fatalf("EnsureCRDs with none installed: %v", err)
+	}
+	// Served at once: the agent can create and list identities.
+	if _, err := agent.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "300"}, Spec: IdentitySpec{Labels: []string{"k8s:app=web"}}}); err != nil {
+		t.Fatalf("create an identity after EnsureCRDs: %v", err)
+	}
+	if _, err := agent.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "300"}, Spec: IdentitySpec{Labels: []string{"k8s:app=db"}}}); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create a taken identity: %v, want AlreadyExists", err)
+	}
+	// The schema is enforced: an identity without labels is refused.
+	if _, err := admin.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "301"}}); !apierrors.IsInvalid(err) {
+		t.Fatalf("create an identity with no labels: %v, want Invalid", err)
+	}
+
+	crds := admin.dyn.Resource(crdResource)
+	setVersion := func(name, version string) {
+		t.Helper()
+		u, err := crds.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.SetLabels(map[string]string{LabelCRDVersion: version})
+		if _, err := crds.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	version := func(name string) string {
+		u, err := crds.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.GetLabels()[LabelCRDVersion]
+	}
+	idCRD, epCRD := ResourceIdentities+"."+Group, ResourceEndpoints+"."+Group
+	setVersion(idCRD, "0")
+	setVersion(epCRD, "99")
+	if err := agent.EnsureCRDs(ctx, log); err != nil {
+		t.Fatalf("EnsureCRDs with an old and a new CRD: %v", err)
+	}
+	if v := version(idCRD); v != "1" {
+		t.Errorf("older CRD %s: version %s after EnsureCRDs, want it updated to 1", idCRD, v)
+	}
+	if v := version(epCRD); v != "99" {
+		t.Errorf("newer CRD %s: version %s after EnsureCRDs, want it left at 99", epCRD, v)
+	}
+
+}

@@ -1,0 +1,72 @@
+package kubeapitest
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+)
+
+// DeployNamespace is where deploy/kustomization.yaml puts everything.
+const DeployNamespace = "kube-system"
+
+// ApplyRBAC creates or updates the objects of an RBAC manifest
+// (deploy/rbac.yaml: a ServiceAccount, ClusterRoles and
+// ClusterRoleBindings) in DeployNamespace, each ClusterRole rule passed
+// through edit first if not nil.
+func ApplyRBAC(t testing.TB, admin kubernetes.Interface, path string, edit func(*rbacv1.PolicyRule)) {
+	t.Helper()
+	ctx := context.Background()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, doc := range bytes.Split(raw, []byte("\n---\n")) {
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("%s document %d: %v", path, i+1, err)
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(js, nil, nil)
+		if err != nil {
+			t.Fatalf("%s document %d: %v", path, i+1, err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			o.Namespace = DeployNamespace
+			_, err = admin.CoreV1().ServiceAccounts(DeployNamespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			if edit != nil {
+				for j := range o.Rules {
+					edit(&o.Rules[j])
+				}
+			}
+			var old *rbacv1.ClusterRole
+			if old, err = admin.RbacV1().ClusterRoles().Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+				o.ResourceVersion = old.ResourceVersion
+				_, err = admin.RbacV1().ClusterRoles().Update(ctx, o, metav1.UpdateOptions{})
+			} else {
+				_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+			}
+		case *rbacv1.ClusterRoleBinding:
+			for j := range o.Subjects {
+				if o.Subjects[j].Namespace == "" {
+					o.Subjects[j].Namespace = DeployNamespace
+				}
+			}
+			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("%s document %d: unexpected %T", path, i+1, obj)
+		}
+		if err != nil && !strings.Contains(err.Error(), "already exists") {
+			t.Fatalf("apply %s document %d: %v", path, i+1, err)
+		}
+	}
+}
