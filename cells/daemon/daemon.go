@@ -1,7 +1,6 @@
 // Package daemon holds what every cell of the agent shares: the directories
 // it keeps state and runtime files in, the name of the node it runs on, and
-// the process's memory settings: the Go garbage collector's target, and the
-// release of the executable's pages once the agent is first ready.
+// the process's memory setting: the Go garbage collector's target.
 //
 // The cell creates the directories in its start hook, so a cell that takes
 // [Paths] may use them from its own start hook on.
@@ -18,7 +17,6 @@ import (
 	"github.com/cellium/cellium/pkg/flagcheck"
 
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
@@ -30,8 +28,7 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.Provide(newDaemon),
-	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Invoke(requireDirectories, registerPageOut),
+	cell.Invoke(requireDirectories),
 )
 
 // requireDirectories validates the flags and creates the directories even
@@ -52,10 +49,6 @@ type Config struct {
 	// collection before the next one (Go's GOGC); 0 leaves the runtime's
 	// setting (the GOGC variable, else 100).
 	GCPercent int
-	// ReleaseStartPages has the kernel page out the resident pages of the
-	// agent's executable when the agent starts and once it is first ready
-	// (pkg/pageout).
-	ReleaseStartPages bool
 }
 
 // DefaultGCPercent is the agent's garbage collector target. Go's default,
@@ -71,8 +64,6 @@ var defaultConfig = Config{
 	RunDir:    "/var/run/cellium",
 	NodeName:  "",
 	GCPercent: DefaultGCPercent,
-
-	ReleaseStartPages: true,
 }
 
 func (def Config) Flags(flags *pflag.FlagSet) {
@@ -80,7 +71,6 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("run-dir", def.RunDir, "Directory for runtime files (sockets)")
 	flags.String("node-name", def.NodeName, "Name of this node (default: the host name)")
 	flags.Int("gc-percent", def.GCPercent, "Go garbage collector target: heap growth, in percent of the live heap, between collections (Go's GOGC); 0 leaves the GOGC variable or Go's default of 100")
-	flags.Bool("release-start-pages", def.ReleaseStartPages, "When the agent starts and once it is first ready, have the kernel page out its executable's resident pages, which the initialization and the start read (code and read-only data; mapped back from the file when used again)")
 }
 
 // Paths are the agent's directories. They exist once the daemon cell has

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,7 +34,7 @@ var (
 	benchIdle     = flag.Duration("bench.idle", 60*time.Second, "How long BenchmarkIdleAgent lets the agent idle before reading its memory")
 	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) in BenchmarkScale's manifests directory")
 	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
-	benchArgs     = flag.String("bench.agent-args", "", "Flags added to every benchmark's agent command line, separated by spaces (as --release-start-pages=false)")
+	benchArgs     = flag.String("bench.agent-args", "", "Flags added to every benchmark's agent command line, separated by spaces (as --gc-percent=100)")
 	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
 )
 
@@ -41,11 +42,17 @@ var (
 // flags in embedded mode (only its paths are private), after it has been
 // ready and idle for -bench.idle. It prints
 //
-//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... binary_mb=...
+//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=...
 //
-// where file_mb is the part of the resident set backed by files: the
-// binary's pages that ran or were read, and the event ring buffer's mapping.
-// With -bench.profile-dir (which adds --pprof to the flags) it also writes
+// rss_mb is VmRSS, anon_mb its anonymous part (RssAnon: heap, stacks, the
+// runtime's), file_mb the part backed by files (RssFile: the binary's pages
+// that ran or were read, and the event ring buffer's mapping). The agent
+// runs in a memory cgroup of its own, started with the binary's pages out
+// of the page cache as on a node's first start, and cgroup_ws_mb is that
+// cgroup's working set: what the kernel charges it less the inactive file
+// pages it may reclaim for free, what the kubelet reports for a pod;
+// cgroup_kernel_mb is the kernel's memory in it (the BPF maps the agent
+// creates, most of it). With -bench.profile-dir (which adds --pprof to the flags) it also writes
 // the agent's /proc smaps and heap profile there.
 //
 //	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x
@@ -56,7 +63,7 @@ func BenchmarkIdleAgent(b *testing.B) {
 		if *benchProfile != "" {
 			flags = append(flags, "--pprof")
 		}
-		a := startBenchAgent(b, env, flags...)
+		a := startBenchAgent(b, env, true, flags...)
 		a.waitReady(b, time.Minute)
 		time.Sleep(*benchIdle)
 		mem := a.memory(b)
@@ -72,8 +79,8 @@ func BenchmarkIdleAgent(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		fmt.Printf("agent-idle-bench idle_s=%.0f rss_mb=%.1f anon_mb=%.1f file_mb=%.1f binary_mb=%.1f\n",
-			benchIdle.Seconds(), mem.rss, mem.anon, mem.file, float64(fi.Size())/(1<<20))
+		fmt.Printf("agent-idle-bench idle_s=%.0f %s binary_mb=%.1f\n",
+			benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20))
 	}
 }
 
@@ -123,32 +130,39 @@ func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix
 	}
 	var runs [2]scaleRun
 	for i := range runs {
-		runs[i] = runScale(b, env, flags, n, fmt.Sprintf("%srun%d", profilePrefix, i))
+		runs[i] = runScale(b, env, flags, n, i == 0, fmt.Sprintf("%srun%d", profilePrefix, i))
 	}
-	return fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f rss_mb=%.0f anon_mb=%.0f rss_settled_mb=%.0f rss_peak_mb=%.0f stop_s=%.2f",
-		n, runs[0].ready.Seconds(), runs[0].written.Seconds(), runs[1].ready.Seconds(), runs[1].written.Seconds(),
-		runs[1].writes, max(runs[0].rss, runs[1].rss), max(runs[0].anon, runs[1].anon), max(runs[0].settled, runs[1].settled), max(runs[0].peak, runs[1].peak), max(runs[0].stop, runs[1].stop).Seconds())
+	// The memory of the run that held more once written.
+	mem := runs[0]
+	if runs[1].written.rss > mem.written.rss {
+		mem = runs[1]
+	}
+	return fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f %s rss_settled_mb=%.1f rss_peak_mb=%.1f stop_s=%.2f",
+		n, runs[0].ready.Seconds(), runs[0].writtenAt.Seconds(), runs[1].ready.Seconds(), runs[1].writtenAt.Seconds(),
+		runs[1].writes, mem.written, max(runs[0].settled.rss, runs[1].settled.rss), max(runs[0].settled.peak, runs[1].settled.peak), max(runs[0].stop, runs[1].stop).Seconds())
 }
 
 type scaleRun struct {
-	ready, written, stop             time.Duration
-	writes, rss, anon, settled, peak float64
+	ready, writtenAt, stop time.Duration
+	writes                 float64
+	// The agent's memory once everything is written and -bench.settle later.
+	written, settled memory
 }
 
-func runScale(b *testing.B, env *agentEnv, flags []string, n int, name string) scaleRun {
+// runScale is one run of the agent; first starts it with the binary out of
+// the page cache.
+func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, name string) scaleRun {
 	var r scaleRun
-	a := startBenchAgent(b, env, flags...)
+	a := startBenchAgent(b, env, first, flags...)
 	cpu := a.cpuProfile(b, name+"-cpu.pb.gz")
 	r.ready = a.waitReady(b, 5*time.Minute)
-	r.written = a.waitWritten(b, n, 5*time.Minute)
+	r.writtenAt = a.waitWritten(b, n, 5*time.Minute)
 	<-cpu
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
-	written := a.memory(b)
-	r.rss, r.anon = written.rss, written.anon
+	r.written = a.memory(b)
 	a.profile(b, name+"-written")
 	time.Sleep(*benchSettle)
-	mem := a.memory(b)
-	r.settled, r.peak = mem.rss, mem.peak
+	r.settled = a.memory(b)
 	a.profile(b, name+"-settled")
 	r.stop = a.stop(b)
 	return r
@@ -217,7 +231,7 @@ func (a *benchAgent) profile(b *testing.B, name string) {
 		}
 	}
 	mem := a.memory(b)
-	fmt.Printf("agent-scale-profile %s rss_mb=%.0f anon_mb=%.0f %s\n", name, mem.rss, mem.anon, strings.Join(figures, " "))
+	fmt.Printf("agent-scale-profile %s %s %s\n", name, mem, strings.Join(figures, " "))
 	// Before a collection (what is resident: live and garbage), then after.
 	get(a.env.healthAddr, "/debug/pprof/heap", name+"-heap.pb.gz")
 	get(a.env.healthAddr, "/debug/pprof/heap?gc=1", name+"-heap-gc.pb.gz")
@@ -248,20 +262,29 @@ type benchAgent struct {
 	started time.Time
 	exited  chan error
 	client  *client.Client
+	cgroup  *memCgroup
 }
 
-func startBenchAgent(b *testing.B, env *agentEnv, flags ...string) *benchAgent {
+// startBenchAgent starts the built agent in a memory cgroup of its own; cold
+// evicts the binary's pages from the page cache first, as on a node the
+// agent has not run on yet, so that the agent's cgroup is charged for them.
+func startBenchAgent(b *testing.B, env *agentEnv, cold bool, flags ...string) *benchAgent {
 	b.Helper()
 	requireRootB(b)
+	if cold {
+		dropPageCache(b, agentBin)
+	}
+	cg := newMemCgroup(b)
 	log, err := os.OpenFile(filepath.Join(env.dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer log.Close()
 	args := append([]string{"run", "--log-format", "json"}, flags...)
-	cmd := exec.Command(agentBin, append(args, strings.Fields(*benchArgs)...)...)
+	argv := cg.wrap(append(append([]string{agentBin}, args...), strings.Fields(*benchArgs)...))
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
-	a := &benchAgent{env: env, cmd: cmd, exited: make(chan error, 1), client: client.New(env.socket)}
+	a := &benchAgent{env: env, cmd: cmd, exited: make(chan error, 1), client: client.New(env.socket), cgroup: cg}
 	a.started = time.Now()
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -290,7 +313,9 @@ func (a *benchAgent) poll(b *testing.B, what string, timeout time.Duration, done
 	for !done() {
 		select {
 		case err := <-a.exited:
-			b.Fatalf("agent exited (%v) before %s; log in %s", err, what, filepath.Join(a.env.dir, "agent.log"))
+			log, _ := os.ReadFile(filepath.Join(a.env.dir, "agent.log"))
+			lines := strings.Split(strings.TrimSpace(string(log)), "\n")
+			b.Fatalf("agent exited (%v) before %s; the end of its log:\n%s", err, what, strings.Join(lines[max(0, len(lines)-10):], "\n"))
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -360,9 +385,18 @@ func (a *benchAgent) metric(b *testing.B, name string) float64 {
 	return sum
 }
 
-type memory struct{ rss, anon, file, peak float64 }
+// memory is the agent's memory in MiB: its resident set (VmRSS) and the
+// set's anonymous and file-backed parts, the most it was (VmHWM), and its
+// cgroup's working set and the kernel's part of that (NaN without a
+// cgroup).
+type memory struct{ rss, anon, file, peak, cgroupWS, cgroupKernel float64 }
 
-// memory reads the agent's resident set from /proc, in MiB.
+func (m memory) String() string {
+	return fmt.Sprintf("rss_mb=%.1f anon_mb=%.1f file_mb=%.1f cgroup_ws_mb=%.1f cgroup_kernel_mb=%.1f", m.rss, m.anon, m.file, m.cgroupWS, m.cgroupKernel)
+}
+
+// memory reads the agent's resident set from /proc and its cgroup's
+// working set.
 func (a *benchAgent) memory(b *testing.B) memory {
 	b.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", a.cmd.Process.Pid))
@@ -374,7 +408,12 @@ func (a *benchAgent) memory(b *testing.B) memory {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var m memory
+	m := memory{cgroupWS: math.NaN(), cgroupKernel: math.NaN()}
+	if a.cgroup != nil {
+		if m.cgroupWS, m.cgroupKernel, err = a.cgroup.workingSet(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for line := range strings.Lines(string(data)) {
 		key, value, _ := strings.Cut(line, ":")
 		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
