@@ -13,20 +13,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/cellium/cellium/pkg/client"
-	"github.com/cellium/cellium/pkg/etcdtest"
-	"github.com/cellium/cellium/pkg/kubeapitest"
 	"github.com/cellium/cellium/pkg/scalemanifests"
 )
 
@@ -117,46 +109,61 @@ func BenchmarkScale(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
-		fmt.Printf("agent-scale-bench %s\n", scaleRuns(b, env, flags, n, ""))
+		fmt.Printf("agent-scale-bench %s\n", scaleRuns(b, env, flags, n, "", nil))
 	}
 }
 
 // scaleRuns starts the agent with flags twice on the same state, a first
 // start and then a restart (see runScale), and returns the figures of the
-// agent-scale-bench line: services=N first_ready_s=... stop_s=....
-func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix string) string {
+// agent-scale-bench line: services=N first_ready_s=... stop_s=..., and
+// with server what the API server spent on each.
+func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix string, server *apiServerMeter) string {
 	if *benchProfile != "" {
 		flags = append(flags, "--pprof")
 	}
 	var runs [2]scaleRun
 	for i := range runs {
-		runs[i] = runScale(b, env, flags, n, i == 0, fmt.Sprintf("%srun%d", profilePrefix, i))
+		runs[i] = runScale(b, env, flags, n, i == 0, fmt.Sprintf("%srun%d", profilePrefix, i), server)
 	}
 	// The memory of the run that held more once written.
 	mem := runs[0]
 	if runs[1].written.rss > mem.written.rss {
 		mem = runs[1]
 	}
-	return fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f %s rss_settled_mb=%.1f rss_peak_mb=%.1f stop_s=%.2f",
+	line := fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f %s rss_settled_mb=%.1f rss_peak_mb=%.1f stop_s=%.2f",
 		n, runs[0].ready.Seconds(), runs[0].writtenAt.Seconds(), runs[1].ready.Seconds(), runs[1].writtenAt.Seconds(),
 		runs[1].writes, mem.written, max(runs[0].settled.rss, runs[1].settled.rss), max(runs[0].settled.peak, runs[1].settled.peak), max(runs[0].stop, runs[1].stop).Seconds())
+	if server != nil {
+		line += fmt.Sprintf(" first_apiserver_cpu_s=%.2f first_apiserver_sent_mb=%.1f restart_apiserver_cpu_s=%.2f restart_apiserver_sent_mb=%.1f",
+			runs[0].serverCPU, runs[0].serverSent, runs[1].serverCPU, runs[1].serverSent)
+	}
+	return line
 }
 
 type scaleRun struct {
 	ready, writtenAt, stop time.Duration
 	writes                 float64
+	// The API server's CPU seconds and MB sent from exec to written.
+	serverCPU, serverSent float64
 	// The agent's memory once everything is written and -bench.settle later.
 	written, settled memory
 }
 
 // runScale is one run of the agent; first starts it with the binary out of
 // the page cache.
-func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, name string) scaleRun {
+func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, name string, server *apiServerMeter) scaleRun {
 	var r scaleRun
+	var mark apiServerMark
+	if server != nil {
+		mark = server.mark(b)
+	}
 	a := startBenchAgent(b, env, first, flags...)
 	cpu := a.cpuProfile(b, name+"-cpu.pb.gz")
 	r.ready = a.waitReady(b, 5*time.Minute)
 	r.writtenAt = a.waitWritten(b, n, 5*time.Minute)
+	if server != nil {
+		r.serverCPU, r.serverSent = server.since(b, mark)
+	}
 	<-cpu
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
 	r.written = a.memory(b)
@@ -452,122 +459,3 @@ func (a *benchAgent) stop(b *testing.B) time.Duration {
 	return time.Since(start)
 }
 
-// BenchmarkScaleCluster is BenchmarkScale against a real kube-apiserver
-// (and etcd) instead of the embedded server: the path of an agent in a
-// cluster, where the listings come from the API server and no manifests or
-// embedded store are in the agent. It creates -bench.services Services and
-// an EndpointSlice of one endpoint for each (minutes: every Service
-// allocates its cluster IP), then starts the agent in kubeconfig mode,
-// restarts it, and prints one line:
-//
-//	agent-scale-bench mode=cluster setup_s=... services=N first_ready_s=... restart_ready_s=... rss_mb=... rss_peak_mb=... stop_s=...
-//
-//	go test ./cmd/agent -run '^$' -bench ScaleCluster -benchtime 1x
-func BenchmarkScaleCluster(b *testing.B) {
-	requireRootB(b)
-	if _, err := kubeapitest.Binary(); err != nil {
-		b.Skip(err)
-	}
-	n := *benchServices
-	for range b.N {
-		setup := time.Now()
-		etcd := etcdtest.Start(b)
-		kas := kubeapitest.Start(b, etcd.Endpoint())
-		applyRBAC(b, kas.Admin, nil)
-		token := kas.Token(b, deployNamespace, "cellium-agent")
-		const nodeName = "bench-node"
-		podCIDR := "10.252.7.0/24"
-		ctx := context.Background()
-		if _, err := kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
-			Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
-		}, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		createScaleObjects(b, kas, n)
-		setupTime := time.Since(setup)
-
-		env := newAgentEnv(b)
-		kubeconfig := filepath.Join(env.dir, "kubeconfig")
-		kas.WriteKubeconfig(b, kubeconfig, token)
-		flags := append(env.runFlags(),
-			"--k8s-mode", "kubeconfig", "--kubeconfig", kubeconfig, "--node-name", nodeName, "--ipam", "kubernetes",
-			// The embedded defaults' rate: listing 100,000 objects
-			// a page at a time is 200 requests.
-			"--k8s-api-qps", "1000", "--k8s-api-burst", "2000",
-			"--lb-service-map-max", strconv.Itoa(2*n+1024),
-			"--lb-backend-map-max", strconv.Itoa(n+1024),
-		)
-		fmt.Printf("agent-scale-bench mode=cluster setup_s=%.0f %s\n", setupTime.Seconds(), scaleRuns(b, env, flags, n, "cluster-"))
-	}
-}
-
-// createScaleObjects creates n Services in namespace bench, each with an
-// EndpointSlice of one endpoint, as pkg/scalemanifests writes them, with
-// several clients at once.
-func createScaleObjects(b *testing.B, kas *kubeapitest.Server, n int) {
-	b.Helper()
-	ctx := context.Background()
-	cfg := kas.Config(kubeapitest.AdminToken)
-	cfg.QPS, cfg.Burst = 5000, 10000
-	admin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	const workers = 16
-	next := make(chan int)
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range next {
-				name := fmt.Sprintf("svc-%d", i)
-				svc := &corev1.Service{
-					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", Labels: map[string]string{"app": name}},
-					Spec: corev1.ServiceSpec{
-						Selector: map[string]string{"app": name},
-						Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
-					},
-				}
-				if _, err := admin.CoreV1().Services("bench").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create Service %s: %w", name, err)
-					return
-				}
-				ready, port, proto := true, int32(8080), corev1.ProtocolTCP
-				portName, node := "http", fmt.Sprintf("node-%d", i%100)
-				slice := &discoveryv1.EndpointSlice{
-					ObjectMeta:  metav1.ObjectMeta{Name: name + "-x7k2p", Namespace: "bench", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-					AddressType: discoveryv1.AddressTypeIPv4,
-					Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
-					Endpoints: []discoveryv1.Endpoint{{
-						Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+i>>16, i>>8&0xff, i&0xff)},
-						Conditions: discoveryv1.EndpointConditions{Ready: &ready},
-						NodeName:   &node,
-					}},
-				}
-				if _, err := admin.DiscoveryV1().EndpointSlices("bench").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-					errs <- fmt.Errorf("create EndpointSlice %s: %w", slice.Name, err)
-					return
-				}
-			}
-		})
-	}
-	for i := range n {
-		select {
-		case next <- i:
-		case err := <-errs:
-			close(next)
-			wg.Wait()
-			b.Fatal(err)
-		}
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
-	}
-}

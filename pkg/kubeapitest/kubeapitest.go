@@ -47,7 +47,10 @@ type Server struct {
 	CA []byte
 	// Admin is a clientset with AdminToken.
 	Admin *kubernetes.Clientset
-	log   string
+	// PID is the kube-apiserver process's (its CPU time and memory are in
+	// /proc/PID).
+	PID int
+	log string
 }
 
 // Start starts kube-apiserver on etcd at etcdEndpoint (a prefix of its own
@@ -98,6 +101,7 @@ func Start(t testing.TB, etcdEndpoint string) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
 	}
+	s.PID = cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait(); logFile.Close() }()
 	t.Cleanup(func() {

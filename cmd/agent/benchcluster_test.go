@@ -1,0 +1,370 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/kubeapitest"
+)
+
+var benchClients = flag.Int("bench.clients", 20, "How many agents' list-and-watch of Services and EndpointSlices BenchmarkScaleCluster starts at once (clients in the benchmark's process)")
+
+// BenchmarkScaleCluster is the agent on the path it runs in a cluster: a
+// real kube-apiserver (and etcd, its data on a tmpfs) holding
+// -bench.services ClusterIP Services, each with an EndpointSlice of one
+// endpoint, created through the API before the clock starts (setup_s).
+// The agent runs in kubeconfig mode, its listings from the API server, a
+// first start and a restart on the same state, as BenchmarkScale measures
+// them (see scaleRuns), and the API server's cost of each start: its CPU
+// time from the agent's exec until every frontend was written
+// (first_apiserver_cpu_s, restart_...) and the bytes it sent the agent
+// (first_apiserver_sent_mb, restart_...; the agent talks to it through a
+// proxy of the benchmark's that counts them).
+//
+// Then -bench.clients agents' list-and-watch of both kinds start at once,
+// as a DaemonSet's agents do after a rollout, clients in the benchmark's
+// own process (Reflectors as the agent's, discarding what they get): the
+// time until all have their listings (clients_synced_s), the API server's
+// CPU time over it and the bytes it sent, per client (clients_...), and the
+// API server's resident set after (apiserver_rss_mb).
+//
+//	agent-scale-bench mode=cluster setup_s=... services=N first_ready_s=... ... clients=20 clients_synced_s=... ...
+//
+//	go test ./cmd/agent -run '^$' -bench ScaleCluster -benchtime 1x
+func BenchmarkScaleCluster(b *testing.B) {
+	requireRootB(b)
+	if _, err := kubeapitest.Binary(); err != nil {
+		b.Skip(err)
+	}
+	n := *benchServices
+	for range b.N {
+		setup := time.Now()
+		etcd := etcdtest.StartInMemory(b)
+		kas := kubeapitest.Start(b, etcd.Endpoint())
+		applyRBAC(b, kas.Admin, nil)
+		token := kas.Token(b, deployNamespace, "cellium-agent")
+		const nodeName = "bench-node"
+		podCIDR := "10.252.7.0/24"
+		ctx := context.Background()
+		if _, err := kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
+			Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
+		}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		createScaleObjects(b, kas, n)
+		setupTime := time.Since(setup)
+
+		proxy := newCountingProxy(b, kas.URL)
+		server := &apiServerMeter{pid: kas.PID, proxy: proxy}
+		env := newAgentEnv(b)
+		kubeconfig := filepath.Join(env.dir, "kubeconfig")
+		proxied := *kas
+		proxied.URL = proxy.url
+		proxied.WriteKubeconfig(b, kubeconfig, token)
+		flags := append(env.runFlags(),
+			"--k8s-mode", "kubeconfig", "--kubeconfig", kubeconfig, "--node-name", nodeName, "--ipam", "kubernetes",
+			"--lb-service-map-max", strconv.Itoa(2*n+1024),
+			"--lb-backend-map-max", strconv.Itoa(n+1024),
+		)
+		agent := scaleRuns(b, env, flags, n, "cluster-", server)
+		clients := listWatchClients(b, kas, server, *benchClients, n)
+		fmt.Printf("agent-scale-bench mode=cluster setup_s=%.0f %s %s apiserver_rss_mb=%.0f\n",
+			setupTime.Seconds(), agent, clients, server.rss(b))
+	}
+}
+
+// apiServerMeter reads what the API server spent: its CPU time from
+// /proc, and the bytes it sent through the proxy.
+type apiServerMeter struct {
+	pid   int
+	proxy *countingProxy
+}
+
+type apiServerMark struct {
+	cpu  time.Duration
+	sent int64
+}
+
+func (m *apiServerMeter) mark(b testing.TB) apiServerMark {
+	return apiServerMark{cpu: processCPU(b, m.pid), sent: m.proxy.sent.Load()}
+}
+
+// since is the CPU time and the MB sent since mark.
+func (m *apiServerMeter) since(b testing.TB, mark apiServerMark) (cpuS, sentMB float64) {
+	now := m.mark(b)
+	return (now.cpu - mark.cpu).Seconds(), float64(now.sent-mark.sent) / (1 << 20)
+}
+
+func (m *apiServerMeter) rss(b testing.TB) float64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			if err != nil {
+				b.Fatalf("VmRSS of %d: %v", m.pid, err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatalf("no VmRSS in /proc/%d/status", m.pid)
+	return 0
+}
+
+// processCPU is the user and system CPU time of process pid (proc(5): the
+// 14th and 15th fields of stat, in clock ticks of 1/100 s on Linux).
+func processCPU(b testing.TB, pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name, in parentheses, may hold spaces: count from after it.
+	i := strings.LastIndexByte(string(stat), ')')
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 13 {
+		b.Fatalf("/proc/%d/stat: %q", pid, stat)
+	}
+	var ticks int64
+	for _, f := range fields[11:13] {
+		t, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += t
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// countingProxy forwards TCP connections to the API server and counts the
+// bytes the server sends back (TLS passes through it untouched: the
+// server's certificate names 127.0.0.1, where the proxy listens too).
+type countingProxy struct {
+	url  string
+	sent atomic.Int64
+}
+
+func newCountingProxy(b testing.TB, target string) *countingProxy {
+	u, err := url.Parse(target)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &countingProxy{url: "https://" + ln.Addr().String()}
+	var conns sync.WaitGroup
+	b.Cleanup(func() {
+		ln.Close()
+		conns.Wait()
+	})
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				defer client.Close()
+				server, err := net.Dial("tcp", u.Host)
+				if err != nil {
+					return
+				}
+				defer server.Close()
+				done := make(chan struct{})
+				go func() {
+					io.Copy(server, client)
+					server.(*net.TCPConn).CloseWrite()
+					close(done)
+				}()
+				n, _ := io.Copy(client, server)
+				p.sent.Add(n)
+				client.(*net.TCPConn).CloseWrite()
+				<-done
+			})
+		}
+	}()
+	return p
+}
+
+// listWatchClients starts clients list-and-watches of Services and
+// EndpointSlices at once through the proxy, as that many agents would,
+// each a client-go Reflector over the typed clients as the agent's load
+// balancer runs them (a streaming list where the server has them), into
+// a store that counts what it got and keeps nothing. It returns the
+// clients_... figures of the agent-scale-bench line.
+func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMeter, clients, n int) string {
+	cfg := kas.Config(kubeapitest.AdminToken)
+	cfg.Host = server.proxy.url
+	cfg.QPS, cfg.Burst = 1000, 2000
+	ctx, cancel := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	defer func() {
+		cancel()
+		running.Wait()
+	}()
+	mark := server.mark(b)
+	start := time.Now()
+	var synced sync.WaitGroup
+	for range clients {
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		kinds := []struct {
+			expected runtime.Object
+			list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
+			watch    func(context.Context, metav1.ListOptions) (watch.Interface, error)
+		}{{
+			&corev1.Service{},
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return cs.CoreV1().Services("").List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return cs.CoreV1().Services("").Watch(ctx, o)
+			},
+		}, {
+			&discoveryv1.EndpointSlice{},
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return cs.DiscoveryV1().EndpointSlices("").List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return cs.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+			},
+		}}
+		for _, k := range kinds {
+			store := &countingStore{listed: make(chan struct{})}
+			lw := &cache.ListWatch{ListWithContextFunc: k.list, WatchFuncWithContext: k.watch}
+			r := cache.NewReflectorWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, cs), k.expected, store, cache.ReflectorOptions{})
+			running.Go(func() { r.RunWithContext(ctx) })
+			synced.Go(func() {
+				select {
+				case <-store.listed:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}
+	waited := make(chan struct{})
+	go func() { synced.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Minute):
+		b.Fatalf("%d clients' listings not done after 10 minutes", clients)
+	}
+	syncedIn := time.Since(start)
+	cpu, sent := server.since(b, mark)
+	return fmt.Sprintf("clients=%d clients_synced_s=%.2f clients_apiserver_cpu_s=%.2f clients_apiserver_cpu_s_per_client=%.2f clients_apiserver_sent_mb_per_client=%.1f",
+		clients, syncedIn.Seconds(), cpu, cpu/float64(clients), sent/float64(clients))
+}
+
+// countingStore is a Reflector's store that keeps nothing and closes
+// listed at the first complete listing.
+type countingStore struct {
+	listed chan struct{}
+	once   sync.Once
+	items  atomic.Int64
+}
+
+func (s *countingStore) Add(any) error    { s.items.Add(1); return nil }
+func (s *countingStore) Update(any) error { return nil }
+func (s *countingStore) Delete(any) error { return nil }
+func (s *countingStore) Replace(list []any, _ string) error {
+	s.items.Add(int64(len(list)))
+	s.once.Do(func() { close(s.listed) })
+	return nil
+}
+func (s *countingStore) Resync() error { return nil }
+
+func createScaleObjects(b *testing.B, kas *kubeapitest.Server, n int) {
+	b.Helper()
+	ctx := context.Background()
+	cfg := kas.Config(kubeapitest.AdminToken)
+	cfg.QPS, cfg.Burst = 5000, 10000
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	const workers = 32
+	next := make(chan int)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				name := fmt.Sprintf("svc-%d", i)
+				svc := &corev1.Service{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench", Labels: map[string]string{"app": name}},
+					Spec: corev1.ServiceSpec{
+						Selector: map[string]string{"app": name},
+						Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
+					},
+				}
+				if _, err := admin.CoreV1().Services("bench").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("create Service %s: %w", name, err)
+					return
+				}
+				ready, port, proto := true, int32(8080), corev1.ProtocolTCP
+				portName, node := "http", fmt.Sprintf("node-%d", i%100)
+				slice := &discoveryv1.EndpointSlice{
+					ObjectMeta:  metav1.ObjectMeta{Name: name + "-x7k2p", Namespace: "bench", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+					AddressType: discoveryv1.AddressTypeIPv4,
+					Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
+					Endpoints: []discoveryv1.Endpoint{{
+						Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+i>>16, i>>8&0xff, i&0xff)},
+						Conditions: discoveryv1.EndpointConditions{Ready: &ready},
+						NodeName:   &node,
+					}},
+				}
+				if _, err := admin.DiscoveryV1().EndpointSlices("bench").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+					errs <- fmt.Errorf("create EndpointSlice %s: %w", slice.Name, err)
+					return
+				}
+			}
+		})
+	}
+	for i := range n {
+		select {
+		case next <- i:
+		case err := <-errs:
+			close(next)
+			wg.Wait()
+			b.Fatal(err)
+		}
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
