@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/cellium/cellium/cells/daemon"
@@ -92,7 +93,7 @@ type Clientset interface {
 
 // clusterClientset talks to a real API server.
 type clusterClientset struct {
-	*kubernetes.Clientset
+	*groups
 	config *rest.Config
 }
 
@@ -108,13 +109,37 @@ func RESTConfig(cs Clientset) *rest.Config {
 	return nil
 }
 
-// embeddedClientset is client-go's fake. Embedding the pointer passes on
-// its IsWatchListSemanticsUnSupported, so informers list and watch rather
-// than ask for a streaming list: the two are the same to the embedded
-// server, and the former is what every fake-based test exercises.
-type embeddedClientset struct{ *fake.Clientset }
+// embeddedClientset is client-go's fake through the groups the agent uses.
+// It keeps the fake's reactors (*k8stesting.Fake), not the *fake.Clientset:
+// a Clientset is an interface value, and every method of a type reachable
+// from one stays in the binary, the fake's clients of every group with
+// them.
+type embeddedClientset struct {
+	*groups
+	fake *k8stesting.Fake
+}
+
+func newEmbeddedClientset(cs *fake.Clientset) embeddedClientset {
+	if embeddedCreated != nil {
+		embeddedCreated(cs)
+	}
+	return embeddedClientset{
+		groups: &groups{discovery: cs.Discovery(), coreV1: cs.CoreV1(), discoveryV1: cs.DiscoveryV1(), networkingV1: cs.NetworkingV1()},
+		fake:   &cs.Fake,
+	}
+}
+
+// embeddedCreated, when a test sets it, is given the fake behind each
+// embedded Clientset made.
+var embeddedCreated func(*fake.Clientset)
 
 func (embeddedClientset) Embedded() bool { return true }
+
+// IsWatchListSemanticsUnSupported is true, as the fake's: informers list
+// and watch rather than ask for a streaming list. The two are the same to
+// the embedded server, and the former is what every fake-based test
+// exercises.
+func (embeddedClientset) IsWatchListSemanticsUnSupported() bool { return true }
 
 type clientsetParams struct {
 	cell.In
@@ -139,12 +164,12 @@ func newClientset(p clientsetParams) (Clientset, error) {
 	if mode != modeEmbedded {
 		rc.QPS, rc.Burst = cfg.K8sAPIQPS, cfg.K8sAPIBurst
 		rc.UserAgent = "cellium-agent"
-		cs, err := kubernetes.NewForConfig(rc)
+		g, err := newGroups(rc)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client for %s: %w", rc.Host, err)
 		}
 		p.Log.Info("Kubernetes API", "mode", mode, "server", rc.Host)
-		return clusterClientset{cs, rc}, nil
+		return clusterClientset{g, rc}, nil
 	}
 
 	cs, store, err := newFakeClientset()
@@ -175,7 +200,7 @@ func newClientset(p clientsetParams) (Clientset, error) {
 	p.Lifecycle.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
 	p.Jobs.Add(job.OneShot("watch-manifests", s.watch))
 	p.Log.Info("Kubernetes API", "mode", mode, "manifests", dir)
-	return embeddedClientset{cs}, nil
+	return newEmbeddedClientset(cs), nil
 }
 
 // resolve validates the flags and picks the mode. Outside embedded mode it

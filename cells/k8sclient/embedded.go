@@ -28,7 +28,7 @@ func NewEmbedded(objects ...runtime.Object) (Clientset, *fake.Clientset, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	return embeddedClientset{cs}, cs, nil
+	return newEmbeddedClientset(cs), cs, nil
 }
 
 // ResourceOf is the resource of a typed object of the client-go scheme, and
@@ -485,7 +485,7 @@ func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind s
 	if !ok || opts.LabelSelector != "" || opts.FieldSelector != "" {
 		return "", false, nil
 	}
-	ret, err := e.Invokes(streamListAction{k8stesting.NewListActionWithOptions(resource, kind, ns, opts)}, nil)
+	ret, err := e.fake.Invokes(streamListAction{k8stesting.NewListActionWithOptions(resource, kind, ns, opts)}, nil)
 	if err != nil {
 		return "", true, err
 	}

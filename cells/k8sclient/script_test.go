@@ -69,6 +69,28 @@ var watchedKinds = []watchedKind{
 		}},
 }
 
+// fakes are the fakes behind the embedded Clientsets the tests made, by
+// their reactors.
+var (
+	fakesMu sync.Mutex
+	fakes   = map[*k8stesting.Fake]*fake.Clientset{}
+)
+
+func init() {
+	embeddedCreated = func(cs *fake.Clientset) {
+		fakesMu.Lock()
+		defer fakesMu.Unlock()
+		fakes[&cs.Fake] = cs
+	}
+}
+
+// fakeOf is the fake behind an embedded Clientset.
+func fakeOf(cs Clientset) *fake.Clientset {
+	fakesMu.Lock()
+	defer fakesMu.Unlock()
+	return fakes[cs.(embeddedClientset).fake]
+}
+
 // newEngine runs the k8s-client cell in embedded mode on a temporary
 // manifests directory, which the script edits with the manifest/...
 // commands, and a module "k8s-watcher" that, like the agent's reflectors,
@@ -98,7 +120,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	})
 	hive.AddConfigOverride(h, func(c *Config) { c.K8sManifestsDir = dir })
 
-	cs := func() *fake.Clientset { return clientset.(embeddedClientset).Clientset }
+	cs := func() *fake.Clientset { return fakeOf(clientset) }
 	return celltest.ScriptEngine(t, h, args, map[string]script.Cmd{
 		"manifest/write": script.Command(
 			script.CmdUsage{
@@ -309,7 +331,7 @@ func (w *watcher) Start(ctx cell.HookContext) error {
 	// both reach it; eventLog.flush depends on that.
 	var mu sync.Mutex
 	watching, allWatching := map[schema.GroupVersionResource]bool{}, make(chan struct{})
-	w.clientset.(embeddedClientset).PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+	fakeOf(w.clientset).PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !watching[a.GetResource()] {
