@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
-	kjson "sigs.k8s.io/json"
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
@@ -106,9 +105,6 @@ type decoder struct {
 	// mappings caches the mapper's answers by kind: it searches every
 	// group on each call, which was a tenth of a large directory's load.
 	mappings sync.Map // schema.GroupVersionKind -> *meta.RESTMapping
-	// generic turns the fast paths off (fastYAMLConvert, decodeTyped):
-	// tests compare what they give with the reference path's.
-	generic bool
 }
 
 func newDecoder() *decoder {
@@ -223,20 +219,8 @@ func (d *decoder) decodeDocument(file *string, doc document) (decoded, error) {
 	}
 	// The same conversion as kubectl's, so YAML 1.1 forms such as
 	// "enabled: yes" mean what they mean there. Strict: a key given twice
-	// is a mistake. The fast converter gives the same JSON for the YAML it
-	// takes, and leaves the rest (and every error) to the reference.
-	var (
-		js   []byte
-		th   typeHeader
-		fast bool
-		err  error
-	)
-	if !d.generic {
-		js, th, fast = fastYAMLConvert(doc.data)
-	}
-	if !fast {
-		js, err = sigsyaml.YAMLToJSONStrict(doc.data)
-	}
+	// is a mistake.
+	js, err := sigsyaml.YAMLToJSONStrict(doc.data)
 	if err != nil {
 		line, msg := yamlErrorLine(err)
 		if line == 0 {
@@ -254,11 +238,7 @@ func (d *decoder) decodeDocument(file *string, doc document) (decoded, error) {
 	// The codec finds the kind itself; the header is read apart only to
 	// explain an object that does not decode or has no name, which keeps
 	// a second pass over every document off the common path.
-	obj, gvk, ok := d.decodeTyped(js, th) // false when generic: th is empty
-	var decodeErr error
-	if !ok {
-		obj, gvk, decodeErr = d.codec.Decode(js, nil, nil)
-	}
+	obj, gvk, decodeErr := d.codec.Decode(js, nil, nil)
 	var h header
 	if decodeErr == nil {
 		if acc, err := meta.Accessor(obj); err == nil {
@@ -322,35 +302,6 @@ func (d *decoder) decodeDocument(file *string, doc document) (decoded, error) {
 		return decoded{}, fail(doc.objectLine, "%s %s: %v", h.Kind, h.Metadata.Name, err)
 	}
 	return m, nil
-}
-
-// decodeTyped decodes js, whose apiVersion and kind the fast YAML
-// converter read, straight into an object of that kind: what the codec does
-// for it, without the codec's first pass over the whole document to find
-// the kind (a tenth of the decode). It returns false for anything that does
-// not decode cleanly; the codec then decodes it again and gives the error.
-func (d *decoder) decodeTyped(js []byte, th typeHeader) (runtime.Object, *schema.GroupVersionKind, bool) {
-	if th.apiVersion == "" || th.kind == "" {
-		return nil, nil, false
-	}
-	gv, err := schema.ParseGroupVersion(th.apiVersion)
-	if err != nil || gv.Version == "" {
-		return nil, nil, false
-	}
-	gvk := gv.WithKind(th.kind)
-	if obj, ok := decodeFastTyped(js, gvk); ok {
-		return obj, &gvk, true
-	}
-	obj, err := scheme.Scheme.New(gvk)
-	if err != nil {
-		return nil, nil, false
-	}
-	// The codec's strict JSON decoding, as it calls it.
-	strictErrs, err := kjson.UnmarshalStrict(js, obj)
-	if err != nil || len(strictErrs) > 0 {
-		return nil, nil, false
-	}
-	return obj, &gvk, true
 }
 
 // setObject sets m's encoding and digest to obj's. The digest identifies

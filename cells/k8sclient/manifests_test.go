@@ -167,6 +167,64 @@ func TestDecodeFileErrors(t *testing.T) {
 	}
 }
 
+// typicalManifests are manifests as people write them: comments, flow
+// and block collections, quoted scalars, two address families.
+var typicalManifests = []string{
+	`apiVersion: v1
+kind: Service
+metadata:
+  name: web   # the front end
+  namespace: default
+  labels: {app: web, "app.kubernetes.io/part-of": shop}
+  annotations:
+    'note': 'it''s here'
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, "fd00::10"]
+  ipFamilies:
+  - IPv4
+  - IPv6
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
+  - name: https
+    port: 443
+    targetPort: "https"
+  sessionAffinity: None
+`,
+	`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+  - name: http
+    port: 8080
+    protocol: TCP
+endpoints:
+- addresses:
+  - 10.244.0.5
+  conditions: {ready: true, serving: false}
+  nodeName: node-1
+- addresses: [10.244.1.7]
+  conditions:
+    ready:
+  zone: ""
+`,
+	`apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+spec:
+  podCIDRs: [10.244.0.0/24, fd00:10:244::/112]
+  taints: []
+  unschedulable: false
+`,
+}
+
 // FuzzDecodeFile: whatever a manifest file holds, decoding it never panics;
 // it gives objects that each have a name and the file, or an error that
 // names the file.
