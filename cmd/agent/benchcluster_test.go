@@ -202,14 +202,26 @@ func newCountingProxy(b testing.TB, target string) *countingProxy {
 					server.(*net.TCPConn).CloseWrite()
 					close(done)
 				}()
-				n, _ := io.Copy(client, server)
-				p.sent.Add(n)
+				io.Copy(client, countingReader{server, &p.sent})
 				client.(*net.TCPConn).CloseWrite()
 				<-done
 			})
 		}
 	}()
 	return p
+}
+
+// countingReader adds what it reads to n as it goes: a watch's connection
+// stays open.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // listWatchClients starts clients list-and-watches of Services and
