@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/scalemanifests"
 )
@@ -458,4 +457,3 @@ func (a *benchAgent) stop(b *testing.B) time.Duration {
 	}
 	return time.Since(start)
 }
-
