@@ -23,6 +23,10 @@ func ServeIfHelper() {
 		err = serveTCP(os.Getenv(addrEnv), os.Getenv(podEnv))
 	case "dial-tcp":
 		err = json.NewEncoder(os.Stdout).Encode(dialTCP(os.Getenv(addrEnv)))
+	case "serve-probes":
+		err = serveProbes(os.Getenv(addrEnv))
+	case "probe":
+		err = probe()
 	case "sink-tcp":
 		err = sinkTCP(os.Getenv(addrEnv))
 	case "send-tcp":
