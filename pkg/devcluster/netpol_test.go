@@ -42,9 +42,6 @@ func TestNetworkPolicyTruthTable(t *testing.T) {
 			t.Fatalf("the cluster did not take a step's changes: no further case can run")
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.missing != "" {
-				t.Skip("needs " + tc.missing + ", which the agent does not have yet")
-			}
 			w.reset()
 			for i, st := range tc.steps {
 				w.apply(t, st)
@@ -83,8 +80,6 @@ type netpolCase struct {
 	// name is the upstream test's.
 	name  string
 	steps []netpolStep
-	// missing names an agent feature the case needs that has not landed.
-	missing string
 }
 
 // netpolWorld is the cluster and what is applied to it.
