@@ -2,9 +2,13 @@ package devcluster_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/devcluster"
@@ -121,18 +125,40 @@ func TestClusterHealth(t *testing.T) {
 		if before.Identity != 4 {
 			t.Errorf("node-2's health endpoint has identity %d, want the reserved health identity 4", before.Identity)
 		}
-		h := nlHandle(t, c.Node("node-2").NetNS)
-		veth, err := h.LinkByName(before.HostInterface)
-		if err == nil {
-			err = h.LinkDel(veth)
-		}
-		h.Close()
-		if err != nil {
-			t.Fatalf("delete %s in node-2: %v", before.HostInterface, err)
+		// The agent makes the endpoint again as soon as it sees it gone
+		// (it checks every few seconds); so that the probe below sees it
+		// gone, an interface of the endpoint's name in its namespace
+		// blocks the new one until the test removes it. Should the agent
+		// be quicker than the test, the new endpoint's interface is
+		// there: delete it again.
+		host, pod := nlHandle(t, c.Node("node-2").NetNS), nlHandle(t, before.Netns)
+		defer host.Close()
+		defer pod.Close()
+		blocker := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: before.Interface}, PeerName: "blocker"}
+		for attempt := 1; ; attempt++ {
+			if veth, err := host.LinkByName(before.HostInterface); err == nil {
+				if err := host.LinkDel(veth); err != nil {
+					t.Fatalf("delete %s in node-2: %v", before.HostInterface, err)
+				}
+			}
+			err := pod.LinkAdd(blocker)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.EEXIST) || attempt == 10 {
+				t.Fatalf("block %s in %s (attempt %d): %v", before.Interface, before.Netns, attempt, err)
+			}
 		}
 		n, _ := node(status(true), "node-2")
 		if n.Reachable || n.EndpointHTTP.OK || !n.HostICMP.OK || !n.HostHTTP.OK {
 			t.Fatalf("node-2 with its health endpoint gone: %+v; want the endpoint failing and the host answering", n)
+		}
+		b, err := pod.LinkByName(before.Interface)
+		if err == nil {
+			err = pod.LinkDel(b)
+		}
+		if err != nil {
+			t.Fatalf("remove the blocking %s: %v", before.Interface, err)
 		}
 		waitFor("node-2's health endpoint made again and reachable", 20*time.Second, allEndpoints)
 		if after := health(); after.HostIfIndex == before.HostIfIndex {
