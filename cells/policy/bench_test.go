@@ -83,7 +83,8 @@ func benchEngine(b *testing.B) *fixture {
 	if f.prefixes, err = NewPrefixesTable(f.db); err != nil {
 		b.Fatal(err)
 	}
-	f.e = newEngine(f.entries, f.enforcement, f.prefixes, func(string, string) []namedPort { return nil })
+	f.e = newEngine(f.entries, f.enforcement, f.prefixes, func(string, string) []namedPort { return nil },
+		func(string) []namedPort { return nil })
 	for ns := range benchNamespaces {
 		for app := range benchApps {
 			f.e.addIdentity(benchIdentity(ns, app), benchLabels(ns, app))

@@ -57,7 +57,11 @@ type params struct {
 	Endpoints   statedb.Table[*endpointmanager.Endpoint]
 	// IPCache gives `agent policy trace` the identity of an address.
 	IPCache statedb.Table[*ipcache.Entry] `optional:"true"`
-	Jobs    job.Group
+	// Allocator's label filter makes a pod's identity label set, to find
+	// the pods of a peer identity for egress named ports; without it (in
+	// tests) every label counts.
+	Allocator *idcell.Allocator `optional:"true"`
+	Jobs      job.Group
 }
 
 // Policy computes the desired policy of the local endpoints. The job
@@ -91,14 +95,18 @@ func newPolicy(p params) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	pods, err := newPodPorts(p.Clientset, string(p.NodeName))
+	alloc := p.Allocator
+	if alloc == nil {
+		alloc = new(idcell.Allocator)
+	}
+	pods, err := newPodPorts(p.Clientset, string(p.NodeName), alloc.PodLabels)
 	if err != nil {
 		return nil, err
 	}
 	pol := &Policy{
 		log: p.Log, db: p.DB, rules: p.Rules, entries: p.Entries, enforcement: p.Enforcement, prefixes: p.Prefixes,
 		identities: p.Identities, endpoints: p.Endpoints, ipcache: p.IPCache, watcher: watcher, pods: pods,
-		engine: newEngine(p.Entries, p.Enforcement, p.Prefixes, pods.ports),
+		engine: newEngine(p.Entries, p.Enforcement, p.Prefixes, pods.ports, pods.peerPorts),
 		computeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "cellium_policy_computation_seconds",
 			Help:    "Time to compute and write one batch of policy changes (policies, identities, endpoints, pods)",
@@ -182,9 +190,13 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 				p.engine.setEndpoint(c.Object)
 			}
 		}
-		for _, pod := range p.pods.take() {
+		local, peers := p.pods.take()
+		for _, pod := range local {
 			ns, name, _ := strings.Cut(pod, "/")
 			p.engine.podChanged(ns, name)
+		}
+		if peers {
+			p.engine.peerPortsChanged()
 		}
 		ruleSeq, ruleWatch := ruleChanges.Next(txn)
 		for c := range ruleSeq {

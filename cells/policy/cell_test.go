@@ -241,3 +241,62 @@ func TestCell(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestEgressNamedPortRemotePod: an egress named port resolves on the
+// container ports of the peer's pods on other nodes, read from the Pods of
+// the API; a change of those ports, or of the pod's labels, follows.
+func TestEgressNamedPortRemotePod(t *testing.T) {
+	dbPod := func(port int32, labels map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "db-0", Labels: labels},
+			Spec: corev1.PodSpec{NodeName: "node2", Containers: []corev1.Container{{Name: "pg",
+				Ports: []corev1.ContainerPort{{Name: "pg", ContainerPort: port, Protocol: corev1.ProtocolTCP}}}}},
+		}
+	}
+	dbLabels := map[string]string{"app": "db"}
+	a := start(t, dbPod(5432, dbLabels))
+	a.addIdentity(1001, "prod", map[string]string{"app": "web"}, nil)
+	a.addIdentity(1002, "prod", dbLabels, nil)
+	a.addEndpoint(&endpointmanager.Endpoint{ID: 1, PodNamespace: "prod", PodName: "web", Labels: map[string]string{"app": "web"}, Identity: 1001})
+	toDB := networkingv1.NetworkPolicySpec{
+		PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		Egress: []networkingv1.NetworkPolicyEgressRule{{
+			To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: dbLabels}}},
+			Ports: []networkingv1.NetworkPolicyPort{portOf(intstr.FromString("pg"))},
+		}},
+	}
+	if err := k8sclienttest.Create(a.cs, netpol("to-db", toDB)); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEntries(1, "egress 1002 6 5432-0 prod/to-db")
+
+	// The remote pod's port changes: the entry follows.
+	if _, err := a.cs.CoreV1().Pods("prod").Update(t.Context(), dbPod(6432, dbLabels), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEntries(1, "egress 1002 6 6432-0 prod/to-db")
+
+	// A second pod of the identity, with another number for the name:
+	// both numbers, for that identity only.
+	other := dbPod(7432, dbLabels)
+	other.Name = "db-1"
+	if _, err := a.cs.CoreV1().Pods("prod").Create(t.Context(), other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEntries(1, "egress 1002 6 6432-0 prod/to-db", "egress 1002 6 7432-0 prod/to-db")
+
+	// db-1's labels change (it has another identity, which the policy
+	// does not select): its port goes from identity 1002's.
+	other.Labels = map[string]string{"app": "db", "tier": "replica"}
+	if _, err := a.cs.CoreV1().Pods("prod").Update(t.Context(), other, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEntries(1, "egress 1002 6 6432-0 prod/to-db")
+
+	// The pod goes: no port of that name, no entry.
+	if err := a.cs.CoreV1().Pods("prod").Delete(t.Context(), "db-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEntries(1)
+}

@@ -44,6 +44,9 @@ type engine struct {
 	prefixTable statedb.RWTable[*Prefix]
 	// podPorts are the named ports of a pod of this node.
 	podPorts func(namespace, name string) []namedPort
+	// peerPorts are the named ports of the pods whose identity label set
+	// has the text key (identView.portKey); with key "", every pod's.
+	peerPorts func(key string) []namedPort
 
 	cache    *selectorCache
 	prefixes *prefixCache
@@ -54,8 +57,8 @@ type engine struct {
 	ruleEndpoints map[string]map[uint16]struct{}
 	endpoints     map[uint16]*endpointState
 	// egressNamed counts the applied policies with a named egress port:
-	// while there are any, a local pod's identity or ports changing
-	// changes other endpoints' entries.
+	// while there are any, a pod's named ports changing changes the
+	// endpoints' entries.
 	egressNamed int
 	// bad are the policies that cannot be applied, with why.
 	bad map[string]string
@@ -69,9 +72,9 @@ type engine struct {
 }
 
 func newEngine(entries statedb.RWTable[*Entry], enforcement statedb.RWTable[*Enforcement], prefixes statedb.RWTable[*Prefix],
-	podPorts func(string, string) []namedPort) *engine {
+	podPorts func(string, string) []namedPort, peerPorts func(string) []namedPort) *engine {
 	return &engine{
-		entries: entries, enforcement: enforcement, prefixTable: prefixes, podPorts: podPorts,
+		entries: entries, enforcement: enforcement, prefixTable: prefixes, podPorts: podPorts, peerPorts: peerPorts,
 		cache: newSelectorCache(), prefixes: newPrefixCache(), rules: map[string]*Rule{}, ruleEndpoints: map[string]map[uint16]struct{}{},
 		endpoints: map[uint16]*endpointState{}, bad: map[string]string{},
 		full: map[uint16]struct{}{}, partial: map[uint16]map[identity.NumericIdentity]struct{}{}, deleted: map[uint16]struct{}{},
@@ -152,7 +155,6 @@ func (e *engine) setEndpoint(ep *endpointmanager.Endpoint) {
 	e.endpoints[ep.ID] = st
 	delete(e.deleted, ep.ID)
 	e.full[ep.ID] = struct{}{}
-	e.peerPortsChanged()
 }
 
 func (e *engine) deleteEndpoint(id uint16) {
@@ -164,7 +166,6 @@ func (e *engine) deleteEndpoint(id uint16) {
 	delete(e.full, id)
 	delete(e.partial, id)
 	e.deleted[id] = struct{}{}
-	e.peerPortsChanged()
 }
 
 func (e *engine) forgetEndpoint(id uint16) {
@@ -173,8 +174,9 @@ func (e *engine) forgetEndpoint(id uint16) {
 	}
 }
 
-// peerPortsChanged: a local pod's identity or named ports changed, which
-// changes the egress entries of named ports towards it.
+// peerPortsChanged: a pod's named ports, or the identity labels of a pod
+// with named ports, changed, which changes the egress entries of named
+// ports towards it.
 func (e *engine) peerPortsChanged() {
 	if e.egressNamed == 0 {
 		return
@@ -196,7 +198,6 @@ func (e *engine) podChanged(namespace, name string) {
 		}
 		st.ports = ports
 		e.full[id] = struct{}{}
-		e.peerPortsChanged()
 	}
 }
 
@@ -260,10 +261,7 @@ func (e *engine) flush(wtxn statedb.WriteTxn) (flushStats, error) {
 			}
 		}
 	}
-	var peerPorts map[identity.NumericIdentity][]namedPort
-	if e.egressNamed > 0 {
-		peerPorts = e.portsByIdentity()
-	}
+	peerPorts := e.portsOfPeers()
 	for id := range e.full {
 		if err := e.sync(wtxn, e.endpoints[id], nil, peerPorts, &st); err != nil {
 			return st, err
@@ -285,20 +283,30 @@ func (e *engine) flush(wtxn statedb.WriteTxn) (flushStats, error) {
 	return st, nil
 }
 
-// portsByIdentity are the named ports of the local pods of each identity.
-func (e *engine) portsByIdentity() map[identity.NumericIdentity][]namedPort {
-	out := map[identity.NumericIdentity][]namedPort{}
-	for _, st := range e.endpoints {
-		out[st.ep.Identity] = append(out[st.ep.Identity], st.ports...)
-		out[identity.Unknown] = append(out[identity.Unknown], st.ports...)
+// portsOfPeers gives the named ports of a peer, read once per flush: a pod
+// identity's are those of the pods with its label set, anywhere in the
+// cluster; any other peer's (any peer, an ipBlock's prefix, a reserved
+// identity) are every pod's, since an address may be any pod's.
+func (e *engine) portsOfPeers() func(identity.NumericIdentity) []namedPort {
+	byKey := map[string][]namedPort{}
+	return func(id identity.NumericIdentity) []namedPort {
+		key := ""
+		if v := e.cache.ids[id]; v != nil {
+			key = v.portKey
+		}
+		ports, ok := byKey[key]
+		if !ok {
+			ports = e.peerPorts(key)
+			byKey[key] = ports
+		}
+		return ports
 	}
-	return out
 }
 
 // sync writes the difference between the desired and the present entries
 // of an endpoint: all of them, or those of the peer identity only.
 func (e *engine) sync(wtxn statedb.WriteTxn, st *endpointState, only *identity.NumericIdentity,
-	peerPorts map[identity.NumericIdentity][]namedPort, stats *flushStats) error {
+	peerPorts func(identity.NumericIdentity) []namedPort, stats *flushStats) error {
 	desired, ingress, egress := e.desired(st, only, peerPorts)
 	id := st.ep.ID
 	var present []*Entry
@@ -351,7 +359,7 @@ func (e *engine) sync(wtxn statedb.WriteTxn, st *endpointState, only *identity.N
 // identity only, when only is set), with the policies that allow each,
 // and whether it is isolated for ingress and egress.
 func (e *engine) desired(st *endpointState, only *identity.NumericIdentity,
-	peerPorts map[identity.NumericIdentity][]namedPort) (map[EntryKey][]string, bool, bool) {
+	peerPorts func(identity.NumericIdentity) []namedPort) (map[EntryKey][]string, bool, bool) {
 	out := map[EntryKey][]string{}
 	var ingress, egress bool
 	for name, r := range st.rules {
@@ -382,7 +390,7 @@ func (e *engine) desired(st *endpointState, only *identity.NumericIdentity,
 }
 
 func (e *engine) addPeerRule(out map[EntryKey][]string, st *endpointState, dir Direction, policy string, pr PeerRule,
-	only *identity.NumericIdentity, peerPorts map[identity.NumericIdentity][]namedPort) {
+	only *identity.NumericIdentity, peerPorts func(identity.NumericIdentity) []namedPort) {
 	add := func(peer identity.NumericIdentity) {
 		if only != nil && peer != *only {
 			return
@@ -399,10 +407,10 @@ func (e *engine) addPeerRule(out map[EntryKey][]string, st *endpointState, dir D
 				continue
 			}
 			// A named port is the destination's: the endpoint's own on
-			// ingress, the peer's local pods' on egress.
+			// ingress, the peer's pods' on egress.
 			ports := st.ports
 			if dir == Egress {
-				ports = peerPorts[peer]
+				ports = peerPorts(peer)
 			}
 			for _, np := range ports {
 				if np.name == p.Name && np.protocol == p.Protocol {

@@ -19,7 +19,7 @@
 //     kubernetes.io/metadata.name put back from the namespace's name. The
 //     pods a policy applies to are matched on their endpoint's own labels.
 //   - Nothing is written until the NetworkPolicies, identities, endpoints
-//     and this node's pods are listed; both output tables are initialized
+//     and the cluster's pods are listed; both output tables are initialized
 //     after the first complete computation.
 //   - Changes are incremental: a new or vanished identity rewrites only
 //     the entries of that identity of the endpoints whose policies'

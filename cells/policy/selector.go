@@ -79,6 +79,11 @@ type identView struct {
 	// group names the identities of one namespace with the same
 	// namespace labels: a namespace selector is matched once per group.
 	group string
+	// portKey is the text of the identity's label set without its
+	// namespace's labels: the pods with this identity are those whose
+	// label set has this text (podPorts.identityKey), which egress named
+	// ports resolve on.
+	portKey string
 }
 
 // idGroup is the identities of one group.
@@ -95,7 +100,11 @@ func viewOf(ls labels.Labels) *identView {
 		return nil
 	}
 	v := &identView{namespace: ns, podLabels: k8slabels.Set{}, nsLabels: k8slabels.Set{namespaceNameLabel: ns}}
+	own := make([]labels.Label, 0, len(ls))
 	for _, l := range ls {
+		if l.Source != labels.SourceK8s || !strings.HasPrefix(l.Key, idcell.NamespaceLabelsPrefix) {
+			own = append(own, l)
+		}
 		switch {
 		case l.Source != labels.SourceK8s || l.Key == idcell.NamespaceLabel || l.Key == idcell.ServiceAccountLabel:
 		case strings.HasPrefix(l.Key, idcell.NamespaceLabelsPrefix):
@@ -105,6 +114,7 @@ func viewOf(ls labels.Labels) *identView {
 		}
 	}
 	v.group = v.nsLabels.String()
+	v.portKey = labels.New(own...).String()
 	return v
 }
 

@@ -31,6 +31,8 @@ var (
 		{name: "prod/client", labels: map[string]string{"app": "client"}, id: 1003, addr: addr("10.1.0.3")},
 		{name: "dev/client", labels: map[string]string{"app": "client"}, id: 1004, addr: addr("10.1.1.4")},
 		{name: "dev/web", labels: map[string]string{"app": "web"}, id: 1005, addr: addr("10.1.1.5")},
+		{name: "dev/db", labels: map[string]string{"app": "db"}, id: 1006, addr: addr("10.1.1.6"),
+			ports: []namedPort{{"pg", ProtoTCP, 15432}}},
 	}
 	// Parties that are no pod: their identity and address.
 	others = map[string]testPod{
@@ -86,15 +88,23 @@ func newFixture(t testing.TB) *fixture {
 		t.Fatal(err)
 	}
 	ports := map[string][]namedPort{}
+	byKey := map[string][]namedPort{}
 	for _, p := range pods {
 		ports[p.name] = p.ports
+		ns, _ := splitName(p.name)
+		// As podPorts keys them: the identity label set without the
+		// namespace's labels.
+		key := podIdentityLabels(ns, p.labels, nil).String()
+		byKey[key] = append(byKey[key], p.ports...)
+		byKey[""] = append(byKey[""], p.ports...)
 	}
 	prefixes, err := NewPrefixesTable(db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{t: t, db: db, entries: entries, enforcement: enforcement, prefixes: prefixes,
-		e: newEngine(entries, enforcement, prefixes, func(ns, name string) []namedPort { return ports[ns+"/"+name] })}
+		e: newEngine(entries, enforcement, prefixes, func(ns, name string) []namedPort { return ports[ns+"/"+name] },
+			func(key string) []namedPort { return byKey[key] })}
 	for id, name := range identity.Reserved() {
 		f.e.addIdentity(id, labels.New(labels.Label{Source: labels.SourceReserved, Key: name}))
 	}
@@ -366,6 +376,19 @@ func TestSemantics(t *testing.T) {
 			Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{podSel(db)},
 				Ports: []networkingv1.NetworkPolicyPort{port("", "pg")}}}})}, []check{
 			{"prod/web", "prod/db", tcp, 5432, true}, {"prod/web", "prod/db", tcp, 5433, false}, {"host", "prod/web", tcp, 8080, true},
+		}},
+		{"egress named port resolves on each peer pod, on this node or not", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+			PolicyTypes: egressOnly,
+			Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: db},
+				NamespaceSelector: &metav1.LabelSelector{}}}, Ports: []networkingv1.NetworkPolicyPort{port("", "pg")}}}})}, []check{
+			{"prod/web", "prod/db", tcp, 5432, true}, {"prod/web", "prod/db", tcp, 15432, false},
+			{"prod/web", "dev/db", tcp, 15432, true}, {"prod/web", "dev/db", tcp, 5432, false},
+			{"prod/web", "dev/web", tcp, 15432, false},
+		}},
+		{"egress named port to everyone: any pod's port of that name", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
+			PolicyTypes: egressOnly,
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{port("", "pg")}}}})}, []check{
+			{"prod/web", "dev/db", tcp, 15432, true}, {"prod/web", "prod/db", tcp, 5432, true}, {"prod/web", "prod/db", tcp, 5433, false},
 		}},
 		{"ipBlock of every address: everyone, pods included", []*networkingv1.NetworkPolicy{netpol("prod", web, networkingv1.NetworkPolicySpec{
 			PolicyTypes: ingressOnly,

@@ -3,17 +3,19 @@ package policy
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/cilium/statedb"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
+	idcell "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/labels"
 )
 
 // policyWatcher keeps the table "policy-rules" equal to the cluster's
@@ -88,30 +90,46 @@ func (w *policyWatcher) run(ctx context.Context) {
 	<-ctx.Done()
 }
 
-// podPorts watches the pods of this node for the named ports of their
-// containers, which NetworkPolicy ports may name.
+// podPorts watches the pods of the cluster for the named ports of their
+// containers, which NetworkPolicy ports may name: those of this node's
+// pods for ingress, and every pod's by the label set of its identity for
+// egress. The informer keeps of each pod only what that needs (see
+// slimPod).
 type podPorts struct {
 	factory informers.SharedInformerFactory
 	store   cache.Store
 	node    string
 	synced  cache.InformerSynced
+	// labelsOf is a pod's identity label set (cells/identity).
+	labelsOf func(idcell.Pod) labels.Labels
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// changed are this node's pods that changed since the last take.
 	changed map[string]struct{}
-	wake    chan struct{}
+	// peersChanged: a pod's named ports, or the identity labels of a pod
+	// with named ports, changed since the last take.
+	peersChanged bool
+	// byKey are the named ports of the pods with named ports, by the
+	// identity label set of the pod (identityKey), then by pod; podKey is
+	// each such pod's key.
+	byKey  map[string]map[string][]namedPort
+	podKey map[string]string
+	wake   chan struct{}
 }
 
-func newPodPorts(cs k8sclient.Clientset, node string) (*podPorts, error) {
-	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-		}))
+func newPodPorts(cs k8sclient.Clientset, node string, labelsOf func(idcell.Pod) labels.Labels) (*podPorts, error) {
+	factory := informers.NewSharedInformerFactory(cs, 0)
 	inf := factory.Core().V1().Pods().Informer()
-	p := &podPorts{factory: factory, store: inf.GetStore(), node: node, changed: map[string]struct{}{}, wake: make(chan struct{}, 1)}
+	if err := inf.SetTransform(slimPod); err != nil {
+		return nil, err
+	}
+	p := &podPorts{factory: factory, store: inf.GetStore(), node: node, labelsOf: labelsOf,
+		changed: map[string]struct{}{}, byKey: map[string]map[string][]namedPort{}, podKey: map[string]string{},
+		wake: make(chan struct{}, 1)}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    p.note,
-		UpdateFunc: func(_, obj any) { p.note(obj) },
-		DeleteFunc: p.note,
+		AddFunc:    func(obj any) { p.note(obj, false) },
+		UpdateFunc: func(_, obj any) { p.note(obj, false) },
+		DeleteFunc: func(obj any) { p.note(obj, true) },
 	})
 	if err != nil {
 		return nil, err
@@ -120,17 +138,75 @@ func newPodPorts(cs k8sclient.Clientset, node string) (*podPorts, error) {
 	return p, nil
 }
 
-func (p *podPorts) note(obj any) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	// The embedded API server ignores field selectors in watches.
+// slimPod keeps of a pod what the policy cell reads: its name, namespace
+// and labels, node, service account and containers' named ports.
+func slimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
-	if !ok || pod.Spec.NodeName != p.node {
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Labels: pod.Labels,
+		ResourceVersion: pod.ResourceVersion, UID: pod.UID},
+		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, ServiceAccountName: pod.Spec.ServiceAccountName}}
+	for _, c := range pod.Spec.Containers {
+		var ports []corev1.ContainerPort
+		for _, cp := range c.Ports {
+			if cp.Name != "" {
+				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
+			}
+		}
+		if len(ports) > 0 {
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
+		}
+	}
+	return out, nil
+}
+
+// identityKey is the text of a pod's identity label set without its
+// namespace's labels: what identView.portKey is for an identity.
+func (p *podPorts) identityKey(pod *corev1.Pod) string {
+	return p.labelsOf(idcell.Pod{Namespace: pod.Namespace, Labels: pod.Labels, ServiceAccount: pod.Spec.ServiceAccountName}).String()
+}
+
+func (p *podPorts) note(obj any, deleted bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj, deleted = d.Obj, true
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
 		return
 	}
+	name := pod.Namespace + "/" + pod.Name
+	var key string
+	var ports []namedPort
+	if !deleted {
+		ports = podNamedPorts(pod)
+		if len(ports) > 0 {
+			key = p.identityKey(pod)
+		}
+	}
 	p.mu.Lock()
-	p.changed[pod.Namespace+"/"+pod.Name] = struct{}{}
+	oldKey, had := p.podKey[name]
+	if !had || oldKey != key || !slices.Equal(p.byKey[oldKey][name], ports) {
+		if had {
+			delete(p.byKey[oldKey], name)
+			if len(p.byKey[oldKey]) == 0 {
+				delete(p.byKey, oldKey)
+			}
+			delete(p.podKey, name)
+		}
+		if len(ports) > 0 {
+			if p.byKey[key] == nil {
+				p.byKey[key] = map[string][]namedPort{}
+			}
+			p.byKey[key][name] = ports
+			p.podKey[name] = key
+		}
+		p.peersChanged = p.peersChanged || had || len(ports) > 0
+	}
+	if pod.Spec.NodeName == p.node {
+		p.changed[name] = struct{}{}
+	}
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -138,8 +214,9 @@ func (p *podPorts) note(obj any) {
 	}
 }
 
-// take is the pods that changed since the last take, as "namespace/name".
-func (p *podPorts) take() []string {
+// take is this node's pods that changed since the last take, as
+// "namespace/name", and whether any pod's named ports did.
+func (p *podPorts) take() ([]string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]string, 0, len(p.changed))
@@ -147,7 +224,9 @@ func (p *podPorts) take() []string {
 		out = append(out, k)
 	}
 	clear(p.changed)
-	return out
+	peers := p.peersChanged
+	p.peersChanged = false
+	return out, peers
 }
 
 // ports are the named ports of a pod's containers.
@@ -160,6 +239,35 @@ func (p *podPorts) ports(namespace, name string) []namedPort {
 	if !ok {
 		return nil
 	}
+	return podNamedPorts(pod)
+}
+
+// peerPorts are the named ports of the pods whose identity label set is
+// key; with key "", of every pod.
+func (p *podPorts) peerPorts(key string) []namedPort {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []namedPort
+	add := func(pods map[string][]namedPort) {
+		for _, ports := range pods {
+			for _, np := range ports {
+				if !slices.Contains(out, np) {
+					out = append(out, np)
+				}
+			}
+		}
+	}
+	if key != "" {
+		add(p.byKey[key])
+		return out
+	}
+	for _, pods := range p.byKey {
+		add(pods)
+	}
+	return out
+}
+
+func podNamedPorts(pod *corev1.Pod) []namedPort {
 	var out []namedPort
 	for _, c := range pod.Spec.Containers {
 		for _, cp := range c.Ports {
