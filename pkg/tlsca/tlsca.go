@@ -18,6 +18,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -76,9 +77,9 @@ const (
 	Client
 )
 
-// Issue issues a certificate named name for dnsNames (its DNS SANs) and
-// usage, with a new key: both PEM encoded.
-func (ca *CA) Issue(name string, dnsNames []string, usage Usage) (certPEM, keyPEMData []byte, err error) {
+// Issue issues a certificate named name for hosts (its SANs: each an IP
+// address or a DNS name) and usage, with a new key: both PEM encoded.
+func (ca *CA) Issue(name string, hosts []string, usage Usage) (certPEM, keyPEMData []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -92,7 +93,13 @@ func (ca *CA) Issue(name string, dnsNames []string, usage Usage) (certPEM, keyPE
 		SerialNumber: sn, Subject: pkix.Name{CommonName: name},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(CertValidity),
 		KeyUsage: x509.KeyUsageDigitalSignature,
-		DNSNames: dnsNames,
+	}
+	for _, h := range hosts {
+		if ip, err := netip.ParseAddr(h); err == nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip.AsSlice())
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
 	}
 	if usage&Server != 0 {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)

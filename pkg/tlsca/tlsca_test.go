@@ -41,6 +41,28 @@ func TestIssue(t *testing.T) {
 	if _, err := pair.Leaf.Verify(client); err == nil {
 		t.Fatal("a server certificate verifies as a client certificate")
 	}
+	// An IP address is an IP SAN: the certificate verifies for it, not
+	// for another address.
+	certPEM, keyPEM, err = ca.Issue("etcd", []string{"127.0.0.1", "localhost"}, Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pair, err = tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	byIP := server
+	byIP.DNSName = "127.0.0.1"
+	if _, err := pair.Leaf.Verify(byIP); err != nil {
+		t.Fatalf("certificate for 127.0.0.1: %v", err)
+	}
+	if len(pair.Leaf.DNSNames) != 1 || len(pair.Leaf.IPAddresses) != 1 {
+		t.Fatalf("SANs: DNS %v, IP %v; want localhost and 127.0.0.1", pair.Leaf.DNSNames, pair.Leaf.IPAddresses)
+	}
+	byIP.DNSName = "127.0.0.2"
+	if _, err := pair.Leaf.Verify(byIP); err == nil {
+		t.Fatal("the certificate for 127.0.0.1 verifies for 127.0.0.2")
+	}
+
 	certPEM, _, err = ca.Issue("relay", nil, Client)
 	if err != nil {
 		t.Fatal(err)
