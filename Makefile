@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-masq bench-nodeport bench-agent bench-agent-cluster bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-probe bench-masq bench-nodeport bench-agent bench-agent-cluster bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -116,7 +116,7 @@ check-bpf: bpf
 
 # Every benchmark (as root; see docs/performance.md), then one summary line
 # per benchmark, `name key=value ...`.
-BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-probe bench-masq bench-nodeport
+BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-probe bench-masq bench-nodeport
 bench: $(BENCHES)
 	@echo "--- make bench"
 	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
@@ -206,6 +206,15 @@ bench-crossnode:
 	@mkdir -p $(BIN)
 	$(GO) test ./pkg/devcluster -run '^$$' -bench CrossNodeThroughput -benchtime 1x -count 1 | tee $(BIN)/bench-crossnode.out
 	@grep '^crossnode-bench' $(BIN)/bench-crossnode.out
+
+# The cross-node policy window on a dev-cluster (as root, with etcd-server):
+# a new pod on node-1 until node-2 enforces its ingress policy with the
+# pod's identity, p50/p99 of 20 pods with a new identity and 20 with a
+# known one: `policy-window-bench variant=...` (docs/policy.md).
+bench-policy-window:
+	@mkdir -p $(BIN)
+	$(GO) test ./pkg/devcluster -run '^$$' -bench CrossNodePolicyWindow -benchtime 1x -count 1 | tee $(BIN)/bench-policy-window.out
+	@grep '^policy-window-bench' $(BIN)/bench-policy-window.out
 
 # NodePort (as root, with etcd-server): request/response round trips and a
 # bulk TCP stream (Gbit/s, machine CPU seconds per Gbit) from outside

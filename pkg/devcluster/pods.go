@@ -190,6 +190,7 @@ func (c *Cluster) makePod(ctx context.Context, s *state, n Node, p *Pod) error {
 	if err != nil {
 		return fmt.Errorf("CNI ADD: %w", err)
 	}
+	p.Added = time.Now()
 	r, err := current.NewResultFromResult(res)
 	if err != nil {
 		return fmt.Errorf("CNI ADD result: %w", err)

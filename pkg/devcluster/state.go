@@ -125,6 +125,9 @@ type Pod struct {
 	// Ready is false while AddPod has not finished, or when it died half
 	// way; DeletePod and Down remove such a pod too.
 	Ready bool `json:"ready"`
+	// Added is when its CNI ADD returned: from then on a runtime would
+	// start its containers.
+	Added time.Time `json:"added,omitzero"`
 }
 
 // Ref is how commands name the pod: NAME in the default namespace,
