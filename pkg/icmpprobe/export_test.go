@@ -9,3 +9,6 @@ func SetReadWakeup(d time.Duration) (restore func()) {
 	readWakeup = d
 	return func() { readWakeup = old }
 }
+
+// AttachReplyFilter is attachReplyFilter for the test of the filter.
+var AttachReplyFilter = attachReplyFilter

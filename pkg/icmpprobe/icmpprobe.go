@@ -9,7 +9,10 @@
 //	rtt, err := p.Ping(ctx, netip.MustParseAddr("192.0.2.7"))
 //
 // Raw sockets need CAP_NET_RAW. The sockets belong to the network
-// namespace of the thread that calls New.
+// namespace of the thread that calls New. Each carries a socket filter
+// that lets through only echo replies with the Pinger's identifier: the
+// kernel drops every other ICMP packet the node receives before it is
+// copied to the socket.
 package icmpprobe
 
 import (
@@ -22,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -57,6 +61,10 @@ func New() (*Pinger, error) {
 	for _, fd := range []int{p.fd4, p.fd6} {
 		if fd < 0 {
 			continue
+		}
+		if err := attachReplyFilter(fd, fd == p.fd6, p.id); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("ICMP socket filter: %w", err)
 		}
 		// Close wakes a blocked read by shutting the socket's receiving
 		// side (closing it would not); the timeout is a fallback, should a
@@ -171,6 +179,44 @@ func (p *Pinger) read(fd int) {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// attachReplyFilter attaches to the raw socket fd a classic BPF filter
+// that accepts echo replies whose identifier is id and drops the rest.
+// IPv4 raw sockets see the IP header (of variable length); IPv6 ones the
+// ICMPv6 message alone.
+func attachReplyFilter(fd int, v6 bool, id uint16) error {
+	const accept, drop = 0xffff, 0
+	var prog []bpf.Instruction
+	if v6 {
+		prog = []bpf.Instruction{
+			bpf.LoadAbsolute{Off: 0, Size: 1},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 129, SkipFalse: 3},
+			bpf.LoadAbsolute{Off: 4, Size: 2},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(id), SkipFalse: 1},
+			bpf.RetConstant{Val: accept},
+			bpf.RetConstant{Val: drop},
+		}
+	} else {
+		prog = []bpf.Instruction{
+			bpf.LoadMemShift{Off: 0}, // X = the IP header's length
+			bpf.LoadIndirect{Off: 0, Size: 1},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipFalse: 3},
+			bpf.LoadIndirect{Off: 4, Size: 2},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(id), SkipFalse: 1},
+			bpf.RetConstant{Val: accept},
+			bpf.RetConstant{Val: drop},
+		}
+	}
+	raw, err := bpf.Assemble(prog)
+	if err != nil {
+		return err
+	}
+	filter := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]})
 }
 
 // EchoRequest is an ICMP (or, v6, ICMPv6) echo request message.

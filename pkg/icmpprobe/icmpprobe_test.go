@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/icmpprobe"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -86,4 +87,61 @@ func newPinger(t *testing.T) *icmpprobe.Pinger {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestReplyFilter: a socket with the filter reads the echo reply with its
+// identifier and nothing else: not the echo requests (which loopback shows
+// raw sockets too), not another identifier's replies.
+func TestReplyFilter(t *testing.T) {
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	const ours, theirs = 0x1234, 0x4321
+	for _, tc := range []struct {
+		dst           netip.Addr
+		domain, proto int
+		sa            unix.Sockaddr
+	}{
+		{netip.MustParseAddr("127.0.0.1"), unix.AF_INET, unix.IPPROTO_ICMP, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}},
+		{netip.MustParseAddr("::1"), unix.AF_INET6, unix.IPPROTO_ICMPV6, &unix.SockaddrInet6{Addr: netip.IPv6Loopback().As16()}},
+	} {
+		var filtered, sender int
+		err := nettest.Do(ns.Path(), func() (err error) {
+			if filtered, err = unix.Socket(tc.domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, tc.proto); err != nil {
+				return err
+			}
+			if err := icmpprobe.AttachReplyFilter(filtered, tc.dst.Is6(), ours); err != nil {
+				return err
+			}
+			sender, err = unix.Socket(tc.domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, tc.proto)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(filtered)
+		defer unix.Close(sender)
+		// Another identifier's exchange first, then ours.
+		for _, id := range []uint16{theirs, ours} {
+			if err := unix.Sendto(sender, icmpprobe.EchoRequest(tc.dst.Is6(), id, 7), 0, tc.sa); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tv := unix.NsecToTimeval((5 * time.Second).Nanoseconds())
+		if err := unix.SetsockoptTimeval(filtered, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1500)
+		n, from, err := unix.Recvfrom(filtered, buf, 0)
+		if err != nil {
+			t.Fatalf("%s: read: %v", tc.dst, err)
+		}
+		src, id, _, ok := icmpprobe.ParseEchoReply(buf[:n], from)
+		if !ok || id != ours || src != tc.dst {
+			t.Fatalf("%s: the filtered socket's first packet: echo reply %v, id %#x from %s; want our reply", tc.dst, ok, id, src)
+		}
+		// Nothing else is queued: the other exchange was dropped.
+		if n, _, err := unix.Recvfrom(filtered, buf, unix.MSG_DONTWAIT); err == nil {
+			t.Fatalf("%s: a second packet of %d bytes passed the filter", tc.dst, n)
+		}
+	}
 }
