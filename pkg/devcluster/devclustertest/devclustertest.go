@@ -32,6 +32,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -394,31 +395,51 @@ type DialResult struct {
 // test ends.
 func (c *Cluster) ServeTCP(pod string, port uint16) {
 	c.t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		c.t.Fatal(err)
+	h := c.startHelper(Where{Pod: pod}, "serve-tcp", false, addrEnv+"="+fmt.Sprintf(":%d", port), podEnv+"="+pod)
+	line, err := h.out.ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "listening" {
+		c.t.Fatalf("TCP server in pod %s did not start (does the package's TestMain call devclustertest.Main?): %q %v %s", pod, line, err, h.stderr.String())
 	}
+}
+
+// helperProcess is a helper that runs until the test ends.
+type helperProcess struct {
+	// in is its standard input, when asked for.
+	in     io.WriteCloser
+	out    *bufio.Reader
+	stderr *strings.Builder
+}
+
+// startHelper starts the helper kind at w with env; it is stopped when the
+// test ends.
+func (c *Cluster) startHelper(w Where, kind string, stdin bool, env ...string) helperProcess {
+	c.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=serve-tcp", addrEnv+"="+fmt.Sprintf(":%d", port), podEnv+"="+pod)
+	cmd := helper(c.t, ctx, kind, env...)
+	h := helperProcess{stderr: &strings.Builder{}}
+	var err error
+	if stdin {
+		if h.in, err = cmd.StdinPipe(); err != nil {
+			c.t.Fatal(err)
+		}
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := c.Start(pod, cmd); err != nil {
+	h.out, cmd.Stderr = bufio.NewReader(stdout), h.stderr
+	if err := c.start(w, cmd); err != nil {
 		cancel()
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() {
+		if h.in != nil {
+			h.in.Close()
+		}
 		cancel()
 		cmd.Wait()
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "listening" {
-		c.t.Fatalf("TCP server in pod %s did not start (does the package's TestMain call devclustertest.Main?): %q %v %s", pod, line, err, stderr.String())
-	}
+	return h
 }
 
 // DialTCP connects from pod to `to`, as a process of the pod (network
@@ -493,21 +514,8 @@ func (c *Cluster) start(w Where, cmd *exec.Cmd) error {
 // sent, until the test ends.
 func (c *Cluster) Sink(w Where, port uint16) {
 	c.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := helper(c.t, ctx, "sink-tcp", addrEnv+"="+fmt.Sprintf(":%d", port))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if err := c.start(w, cmd); err != nil {
-		cancel()
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(func() {
-		cancel()
-		cmd.Wait()
-	})
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || strings.TrimSpace(line) != "listening" {
+	h := c.startHelper(w, "sink-tcp", false, addrEnv+"="+fmt.Sprintf(":%d", port))
+	if line, err := h.out.ReadString('\n'); err != nil || strings.TrimSpace(line) != "listening" {
 		c.t.Fatalf("sink at %+v did not start: %q %v", w, line, err)
 	}
 }

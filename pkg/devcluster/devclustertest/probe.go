@@ -2,7 +2,6 @@ package devclustertest
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,33 +37,18 @@ type ProbeServer struct {
 // left out, and the returned ProbeServer says why.
 func (c *Cluster) ServeProbes(pod string, ports ...uint16) ProbeServer {
 	c.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	list := make([]string, len(ports))
 	for i, p := range ports {
 		list[i] = strconv.Itoa(int(p))
 	}
-	cmd := helper(c.t, ctx, "serve-probes", addrEnv+"="+strings.Join(list, ","))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := c.Start(pod, cmd); err != nil {
-		cancel()
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(func() {
-		cancel()
-		cmd.Wait()
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	h := c.startHelper(Where{Pod: pod}, "serve-probes", false, addrEnv+"="+strings.Join(list, ","))
+	line, err := h.out.ReadString('\n')
 	var s ProbeServer
 	if err == nil {
 		err = json.Unmarshal([]byte(line), &s)
 	}
 	if err != nil {
-		c.t.Fatalf("probe server in pod %s did not start (does the package's TestMain call devclustertest.Main?): %q %v %s", pod, line, err, stderr.String())
+		c.t.Fatalf("probe server in pod %s did not start (does the package's TestMain call devclustertest.Main?): %q %v %s", pod, line, err, h.stderr.String())
 	}
 	return s
 }
@@ -110,27 +94,10 @@ type probeResponse struct {
 // Prober starts a prober in pod; it ends with the test.
 func (c *Cluster) Prober(pod string) *Prober {
 	c.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := helper(c.t, ctx, "probe")
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := c.Start(pod, cmd); err != nil {
-		cancel()
-		c.t.Fatal(err)
-	}
-	p := &Prober{pod: pod, in: in, waiting: map[uint64]chan ProbeResult{}}
-	done := make(chan struct{})
+	h := c.startHelper(Where{Pod: pod}, "probe", true)
+	p := &Prober{pod: pod, in: h.in, waiting: map[uint64]chan ProbeResult{}}
 	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(out)
+		sc := bufio.NewScanner(h.out)
 		for sc.Scan() {
 			var r probeResponse
 			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
@@ -146,18 +113,12 @@ func (c *Cluster) Prober(pod string) *Prober {
 		}
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.dead = fmt.Errorf("the prober in pod %s ended: %s", pod, strings.TrimSpace(stderr.String()))
+		p.dead = fmt.Errorf("the prober in pod %s ended: %s", pod, strings.TrimSpace(h.stderr.String()))
 		for id, ch := range p.waiting {
 			ch <- ProbeResult{Error: p.dead.Error()}
 			delete(p.waiting, id)
 		}
 	}()
-	c.t.Cleanup(func() {
-		in.Close()
-		cancel()
-		cmd.Wait()
-		<-done
-	})
 	return p
 }
 
