@@ -37,7 +37,7 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(job.Registry.NewGroup, newRepairs),
-	cell.Provide(NewTable, statedb.RWTable[*Endpoint].ToTable, newManager, apiRoutes, repairMetrics),
+	cell.Provide(NewTable, statedb.RWTable[*Endpoint].ToTable, newManager, apiRoutes, repairMetrics, newLiveMetrics),
 	cell.Invoke(writeCNIConfig, registerHostRouteRepair),
 )
 
@@ -140,6 +140,12 @@ type params struct {
 	// Clientset gives endpoints their pods' labels, service accounts and
 	// namespaces' labels; without it they have none.
 	Clientset k8sclient.Clientset `optional:"true"`
+	// Live are what a new endpoint waits for before it is routed and
+	// ready (see LiveCondition); Policy shows endpoints' policy. Both come
+	// from other cells, and from none in tests of this cell alone.
+	Live        []LiveCondition `group:"endpoint-live"`
+	Policy      PolicyView      `optional:"true"`
+	LiveMetrics *liveMetrics
 }
 
 // Manager creates, deletes and restores endpoints. See the package
@@ -185,6 +191,11 @@ type Manager struct {
 	problems cell.Health
 	// repairs counts the host routes put back (see hostroutes.go).
 	repairs *drift.Repairs
+	// live are the conditions a creation waits for (see waitLive); policy
+	// is nil without a policy cell.
+	live        []LiveCondition
+	policy      PolicyView
+	liveMetrics *liveMetrics
 }
 
 func newManager(p params) (*Manager, error) {
@@ -201,6 +212,8 @@ func newManager(p params) (*Manager, error) {
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
 		locks:   newOpLocks(),
+
+		live: p.Live, policy: p.Policy, liveMetrics: p.LiveMetrics,
 
 		reservedIDs: map[uint16]bool{},
 	}

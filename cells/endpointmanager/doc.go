@@ -8,11 +8,15 @@
 //   - Creating an endpoint allocates its addresses (ipam), writes its state
 //     file as "creating", makes the veth pair (host side lxc<hash>, see
 //     [HostIfName]; pod side CNI_IFNAME), the pod's address and routes
-//     (the router address on the link, the default route through it), the
-//     router address on the host side and the host's route to the pod, then
-//     writes the state file as "ready" before it answers. An endpoint
-//     reported to the runtime is on disk; what a failed creation made is
-//     undone before the error is returned.
+//     (the router address on the link, the default route through it) and
+//     the router address on the host side; inserts the endpoint in the
+//     table as Starting and waits until it is live, every LiveCondition
+//     that other cells contribute holding (in the endpoint map, programs
+//     attached, its network policy in the maps); only then adds the host's
+//     route to the pod, so that nothing reaches a pod before its policy
+//     does, writes the state file as "ready" and answers. An endpoint
+//     reported to the runtime is on disk and live; what a failed creation
+//     made is undone before the error is returned.
 //   - One state file per endpoint, <state-dir>/endpoints/<id>/endpoint.json,
 //     written atomically (pkg/statefile). It is the source of truth across
 //     restarts; the table "endpoints" is rebuilt from it.

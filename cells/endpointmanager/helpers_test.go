@@ -86,6 +86,10 @@ type nodeOpts struct {
 	k8s []runtime.Object
 	// etcd is the kvstore's address; "" for none (node-local identities).
 	etcd string
+	// extra are cells besides the endpoint manager's, e.g. live
+	// conditions; configure changes the hive's configuration.
+	extra     []cell.Cell
+	configure func(*hive.Hive)
 }
 
 // start runs the cells over the test's state directory; stop also runs when
@@ -94,6 +98,7 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
 	h := celltest.New(daemon.Cell, metrics.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
+		cell.Group(o.extra...),
 		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
 			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *fake.Clientset, reg *prometheus.Registry) {
 			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s, n.metrics = m, db, eps, tbl, ids, hs, cs, reg
@@ -114,6 +119,9 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 			c.IPAMLeakGrace = time.Hour
 		}
 	})
+	if o.configure != nil {
+		o.configure(h)
+	}
 	if o.etcd != "" {
 		hive.AddConfigOverride(h, func(c *kvstore.Config) {
 			c.KVStore, c.KVStoreOpt, c.KVStorePrefix = "etcd", []string{"etcd.address=" + o.etcd}, "em"

@@ -58,7 +58,7 @@ func (m *Manager) hostRoutesChanged(ctx context.Context, b drift.Batch) {
 			continue
 		}
 		ep, _, found := m.tbl.Get(txn, EndpointIP.Query(ip.Unmap()))
-		if !found || !ep.InDatapath() || seen[ep.ID] {
+		if !found || !ep.routed() || seen[ep.ID] {
 			continue
 		}
 		// The endpoint's own route deleted, or another written at its
@@ -85,7 +85,7 @@ func (m *Manager) repairHostRoutes(ctx context.Context, eps []*Endpoint) {
 		return
 	}
 	for _, ep := range eps {
-		if !ep.InDatapath() {
+		if !ep.routed() {
 			continue
 		}
 		intact := true
@@ -110,7 +110,7 @@ func (m *Manager) repairHostRoute(ctx context.Context, containerID string) error
 	}
 	defer unlock()
 	ep, found := m.Lookup(Selector{ContainerID: containerID})
-	if !found || !ep.InDatapath() {
+	if !found || !ep.routed() {
 		return nil
 	}
 	link, err := netlink.LinkByIndex(ep.HostIfIndex)

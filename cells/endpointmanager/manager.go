@@ -132,7 +132,21 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	if err := m.states.write(ep, phaseCreating); err != nil {
 		return ep, err
 	}
-	if err := m.plumb.plumb(ep, podNS, m.routers(), nil); err != nil {
+	if err := m.plumb.plumb(ep, podNS, m.routers(), nil, false); err != nil {
+		return ep, err
+	}
+	// The datapath takes the endpoint in (its map entry, its programs,
+	// its policy) before anything can reach the pod: the host routes to
+	// it come after, and only then is it ready.
+	ep.State = Starting
+	rev, err := m.insertStarting(ep)
+	if err != nil {
+		return ep, err
+	}
+	if err := m.waitLive(ctx, ep.ID, rev); err != nil {
+		return ep, err
+	}
+	if err := routeHost(ep); err != nil {
 		return ep, err
 	}
 	ep.State = Ready
@@ -140,7 +154,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	m.crashPoint(CrashEndpointPersisted)
-	if err := m.insert(ep); err != nil {
+	if err := m.markReady(ep.ID); err != nil {
 		return ep, err
 	}
 	m.log.Info("Created endpoint", "id", ep.ID, "container", ep.ContainerID, "interface", ep.IfName,
@@ -150,6 +164,13 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 
 // undo removes what a failed creation made, in the reverse order.
 func (m *Manager) undo(ep *Endpoint) {
+	if ep.State == Starting {
+		txn := m.db.WriteTxn(m.tbl)
+		if _, _, err := m.tbl.Delete(txn, ep); err != nil {
+			m.log.Error("Undoing a failed endpoint creation: remove it from the table", "container", ep.ContainerID, "error", err)
+		}
+		txn.Commit()
+	}
 	if _, err := unplumb(ep.HostIfName); err != nil {
 		m.log.Error("Undoing a failed endpoint creation: remove veth pair", "container", ep.ContainerID, "error", err)
 	}
@@ -277,6 +298,41 @@ func (m *Manager) insert(ep *Endpoint) error {
 	txn := m.db.WriteTxn(m.tbl)
 	defer txn.Abort()
 	if _, _, err := m.tbl.Insert(txn, ep); err != nil {
+		return err
+	}
+	txn.Commit()
+	return nil
+}
+
+// insertStarting puts a starting endpoint in the table, for the datapath to
+// take in, and returns the revision it was written at.
+func (m *Manager) insertStarting(ep *Endpoint) (statedb.Revision, error) {
+	ep = ep.Clone()
+	ep.MapStatus = reconciler.StatusPending()
+	ep.ProgramStatus = reconciler.StatusPending()
+	txn := m.db.WriteTxn(m.tbl)
+	defer txn.Abort()
+	if _, _, err := m.tbl.Insert(txn, ep); err != nil {
+		return 0, err
+	}
+	_, rev, _ := m.tbl.Get(txn, EndpointID.Query(ep.ID))
+	txn.Commit()
+	return rev, nil
+}
+
+// markReady makes the starting endpoint id ready in the table. Nothing the
+// datapath reads of it changes: its statuses stay as the reconcilers left
+// them.
+func (m *Manager) markReady(id uint16) error {
+	txn := m.db.WriteTxn(m.tbl)
+	defer txn.Abort()
+	cur, _, found := m.tbl.Get(txn, EndpointID.Query(id))
+	if !found {
+		return fmt.Errorf("endpoint %d is gone from the table before it was ready", id)
+	}
+	cur = cur.Clone()
+	cur.State = Ready
+	if _, _, err := m.tbl.Insert(txn, cur); err != nil {
 		return err
 	}
 	txn.Commit()
@@ -539,7 +595,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	notReady := 0
 	for _, ep := range keep {
 		before := before[ep.ID]
-		if err := m.plumb.plumb(ep, netns.None(), routers, host); err != nil {
+		if err := m.plumb.plumb(ep, netns.None(), routers, host, true); err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
 			m.log.Error("Restored endpoint could not be brought back; its addresses stay reserved",

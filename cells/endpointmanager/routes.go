@@ -138,6 +138,12 @@ func (m *Manager) toAPI(ep *Endpoint) apiv1.Endpoint {
 		State: string(ep.State), Error: ep.Error, Created: ep.Created,
 	}
 	out.Datapath, out.DatapathError = datapath(ep)
+	if m.policy != nil {
+		if pol, ok := m.policy.EndpointPolicy(m.db.ReadTxn(), ep.ID); ok {
+			out.Policy = &apiv1.EndpointPolicy{Revision: pol.Revision, Ingress: pol.Ingress, Egress: pol.Egress,
+				Entries: pol.Entries, Realized: pol.Realized, Error: pol.Error}
+		}
+	}
 	if ep.IPv4.IsValid() {
 		out.IPv4 = ep.IPv4.String()
 	}

@@ -21,7 +21,14 @@ import (
 type State string
 
 const (
-	// Ready: interfaces, addresses and routes are in place.
+	// Starting: a creation in progress. The veth pair, the pod's addresses
+	// and routes are in place and the datapath takes the endpoint in (its
+	// map entry, programs and policy), but the host has no route to the
+	// pod yet: nothing reaches the pod before its programs and policy are
+	// in place. The state file still says "creating".
+	Starting State = "starting"
+	// Ready: interfaces, addresses and routes are in place, and the
+	// datapath had the endpoint and its policy when it became ready.
 	Ready State = "ready"
 	// NotReady: restored, but its interfaces could not be brought back;
 	// Error says why. Its addresses stay reserved until it is deleted.
@@ -106,9 +113,14 @@ func (e *Endpoint) Clone() *Endpoint {
 }
 
 // InDatapath says whether the datapath has the endpoint, in the endpoint
-// map and with programs on its host interface: a not-ready endpoint's host
-// interface may be gone.
-func (e *Endpoint) InDatapath() bool { return e.State == Ready && e.HostIfIndex > 0 }
+// map and with programs on its host interface: a ready or starting one. A
+// not-ready endpoint's host interface may be gone.
+func (e *Endpoint) InDatapath() bool {
+	return (e.State == Ready || e.State == Starting) && e.HostIfIndex > 0
+}
+
+// routed says whether the host has routes to the endpoint: it is ready.
+func (e *Endpoint) routed() bool { return e.State == Ready && e.HostIfIndex > 0 }
 
 // IPs are the endpoint's addresses, IPv4 first.
 func (e *Endpoint) IPs() []netip.Addr {

@@ -116,8 +116,10 @@ type plumbing struct {
 // restore does not disturb the pod's traffic. routers are the pools'
 // router addresses; host is what the host side has, read once for many
 // endpoints (see readHost), or nil to read it here. podNS is ep.Netns
-// opened by the caller, or netns.None() to open it here.
-func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView) error {
+// opened by the caller, or netns.None() to open it here. Without
+// withHostRoutes the host's routes to the pod are left out: a creation
+// adds them (routeHost) once the datapath has the endpoint.
+func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool) error {
 	mtu := p.mtu()
 	if podNS == netns.None() {
 		var err error
@@ -205,7 +207,7 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 				return fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
 			}
 		}
-		if r := hostRoute(hostIndex, ip); !host.hasRoute(ip, hostIndex) {
+		if r := hostRoute(hostIndex, ip); withHostRoutes && !host.hasRoute(ip, hostIndex) {
 			if err := netlink.RouteReplace(r); err != nil {
 				return fmt.Errorf("add route %s: %w", routeString(r), err)
 			}
@@ -214,6 +216,19 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
 	ep.HostMAC = MAC(hostLink.Attrs().HardwareAddr)
 	ep.HostIfIndex = hostIndex
+	return nil
+}
+
+// routeHost adds the host's routes to a new endpoint's addresses through
+// its host side: the last step of a creation, after which other pods and
+// the node reach the pod.
+func routeHost(ep *Endpoint) error {
+	for _, ip := range ep.IPs() {
+		r := hostRoute(ep.HostIfIndex, ip)
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("add route %s: %w", routeString(r), err)
+		}
+	}
 	return nil
 }
 

@@ -37,9 +37,9 @@ func newEndpointCmd(stdout io.Writer) *cobra.Command {
 						state += " (" + e.Error + ")"
 					}
 					rows = append(rows, []string{strconv.Itoa(int(e.ID)), shortContainerID(e.ContainerID), pod, endpointIdentity(e), e.Interface,
-						e.IPv4, e.IPv6, e.HostInterface, state, e.Datapath})
+						e.IPv4, e.IPv6, e.HostInterface, state, e.Datapath, endpointPolicy(e)})
 				}
-				return writeTable(w, []string{"ID", "CONTAINER", "POD", "IDENTITY", "INTERFACE", "IPV4", "IPV6", "HOST", "STATE", "DATAPATH"}, rows)
+				return writeTable(w, []string{"ID", "CONTAINER", "POD", "IDENTITY", "INTERFACE", "IPV4", "IPV6", "HOST", "STATE", "DATAPATH", "POLICY"}, rows)
 			})
 		}))
 	ep.AddCommand(newClientCmd("get ID", "Show one endpoint; ID is its number or a container ID", cobra.ExactArgs(1),
@@ -59,6 +59,33 @@ func endpointIdentity(e apiv1.Endpoint) string {
 		return fmt.Sprintf("%d (pending)", e.Identity)
 	}
 	return strconv.FormatUint(uint64(e.Identity), 10)
+}
+
+// endpointPolicy is the endpoint's policy in a few words: the directions
+// enforced, the revision, and whether the maps have it.
+func endpointPolicy(e apiv1.Endpoint) string {
+	p := e.Policy
+	if p == nil {
+		return "-"
+	}
+	var enforced []string
+	if p.Ingress {
+		enforced = append(enforced, "ingress")
+	}
+	if p.Egress {
+		enforced = append(enforced, "egress")
+	}
+	if len(enforced) == 0 {
+		enforced = append(enforced, "none")
+	}
+	state := "realized"
+	switch {
+	case p.Error != "":
+		state = "failed: " + p.Error
+	case !p.Realized:
+		state = "pending"
+	}
+	return fmt.Sprintf("enforced %s, revision %d, %s", strings.Join(enforced, "+"), p.Revision, state)
 }
 
 // endpointArg turns what a user types into an endpoint {id}: a number is an
@@ -90,6 +117,7 @@ func printEndpoint(w io.Writer, e apiv1.Endpoint) error {
 		{"IPv4", strings.TrimSpace(e.IPv4 + " via " + e.IPv4Gateway)},
 		{"IPv6", strings.TrimSpace(e.IPv6 + " via " + e.IPv6Gateway)},
 		{"Datapath", e.Datapath},
+		{"Policy", endpointPolicy(e)},
 		{"Created", e.Created.Format("2006-01-02 15:04:05 MST")},
 	}
 	if e.IPv4 == "" {

@@ -80,6 +80,10 @@ type Endpoint struct {
 	// are, else Pending or Refreshing.
 	Datapath      string `json:"datapath,omitempty"`
 	DatapathError string `json:"datapathError,omitempty"`
+	// Policy is the endpoint's network policy as the policy maps hold it;
+	// absent in an agent without policy, or before the endpoint's policy
+	// is computed.
+	Policy *EndpointPolicy `json:"policy,omitempty"`
 }
 
 // EndpointDeleted is the answer of DELETE /v1/endpoints/{id}. A DELETE of a
@@ -99,4 +103,22 @@ type EndpointCheck struct {
 	Endpoint Endpoint `json:"endpoint"`
 	// Problems lists each difference; empty when the endpoint is intact.
 	Problems []string `json:"problems,omitempty"`
+}
+
+// EndpointPolicy is how an endpoint's network policy stands.
+type EndpointPolicy struct {
+	// Revision is the policy revision the endpoint's entries were last
+	// computed from.
+	Revision uint64 `json:"revision"`
+	// Ingress and Egress say whether the endpoint is isolated (enforced)
+	// in each direction: only what its entries allow passes.
+	Ingress bool `json:"ingress"`
+	Egress  bool `json:"egress"`
+	// Entries counts its allows.
+	Entries int `json:"entries"`
+	// Realized: the entries and enforcement are all in the policy maps;
+	// else Error says what failed, if anything did (else they are being
+	// written).
+	Realized bool   `json:"realized"`
+	Error    string `json:"error,omitempty"`
 }

@@ -1,0 +1,134 @@
+package endpointmanager
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cellium/cellium/cells/metrics"
+)
+
+// LiveCondition is something a new endpoint needs in the datapath before it
+// is routed, ready, and its CNI ADD answered. The cells that put endpoints
+// into the datapath contribute one each to the value group "endpoint-live"
+// (see LiveOut): the endpoint map, the programs on the host side, the
+// endpoint's network policy. An agent without one of them (a test of a few
+// cells, an agent without policy) does not wait for it.
+type LiveCondition struct {
+	// Name names the condition in errors, in the log and in the metric
+	// cellium_endpoints_waiting{for=Name}.
+	Name string
+	// Live says whether the condition holds for ep, which the endpoint
+	// manager wrote at revision rev of the endpoints table; when it does
+	// not, why, and a channel that is closed once that may have changed
+	// (nil: a change of ep's row, which the waiter watches anyway). It
+	// reads the tables it needs in transactions of its own, taken when it
+	// is called.
+	Live func(ep *Endpoint, rev statedb.Revision) (ok bool, why string, watch <-chan struct{})
+}
+
+// LiveOut contributes a LiveCondition.
+type LiveOut struct {
+	cell.Out
+	Condition LiveCondition `group:"endpoint-live"`
+}
+
+// StatusCondition is the LiveCondition of a reconciler of the endpoints
+// table: the endpoint's status field it writes is Done.
+func StatusCondition(name string, status func(*Endpoint) reconciler.Status) LiveOut {
+	return LiveOut{Condition: LiveCondition{Name: name, Live: func(ep *Endpoint, _ statedb.Revision) (bool, string, <-chan struct{}) {
+		s := status(ep)
+		switch s.Kind {
+		case reconciler.StatusKindDone:
+			return true, "", nil
+		case reconciler.StatusKindError:
+			return false, s.GetError(), nil
+		}
+		return false, s.Kind.String(), nil
+	}}}
+}
+
+// EndpointPolicy is how an endpoint's network policy stands: the policy
+// revision its entries were computed from, the directions it is isolated
+// in, its entries, and whether they and its enforcement are in the maps.
+type EndpointPolicy struct {
+	Revision uint64
+	Ingress  bool
+	Egress   bool
+	Entries  int
+	// Realized: every entry and the enforcement are in the maps; else
+	// Error says what failed, if anything did.
+	Realized bool
+	Error    string
+}
+
+// PolicyView shows an endpoint's policy; the policy cell provides it.
+type PolicyView interface {
+	// EndpointPolicy is the policy of endpoint id in txn; false when it
+	// has none computed.
+	EndpointPolicy(txn statedb.ReadTxn, id uint16) (EndpointPolicy, bool)
+}
+
+// liveMetrics counts the creations waiting for each condition.
+type liveMetrics struct {
+	waiting *prometheus.GaugeVec
+}
+
+func newLiveMetrics() (*liveMetrics, metrics.Collectors) {
+	m := &liveMetrics{waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "cellium", Name: "endpoints_waiting",
+		Help: "New endpoints whose CNI ADD waits for a part of the datapath (for: endpoint-map, programs, policy)",
+	}, []string{"for"})}
+	return m, metrics.NewCollectors(m.waiting)
+}
+
+// waitLive waits until every live condition holds for the endpoint id,
+// written at rev, or ctx ends. Each condition is counted in
+// cellium_endpoints_waiting while it does not hold.
+func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision) error {
+	waiting := map[string]bool{}
+	defer func() {
+		for name := range waiting {
+			m.liveMetrics.waiting.WithLabelValues(name).Dec()
+		}
+	}()
+	for {
+		ep, _, watch, found := m.tbl.GetWatch(m.db.ReadTxn(), EndpointID.Query(id))
+		if !found {
+			return fmt.Errorf("endpoint %d is gone from the table while its creation waited for the datapath", id)
+		}
+		ws := statedb.NewWatchSet()
+		ws.Add(watch)
+		var pending []string
+		for _, c := range m.live {
+			ok, why, w := c.Live(ep, rev)
+			if ok {
+				if waiting[c.Name] {
+					delete(waiting, c.Name)
+					m.liveMetrics.waiting.WithLabelValues(c.Name).Dec()
+				}
+				continue
+			}
+			if !waiting[c.Name] {
+				waiting[c.Name] = true
+				m.liveMetrics.waiting.WithLabelValues(c.Name).Inc()
+			}
+			pending = append(pending, c.Name+": "+why)
+			if w != nil {
+				ws.Add(w)
+			}
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+		if _, err := ws.Wait(ctx, 0); err != nil {
+			return errorf(ErrNotReady, "endpoint %d (container %s) is not in the datapath yet (%s): %v",
+				id, ep.ContainerID, strings.Join(pending, "; "), err)
+		}
+	}
+}

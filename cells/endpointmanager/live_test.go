@@ -1,0 +1,183 @@
+package endpointmanager_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
+)
+
+// gate is a live condition the test opens.
+type gate struct {
+	mu     sync.Mutex
+	open   bool
+	opened chan struct{}
+	// asked is closed the first time the condition is asked about.
+	asked     chan struct{}
+	askedOnce sync.Once
+	// revs are the revisions it was asked about.
+	revs []statedb.Revision
+}
+
+func newGate() *gate { return &gate{opened: make(chan struct{}), asked: make(chan struct{})} }
+
+func (g *gate) cell() cell.Cell {
+	return cell.Provide(func() endpointmanager.LiveOut {
+		return endpointmanager.LiveOut{Condition: endpointmanager.LiveCondition{Name: "gate", Live: g.live}}
+	})
+}
+
+func (g *gate) live(_ *endpointmanager.Endpoint, rev statedb.Revision) (bool, string, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.revs = append(g.revs, rev)
+	g.askedOnce.Do(func() { close(g.asked) })
+	if g.open {
+		return true, "", nil
+	}
+	return false, "the test holds it", g.opened
+}
+
+func (g *gate) openIt() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.open = true
+	close(g.opened)
+}
+
+// waiting is cellium_endpoints_waiting{for=name}.
+func waiting(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "cellium_endpoints_waiting" {
+			continue
+		}
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "for" && l.GetValue() == name {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestCreateWaitsForLive: a creation puts the endpoint in the table as
+// starting, with no host route to the pod, and waits while a live
+// condition (the datapath's, the policy's) does not hold, counted as
+// waiting; once it holds the host route comes, the endpoint is ready and
+// the creation returns.
+func TestCreateWaitsForLive(t *testing.T) {
+	g := newGate()
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
+	p := newPod(t)
+
+	type result struct {
+		ep  *endpointmanager.Endpoint
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ep, err := n.mgr.Create(context.Background(), p.req())
+		done <- result{ep, err}
+	}()
+	select {
+	case <-g.asked:
+	case r := <-done:
+		t.Fatalf("Create returned before the live condition held: %+v, %v", r.ep, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Create did not ask the live condition within 30s")
+	}
+	ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if !found || ep.State != endpointmanager.Starting {
+		t.Fatalf("while the creation waits, the endpoint is %+v (found %v), want it starting", ep, found)
+	}
+	for _, ip := range ep.IPs() {
+		if r := hostRoute(t, ep, ip); r != nil {
+			t.Errorf("the host routes to %s through %s before the endpoint is live: %s", ip, ep.HostIfName, r)
+		}
+	}
+	if got := waiting(t, n.metrics, "gate"); got != 1 {
+		t.Errorf("cellium_endpoints_waiting{for=gate} = %v while the creation waits, want 1", got)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("Create returned before the live condition held: %+v, %v", r.ep, r.err)
+	default:
+	}
+
+	g.openIt()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Create: %v", r.err)
+	}
+	if r.ep.State != endpointmanager.Ready {
+		t.Fatalf("created endpoint is %s, want ready", r.ep.State)
+	}
+	for _, ip := range r.ep.IPs() {
+		if hostRoute(t, r.ep, ip) == nil {
+			t.Errorf("no host route to %s through %s once the endpoint is ready", ip, r.ep.HostIfName)
+		}
+	}
+	if got := waiting(t, n.metrics, "gate"); got != 0 {
+		t.Errorf("cellium_endpoints_waiting{for=gate} = %v after the creation, want 0", got)
+	}
+	g.mu.Lock()
+	revs := g.revs
+	g.mu.Unlock()
+	if len(revs) == 0 || revs[0] == 0 {
+		t.Errorf("the condition was asked with revisions %v, want the endpoint's row's", revs)
+	}
+}
+
+// TestCreateLiveTimeout: a creation whose endpoint never becomes live
+// fails when its context ends, saying what it waited for, and leaves
+// nothing: no row, no veth pair, no address.
+func TestCreateLiveTimeout(t *testing.T) {
+	g := newGate()
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
+	p := newPod(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-g.asked
+		cancel()
+	}()
+	_, err := n.mgr.Create(ctx, p.req())
+	if !errors.Is(err, endpointmanager.ErrNotReady) {
+		t.Fatalf("Create = %v, want ErrNotReady", err)
+	}
+	if want := "gate: the test holds it"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
+	}
+	if ids := n.endpointIDs(); len(ids) != 0 {
+		t.Errorf("endpoints %v left after a failed creation", ids)
+	}
+	n.waitAllocations(t)
+	if got := waiting(t, n.metrics, "gate"); got != 0 {
+		t.Errorf("cellium_endpoints_waiting{for=gate} = %v after the creation failed, want 0", got)
+	}
+	if link := hostLinkExists(endpointmanager.HostIfName(p.id)); link {
+		t.Errorf("host side %s left after a failed creation", endpointmanager.HostIfName(p.id))
+	}
+}
+
+func hostLinkExists(name string) bool {
+	_, err := netlink.LinkByName(name)
+	return err == nil
+}
