@@ -25,7 +25,7 @@ var Cell = cell.Module(
 	"BPF endpoint map reconciled from the endpoints table",
 
 	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(newEndpointMap, endpointsWritten),
+	cell.Provide(newEndpointMap, endpointsWritten, mapLive),
 	cell.Invoke(registerReconciler),
 )
 
@@ -112,6 +112,12 @@ func registerReconciler(p reconciler.Params, tbl statedb.RWTable[*endpointmanage
 		nil,
 	)
 	return err
+}
+
+// mapLive holds a new endpoint back until it is in the map (see
+// endpointmanager.LiveCondition).
+func mapLive() endpointmanager.LiveOut {
+	return endpointmanager.StatusCondition("endpoint-map", func(ep *endpointmanager.Endpoint) reconciler.Status { return ep.MapStatus })
 }
 
 // ops writes endpoints into the map.

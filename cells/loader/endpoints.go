@@ -100,6 +100,12 @@ func registerEndpointReconciler(p reconciler.Params, tbl statedb.RWTable[*endpoi
 	return err
 }
 
+// programsLive holds a new endpoint back until its programs are attached
+// (see endpointmanager.LiveCondition).
+func programsLive() endpointmanager.LiveOut {
+	return endpointmanager.StatusCondition("programs", func(ep *endpointmanager.Endpoint) reconciler.Status { return ep.ProgramStatus })
+}
+
 func (o *endpointLinks) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, ep *endpointmanager.Endpoint) error {
 	if !ep.InDatapath() {
 		return o.detach(ep)
