@@ -37,7 +37,7 @@ var Cell = cell.Module(
 		NewEntriesTable, NewEnforcementTable, NewPrefixesTable,
 		statedb.RWTable[*Rule].ToTable, statedb.RWTable[*Entry].ToTable, statedb.RWTable[*Enforcement].ToTable,
 		statedb.RWTable[*Prefix].ToTable,
-		newPolicy, apiRoutes, newMetrics,
+		newPolicy, apiRoutes, newMetrics, liveCondition, policyView,
 	),
 	cell.Invoke(func(*Policy) {}),
 )
@@ -78,9 +78,11 @@ type Policy struct {
 	ipcache     statedb.Table[*ipcache.Entry]
 	watcher     *policyWatcher
 	pods        *podPorts
-	// computed marks both output tables initialized after the first
+	// computed marks the output tables initialized after the first
 	// complete computation.
 	computed []func(statedb.WriteTxn)
+	// progress is how far the computation has read the endpoints table.
+	progress *progress
 
 	computeSeconds prometheus.Histogram
 
@@ -106,7 +108,7 @@ func newPolicy(p params) (*Policy, error) {
 	pol := &Policy{
 		log: p.Log, db: p.DB, rules: p.Rules, entries: p.Entries, enforcement: p.Enforcement, prefixes: p.Prefixes,
 		identities: p.Identities, endpoints: p.Endpoints, ipcache: p.IPCache, watcher: watcher, pods: pods,
-		engine: newEngine(p.Entries, p.Enforcement, p.Prefixes, pods.ports, pods.peerPorts),
+		engine: newEngine(p.Entries, p.Enforcement, p.Prefixes, pods.ports, pods.peerPorts), progress: newProgress(),
 		computeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "cellium_policy_computation_seconds",
 			Help:    "Time to compute and write one batch of policy changes (policies, identities, endpoints, pods)",
@@ -220,6 +222,7 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 			}
 		}
 		wtxn.Commit()
+		p.progress.set(p.endpoints.Revision(txn))
 		p.report(health, first)
 		p.mu.Unlock()
 		if first || stats.endpoints > 0 {
