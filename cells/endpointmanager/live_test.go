@@ -54,6 +54,22 @@ func (g *gate) openIt() {
 	close(g.opened)
 }
 
+// createResult is what a Create returned.
+type createResult struct {
+	ep  *endpointmanager.Endpoint
+	err error
+}
+
+// createAsync creates p's endpoint in a goroutine of its own.
+func (n *node) createAsync(p pod) <-chan createResult {
+	done := make(chan createResult, 1)
+	go func() {
+		ep, err := n.mgr.Create(context.Background(), p.req())
+		done <- createResult{ep, err}
+	}()
+	return done
+}
+
 // waiting is cellium_endpoints_waiting{for=name}.
 func waiting(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
@@ -87,15 +103,7 @@ func TestCreateWaitsForLive(t *testing.T) {
 	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
 	p := newPod(t)
 
-	type result struct {
-		ep  *endpointmanager.Endpoint
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		ep, err := n.mgr.Create(context.Background(), p.req())
-		done <- result{ep, err}
-	}()
+	done := n.createAsync(p)
 	select {
 	case <-g.asked:
 	case r := <-done:

@@ -64,15 +64,7 @@ func TestCreateWaitsForPolicy(t *testing.T) {
 	n.waitRestored(t)
 
 	p := newPod(t)
-	type result struct {
-		ep  *endpointmanager.Endpoint
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		ep, err := n.mgr.Create(context.Background(), p.req())
-		done <- result{ep, err}
-	}()
+	done := n.createAsync(p)
 	celltest.Eventually(t, "the creation waiting for its policy", func() bool {
 		select {
 		case r := <-done:
@@ -90,7 +82,7 @@ func TestCreateWaitsForPolicy(t *testing.T) {
 	}
 
 	listable.Store(true)
-	var r result
+	var r createResult
 	select {
 	case r = <-done:
 	case <-time.After(60 * time.Second):

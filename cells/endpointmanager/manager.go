@@ -139,7 +139,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	// its policy) before anything can reach the pod: the host routes to
 	// it come after, and only then is it ready.
 	ep.State = Starting
-	rev, err := m.insertStarting(ep)
+	rev, err := m.insert(ep)
 	if err != nil {
 		return ep, err
 	}
@@ -290,23 +290,9 @@ func (m *Manager) routers() []netip.Addr {
 }
 
 // insert puts ep in the table, for the datapath to pick up: the endpoint
-// map and the programs on its host-side interface.
-func (m *Manager) insert(ep *Endpoint) error {
-	ep = ep.Clone()
-	ep.MapStatus = reconciler.StatusPending()
-	ep.ProgramStatus = reconciler.StatusPending()
-	txn := m.db.WriteTxn(m.tbl)
-	defer txn.Abort()
-	if _, _, err := m.tbl.Insert(txn, ep); err != nil {
-		return err
-	}
-	txn.Commit()
-	return nil
-}
-
-// insertStarting puts a starting endpoint in the table, for the datapath to
-// take in, and returns the revision it was written at.
-func (m *Manager) insertStarting(ep *Endpoint) (statedb.Revision, error) {
+// map and the programs on its host-side interface; it returns the
+// revision it was written at.
+func (m *Manager) insert(ep *Endpoint) (statedb.Revision, error) {
 	ep = ep.Clone()
 	ep.MapStatus = reconciler.StatusPending()
 	ep.ProgramStatus = reconciler.StatusPending()
@@ -429,7 +415,7 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 		// idempotent).
 		failed := ep.Clone()
 		failed.State, failed.Error = Deleting, err.Error()
-		if ierr := m.insert(failed); ierr != nil {
+		if _, ierr := m.insert(failed); ierr != nil {
 			m.log.Error("Mark the endpoint deleting", "id", ep.ID, "container", ep.ContainerID, "error", ierr)
 		}
 		m.log.Error("Endpoint deletion failed half way; a retried DEL finishes it", "id", ep.ID, "container", ep.ContainerID, "error", err)
@@ -613,7 +599,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 				}
 			}
 		}
-		if err := m.insert(ep); err != nil {
+		if _, err := m.insert(ep); err != nil {
 			return err
 		}
 	}
