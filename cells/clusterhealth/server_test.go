@@ -19,19 +19,7 @@ import (
 // /hello is reachable from outside the node: it caps the header and the
 // connections it serves at once (issue 25: idle connections piled up).
 func TestHelloLimits(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, ln, "test") }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	ln := serveT(t, "test")
 	addr := ln.Addr().String()
 	netlimittest.HeaderCapped(t, addr, "/hello", netlimit.Default.MaxHeaderBytes)
 	netlimittest.ConnCapped(t, addr, "/hello", netlimit.Default.MaxConns)
@@ -40,19 +28,8 @@ func TestHelloLimits(t *testing.T) {
 // /hello answers GET with the node's name and nothing else; a port
 // another listener holds is an error naming the flag.
 func TestHelloAnswers(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, ln, "node a") }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve after its context ended: %v", err)
-		}
-	}()
+	ln := serveT(t, "node a")
+	ctx := t.Context()
 	base := "http://" + ln.Addr().String()
 	for _, tc := range []struct {
 		method, path string
@@ -77,7 +54,7 @@ func TestHelloAnswers(t *testing.T) {
 
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	h := &recordingHealth{}
-	err = serveNode(ctx, h, hivetest.Logger(t), port, "a")
+	err := serveNode(ctx, h, hivetest.Logger(t), port, "a")
 	if err == nil || !strings.Contains(err.Error(), "--cluster-health-port "+strconv.Itoa(int(port))) {
 		t.Fatalf("serveNode on a taken port = %v, want an error naming --cluster-health-port", err)
 	}
@@ -94,4 +71,24 @@ type recordingHealth struct {
 
 func (h *recordingHealth) Degraded(reason string, err error) {
 	h.degraded = reason + ": " + err.Error()
+}
+
+// serveT serves /hello as what on a loopback listener until the test
+// ends, and fails it should serve end with an error.
+func serveT(t *testing.T, what string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, ln, what) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return ln
 }
