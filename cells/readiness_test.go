@@ -34,6 +34,7 @@ import (
 	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/cgroup2"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // testManifests is a Service with three backends, for the frontends to
@@ -218,17 +219,13 @@ func (a *testAgent) readyz() (int, apiv1.Healthz) {
 // waitReadyz polls /readyz until cond holds, for at most a minute.
 func (a *testAgent) waitReadyz(what string, cond func(code int, hz apiv1.Healthz) bool) apiv1.Healthz {
 	a.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		code, hz := a.readyz()
-		if cond(code, hz) {
-			return hz
-		}
-		if time.Now().After(deadline) {
-			a.t.Fatalf("timed out waiting for %s: /readyz %d %+v", what, code, hz)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var hz apiv1.Healthz
+	polltest.Until(a.t, what, time.Minute, 20*time.Millisecond, func() (bool, string) {
+		var code int
+		code, hz = a.readyz()
+		return cond(code, hz), fmt.Sprintf("/readyz %d %+v", code, hz)
+	})
+	return hz
 }
 
 func (a *testAgent) conflistExists() bool {
@@ -277,13 +274,9 @@ func TestReadinessBarriers(t *testing.T) {
 
 			slow.release()
 			a.waitReadyz("ready", func(code int, hz apiv1.Healthz) bool { return code == http.StatusOK && hz.Ready })
-			deadline := time.Now().Add(30 * time.Second)
-			for !a.conflistExists() {
-				if time.Now().After(deadline) {
-					t.Fatalf("no CNI configuration %s 30s after the agent became ready", a.conflist)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			polltest.Until(t, "CNI configuration "+a.conflist+" after the agent became ready", 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+				return a.conflistExists(), "no file"
+			})
 		})
 	}
 }
@@ -303,20 +296,12 @@ func TestReadinessWaitsForTheMaps(t *testing.T) {
 	if a.conflistExists() {
 		t.Fatalf("CNI configuration %s exists while the frontends are not in the maps", a.conflist)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var statuses statedb.Table[*health.Status]
+	polltest.Until(t, "a health error naming "+lbmaps.FrontendsBarrier+" after --readiness-timeout", 30*time.Second, 20*time.Millisecond, func() (bool, string) {
 		i := slices.IndexFunc(a.db.GetTables(a.db.ReadTxn()), func(m statedb.TableMeta) bool { return m.Name() == health.TableName })
-		statuses = a.db.GetTables(a.db.ReadTxn())[i].(statedb.Table[*health.Status])
+		statuses := a.db.GetTables(a.db.ReadTxn())[i].(statedb.Table[*health.Status])
 		st, _, found := statuses.Get(a.db.ReadTxn(), health.StatusID.Query("health.job-readiness-timeout"))
-		if found && st.Level == cell.StatusDegraded && strings.Contains(st.Error, lbmaps.FrontendsBarrier) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no health error naming %s after --readiness-timeout: %+v", lbmaps.FrontendsBarrier, st)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return found && st.Level == cell.StatusDegraded && strings.Contains(st.Error, lbmaps.FrontendsBarrier), fmt.Sprintf("%+v", st)
+	})
 }
 
 func sorted(s []string) []string {

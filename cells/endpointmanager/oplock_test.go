@@ -7,18 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // pollUntil polls cond until it holds, failing the test after 10s.
 func pollUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	polltest.Until(t, what, 10*time.Second, time.Millisecond, func() (bool, string) { return cond(), "not yet" })
 }
 
 // Operations on one container get its lock one at a time, in the order

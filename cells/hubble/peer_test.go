@@ -15,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // node is a node of the nodes table with the given addresses.
@@ -202,13 +203,7 @@ func TestPeerNotifyEndsOnStop(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s after 10s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	polltest.Until(t, what, 10*time.Second, 10*time.Millisecond, func() (bool, string) { return cond(), "not yet" })
 }
 
 // The cell serves the Peer service beside the Observer on both of its

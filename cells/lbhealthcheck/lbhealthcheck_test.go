@@ -31,6 +31,7 @@ import (
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/netlimit"
 	"github.com/cellium/cellium/pkg/netlimit/netlimittest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 const nodeName = "node-1"
@@ -145,15 +146,11 @@ func get(port uint16, path string) answer {
 func waitAnswer(t *testing.T, port uint16, code, n int) answer {
 	t.Helper()
 	var last answer
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	polltest.Until(t, fmt.Sprintf("port %d answering %d with localEndpoints %d", port, code, n), 10*time.Second, 20*time.Millisecond, func() (bool, string) {
 		last = get(port, "/healthz")
-		if last.err == nil && last.code == code && last.decoded.LocalEndpoints == n {
-			return last
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("port %d: answer %d %q (error %v), want %d with localEndpoints %d", port, last.code, last.body, last.err, code, n)
+		return last.err == nil && last.code == code && last.decoded.LocalEndpoints == n,
+			fmt.Sprintf("answer %d %q (error %v)", last.code, last.body, last.err)
+	})
 	return last
 }
 

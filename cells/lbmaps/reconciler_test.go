@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/lbmap"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // frontendsTable stands in for the loadbalancer cell: the tests write the
@@ -447,15 +448,12 @@ func TestPruneNamesEveryFailure(t *testing.T) {
 // waitPruned waits until the frontend's entries are gone.
 func (e *lbEnv) waitPruned(t *testing.T, fe string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(e.service4(fe)) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("stale frontend %s still in the maps 30s after sync", fe)
-		}
-		// Prune runs once the table is initialized; the test has no event
-		// to wait on, so it polls the map.
-		time.Sleep(10 * time.Millisecond)
-	}
+	// Prune runs once the table is initialized; the test has no event to
+	// wait on, so it polls the map.
+	polltest.Until(t, "stale frontend "+fe+" gone from the maps after sync", 30*time.Second, 10*time.Millisecond, func() (bool, string) {
+		n := len(e.service4(fe))
+		return n == 0, fmt.Sprintf("%d entries", n)
+	})
 }
 
 func TestMaglevTables(t *testing.T) {
@@ -539,17 +537,10 @@ func TestRestoreDropsLeftovers(t *testing.T) {
 	second.set(true, frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP"))
 	second.waitDone()
 	second.waitPruned(t, "10.96.0.99:80/TCP")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	polltest.Until(t, "leftovers pruned", 30*time.Second, 10*time.Millisecond, func() (bool, string) {
 		d := second.dump()
-		if len(d) == 4 { // the frontend's master, slot, backend and reverse NAT
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leftovers not pruned:\n%v", d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(d) == 4, fmt.Sprintf("%v", d) // the frontend's master, slot, backend and reverse NAT
+	})
 	if id := second.service4("10.96.0.10:80/TCP")[1].BackendID; id == 5 {
 		t.Fatalf("new backend got ID 5, which a leftover entry held at restore")
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // nodePortHooks are the device hooks: pin suffix, attach type and program.
@@ -75,16 +76,10 @@ func addDeviceNamed(t *testing.T, env *socklbtest.Env, name string) int {
 // waitPin waits until pin exists.
 func waitPin(t *testing.T, pin string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(pin); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no pin %s after 10s", pin)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	polltest.Until(t, "pin "+pin, 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+		_, err := os.Stat(pin)
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 func putDevice(t *testing.T, d *socklbtest.Devices, name string, index int, selected bool) {
@@ -155,22 +150,15 @@ func nodeAddresses(t *testing.T, root string) map[uint32]netip.Addr {
 // device running the NodePort programs.
 func waitDeviceLinks(t *testing.T, root string, ifindex int, want bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	for _, h := range nodePortHooks {
 		pin := filepath.Join(root, "cellium", "links", "devices", strconv.Itoa(ifindex)+"-"+h.name)
-		for {
+		polltest.Until(t, fmt.Sprintf("pin %s present = %v", pin, want), 10*time.Second, 10*time.Millisecond, func() (bool, string) {
 			_, err := os.Stat(pin)
-			if (err == nil) == want {
-				break
-			}
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				t.Fatal(err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pin %s: present = %v after 10s, want %v", pin, err == nil, want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return (err == nil) == want, fmt.Sprintf("present = %v", err == nil)
+		})
 		if !want {
 			continue
 		}

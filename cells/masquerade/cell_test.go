@@ -28,6 +28,7 @@ import (
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // agent is the masquerade cell, with a nodes table the test writes,
@@ -273,13 +274,10 @@ func TestCellReconcilesRuleset(t *testing.T) {
 	t.Run("disabled removes the table", func(t *testing.T) {
 		b := newAgent(t, n.Path(), []*nodes.Node{n1, n2}, func(c *masquerade.Config) { c.EnableMasquerade = false })
 		b.start(t)
-		deadline := time.Now().Add(10 * time.Second)
-		for ruleset(t, fd) != "no table" {
-			if time.Now().After(deadline) {
-				t.Fatalf("table still there with --enable-masquerade=false:\n%s", ruleset(t, fd))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		polltest.Until(t, "the table gone with --enable-masquerade=false", 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+			rs := ruleset(t, fd)
+			return rs == "no table", rs
+		})
 		b.stop(t)
 	})
 
