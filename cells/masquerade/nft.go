@@ -67,9 +67,6 @@ func (f family) ruleTag() []byte     { return []byte("cellium-masquerade-" + f.n
 // what differs from what is there.
 type Kernel struct {
 	conn func() (*nftables.Conn, error)
-	// fullyRandom sets random-fully on the rules: only the benchmark
-	// does, to compare.
-	fullyRandom bool
 }
 
 // NewKernel works in the network namespace of netnsFD, or the current
@@ -188,14 +185,14 @@ func (k *Kernel) create(c *nftables.Conn, want Ruleset) {
 		// an error would surface at Flush.
 		_ = c.AddSet(src, elements(w.Source, f.addrLen))
 		_ = c.AddSet(excl, elements(w.Excluded, f.addrLen))
-		c.AddRule(f.rule(chain, src, excl, k.fullyRandom))
+		c.AddRule(f.rule(chain, src, excl))
 	}
 }
 
 // rule: meta nfproto F; saddr @pods; daddr != @nomasq; masquerade. Not
 // random-fully: the pod's port is kept when free, which measured three
 // times more new connections per second (docs/cells/masquerade.md).
-func (f family) rule(chain *nftables.Chain, src, excl *nftables.Set, fullyRandom bool) *nftables.Rule {
+func (f family) rule(chain *nftables.Chain, src, excl *nftables.Set) *nftables.Rule {
 	return &nftables.Rule{
 		Table: table,
 		Chain: chain,
@@ -206,7 +203,7 @@ func (f family) rule(chain *nftables.Chain, src, excl *nftables.Set, fullyRandom
 			&expr.Lookup{SourceRegister: 1, SetName: src.Name, SetID: src.ID},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.daddrO, Len: f.addrLen},
 			&expr.Lookup{SourceRegister: 1, SetName: excl.Name, SetID: excl.ID, Invert: true},
-			&expr.Masq{FullyRandom: fullyRandom},
+			&expr.Masq{},
 		},
 		UserData: f.ruleTag(),
 	}
@@ -293,7 +290,7 @@ func (k *Kernel) diff(c *nftables.Conn, want Ruleset) (changed []string, rebuild
 		c.FlushChain(chain)
 		for _, f := range families {
 			src, excl := byName[f.sourceSet()], byName[f.excludedSet()]
-			c.AddRule(f.rule(chain, src, excl, k.fullyRandom))
+			c.AddRule(f.rule(chain, src, excl))
 		}
 		changed = append(changed, "rules of chain "+ChainName)
 	}
