@@ -29,6 +29,7 @@ import (
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/k8sendpoints"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/lbhealthcheck"
 	"github.com/cellium/cellium/cells/lbmaps"
@@ -65,6 +66,7 @@ var ControlPlane = cell.Group(
 	identity.Cell,
 	endpointmanager.Cell,
 	policy.Cell,
+	k8sendpoints.Cell,
 	ipcache.Cell,
 	nodes.Cell,
 	routing.Cell,

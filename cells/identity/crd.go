@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -19,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/cellium/cellium/cells/internal/refused"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/identity"
@@ -81,11 +81,8 @@ type crdBackend struct {
 	registered chan struct{}
 	// listed marks the table initialized once the identities are listed.
 	listed func(statedb.WriteTxn)
-	// health names the objects refused (scope "crd-identities").
-	health cell.Health
-
-	mu  sync.Mutex
-	bad map[string]string
+	// refused names the bad objects in health (scope "crd-identities").
+	refused *refused.Set
 }
 
 func (a *Allocator) newCRDBackend(p params) error {
@@ -97,7 +94,7 @@ func (a *Allocator) newCRDBackend(p params) error {
 	listed := p.Table.RegisterInitializer(txn, "crd-identities")
 	txn.Commit()
 	a.crd = &crdBackend{client: client, registered: make(chan struct{}), listed: listed,
-		health: p.Health.NewScope("crd-identities"), bad: map[string]string{}}
+		refused: refused.New(p.Log, p.Health.NewScope("crd-identities"), "CelliumIdentity")}
 	p.Jobs.Add(
 		job.OneShot("register-crds", a.registerCRDs, job.WithRetry(-1, &job.ExponentialBackoff{Min: 500 * time.Millisecond, Max: 30 * time.Second})),
 		job.OneShot("watch-crd-identities", a.watchCRD),
@@ -267,7 +264,7 @@ func (a *Allocator) applyCRD(obj any, deleted bool) {
 	if deleted {
 		err = nil
 	}
-	a.noteBad(o.Name, err)
+	a.crd.refused.Note(o.Name, err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	txn := a.db.WriteTxn(a.tbl)
@@ -291,38 +288,4 @@ func (a *Allocator) applyCRD(obj any, deleted bool) {
 		row.Refs = int(u.refs.Load())
 	}
 	a.tbl.Insert(txn, row)
-}
-
-// noteBad records why the object name is refused (err nil: it is not),
-// and reports the refused objects in health.
-func (a *Allocator) noteBad(name string, err error) {
-	c := a.crd
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, was := c.bad[name]
-	if err == nil {
-		if !was {
-			return
-		}
-		delete(c.bad, name)
-	} else {
-		if c.bad[name] == err.Error() {
-			return
-		}
-		c.bad[name] = err.Error()
-		a.log.Error("Ignoring a bad CelliumIdentity", "name", name, "error", err)
-	}
-	if len(c.bad) == 0 {
-		c.health.OK("Every CelliumIdentity is valid")
-		return
-	}
-	names := make([]string, 0, len(c.bad))
-	for n, why := range c.bad {
-		names = append(names, n+": "+why)
-	}
-	slices.Sort(names)
-	if len(names) > 5 {
-		names = append(names[:5], fmt.Sprintf("and %d more", len(c.bad)-5))
-	}
-	c.health.Degraded(fmt.Sprintf("Ignoring %d bad CelliumIdentity objects", len(c.bad)), errors.New(strings.Join(names, "; ")))
 }

@@ -16,9 +16,15 @@ type identitiesByKind struct {
 	desc *prometheus.Desc
 }
 
-func newMetrics(db *statedb.DB, tbl statedb.Table[*Identity], repairs *kvsync.Repairs) metrics.Collectors {
-	return metrics.NewCollectors(&identitiesByKind{db: db, tbl: tbl,
-		desc: prometheus.NewDesc("cellium_identities", "Security identities the node knows, by kind (reserved, cluster, local)", []string{"kind"}, nil)}, repairs)
+func newMetrics(db *statedb.DB, tbl statedb.Table[*Identity], repairs *kvsync.Repairs, a *Allocator) metrics.Collectors {
+	cs := []prometheus.Collector{&identitiesByKind{db: db, tbl: tbl,
+		desc: prometheus.NewDesc("cellium_identities", "Security identities the node knows, by kind (reserved, cluster, local)", []string{"kind"}, nil)}, repairs}
+	if a.crd != nil {
+		// Every request for the custom resources (this cell's and
+		// k8s-endpoints', which share the client).
+		cs = append(cs, a.crd.client.Requests())
+	}
+	return metrics.NewCollectors(cs...)
 }
 
 func newRepairs() *kvsync.Repairs { return kvsync.NewRepairs("identity") }

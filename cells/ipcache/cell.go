@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/kvsync"
 	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/k8sendpoints"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/identity"
@@ -54,6 +55,7 @@ const (
 	initKVStore   = "ipcache-kvstore"
 	initNodes     = "ipcache-nodes"
 	initPublished = "ipcache-restored"
+	initK8s       = "ipcache-k8s-endpoints"
 )
 
 type params struct {
@@ -67,9 +69,12 @@ type params struct {
 	Addresses statedb.Table[*devices.NodeAddress]
 	Nodes     statedb.Table[*nodes.Node]
 	KVStore   kvstore.Client
-	Repairs   *kvsync.Repairs
-	Lifecycle cell.Lifecycle
-	Jobs      job.Group
+	// K8sEndpoints are other nodes' pods from their CelliumEndpoint
+	// objects (crd identity mode); absent in hives without the cell.
+	K8sEndpoints statedb.Table[*k8sendpoints.Endpoint] `optional:"true"`
+	Repairs      *kvsync.Repairs
+	Lifecycle    cell.Lifecycle
+	Jobs         job.Group
 }
 
 // ipCache writes the claims of its sources into the table.
@@ -92,9 +97,12 @@ func newIPCache(p params) {
 	reserved := p.Table.RegisterInitializer(txn, initReserved)
 	nodesDone := p.Table.RegisterInitializer(txn, initNodes)
 	c.restoredDone = p.Table.RegisterInitializer(txn, initPublished)
-	var kvListed func(statedb.WriteTxn)
+	var kvListed, k8sDone func(statedb.WriteTxn)
 	if p.KVStore.Enabled() {
 		kvListed = p.Table.RegisterInitializer(txn, initKVStore)
+	}
+	if p.K8sEndpoints != nil {
+		k8sDone = p.Table.RegisterInitializer(txn, initK8s)
 	}
 	txn.Commit()
 
@@ -118,6 +126,13 @@ func newIPCache(p params) {
 		}),
 		job.OneShot("drop-restored", c.dropRestored),
 	)
+	if p.K8sEndpoints != nil {
+		p.Jobs.Add(job.OneShot("k8s-endpoints", func(ctx context.Context, _ cell.Health) error {
+			return c.follow(ctx, SourceK8s, k8sDone, func(txn statedb.ReadTxn) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+				return k8sClaims(txn, p.K8sEndpoints)
+			})
+		}))
+	}
 	if p.KVStore.Enabled() {
 		c.owner = kvsync.NewOwner(p.Log, p.KVStore, p.Repairs, "pod address key")
 		p.Jobs.Add(
@@ -262,6 +277,26 @@ func localClaims(txn statedb.ReadTxn, eps statedb.Table[*endpointmanager.Endpoin
 		}
 	}
 	watch, init := untilInitialized(txn, eps, watch)
+	return out, watch, init
+}
+
+// k8sClaims are the addresses of other nodes' pods from their
+// CelliumEndpoint objects; of two objects with one address, the newer.
+func k8sClaims(txn statedb.ReadTxn, tbl statedb.Table[*k8sendpoints.Endpoint]) (map[netip.Prefix]Claim, <-chan struct{}, bool) {
+	out := map[netip.Prefix]Claim{}
+	newest := map[netip.Prefix]*k8sendpoints.Endpoint{}
+	all, watch := tbl.AllWatch(txn)
+	for ep := range all {
+		for _, ip := range ep.Addresses {
+			p := hostPrefix(ip)
+			if prev := newest[p]; prev != nil && (prev.Created.After(ep.Created) || prev.Created.Equal(ep.Created) && prev.Key() < ep.Key()) {
+				continue
+			}
+			newest[p] = ep
+			out[p] = Claim{Source: SourceK8s, Identity: ep.Identity, HostIP: ep.NodeIP, Namespace: ep.Namespace, PodName: ep.Name}
+		}
+	}
+	watch, init := untilInitialized(txn, tbl, watch)
 	return out, watch, init
 }
 

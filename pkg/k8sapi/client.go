@@ -3,6 +3,9 @@ package k8sapi
 import (
 	"context"
 	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -25,12 +28,16 @@ var Scheme = func() *runtime.Scheme {
 
 // Client reads and writes the custom resources, and installs their CRDs.
 type Client struct {
-	rest rest.Interface
-	dyn  dynamic.Interface
+	rest     rest.Interface
+	dyn      dynamic.Interface
+	requests *prometheus.CounterVec
 }
 
 // NewClient makes a Client for the API server of cfg. It does no I/O.
 func NewClient(cfg *rest.Config) (*Client, error) {
+	requests := newRequests()
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return counting{next: rt, requests: requests} })
 	rc := rest.CopyConfig(cfg)
 	rc.GroupVersion = &GroupVersion
 	rc.APIPath = "/apis"
@@ -44,7 +51,7 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client for %s: %w", cfg.Host, err)
 	}
-	return &Client{rest: r, dyn: dyn}, nil
+	return &Client{rest: r, dyn: dyn, requests: requests}, nil
 }
 
 // CreateIdentity creates an identity; an error satisfying

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -95,6 +96,9 @@ func TestEnsureCRDs(t *testing.T) {
 	if _, err := agent.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "300"}, Spec: IdentitySpec{Labels: []string{"k8s:app=db"}}}); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("create a taken identity: %v, want AlreadyExists", err)
 	}
+	if n := agent.RequestCount("create", ResourceIdentities); n != 2 {
+		t.Errorf("RequestCount(create, identities) = %d after two creates", n)
+	}
 	// The schema is enforced: an identity without labels is refused.
 	if _, err := admin.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "301"}}); !apierrors.IsInvalid(err) {
 		t.Fatalf("create an identity with no labels: %v, want Invalid", err)
@@ -132,4 +136,21 @@ func TestEnsureCRDs(t *testing.T) {
 		t.Errorf("newer CRD %s: version %s after EnsureCRDs, want it left at 99", epCRD, v)
 	}
 
+}
+
+func TestVerbOf(t *testing.T) {
+	for _, c := range []struct{ method, url, verb, resource string }{
+		{"POST", "https://h/apis/cellium.io/v1alpha1/namespaces/default/celliumendpoints", "create", "celliumendpoints"},
+		{"PUT", "https://h/apis/cellium.io/v1alpha1/namespaces/default/celliumendpoints/web", "update", "celliumendpoints"},
+		{"GET", "https://h/apis/cellium.io/v1alpha1/celliumidentities?watch=true", "watch", "celliumidentities"},
+		{"GET", "https://h/apis/cellium.io/v1alpha1/celliumidentities", "list", "celliumidentities"},
+		{"GET", "https://h/apis/cellium.io/v1alpha1/celliumidentities/300", "get", "celliumidentities"},
+		{"DELETE", "https://h/apis/cellium.io/v1alpha1/celliumidentities/300", "delete", "celliumidentities"},
+		{"GET", "https://h/apis/apiextensions.k8s.io/v1/customresourcedefinitions/x", "get", "customresourcedefinitions"},
+	} {
+		r, _ := http.NewRequest(c.method, c.url, nil)
+		if verb, res := verbOf(r); verb != c.verb || res != c.resource {
+			t.Errorf("%s %s = %s %s, want %s %s", c.method, c.url, verb, res, c.verb, c.resource)
+		}
+	}
 }

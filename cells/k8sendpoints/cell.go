@@ -1,0 +1,83 @@
+package k8sendpoints
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/cellium/cellium/cells/daemon"
+	"github.com/cellium/cellium/cells/endpointmanager"
+	idcell "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/internal/refused"
+	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/k8sapi"
+)
+
+// Cell writes this node's pods as CelliumEndpoint objects and keeps every
+// other node's in the table "k8s-endpoints" (crd identity mode).
+var Cell = cell.Module(
+	"k8s-endpoints",
+	"Pods as CelliumEndpoint objects written for this node and read for others",
+
+	cell.Config(defaultConfig),
+	cell.ProvidePrivate(job.Registry.NewGroup),
+	cell.Provide(newTable, statedb.RWTable[*Endpoint].ToTable),
+	cell.Invoke(register),
+)
+
+type params struct {
+	cell.In
+
+	Config     Config
+	Log        *slog.Logger
+	DB         *statedb.DB
+	Table      statedb.RWTable[*Endpoint]
+	Identities *idcell.Allocator
+	Clientset  k8sclient.Clientset
+	Endpoints  statedb.Table[*endpointmanager.Endpoint]
+	Nodes      statedb.Table[*nodes.Node]
+	NodeName   daemon.NodeName
+	Jobs       job.Group
+	Health     cell.Health
+}
+
+// syncer holds the cell's state in crd mode.
+type syncer struct {
+	log    *slog.Logger
+	db     *statedb.DB
+	tbl    statedb.RWTable[*Endpoint]
+	client *k8sapi.Client
+	// registered is closed once the CRDs are established.
+	registered <-chan struct{}
+	node       string
+	cs         k8sclient.Clientset
+	eps        statedb.Table[*endpointmanager.Endpoint]
+	nodes      statedb.Table[*nodes.Node]
+	cfg        Config
+
+	// refused names the bad objects in health.
+	refused *refused.Set
+}
+
+// register adds the jobs in crd mode; in the other modes the table stays
+// empty (and initialized).
+func register(p params) {
+	client, registered := p.Identities.CRDClient()
+	if client == nil {
+		return
+	}
+	s := &syncer{log: p.Log, db: p.DB, tbl: p.Table, client: client, registered: registered, node: string(p.NodeName),
+		cs: p.Clientset, eps: p.Endpoints, nodes: p.Nodes, cfg: p.Config, refused: refused.New(p.Log, p.Health.NewScope("refused"), "CelliumEndpoint")}
+	txn := p.DB.WriteTxn(p.Table)
+	listed := p.Table.RegisterInitializer(txn, "crd-endpoints")
+	txn.Commit()
+	w := newWriter(s)
+	p.Jobs.Add(
+		job.OneShot("watch-endpoints", func(ctx context.Context, h cell.Health) error { return s.watch(ctx, h, listed, w) }),
+		job.OneShot("write-endpoints", w.run),
+	)
+}
