@@ -44,9 +44,7 @@ func startCluster(t *testing.T) *cluster {
 	}
 	etcd := etcdtest.Start(t)
 	kas := kubeapitest.Start(t, etcd.Endpoint())
-	kubeapitest.ApplyRBAC(t, kas.Admin, filepath.Join("..", "..", "deploy", "rbac.yaml"), nil)
-	c := &cluster{kas: kas, kubeconfig: filepath.Join(t.TempDir(), "kubeconfig")}
-	kas.WriteKubeconfig(t, c.kubeconfig, kas.Token(t, kubeapitest.DeployNamespace, "cellium-agent"))
+	c := &cluster{kas: kas, kubeconfig: kas.AgentKubeconfig(t, filepath.Join("..", "..", "deploy", "rbac.yaml"))}
 	admin, err := k8sapi.NewClient(kas.Config(kubeapitest.AdminToken))
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -69,4 +70,15 @@ func ApplyRBAC(t testing.TB, admin kubernetes.Interface, path string, edit func(
 			t.Fatalf("apply %s document %d: %v", path, i+1, err)
 		}
 	}
+}
+
+// AgentKubeconfig applies the RBAC manifest at rbacPath (ApplyRBAC) and
+// writes a kubeconfig of the agent's service account (cellium-agent in
+// DeployNamespace), as the DaemonSet's pods get it, returning its path.
+func (s *Server) AgentKubeconfig(t testing.TB, rbacPath string) string {
+	t.Helper()
+	ApplyRBAC(t, s.Admin, rbacPath, nil)
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	s.WriteKubeconfig(t, path, s.Token(t, DeployNamespace, "cellium-agent"))
+	return path
 }
