@@ -375,14 +375,16 @@ struct policy_req {
 	__u16 endpoint_id;
 	__u8 direction;
 	int verdict;
+	/* The allowing entry's cookie, with a verdict > 0. */
+	__u32 cookie;
 };
 
 /* policy_decide is policy_check of pol for the packet's new connection to
  * dport: the peer is the source on ingress, the destination on egress. */
-static __always_inline int policy_decide(const struct policy_req *pol, const struct flow_summary *flow, __be16 dport)
+static __always_inline int policy_decide(struct policy_req *pol, const struct flow_summary *flow, __be16 dport)
 {
 	return policy_check(pol->endpoint_id, pol->direction, pol->peer, flow->family,
-			    pol->direction == TRAFFIC_INGRESS ? flow->src : flow->dst, flow->proto, dport);
+			    pol->direction == TRAFFIC_INGRESS ? flow->src : flow->dst, flow->proto, dport, &pol->cookie);
 }
 
 /*
@@ -697,6 +699,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 	/* One per connection the policy let open, as its first trace. */
 	if (pol.verdict > 0) {
 		flow->direction = pol.direction;
+		flow->policy_cookie = pol.cookie;
 		emit_flow_event(skb, &rec, EVENT_POLICY_VERDICT, pol.verdict, pol.endpoint_id);
 	}
 	/* After conntrack, which tracks the reply under the pod's address,

@@ -124,6 +124,7 @@ type LXCPolicyPrefixValue struct {
 type LXCPolicyValue struct {
 	_         structs.HostLayout
 	Prefixlen uint32
+	Cookie    uint32
 }
 
 // Names of all BPF objects in the ELF.

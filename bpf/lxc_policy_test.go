@@ -225,6 +225,46 @@ func TestLXCPolicyEgress(t *testing.T) {
 	}
 }
 
+// The policy-verdict event carries the cookie of the entry that allowed
+// the connection, of any kind of match; the host's ingress has none.
+func TestLXCPolicyVerdictCookie(t *testing.T) {
+	l := loadPolicyLXC(t)
+	l.isolate(epB, policymap.FlagIngress)
+	put := func(a policymap.Allow, cookie uint32) {
+		keys, err := policymap.KeysOf(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if err := l.policy.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: cookie}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: idX, Proto: unix.IPPROTO_TCP, Port: 80}, 0xc0c0a)
+	put(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Proto: unix.IPPROTO_TCP, Port: 443}, 0xc0c0b)
+	for _, tc := range []struct {
+		src    netip.Addr
+		port   uint16
+		match  monitorapi.PolicyMatch
+		cookie uint32
+	}{
+		{podA, 80, monitorapi.PolicyMatchL3L4, 0xc0c0a},
+		{remote, 443, monitorapi.PolicyMatchL4Only, 0xc0c0b},
+		{hostAddr, 22, monitorapi.PolicyMatchHost, 0},
+	} {
+		l.run(l.to, tcpPacket(ap(tc.src, 41000+tc.port), ap(podB, tc.port), syn), verdictNext)
+		evs := l.events()
+		if len(evs) != 2 {
+			t.Fatalf("%s:%d: events %v, want a trace and a verdict", tc.src, tc.port, evs)
+		}
+		pv, ok := evs[1].(*monitorapi.PolicyVerdictEvent)
+		if !ok || pv.Match != tc.match || pv.Flow.PolicyCookie != tc.cookie {
+			t.Fatalf("%s:%d: verdict %+v, want match %s with cookie %#x", tc.src, tc.port, evs[1], tc.match, tc.cookie)
+		}
+	}
+}
+
 // prefix puts an ipBlock prefix with its ID into the prefix trie, as the
 // policy-maps cell does.
 func (l *lxc) prefix(p string, id uint32) {

@@ -124,7 +124,10 @@ struct flow_summary {
 	__u32 dst_identity;
 	/* TRAFFIC_*: set on policy drops and policy verdicts. */
 	__u8 direction;
-	__u8 pad2[7];
+	__u8 pad2[3];
+	/* The allowing entry's cookie (struct policy_value), on policy
+	 * verdicts. */
+	__u32 policy_cookie;
 };
 
 /*

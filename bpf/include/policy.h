@@ -69,6 +69,10 @@ struct policy_value {
 	 * what is missing, tells an entry of exactly its key from a shorter
 	 * one that covers it. */
 	__u32 prefixlen;
+	/* Names the policies that allow the entry (a hash of their names;
+	 * the agent's table policy-entries resolves it): the policy-verdict
+	 * event carries it, for Hubble's allowed_by. */
+	__u32 cookie;
 };
 
 struct {
@@ -147,11 +151,11 @@ static __always_inline __u32 policy_prefix_id(__u8 family, const __u8 addr[16])
 /*
  * policy_check decides a new connection of endpoint_id in direction with the
  * peer of identity peer at peer_addr (family EVENT_FAMILY_*; NONE: not
- * read): POLICY_NOT_ENFORCED, a POLICY_MATCH_* that allows it, or
- * -DROP_POLICY_DENIED.
+ * read): POLICY_NOT_ENFORCED, a POLICY_MATCH_* that allows it (with the
+ * entry's cookie in *cookie, 0 for the host's), or -DROP_POLICY_DENIED.
  */
 static __always_inline int policy_check(__u16 endpoint_id, __u8 direction, __u32 peer, __u8 family,
-					const __u8 peer_addr[16], __u8 proto, __be16 dport)
+					const __u8 peer_addr[16], __u8 proto, __be16 dport, __u32 *cookie)
 {
 	struct policy_key key = {
 		.prefixlen = POLICY_PREFIX_FULL,
@@ -169,8 +173,10 @@ static __always_inline int policy_check(__u16 endpoint_id, __u8 direction, __u32
 		return POLICY_MATCH_HOST;
 	if (peer) {
 		v = bpf_map_lookup_elem(&cellium_policy, &key);
-		if (v)
+		if (v) {
+			*cookie = v->cookie;
 			return v->prefixlen >= POLICY_PREFIX_PROTO ? POLICY_MATCH_L3_L4 : POLICY_MATCH_L3_ONLY;
+		}
 	}
 	if (family != EVENT_FAMILY_NONE) {
 		__u32 prefix = policy_prefix_id(family, peer_addr);
@@ -178,14 +184,18 @@ static __always_inline int policy_check(__u16 endpoint_id, __u8 direction, __u32
 		if (prefix) {
 			key.identity = bpf_htonl(prefix);
 			v = bpf_map_lookup_elem(&cellium_policy, &key);
-			if (v)
+			if (v) {
+				*cookie = v->cookie;
 				return v->prefixlen >= POLICY_PREFIX_PROTO ? POLICY_MATCH_L3_L4 : POLICY_MATCH_L3_ONLY;
+			}
 		}
 	}
 	key.identity = 0;
 	v = bpf_map_lookup_elem(&cellium_policy, &key);
-	if (v)
+	if (v) {
+		*cookie = v->cookie;
 		return v->prefixlen >= POLICY_PREFIX_PROTO ? POLICY_MATCH_L4_ONLY : POLICY_MATCH_ALL;
+	}
 	return -DROP_POLICY_DENIED;
 }
 

@@ -37,7 +37,9 @@ import (
 	"github.com/cellium/cellium/cells/monitor"
 	"github.com/cellium/cellium/cells/monitor/monitortest"
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/pkg/monitorapi"
+	"github.com/cellium/cellium/pkg/policymap"
 )
 
 // cellEnv is the hubble cell in a hive with the real datapath event ring
@@ -66,6 +68,8 @@ type envOptions struct {
 	noClient bool
 	// nodes are the nodes table's rows at start.
 	nodes []*nodes.Node
+	// extra cells of the hive.
+	extra []cell.Cell
 }
 
 // Pods and services of the tests.
@@ -109,7 +113,7 @@ func newCellEnv(t testing.TB, opts envOptions) *cellEnv {
 	t.Helper()
 	root := bpfmapstest.Root(t)
 	e := &cellEnv{t: t, boot: monitorapi.SystemBootClock()}
-	h := newTestHive(
+	h := newTestHive(append(opts.extra,
 		cell.Invoke(func(db *statedb.DB, eps statedb.RWTable[*endpointmanager.Endpoint], fes statedb.RWTable[*loadbalancer.Frontend],
 			hs statedb.Table[*health.Status], hb *Hubble, events *ctmaps.Events, ns statedb.RWTable[*nodes.Node]) {
 			e.db, e.endpoints, e.frontends, e.health, e.hubble, e.events, e.nodes = db, eps, fes, hs, hb, events, ns
@@ -122,7 +126,7 @@ func newCellEnv(t testing.TB, opts envOptions) *cellEnv {
 			fes.Insert(txn, postgresFrontend)
 			fes.Insert(txn, dnsFrontend)
 			txn.Commit()
-		}),
+		}))...,
 	)
 	runDir := opts.runDir
 	if runDir == "" {
@@ -759,5 +763,60 @@ func TestAgentEventsOfTheCell(t *testing.T) {
 	trace.Flow.Src = pod.IPv4
 	if f := e.writeAndWait(&trace)[0]; f.GetSource().GetPodName() != "web-2" || f.GetSource().GetID() != 3 {
 		t.Fatalf("flow from the new pod %v, want source web-2 (ID 3)", f)
+	}
+}
+
+// TestPolicyVerdictAllowedBy: a policy verdict's cookie becomes, through
+// the policy-entries table, the NetworkPolicies that allowed the
+// connection, in ingress_allowed_by or egress_allowed_by by its direction,
+// as GetFlows serves them; a cookie no entry has names none.
+func TestPolicyVerdictAllowedBy(t *testing.T) {
+	var (
+		db      *statedb.DB
+		entries statedb.RWTable[*policy.Entry]
+	)
+	e := newCellEnv(t, envOptions{extra: []cell.Cell{
+		cell.Provide(policy.NewEntriesTable, statedb.RWTable[*policy.Entry].ToTable),
+		cell.Invoke(func(d *statedb.DB, t statedb.RWTable[*policy.Entry]) { db, entries = d, t }),
+	}})
+	ingress := []string{"db/allow-web"}
+	egress := []string{"default/web-egress", "default/web-more"}
+	txn := db.WriteTxn(entries)
+	entries.Insert(txn, &policy.Entry{Key: policy.EntryKey{EndpointID: 2, Direction: policy.Ingress, Identity: 1001, Protocol: 6, Port: 5432},
+		Policies: ingress})
+	entries.Insert(txn, &policy.Entry{Key: policy.EntryKey{EndpointID: 1, Direction: policy.Egress, Protocol: 6, Port: 5432},
+		Policies: egress})
+	txn.Commit()
+
+	base := testBase(e.boot)
+	pkt := monitorapi.Flow{Src: webPod.IPv4, Dst: dbPod.IPv4, Proto: 6, SrcPort: 40000, DstPort: 5432,
+		TCPFlags: monitorapi.TCPSyn, CTState: monitorapi.CTNew, Len: 74}
+	in, out, unknown := pkt, pkt, pkt
+	in.Direction, in.PolicyCookie = monitorapi.DirectionIngress, policymap.Cookie(ingress)
+	out.Direction, out.PolicyCookie = monitorapi.DirectionEgress, policymap.Cookie(egress)
+	unknown.Direction, unknown.PolicyCookie = monitorapi.DirectionIngress, 12345
+	flows := e.writeAndWait(
+		&monitorapi.PolicyVerdictEvent{Time: base, EndpointID: 2, IfIndex: 8, Match: monitorapi.PolicyMatchL3L4, Flow: in},
+		&monitorapi.PolicyVerdictEvent{Time: base, EndpointID: 1, IfIndex: 7, Match: monitorapi.PolicyMatchL4Only, Flow: out},
+		&monitorapi.PolicyVerdictEvent{Time: base, EndpointID: 2, IfIndex: 8, Match: monitorapi.PolicyMatchL3L4, Flow: unknown},
+	)
+	policyPB := func(ns, name string) *flow.Policy {
+		return &flow.Policy{Name: name, Namespace: ns, Kind: "NetworkPolicy", Labels: []string{
+			"k8s:io.cilium.k8s.policy.derived-from=NetworkPolicy",
+			"k8s:io.cilium.k8s.policy.name=" + name, "k8s:io.cilium.k8s.policy.namespace=" + ns}}
+	}
+	for i, want := range []struct{ in, out []*flow.Policy }{
+		{in: []*flow.Policy{policyPB("db", "allow-web")}},
+		{out: []*flow.Policy{policyPB("default", "web-egress"), policyPB("default", "web-more")}},
+		{},
+	} {
+		f := flows[i]
+		gotIn, gotOut := &flow.Flow{IngressAllowedBy: f.GetIngressAllowedBy()}, &flow.Flow{EgressAllowedBy: f.GetEgressAllowedBy()}
+		if !proto.Equal(gotIn, &flow.Flow{IngressAllowedBy: want.in}) || !proto.Equal(gotOut, &flow.Flow{EgressAllowedBy: want.out}) {
+			t.Errorf("flow %d: ingress_allowed_by %v egress_allowed_by %v, want %v and %v", i, f.GetIngressAllowedBy(), f.GetEgressAllowedBy(), want.in, want.out)
+		}
+		if f.GetVerdict() != flow.Verdict_FORWARDED {
+			t.Errorf("flow %d: verdict %v, want FORWARDED", i, f.GetVerdict())
+		}
 	}
 }

@@ -189,6 +189,13 @@ func (c *converter) policyFlow(txn statedb.ReadTxn, ev *monitorapi.PolicyVerdict
 	f.EventType = &flow.CiliumEventType{Type: eventTypePolicy}
 	f.PolicyMatchType = policyMatchTypes[ev.Match]
 	f.TrafficDirection = directions[ev.Flow.Direction]
+	if allowedBy := c.enrich.allowedBy(txn, ev.Flow.PolicyCookie); len(allowedBy) > 0 {
+		if ev.Flow.Direction == monitorapi.DirectionEgress {
+			f.EgressAllowedBy = allowedBy
+		} else {
+			f.IngressAllowedBy = allowedBy
+		}
+	}
 	return f
 }
 

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/cilium/api/v1/flow"
 	"github.com/cilium/hive/cell"
@@ -13,6 +14,7 @@ import (
 	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/loadbalancer"
+	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
@@ -32,6 +34,8 @@ type Tables struct {
 	Frontends  statedb.Table[*loadbalancer.Frontend]
 	IPCache    statedb.Table[*ipcache.Entry]
 	Identities statedb.Table[*idalloc.Identity]
+	// PolicyEntries name the policies behind a policy verdict's cookie.
+	PolicyEntries statedb.Table[*policy.Entry] `optional:"true"`
 }
 
 // enricher looks up what the agent's tables know about a flow's addresses:
@@ -173,4 +177,26 @@ func (e *enricher) serviceAt(txn statedb.ReadTxn, addr netip.Addr, port uint16, 
 		return nil
 	}
 	return &flow.Service{Name: fe.ServiceName.Name, Namespace: fe.ServiceName.Namespace}
+}
+
+// allowedBy are the policies a policy verdict's cookie names, in flow
+// form as Hubble shows Kubernetes NetworkPolicies; the host's own allow
+// (reserved:host) is no policy and is left out.
+func (e *enricher) allowedBy(txn statedb.ReadTxn, cookie uint32) []*flow.Policy {
+	if e.PolicyEntries == nil {
+		return nil
+	}
+	var out []*flow.Policy
+	for _, name := range policy.AllowedBy(txn, e.PolicyEntries, cookie) {
+		ns, n, ok := strings.Cut(name, "/")
+		if !ok {
+			continue
+		}
+		out = append(out, &flow.Policy{Name: n, Namespace: ns, Kind: "NetworkPolicy", Labels: []string{
+			"k8s:io.cilium.k8s.policy.derived-from=NetworkPolicy",
+			"k8s:io.cilium.k8s.policy.name=" + n,
+			"k8s:io.cilium.k8s.policy.namespace=" + ns,
+		}})
+	}
+	return out
 }

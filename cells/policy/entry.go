@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/policymap"
 )
 
 // Direction is the way traffic goes relative to the endpoint.
@@ -142,6 +143,15 @@ var (
 		},
 		Unique: false,
 	}
+	// EntryByCookie finds the entries of a cookie (pkg/policymap.Cookie
+	// of their Policies): what a policy-verdict event's cookie names.
+	EntryByCookie = statedb.Index[*Entry, uint32]{
+		Name:       "cookie",
+		FromObject: func(e *Entry) index.KeySet { return index.NewKeySet(index.Uint32(policymap.Cookie(e.Policies))) },
+		FromKey:    index.Uint32,
+		FromString: index.Uint32String,
+		Unique:     false,
+	}
 	// EnforcementByEndpoint is the primary index of "policy-enforcement".
 	EnforcementByEndpoint = statedb.Index[*Enforcement, uint16]{
 		Name:       "endpoint",
@@ -155,7 +165,19 @@ var (
 // NewEntriesTable and NewEnforcementTable make the two tables the policy
 // cell writes and the policy-maps reconciler reads.
 func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
-	return statedb.NewTable(db, "policy-entries", EntryByKey, EntryByEndpoint, EntryByEndpointIdentity)
+	return statedb.NewTable(db, "policy-entries", EntryByKey, EntryByEndpoint, EntryByEndpointIdentity, EntryByCookie)
+}
+
+// AllowedBy are the policies a policy-verdict event's cookie names (those
+// of an entry with that cookie), nil for a cookie no entry has.
+func AllowedBy(txn statedb.ReadTxn, entries statedb.Table[*Entry], cookie uint32) []string {
+	if cookie == 0 {
+		return nil
+	}
+	for e := range entries.List(txn, EntryByCookie.Query(cookie)) {
+		return e.Policies
+	}
+	return nil
 }
 
 func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {

@@ -190,14 +190,15 @@ type entryOps struct {
 	failed  map[uint16]*failedEndpoint
 }
 
-// has says whether the trie holds exactly k: a lookup finds the longest
-// entry that covers k, which is k itself if its value has k's length.
-func (o *entryOps) has(k policymap.Key) (bool, error) {
+// has says whether the trie holds exactly k, and its cookie: a lookup
+// finds the longest entry that covers k, which is k itself if its value
+// has k's length.
+func (o *entryOps) has(k policymap.Key) (bool, uint32, error) {
 	v, err := o.m.Lookup(k)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return false, nil
+		return false, 0, nil
 	}
-	return err == nil && v.PrefixLen == k.PrefixLen, err
+	return err == nil && v.PrefixLen == k.PrefixLen, v.Cookie, err
 }
 
 func (o *entryOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
@@ -205,15 +206,20 @@ func (o *entryOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 	if err != nil {
 		return err
 	}
+	cookie := policymap.Cookie(e.Policies)
+	refresh := e.Status.Kind == reconciler.StatusKindRefreshing
 	for _, k := range keys {
-		ok, err := o.has(k)
+		ok, got, err := o.has(k)
 		if err != nil {
 			return fmt.Errorf("policy entry %s: look up %s: %w", e.Key, k, err)
 		}
-		if ok {
+		// A key two entries of the endpoint share (overlapping port
+		// ranges) holds the cookie of the one written last: a refresh
+		// leaves it, as any of them allows the traffic.
+		if ok && (got == cookie || refresh) {
 			continue
 		}
-		if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen}); err != nil {
+		if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: cookie}); err != nil {
 			if errors.Is(err, unix.ENOSPC) {
 				o.metrics.full.Inc()
 				err = fmt.Errorf("endpoint %d: policy map %s is full (--policy-map-max=%d): entry %s not written: %w",
@@ -224,7 +230,7 @@ func (o *entryOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 			return fmt.Errorf("policy entry %s: write %s: %w", e.Key, k, err)
 		}
 		o.metrics.writes.WithLabelValues("policy", "update").Inc()
-		if e.Status.Kind == reconciler.StatusKindRefreshing {
+		if refresh {
 			o.metrics.repairs.Inc()
 			o.log.Warn("Put back a policy map entry that went missing", "key", k, "entry", e.Key)
 		}
@@ -266,19 +272,25 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 		// Never written: an entry that KeysOf refuses fails its update.
 		return nil
 	}
-	// The keys of the endpoint's other entries stay.
-	keep := map[policymap.Key]bool{}
+	// The keys of the endpoint's other entries stay, with their cookie.
+	keep := map[policymap.Key]uint32{}
 	for other := range o.entries.List(txn, policy.EntryByEndpoint.Query(e.Key.EndpointID)) {
 		if other.Key == e.Key {
 			continue
 		}
 		ks, _ := keysOf(other.Key)
 		for _, k := range ks {
-			keep[k] = true
+			keep[k] = policymap.Cookie(other.Policies)
 		}
 	}
 	for _, k := range keys {
-		if keep[k] {
+		if cookie, ok := keep[k]; ok {
+			if _, got, err := o.has(k); err == nil && got != cookie {
+				if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: cookie}); err != nil {
+					return fmt.Errorf("policy entry %s: write %s for another entry: %w", e.Key, k, err)
+				}
+				o.metrics.writes.WithLabelValues("policy", "update").Inc()
+			}
 			continue
 		}
 		if err := o.m.Delete(k); err != nil {

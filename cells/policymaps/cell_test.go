@@ -271,6 +271,41 @@ func TestEntriesIntoMaps(t *testing.T) {
 	celltest.Eventually(t, "endpoint 13's enforcement deleted", func() bool { _, ok := a.enforcementOf(t, 13); return !ok })
 }
 
+// cookieOf is the cookie in the trie of an entry's first key.
+func (a *agent) cookieOf(t *testing.T, e *policy.Entry) uint32 {
+	t.Helper()
+	keys, err := keysOf(e.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := a.maps.Policy.Lookup(keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.Cookie
+}
+
+// An entry's keys hold the cookie of its policies, which follows them
+// when they change: the verdict events' allowed_by.
+func TestCookieFollowsPolicies(t *testing.T) {
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+	web := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)
+	a.put(web)
+	a.reconciled(t)
+	if c := a.cookieOf(t, web); c != policymap.Cookie([]string{"default/test"}) {
+		t.Fatalf("cookie %#x, want that of default/test", c)
+	}
+	two := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)
+	two.Policies = []string{"default/other", "default/test"}
+	a.put(two)
+	a.reconciled(t)
+	if c := a.cookieOf(t, web); c != policymap.Cookie(two.Policies) {
+		t.Fatalf("cookie %#x after a second policy, want that of both", c)
+	}
+}
+
 // Prefix rows become prefix trie entries with their IDs, a prefix inside
 // another one too, and go with their rows.
 func TestPrefixesIntoMap(t *testing.T) {

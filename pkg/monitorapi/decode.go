@@ -88,6 +88,8 @@ func decodeFlow(b []byte) (Flow, error) {
 		SrcIdentity: le.Uint32(b[48:]),
 		DstIdentity: le.Uint32(b[52:]),
 		Direction:   Direction(b[56]),
+
+		PolicyCookie: le.Uint32(b[60:]),
 	}
 	var err error
 	if f.Src, err = addrOf(b[0], b[16:32]); err != nil {
@@ -174,6 +176,7 @@ func encodeFlow(b []byte, f *Flow) error {
 	le.PutUint32(b[48:], f.SrcIdentity)
 	le.PutUint32(b[52:], f.DstIdentity)
 	b[56] = uint8(f.Direction)
+	le.PutUint32(b[60:], f.PolicyCookie)
 	return nil
 }
 

@@ -364,6 +364,10 @@ type Flow struct {
 	DstIdentity uint32 `json:"dstIdentity,omitempty"`
 	// Direction is set on policy drops and policy verdicts.
 	Direction Direction `json:"direction,omitzero"`
+	// PolicyCookie, on policy verdicts, is the cookie of the policy map
+	// entry that allowed the connection: it names the policies
+	// (pkg/policymap.Cookie); 0 for none (the host's ingress).
+	PolicyCookie uint32 `json:"policyCookie,omitempty"`
 }
 
 // IsICMP says whether the flow is ICMP or ICMPv6, whose type and code are

@@ -115,7 +115,7 @@ func TestFlowRecordMatchesBTF(t *testing.T) {
 			Src: netip.MustParseAddr("fd00::2"), Dst: netip.MustParseAddr("fd00::3"),
 			Proto: 6, SrcPort: 40000, DstPort: 80, TCPFlags: 0x12, CTState: 3,
 			ICMPType: 9, ICMPCode: 10, Len: 0x11223344, SrcIdentity: 0x01000001, DstIdentity: 0x0102,
-			Direction: monitorapi.DirectionEgress,
+			Direction: monitorapi.DirectionEgress, PolicyCookie: 0x0a0b0c0d,
 		},
 	}
 	rec, err := monitorapi.Encode(ev, layoutBoot)
@@ -131,7 +131,7 @@ func TestFlowRecordMatchesBTF(t *testing.T) {
 		"sport": be16(40000), "dport": be16(80), "pad": {0, 0}, "len": le32(0x11223344),
 		"src": addr16("fd00::2"), "dst": addr16("fd00::3"),
 		"src_identity": le32(0x01000001), "dst_identity": le32(0x0102),
-		"direction": {uint8(monitorapi.DirectionEgress)}, "pad2": make([]byte, 7),
+		"direction": {uint8(monitorapi.DirectionEgress)}, "pad2": make([]byte, 3), "policy_cookie": le32(0x0a0b0c0d),
 	})
 }
 

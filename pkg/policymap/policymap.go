@@ -13,7 +13,8 @@
 //
 //	key   Key   { prefixlen u32, endpoint_id be16, direction u8, pad u8,
 //	              identity be32, pad2 u8, proto u8, dport be16 }
-//	value Value { prefixlen u32 }            (the key's prefixlen)
+//	value Value { prefixlen u32, cookie u32 } (the key's prefixlen; the
+//	                                          allowing policies' cookie)
 //
 //	key   u32 endpoint ID
 //	value Enforcement { flags u8 (FlagIngress|FlagEgress), pad [3]u8 }
@@ -81,6 +82,26 @@ type Key struct {
 // key from a shorter one that covers it.
 type Value struct {
 	PrefixLen uint32
+	// Cookie names the policies that allow the entry ([Cookie]); the
+	// datapath reports it in policy-verdict events.
+	Cookie uint32
+}
+
+// Cookie is the cookie of a set of policy names, sorted: a hash, so that
+// a restarted agent computes the same; 0 for no name.
+func Cookie(policies []string) uint32 {
+	if len(policies) == 0 {
+		return 0
+	}
+	h := fnv.New32a()
+	for _, p := range policies {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	if c := h.Sum32(); c != 0 {
+		return c
+	}
+	return 1
 }
 
 // Enforcement is the enforcement map's value.
