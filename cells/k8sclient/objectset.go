@@ -12,15 +12,27 @@ import (
 // key's 64-bit hash a slot is 16 bytes, about 25 an entry. A key whose
 // hash another key already holds goes to a map by key, empty but for such
 // collisions.
-type objectSet struct {
+type objectSet = hashedSet[seededHash]
+
+func newObjectSet() objectSet { return newHashedSet[seededHash]() }
+
+// hashedSet is objectSet over the keys' hash H: the agent's is seededHash;
+// the tests give theirs, which makes collisions. H is a type, not a
+// field: it takes no room and the agent has one.
+type hashedSet[H keyHasher] struct {
 	byHash   map[uint64]*manifest
 	collided map[objectKey]*manifest
-	// hash is objectKey.hash but in tests, which make collisions.
-	hash func(objectKey) uint64
 }
 
-func newObjectSet() objectSet {
-	return objectSet{byHash: map[uint64]*manifest{}, collided: map[objectKey]*manifest{}, hash: objectKey.hash}
+// keyHasher hashes keys; its zero value is ready to use.
+type keyHasher interface{ hash(objectKey) uint64 }
+
+type seededHash struct{}
+
+func (seededHash) hash(k objectKey) uint64 { return k.hash() }
+
+func newHashedSet[H keyHasher]() hashedSet[H] {
+	return hashedSet[H]{byHash: map[uint64]*manifest{}, collided: map[objectKey]*manifest{}}
 }
 
 // keySeed seeds the keys' hashes: they are compared only within the
@@ -32,16 +44,16 @@ var keySeed = maphash.MakeSeed()
 func (k objectKey) hash() uint64 { return maphash.Comparable(keySeed, k) }
 
 // get is the manifest of key, nil if there is none.
-func (s objectSet) get(key objectKey) *manifest {
-	if m := s.byHash[s.hash(key)]; m != nil && m.key == key {
+func (s hashedSet[H]) get(key objectKey) *manifest {
+	if m := s.byHash[hashOf[H](key)]; m != nil && m.key == key {
 		return m
 	}
 	return s.collided[key]
 }
 
 // set makes m the manifest of its key.
-func (s objectSet) set(m *manifest) {
-	h := s.hash(m.key)
+func (s hashedSet[H]) set(m *manifest) {
+	h := hashOf[H](m.key)
 	if cur := s.byHash[h]; cur == nil || cur.key == m.key {
 		s.byHash[h] = m
 		return
@@ -50,8 +62,8 @@ func (s objectSet) set(m *manifest) {
 }
 
 // delete forgets key's manifest.
-func (s objectSet) delete(key objectKey) {
-	h := s.hash(key)
+func (s hashedSet[H]) delete(key objectKey) {
+	h := hashOf[H](key)
 	if cur := s.byHash[h]; cur == nil || cur.key != key {
 		delete(s.collided, key)
 		return
@@ -59,7 +71,7 @@ func (s objectSet) delete(key objectKey) {
 	delete(s.byHash, h)
 	// A key of the same hash waiting in collided takes the place.
 	for k, m := range s.collided {
-		if s.hash(k) == h {
+		if hashOf[H](k) == h {
 			s.byHash[h] = m
 			delete(s.collided, k)
 			return
@@ -67,11 +79,17 @@ func (s objectSet) delete(key objectKey) {
 	}
 }
 
-func (s objectSet) len() int { return len(s.byHash) + len(s.collided) }
+// hashOf is H's hash of key.
+func hashOf[H keyHasher](key objectKey) uint64 {
+	var h H
+	return h.hash(key)
+}
+
+func (s hashedSet[H]) len() int { return len(s.byHash) + len(s.collided) }
 
 // all is every manifest, in no order. Deleting as it goes could skip one
 // (a delete may move a manifest from collided to byHash).
-func (s objectSet) all() iter.Seq[*manifest] {
+func (s hashedSet[H]) all() iter.Seq[*manifest] {
 	return func(yield func(*manifest) bool) {
 		for _, m := range s.byHash {
 			if !yield(m) {
