@@ -5,3 +5,9 @@ import "context"
 // RefreshHostRoutes compares every endpoint's host routes with the kernel
 // and puts back what is missing, as the periodic refresh does.
 func (m *Manager) RefreshHostRoutes() { m.repairHostRoutes(context.Background(), m.Endpoints()) }
+
+// ReidentifyFrom moves the endpoint last seen as stale to the identity of
+// the inputs derive gives it, as a pod or namespace event does.
+func (m *Manager) ReidentifyFrom(stale *Endpoint, derive func(*Endpoint) *Endpoint) {
+	m.reidentify(context.Background(), stale, "test", derive)
+}

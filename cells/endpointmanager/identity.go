@@ -93,12 +93,28 @@ func (m *Manager) releaseIdentity(ep *Endpoint) {
 	}
 }
 
-// reidentify moves the endpoint old to the identity of next's inputs. The
-// identity is acquired without the container's lock; the endpoint is then
-// changed only if its identity and inputs are still those of old, else
-// what was acquired is released (a later event, which saw the newer row,
-// does the work).
-func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why string) {
+// reidentify moves the endpoint old to the identity of the inputs derive
+// gives it (nil: nothing to change). The identity is acquired without the
+// container's lock; the endpoint is then changed only if its identity and
+// inputs are still those of old, else what was acquired is released. When
+// another change got there first (a pod event and a namespace event handled
+// at once, each from the same row), derive runs again on the newer row, so
+// the endpoint ends with what derive says last, not with whichever event
+// committed first.
+func (m *Manager) reidentify(ctx context.Context, old *Endpoint, why string, derive func(*Endpoint) *Endpoint) {
+	for old != nil {
+		next := derive(old)
+		if next == nil {
+			return
+		}
+		old = m.reidentifyOnce(ctx, old, next, why)
+	}
+}
+
+// reidentifyOnce is one try of reidentify; it returns the newer row when
+// another change of the same container's endpoint got there first, nil
+// when done (or when the endpoint went or is going).
+func (m *Manager) reidentifyOnce(ctx context.Context, old, next *Endpoint, why string) *Endpoint {
 	fallback := identity.Unknown
 	if sameIdentityInputs(old, next) {
 		// Resolving a provisional identity: keep it until the allocator answers.
@@ -108,20 +124,23 @@ func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why strin
 	unlock, err := m.locks.lockContainer(ctx, old.ContainerID)
 	if err != nil {
 		m.releaseIdentity(next)
-		return
+		return nil
 	}
 	defer unlock()
 	cur, _, found := m.tbl.Get(m.db.ReadTxn(), EndpointID.Query(old.ID))
 	// A deleting endpoint's state file may be gone: writing it again would
 	// bring the endpoint back at the next restore.
-	if !found || cur.State == Deleting || cur.ContainerID != old.ContainerID || !sameIdentityInputs(cur, old) ||
-		cur.Identity != old.Identity || cur.IdentityPending != old.IdentityPending {
+	if !found || cur.State == Deleting || cur.ContainerID != old.ContainerID {
 		m.releaseIdentity(next)
-		return
+		return nil
+	}
+	if !sameIdentityInputs(cur, old) || cur.Identity != old.Identity || cur.IdentityPending != old.IdentityPending {
+		m.releaseIdentity(next)
+		return cur
 	}
 	if sameIdentityInputs(cur, next) && cur.Identity == next.Identity && cur.IdentityPending == next.IdentityPending {
 		// Still provisional: nothing to write.
-		return
+		return nil
 	}
 	ep := cur.Clone()
 	ep.Labels, ep.ServiceAccount, ep.NamespaceLabels = next.Labels, next.ServiceAccount, next.NamespaceLabels
@@ -129,13 +148,14 @@ func (m *Manager) reidentify(ctx context.Context, old, next *Endpoint, why strin
 	if err := m.update(ep); err != nil {
 		m.log.Error("Write the endpoint's new identity", "id", ep.ID, "pod", ep.PodNamespace+"/"+ep.PodName, "error", err)
 		m.releaseIdentity(ep)
-		return
+		return nil
 	}
 	m.releaseIdentity(old)
 	if ep.Identity != old.Identity || ep.IdentityPending != old.IdentityPending {
 		m.log.Info("Endpoint has a new identity", "id", ep.ID, "pod", ep.PodNamespace+"/"+ep.PodName, "why", why,
 			"identity", ep.identityString(), "was", old.identityString())
 	}
+	return nil
 }
 
 // podChanged gives the endpoints of a pod what the API server now says of
@@ -157,16 +177,30 @@ func (m *Manager) namespaceChanged(namespace string) {
 }
 
 func (m *Manager) refreshPod(ep *Endpoint, why string) {
+	m.reidentify(context.Background(), ep, why, m.podInputs)
+}
+
+// podInputs is ep with the identity inputs the API server now gives its
+// pod, or nil when they are those it has (or the pod is not known).
+func (m *Manager) podInputs(ep *Endpoint) *Endpoint {
 	meta, ok := m.podMeta(ep.PodNamespace, ep.PodName)
 	if !ok {
-		return
+		return nil
 	}
 	next := ep.Clone()
 	meta.apply(next)
 	if sameIdentityInputs(ep, next) {
-		return
+		return nil
 	}
-	m.reidentify(context.Background(), ep, next, why)
+	return next
+}
+
+// stillPending is ep again while its identity is provisional.
+func stillPending(ep *Endpoint) *Endpoint {
+	if !ep.IdentityPending {
+		return nil
+	}
+	return ep.Clone()
 }
 
 // resolveIdentities acquires the identities that ADDs, restores and label
@@ -176,7 +210,7 @@ func (m *Manager) resolveIdentities(ctx context.Context) error {
 		if !ep.IdentityPending {
 			continue
 		}
-		m.reidentify(ctx, ep, ep.Clone(), "identity resolved")
+		m.reidentify(ctx, ep, "identity resolved", stillPending)
 		if cur, found := m.Lookup(Selector{ID: ep.ID}); found && cur.IdentityPending {
 			return nil // still away: the next round tries again
 		}

@@ -277,3 +277,47 @@ func TestRestoreClusterIdentity(t *testing.T) {
 		t.Fatalf("value keys after the restart: %v, %v", resp, err)
 	}
 }
+
+// Two events handled at once from the same row (a pod's and its namespace's,
+// from separate informers): the one that commits second finds the row moved
+// and must derive its inputs again from the newer row, not drop its work,
+// or the endpoint keeps the first event's older view until the next change.
+func TestReidentifyRaceEndsWithTheLastView(t *testing.T) {
+	tn := newTestNet(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{"team": "a"}}}
+	web := k8sPod("web", "node-1", map[string]string{"app": "web"})
+	n := tn.start(t, nodeOpts{k8s: []runtime.Object{ns, web}})
+	p := newPod(t)
+	req := p.req()
+	req.PodName = "web"
+	if _, err := n.mgr.Create(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	stale := n.waitEndpoint(t, p.id, "has its namespace's labels", func(ep *endpointmanager.Endpoint) bool {
+		return ep.NamespaceLabels["team"] == "a" && !ep.IdentityPending
+	})
+	team := func(v string) func(*endpointmanager.Endpoint) *endpointmanager.Endpoint {
+		return func(ep *endpointmanager.Endpoint) *endpointmanager.Endpoint {
+			if ep.NamespaceLabels["team"] == v {
+				return nil
+			}
+			next := ep.Clone()
+			next.NamespaceLabels = map[string]string{"team": v}
+			return next
+		}
+	}
+	// The first event commits its view; the second, from the same row,
+	// comes second.
+	n.mgr.ReidentifyFrom(stale, team("b"))
+	n.mgr.ReidentifyFrom(stale, team("c"))
+	got, found := n.mgr.Lookup(endpointmanager.Selector{ID: stale.ID})
+	if !found {
+		t.Fatal("the endpoint went")
+	}
+	if got.NamespaceLabels["team"] != "c" {
+		t.Fatalf("endpoint has namespace labels %v, want the last event's team=c", got.NamespaceLabels)
+	}
+	if labels := n.identityLabels(t, got.Identity); !strings.Contains(labels, "k8s:io.cellium.k8s.namespace.labels.team=c") {
+		t.Fatalf("endpoint's identity %v has labels %s, want team=c", got.Identity, labels)
+	}
+}
