@@ -187,26 +187,19 @@ func (p *Pinger) read(fd int) {
 // ICMPv6 message alone.
 func attachReplyFilter(fd int, v6 bool, id uint16) error {
 	const accept, drop = 0xffff, 0
-	var prog []bpf.Instruction
+	// X is where the ICMP message starts.
+	start, reply := bpf.Instruction(bpf.LoadMemShift{Off: 0}), uint32(0) // past the IPv4 header
 	if v6 {
-		prog = []bpf.Instruction{
-			bpf.LoadAbsolute{Off: 0, Size: 1},
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 129, SkipFalse: 3},
-			bpf.LoadAbsolute{Off: 4, Size: 2},
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(id), SkipFalse: 1},
-			bpf.RetConstant{Val: accept},
-			bpf.RetConstant{Val: drop},
-		}
-	} else {
-		prog = []bpf.Instruction{
-			bpf.LoadMemShift{Off: 0}, // X = the IP header's length
-			bpf.LoadIndirect{Off: 0, Size: 1},
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipFalse: 3},
-			bpf.LoadIndirect{Off: 4, Size: 2},
-			bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(id), SkipFalse: 1},
-			bpf.RetConstant{Val: accept},
-			bpf.RetConstant{Val: drop},
-		}
+		start, reply = bpf.LoadConstant{Dst: bpf.RegX, Val: 0}, 129
+	}
+	prog := []bpf.Instruction{
+		start,
+		bpf.LoadIndirect{Off: 0, Size: 1},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: reply, SkipFalse: 3},
+		bpf.LoadIndirect{Off: 4, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(id), SkipFalse: 1},
+		bpf.RetConstant{Val: accept},
+		bpf.RetConstant{Val: drop},
 	}
 	raw, err := bpf.Assemble(prog)
 	if err != nil {
