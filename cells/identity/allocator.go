@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -31,6 +32,8 @@ type Allocator struct {
 	filter labelFilter
 	kv     kvstore.Client
 	mode   Mode
+	// gcInterval is --identity-gc-interval.
+	gcInterval time.Duration
 	// crd is the crd mode's state (nil in the other modes).
 	crd    *crdBackend
 	node   string

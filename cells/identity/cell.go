@@ -48,7 +48,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("labels", def.Labels,
 		"Which pod labels make a pod's identity: label keys or key prefixes ending in *; a leading ! drops what matches; when any pattern has no !, only labels matching one are kept. Replaces the default list")
 	flags.Duration("identity-gc-interval", def.IdentityGCInterval,
-		"With --kvstore: how often one agent (elected through a kvstore lock) deletes cluster identities that no node has used for two rounds")
+		"kvstore and crd modes: how often one agent (elected through a kvstore lock or a Lease) deletes cluster identities that no node has used for two rounds")
 	flags.String("identity-allocation-mode", def.IdentityAllocationMode,
 		"Where identities live: kvstore (cluster-wide through --kvstore), crd (cluster-wide as CelliumIdentity objects in the Kubernetes API), local (this node only), or auto: kvstore with --kvstore, crd with a real API server, local otherwise")
 }
@@ -87,7 +87,7 @@ func newAllocator(p params) (*Allocator, error) {
 		return nil, err
 	}
 	a := &Allocator{
-		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore, mode: mode,
+		log: p.Log, db: p.DB, tbl: p.Table, filter: filter, kv: p.KVStore, mode: mode, gcInterval: p.Config.IdentityGCInterval,
 		node: string(p.NodeName), path: filepath.Join(p.Paths.StateDir, checkpointFile), health: p.Health, repairs: p.Repairs,
 		used: map[string]*usedIdentity{}, refsChanged: make(chan struct{}, 1),
 		writeBacks: writeBacks{pending: map[identity.NumericIdentity]*usedIdentity{}, wake: make(chan struct{}, 1)},

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
@@ -83,6 +84,8 @@ type crdBackend struct {
 	listed func(statedb.WriteTxn)
 	// refused names the bad objects in health (scope "crd-identities").
 	refused *refused.Set
+	cs      k8sclient.Clientset
+	gc      crdGC
 }
 
 func (a *Allocator) newCRDBackend(p params) error {
@@ -94,10 +97,13 @@ func (a *Allocator) newCRDBackend(p params) error {
 	listed := p.Table.RegisterInitializer(txn, "crd-identities")
 	txn.Commit()
 	a.crd = &crdBackend{client: client, registered: make(chan struct{}), listed: listed,
-		refused: refused.New(p.Log, p.Health.NewScope("crd-identities"), "CelliumIdentity")}
+		refused: refused.New(p.Log, p.Health.NewScope("crd-identities"), "CelliumIdentity"), cs: p.Clientset,
+		gc: crdGC{limiter: rate.NewLimiter(gcDeletesPerSecond, 1)}}
 	p.Jobs.Add(
 		job.OneShot("register-crds", a.registerCRDs, job.WithRetry(-1, &job.ExponentialBackoff{Min: 500 * time.Millisecond, Max: 30 * time.Second})),
 		job.OneShot("watch-crd-identities", a.watchCRD),
+		job.OneShot("identity-write-back", a.runWriteBacks),
+		job.Timer("identity-gc", a.gcRoundCRD, p.Config.IdentityGCInterval),
 	)
 	return nil
 }
@@ -265,6 +271,12 @@ func (a *Allocator) applyCRD(obj any, deleted bool) {
 		err = nil
 	}
 	a.crd.refused.Note(o.Name, err)
+	var writeBack *usedIdentity
+	defer func() {
+		if writeBack != nil {
+			a.writeBacks.add([]*usedIdentity{writeBack})
+		}
+	}()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	txn := a.db.WriteTxn(a.tbl)
@@ -276,7 +288,11 @@ func (a *Allocator) applyCRD(obj any, deleted bool) {
 			return
 		}
 		if u := a.usedByID(id); u != nil && u.kind == KindCluster {
-			// In use here: the row stays.
+			// In use here: the row stays, and a deleted object is
+			// written back.
+			if deleted {
+				writeBack = u
+			}
 			return
 		}
 		if old, _, found := a.tbl.Get(txn, ByID.Query(id)); found {

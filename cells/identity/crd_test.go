@@ -2,13 +2,16 @@ package identity
 
 import (
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -124,7 +127,7 @@ func startCRDCluster(t *testing.T) *crdCluster {
 
 // startNode runs the identity cell of node against the cluster, as the
 // agent's service account, with the default --identity-allocation-mode.
-func (c *crdCluster) startNode(t *testing.T, node string) *crdNode {
+func (c *crdCluster) startNode(t *testing.T, node string, cfg ...func(*Config)) *crdNode {
 	t.Helper()
 	n := &crdNode{}
 	h := celltest.New(daemon.Cell, kvstore.Cell, k8sclient.Cell, Cell,
@@ -134,6 +137,9 @@ func (c *crdCluster) startNode(t *testing.T, node string) *crdNode {
 		cfg.StateDir, cfg.RunDir, cfg.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), node
 	})
 	hive.AddConfigOverride(h, func(cfg *k8sclient.Config) { cfg.K8sMode, cfg.Kubeconfig = "kubeconfig", c.kubeconfig })
+	for _, f := range cfg {
+		hive.AddConfigOverride(h, f)
+	}
 	celltest.Start(t, h)
 	if n.a.Mode() != ModeCRD {
 		t.Fatalf("mode with a real API server and no kvstore = %s, want crd", n.a.Mode())
@@ -252,4 +258,111 @@ func TestCRDAllocation(t *testing.T) {
 	if err := c.admin.DeleteIdentity(ctx, "500", ""); !apierrors.IsNotFound(err) {
 		t.Fatalf("delete again: %v", err)
 	}
+}
+
+// The collector: one agent at a time (the Lease's holder); an identity no
+// endpoint object and no local endpoint uses for two rounds is deleted,
+// one used again in between is kept; the endpoint objects of a node that
+// has gone for two rounds are deleted; an identity in use that is deleted
+// all the same is written back by its user.
+func TestCRDGC(t *testing.T) {
+	c := startCRDCluster(t)
+	noTimer := func(cfg *Config) { cfg.IdentityGCInterval = time.Hour }
+	n1, n2 := c.startNode(t, "node-1", noTimer), c.startNode(t, "node-2", noTimer)
+	ctx := ctxT(t)
+	if err := n1.a.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"node-1", "node-2"} {
+		if _, err := c.kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := func(app string) labels.Labels { return labels.New(labels.Label{Source: "k8s", Key: "app", Value: app}) }
+	used, err := n1.a.Allocate(ctx, set("used"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(n int, app string) {
+		t.Helper()
+		if _, err := c.admin.CreateIdentity(ctx, &k8sapi.CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: strconv.Itoa(n)}, Spec: k8sapi.IdentitySpec{Labels: set(app).Strings()}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	endpoint := func(name, node string, id int) {
+		t.Helper()
+		if _, err := c.admin.CreateEndpoint(ctx, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Status: k8sapi.EndpointStatus{Identity: uint32(id), NodeName: node}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exists := func(n int) bool {
+		_, err := c.admin.GetIdentity(ctx, strconv.Itoa(n))
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	create(1001, "unused")
+	create(1002, "used-again")
+	create(1003, "remote")
+	create(1004, "ghost")
+	endpoint("remote", "node-2", 1003)
+	endpoint("ghost", "node-gone", 1004)
+	round := func(n *crdNode) {
+		t.Helper()
+		if err := n.a.gcRoundCRD(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	round(n1)
+	round(n2) // not the Lease's holder: does nothing
+	lease, err := c.admin.Leases(gcLeaseNamespace).Get(ctx, gcLeaseName, metav1.GetOptions{})
+	if err != nil || *lease.Spec.HolderIdentity != "node-1" {
+		t.Fatalf("Lease %s after node-1's then node-2's round: %+v, %v; want node-1 holding it", gcLeaseName, lease, err)
+	}
+	for _, n := range []int{1001, 1002, 1003, 1004} {
+		if !exists(n) {
+			t.Fatalf("identity %d deleted after one round", n)
+		}
+	}
+	endpoint("again", "node-2", 1002)
+	round(n2)
+	round(n1)
+	if exists(1001) {
+		t.Error("identity 1001, unused for two rounds, not deleted")
+	}
+	for _, n := range []int{int(used), 1002, 1003} {
+		if !exists(n) {
+			t.Errorf("identity %d, in use, deleted", n)
+		}
+	}
+	list, err := c.admin.ListEndpoints(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range list.Items {
+		if ep.Name == "ghost" {
+			t.Error("the endpoint object of a node gone for two rounds not deleted")
+		}
+	}
+	// Its identity was unused in this round, the first time: collected in
+	// the next.
+	if !exists(1004) {
+		t.Error("identity 1004 deleted in the round its last user went")
+	}
+	round(n1)
+	if exists(1004) {
+		t.Error("identity 1004 not deleted the round after its last user went")
+	}
+
+	// An identity in use deleted all the same: its user writes it back.
+	if err := c.admin.DeleteIdentity(ctx, used.String(), ""); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the identity in use written back", func() bool {
+		obj, err := c.admin.GetIdentity(ctx, used.String())
+		return err == nil && strings.Join(obj.Spec.Labels, ";") == set("used").String()
+	})
 }

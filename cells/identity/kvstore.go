@@ -281,6 +281,9 @@ func (a *Allocator) writeBack(ctx context.Context, u *usedIdentity) error {
 	ls := u.labels.String()
 	unlock := a.sets.lock(ls)
 	defer unlock()
+	if a.mode == ModeCRD {
+		return a.writeBackCRD(ctx, u)
+	}
 	a.mu.RLock()
 	still := a.used[ls] == u && u.refs.Load() > 0
 	a.mu.RUnlock()

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -30,6 +31,7 @@ var Scheme = func() *runtime.Scheme {
 type Client struct {
 	rest     rest.Interface
 	dyn      dynamic.Interface
+	coord    coordinationv1.CoordinationV1Interface
 	requests *prometheus.CounterVec
 }
 
@@ -51,7 +53,17 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client for %s: %w", cfg.Host, err)
 	}
-	return &Client{rest: r, dyn: dyn, requests: requests}, nil
+	coord, err := coordinationv1.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("coordination client for %s: %w", cfg.Host, err)
+	}
+	return &Client{rest: r, dyn: dyn, coord: coord, requests: requests}, nil
+}
+
+// Leases is the client of the Leases in namespace (the identity
+// collector's election).
+func (c *Client) Leases(namespace string) coordinationv1.LeaseInterface {
+	return c.coord.Leases(namespace)
 }
 
 // CreateIdentity creates an identity; an error satisfying
