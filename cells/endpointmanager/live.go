@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -88,9 +89,13 @@ func newLiveMetrics() (*liveMetrics, metrics.Collectors) {
 }
 
 // waitLive waits until every live condition holds for the endpoint id,
-// written at rev, or ctx ends. Each condition is counted in
-// cellium_endpoints_waiting while it does not hold.
-func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision) error {
+// written at rev, or ctx ends, and returns when each was first seen to
+// hold, from the start of the wait, for the log. Each condition is
+// counted in cellium_endpoints_waiting while it does not hold.
+func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision) ([]any, error) {
+	start := time.Now()
+	var took []any
+	held := map[string]bool{}
 	waiting := map[string]bool{}
 	defer func() {
 		for name := range waiting {
@@ -100,13 +105,17 @@ func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision)
 	for {
 		ep, _, watch, found := m.tbl.GetWatch(m.db.ReadTxn(), EndpointID.Query(id))
 		if !found {
-			return fmt.Errorf("endpoint %d is gone from the table while its creation waited for the datapath", id)
+			return nil, fmt.Errorf("endpoint %d is gone from the table while its creation waited for the datapath", id)
 		}
 		ws := statedb.NewWatchSet()
 		ws.Add(watch)
 		var pending []string
 		for _, c := range m.live {
 			ok, why, w := c.Live(ep, rev)
+			if ok && !held[c.Name] {
+				held[c.Name] = true
+				took = append(took, c.Name, time.Since(start).Round(time.Microsecond))
+			}
 			if ok {
 				if waiting[c.Name] {
 					delete(waiting, c.Name)
@@ -124,10 +133,10 @@ func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision)
 			}
 		}
 		if len(pending) == 0 {
-			return nil
+			return took, nil
 		}
 		if _, err := ws.Wait(ctx, 0); err != nil {
-			return errorf(ErrNotReady, "endpoint %d (container %s) is not in the datapath yet (%s): %v",
+			return nil, errorf(ErrNotReady, "endpoint %d (container %s) is not in the datapath yet (%s): %v",
 				id, ep.ContainerID, strings.Join(pending, "; "), err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"net/netip"
 	"time"
 
@@ -143,7 +144,8 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	if err != nil {
 		return ep, err
 	}
-	if err := m.waitLive(ctx, ep.ID, rev); err != nil {
+	live, err := m.waitLive(ctx, ep.ID, rev)
+	if err != nil {
 		return ep, err
 	}
 	if err := routeHost(ep); err != nil {
@@ -158,7 +160,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	m.log.Info("Created endpoint", "id", ep.ID, "container", ep.ContainerID, "interface", ep.IfName,
-		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6)
+		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6, slog.Group("live", live...))
 	return ep, nil
 }
 
