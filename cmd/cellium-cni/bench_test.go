@@ -2,8 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cellium/cellium/pkg/nettest"
 )
 
 // BenchmarkAdd is the latency of a CNI ADD, from the runtime's exec of the
@@ -89,66 +96,207 @@ func median(xs []float64) float64 {
 
 // BenchmarkAddParallel is CNI ADD as a node sees it when a deployment
 // scales up: -cni.pods pods (100) whose ADDs the runtime runs at once, each
-// an exec of the built plugin against the built agent. It prints
+// an exec of the built plugin against the built agent, beside its floor in
+// the same run: as many execs at once of a Go plugin that does nothing
+// (floor_). Before them, on the idle node, -cni.single ADDs (20) one after
+// another (single_). It prints, then, for the parallel ADDs, when each
+// live condition held in the agent's wait (endpoint-map, programs, policy;
+// from the start of the wait, as the agent logs them),
 //
-//	cni-bench pods=100 add_p50_ms=... add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=...
+//	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
+//	cni-live-bench pods=100 endpoint-map_p50_ms=... endpoint-map_p99_ms=... policy_p50_ms=... ... programs_p99_ms=...
 //
 // with the agent's CPU time (user and system) and resident set growth over
-// the ADDs, scaled to 1,000 pods. The pods' namespaces are made first.
+// the parallel ADDs, scaled to 1,000 pods, and the load average when it
+// started. The pods' namespaces are made first. -cni.profile-dir DIR runs
+// the agent with --pprof and writes its CPU profile over the parallel ADDs
+// (parallel-cpu.pb.gz) and over the single ones (single-cpu.pb.gz).
 //
 //	go test -run '^$' -bench AddParallel -benchtime 1x ./cmd/cellium-cni
 func BenchmarkAddParallel(b *testing.B) {
-	pods := *benchPods
+	pods, single := *benchPods, *benchSingle
 	for range b.N {
 		b.StopTimer()
+		load := loadAverage(b)
 		n := newNode(b)
 		// IPv6 only: a /112 holds every pod.
 		n.podCIDR = n.v6.Addr().String() + "/112"
-		n.start()
+		var extra []string
+		if *benchProfileDir != "" {
+			extra = append(extra, "--pprof")
+		}
+		n.start(extra...)
 		conf := n.pluginConf("1.0.0")
 		ps := make([]*pod, pods)
 		for i := range ps {
 			ps[i] = n.newPod(fmt.Sprintf("p%d", i))
 		}
+		singles := make([]*pod, single)
+		for i := range singles {
+			singles[i] = n.newPod(fmt.Sprintf("s%d", i))
+		}
+		env := func(p *pod) map[string]string {
+			return map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
+		}
+
+		// One at a time on the idle node.
+		stopProfile := n.cpuProfile(b, "single-cpu.pb.gz")
+		singleLat := make([]time.Duration, 0, single)
+		for _, p := range singles {
+			start := time.Now()
+			if out, err := runPlugin("cellium-cni", env(p), conf); err != nil {
+				b.Fatalf("ADD of %s: %v: %s", p.name, err, out)
+			}
+			singleLat = append(singleLat, time.Since(start))
+		}
+		stopProfile()
+
+		// The floor: the plugin that does nothing, as many at once.
+		floor := parallel(b, pods, func(i int) error {
+			out, err := runPlugin("noop-plugin", env(ps[i]), conf)
+			if err != nil {
+				return fmt.Errorf("noop plugin: %v: %s", err, out)
+			}
+			return nil
+		})
+
 		pid := n.agent.cmd.Process.Pid
 		cpuBefore, rssBefore := procCPU(b, pid), procRSS(b, pid)
-		latencies := make([]time.Duration, pods)
-		errs := make(chan error, pods)
-		var wg sync.WaitGroup
+		stopProfile = n.cpuProfile(b, "parallel-cpu.pb.gz")
 		b.StartTimer()
-		for i, p := range ps {
-			wg.Go(func() {
-				env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
-				start := time.Now()
-				if out, err := runPlugin(env, conf); err != nil {
-					errs <- fmt.Errorf("ADD of %s: %v: %s", p.name, err, out)
-					return
-				}
-				latencies[i] = time.Since(start)
-			})
-		}
-		wg.Wait()
+		latencies := parallel(b, pods, func(i int) error {
+			if out, err := runPlugin("cellium-cni", env(ps[i]), conf); err != nil {
+				return fmt.Errorf("ADD of %s: %v: %s", ps[i].name, err, out)
+			}
+			return nil
+		})
 		b.StopTimer()
-		close(errs)
-		for err := range errs {
-			b.Fatal(err)
-		}
+		stopProfile()
 		cpu, rss := procCPU(b, pid)-cpuBefore, procRSS(b, pid)-rssBefore
-		slices.Sort(latencies)
+		// When, in each parallel ADD's wait for its endpoint to be live, each
+		// condition held: the agent logs them with the endpoint.
+		live := map[string][]time.Duration{}
+		parallelIDs := map[string]bool{}
+		for _, p := range ps {
+			parallelIDs[p.id] = true
+		}
+		for _, line := range n.agent.lines("Created endpoint") {
+			conds, _ := line["live"].(map[string]any)
+			if !parallelIDs[fmt.Sprint(line["container"])] {
+				continue
+			}
+			for name, v := range conds {
+				live[name] = append(live[name], time.Duration(msOf(v)*float64(time.Millisecond)))
+			}
+		}
 		perThousand := 1000 / float64(pods)
-		fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f\n",
-			pods, ms(latencies[pods/2]), ms(latencies[(pods*99+99)/100-1]), ms(cpu)*perThousand, rss*perThousand)
+		p99 := percentile(latencies, 99)
+		fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f floor_p50_ms=%.1f floor_p99_ms=%.1f p99_over_floor=%.2f "+
+			"single_add_p50_ms=%.1f single_add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f load1=%s\n",
+			pods, ms(percentile(latencies, 50)), ms(p99), ms(percentile(floor, 50)), ms(percentile(floor, 99)),
+			float64(p99)/float64(percentile(floor, 99)), ms(percentile(singleLat, 50)), ms(percentile(singleLat, 99)),
+			ms(cpu)*perThousand, rss*perThousand, load)
+		var waits []string
+		for _, name := range slices.Sorted(maps.Keys(live)) {
+			waits = append(waits, fmt.Sprintf("%s_p50_ms=%.1f %s_p99_ms=%.1f", name, ms(percentile(live[name], 50)), name, ms(percentile(live[name], 99))))
+		}
+		fmt.Printf("cni-live-bench pods=%d %s\n", len(live["policy"]), strings.Join(waits, " "))
 	}
 }
 
-var benchPods = flag.Int("cni.pods", 100, "Pods whose CNI ADDs BenchmarkAddParallel runs at once")
+// parallel runs fn(0..count-1) at once and returns how long each took.
+func parallel(b *testing.B, count int, fn func(i int) error) []time.Duration {
+	latencies := make([]time.Duration, count)
+	errs := make(chan error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Go(func() {
+			start := time.Now()
+			if err := fn(i); err != nil {
+				errs <- err
+				return
+			}
+			latencies[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return latencies
+}
+
+// percentile is the p-th percentile of ds, the smallest value at or above
+// p% of them.
+func percentile(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)*p+99)/100-1]
+}
+
+// loadAverage is the 1-minute load average.
+func loadAverage(b *testing.B) string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return strings.Fields(string(data))[0]
+}
+
+// cpuProfile starts a CPU profile of the agent (with -cni.profile-dir, which
+// runs it with --pprof) over the next 5 s, and returns what waits for it
+// and writes it to name in that directory.
+func (n *node) cpuProfile(b *testing.B, name string) (stop func()) {
+	if *benchProfileDir == "" {
+		return func() {}
+	}
+	// The agent serves in the node's namespace: dial there.
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return nettest.In(n.ns.Path(), func() (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, network, addr) })
+	}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- func() error {
+			// The first 5 s from the start: the ADDs and the agent's work
+			// after them.
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.healthAddr+"/debug/pprof/profile?seconds=5", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			data, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(*benchProfileDir, name), data, 0o644)
+		}()
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			b.Errorf("CPU profile %s: %v", name, err)
+		}
+		cancel()
+	}
+}
+
+var (
+	benchPods       = flag.Int("cni.pods", 100, "Pods whose CNI ADDs BenchmarkAddParallel runs at once")
+	benchSingle     = flag.Int("cni.single", 20, "ADDs BenchmarkAddParallel runs one after another on the idle node first")
+	benchProfileDir = flag.String("cni.profile-dir", "", "Run the agent with --pprof and write its CPU profiles of BenchmarkAddParallel's ADDs into this directory")
+)
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// runPlugin execs the built plugin; unlike cniExec it may run on any
+// runPlugin execs a built plugin; unlike cniExec it may run on any
 // goroutine.
-func runPlugin(env map[string]string, stdin []byte) ([]byte, error) {
-	cmd := exec.Command(filepath.Join(binDir, "cellium-cni"))
+func runPlugin(name string, env map[string]string, stdin []byte) ([]byte, error) {
+	cmd := exec.Command(filepath.Join(binDir, name))
 	cmd.Env = []string{"CNI_PATH=" + binDir, "PATH=/usr/bin:/bin"}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

@@ -46,7 +46,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	for _, b := range []struct{ out, pkg string }{{"agent", "../agent"}, {"cellium-cni", "."}} {
+	// The floor of the CNI benchmarks: a Go plugin that does nothing.
+	noop := filepath.Join(dir, "noop.go")
+	if err := os.WriteFile(noop, []byte(noopPlugin), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, b := range []struct{ out, pkg string }{{"agent", "../agent"}, {"cellium-cni", "."}, {"noop-plugin", noop}} {
 		build := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
@@ -58,6 +64,21 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// noopPlugin is a CNI plugin that does nothing: it reads its
+// configuration and prints an empty result.
+const noopPlugin = `package main
+
+import (
+	"io"
+	"os"
+)
+
+func main() {
+	io.Copy(io.Discard, os.Stdin)
+	os.Stdout.WriteString("{\"cniVersion\":\"1.0.0\"}\n")
+}
+`
 
 // node is a machine for the end-to-end tests: a network namespace that
 // plays the host, in which the built agent runs, with private paths. Pods
@@ -78,6 +99,8 @@ type node struct {
 	cgroup string
 	agent  *agentProcess
 	cni    *libcni.CNIConfig
+	// healthAddr is the agent's --health-addr, in the node's namespace.
+	healthAddr string
 }
 
 func newNode(t testing.TB) *node {
@@ -91,6 +114,7 @@ func newNode(t testing.TB) *node {
 		cni: libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(dir, "cni-cache"), nil),
 	}
 	n.podCIDR = n.v4.String() + "," + n.v6.String()
+	n.healthAddr = freePort(t)
 	mount, err := cgroup2.Mount()
 	if err != nil {
 		t.Skipf("no cgroup2 mount for the agent's socket programs: %v", err)
@@ -131,7 +155,7 @@ func (n *node) flags(extra ...string) []string {
 		"--cni-conf-dir", filepath.Join(n.dir, "net.d"),
 		"--bpf-root", n.bpfRoot,
 		"--proc-fs", filepath.Join(n.dir, "proc"),
-		"--health-addr", freePort(n.t),
+		"--health-addr", n.healthAddr,
 		"--metrics-addr", "",
 		"--pod-cidr", n.podCIDR,
 		"--cgroup-root", n.cgroup,
@@ -255,6 +279,20 @@ func (a *agentProcess) waitLog(t testing.TB, msgs ...string) map[string]map[stri
 			t.Fatalf("agent did not log %q within 60s", msgs)
 		}
 	}
+}
+
+// lines are every line the agent logged with message msg, parsed.
+func (a *agentProcess) lines(msg string) []map[string]any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []map[string]any
+	for _, l := range a.log {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) == nil && line["msg"] == msg {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // wait waits for the agent to exit and returns how it did.
