@@ -132,6 +132,9 @@ func printEndpoint(w io.Writer, e apiv1.Endpoint) error {
 	if e.DatapathError != "" {
 		rows = append(rows, []string{"Datapath error", e.DatapathError})
 	}
+	if e.Policy != nil {
+		rows = append(rows, []string{"Policy entries", strconv.Itoa(e.Policy.Entries)})
+	}
 	keys := make([]string, 0, len(e.Labels))
 	for k := range e.Labels {
 		keys = append(keys, k)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,6 +141,12 @@ func TestPolicyBeforeReady(t *testing.T) {
 		if got == nil || got.Ingress != want.Ingress || got.Egress != want.Egress || got.Entries != want.Entries ||
 			got.Realized != want.Realized || got.Revision == 0 {
 			t.Errorf("pod %s's endpoint policy = %+v, want %+v with a revision", name, got, want)
+		}
+	}
+	out := n.agentCLI("endpoint", "get", denied.id)
+	for _, want := range []string{"Policy:", "enforced ingress, revision", "realized", "Policy entries:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("agent endpoint get of pod denied does not say %q:\n%s", want, out)
 		}
 	}
 	if t.Failed() {
