@@ -3,6 +3,7 @@ package devcluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // TestClusterHealth: every node probes every other through the node
@@ -49,16 +51,11 @@ func TestClusterHealth(t *testing.T) {
 	waitFor := func(what string, within time.Duration, ok func(apiv1.ClusterHealth) bool) time.Duration {
 		t.Helper()
 		start := time.Now()
-		for {
+		polltest.Until(t, what, within, 100*time.Millisecond, func() (bool, string) {
 			h := status(false)
-			if ok(h) {
-				return time.Since(start)
-			}
-			if time.Since(start) > within {
-				t.Fatalf("%s: not within %s: %+v", what, within, h)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return ok(h), fmt.Sprintf("%+v", h)
+		})
+		return time.Since(start)
 	}
 	allEndpoints := func(h apiv1.ClusterHealth) bool {
 		if len(h.Nodes) != 3 || !strings.HasPrefix(h.Summary, "Cluster health: 3/3 reachable") {
