@@ -32,8 +32,8 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(newMaps, newMetrics),
-	cell.Invoke(registerReconcilers),
+	cell.Provide(newMaps, newMetrics, newVerdictCounter),
+	cell.Invoke(registerReconcilers, registerVerdictCounter),
 )
 
 // Config is the policy-maps cell's configuration.
