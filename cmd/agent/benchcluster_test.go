@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -45,12 +46,13 @@ var benchClients = flag.Int("bench.clients", 20, "How many agents' list-and-watc
 //
 // Then -bench.clients agents' list-and-watch of both kinds start at once,
 // as a DaemonSet's agents do after a rollout, clients in the benchmark's
-// own process (Reflectors as the agent's, discarding what they get): the
-// time until all have their listings (clients_synced_s), the API server's
-// CPU time over it and the bytes it sent, per client (clients_...), and the
-// API server's resident set after (apiserver_rss_mb).
+// own process (Reflectors as the agent's, discarding what they get), once
+// for each way of listing (listModes): the time until all have their
+// listings (clients_MODE_synced_s), the API server's CPU time over it
+// (clients_MODE_apiserver_cpu_s) and the bytes it sent per client; and the
+// API server's resident set at the end (apiserver_rss_mb).
 //
-//	agent-scale-bench mode=cluster setup_s=... services=N first_ready_s=... ... clients=20 clients_synced_s=... ...
+//	agent-scale-bench mode=cluster setup_s=... services=N first_ready_s=... ... clients=20 clients_watchlist_synced_s=... ...
 //
 //	go test ./cmd/agent -run '^$' -bench ScaleCluster -benchtime 1x
 func BenchmarkScaleCluster(b *testing.B) {
@@ -90,7 +92,7 @@ func BenchmarkScaleCluster(b *testing.B) {
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
 		agent := scaleRuns(b, env, flags, n, "cluster-", server)
-		clients := listWatchClients(b, kas, server, *benchClients, n)
+		clients := listWatchClients(b, kas, server, *benchClients)
 		fmt.Printf("agent-scale-bench mode=cluster setup_s=%.0f %s %s apiserver_rss_mb=%.0f\n",
 			setupTime.Seconds(), agent, clients, server.rss(b))
 	}
@@ -224,13 +226,37 @@ func (c countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// listWatchClients starts clients list-and-watches of Services and
-// EndpointSlices at once through the proxy, as that many agents would,
-// each a client-go Reflector over the typed clients as the agent's load
-// balancer runs them (a streaming list where the server has them), into
-// a store that counts what it got and keeps nothing. It returns the
-// clients_... figures of the agent-scale-bench line.
-func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMeter, clients, n int) string {
+// listModes are the ways a client lists at start that listWatchClients
+// compares: a streaming list (watchlist: a WATCH with sendInitialEvents,
+// from the API server's watch cache, what client-go's Reflector does by
+// default and the agent with it); pages of 2,000 at the latest version
+// (paged: resourceVersion "", a consistent read); one list at any version
+// (rv0: resourceVersion "0", from the watch cache).
+var listModes = flag.String("bench.list-modes", "watchlist,paged,rv0", "The listing modes BenchmarkScaleCluster's clients are run with, one run of -bench.clients each")
+
+// listWatchClients runs, for each of -bench.list-modes, clients
+// list-and-watches of Services and EndpointSlices at once through the
+// proxy, as that many agents would, each a client-go Reflector over the
+// typed clients (as the agent's load balancer runs them) into a store that
+// counts what it got and keeps nothing. It returns the clients_... figures
+// of the agent-scale-bench line.
+func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMeter, clients int) string {
+	figures := []string{fmt.Sprintf("clients=%d", clients)}
+	for _, mode := range strings.Split(*listModes, ",") {
+		synced, cpu, sent := listWatchClientsOnce(b, kas, server, clients, mode)
+		figures = append(figures, fmt.Sprintf("clients_%s_synced_s=%.2f clients_%s_apiserver_cpu_s=%.2f clients_%s_apiserver_sent_mb_per_client=%.1f",
+			mode, synced.Seconds(), mode, cpu, mode, sent/float64(clients)))
+	}
+	return strings.Join(figures, " ")
+}
+
+// noWatchList is a client that says it cannot stream lists: a Reflector
+// given it lists.
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
+
+func listWatchClientsOnce(b *testing.B, kas *kubeapitest.Server, server *apiServerMeter, clients int, mode string) (synced time.Duration, cpuS, sentMB float64) {
 	cfg := kas.Config(kubeapitest.AdminToken)
 	cfg.Host = server.proxy.url
 	cfg.QPS, cfg.Burst = 1000, 2000
@@ -240,13 +266,50 @@ func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMe
 		cancel()
 		running.Wait()
 	}()
+	// list lists as mode says, with list calls of one kind; empty is an
+	// empty list of that kind at a resource version.
+	list := func(ctx context.Context, o metav1.ListOptions, call func(context.Context, metav1.ListOptions) (runtime.Object, error), empty func(rv string) runtime.Object) (runtime.Object, error) {
+		switch mode {
+		case "rv0":
+			o.ResourceVersion, o.ResourceVersionMatch, o.Limit = "0", "", 0
+			return call(ctx, o)
+		case "paged":
+			o.ResourceVersion, o.ResourceVersionMatch, o.Limit = "", "", 2000
+			for {
+				page, err := call(ctx, o)
+				if err != nil {
+					return nil, err
+				}
+				m, err := meta.ListAccessor(page)
+				if err != nil {
+					return nil, err
+				}
+				if m.GetContinue() == "" {
+					return empty(m.GetResourceVersion()), nil
+				}
+				o.Continue = m.GetContinue()
+			}
+		}
+		return call(ctx, o)
+	}
+	var semantics any
+	switch mode {
+	case "watchlist":
+	case "paged", "rv0":
+		semantics = noWatchList{}
+	default:
+		b.Fatalf("unknown -bench.list-modes mode %q: want watchlist, paged or rv0", mode)
+	}
 	mark := server.mark(b)
 	start := time.Now()
-	var synced sync.WaitGroup
+	var listed sync.WaitGroup
 	for range clients {
 		cs, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			b.Fatal(err)
+		}
+		if semantics == nil {
+			semantics = cs
 		}
 		kinds := []struct {
 			expected runtime.Object
@@ -255,7 +318,11 @@ func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMe
 		}{{
 			&corev1.Service{},
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return cs.CoreV1().Services("").List(ctx, o)
+				return list(ctx, o, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+					return cs.CoreV1().Services("").List(ctx, o)
+				}, func(rv string) runtime.Object {
+					return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+				})
 			},
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				return cs.CoreV1().Services("").Watch(ctx, o)
@@ -263,7 +330,11 @@ func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMe
 		}, {
 			&discoveryv1.EndpointSlice{},
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return cs.DiscoveryV1().EndpointSlices("").List(ctx, o)
+				return list(ctx, o, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+					return cs.DiscoveryV1().EndpointSlices("").List(ctx, o)
+				}, func(rv string) runtime.Object {
+					return &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+				})
 			},
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				return cs.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
@@ -272,9 +343,9 @@ func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMe
 		for _, k := range kinds {
 			store := &countingStore{listed: make(chan struct{})}
 			lw := &cache.ListWatch{ListWithContextFunc: k.list, WatchFuncWithContext: k.watch}
-			r := cache.NewReflectorWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, cs), k.expected, store, cache.ReflectorOptions{})
+			r := cache.NewReflectorWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, semantics), k.expected, store, cache.ReflectorOptions{})
 			running.Go(func() { r.RunWithContext(ctx) })
-			synced.Go(func() {
+			listed.Go(func() {
 				select {
 				case <-store.listed:
 				case <-ctx.Done():
@@ -283,16 +354,15 @@ func listWatchClients(b *testing.B, kas *kubeapitest.Server, server *apiServerMe
 		}
 	}
 	waited := make(chan struct{})
-	go func() { synced.Wait(); close(waited) }()
+	go func() { listed.Wait(); close(waited) }()
 	select {
 	case <-waited:
 	case <-time.After(10 * time.Minute):
-		b.Fatalf("%d clients' listings not done after 10 minutes", clients)
+		b.Fatalf("%d clients' listings (%s) not done after 10 minutes", clients, mode)
 	}
-	syncedIn := time.Since(start)
-	cpu, sent := server.since(b, mark)
-	return fmt.Sprintf("clients=%d clients_synced_s=%.2f clients_apiserver_cpu_s=%.2f clients_apiserver_cpu_s_per_client=%.2f clients_apiserver_sent_mb_per_client=%.1f",
-		clients, syncedIn.Seconds(), cpu, cpu/float64(clients), sent/float64(clients))
+	synced = time.Since(start)
+	cpuS, sentMB = server.since(b, mark)
+	return synced, cpuS, sentMB
 }
 
 // countingStore is a Reflector's store that keeps nothing and closes
