@@ -80,12 +80,12 @@ func newWriter(p writerParams) *writer {
 	p.Jobs.Add(
 		job.OneShot("reflect-services", func(ctx context.Context, health cell.Health) error {
 			store := serviceStore(ctx, events)
-			runReflector(ctx, p.Clientset, "services", &corev1.Service{}, servicesListWatch(p.Clientset, health, store), store)
+			runReflector(ctx, "services", &corev1.Service{}, servicesListWatch(p.Clientset, health, store), store)
 			return nil
 		}),
 		job.OneShot("reflect-endpointslices", func(ctx context.Context, health cell.Health) error {
 			store := endpointSliceStore(ctx, events)
-			runReflector(ctx, p.Clientset, "endpointslices", &discoveryv1.EndpointSlice{}, endpointSlicesListWatch(p.Clientset, health, store), store)
+			runReflector(ctx, "endpointslices", &discoveryv1.EndpointSlice{}, endpointSlicesListWatch(p.Clientset, health, store), store)
 			return nil
 		}),
 		job.OneShot("apply-k8s-events", func(ctx context.Context, _ cell.Health) error {
