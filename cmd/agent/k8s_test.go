@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +15,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/apiv1"
@@ -103,6 +107,29 @@ func TestKubeAPIServer(t *testing.T) {
 	// The Service from the API server in the maps, and the pod CIDR from
 	// the Node in the IPAM.
 	waitDump(t, env.socket, "cellium_lb4_services", web+":80")
+
+	// Where the API server streams lists, the load balancer's reflectors
+	// streamed theirs from its watch cache (a WATCH with
+	// sendInitialEvents, which the server counts in
+	// apiserver_watch_list_duration_seconds) and no one listed Services:
+	// a LIST per agent start is what a DaemonSet's rollout must not cost
+	// the API server.
+	if why := watchListUnsupported(t, kas); why != "" {
+		t.Logf("not checking that the agent streams its listings: %s", why)
+	} else {
+		metrics, err := kas.Admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, resource := range []string{"services", "endpointslices"} {
+			if n := metricSum(string(metrics), "apiserver_watch_list_duration_seconds_count", `resource="`+resource+`"`); n == 0 {
+				t.Errorf("the API server served no streaming list of %s", resource)
+			}
+		}
+		if n := metricSum(string(metrics), "apiserver_request_total", `resource="services"`, `verb="LIST"`); n != 0 {
+			t.Errorf("the API server served %v LISTs of services, want streaming lists only", n)
+		}
+	}
 	var allocs []apiv1.IPAMAllocation
 	out, _, _ := agentCmd(t, "ipam", "list", "-o", "json", "--api-socket", env.socket)
 	if err := json.Unmarshal([]byte(out), &allocs); err != nil ||
@@ -263,4 +290,62 @@ func waitDump(t *testing.T, socket, name, substr string) {
 func drainLogs(logs <-chan map[string]any) {
 	for range logs {
 	}
+}
+
+// watchListUnsupported asks the API server for a streaming list of
+// Namespaces and returns why it refused, or "" when it streams. Its
+// watch cache needs etcd's progress notifications for one (etcd 3.4.31,
+// 3.5.13 or later): Debian's etcd 3.4.23 has them not, and kube-apiserver
+// then says so in the stream's first event.
+func watchListUnsupported(t *testing.T, kas *kubeapitest.Server) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := kas.Admin.CoreV1().Namespaces().Watch(ctx, metav1.ListOptions{
+		SendInitialEvents:    ptr.To(true),
+		ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan,
+		AllowWatchBookmarks:  true,
+	})
+	if err != nil {
+		return err.Error()
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		switch ev.Type {
+		case watch.Error:
+			return apierrors.FromObject(ev.Object).Error()
+		case watch.Bookmark:
+			return ""
+		}
+	}
+	return "the streaming list ended before its bookmark"
+}
+
+// metricSum is the sum of the samples of a Prometheus text exposition's
+// metric whose labels include every one of labels (`name="value"`).
+func metricSum(exposition, metric string, labels ...string) float64 {
+	var sum float64
+	for line := range strings.Lines(exposition) {
+		rest, ok := strings.CutPrefix(line, metric+"{")
+		if !ok {
+			continue
+		}
+		set, value, ok := strings.Cut(rest, "} ")
+		if !ok || !hasAll(set, labels) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+func hasAll(labelSet string, labels []string) bool {
+	for _, l := range labels {
+		if !strings.Contains(","+labelSet+",", ","+l+",") {
+			return false
+		}
+	}
+	return true
 }
