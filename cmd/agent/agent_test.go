@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 	// kernel skips pages under writeback when the agent releases its
 	// executable's pages, and a binary just linked can still be written
 	// back in the agent's first seconds (the idle benchmark measures what
-	// it holds after; docs/performance.md, "Eighth pass").
+	// it holds after; docs/performance-history.md, "Eighth pass").
 	if err := syncFile(agentBin); err != nil {
 		fmt.Fprintln(os.Stderr, "sync agent binary:", err)
 		os.Exit(1)
