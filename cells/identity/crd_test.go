@@ -1,6 +1,8 @@
 package identity
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,6 +27,7 @@ import (
 	"github.com/cellium/cellium/pkg/k8sapi"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 	"github.com/cellium/cellium/pkg/labels"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 type fakeKV struct {
@@ -364,5 +367,47 @@ func TestCRDGC(t *testing.T) {
 	celltest.Eventually(t, "the identity in use written back", func() bool {
 		obj, err := c.admin.GetIdentity(ctx, used.String())
 		return err == nil && strings.Join(obj.Spec.Labels, ";") == set("used").String()
+	})
+}
+
+// The API server stopped and started again under running agents: a label
+// set the table knows still gets its number; a new one fails (its endpoint
+// gets init meanwhile) until the API server is back, then gets a number,
+// and the agents' watches resume, with no restart.
+func TestCRDAPIServerRestart(t *testing.T) {
+	c := startCRDCluster(t)
+	n1, n2 := c.startNode(t, "node-1"), c.startNode(t, "node-2")
+	// A stop and a start of the API server take longer than ctxT's.
+	ctx, cancelAll := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancelAll()
+	id, err := n1.a.Allocate(ctx, web("default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "node-2 knows the identity", func() bool { n, ok := n2.a.Lookup(web("default")); return ok && n == id })
+
+	c.kas.Stop()
+	if got, err := n2.a.Allocate(ctx, web("default")); err != nil || got != id {
+		t.Fatalf("Allocate of a known label set with the API server away = %v, %v; want %v", got, err, id)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = n2.a.Allocate(short, web("new"))
+	cancel()
+	if err == nil {
+		t.Fatal("Allocate of a new label set with the API server away succeeded")
+	}
+	t.Logf("as expected, with the API server away: %v", err)
+
+	c.kas.Restart(t)
+	var fresh identity.NumericIdentity
+	polltest.Until(t, "the new label set allocated once the API server is back", 30*time.Second, 10*time.Millisecond, func() (bool, string) {
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		fresh, err = n2.a.Allocate(short, web("new"))
+		return err == nil, fmt.Sprint(err)
+	})
+	celltest.Eventually(t, "node-1's watch resumed: it knows the new identity", func() bool {
+		n, ok := n1.a.Lookup(web("new"))
+		return ok && n == fresh
 	})
 }

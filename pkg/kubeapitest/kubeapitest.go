@@ -51,6 +51,11 @@ type Server struct {
 	// /proc/PID).
 	PID int
 	log string
+
+	cmd     []string
+	certDir string
+	exited  chan error
+	stop    func()
 }
 
 // Start starts kube-apiserver on etcd at etcdEndpoint (a prefix of its own
@@ -76,18 +81,14 @@ func Start(t testing.TB, etcdEndpoint string) *Server {
 	}
 	port := freePort(t)
 	s := &Server{URL: "https://127.0.0.1:" + port, log: filepath.Join(dir, "kube-apiserver.log")}
-	logFile, err := os.Create(s.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certDir := filepath.Join(dir, "certs")
-	cmd := exec.Command(bin,
+	s.certDir = filepath.Join(dir, "certs")
+	s.cmd = []string{bin,
 		"--etcd-servers", etcdEndpoint,
-		"--etcd-prefix", "/kubeapitest-"+port,
+		"--etcd-prefix", "/kubeapitest-" + port,
 		"--bind-address", "127.0.0.1",
 		"--advertise-address", "127.0.0.1",
 		"--secure-port", port,
-		"--cert-dir", certDir,
+		"--cert-dir", s.certDir,
 		"--token-auth-file", tokens,
 		"--authorization-mode", "RBAC",
 		"--service-account-key-file", saKey,
@@ -95,16 +96,34 @@ func Start(t testing.TB, etcdEndpoint string) *Server {
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-cluster-ip-range", ServiceCIDR,
 		"--enable-priority-and-fairness=false",
-	)
+	}
+	t.Cleanup(s.Stop)
+	s.launch(t)
+	admin, err := kubernetes.NewForConfig(s.Config(AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Admin = admin
+	return s
+}
+
+// launch starts the process and waits until it is ready.
+func (s *Server) launch(t testing.TB) {
+	t.Helper()
+	logFile, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(s.cmd[0], s.cmd[1:]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
+		t.Fatalf("start %s: %v", s.cmd[0], err)
 	}
 	s.PID = cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait(); logFile.Close() }()
-	t.Cleanup(func() {
+	s.stop = func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -112,7 +131,7 @@ func Start(t testing.TB, etcdEndpoint string) *Server {
 			cmd.Process.Kill()
 			<-exited
 		}
-	})
+	}
 
 	// Ready: the certificate written, /readyz answering ok (bootstrap
 	// RBAC roles and the system namespaces in place).
@@ -124,7 +143,7 @@ func Start(t testing.TB, etcdEndpoint string) *Server {
 			t.Fatalf("kube-apiserver exited: %v\n%s", err, s.Log())
 		default:
 		}
-		if s.ready(certDir) {
+		if s.ready(s.certDir) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -132,12 +151,23 @@ func Start(t testing.TB, etcdEndpoint string) *Server {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	admin, err := kubernetes.NewForConfig(s.Config(AdminToken))
-	if err != nil {
-		t.Fatal(err)
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after 30 s); Restart starts
+// it again.
+func (s *Server) Stop() {
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
 	}
-	s.Admin = admin
-	return s
+}
+
+// Restart starts a stopped server again, with the same port, certificate,
+// keys and etcd prefix, and waits until it is ready.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	s.launch(t)
 }
 
 func (s *Server) ready(certDir string) bool {
