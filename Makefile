@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -116,7 +116,7 @@ check-bpf: bpf
 
 # Every benchmark (as root; see docs/performance.md), then one summary line
 # per benchmark, `name key=value ...`.
-BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-probe bench-masq bench-nodeport
+BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport
 bench: $(BENCHES)
 	@echo "--- make bench"
 	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
@@ -171,6 +171,17 @@ bench-ctgc:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/ctgc -run '^$$' -bench '^BenchmarkGCPass$$' -benchtime 1x -count 1 | tee $(BIN)/bench-ctgc.out
 	@grep '^ctgc-bench' $(BIN)/bench-ctgc.out | tail -n 1
+
+# Policy computation (cells/policy): 1,000 policies over 10,000 identities
+# and 100 local endpoints; one new identity applied (time, CPU time,
+# entries written), and the Go heap per policy entry and per selector.
+# Ends with `policy-bench new_identity_us=...` and `policy-bench
+# bytes_per_entry=... bytes_per_selector=...`.
+bench-policy:
+	@mkdir -p $(BIN)
+	$(GO) test ./cells/policy -run '^$$' -bench 'FromScratch$$|Memory' -benchtime 1x -count 1 | tee $(BIN)/bench-policy.out
+	$(GO) test ./cells/policy -run '^$$' -bench 'NewIdentity' -benchtime 200x -count 1 | tee -a $(BIN)/bench-policy.out
+	@grep '^policy-bench' $(BIN)/bench-policy.out
 
 # Identity allocation against a real etcd (as root, needs Debian's
 # etcd-server): 2,000 new label sets from 32 goroutines, then the same

@@ -169,6 +169,8 @@ func BenchmarkNewIdentity(b *testing.B) {
 	b.ReportMetric(float64(written), "entries-written")
 	b.ReportMetric(float64(timed.Microseconds())/float64(b.N), "µs/identity")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/identity")
+	fmt.Printf("policy-bench new_identity_us=%d new_identity_cpu_us=%d entries_written=%d\n",
+		timed.Microseconds()/int64(b.N), cpu.Microseconds()/int64(b.N), written)
 }
 
 // threadCPU is the CPU time the calling thread has used.
@@ -178,4 +180,48 @@ func threadCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// heapInUse is the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkMemory: the Go heap each desired policy entry (the row and
+// its indexes in the table "policy-entries") and each selector of the
+// selector cache (with its set of identities) costs, on the setup of the
+// other benchmarks. Prints "policy-bench ..." for `make bench`.
+func BenchmarkMemory(b *testing.B) {
+	var perEntry, perSelector float64
+	for b.Loop() {
+		f := benchEngine(b)
+		h1 := heapInUse()
+		f.flush()
+		h2 := heapInUse()
+		entries := f.entries.NumObjects(f.db.ReadTxn())
+		perEntry = float64(h2-h1) / float64(entries)
+		// The selectors: the cache without them is the identities alone.
+		c := newSelectorCache()
+		for ns := range benchNamespaces {
+			for app := range benchApps {
+				c.addIdentity(benchIdentity(ns, app), benchLabels(ns, app), func(*cachedSelector) {})
+			}
+		}
+		h3 := heapInUse()
+		for name, r := range f.e.rules {
+			for _, sel := range r.selectors {
+				c.acquire(sel, name)
+			}
+		}
+		h4 := heapInUse()
+		perSelector = float64(h4-h3) / float64(len(c.sels))
+		runtime.KeepAlive(f)
+		runtime.KeepAlive(c)
+	}
+	b.ReportMetric(perEntry, "B/entry")
+	b.ReportMetric(perSelector, "B/selector")
+	fmt.Printf("policy-bench bytes_per_entry=%.0f bytes_per_selector=%.0f\n", perEntry, perSelector)
 }
