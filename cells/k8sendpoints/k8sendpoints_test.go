@@ -37,7 +37,9 @@ type cluster struct {
 	kubeconfig string
 }
 
-func startCluster(t *testing.T) *cluster {
+func startCluster(t *testing.T) *cluster { return startClusterTB(t) }
+
+func startClusterTB(t testing.TB) *cluster {
 	t.Helper()
 	if _, err := kubeapitest.Binary(); err != nil {
 		t.Skip(err)
@@ -78,7 +80,7 @@ var otherNodes = map[string]*nodes.Node{
 	"node-2": {Name: "node-2", Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.2")}}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}}},
 }
 
-func (c *cluster) start(t *testing.T, name, dir string) *node {
+func (c *cluster) start(t testing.TB, name, dir string) *node {
 	t.Helper()
 	n := &node{name: name}
 	h := celltest.New(daemon.Cell, kvstore.Cell, k8sclient.Cell, idcell.Cell, Cell,
@@ -128,7 +130,7 @@ func (n *node) health(id string) *health.Status {
 	return s
 }
 
-func (c *cluster) createPod(t *testing.T, name, nodeName string) *corev1.Pod {
+func (c *cluster) createPod(t testing.TB, name, nodeName string) *corev1.Pod {
 	t.Helper()
 	pod, err := c.kas.Admin.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
