@@ -68,6 +68,7 @@ type syncer struct {
 func register(p params) {
 	client, registered := p.Identities.CRDClient()
 	if client == nil {
+		p.Health.OK("Disabled: identities are not CelliumIdentity objects (--identity-allocation-mode is not crd)")
 		return
 	}
 	s := &syncer{log: p.Log, db: p.DB, tbl: p.Table, client: client, registered: registered, node: string(p.NodeName),
