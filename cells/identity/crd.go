@@ -17,7 +17,6 @@ import (
 	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/internal/refused"
 	"github.com/cellium/cellium/cells/k8sclient"
@@ -212,15 +211,11 @@ func parseCRDIdentity(obj *k8sapi.CelliumIdentity) (*Identity, error) {
 
 // leanIdentity is the informer's transform: it keeps of an object only
 // what the watch reads, so the informer's store holds little.
-func leanIdentity(obj any) (any, error) {
-	id, ok := obj.(*k8sapi.CelliumIdentity)
-	if !ok {
-		return obj, nil
-	}
+func leanIdentity(id *k8sapi.CelliumIdentity) *k8sapi.CelliumIdentity {
 	return &k8sapi.CelliumIdentity{
 		ObjectMeta: metav1.ObjectMeta{Name: id.Name, ResourceVersion: id.ResourceVersion, UID: id.UID},
 		Spec:       id.Spec,
-	}, nil
+	}
 }
 
 // watchCRD keeps the table's cluster identities equal to the accepted
@@ -231,41 +226,18 @@ func (a *Allocator) watchCRD(ctx context.Context, health cell.Health) error {
 	case <-ctx.Done():
 		return nil
 	}
-	inf := cache.NewSharedIndexInformer(a.crd.client.IdentityListWatch(), &k8sapi.CelliumIdentity{}, 0, cache.Indexers{})
-	if err := inf.SetTransform(leanIdentity); err != nil {
-		return err
-	}
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { a.applyCRD(obj, false) },
-		UpdateFunc: func(_, obj any) { a.applyCRD(obj, false) },
-		DeleteFunc: func(obj any) { a.applyCRD(obj, true) },
-	})
-	if err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); inf.RunWithContext(ctx) }()
-	if cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	return k8sapi.Inform(ctx, a.crd.client.IdentityListWatch(), &k8sapi.CelliumIdentity{}, leanIdentity, a.applyCRD, func() {
 		txn := a.db.WriteTxn(a.tbl)
 		a.crd.listed(txn)
 		txn.Commit()
 		health.OK("CelliumIdentity objects listed and watched")
-	}
-	<-done
-	return nil
+	})
 }
 
 // applyCRD writes an identity object's change into the table. A bad
 // object is refused and named in health; it changes no row (a row of a
 // number whose object turned bad goes, as if deleted).
-func (a *Allocator) applyCRD(obj any, deleted bool) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	o, ok := obj.(*k8sapi.CelliumIdentity)
-	if !ok {
-		return
-	}
+func (a *Allocator) applyCRD(o *k8sapi.CelliumIdentity, deleted bool) {
 	row, err := parseCRDIdentity(o)
 	if deleted {
 		err = nil

@@ -10,7 +10,6 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/identity"
@@ -19,17 +18,13 @@ import (
 
 // leanEndpoint is the informer's transform: of an object it keeps what the
 // watch and the writer read, so the informer's store holds little.
-func leanEndpoint(obj any) (any, error) {
-	ep, ok := obj.(*k8sapi.CelliumEndpoint)
-	if !ok {
-		return obj, nil
-	}
+func leanEndpoint(ep *k8sapi.CelliumEndpoint) *k8sapi.CelliumEndpoint {
 	meta := metav1.ObjectMeta{Name: ep.Name, Namespace: ep.Namespace, ResourceVersion: ep.ResourceVersion, UID: ep.UID,
 		CreationTimestamp: ep.CreationTimestamp, OwnerReferences: ep.OwnerReferences}
 	if node, ok := ep.Labels[k8sapi.LabelNode]; ok {
 		meta.Labels = map[string]string{k8sapi.LabelNode: node}
 	}
-	return &k8sapi.CelliumEndpoint{ObjectMeta: meta, Status: ep.Status}, nil
+	return &k8sapi.CelliumEndpoint{ObjectMeta: meta, Status: ep.Status}
 }
 
 // publishable says whether a pod of another node may have identity id: a
@@ -90,41 +85,19 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 	case <-ctx.Done():
 		return nil
 	}
-	inf := cache.NewSharedIndexInformer(s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, 0, cache.Indexers{})
-	if err := inf.SetTransform(leanEndpoint); err != nil {
-		return err
-	}
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.apply(obj, false, w) },
-		UpdateFunc: func(_, obj any) { s.apply(obj, false, w) },
-		DeleteFunc: func(obj any) { s.apply(obj, true, w) },
-	})
-	if err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); inf.RunWithContext(ctx) }()
-	if cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	apply := func(ep *k8sapi.CelliumEndpoint, deleted bool) { s.apply(ep, deleted, w) }
+	return k8sapi.Inform(ctx, s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, leanEndpoint, apply, func() {
 		txn := s.db.WriteTxn(s.tbl)
 		listed(txn)
 		txn.Commit()
 		w.listed()
 		health.OK("CelliumEndpoint objects listed and watched")
-	}
-	<-done
-	return nil
+	})
 }
 
 // apply writes one object's change into the table; a bad object is named
 // in health and takes its earlier row away.
-func (s *syncer) apply(obj any, deleted bool, w *writer) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	ep, ok := obj.(*k8sapi.CelliumEndpoint)
-	if !ok {
-		return
-	}
+func (s *syncer) apply(ep *k8sapi.CelliumEndpoint, deleted bool, w *writer) {
 	key := ep.Namespace + "/" + ep.Name
 	if ep.Labels[k8sapi.LabelNode] == s.node || ep.Status.NodeName == s.node {
 		w.observe(ep, deleted)
