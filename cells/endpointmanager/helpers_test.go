@@ -161,7 +161,15 @@ func (p pod) req() endpointmanager.CreateRequest {
 
 func (n *node) create(t *testing.T, p pod) *endpointmanager.Endpoint {
 	t.Helper()
-	ep, err := n.mgr.Create(context.Background(), p.req())
+	return n.createAs(t, p, p.req().PodName)
+}
+
+// createAs creates p's endpoint as the pod podName of the default namespace.
+func (n *node) createAs(t *testing.T, p pod, podName string) *endpointmanager.Endpoint {
+	t.Helper()
+	req := p.req()
+	req.PodName = podName
+	ep, err := n.mgr.Create(context.Background(), req)
 	if err != nil {
 		t.Fatalf("create endpoint of %s: %v", p.id, err)
 	}

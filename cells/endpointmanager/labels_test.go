@@ -56,15 +56,8 @@ func TestPodLabels(t *testing.T) {
 	tn := newTestNet(t)
 	n := tn.start(t, nodeOpts{k8s: []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})}})
 	web, db := newPod(t), newPod(t)
-	reqWeb, reqDB := web.req(), db.req()
-	reqWeb.PodName, reqDB.PodName = "web", "db"
-	epWeb, err := n.mgr.Create(context.Background(), reqWeb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.mgr.Create(context.Background(), reqDB); err != nil {
-		t.Fatal(err)
-	}
+	epWeb := n.createAs(t, web, "web")
+	n.createAs(t, db, "db")
 	n.waitLabels(t, web.id, map[string]string{"app": "web"})
 	first, _ := n.mgr.Lookup(endpointmanager.Selector{ContainerID: web.id})
 	if !first.Identity.IsLocal() || first.IdentityPending {
@@ -202,11 +195,7 @@ func TestIdentityFromNamespaceAndServiceAccount(t *testing.T) {
 	web.Spec.ServiceAccountName = "web-sa"
 	n := tn.start(t, nodeOpts{k8s: []runtime.Object{ns, web}})
 	p := newPod(t)
-	req := p.req()
-	req.PodName = "web"
-	if _, err := n.mgr.Create(context.Background(), req); err != nil {
-		t.Fatal(err)
-	}
+	n.createAs(t, p, "web")
 	const want = "k8s:app=web;k8s:io.cellium.k8s.namespace.labels.team=a;k8s:io.cellium.k8s.policy.serviceaccount=web-sa;k8s:io.kubernetes.pod.namespace=default"
 	first := n.waitEndpoint(t, p.id, "has the service account and namespace labels", func(ep *endpointmanager.Endpoint) bool {
 		return ep.ServiceAccount == "web-sa" && ep.NamespaceLabels["team"] == "a"
@@ -251,11 +240,7 @@ func TestRestoreClusterIdentity(t *testing.T) {
 	pods := []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})}
 	n := tn.start(t, nodeOpts{etcd: etcd.Endpoint(), k8s: pods})
 	p := newPod(t)
-	req := p.req()
-	req.PodName = "web"
-	if _, err := n.mgr.Create(context.Background(), req); err != nil {
-		t.Fatal(err)
-	}
+	n.createAs(t, p, "web")
 	before := n.waitEndpoint(t, p.id, "has its cluster identity", func(ep *endpointmanager.Endpoint) bool {
 		return ep.Identity.IsCluster() && !ep.IdentityPending
 	})
@@ -288,11 +273,7 @@ func TestReidentifyRaceEndsWithTheLastView(t *testing.T) {
 	web := k8sPod("web", "node-1", map[string]string{"app": "web"})
 	n := tn.start(t, nodeOpts{k8s: []runtime.Object{ns, web}})
 	p := newPod(t)
-	req := p.req()
-	req.PodName = "web"
-	if _, err := n.mgr.Create(context.Background(), req); err != nil {
-		t.Fatal(err)
-	}
+	n.createAs(t, p, "web")
 	stale := n.waitEndpoint(t, p.id, "has its namespace's labels", func(ep *endpointmanager.Endpoint) bool {
 		return ep.NamespaceLabels["team"] == "a" && !ep.IdentityPending
 	})
