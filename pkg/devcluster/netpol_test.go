@@ -118,6 +118,9 @@ func newNetpolWorld(t *testing.T) *netpolWorld {
 			modelPorts = append(modelPorts, corev1.ContainerPort{Name: name, ContainerPort: int32(port), Protocol: proto})
 		}
 	}
+	for ns, l := range w.nsLabels {
+		w.writeNamespace(ns, l)
+	}
 	var noSCTP string
 	for _, p := range netpolPods {
 		ref := p.ns + "/" + p.name
@@ -129,13 +132,6 @@ func newNetpolWorld(t *testing.T) *netpolWorld {
 		w.probers[ref] = c.Prober(ref)
 		w.podLabels[ref] = labels
 		w.pods = append(w.pods, netpolmodel.Pod{Namespace: p.ns, Name: p.name, Labels: labels, IP: pod.IPv4, Ports: modelPorts})
-	}
-	// The Namespaces after the pods: an agent that sees a namespace and a
-	// pod of it in one moment may keep the pod's identity without the
-	// namespace's labels (a lost update in the endpoint manager's
-	// reidentify, reported).
-	for ns, l := range w.nsLabels {
-		w.writeNamespace(ns, l)
 	}
 	for _, proto := range netpolProtocols {
 		if proto == corev1.ProtocolSCTP && noSCTP != "" {
