@@ -266,9 +266,9 @@ func listWatchClientsOnce(b *testing.B, kas *kubeapitest.Server, server *apiServ
 		cancel()
 		running.Wait()
 	}()
-	// list lists as mode says, with list calls of one kind; empty is an
-	// empty list of that kind at a resource version.
-	list := func(ctx context.Context, o metav1.ListOptions, call func(context.Context, metav1.ListOptions) (runtime.Object, error), empty func(rv string) runtime.Object) (runtime.Object, error) {
+	// list lists as mode says, with list calls of one kind. Paged, it
+	// keeps no page: the listing is its last page, emptied.
+	list := func(ctx context.Context, o metav1.ListOptions, call listCall) (runtime.Object, error) {
 		switch mode {
 		case "rv0":
 			o.ResourceVersion, o.ResourceVersionMatch, o.Limit = "0", "", 0
@@ -285,7 +285,7 @@ func listWatchClientsOnce(b *testing.B, kas *kubeapitest.Server, server *apiServ
 					return nil, err
 				}
 				if m.GetContinue() == "" {
-					return empty(m.GetResourceVersion()), nil
+					return page, meta.SetList(page, nil)
 				}
 				o.Continue = m.GetContinue()
 			}
@@ -313,37 +313,14 @@ func listWatchClientsOnce(b *testing.B, kas *kubeapitest.Server, server *apiServ
 		}
 		kinds := []struct {
 			expected runtime.Object
-			list     func(context.Context, metav1.ListOptions) (runtime.Object, error)
-			watch    func(context.Context, metav1.ListOptions) (watch.Interface, error)
-		}{{
-			&corev1.Service{},
-			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return list(ctx, o, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-					return cs.CoreV1().Services("").List(ctx, o)
-				}, func(rv string) runtime.Object {
-					return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
-				})
-			},
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return cs.CoreV1().Services("").Watch(ctx, o)
-			},
-		}, {
-			&discoveryv1.EndpointSlice{},
-			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return list(ctx, o, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-					return cs.DiscoveryV1().EndpointSlices("").List(ctx, o)
-				}, func(rv string) runtime.Object {
-					return &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
-				})
-			},
-			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return cs.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
-			},
-		}}
+			lw       *cache.ListWatch
+		}{
+			{&corev1.Service{}, typedListWatch(cs.CoreV1().Services(""), list)},
+			{&discoveryv1.EndpointSlice{}, typedListWatch(cs.DiscoveryV1().EndpointSlices(""), list)},
+		}
 		for _, k := range kinds {
 			store := &countingStore{listed: make(chan struct{})}
-			lw := &cache.ListWatch{ListWithContextFunc: k.list, WatchFuncWithContext: k.watch}
-			r := cache.NewReflectorWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, semantics), k.expected, store, cache.ReflectorOptions{})
+			r := cache.NewReflectorWithOptions(cache.ToListWatcherWithWatchListSemantics(k.lw, semantics), k.expected, store, cache.ReflectorOptions{})
 			running.Go(func() { r.RunWithContext(ctx) })
 			listed.Go(func() {
 				select {
@@ -363,6 +340,28 @@ func listWatchClientsOnce(b *testing.B, kas *kubeapitest.Server, server *apiServ
 	synced = time.Since(start)
 	cpuS, sentMB = server.since(b, mark)
 	return synced, cpuS, sentMB
+}
+
+// listCall is one kind's list call; listFunc lists with it (listing as
+// the mode says).
+type (
+	listCall func(context.Context, metav1.ListOptions) (runtime.Object, error)
+	listFunc func(context.Context, metav1.ListOptions, listCall) (runtime.Object, error)
+)
+
+// typedListWatch is the list and watch of a typed client of one kind (L
+// its list type), its listings made by list.
+func typedListWatch[L runtime.Object](c interface {
+	List(context.Context, metav1.ListOptions) (L, error)
+	Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
+}, list listFunc) *cache.ListWatch {
+	call := func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return c.List(ctx, o) }
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return list(ctx, o, call)
+		},
+		WatchFuncWithContext: c.Watch,
+	}
 }
 
 // countingStore is a Reflector's store that keeps nothing and closes
