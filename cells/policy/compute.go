@@ -453,13 +453,12 @@ func (e *engine) addPeerRule(out map[EntryKey][]string, st *endpointState, dir D
 }
 
 // problems are the policies the agent cannot apply, or applies only in
-// part, each with why: bad input, ipBlocks that select nothing yet, and
-// ingress named ports that none of the local pods the policy selects has.
+// part, each with why: bad input, and ingress named ports that none of
+// the local pods the policy selects has.
 func (e *engine) problems() map[string]string {
 	out := maps.Clone(e.bad)
 	for name, r := range e.rules {
 		var why []string
-		why = append(why, r.Notes...)
 		if eps := e.ruleEndpoints[name]; len(eps) > 0 {
 			for _, pr := range r.IngressRules {
 				for _, p := range pr.Ports {

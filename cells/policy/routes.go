@@ -66,7 +66,7 @@ func apiRoutes(p *Policy) api.Routes {
 func (p *Policy) apiPolicy(r *Rule, rev statedb.Revision) apiv1.Policy {
 	inForce, ok := p.engine.rules[r.Name]
 	out := apiv1.Policy{Name: r.Name, PodSelector: r.PodSelector, PolicyTypes: []string{}, Revision: rev,
-		Applied: ok && inForce == r, InForce: ok, Error: r.Error, Notes: r.Notes}
+		Applied: ok && inForce == r, InForce: ok, Error: r.Error}
 	if ok {
 		out.Endpoints = slices.Sorted(maps.Keys(p.engine.ruleEndpoints[r.Name]))
 	}

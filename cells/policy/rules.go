@@ -100,8 +100,6 @@ type Rule struct {
 	EgressRules  []PeerRule `json:"egressRules,omitempty"`
 	// Error says why the policy cannot be applied.
 	Error string `json:"error,omitempty"`
-	// Notes say which parts of an applied policy select nothing yet.
-	Notes []string `json:"notes,omitempty"`
 
 	subject   k8slabels.Selector
 	selectors map[string]*peerSelector

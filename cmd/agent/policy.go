@@ -23,8 +23,6 @@ func newPolicyCmd(stdout io.Writer) *cobra.Command {
 				state = "previous version in force: " + p.Error
 			case p.Error != "":
 				state = "not applied: " + p.Error
-			case len(p.Notes) > 0:
-				state = "applied in part: " + strings.Join(p.Notes, "; ")
 			}
 			rows = append(rows, []string{p.Name, strings.Join(p.PolicyTypes, ","), "{" + p.PodSelector + "}",
 				rules(p.Ingress), rules(p.Egress), fmt.Sprint(p.Endpoints), fmt.Sprint(p.Revision), state})

@@ -35,8 +35,6 @@ type Policy struct {
 	// Endpoints are the local endpoints the version in force selects.
 	Endpoints []uint16 `json:"endpoints,omitempty"`
 	Error     string   `json:"error,omitempty"`
-	// Notes name the parts of the policy that select nothing yet.
-	Notes []string `json:"notes,omitempty"`
 }
 
 // PolicyRule is one ingress or egress rule: its peers and ports.
