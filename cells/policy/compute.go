@@ -423,32 +423,24 @@ func (e *engine) addPeerRule(out map[EntryKey][]string, st *endpointState, dir D
 	if pr.Everyone {
 		add(identity.Unknown)
 	}
-	for _, b := range pr.IPBlocks {
-		key := b.key()
+	// addSelected adds the IDs an ipBlock or a selector selects: with
+	// only, that one if it is among them.
+	addSelected := func(ids map[identity.NumericIdentity]struct{}) {
 		if only != nil {
-			if e.prefixes.selects(key, *only) {
+			if _, ok := ids[*only]; ok {
 				add(*only)
 			}
-			continue
+			return
 		}
-		if cb, ok := e.prefixes.blocks[key]; ok {
-			for id := range cb.ids {
-				add(id)
-			}
+		for id := range ids {
+			add(id)
 		}
 	}
+	for _, b := range pr.IPBlocks {
+		addSelected(e.prefixes.selection(b.key()))
+	}
 	for _, key := range pr.Selectors {
-		if only != nil {
-			if e.cache.selects(key, *only) {
-				add(*only)
-			}
-			continue
-		}
-		if cs, ok := e.cache.sels[key]; ok {
-			for id := range cs.ids {
-				add(id)
-			}
-		}
+		addSelected(e.cache.selection(key))
 	}
 }
 

@@ -195,14 +195,13 @@ func (c *prefixCache) unref(p netip.Prefix, changed func(*cachedBlock, identity.
 	}
 }
 
-// selects says whether the block key selects the prefix ID id.
-func (c *prefixCache) selects(key string, id identity.NumericIdentity) bool {
-	cb, ok := c.blocks[key]
-	if !ok {
-		return false
+// selection are the prefix IDs the block key selects (nil for an unknown
+// key); the caller does not change it.
+func (c *prefixCache) selection(key string) map[identity.NumericIdentity]struct{} {
+	if cb, ok := c.blocks[key]; ok {
+		return cb.ids
 	}
-	_, ok = cb.ids[id]
-	return ok
+	return nil
 }
 
 // lookup is the ID of the longest prefix of the set that holds addr, as

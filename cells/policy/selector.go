@@ -282,14 +282,13 @@ func (c *selectorCache) removeIdentity(id identity.NumericIdentity, changed func
 	})
 }
 
-// selects says whether the selector key selects id.
-func (c *selectorCache) selects(key string, id identity.NumericIdentity) bool {
-	cs, ok := c.sels[key]
-	if !ok {
-		return false
+// selection are the identities the selector key selects (nil for an
+// unknown key); the caller does not change it.
+func (c *selectorCache) selection(key string) map[identity.NumericIdentity]struct{} {
+	if cs, ok := c.sels[key]; ok {
+		return cs.ids
 	}
-	_, ok = cs.ids[id]
-	return ok
+	return nil
 }
 
 // identities are the identities the selector key selects, in order.
