@@ -59,6 +59,12 @@ func rv(o *k8sapi.CelliumEndpoint) uint64 {
 	return n
 }
 
+// supersedes says whether ep replaces have in own: there is none, it is
+// another object (UID), or ep is not older.
+func supersedes(ep, have *k8sapi.CelliumEndpoint) bool {
+	return have == nil || have.UID != ep.UID || rv(ep) >= rv(have)
+}
+
 // observe takes a change of one of this node's objects from the watch,
 // unless the writer already has a newer version of it.
 func (w *writer) observe(ep *k8sapi.CelliumEndpoint, deleted bool) {
@@ -70,7 +76,7 @@ func (w *writer) observe(ep *k8sapi.CelliumEndpoint, deleted bool) {
 		if have != nil && have.UID == ep.UID {
 			delete(w.own, key)
 		}
-	case have == nil || have.UID != ep.UID || rv(ep) >= rv(have):
+	case supersedes(ep, have):
 		w.own[key] = ep
 	}
 	w.mu.Unlock()
@@ -84,7 +90,7 @@ func (w *writer) record(key string, ep *k8sapi.CelliumEndpoint) {
 		delete(w.own, key)
 		return
 	}
-	if have := w.own[key]; have == nil || have.UID != ep.UID || rv(ep) >= rv(have) {
+	if supersedes(ep, w.own[key]) {
 		w.own[key] = ep
 	}
 }
