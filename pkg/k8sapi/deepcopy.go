@@ -25,10 +25,7 @@ func (l *CelliumIdentityList) DeepCopyObject() runtime.Object {
 	}
 	out := *l
 	l.ListMeta.DeepCopyInto(&out.ListMeta)
-	out.Items = make([]CelliumIdentity, len(l.Items))
-	for n := range l.Items {
-		out.Items[n] = *l.Items[n].DeepCopy()
-	}
+	out.Items = deepCopyItems(l.Items, (*CelliumIdentity).DeepCopy)
 	return &out
 }
 
@@ -52,9 +49,15 @@ func (l *CelliumEndpointList) DeepCopyObject() runtime.Object {
 	}
 	out := *l
 	l.ListMeta.DeepCopyInto(&out.ListMeta)
-	out.Items = make([]CelliumEndpoint, len(l.Items))
-	for n := range l.Items {
-		out.Items[n] = *l.Items[n].DeepCopy()
-	}
+	out.Items = deepCopyItems(l.Items, (*CelliumEndpoint).DeepCopy)
 	return &out
+}
+
+// deepCopyItems is a list's items, each copied with deepCopy.
+func deepCopyItems[T any](items []T, deepCopy func(*T) *T) []T {
+	out := make([]T, len(items))
+	for n := range items {
+		out[n] = *deepCopy(&items[n])
+	}
+	return out
 }
