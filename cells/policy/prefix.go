@@ -60,6 +60,12 @@ func (b IPBlock) key() string {
 	return b.CIDR.String() + " except " + strings.Join(ex, ",")
 }
 
+// prefixes are the block's cidr and excepts: what it brings into the
+// node's set of prefixes.
+func (b IPBlock) prefixes() []netip.Prefix {
+	return append([]netip.Prefix{b.CIDR}, b.Except...)
+}
+
 // selects says whether the block selects the prefix p of the node's set:
 // p inside the cidr and inside none of the excepts. With the cidr and the
 // excepts in the set, an address's longest prefix is then selected
@@ -130,7 +136,7 @@ func (c *prefixCache) acquire(b IPBlock, user string, changed func(*cachedBlock,
 				cb.ids[pe.id] = struct{}{}
 			}
 		}
-		for _, p := range append([]netip.Prefix{b.CIDR}, b.Except...) {
+		for _, p := range b.prefixes() {
 			c.ref(p, changed)
 		}
 	}
@@ -149,7 +155,7 @@ func (c *prefixCache) release(key, user string, changed func(*cachedBlock, ident
 		return
 	}
 	delete(c.blocks, key)
-	for _, p := range append([]netip.Prefix{cb.block.CIDR}, cb.block.Except...) {
+	for _, p := range cb.block.prefixes() {
 		c.unref(p, changed)
 	}
 }
