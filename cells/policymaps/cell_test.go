@@ -306,6 +306,32 @@ func TestCookieFollowsPolicies(t *testing.T) {
 	}
 }
 
+// A key two entries of an endpoint share (overlapping port ranges) holds
+// the cookie of the one written last; when that one goes, the key stays
+// and takes the other's cookie.
+func TestSharedKeyCookieOnDelete(t *testing.T) {
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+	// 80-81 is the key 80/15; 80-82 is 80/15 and 82/16.
+	first := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 81)
+	first.Policies = []string{"default/first"}
+	a.put(first)
+	a.reconciled(t)
+	second := entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 82)
+	second.Policies = []string{"default/second"}
+	a.put(second)
+	a.reconciled(t)
+	if c := a.cookieOf(t, first); c != policymap.Cookie(second.Policies) {
+		t.Fatalf("shared key's cookie %#x, want that of the entry written last", c)
+	}
+	a.deleteEntry(second)
+	celltest.Eventually(t, "82/16 deleted", func() bool { return len(a.dump(t)) == 1 })
+	if c := a.cookieOf(t, first); c != policymap.Cookie(first.Policies) {
+		t.Fatalf("shared key's cookie %#x after the other entry went, want that of default/first", c)
+	}
+}
+
 // Prefix rows become prefix trie entries with their IDs, a prefix inside
 // another one too, and go with their rows.
 func TestPrefixesIntoMap(t *testing.T) {
