@@ -381,47 +381,41 @@ func listWatch(health cell.Health, resource string,
 }
 
 func servicesListWatch(cs k8sclient.Clientset, health cell.Health, store *objectStore[*corev1.Service]) *cache.ListWatch {
-	emptyList := func(rv string) runtime.Object {
-		return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
-	}
-	return listWatch(health, "Services",
-		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			if list, ok, err := store.streamList(cs, corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"), opts, emptyList); ok {
-				return list, err
-			}
-			if list, ok, err := store.watchList(ctx, func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-				return cs.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, opts)
-			}, emptyList); ok {
-				return list, err
-			}
-			return store.pagedList(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-				return cs.CoreV1().Services(metav1.NamespaceAll).List(ctx, opts)
-			}, emptyList)
-		},
-		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return cs.CoreV1().Services(metav1.NamespaceAll).Watch(ctx, opts)
+	return kindListWatch(cs, health, store, "Services", corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"),
+		cs.CoreV1().Services(metav1.NamespaceAll), func(rv string) runtime.Object {
+			return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
 		})
 }
 
 func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *objectStore[*discoveryv1.EndpointSlice]) *cache.ListWatch {
-	emptyList := func(rv string) runtime.Object {
-		return &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
-	}
-	return listWatch(health, "EndpointSlices",
+	return kindListWatch(cs, health, store, "EndpointSlices", discoveryv1.SchemeGroupVersion.WithResource("endpointslices"), discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"),
+		cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll), func(rv string) runtime.Object {
+			return &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
+		})
+}
+
+// kindListWatch lists and watches one kind (named plural in health) with
+// c, its typed client of every namespace, L being its list type. A
+// listing is the first of: the embedded server's stream (streamList), the
+// API server's streaming list (watchList), pages (pagedList); each ends
+// with emptyList, the Reflector's list of none at a resource version.
+func kindListWatch[T any, L runtime.Object](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
+	resource schema.GroupVersionResource, kind schema.GroupVersionKind, c interface {
+		List(context.Context, metav1.ListOptions) (L, error)
+		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
+	}, emptyList func(rv string) runtime.Object,
+) *cache.ListWatch {
+	return listWatch(health, plural,
 		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			if list, ok, err := store.streamList(cs, discoveryv1.SchemeGroupVersion.WithResource("endpointslices"), discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"), opts, emptyList); ok {
+			if list, ok, err := store.streamList(cs, resource, kind, opts, emptyList); ok {
 				return list, err
 			}
-			if list, ok, err := store.watchList(ctx, func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-				return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, opts)
-			}, emptyList); ok {
+			if list, ok, err := store.watchList(ctx, c.Watch, emptyList); ok {
 				return list, err
 			}
 			return store.pagedList(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-				return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).List(ctx, opts)
+				return c.List(ctx, opts)
 			}, emptyList)
 		},
-		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll).Watch(ctx, opts)
-		})
+		c.Watch)
 }
