@@ -441,10 +441,12 @@ func TestWatchRelistsAfterACompaction(t *testing.T) {
 }
 
 // cutProxy forwards TCP connections to an address until it is cut: then
-// it closes them and every new one, as a network partition would.
+// it closes them and every new one, as a network partition would. Moved
+// to another address, it closes them and forwards the next ones there.
 type cutProxy struct {
 	ln net.Listener
 	mu sync.Mutex
+	to string
 	on bool // cut
 	cs map[net.Conn]struct{}
 }
@@ -454,7 +456,7 @@ func newCutProxy(t *testing.T, to string) *cutProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cutProxy{ln: ln, cs: map[net.Conn]struct{}{}}
+	p := &cutProxy{ln: ln, to: to, cs: map[net.Conn]struct{}{}}
 	t.Cleanup(func() { ln.Close(); p.set(true) })
 	go func() {
 		for {
@@ -462,6 +464,9 @@ func newCutProxy(t *testing.T, to string) *cutProxy {
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			to := p.to
+			p.mu.Unlock()
 			out, err := net.Dial("tcp", to)
 			if err != nil {
 				in.Close()
@@ -490,11 +495,24 @@ func (p *cutProxy) set(cut bool) {
 	defer p.mu.Unlock()
 	p.on = cut
 	if cut {
-		for conn := range p.cs {
-			conn.Close()
-		}
-		clear(p.cs)
+		p.closeAll()
 	}
+}
+
+// moveTo forwards the next connections to addr, and closes the current
+// ones.
+func (p *cutProxy) moveTo(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.to = addr
+	p.closeAll()
+}
+
+func (p *cutProxy) closeAll() {
+	for conn := range p.cs {
+		conn.Close()
+	}
+	clear(p.cs)
 }
 
 // TestStoreReplaced: etcd is replaced by an empty one on the same
@@ -558,6 +576,75 @@ func TestStoreReplaced(t *testing.T) {
 		t.Fatalf("relists for a replaced store %v, want 1", n)
 	}
 	if st := c.Status(); st.State != StateConnected || !strings.Contains(st.LastError, "etcd was replaced: its revision went back") {
+		t.Fatalf("status after the replacement %+v", st)
+	}
+}
+
+// TestStoreReplacedAhead: etcd is replaced by another cluster whose
+// revisions are ahead of the ones the client read (a restore followed by
+// writes, a member rebuilt while others wrote): no revision goes back, but
+// the cluster ID changes. The client tells it by that: its watches, which
+// would resume at their old revision and miss what the new store had
+// before it, list again, and its leased keys are written in the new store.
+func TestStoreReplacedAhead(t *testing.T) {
+	old, replacement := etcdtest.Start(t), etcdtest.Start(t)
+	ctx := ctxT(t)
+	// The new store has state/w/c from the start, then revisions past
+	// those the old one will have reached.
+	rawNew := rawClient(t, replacement.Endpoint())
+	if _, err := rawNew.Put(ctx, "t11/state/w/c", "new"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if _, err := rawNew.Put(ctx, "t11/other", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rawOld := rawClient(t, old.Endpoint())
+	for _, k := range []string{"a", "b"} {
+		if _, err := rawOld.Put(ctx, "t11/state/w/"+k, "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy := newCutProxy(t, strings.TrimPrefix(old.Endpoint(), "http://"))
+	c := startClient(t, "http://"+proxy.addr(), "t11", func(c *etcdClient) {
+		c.statusBase, c.statusTimeout = 50*time.Millisecond, 500*time.Millisecond
+		c.leases.ttl = time.Minute
+	})
+	if _, err := c.UpdateIfDifferent(ctx, "state/ip/v1/10.0.0.1", []byte("mine"), Leased()); err != nil {
+		t.Fatal(err)
+	}
+	state, next := watchState(t, ctx, c.Watch(ctx, "state/w/"))
+	for next().Kind != EventListed {
+	}
+	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+	seen, _ := c.seenNow()
+	resp, err := rawNew.Get(ctx, "t11/other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oldRev, newRev := seen.rev, resp.Header.Revision; newRev <= oldRev {
+		t.Fatalf("the new store's revision %d is not ahead of the old one's %d", newRev, oldRev)
+	}
+
+	proxy.moveTo(strings.TrimPrefix(replacement.Endpoint(), "http://"))
+	for len(state) != 1 || state["state/w/c"] != "new" {
+		next()
+	}
+	if _, err := rawNew.Put(ctx, "t11/state/w/d", "1"); err != nil {
+		t.Fatal(err)
+	}
+	for state["state/w/d"] != "1" {
+		next()
+	}
+	celltest.Eventually(t, "the leased key written in the new store", func() bool {
+		resp, err := rawNew.Get(ctx, "t11/state/ip/v1/10.0.0.1")
+		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
+	})
+	if n := testutil.ToFloat64(c.metrics.storeReplaced); n != 1 {
+		t.Fatalf("store replacements counted %v, want 1", n)
+	}
+	if st := c.Status(); !strings.Contains(st.LastError, "etcd was replaced: its cluster ID changed") {
 		t.Fatalf("status after the replacement %+v", st)
 	}
 }
