@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -116,7 +116,7 @@ check-bpf: bpf
 
 # Every benchmark (as root; see docs/performance.md), then one summary line
 # per benchmark, `name key=value ...`.
-BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport
+BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport
 bench: $(BENCHES)
 	@echo "--- make bench"
 	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
@@ -199,6 +199,19 @@ bench-ipcache:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/ipcache -run '^$$' -bench 'KVStoreToMap|StartListed' -benchtime 1x -count 1 | tee $(BIN)/bench-ipcache.out
 	@grep -E '^(ipcache-bench|kvstore-start-bench)' $(BIN)/bench-ipcache.out
+
+# Identities and endpoints through the Kubernetes API (as root, with
+# etcd-server and the project's kube-apiserver): a pod's endpoint on node-1
+# until node-2's ipcache map has its identity, crd and kvstore mode side by
+# side, p50/p99 of 100 pods, and crd mode's API requests per pod start
+# (`remote-identity-bench mode=...`); an agent's memory per 1,000 remote
+# endpoints (`crd-memory-bench ...`); an agent's start against 1,000
+# CelliumIdentity and 10,000 CelliumEndpoint objects until every address is
+# in its ipcache map (`crd-start-bench ...`).
+bench-crd: kube-apiserver
+	@mkdir -p $(BIN)
+	$(GO) test ./cells/ipcache -run '^$$' -bench 'RemotePodIdentity|CRDStart' -benchtime 1x -count 1 -timeout 30m | tee $(BIN)/bench-crd.out
+	@grep -E '^(remote-identity-bench|crd-memory-bench|crd-start-bench)' $(BIN)/bench-crd.out
 
 # Nodes (as root, with etcd-server): 1,000 nodes appearing in the kvstore
 # until their routes, neighbors, fdb entries and ipcache entries are in the
