@@ -3,8 +3,10 @@ package nodes_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 func nodeValue(name, ip string, podCIDRs ...string) []byte {
@@ -188,5 +191,49 @@ func TestNodeKeysRefused(t *testing.T) {
 	}
 	a.wait(t, "only this node left: the refused keys changed nothing, node-c's turned bad", func(r map[string]*nodes.Node) bool {
 		return len(r) == 1 && r["node-a"] != nil && len(r["node-a"].Problems) == 0
+	})
+}
+
+// TestOwnNodeKeyAfterEtcdReplaced: etcd replaced by an empty one behind
+// the same endpoint (a restore, a rebuilt member): this node's key is
+// written again, leased, and a node key written to the new store is seen,
+// though the new store's revisions are behind those the agent had
+// watched to.
+func TestOwnNodeKeyAfterEtcdReplaced(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Revisions the empty store will not have reached when the agent
+	// reads it again.
+	for i := range 20 {
+		if _, err := raw.Put(ctx, "nodes/other", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := start(t, opts{name: "node-a", podCIDR: "10.244.10.0/24", nodeIP: []string{"192.0.2.20"}, etcd: etcd.Endpoint()})
+	published := func() (bool, string) {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		resp, err := raw.Get(ctx, "nodes/state/nodes/v1/node-a")
+		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false, fmt.Sprint(resp, err)
+		}
+		return true, ""
+	}
+	polltest.Until(t, "node-a's key published, leased", 10*time.Second, 20*time.Millisecond, published)
+
+	etcd.Wipe()
+	etcd.Restart()
+	polltest.Until(t, "node-a's key in the new etcd, leased", 30*time.Second, 50*time.Millisecond, published)
+	if _, err := raw.Put(ctx, "nodes/state/nodes/v1/node-n", string(nodeValue("node-n", "192.0.2.30", "10.244.30.0/24"))); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "node-n, written to the new etcd, known", func(r map[string]*nodes.Node) bool {
+		return r["node-n"] != nil && len(r["node-n"].PodCIDRs) == 1
 	})
 }
