@@ -176,12 +176,15 @@ bench-ctgc:
 # and 100 local endpoints; one new identity applied (time, CPU time,
 # entries written), and the Go heap per policy entry and per selector.
 # Ends with `policy-bench new_identity_us=...` and `policy-bench
-# bytes_per_entry=... bytes_per_selector=...`.
+# bytes_per_entry=... bytes_per_selector=...`; then (as root) the kernel
+# memory per entry of the policy trie (cells/policymaps, 65,500 entries):
+# `policy-map-bench memlock_bytes_per_entry=... kernel_bytes_per_entry=...`.
 bench-policy:
 	@mkdir -p $(BIN)
 	$(GO) test ./cells/policy -run '^$$' -bench 'FromScratch$$|Memory' -benchtime 1x -count 1 | tee $(BIN)/bench-policy.out
 	$(GO) test ./cells/policy -run '^$$' -bench 'NewIdentity' -benchtime 200x -count 1 | tee -a $(BIN)/bench-policy.out
-	@grep '^policy-bench' $(BIN)/bench-policy.out
+	$(GO) test ./cells/policymaps -run '^$$' -bench 'MapMemory' -benchtime 1x -count 1 | tee -a $(BIN)/bench-policy.out
+	@grep -E '^policy-(map-)?bench' $(BIN)/bench-policy.out
 
 # Identity allocation against a real etcd (as root, needs Debian's
 # etcd-server): 2,000 new label sets from 32 goroutines, then the same

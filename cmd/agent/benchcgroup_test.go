@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,7 +27,7 @@ type memCgroup struct {
 // memory hierarchy), removed at cleanup; nil, with the reason logged, when
 // there is none to be had.
 func newMemCgroup(b testing.TB) *memCgroup {
-	parent, v2, err := ownMemoryCgroup()
+	parent, v2, err := cgroup2.MemoryCgroup()
 	if err != nil {
 		b.Logf("agent not in a memory cgroup of its own (no cgroup working set): %v", err)
 		return nil
@@ -40,59 +39,6 @@ func newMemCgroup(b testing.TB) *memCgroup {
 	}
 	b.Cleanup(func() { os.Remove(dir) })
 	return &memCgroup{dir: dir, v2: v2}
-}
-
-// ownMemoryCgroup is the directory of this process's memory cgroup.
-func ownMemoryCgroup() (dir string, v2 bool, err error) {
-	self, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return "", false, err
-	}
-	var v1Path, v2Path string
-	for line := range strings.Lines(string(self)) {
-		fields := strings.SplitN(strings.TrimSpace(line), ":", 3)
-		if len(fields) != 3 {
-			continue
-		}
-		switch {
-		case fields[0] == "0" && fields[1] == "":
-			v2Path = fields[2]
-		case strings.Contains(","+fields[1]+",", ",memory,"):
-			v1Path = fields[2]
-		}
-	}
-	if mount, err := cgroup2.Mount(); err == nil && v2Path != "" {
-		dir := filepath.Join(mount, v2Path)
-		if ctl, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers")); err == nil && strings.Contains(" "+string(ctl)+" ", " memory ") {
-			return dir, true, nil
-		}
-	}
-	if v1Path == "" {
-		return "", false, fmt.Errorf("no memory controller in /proc/self/cgroup:\n%s", self)
-	}
-	mount, err := v1MemoryMount()
-	if err != nil {
-		return "", false, err
-	}
-	return filepath.Join(mount, v1Path), false, nil
-}
-
-// v1MemoryMount is where cgroup v1's memory hierarchy is mounted.
-func v1MemoryMount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		fields, super := strings.Fields(pre), strings.Fields(post)
-		if ok && len(fields) > 4 && len(super) > 2 && super[0] == "cgroup" && strings.Contains(","+super[2]+",", ",memory,") {
-			return fields[4], nil
-		}
-	}
-	return "", fmt.Errorf("no cgroup v1 memory hierarchy in /proc/self/mountinfo")
 }
 
 // wrap returns the command line that runs argv in the cgroup: a shell that

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -77,4 +78,59 @@ func unescapeMountinfo(s string) string {
 func IsCgroup2(dir string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// MemoryCgroup is the directory of this process's memory cgroup: in the
+// cgroup2 hierarchy when its cgroup there has the memory controller (v2
+// true), else in cgroup v1's memory hierarchy.
+func MemoryCgroup() (dir string, v2 bool, err error) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", false, err
+	}
+	var v1Path, v2Path string
+	for line := range strings.Lines(string(self)) {
+		fields := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(fields) != 3 {
+			continue
+		}
+		switch {
+		case fields[0] == "0" && fields[1] == "":
+			v2Path = fields[2]
+		case strings.Contains(","+fields[1]+",", ",memory,"):
+			v1Path = fields[2]
+		}
+	}
+	if mount, err := Mount(); err == nil && v2Path != "" {
+		dir := filepath.Join(mount, v2Path)
+		if ctl, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers")); err == nil && strings.Contains(" "+strings.TrimSpace(string(ctl))+" ", " memory ") {
+			return dir, true, nil
+		}
+	}
+	if v1Path == "" {
+		return "", false, fmt.Errorf("no memory controller in /proc/self/cgroup:\n%s", self)
+	}
+	mount, err := v1MemoryMount()
+	if err != nil {
+		return "", false, err
+	}
+	return filepath.Join(mount, v1Path), false, nil
+}
+
+// v1MemoryMount is where cgroup v1's memory hierarchy is mounted.
+func v1MemoryMount() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		fields, super := strings.Fields(pre), strings.Fields(post)
+		if ok && len(fields) > 4 && len(super) > 2 && super[0] == "cgroup" && strings.Contains(","+super[2]+",", ",memory,") {
+			return unescapeMountinfo(fields[4]), nil
+		}
+	}
+	return "", fmt.Errorf("no cgroup v1 memory hierarchy in /proc/self/mountinfo")
 }

@@ -1,0 +1,211 @@
+package policymaps
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/pkg/cgroup2"
+	"github.com/cellium/cellium/pkg/policymap"
+)
+
+// BenchmarkMapMemory: the kernel memory an entry of the policy trie costs,
+// the trie being created as the cell creates it (not preallocated,
+// --policy-map-max 65,536) and filled to 65,500 entries: 100 endpoints
+// with 655 allows each (an identity and a TCP port each, one key per
+// allow, half of them ingress). Two figures per entry:
+//
+//   - memlock: what the kernel accounts the map in its fdinfo (and `bpftool
+//     map show`), filled less empty, over the entries;
+//   - kernel: what the map's memory cgroup was charged for the entries:
+//     the map is created in an empty memory cgroup of the benchmark's own
+//     (the benchmark's process moves there for the creation only), whose
+//     kernel memory, filled less empty, over the entries, holds what
+//     memlock leaves out (the trie's intermediate nodes, the allocator's
+//     size classes and per-CPU caches). Without a memory cgroup to be had
+//     it is left out, with the reason logged.
+//
+// Beside them, the fixed costs of the two other policy maps: the
+// enforcement hash (preallocated, every endpoint ID) and the empty prefix
+// trie. Prints `policy-map-bench entries=... memlock_bytes_per_entry=...
+// kernel_bytes_per_entry=... enforcement_memlock_kb=...`.
+//
+//	go test ./cells/policymaps -run '^$' -bench MapMemory -benchtime 1x
+func BenchmarkMapMemory(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("BPF maps need root")
+	}
+	const endpoints, perEndpoint = 100, 655
+	var memlockPer, kernelPer float64
+	var enforcementKB, prefixKB float64
+	for b.Loop() {
+		cg := newKernelCgroup(b)
+		var trie *ebpf.Map
+		cg.in(b, func() {
+			var err error
+			trie, err = ebpf.NewMap(&ebpf.MapSpec{
+				Name: policymap.MapName, Type: ebpf.LPMTrie, MaxEntries: 1 << 16, Flags: unix.BPF_F_NO_PREALLOC,
+				KeySize: uint32(unsafe.Sizeof(policymap.Key{})), ValueSize: uint32(unsafe.Sizeof(policymap.Value{})),
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+		memlock0, kernel0 := memlock(b, trie), cg.kernel(b)
+		n := 0
+		for ep := range endpoints {
+			for i := range perEndpoint {
+				dir := policymap.Ingress
+				if i%2 == 1 {
+					dir = policymap.Egress
+				}
+				keys, err := policymap.KeysOf(policymap.Allow{EndpointID: uint16(ep + 1), Direction: dir,
+					Identity: uint32(10000 + i*37%5000), Proto: unix.IPPROTO_TCP, Port: uint16(1000 + i)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, k := range keys {
+					if err := trie.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: uint32(i)}); err != nil {
+						b.Fatalf("put entry %d (%+v): %v", n, k, err)
+					}
+					n++
+				}
+			}
+		}
+		memlockPer = float64(memlock(b, trie)-memlock0) / float64(n)
+		kernelPer = -1
+		if cg != nil {
+			kernelPer = float64(cg.kernel(b)-kernel0) / float64(n)
+		}
+		trie.Close()
+
+		enf, err := ebpf.NewMap(&ebpf.MapSpec{Name: policymap.EnforcementMapName, Type: ebpf.Hash,
+			KeySize: 4, ValueSize: uint32(unsafe.Sizeof(policymap.Enforcement{})), MaxEntries: policymap.EnforcementMaxEntries})
+		if err != nil {
+			b.Fatal(err)
+		}
+		enforcementKB = float64(memlock(b, enf)) / 1024
+		enf.Close()
+		pre, err := ebpf.NewMap(&ebpf.MapSpec{Name: policymap.PrefixMapName, Type: ebpf.LPMTrie, Flags: unix.BPF_F_NO_PREALLOC,
+			KeySize: uint32(unsafe.Sizeof(policymap.PrefixKey{})), ValueSize: uint32(unsafe.Sizeof(policymap.PrefixValue{})), MaxEntries: policymap.PrefixMaxEntries})
+		if err != nil {
+			b.Fatal(err)
+		}
+		prefixKB = float64(memlock(b, pre)) / 1024
+		pre.Close()
+		if n != endpoints*perEndpoint {
+			b.Fatalf("%d keys written, want %d", n, endpoints*perEndpoint)
+		}
+	}
+	b.ReportMetric(memlockPer, "memlock-B/entry")
+	b.ReportMetric(kernelPer, "kernel-B/entry")
+	fmt.Printf("policy-map-bench entries=%d memlock_bytes_per_entry=%.0f kernel_bytes_per_entry=%.0f enforcement_memlock_kb=%.0f prefix_empty_memlock_kb=%.0f\n",
+		endpoints*perEndpoint, memlockPer, kernelPer, enforcementKB, prefixKB)
+}
+
+// memlock is the map's memlock in its fdinfo, in bytes.
+func memlock(b *testing.B, m *ebpf.Map) uint64 {
+	path := fmt.Sprintf("/proc/self/fdinfo/%d", m.FD())
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "memlock:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				b.Fatalf("%s: %q: %v", path, line, err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("%s: no memlock line:\n%s", path, data)
+	return 0
+}
+
+// kernelCgroup is an empty memory cgroup below the benchmark's own, to
+// create a map in: the kernel charges a map's elements to the cgroup it
+// was created in.
+type kernelCgroup struct {
+	parent, dir string
+	v2          bool
+}
+
+// newKernelCgroup makes it, removed at cleanup (after what the benchmark
+// closed before); nil, with the reason logged, when there is none to be
+// had.
+func newKernelCgroup(b *testing.B) *kernelCgroup {
+	parent, v2, err := cgroup2.MemoryCgroup()
+	if err != nil {
+		b.Logf("no kernel memory figure: %v", err)
+		return nil
+	}
+	dir, err := os.MkdirTemp(parent, "cellium-policymap-bench-")
+	if err != nil {
+		b.Logf("no kernel memory figure: %v", err)
+		return nil
+	}
+	b.Cleanup(func() { os.Remove(dir) })
+	return &kernelCgroup{parent: parent, dir: dir, v2: v2}
+}
+
+// in runs fn with the benchmark's process in the cgroup (all of it: a
+// cgroup holds processes), and moves it back to its own after. Without a
+// cgroup it just runs fn.
+func (c *kernelCgroup) in(b *testing.B, fn func()) {
+	if c == nil {
+		fn()
+		return
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), pid, 0); err != nil {
+		b.Fatalf("move the benchmark into %s: %v", c.dir, err)
+	}
+	defer func() {
+		if err := os.WriteFile(filepath.Join(c.parent, "cgroup.procs"), pid, 0); err != nil {
+			b.Fatalf("move the benchmark back to %s: %v", c.parent, err)
+		}
+	}()
+	fn()
+}
+
+// kernel is the kernel memory charged to the cgroup, in bytes: v2's
+// memory.stat kernel, v1's memory.kmem.usage_in_bytes.
+func (c *kernelCgroup) kernel(b *testing.B) uint64 {
+	if c == nil {
+		return 0
+	}
+	if !c.v2 {
+		data, err := os.ReadFile(filepath.Join(c.dir, "memory.kmem.usage_in_bytes"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+		if err != nil {
+			b.Fatalf("%s/memory.kmem.usage_in_bytes: %v", c.dir, err)
+		}
+		return n
+	}
+	data, err := os.ReadFile(filepath.Join(c.dir, "memory.stat"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "kernel "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				b.Fatalf("%s/memory.stat: %q: %v", c.dir, line, err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("%s/memory.stat: no kernel line", c.dir)
+	return 0
+}
