@@ -24,7 +24,7 @@ IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
-.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
+.PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-policy-datapath bench-policy-converge bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
@@ -116,7 +116,7 @@ check-bpf: bpf
 
 # Every benchmark (as root; see docs/performance.md), then one summary line
 # per benchmark, `name key=value ...`.
-BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-probe bench-masq bench-nodeport
+BENCHES := bench-lb bench-agent bench-cni bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-policy-datapath bench-policy-converge bench-probe bench-masq bench-nodeport
 bench: $(BENCHES)
 	@echo "--- make bench"
 	@for b in $(BENCHES); do grep -h -E '^[a-z0-9-]+-bench ' $(BIN)/$$b.out; done
@@ -240,6 +240,25 @@ bench-policy-window:
 	@mkdir -p $(BIN)
 	$(GO) test ./pkg/devcluster -run '^$$' -bench CrossNodePolicyWindow -benchtime 1x -count 1 | tee $(BIN)/bench-policy-window.out
 	@grep '^policy-window-bench' $(BIN)/bench-policy-window.out
+
+# Policy in the datapath on a one-node dev-cluster (as root, with
+# etcd-server): pod-to-pod round trips, new connections and TCP throughput
+# with an allow policy isolating both pods against no policy, alternating
+# in one run: `policy-datapath-bench rr_ratio=... crr_ratio=...
+# gbps_ratio=...` (policy over none; docs/performance.md).
+bench-policy-datapath:
+	@mkdir -p $(BIN)
+	$(GO) test ./pkg/devcluster -run '^$$' -bench PolicyDatapath -benchtime 1x -count 1 | tee $(BIN)/bench-policy-datapath.out
+	@grep '^policy-datapath-bench' $(BIN)/bench-policy-datapath.out
+
+# Policy convergence on a one-node dev-cluster of 100 pods (as root, with
+# etcd-server): a NetworkPolicy selecting all of them written (and
+# removed) until the last pod's key is in (out of) the policy trie:
+# `policy-converge-bench add_p50_ms=... delete_p50_ms=...`.
+bench-policy-converge:
+	@mkdir -p $(BIN)
+	$(GO) test ./pkg/devcluster -run '^$$' -bench PolicyConvergence -benchtime 1x -count 1 -timeout 30m | tee $(BIN)/bench-policy-converge.out
+	@grep '^policy-converge-bench' $(BIN)/bench-policy-converge.out
 
 # NodePort (as root, with etcd-server): request/response round trips and a
 # bulk TCP stream (Gbit/s, machine CPU seconds per Gbit) from outside
