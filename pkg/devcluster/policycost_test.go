@@ -79,13 +79,15 @@ spec:
 // time. Prints `policy-datapath-bench rr_ratio=... crr_ratio=...
 // gbps_ratio=...`, each the median over the rounds of the round's policy
 // figure over its no-policy one, then each side's figures (means over
-// the rounds, the slowest p99), `*_prog_ns` and the load average.
+// the rounds, the slowest p99), the programs' mean run time in each
+// measurement (`*_prog_ns`), per new connection and per Gbit sent, and
+// the load average.
 //
 //	go test ./pkg/devcluster -run '^$' -bench PolicyDatapath -benchtime 1x
 func BenchmarkPolicyDatapath(b *testing.B) {
 	const (
 		d      = time.Second
-		rounds = 7
+		rounds = 11
 	)
 	c := devclustertest.Start(b, devcluster.Options{Nodes: 1})
 	server := c.AddPod("node-1", "server", map[string]string{"app": "server"})
@@ -99,9 +101,19 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 	load0 := loadAverage(b)
 
 	// setPolicy writes or removes the manifest and waits until the
-	// datapath enforces it, or not.
+	// datapath enforces it, or not; then until settle has passed since it
+	// began. Checking that the policy is in force takes probes that time
+	// out (600 ms), checking that it is gone takes a few ms: on a loaded
+	// machine a phase that follows a pause got more of the CPUs than one
+	// that follows a busy phase (the scheduler credits the time the
+	// benchmark's processes slept), which favoured the policy phases by up
+	// to 2.6 times in new connections. Both phases now follow the same
+	// pause.
+	const settle = 1500 * time.Millisecond
 	setPolicy := func(on bool) {
 		b.Helper()
+		start := time.Now()
+		defer func() { time.Sleep(time.Until(start.Add(settle))) }()
 		if on {
 			c.WriteManifest("policy-cost.yaml", policyCostManifest)
 		} else if err := c.RemoveManifest("policy-cost.yaml"); err != nil {
@@ -189,6 +201,7 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 	b.StopTimer()
 	none, pol := sides[0], sides[1]
 	gbps := func(s side) float64 { return s.gbit / s.seconds }
+	perGbit := func(s side) float64 { return float64(s.bulkProg.runtime.Microseconds()) / 1000 / s.gbit }
 	perConn := func(s side) float64 { return float64(s.crrProg.runtime.Nanoseconds()) / 1000 / float64(s.conns) }
 	// ratio is the median over the rounds of policy over no policy:
 	// the two sides of a round ran one after the other.
@@ -204,13 +217,13 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 		" rps=%.0f policy_rps=%.0f p99_us=%d policy_p99_us=%d"+
 		" crr_per_s=%.0f policy_crr_per_s=%.0f crr_p99_us=%d policy_crr_p99_us=%d"+
 		" gbps=%.2f policy_gbps=%.2f cpu_s_per_gbit=%.3f policy_cpu_s_per_gbit=%.3f"+
-		" rr_prog_ns=%.0f policy_rr_prog_ns=%.0f crr_prog_ns=%.0f policy_crr_prog_ns=%.0f crr_prog_us_per_conn=%.2f policy_crr_prog_us_per_conn=%.2f bulk_prog_ns=%.0f policy_bulk_prog_ns=%.0f"+
+		" rr_prog_ns=%.0f policy_rr_prog_ns=%.0f crr_prog_ns=%.0f policy_crr_prog_ns=%.0f crr_prog_us_per_conn=%.2f policy_crr_prog_us_per_conn=%.2f bulk_prog_ns=%.0f policy_bulk_prog_ns=%.0f bulk_prog_ms_per_gbit=%.2f policy_bulk_prog_ms_per_gbit=%.2f"+
 		" agent_cpu_s=%.2f policy_agent_cpu_s=%.2f load=%s..%s\n",
 		rounds, ratio(pol.rr, none.rr), ratio(pol.crr, none.crr), ratio(pol.gbps, none.gbps),
 		none.rrs, pol.rrs, none.rrP99.Microseconds(), pol.rrP99.Microseconds(),
 		none.crrs, pol.crrs, none.crrP99.Microseconds(), pol.crrP99.Microseconds(),
 		gbps(none), gbps(pol), none.busy/none.gbit, pol.busy/pol.gbit,
-		none.rrProg.ns(), pol.rrProg.ns(), none.crrProg.ns(), pol.crrProg.ns(), perConn(none), perConn(pol), none.bulkProg.ns(), pol.bulkProg.ns(),
+		none.rrProg.ns(), pol.rrProg.ns(), none.crrProg.ns(), pol.crrProg.ns(), perConn(none), perConn(pol), none.bulkProg.ns(), pol.bulkProg.ns(), perGbit(none), perGbit(pol),
 		none.agentCPU.Seconds(), pol.agentCPU.Seconds(), load0, loadAverage(b))
 }
 
