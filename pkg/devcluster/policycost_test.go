@@ -104,11 +104,10 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 	// datapath enforces it, or not; then until settle has passed since it
 	// began. Checking that the policy is in force takes probes that time
 	// out (600 ms), checking that it is gone takes a few ms: on a loaded
-	// machine a phase that follows a pause got more of the CPUs than one
-	// that follows a busy phase (the scheduler credits the time the
-	// benchmark's processes slept), which favoured the policy phases by up
-	// to 2.6 times in new connections. Both phases now follow the same
-	// pause.
+	// machine the policy phases, which followed that pause, made up to 2.6
+	// times the new connections of the others (likely the scheduler's
+	// credit for the time the benchmark's processes slept). Both phases
+	// now follow the same pause.
 	const settle = 1500 * time.Millisecond
 	setPolicy := func(on bool) {
 		b.Helper()
