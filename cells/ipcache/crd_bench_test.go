@@ -42,6 +42,7 @@ import (
 	"github.com/cellium/cellium/pkg/k8sapi"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 	"github.com/cellium/cellium/pkg/labels"
+	"github.com/cellium/cellium/pkg/procstat"
 )
 
 var (
@@ -338,14 +339,14 @@ func BenchmarkCRDStart(b *testing.B) {
 	watcher.stop(b)
 
 	b.ResetTimer()
-	cpu0 := processCPU(b, c.kas.PID)
+	cpu0 := apiServerCPU(b, c.kas)
 	start = time.Now()
 	n := c.startAgent(b, "node-3", "crd")
 	waitListed(b, n, 2*time.Minute)
 	listed := time.Since(start)
 	waitCount(b, "endpoints in the new agent's ipcache map", 5*time.Minute, nEps, func() int { return k8sInMap(n) })
 	inMap := time.Since(start)
-	cpu := processCPU(b, c.kas.PID) - cpu0
+	cpu := apiServerCPU(b, c.kas) - cpu0
 	b.StopTimer()
 	if got := clusterIdentities(n); got != nIDs {
 		b.Fatalf("%d identities in the new agent's table, want %d", got, nIDs)
@@ -459,47 +460,21 @@ func memMark(b *testing.B) (heap, rss uint64) {
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	status, err := os.ReadFile("/proc/self/status")
+	rss, err := procstat.RSS(0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				b.Fatalf("VmRSS %q: %v", v, err)
-			}
-			return ms.HeapAlloc, kb * 1024
-		}
-	}
-	b.Fatal("no VmRSS in /proc/self/status")
-	return 0, 0
+	return ms.HeapAlloc, rss
 }
 
-// processCPU is the user and system CPU time of process pid (proc(5):
-// utime and stime, fields 14 and 15 of /proc/PID/stat, in clock ticks of
-// 1/100 s on Linux).
-func processCPU(b *testing.B, pid int) time.Duration {
+// apiServerCPU is the CPU time kas has spent so far.
+func apiServerCPU(b *testing.B, kas *kubeapitest.Server) time.Duration {
 	b.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := procstat.CPU(kas.PID)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The command name may hold spaces: count fields after its ')'.
-	_, rest, ok := strings.Cut(string(stat), ") ")
-	fields := strings.Fields(rest)
-	if !ok || len(fields) < 13 {
-		b.Fatalf("/proc/%d/stat: %q", pid, stat)
-	}
-	var ticks int64
-	for _, f := range fields[11:13] {
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/%d/stat: %v", pid, err)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return d
 }
 
 // loadAvg is the 1-minute load average.

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
+	"github.com/cellium/cellium/pkg/procstat"
 )
 
 var benchClients = flag.Int("bench.clients", 20, "How many agents' list-and-watch of Services and EndpointSlices BenchmarkScaleCluster starts at once (clients in the benchmark's process)")
@@ -111,7 +111,11 @@ type apiServerMark struct {
 }
 
 func (m *apiServerMeter) mark(b testing.TB) apiServerMark {
-	return apiServerMark{cpu: processCPU(b, m.pid), sent: m.proxy.sent.Load()}
+	cpu, err := procstat.CPU(m.pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return apiServerMark{cpu: cpu, sent: m.proxy.sent.Load()}
 }
 
 // since is the CPU time and the MB sent since mark.
@@ -121,45 +125,11 @@ func (m *apiServerMeter) since(b testing.TB, mark apiServerMark) (cpuS, sentMB f
 }
 
 func (m *apiServerMeter) rss(b testing.TB) float64 {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.pid))
+	n, err := procstat.RSS(m.pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			if err != nil {
-				b.Fatalf("VmRSS of %d: %v", m.pid, err)
-			}
-			return kb / 1024
-		}
-	}
-	b.Fatalf("no VmRSS in /proc/%d/status", m.pid)
-	return 0
-}
-
-// processCPU is the user and system CPU time of process pid (proc(5): the
-// 14th and 15th fields of stat, in clock ticks of 1/100 s on Linux).
-func processCPU(b testing.TB, pid int) time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The command name, in parentheses, may hold spaces: count from after it.
-	i := strings.LastIndexByte(string(stat), ')')
-	fields := strings.Fields(string(stat[i+1:]))
-	if len(fields) < 13 {
-		b.Fatalf("/proc/%d/stat: %q", pid, stat)
-	}
-	var ticks int64
-	for _, f := range fields[11:13] {
-		t, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/%d/stat: %v", pid, err)
-		}
-		ticks += t
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return float64(n) / (1 << 20)
 }
 
 // countingProxy forwards TCP connections to the API server and counts the

@@ -13,13 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/procstat"
 )
 
 // BenchmarkAdd is the latency of a CNI ADD, from the runtime's exec of the
@@ -307,33 +307,18 @@ func runPlugin(name string, env map[string]string, stdin []byte) ([]byte, error)
 
 // procCPU is a process's user and system CPU time so far.
 func procCPU(b *testing.B, pid int) time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := procstat.CPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The fields after the command name, which is in parentheses.
-	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
-	utime, _ := strconv.ParseInt(fields[11], 10, 64)
-	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	// Clock ticks: USER_HZ is 100 on Linux.
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }
 
 // procRSS is a process's resident set in MiB.
 func procRSS(b *testing.B, pid int) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := procstat.RSS(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return kb / 1024
-		}
-	}
-	b.Fatal("no VmRSS in /proc/PID/status")
-	return 0
+	return float64(n) / (1 << 20)
 }
