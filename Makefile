@@ -73,7 +73,7 @@ test-k8s: kube-apiserver
 # module of its own under $$XDG_CACHE_HOME/cellium (~/.cache/cellium):
 # minutes the first time on a machine, nothing afterwards.
 kube-apiserver:
-	GO=$(GO) $(GO) run ./pkg/kubeapitest/build_kube_apiserver.go
+	GO=$(GO) $(GO) run ./pkg/kubeapiserver/build_kube_apiserver.go
 
 # Every Go fuzz target (func FuzzXxx in a _test.go file) for FUZZTIME each.
 # `make test` already runs their seed corpora; this explores beyond them. A

@@ -95,7 +95,8 @@ func newDevClusterCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "dev-cluster",
 		Short: "Run a cluster of agents on this machine: a network namespace per node, a shared etcd",
 		Long: "Build a cluster of N nodes on this machine, to try Cellium or to test it: a network\n" +
-			"namespace per node on a private bridge, a shared etcd, one agent per node with its own\n" +
+			"namespace per node on a private bridge, a shared etcd (or, with up\n" +
+			"--identity-allocation-mode=crd, a kube-apiserver), one agent per node with its own\n" +
 			"state, BPF pins and cgroup, and pods made through the agents' CNI plugin. Nothing the\n" +
 			"cluster sends leaves the machine. Needs root. See docs/dev-cluster.md.",
 	}
@@ -170,7 +171,12 @@ func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 		Long: "Build the cluster: the bridge namespace, a namespace and a cgroup per node, etcd,\n" +
 			"the Node manifests, and an agent per node (this binary, `agent run`); return once\n" +
 			"every agent is ready and print the cluster's status. The agents and etcd keep\n" +
-			"running until `agent dev-cluster down`. On failure, what was made is removed.",
+			"running until `agent dev-cluster down`. On failure, what was made is removed.\n\n" +
+			"With --identity-allocation-mode=crd the agents share no etcd: the cluster runs a\n" +
+			"real kube-apiserver on it (built by `make kube-apiserver`) in the bridge namespace,\n" +
+			"applies deploy/rbac.yaml, and the agents talk to it as the DaemonSet's ServiceAccount;\n" +
+			"Nodes and Pods are written there, and identities and endpoints are CelliumIdentity and\n" +
+			"CelliumEndpoint objects, whose CRDs the first agent installs.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireRootFor(cmd); err != nil {
@@ -193,6 +199,9 @@ func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 	fl.StringArrayVar(&o.AgentArgs, "agent-flag", nil, "A flag for every agent, such as --agent-flag=--log-level=debug (repeat for more)")
 	fl.StringVar(&o.CNIBinary, "cni-bin", "", "The cellium-cni plugin (default: next to this binary)")
 	fl.StringVar(&o.EtcdBinary, "etcd-bin", "", "The etcd server (default: $ETCD_BIN, else etcd on the PATH)")
+	fl.StringVar(&o.IdentityMode, "identity-allocation-mode", devcluster.IdentityKVStore,
+		"Where the agents keep cluster-wide identities: kvstore (they share etcd) or crd (CelliumIdentity and CelliumEndpoint objects in a real kube-apiserver the cluster runs, with deploy/rbac.yaml's RBAC; no kvstore)")
+	fl.StringVar(&o.KubeAPIServerBinary, "kube-apiserver-bin", "", "The kube-apiserver of --identity-allocation-mode=crd (default: $KUBE_APISERVER_BIN, else the one `make kube-apiserver` built)")
 	fl.DurationVar(&o.ReadyTimeout, "ready-timeout", 2*time.Minute, "How long each agent may take to be ready")
 	out.register(cmd)
 	return cmd
@@ -227,7 +236,19 @@ func printDevClusterStatus(w io.Writer, st devcluster.Status, f *devClusterFlags
 	case st.Etcd.Running:
 		etcd = fmt.Sprintf("unhealthy (pid %d)", st.Etcd.PID)
 	}
-	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\nManifests: %s\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd, st.ManifestsDir)
+	fmt.Fprintf(w, "Cluster:   %s (%s) in %s\nEtcd:      %s, %s\n", st.Name, st.Phase, st.Dir, st.Etcd.URL, etcd)
+	if k := st.KubeAPI; k != nil {
+		state := "not running"
+		switch {
+		case k.Running && k.Ready:
+			state = fmt.Sprintf("ready (pid %d)", k.PID)
+		case k.Running:
+			state = fmt.Sprintf("not ready (pid %d)", k.PID)
+		}
+		fmt.Fprintf(w, "Kube API:  %s, %s; identities: crd (no kvstore)\nKubectl:   nsenter --net=%s kubectl --kubeconfig %s\n", k.URL, state, k.NetNS, k.Kubeconfig)
+	} else {
+		fmt.Fprintf(w, "Manifests: %s\n", st.ManifestsDir)
+	}
 	if r := st.Relay; r != nil {
 		state := "not running"
 		if r.Running {

@@ -34,7 +34,22 @@ const healthPort = "9879"
 // override these.
 func agentFlags(s *state, n Node) []string {
 	tls := s.hubbleTLS()
-	return append([]string{
+	// The cluster's shared state: etcd and each agent's embedded API
+	// server of the manifests directory, or the kube-apiserver alone.
+	shared := []string{
+		"--kvstore", "etcd",
+		"--kvstore-opt", "etcd.address=" + s.etcdURL(),
+		"--k8s-mode", "embedded",
+		"--k8s-manifests-dir", s.manifestsDir(),
+	}
+	if s.crd() {
+		shared = []string{
+			"--k8s-mode", "kubeconfig",
+			"--kubeconfig", s.agentKubeconfig(),
+			"--identity-allocation-mode", "crd",
+		}
+	}
+	return slices.Concat(shared, []string{
 		"--node-name", n.Name,
 		"--node-ip", n.IPv4.String() + "," + n.IPv6.String(),
 		"--routing-mode", s.RoutingMode,
@@ -51,10 +66,6 @@ func agentFlags(s *state, n Node) []string {
 		"--hubble-tls-cert-file", tls.NodeCert(n.Name),
 		"--hubble-tls-key-file", tls.NodeKey(n.Name),
 		"--hubble-tls-client-ca-files", tls.CA,
-		"--kvstore", "etcd",
-		"--kvstore-opt", "etcd.address=" + s.etcdURL(),
-		"--k8s-mode", "embedded",
-		"--k8s-manifests-dir", s.manifestsDir(),
 		"--ipam", "kubernetes",
 		"--log-format", "text",
 		// An eighth of the default sizes: the maps are preallocated kernel
@@ -63,7 +74,7 @@ func agentFlags(s *state, n Node) []string {
 		"--conntrack-tcp-max", "65536",
 		"--conntrack-any-max", "32768",
 		"--lb-sock-revnat-map-max", "32768",
-	}, s.AgentArgs...)
+	}, s.AgentArgs)
 }
 
 // startAgent starts n's agent in its namespace and records its PID.
@@ -225,7 +236,7 @@ func (c *Cluster) RemoveNode(ctx context.Context, node string) error {
 			}
 		}
 		s.Pods = kept
-		if err := removeManifest(s.manifestsDir(), nodeManifest(n.Name)); err != nil {
+		if err := s.removeManifest(nodeManifest(n.Name)); err != nil {
 			errs = append(errs, err)
 		}
 		errs = append(errs, c.removeNode(ctx, s, *n)...)
@@ -236,6 +247,17 @@ func (c *Cluster) RemoveNode(ctx context.Context, node string) error {
 		for _, ip := range podIPs {
 			if ip.IsValid() {
 				keys = append(keys, "cellium/state/ip/v1/"+ip.String())
+			}
+		}
+		if s.crd() {
+			// No kvstore keys; its pods' CelliumEndpoint objects went
+			// with their CNI DEL, unless its agent was dead: then they
+			// go here, as Kubernetes' garbage collector, which no
+			// controller manager runs here, would take them with their
+			// Pods.
+			keys = nil
+			if err := s.kubeDeleteNodeEndpoints(n.Name); err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
 			}
 		}
 		if err := c.etcdDelete(ctx, s, keys...); err != nil {

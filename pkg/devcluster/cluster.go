@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cellium/cellium/pkg/cgroup2"
+	"github.com/cellium/cellium/pkg/kubeapiserver"
 	"github.com/cellium/cellium/pkg/netnsrun"
 	"github.com/cellium/cellium/pkg/statefile"
 )
@@ -38,6 +39,14 @@ type Options struct {
 	// EtcdBinary is Debian's etcd-server. Default $ETCD_BIN, else etcd on
 	// the PATH.
 	EtcdBinary string
+	// IdentityMode is where the agents keep cluster-wide identities:
+	// IdentityKVStore (default: the agents share etcd and each serves the
+	// manifests directory) or IdentityCRD (a real kube-apiserver on the
+	// cluster's etcd, with deploy/rbac.yaml's RBAC; no kvstore).
+	IdentityMode string
+	// KubeAPIServerBinary is the kube-apiserver of crd mode. Default
+	// $KUBE_APISERVER_BIN, else the one `make kube-apiserver` built.
+	KubeAPIServerBinary string
 	// BPFRoot is the agents' --bpf-root. Default /sys/fs/bpf.
 	BPFRoot string
 	// RoutingMode is the agents' --routing-mode: tunnel (default) or
@@ -112,6 +121,22 @@ func (o *Options) complete() error {
 	}
 	if err := executable("etcd binary", o.EtcdBinary); err != nil {
 		return err
+	}
+	switch o.IdentityMode {
+	case "":
+		o.IdentityMode = IdentityKVStore
+	case IdentityKVStore:
+	case IdentityCRD:
+		if o.KubeAPIServerBinary == "" {
+			if o.KubeAPIServerBinary, err = kubeapiserver.Binary(); err != nil {
+				return fmt.Errorf("identity allocation mode crd runs a kube-apiserver: %w", err)
+			}
+		}
+		if err := executable("kube-apiserver binary", o.KubeAPIServerBinary); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("invalid identity allocation mode %q: want kvstore or crd", o.IdentityMode)
 	}
 	if o.BPFRoot == "" {
 		o.BPFRoot = "/sys/fs/bpf"
@@ -318,6 +343,18 @@ func (c *Cluster) build(ctx context.Context, s *state) error {
 	if err := c.startEtcd(ctx, s); err != nil {
 		return err
 	}
+	if s.crd() {
+		if err := c.startKubeAPI(ctx, s); err != nil {
+			return err
+		}
+	}
+	// Into the manifests directory, or the kube-apiserver: the Nodes as
+	// kubelets would register them.
+	for _, n := range s.Nodes {
+		if err := s.writeManifest(nodeManifest(n.Name), nodeObject(n)); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
 	for i := range s.Nodes {
 		if err := c.startAgent(s, &s.Nodes[i]); err != nil {
 			return err
@@ -341,7 +378,7 @@ func (c *Cluster) buildNode(s *state, n *Node) error {
 			return err
 		}
 	}
-	return writeManifest(s.manifestsDir(), nodeManifest(n.Name), nodeObject(*n))
+	return nil
 }
 
 // Load opens the cluster in dir. Without a cluster there, the error is
@@ -442,7 +479,11 @@ func (c *Cluster) WriteManifest(name string, data []byte) error {
 	if err := checkManifestName(name); err != nil {
 		return err
 	}
-	return statefile.WriteMode(filepath.Join(c.ManifestsDir(), name), data, 0o644)
+	s := c.snapshot()
+	if err := statefile.WriteMode(filepath.Join(s.manifestsDir(), name), data, 0o644); err != nil {
+		return err
+	}
+	return s.kubeApply(name, data)
 }
 
 // RemoveManifest removes a manifest WriteManifest wrote; its objects are
@@ -451,5 +492,5 @@ func (c *Cluster) RemoveManifest(name string) error {
 	if err := checkManifestName(name); err != nil {
 		return err
 	}
-	return removeManifest(c.ManifestsDir(), name)
+	return c.snapshot().removeManifest(name)
 }

@@ -65,6 +65,9 @@ func (c *Cluster) down(ctx context.Context, s *state) error {
 			keep(fmt.Errorf("node %s: stop agent: %w", n.Name, err))
 		}
 	}
+	if err := s.KubeAPI.stop(ctx, stopGrace); err != nil {
+		keep(fmt.Errorf("stop kube-apiserver: %w", err))
+	}
 	if err := s.Etcd.stop(ctx, stopGrace); err != nil {
 		keep(fmt.Errorf("stop etcd: %w", err))
 	}

@@ -74,18 +74,35 @@ func podObject(p Pod) object {
 
 // writeManifest writes obj as YAML into the manifests directory,
 // atomically: the agents never read half a file (the temporary one's
-// extension is none they read).
-func writeManifest(dir, name string, obj any) error {
+// extension is none they read). With a kube-apiserver (crd mode) it
+// applies obj there too.
+func (s *state) writeManifest(name string, obj any) error {
 	data, err := yaml.Marshal(obj)
 	if err != nil {
 		return fmt.Errorf("manifest %s: %w", name, err)
 	}
 	header := "# Written by agent dev-cluster; removed with what it describes.\n"
-	return statefile.WriteMode(filepath.Join(dir, name), append([]byte(header), data...), 0o644)
+	if err := statefile.WriteMode(filepath.Join(s.manifestsDir(), name), append([]byte(header), data...), 0o644); err != nil {
+		return err
+	}
+	return s.kubeApply(name, data)
 }
 
-func removeManifest(dir, name string) error {
-	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+// removeManifest removes a manifest, and with a kube-apiserver (crd mode)
+// the objects it holds from there.
+func (s *state) removeManifest(name string) error {
+	path := filepath.Join(s.manifestsDir(), name)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove manifest: %w", err)
+	}
+	if err := s.kubeDelete(name, data); err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove manifest: %w", err)
 	}
 	return nil

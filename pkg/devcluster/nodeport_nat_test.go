@@ -159,8 +159,9 @@ func shortConnection(to netip.AddrPort, seen netip.Addr) error {
 	return nil
 }
 
-// natMapInfo is node-1's NodePort NAT map as the agent describes it.
-func natMapInfo(t *testing.T, api *client.Client) apiv1.Map {
+// agentMapInfo is the agent's map called name as the agent describes it
+// (its pin path, its number of entries).
+func agentMapInfo(t *testing.T, api *client.Client, name string) apiv1.Map {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -169,18 +170,18 @@ func natMapInfo(t *testing.T, api *client.Client) apiv1.Map {
 		t.Fatalf("list the agent's maps: %v", err)
 	}
 	for _, m := range maps {
-		if m.Name == nodeportmap.MapName {
+		if m.Name == name {
 			return m
 		}
 	}
-	t.Fatalf("the agent has no map %s", nodeportmap.MapName)
+	t.Fatalf("the agent has no map %s", name)
 	return apiv1.Map{}
 }
 
 // openNATMap opens node-1's NodePort NAT map at the pin the agent names.
 func openNATMap(t *testing.T, api *client.Client) *ebpf.Map {
 	t.Helper()
-	em, err := ebpf.LoadPinnedMap(natMapInfo(t, api).PinPath, &ebpf.LoadPinOptions{ReadOnly: true})
+	em, err := ebpf.LoadPinnedMap(agentMapInfo(t, api, nodeportmap.MapName).PinPath, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,5 +219,5 @@ func closedLifetimes(t *testing.T, m *ebpf.Map) (closed int, late []string) {
 // the agent counts them.
 func natMapEntries(t *testing.T, api *client.Client) int {
 	t.Helper()
-	return natMapInfo(t, api).Entries
+	return agentMapInfo(t, api, nodeportmap.MapName).Entries
 }

@@ -162,7 +162,7 @@ func (c *Cluster) SetPodLabels(ctx context.Context, ref string, labels map[strin
 			return err
 		}
 		p.Labels = maps.Clone(labels)
-		if err := writeManifest(s.manifestsDir(), podManifest(*p), podObject(*p)); err != nil {
+		if err := s.writeManifest(podManifest(*p), podObject(*p)); err != nil {
 			return err
 		}
 		pod = *p
@@ -179,7 +179,7 @@ func (c *Cluster) makePod(ctx context.Context, s *state, n Node, p *Pod) error {
 	if err := netnsrun.Create(p.NetNS); err != nil {
 		return err
 	}
-	if err := writeManifest(s.manifestsDir(), podManifest(*p), podObject(*p)); err != nil {
+	if err := s.writeManifest(podManifest(*p), podObject(*p)); err != nil {
 		return err
 	}
 	cni, list, err := cniConfig(s, n)
@@ -276,7 +276,7 @@ func removePod(s *state, p Pod, skipDel bool) error {
 			return fmt.Errorf("pod %s: CNI DEL on %s: %w", p.Ref(), n.Name, err)
 		}
 	}
-	if err := removeManifest(s.manifestsDir(), podManifest(p)); err != nil {
+	if err := s.removeManifest(podManifest(p)); err != nil {
 		return fmt.Errorf("pod %s: %w", p.Ref(), err)
 	}
 	return netnsrun.Remove(p.NetNS)

@@ -158,12 +158,16 @@ type state struct {
 	Phase   Phase     `json:"phase"`
 	Created time.Time `json:"created"`
 
-	AgentBinary string   `json:"agentBinary"`
-	CNIBinary   string   `json:"cniBinary"`
-	EtcdBinary  string   `json:"etcdBinary"`
-	RoutingMode string   `json:"routingMode"`
-	AgentArgs   []string `json:"agentArgs,omitempty"`
-	BPFRoot     string   `json:"bpfRoot"`
+	AgentBinary string `json:"agentBinary"`
+	CNIBinary   string `json:"cniBinary"`
+	EtcdBinary  string `json:"etcdBinary"`
+	// IdentityMode is Options.IdentityMode; empty (a file of before it)
+	// is kvstore.
+	IdentityMode        string   `json:"identityMode,omitempty"`
+	KubeAPIServerBinary string   `json:"kubeAPIServerBinary,omitempty"`
+	RoutingMode         string   `json:"routingMode"`
+	AgentArgs           []string `json:"agentArgs,omitempty"`
+	BPFRoot             string   `json:"bpfRoot"`
 	// Cgroup is the parent of the nodes' cgroups.
 	Cgroup string `json:"cgroup"`
 
@@ -171,6 +175,8 @@ type state struct {
 	Gateway4    netip.Addr `json:"gateway4"`
 	Gateway6    netip.Addr `json:"gateway6"`
 	Etcd        Process    `json:"etcd"`
+	// KubeAPI is kube-apiserver, in crd mode.
+	KubeAPI Process `json:"kubeAPI,omitzero"`
 	// Relay is hubble-relay, when StartRelay started it.
 	Relay Process `json:"relay,omitzero"`
 
@@ -222,6 +228,7 @@ func plan(o Options, cgroupMount string) *state {
 	s := &state{
 		Version: stateVersion, Name: o.Name, Dir: o.Dir, Phase: PhaseCreating, Created: time.Now().UTC(),
 		AgentBinary: o.AgentBinary, CNIBinary: o.CNIBinary, EtcdBinary: o.EtcdBinary,
+		IdentityMode: o.IdentityMode, KubeAPIServerBinary: o.KubeAPIServerBinary,
 		AgentArgs: o.AgentArgs, RoutingMode: o.RoutingMode, BPFRoot: o.BPFRoot,
 		Cgroup:      filepath.Join(cgroupMount, "cellium-devcluster-"+o.Name),
 		BridgeNetNS: filepath.Join(netnsDir, "cellium-"+o.Name+".bridge"),

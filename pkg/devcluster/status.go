@@ -16,6 +16,10 @@ type Status struct {
 	// ManifestsDir is the directory every agent serves.
 	ManifestsDir string     `json:"manifestsDir"`
 	Etcd         EtcdStatus `json:"etcd"`
+	// IdentityMode is kvstore or crd (Options.IdentityMode).
+	IdentityMode string `json:"identityMode"`
+	// KubeAPI is the cluster's kube-apiserver, in crd mode.
+	KubeAPI *KubeAPIStatus `json:"kubeAPI,omitempty"`
 	// Relay is hubble-relay, when StartRelay started it.
 	Relay *RelayStatus `json:"relay,omitempty"`
 	Nodes []NodeStatus `json:"nodes"`
@@ -28,6 +32,21 @@ type EtcdStatus struct {
 	PID     int    `json:"pid"`
 	Running bool   `json:"running"`
 	Healthy bool   `json:"healthy"`
+}
+
+// KubeAPIStatus is the cluster's kube-apiserver (crd mode).
+type KubeAPIStatus struct {
+	// URL is where it serves, in NetNS, the bridge namespace.
+	URL     string `json:"url"`
+	NetNS   string `json:"netns"`
+	PID     int    `json:"pid"`
+	Running bool   `json:"running"`
+	Ready   bool   `json:"ready"`
+	// Kubeconfig is the administrator's (system:masters), for kubectl in
+	// the bridge namespace; AgentKubeconfig the agents' (deploy/rbac.yaml's
+	// ServiceAccount).
+	Kubeconfig      string `json:"kubeconfig"`
+	AgentKubeconfig string `json:"agentKubeconfig"`
 }
 
 // RelayStatus is the cluster's hubble-relay.
@@ -60,12 +79,21 @@ func (c *Cluster) Status(ctx context.Context) Status {
 		Nodes: make([]NodeStatus, len(s.Nodes)),
 		Pods:  append([]Pod{}, s.Pods...),
 	}
+	st.IdentityMode = IdentityKVStore
+	if s.crd() {
+		st.IdentityMode = IdentityCRD
+		st.KubeAPI = &KubeAPIStatus{URL: s.kubeAPIURL(), NetNS: s.BridgeNetNS, PID: s.KubeAPI.PID, Running: s.KubeAPI.Alive(),
+			Kubeconfig: s.adminKubeconfig(), AgentKubeconfig: s.agentKubeconfig()}
+	}
 	if s.Relay.PID != 0 {
 		st.Relay = &RelayStatus{Address: netip.AddrPortFrom(s.Gateway4, RelayPort).String(), PID: s.Relay.PID, Running: s.Relay.Alive()}
 	}
 	var wg sync.WaitGroup
 	if st.Etcd.Running {
 		wg.Go(func() { st.Etcd.Healthy = c.etcdHealthy(ctx, s) })
+	}
+	if st.KubeAPI != nil && st.KubeAPI.Running {
+		wg.Go(func() { st.KubeAPI.Ready = kubeAPIReady(ctx, s) })
 	}
 	for i, n := range s.Nodes {
 		ns := &st.Nodes[i]

@@ -2,7 +2,7 @@
 // on a loopback port of its own, backed by a real etcd (pkg/etcdtest),
 // with RBAC authorization, the ServiceAccount token issuer and an admin
 // token. The binary is built once per machine from k8s.io/kubernetes
-// through the module proxy (`make kube-apiserver`, see Build); a test
+// through the module proxy (`make kube-apiserver`, see kubeapiserver.Build); a test
 // that finds none skips, naming how to build it.
 //
 // No controller manager runs: nothing allocates pod CIDRs, creates
@@ -12,11 +12,7 @@ package kubeapitest
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
 	"encoding/base64"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
@@ -31,7 +27,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/cellium/cellium/pkg/kubeapiserver"
 )
+
+// Binary is the kube-apiserver tests use (kubeapiserver.Binary).
+func Binary() (string, error) { return kubeapiserver.Binary() }
 
 // AdminToken authenticates as a member of system:masters.
 const AdminToken = "cellium-test-admin"
@@ -62,41 +63,22 @@ type Server struct {
 // per test), waits until it is ready, and stops it when the test ends.
 func Start(t testing.TB, etcdEndpoint string) *Server {
 	t.Helper()
-	bin, err := Binary()
+	bin, err := kubeapiserver.Binary()
 	if err != nil {
 		t.Skip(err)
 	}
 	dir := t.TempDir()
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	saKey := filepath.Join(dir, "sa.key")
-	if err := os.WriteFile(saKey, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens := filepath.Join(dir, "tokens.csv")
-	if err := os.WriteFile(tokens, []byte(AdminToken+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	port := freePort(t)
-	s := &Server{URL: "https://127.0.0.1:" + port, log: filepath.Join(dir, "kube-apiserver.log")}
-	s.certDir = filepath.Join(dir, "certs")
-	s.cmd = []string{bin,
-		"--etcd-servers", etcdEndpoint,
-		"--etcd-prefix", "/kubeapitest-" + port,
-		"--bind-address", "127.0.0.1",
-		"--advertise-address", "127.0.0.1",
-		"--secure-port", port,
-		"--cert-dir", s.certDir,
-		"--token-auth-file", tokens,
-		"--authorization-mode", "RBAC",
-		"--service-account-key-file", saKey,
-		"--service-account-signing-key-file", saKey,
-		"--service-account-issuer", "https://kubernetes.default.svc",
-		"--service-cluster-ip-range", ServiceCIDR,
-		"--enable-priority-and-fairness=false",
+	setup := kubeapiserver.Setup{
+		Binary: bin, EtcdServers: etcdEndpoint, EtcdPrefix: "/kubeapitest-" + port,
+		Address: "127.0.0.1", Port: port, Dir: dir, ServiceCIDR: ServiceCIDR,
 	}
+	if err := setup.WriteFiles(kubeapiserver.Token{Token: AdminToken, User: "admin", Groups: []string{"system:masters"}}); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{URL: "https://127.0.0.1:" + port, log: filepath.Join(dir, "kube-apiserver.log")}
+	s.certDir = setup.CertDir()
+	s.cmd = setup.Args()
 	t.Cleanup(s.Stop)
 	s.launch(t)
 	admin, err := kubernetes.NewForConfig(s.Config(AdminToken))

@@ -1,7 +1,7 @@
 //go:build ignore
 
 // Builds kube-apiserver into the per-machine cache, for `make
-// kube-apiserver`: go run ./pkg/kubeapitest/build_kube_apiserver.go
+// kube-apiserver`: go run ./pkg/kubeapiserver/build_kube_apiserver.go
 package main
 
 import (
@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/cellium/cellium/pkg/kubeapitest"
+	"github.com/cellium/cellium/pkg/kubeapiserver"
 )
 
 func main() {
@@ -17,7 +17,7 @@ func main() {
 	if gocmd == "" {
 		gocmd = "go"
 	}
-	bin, err := kubeapitest.Build(context.Background(), gocmd, os.Stderr)
+	bin, err := kubeapiserver.Build(context.Background(), gocmd, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kube-apiserver:", err)
 		os.Exit(1)

@@ -1,4 +1,4 @@
-package kubeapitest
+package kubeapiserver
 
 import (
 	"bufio"
@@ -34,7 +34,7 @@ func CacheDir() (string, error) {
 	return filepath.Join(base, "cellium", "kube-apiserver-"+KubernetesVersion), nil
 }
 
-// Binary is the kube-apiserver tests use: $KUBE_APISERVER_BIN, or the one
+// Binary is the kube-apiserver to run: $KUBE_APISERVER_BIN, or the one
 // Build made; or an error saying how to get one.
 func Binary() (string, error) {
 	if bin := os.Getenv("KUBE_APISERVER_BIN"); bin != "" {
