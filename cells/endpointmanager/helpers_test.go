@@ -18,7 +18,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/daemon"
@@ -29,6 +28,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/metrics"
@@ -51,7 +51,7 @@ type node struct {
 	metrics  *prometheus.Registry
 	stateDir string
 	// k8s is the fake API server the agent watches pods in.
-	k8s  *fake.Clientset
+	k8s  *k8sclient.Fake
 	stop func()
 }
 
@@ -100,7 +100,7 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	h := celltest.New(daemon.Cell, metrics.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
 		cell.Group(o.extra...),
 		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
-			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *fake.Clientset, reg *prometheus.Registry) {
+			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *k8sclient.Fake, reg *prometheus.Registry) {
 			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s, n.metrics = m, db, eps, tbl, ids, hs, cs, reg
 		}))
 	socket := filepath.Join(tn.dir, "agent.sock")

@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/k8sclient"
@@ -33,22 +32,21 @@ func (m podMeta) apply(ep *Endpoint) {
 type podWatcher struct {
 	log        *slog.Logger
 	node       string
-	pods       informers.SharedInformerFactory
-	namespaces informers.SharedInformerFactory
+	pods       *k8sclient.Informers
+	namespaces *k8sclient.Informers
 	podStore   cache.Store
 	nsStore    cache.Store
+	podSynced  cache.InformerSynced
+	nsSynced   cache.InformerSynced
 }
 
 func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher, error) {
-	pods := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-		}))
-	namespaces := informers.NewSharedInformerFactory(cs, 0)
-	podInformer := pods.Core().V1().Pods().Informer()
-	nsInformer := namespaces.Core().V1().Namespaces().Informer()
-	w := &podWatcher{log: m.log, node: node, pods: pods, namespaces: namespaces,
-		podStore: podInformer.GetStore(), nsStore: nsInformer.GetStore()}
+	podInformer := k8sclient.NewInformer(cs, cs.CoreV1().Pods(metav1.NamespaceAll), &corev1.Pod{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	})
+	nsInformer := k8sclient.NewInformer(cs, cs.CoreV1().Namespaces(), &corev1.Namespace{}, nil)
+	w := &podWatcher{log: m.log, node: node, pods: k8sclient.NewInformers(podInformer), namespaces: k8sclient.NewInformers(nsInformer),
+		podStore: podInformer.GetStore(), nsStore: nsInformer.GetStore(), podSynced: podInformer.HasSynced, nsSynced: nsInformer.HasSynced}
 	podChanged := func(obj any) {
 		// The embedded API server ignores field selectors in watches.
 		if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName == node {
@@ -101,10 +99,9 @@ func (w *podWatcher) run(ctx context.Context, health cell.Health) error {
 		w.pods.Shutdown()
 		w.namespaces.Shutdown()
 	}()
-	w.pods.Start(ctx.Done())
-	w.namespaces.Start(ctx.Done())
-	w.pods.WaitForCacheSync(ctx.Done())
-	w.namespaces.WaitForCacheSync(ctx.Done())
+	w.pods.Start(ctx)
+	w.namespaces.Start(ctx)
+	cache.WaitForCacheSync(ctx.Done(), w.podSynced, w.nsSynced)
 	if ctx.Err() == nil {
 		w.log.Info("Watching the pods of this node and the namespaces for their labels", "node", w.node,
 			"pods", len(w.podStore.ListKeys()), "namespaces", len(w.nsStore.ListKeys()))

@@ -14,13 +14,13 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/cells/policymaps"
 	"github.com/cellium/cellium/pkg/identity"
@@ -49,7 +49,7 @@ func TestCreateWaitsForPolicy(t *testing.T) {
 	n := tn.start(t, nodeOpts{
 		k8s: []runtime.Object{web, deny},
 		extra: []cell.Cell{bpfmaps.Cell, policy.Cell, policymaps.Cell,
-			cell.Invoke(func(cs *fake.Clientset, m *policymaps.Maps) {
+			cell.Invoke(func(cs *k8sclient.Fake, m *policymaps.Maps) {
 				maps = m
 				// The NetworkPolicies cannot be listed until the test says.
 				cs.PrependReactor("list", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {

@@ -8,8 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/cellium/cellium/cells/k8sclient"
 )
 
 // initPodCIDRs is the ipam table's initializer of --ipam=kubernetes, done
@@ -24,10 +25,10 @@ func (i *IPAM) nodePodCIDRs(ctx context.Context, health cell.Health) error {
 	i.health.OK(fmt.Sprintf("Waiting for spec.podCIDRs of Node %s", i.nodeName))
 
 	ctx, cancel := context.WithCancel(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(i.clientset, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", i.nodeName).String()
-		}))
+	inf := k8sclient.NewInformer(i.clientset, i.clientset.CoreV1().Nodes(), &corev1.Node{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", i.nodeName).String()
+	})
+	factory := k8sclient.NewInformers(inf)
 	defer func() {
 		cancel()
 		factory.Shutdown()
@@ -45,14 +46,14 @@ func (i *IPAM) nodePodCIDRs(ctx context.Context, health cell.Health) error {
 		default:
 		}
 	}
-	_, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    seen,
 		UpdateFunc: func(_, obj any) { seen(obj) },
 	})
 	if err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
+	factory.Start(ctx)
 
 	var cidrs []string
 	select {

@@ -14,26 +14,26 @@ import (
 	"github.com/cilium/statedb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 )
 
 // k8sAgent runs the ipam cell with --ipam=kubernetes over a fake API server
 // holding node.
-func k8sAgent(t *testing.T, node *corev1.Node) (*ipam.IPAM, *fake.Clientset, *statedb.DB, statedb.Table[*health.Status]) {
+func k8sAgent(t *testing.T, node *corev1.Node) (*ipam.IPAM, *k8sclient.Fake, *statedb.DB, statedb.Table[*health.Status]) {
 	var (
 		alloc  *ipam.IPAM
-		cs     *fake.Clientset
+		cs     *k8sclient.Fake
 		db     *statedb.DB
 		status statedb.Table[*health.Status]
 	)
 	h := celltest.New(daemon.Cell, ipam.Cell, k8sclienttest.Cell(node),
-		cell.Invoke(func(i *ipam.IPAM, f *fake.Clientset, d *statedb.DB, s statedb.Table[*health.Status]) {
+		cell.Invoke(func(i *ipam.IPAM, f *k8sclient.Fake, d *statedb.DB, s statedb.Table[*health.Status]) {
 			alloc, cs, db, status = i, f, d, s
 		}))
 	dir := t.TempDir()

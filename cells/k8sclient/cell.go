@@ -11,8 +11,6 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
@@ -85,7 +83,10 @@ const (
 // Clientset is the Kubernetes API the agent talks to: a real cluster, or the
 // embedded fake.
 type Clientset interface {
-	kubernetes.Interface
+	// The typed clients of the API groups the agent uses (groups.go).
+	CoreV1() CoreV1
+	DiscoveryV1() DiscoveryV1
+	NetworkingV1() NetworkingV1
 	// Embedded is true when there is no cluster and objects come from
 	// --k8s-manifests-dir.
 	Embedded() bool
@@ -109,29 +110,41 @@ func RESTConfig(cs Clientset) *rest.Config {
 	return nil
 }
 
-// embeddedClientset is client-go's fake through the groups the agent uses.
-// It keeps the fake's reactors (*k8stesting.Fake), not the *fake.Clientset:
-// a Clientset is an interface value, and every method of a type reachable
-// from one stays in the binary, the fake's clients of every group with
-// them.
+// embeddedClientset is the embedded API server's clients: typed clients
+// answered by the reactors of a Fake.
 type embeddedClientset struct {
 	*groups
 	fake *k8stesting.Fake
 }
 
-func newEmbeddedClientset(cs *fake.Clientset) embeddedClientset {
+// Fake is the embedded API server, as a test reaches it: its typed
+// clients, through which a test writes, and its reactors and recorded
+// actions (k8stesting.Fake), as client-go's fake clientset has them.
+type Fake struct {
+	k8stesting.Fake
+	groups *groups
+}
+
+func (f *Fake) CoreV1() CoreV1             { return f.groups.coreV1 }
+func (f *Fake) DiscoveryV1() DiscoveryV1   { return f.groups.discoveryV1 }
+func (f *Fake) NetworkingV1() NetworkingV1 { return f.groups.networkingV1 }
+
+func newFake() *Fake {
+	f := &Fake{}
+	f.groups = fakeGroups(&f.Fake)
+	return f
+}
+
+func newEmbeddedClientset(cs *Fake) embeddedClientset {
 	if embeddedCreated != nil {
 		embeddedCreated(cs)
 	}
-	return embeddedClientset{
-		groups: &groups{discovery: cs.Discovery(), coreV1: cs.CoreV1(), discoveryV1: cs.DiscoveryV1(), networkingV1: cs.NetworkingV1()},
-		fake:   &cs.Fake,
-	}
+	return embeddedClientset{groups: cs.groups, fake: &cs.Fake}
 }
 
-// embeddedCreated, when a test sets it, is given the fake behind each
+// embeddedCreated, when a test sets it, is given the Fake behind each
 // embedded Clientset made.
-var embeddedCreated func(*fake.Clientset)
+var embeddedCreated func(*Fake)
 
 func (embeddedClientset) Embedded() bool { return true }
 

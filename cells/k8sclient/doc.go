@@ -1,7 +1,15 @@
 // Package k8sclient provides the Clientset through which the agent talks to
-// Kubernetes: a real API server, or, with no cluster, an embedded one (client-go's
-// fake clientset) serving the objects of a directory of manifests. The same
-// informers and reflectors run against either.
+// Kubernetes: a real API server, or, with no cluster, an embedded one (a
+// Fake: client-go's reactors over an object store) serving the objects of a
+// directory of manifests. The same informers and reflectors run against
+// either.
+//
+// The Clientset has the typed clients of the kinds the agent uses
+// (groups.go), built on pkg/kubeclient: client-go's generic typed client
+// over a scheme of four API groups. client-go's generated clients, its
+// informer factory and its fake clientset are not linked: each imports
+// client-go's scheme of every API group, whose registration was most of
+// the agent's idle memory (see pkg/kubeclient).
 //
 // # Modes
 //
@@ -19,7 +27,10 @@
 //     cell's start hook. A reflector's first LIST therefore sees them all,
 //     and can mark its table initialized.
 //   - Files named *.yaml, *.yml and *.json directly in the directory hold
-//     objects of any built-in kind, several per file separated by "---".
+//     objects of the built-in kinds of kubeclient.Scheme's API groups (v1,
+//     discovery.k8s.io/v1, networking.k8s.io/v1, coordination.k8s.io/v1),
+//     several per file separated by "---". An object of another API group
+//     is an error of its file naming the groups served.
 //     An object is identified by apiVersion, kind, namespace and name;
 //     namespaced objects without a namespace are in "default".
 //   - Adding, editing, renaming or removing files, including an editor's
@@ -39,8 +50,9 @@
 //     changes; changes other cells make to it last until then. Objects
 //     other cells create are left alone.
 //
-// The embedded API server is client-go's fake clientset, so it does what
-// the fake does: no defaulting (write "protocol: TCP"), no validation beyond
+// The embedded API server answers through client-go's reactors
+// (k8s.io/client-go/testing), as client-go's fake clientset does, so it
+// does what the fake does: no defaulting (write "protocol: TCP"), no validation beyond
 // decoding, no conversion between API versions, no resource versions in
 // objects, and watches ignore label and field selectors (lists honour
 // labels). Its watches are better than the fake's own, in the ways
@@ -52,21 +64,20 @@
 // # Informers
 //
 // Informers and reflectors need no special setup with either mode. client-go
-// v0.37 asks for streaming lists by default (WatchListClient); the Clientset
-// tells informers from k8s.io/client-go/informers that the embedded server
-// does not stream (IsWatchListSemanticsUnSupported, passed on from the fake),
-// and they LIST then WATCH. A reflector over a hand-made cache.ListWatch does
-// ask for a streaming list, and gets one.
+// v0.37 asks for streaming lists by default (WatchListClient); NewInformer
+// tells the informer that the embedded server does not stream
+// (IsWatchListSemanticsUnSupported), and it does LIST then WATCH. A
+// reflector over a hand-made cache.ListWatch does ask for a streaming list,
+// and gets one.
 //
-//	factory := informers.NewSharedInformerFactory(clientset, 0)
-//	services := factory.Core().V1().Services().Informer()
-//	factory.Start(ctx.Done())
+//	services := k8sclient.NewInformer(cs, cs.CoreV1().Services(""), &corev1.Service{}, nil)
+//	informers := k8sclient.NewInformers(services)
+//	informers.Start(ctx)
+//	defer informers.Shutdown()
 //
 // Tests of other cells use k8sclienttest.Cell in place of Cell. It provides
-// the Clientset and the *fake.Clientset behind it; write through its typed
-// clients, or k8sclienttest's Create, Update, Delete and script commands
-// (Tracker() is not the embedded server's store: it is client-go's, which
-// nothing reads):
+// the Clientset and the *k8sclient.Fake behind it; write through its typed
+// clients, or k8sclienttest's Create, Update, Delete and script commands:
 //
 //	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
 package k8sclient

@@ -14,16 +14,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/kubernetes/scheme"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // NewEmbedded returns the embedded API server holding objects: the
-// Clientset the agent's cells take, and the *fake.Clientset behind it,
+// Clientset the agent's cells take, and the Fake behind it,
 // through whose typed clients a test writes (see k8sclienttest). It is what
 // embedded mode serves, without the manifests directory.
-func NewEmbedded(objects ...runtime.Object) (Clientset, *fake.Clientset, error) {
+func NewEmbedded(objects ...runtime.Object) (Clientset, *Fake, error) {
 	cs, _, err := newFakeClientset(objects...)
 	if err != nil {
 		return nil, nil, err
@@ -31,10 +31,10 @@ func NewEmbedded(objects ...runtime.Object) (Clientset, *fake.Clientset, error) 
 	return newEmbeddedClientset(cs), cs, nil
 }
 
-// ResourceOf is the resource of a typed object of the client-go scheme, and
+// ResourceOf is the resource of a typed object of kubeclient.Scheme, and
 // whether it is namespaced: where the embedded API server keeps it.
 func ResourceOf(obj runtime.Object) (schema.GroupVersionResource, bool, error) {
-	gvks, _, err := scheme.Scheme.ObjectKinds(obj)
+	gvks, _, err := kubeclient.Scheme.ObjectKinds(obj)
 	if err != nil {
 		return schema.GroupVersionResource{}, false, err
 	}
@@ -49,16 +49,16 @@ func ResourceOf(obj runtime.Object) (schema.GroupVersionResource, bool, error) {
 // fake does (its field-managing variant builds this same mapper), so that
 // objects land where the typed clients look for them.
 var restMapper = sync.OnceValue(func() meta.RESTMapper {
-	return testrestmapper.TestOnlyStaticRESTMapper(scheme.Scheme)
+	return testrestmapper.TestOnlyStaticRESTMapper(kubeclient.Scheme)
 })
 
-// newFakeClientset is client-go's fake clientset holding objects, with
-// watches that behave like an API server's. It is the variant without field
-// management: that one builds a REST mapper and a field manager on every
-// write, some 6ms each, which a directory of thousands of objects cannot
-// afford. Server-side apply is then a strategic merge patch.
+// newFakeClientset is a Fake holding objects, in an objectStore, with
+// watches that behave like an API server's. There is no field management
+// (client-go's field-managing fake builds a REST mapper and a field manager
+// on every write, some 6ms each, which a directory of thousands of objects
+// cannot afford): server-side apply is a strategic merge patch.
 //
-// The fake falls short of an API server's watches in ways informers notice,
+// client-go's object tracker falls short of an API server's watches in ways informers notice,
 // which the watchHub makes up for:
 //
 //   - Its watchers panic ("channel full") once 100 events wait unread. Here
@@ -74,17 +74,13 @@ var restMapper = sync.OnceValue(func() meta.RESTMapper {
 //     told so waits forever for the bookmark ending the initial events.
 //     Here the initial events and that bookmark are sent.
 //
-// Objects are kept in an objectStore, encoded, in place of the fake's own
-// tracker (Tracker() returns that one, empty and unread).
+// The objectStore keeps objects encoded, where the tracker keeps them
+// typed.
 //
 // Calls through the clientset's API are serialized by the fake, so no
 // write slips in between the steps of a list or a watch.
-func newFakeClientset(objects ...runtime.Object) (*fake.Clientset, *objectStore, error) {
-	cs := fake.NewSimpleClientset()
-	// The fake's reactors serve its own tracker, which holds typed
-	// objects; ours serve the objectStore, which holds them encoded.
-	// cs.Tracker() is then an empty tracker that nothing reads.
-	cs.ReactionChain, cs.WatchReactionChain = nil, nil
+func newFakeClientset(objects ...runtime.Object) (*Fake, *objectStore, error) {
+	cs := newFake()
 	store := newObjectStore()
 	for _, obj := range objects {
 		if err := store.Add(obj); err != nil {
@@ -378,7 +374,7 @@ func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1
 		initial = append(initial, watch.Event{Type: watch.Added, Object: obj})
 	}
 	if streaming {
-		bookmark, err := scheme.Scheme.New(gvk)
+		bookmark, err := kubeclient.Scheme.New(gvk)
 		if err != nil {
 			return nil, err
 		}

@@ -16,9 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	applycorev1 "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
@@ -42,8 +39,8 @@ type serviceWatcher struct {
 
 func (w *serviceWatcher) Start(ctx cell.HookContext) error {
 	w.stop = make(chan struct{})
-	factory := informers.NewSharedInformerFactory(w.cs, 0)
-	reg, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+	inf := k8sclient.NewInformer(w.cs, w.cs.CoreV1().Services(""), &corev1.Service{}, nil)
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, initial bool) {
 			if initial {
 				w.initial++
@@ -55,7 +52,7 @@ func (w *serviceWatcher) Start(ctx cell.HookContext) error {
 	if err != nil {
 		return err
 	}
-	factory.Start(w.stop)
+	go inf.Run(w.stop)
 	// Synced once the handler has had the whole initial list.
 	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return ctx.Err()
@@ -70,11 +67,11 @@ func (w *serviceWatcher) Stop(cell.HookContext) error {
 
 func TestTestCellInAnotherCellsTest(t *testing.T) {
 	w := &serviceWatcher{added: make(chan string, 1)}
-	var cs *fake.Clientset
+	var cs *k8sclient.Fake
 	h := celltest.New(
 		k8sclienttest.Cell(service("web"), service("dns")),
 		cell.Module("service-watcher", "Test cell watching services",
-			cell.Invoke(func(lc cell.Lifecycle, c k8sclient.Clientset, f *fake.Clientset) {
+			cell.Invoke(func(lc cell.Lifecycle, c k8sclient.Clientset, f *k8sclient.Fake) {
 				w.cs, cs = c, f
 				lc.Append(w)
 			}),
@@ -107,8 +104,8 @@ func TestTestCellRejectsDuplicates(t *testing.T) {
 // server's queue instead. A watch started without a resource version gets
 // the existing objects first, as from an API server.
 func TestWatchQueuesEvents(t *testing.T) {
-	var cs *fake.Clientset
-	h := celltest.New(k8sclienttest.Cell(), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	var cs *k8sclient.Fake
+	h := celltest.New(k8sclienttest.Cell(), cell.Invoke(func(f *k8sclient.Fake) { cs = f }))
 	celltest.Start(t, h)
 	ctx := context.Background()
 	const existing, added = 300, 1000
@@ -145,8 +142,8 @@ func TestWatchQueuesEvents(t *testing.T) {
 // A reflector over a hand-made ListWatch asks for a streaming list, which
 // client-go's fake cannot serve; the embedded API server can.
 func TestStreamingListReflector(t *testing.T) {
-	var cs *fake.Clientset
-	h := celltest.New(k8sclienttest.Cell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	var cs *k8sclient.Fake
+	h := celltest.New(k8sclienttest.Cell(service("web"), service("dns")), cell.Invoke(func(f *k8sclient.Fake) { cs = f }))
 	celltest.Start(t, h)
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -181,8 +178,8 @@ func TestStreamingListReflector(t *testing.T) {
 // object deleted in between must be reported, or the informer keeps it for
 // good (client-go's fake alone loses it).
 func TestWatchFromListReportsDeletionsSince(t *testing.T) {
-	var cs *fake.Clientset
-	h := celltest.New(k8sclienttest.Cell(service("web"), service("dns")), cell.Invoke(func(f *fake.Clientset) { cs = f }))
+	var cs *k8sclient.Fake
+	h := celltest.New(k8sclienttest.Cell(service("web"), service("dns")), cell.Invoke(func(f *k8sclient.Fake) { cs = f }))
 	celltest.Start(t, h)
 	ctx := context.Background()
 	list, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{})
@@ -336,7 +333,10 @@ func TestEmbeddedPatchAndApply(t *testing.T) {
 	if _, err := services.Patch(ctx, "a", types.MergePatchType, []byte(`{"metadata":{"labels":{"patched":"yes"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	applied, err := services.Apply(ctx, applycorev1.Service("a", "default").WithLabels(map[string]string{"applied": "yes"}), metav1.ApplyOptions{FieldManager: "test"})
+	// What client-go's Apply sends: the apply configuration as JSON.
+	applied, err := services.Patch(ctx, "a", types.ApplyPatchType,
+		[]byte(`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"default","labels":{"applied":"yes"}}}`),
+		metav1.PatchOptions{FieldManager: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

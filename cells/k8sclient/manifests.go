@@ -16,8 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/kubernetes/scheme"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // objectKey identifies an object in the embedded API server. The fake keeps
@@ -97,8 +98,9 @@ func (e *fileError) Error() string {
 	}
 }
 
-// decoder turns manifest files into objects with client-go's scheme, so
-// every built-in kind decodes. It is safe for concurrent use.
+// decoder turns manifest files into objects with kubeclient.Scheme: the
+// built-in kinds of the API groups the agent uses. It is safe for
+// concurrent use.
 type decoder struct {
 	codec  runtime.Decoder
 	mapper meta.RESTMapper
@@ -111,7 +113,7 @@ func newDecoder() *decoder {
 	return &decoder{
 		// Strict, as kubectl's server-side field validation is: a misspelt
 		// field is an error, not silently dropped.
-		codec:  serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer(),
+		codec:  serializer.NewCodecFactory(kubeclient.Scheme, serializer.EnableStrict).UniversalDeserializer(),
 		mapper: restMapper(),
 	}
 }
@@ -126,6 +128,25 @@ func (d *decoder) restMapping(gvk schema.GroupVersionKind) (*meta.RESTMapping, e
 	}
 	d.mappings.Store(gvk, m)
 	return m, nil
+}
+
+// servedVersion is whether apiVersion is one of kubeclient.Scheme's group
+// versions: the kinds embedded mode serves.
+func servedVersion(apiVersion string) bool {
+	for _, gv := range kubeclient.GroupVersions {
+		if gv.String() == apiVersion {
+			return true
+		}
+	}
+	return false
+}
+
+func servedVersions() string {
+	var names []string
+	for _, gv := range kubeclient.GroupVersions {
+		names = append(names, gv.String())
+	}
+	return strings.Join(names, ", ")
 }
 
 // document is one "---"-separated part of a file.
@@ -268,6 +289,9 @@ func (d *decoder) decodeDocument(file *string, doc document) (decoded, error) {
 		return decoded{}, fail(doc.objectLine, "missing %s: every object needs apiVersion, kind and metadata.name", strings.Join(missing, ", "))
 	}
 	switch {
+	case runtime.IsNotRegisteredError(decodeErr) && !servedVersion(h.APIVersion):
+		return decoded{}, fail(at("apiVersion"), "%s %s: %s is not served in embedded mode, which serves the API groups the agent reads (%s)",
+			h.Kind, h.Metadata.Name, h.APIVersion, servedVersions())
 	case runtime.IsNotRegisteredError(decodeErr):
 		return decoded{}, fail(at("kind"), "unknown kind %q in %s: not a built-in Kubernetes kind", h.Kind, h.APIVersion)
 	case decodeErr != nil:

@@ -126,6 +126,10 @@ func TestDecodeFileErrors(t *testing.T) {
 		data: svc + "---\napiVersion: v1\nkind: Servce\nmetadata: {name: x}\n",
 		want: `f.yaml:7: document 2: unknown kind "Servce" in v1: not a built-in Kubernetes kind`,
 	}, {
+		name: "kind of an API group embedded mode does not serve",
+		data: svc + "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n",
+		want: `f.yaml:6: document 2: Deployment x: apps/v1 is not served in embedded mode, which serves the API groups the agent reads (v1, discovery.k8s.io/v1, networking.k8s.io/v1, coordination.k8s.io/v1)`,
+	}, {
 		name: "misspelt field",
 		data: svc + "spec:\n  ports:\n  - port: 80\n  - port: 81\n    protcol: TCP\n",
 		want: `f.yaml:9: document 1: Service web: strict decoding error: unknown field "spec.ports[1].protcol"`,

@@ -21,16 +21,15 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/kubernetes/scheme"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 func TestScript(t *testing.T) {
@@ -42,30 +41,30 @@ type watchedKind struct {
 	kind       string
 	resource   schema.GroupVersionResource
 	namespaced bool
-	informer   func(informers.SharedInformerFactory) cache.SharedIndexInformer
+	informer   func(Clientset) cache.SharedIndexInformer
 }
 
 // watchedKinds are the kinds the agent's reflectors will watch.
 var watchedKinds = []watchedKind{
 	{"EndpointSlice", discoveryv1.SchemeGroupVersion.WithResource("endpointslices"), true,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Discovery().V1().EndpointSlices().Informer()
+		func(cs Clientset) cache.SharedIndexInformer {
+			return NewInformer(cs, cs.DiscoveryV1().EndpointSlices(""), &discoveryv1.EndpointSlice{}, nil)
 		}},
 	{"Namespace", corev1.SchemeGroupVersion.WithResource("namespaces"), false,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Core().V1().Namespaces().Informer()
+		func(cs Clientset) cache.SharedIndexInformer {
+			return NewInformer(cs, cs.CoreV1().Namespaces(), &corev1.Namespace{}, nil)
 		}},
 	{"Node", corev1.SchemeGroupVersion.WithResource("nodes"), false,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Core().V1().Nodes().Informer()
+		func(cs Clientset) cache.SharedIndexInformer {
+			return NewInformer(cs, cs.CoreV1().Nodes(), &corev1.Node{}, nil)
 		}},
 	{"Pod", corev1.SchemeGroupVersion.WithResource("pods"), true,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Core().V1().Pods().Informer()
+		func(cs Clientset) cache.SharedIndexInformer {
+			return NewInformer(cs, cs.CoreV1().Pods(""), &corev1.Pod{}, nil)
 		}},
 	{"Service", corev1.SchemeGroupVersion.WithResource("services"), true,
-		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
-			return f.Core().V1().Services().Informer()
+		func(cs Clientset) cache.SharedIndexInformer {
+			return NewInformer(cs, cs.CoreV1().Services(""), &corev1.Service{}, nil)
 		}},
 }
 
@@ -73,11 +72,11 @@ var watchedKinds = []watchedKind{
 // their reactors.
 var (
 	fakesMu sync.Mutex
-	fakes   = map[*k8stesting.Fake]*fake.Clientset{}
+	fakes   = map[*k8stesting.Fake]*Fake{}
 )
 
 func init() {
-	embeddedCreated = func(cs *fake.Clientset) {
+	embeddedCreated = func(cs *Fake) {
 		fakesMu.Lock()
 		defer fakesMu.Unlock()
 		fakes[&cs.Fake] = cs
@@ -85,7 +84,7 @@ func init() {
 }
 
 // fakeOf is the fake behind an embedded Clientset.
-func fakeOf(cs Clientset) *fake.Clientset {
+func fakeOf(cs Clientset) *Fake {
 	fakesMu.Lock()
 	defer fakesMu.Unlock()
 	return fakes[cs.(embeddedClientset).fake]
@@ -120,7 +119,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	})
 	hive.AddConfigOverride(h, func(c *Config) { c.K8sManifestsDir = dir })
 
-	cs := func() *fake.Clientset { return fakeOf(clientset) }
+	cs := func() *Fake { return fakeOf(clientset) }
 	return celltest.ScriptEngine(t, h, args, map[string]script.Cmd{
 		"manifest/write": script.Command(
 			script.CmdUsage{
@@ -321,7 +320,7 @@ func waitForFiles(ctx context.Context, db *statedb.DB, files statedb.Table[*Mani
 type watcher struct {
 	clientset Clientset
 	events    *eventLog
-	factory   informers.SharedInformerFactory
+	factory   *Informers
 	stop      chan struct{}
 }
 
@@ -342,8 +341,11 @@ func (w *watcher) Start(ctx cell.HookContext) error {
 		}
 		return false, nil, nil
 	})
-	w.factory = informers.NewSharedInformerFactory(w.clientset, 0)
+	var all []cache.SharedIndexInformer
+	var synced []cache.InformerSynced
 	for _, k := range watchedKinds {
+		inf := k.informer(w.clientset)
+		all, synced = append(all, inf), append(synced, inf.HasSynced)
 		record := func(event string, obj any) {
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -351,7 +353,7 @@ func (w *watcher) Start(ctx cell.HookContext) error {
 			key, _ := cache.MetaNamespaceKeyFunc(obj)
 			w.events.add(event + " " + k.kind + " " + key + "\n")
 		}
-		_, err := k.informer(w.factory).AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		_, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
 			AddFunc: func(obj any, initial bool) {
 				if initial {
 					record("LIST", obj)
@@ -366,11 +368,10 @@ func (w *watcher) Start(ctx cell.HookContext) error {
 			return err
 		}
 	}
-	w.factory.Start(w.stop)
-	for typ, ok := range w.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("informer for %v did not sync", typ)
-		}
+	w.factory = NewInformers(all...)
+	w.factory.Start(wait.ContextForChannel(w.stop))
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("informers did not sync: %w", ctx.Err())
 	}
 	select {
 	case <-allWatching:
@@ -408,10 +409,10 @@ func (l *eventLog) add(line string) {
 // flush returns once every event sent before it has reached the informers:
 // it deletes a marker object of each kind and waits for the deletion,
 // which each watch delivers after everything before it.
-func (l *eventLog) flush(ctx context.Context, cs *fake.Clientset) error {
+func (l *eventLog) flush(ctx context.Context, cs *Fake) error {
 	for _, k := range watchedKinds {
 		gvk := k.resource.GroupVersion().WithKind(k.kind)
-		obj, err := scheme.Scheme.New(gvk)
+		obj, err := kubeclient.Scheme.New(gvk)
 		if err != nil {
 			return err
 		}

@@ -17,8 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/scheme"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // objectStore is the embedded API server's store: a k8stesting.ObjectTracker
@@ -120,7 +121,7 @@ func isProto(obj runtime.Object) bool {
 // decodeEncoded decodes what encodeObject gave for an object of kind gvk,
 // setting its TypeMeta to gvk.
 func decodeEncoded(gvk schema.GroupVersionKind, data []byte) (runtime.Object, error) {
-	obj, err := scheme.Scheme.New(gvk)
+	obj, err := kubeclient.Scheme.New(gvk)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +146,7 @@ func (s *objectStore) putEncoded(gvr schema.GroupVersionResource, gvk schema.Gro
 	defer s.mu.Unlock()
 	kind := s.encodedKinds[gvk]
 	if kind == nil {
-		obj, err := scheme.Scheme.New(gvk)
+		obj, err := kubeclient.Scheme.New(gvk)
 		if err != nil {
 			return err
 		}
@@ -292,7 +293,7 @@ func (s *objectStore) List(gvr schema.GroupVersionResource, gvk schema.GroupVers
 	if listGVK.Version == "" {
 		listGVK.Version = runtime.APIVersionInternal
 	}
-	list, err := scheme.Scheme.New(listGVK)
+	list, err := kubeclient.Scheme.New(listGVK)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -41,7 +40,7 @@ type manifestSync struct {
 	required bool
 	// localNode is the name of the Node added when no manifest defines it.
 	localNode string
-	clientset *fake.Clientset
+	clientset *Fake
 	// store is the embedded server's store, which the initial load writes
 	// straight into.
 	store   *objectStore

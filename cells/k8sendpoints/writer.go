@@ -13,11 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/tables"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/k8sapi"
 )
@@ -123,10 +123,10 @@ func (w *writer) run(ctx context.Context, health cell.Health) error {
 	case <-ctx.Done():
 		return nil
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(s.cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	podInf := k8sclient.NewInformer(s.cs, s.cs.CoreV1().Pods(metav1.NamespaceAll), &corev1.Pod{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.node).String()
-	}))
-	podInf := factory.Core().V1().Pods().Informer()
+	})
+	factory := k8sclient.NewInformers(podInf)
 	if err := podInf.SetTransform(leanPod); err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func (w *writer) run(ctx context.Context, health cell.Health) error {
 	if err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
+	factory.Start(ctx)
 	defer factory.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return nil

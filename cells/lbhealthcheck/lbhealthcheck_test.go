@@ -20,12 +20,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/lbhealthcheck"
 	"github.com/cellium/cellium/cells/loadbalancer"
@@ -37,7 +37,7 @@ import (
 const nodeName = "node-1"
 
 type testAgent struct {
-	cs       *fake.Clientset
+	cs       *k8sclient.Fake
 	db       *statedb.DB
 	health   statedb.Table[*health.Status]
 	backends statedb.Table[*loadbalancer.SliceBackends]
@@ -62,7 +62,7 @@ func newAgent(config func(*lbhealthcheck.Config)) (*testAgent, *hive.Hive) {
 		cell.Provide(func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {
 			return statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)
 		}),
-		cell.Invoke(func(cs *fake.Clientset, db *statedb.DB, hs statedb.Table[*health.Status],
+		cell.Invoke(func(cs *k8sclient.Fake, db *statedb.DB, hs statedb.Table[*health.Status],
 			bes statedb.Table[*loadbalancer.SliceBackends], svcs statedb.Table[*loadbalancer.Service]) {
 			a.cs, a.db, a.health, a.backends, a.services = cs, db, hs, bes, svcs
 		}),

@@ -20,13 +20,13 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
@@ -134,7 +134,7 @@ func runPipeline(b *testing.B, n int) pipelineResult {
 	h := celltest.New(
 		bpfmaps.Cell, lbmaps.Cell, loadbalancer.Cell,
 		k8sclienttest.Cell(),
-		cell.Invoke(func(cs *fake.Clientset) { feed.Attach(cs) }),
+		cell.Invoke(func(cs *k8sclient.Fake) { feed.Attach(cs) }),
 		cell.Provide(func() daemon.NodeName { return "node-0" }),
 		cell.Provide(func(db *statedb.DB) (statedb.Table[*devices.NodeAddress], error) {
 			return statedb.NewTable(db, devices.NodeAddressesTableName, devices.NodeAddressAddr)

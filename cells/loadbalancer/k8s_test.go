@@ -17,9 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 )
 
@@ -28,7 +28,7 @@ import (
 // wait for the initial sync), fails them, and expires watches (to make the
 // reflectors relist).
 type fakeK8s struct {
-	cs *fake.Clientset
+	cs *k8sclient.Fake
 
 	mu       sync.Mutex
 	listGate chan struct{}
@@ -54,7 +54,7 @@ func newFakeK8s(t testing.TB) *fakeK8s {
 
 // attach puts the test's reactors in front of the clientset's own. Invoke
 // it from the hive, which builds the clientset.
-func (f *fakeK8s) attach(cs *fake.Clientset) {
+func (f *fakeK8s) attach(cs *k8sclient.Fake) {
 	f.cs = cs
 	watchers := slices.Clone(cs.WatchReactionChain)
 	cs.PrependReactor("list", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
@@ -152,7 +152,7 @@ func (f *fakeK8s) waitCalls(ctx context.Context, verb string, n int) error {
 }
 
 func (f *fakeK8s) commands() map[string]script.Cmd {
-	cmds := k8sclienttest.ScriptCommands(func() *fake.Clientset { return f.cs })
+	cmds := k8sclienttest.ScriptCommands(func() *k8sclient.Fake { return f.cs })
 	maps.Copy(cmds, map[string]script.Cmd{
 		"k8s/hold-lists": script.Command(
 			script.CmdUsage{Summary: "Make LISTs wait until k8s/release-lists"},

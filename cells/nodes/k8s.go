@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/health"
@@ -43,7 +42,7 @@ const TaintAgentNotReady = "node.cellium.io/agent-not-ready"
 type nodeWatcher struct {
 	log      *slog.Logger
 	nodes    *nodes
-	factory  informers.SharedInformerFactory
+	factory  *k8sclient.Informers
 	informer cache.SharedIndexInformer
 	store    cache.Store
 
@@ -53,8 +52,8 @@ type nodeWatcher struct {
 }
 
 func newNodeWatcher(log *slog.Logger, cs k8sclient.Clientset, n *nodes) *nodeWatcher {
-	factory := informers.NewSharedInformerFactory(cs, 0)
-	informer := factory.Core().V1().Nodes().Informer()
+	informer := k8sclient.NewInformer(cs, cs.CoreV1().Nodes(), &corev1.Node{}, nil)
+	factory := k8sclient.NewInformers(informer)
 	return &nodeWatcher{log: log, nodes: n, factory: factory, informer: informer, store: informer.GetStore(), localChanged: make(chan struct{})}
 }
 
@@ -93,7 +92,7 @@ func (w *nodeWatcher) run(ctx context.Context, health cell.Health, synced func(s
 		cancel()
 		w.factory.Shutdown()
 	}()
-	w.factory.Start(ctx.Done())
+	w.factory.Start(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return nil
 	}
@@ -247,7 +246,7 @@ func markReady(ctx context.Context, health cell.Health, log *slog.Logger, cs k8s
 				cond := corev1.NodeCondition{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse,
 					Reason: conditionReason, Message: conditionMessage, LastTransitionTime: now, LastHeartbeatTime: now}
 				data, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
-				if _, err := cs.CoreV1().Nodes().PatchStatus(ctx, name, data); err != nil {
+				if _, err := cs.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status"); err != nil {
 					return fmt.Errorf("set NetworkUnavailable=False on Node %s: %w", name, err)
 				}
 				log.Info("Node condition NetworkUnavailable=False", "node", name, "reason", conditionReason)

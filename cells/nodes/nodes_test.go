@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
@@ -29,6 +28,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/kvsync/kvsynctest"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
@@ -39,7 +39,7 @@ import (
 type agent struct {
 	db  *statedb.DB
 	tbl statedb.Table[*nodes.Node]
-	k8s *fake.Clientset
+	k8s *k8sclient.Fake
 	kv  kvstore.Client
 	h   *hive.Hive
 	hs  statedb.Table[*health.Status]
@@ -66,7 +66,7 @@ func start(t *testing.T, o opts) *agent {
 	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(o.k8s...), nodes.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Provide(func() annotationOut { return annotationOut{A: nodes.Annotation{Key: "example.com/test", Value: "yes"}} }),
-		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *fake.Clientset, kv kvstore.Client, hs statedb.Table[*health.Status], m kvsynctest.Metrics) {
+		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *k8sclient.Fake, kv kvstore.Client, hs statedb.Table[*health.Status], m kvsynctest.Metrics) {
 			a.db, a.tbl, a.k8s, a.kv, a.hs, a.m = db, tbl, cs, kv, hs, m
 		}))
 	dir := t.TempDir()

@@ -14,13 +14,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	idcell "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/pkg/identity"
@@ -31,7 +31,7 @@ const nodeName = "node1"
 
 type testAgent struct {
 	t           *testing.T
-	cs          *fake.Clientset
+	cs          *k8sclient.Fake
 	db          *statedb.DB
 	identities  statedb.RWTable[*idcell.Identity]
 	endpoints   statedb.RWTable[*endpointmanager.Endpoint]
@@ -61,7 +61,7 @@ func newAgent(t *testing.T, extra cell.Cell, objects ...runtime.Object) (*testAg
 		cell.Provide(func() daemon.NodeName { return nodeName }),
 		cell.Provide(idcell.NewTable, statedb.RWTable[*idcell.Identity].ToTable),
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
-		cell.Invoke(func(cs *fake.Clientset, db *statedb.DB, ids statedb.RWTable[*idcell.Identity], eps statedb.RWTable[*endpointmanager.Endpoint],
+		cell.Invoke(func(cs *k8sclient.Fake, db *statedb.DB, ids statedb.RWTable[*idcell.Identity], eps statedb.RWTable[*endpointmanager.Endpoint],
 			entries statedb.Table[*policy.Entry], enf statedb.Table[*policy.Enforcement], hs statedb.Table[*health.Status]) {
 			a.cs, a.db, a.identities, a.endpoints, a.entries, a.enforcement, a.health = cs, db, ids, eps, entries, enf, hs
 		}),

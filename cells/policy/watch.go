@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	idcell "github.com/cellium/cellium/cells/identity"
@@ -24,17 +23,18 @@ type policyWatcher struct {
 	log     *slog.Logger
 	db      *statedb.DB
 	rules   statedb.RWTable[*Rule]
-	factory informers.SharedInformerFactory
+	factory *k8sclient.Informers
 	synced  cache.InformerSynced
 	listed  func(statedb.WriteTxn)
 }
 
 func newPolicyWatcher(log *slog.Logger, cs k8sclient.Clientset, db *statedb.DB, rules statedb.RWTable[*Rule]) (*policyWatcher, error) {
-	w := &policyWatcher{log: log, db: db, rules: rules, factory: informers.NewSharedInformerFactory(cs, 0)}
+	inf := k8sclient.NewInformer(cs, cs.NetworkingV1().NetworkPolicies(metav1.NamespaceAll), &networkingv1.NetworkPolicy{}, nil)
+	w := &policyWatcher{log: log, db: db, rules: rules, factory: k8sclient.NewInformers(inf)}
 	txn := db.WriteTxn(rules)
 	w.listed = rules.RegisterInitializer(txn, "k8s-networkpolicies")
 	txn.Commit()
-	reg, err := w.factory.Networking().V1().NetworkPolicies().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.upsert,
 		UpdateFunc: func(_, obj any) { w.upsert(obj) },
 		DeleteFunc: w.delete,
@@ -80,7 +80,7 @@ func (w *policyWatcher) delete(obj any) {
 
 func (w *policyWatcher) run(ctx context.Context) {
 	defer w.factory.Shutdown()
-	w.factory.Start(ctx.Done())
+	w.factory.Start(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), w.synced) {
 		return
 	}
@@ -96,7 +96,7 @@ func (w *policyWatcher) run(ctx context.Context) {
 // egress. The informer keeps of each pod only what that needs (see
 // slimPod).
 type podPorts struct {
-	factory informers.SharedInformerFactory
+	factory *k8sclient.Informers
 	store   cache.Store
 	node    string
 	synced  cache.InformerSynced
@@ -118,8 +118,8 @@ type podPorts struct {
 }
 
 func newPodPorts(cs k8sclient.Clientset, node string, labelsOf func(idcell.Pod) labels.Labels) (*podPorts, error) {
-	factory := informers.NewSharedInformerFactory(cs, 0)
-	inf := factory.Core().V1().Pods().Informer()
+	inf := k8sclient.NewInformer(cs, cs.CoreV1().Pods(metav1.NamespaceAll), &corev1.Pod{}, nil)
+	factory := k8sclient.NewInformers(inf)
 	if err := inf.SetTransform(slimPod); err != nil {
 		return nil, err
 	}
@@ -289,6 +289,6 @@ func podNamedPorts(pod *corev1.Pod) []namedPort {
 
 func (p *podPorts) run(ctx context.Context) {
 	defer p.factory.Shutdown()
-	p.factory.Start(ctx.Done())
+	p.factory.Start(ctx)
 	<-ctx.Done()
 }

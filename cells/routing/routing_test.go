@@ -24,7 +24,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
@@ -32,6 +31,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/ipam"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/metrics"
@@ -56,7 +56,7 @@ type testNode struct {
 	routes    statedb.Table[*routing.Route]
 	neighbors statedb.Table[*routing.Neighbor]
 	fdb       statedb.Table[*routing.FDBEntry]
-	k8s       *fake.Clientset
+	k8s       *k8sclient.Fake
 	metrics   *prometheus.Registry
 	logs      *logtest.Recorder
 }
@@ -148,7 +148,7 @@ func (n *testNode) start(t *testing.T, mode string, objs ...runtime.Object) {
 	n.h = celltest.New(daemon.Cell, metrics.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(objs...), nodes.Cell, routing.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Invoke(func(db *statedb.DB, routes statedb.Table[*routing.Route], neighbors statedb.Table[*routing.Neighbor],
-			fdb statedb.Table[*routing.FDBEntry], cs *fake.Clientset, reg *prometheus.Registry) {
+			fdb statedb.Table[*routing.FDBEntry], cs *k8sclient.Fake, reg *prometheus.Registry) {
 			n.db, n.routes, n.neighbors, n.fdb, n.k8s, n.metrics = db, routes, neighbors, fdb, cs, reg
 		}))
 	hive.AddConfigOverride(n.h, func(c *daemon.Config) {

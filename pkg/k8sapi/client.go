@@ -6,16 +6,17 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
-
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // Scheme holds the kinds of cellium.io/v1alpha1 and nothing else.
@@ -31,7 +32,7 @@ var Scheme = func() *runtime.Scheme {
 type Client struct {
 	rest     rest.Interface
 	dyn      dynamic.Interface
-	coord    coordinationv1.CoordinationV1Interface
+	coord    kubeclient.Source
 	requests *prometheus.CounterVec
 }
 
@@ -53,7 +54,11 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client for %s: %w", cfg.Host, err)
 	}
-	coord, err := coordinationv1.NewForConfig(cfg)
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP client for %s: %w", cfg.Host, err)
+	}
+	coord, err := kubeclient.NewRESTSource(cfg, httpClient, coordinationv1.SchemeGroupVersion)
 	if err != nil {
 		return nil, fmt.Errorf("coordination client for %s: %w", cfg.Host, err)
 	}
@@ -62,8 +67,8 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 
 // Leases is the client of the Leases in namespace (the identity
 // collector's election).
-func (c *Client) Leases(namespace string) coordinationv1.LeaseInterface {
-	return c.coord.Leases(namespace)
+func (c *Client) Leases(namespace string) kubeclient.Client[*coordinationv1.Lease, *coordinationv1.LeaseList] {
+	return kubeclient.New(c.coord, "leases", "Lease", namespace, func(l *coordinationv1.LeaseList) *[]coordinationv1.Lease { return &l.Items })
 }
 
 // CreateIdentity creates an identity; an error satisfying

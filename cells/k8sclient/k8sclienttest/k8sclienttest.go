@@ -4,9 +4,8 @@
 //
 //	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
 //
-// Writes go through the *fake.Clientset's typed or generic clients, so
-// watches see them as an API server's would. Tracker() is client-go's
-// tracker, not the embedded server's store: nothing reads it.
+// Writes go through the *k8sclient.Fake's typed or generic clients, so
+// watches see them as an API server's would.
 package k8sclienttest
 
 import (
@@ -23,15 +22,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/kubernetes/scheme"
+
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // Cell provides a k8sclient.Clientset backed by the embedded API server
-// seeded with objects (Embedded() is true), and the *fake.Clientset itself
+// seeded with objects (Embedded() is true), and the *k8sclient.Fake itself
 // so a test can create, update and delete objects.
 func Cell(objects ...runtime.Object) cell.Cell {
 	return cell.Module(
@@ -52,15 +51,15 @@ type out struct {
 	cell.Out
 
 	Clientset k8sclient.Clientset
-	Fake      *fake.Clientset
+	Fake      *k8sclient.Fake
 }
 
 // ScriptCommands are k8s/add, k8s/update and k8s/delete FILE...: the
-// objects of YAML files, of any kind the client-go scheme knows, created,
+// objects of YAML files, of any kind kubeclient.Scheme knows, created,
 // updated or deleted through the clientset cs returns. cs is called when a
 // command runs: a script engine is made before the hive that makes the
 // clientset has been populated.
-func ScriptCommands(cs func() *fake.Clientset) map[string]script.Cmd {
+func ScriptCommands(cs func() *k8sclient.Fake) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"k8s/add":    applyCmd("Create the objects of YAML files", cs, Create),
 		"k8s/update": applyCmd("Update the objects of YAML files", cs, Update),
@@ -71,19 +70,19 @@ func ScriptCommands(cs func() *fake.Clientset) map[string]script.Cmd {
 // Create, Update and Delete write obj through cs's reactors, as its typed
 // clients would, whatever its kind. Namespaced objects without a namespace
 // are in "default", as with kubectl.
-func Create(cs *fake.Clientset, obj runtime.Object) error {
+func Create(cs *k8sclient.Fake, obj runtime.Object) error {
 	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
 		return k8stesting.NewCreateAction(gvr, ns, obj)
 	})
 }
 
-func Update(cs *fake.Clientset, obj runtime.Object) error {
+func Update(cs *k8sclient.Fake, obj runtime.Object) error {
 	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
 		return k8stesting.NewUpdateAction(gvr, ns, obj)
 	})
 }
 
-func Delete(cs *fake.Clientset, obj runtime.Object) error {
+func Delete(cs *k8sclient.Fake, obj runtime.Object) error {
 	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
 		m, _ := meta.Accessor(obj)
 		return k8stesting.NewDeleteAction(gvr, ns, m.GetName())
@@ -91,7 +90,7 @@ func Delete(cs *fake.Clientset, obj runtime.Object) error {
 }
 
 // applyCmd does fn with each object of the YAML files it is given.
-func applyCmd(summary string, cs func() *fake.Clientset, fn func(*fake.Clientset, runtime.Object) error) script.Cmd {
+func applyCmd(summary string, cs func() *k8sclient.Fake, fn func(*k8sclient.Fake, runtime.Object) error) script.Cmd {
 	return script.Command(
 		script.CmdUsage{Summary: summary, Args: "file..."},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
@@ -113,7 +112,7 @@ func applyCmd(summary string, cs func() *fake.Clientset, fn func(*fake.Clientset
 		})
 }
 
-func invoke(cs *fake.Clientset, obj runtime.Object, action func(schema.GroupVersionResource, string) k8stesting.Action) error {
+func invoke(cs *k8sclient.Fake, obj runtime.Object, action func(schema.GroupVersionResource, string) k8stesting.Action) error {
 	gvr, namespaced, err := k8sclient.ResourceOf(obj)
 	if err != nil {
 		return err
@@ -161,7 +160,7 @@ func Decode(data []byte) ([]runtime.Object, error) {
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		obj, _, err := kubeclient.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -12,13 +12,13 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/cellium/cellium/cells/k8sclient"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -80,7 +80,7 @@ func NewFeed(n int, mode string) *Feed {
 func (f *Feed) Delete() { close(f.deletes) }
 
 // Attach answers cs's LISTs and WATCHes of services and endpointslices.
-func (f *Feed) Attach(cs *fake.Clientset) {
+func (f *Feed) Attach(cs *k8sclient.Fake) {
 	for _, resource := range []string{"services", "endpointslices"} {
 		cs.PrependReactor("list", resource, func(k8stesting.Action) (bool, runtime.Object, error) {
 			<-f.Start
