@@ -65,6 +65,12 @@ type Probe struct {
 type ProbeResult struct {
 	OK    bool
 	Error string `json:",omitempty"`
+	// Retransmits are the segments a TCP probe sent again before it was
+	// connected (tcpi_total_retrans): a SYN, or its answer, lost in the
+	// way. A connection that needed one was dropped for a moment (the
+	// first SYN retransmission comes after 1s), which a timeout longer
+	// than that does not show by itself.
+	Retransmits uint32 `json:",omitempty"`
 }
 
 // Prober runs probes from a pod: one process in the pod (its network
@@ -286,7 +292,12 @@ func runProbe(p Probe, srcPort uint16) ProbeResult {
 		d := net.Dialer{Timeout: p.Timeout, LocalAddr: &net.TCPAddr{Port: int(srcPort)}}
 		var conn net.Conn
 		if conn, err = d.Dial("tcp", p.To.String()); err == nil {
+			retrans, err := tcpRetransmits(conn.(*net.TCPConn))
 			conn.Close()
+			if err != nil {
+				return ProbeResult{Error: err.Error()}
+			}
+			return ProbeResult{OK: true, Retransmits: retrans}
 		}
 	case UDP:
 		err = probeUDP(p, srcPort)
@@ -299,6 +310,25 @@ func runProbe(p Probe, srcPort uint16) ProbeResult {
 		return ProbeResult{Error: err.Error()}
 	}
 	return ProbeResult{OK: true}
+}
+
+// tcpRetransmits is the segments conn sent again so far (TCP_INFO).
+func tcpRetransmits(conn *net.TCPConn) (uint32, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		info *unix.TCPInfo
+		ierr error
+	)
+	if err := rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		return 0, err
+	}
+	if ierr != nil {
+		return 0, fmt.Errorf("TCP_INFO: %w", ierr)
+	}
+	return info.Total_retrans, nil
 }
 
 func probeUDP(p Probe, srcPort uint16) error {
