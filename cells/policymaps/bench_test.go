@@ -83,6 +83,10 @@ func BenchmarkMapMemory(b *testing.B) {
 		kernelPer = -1
 		if cg != nil {
 			kernelPer = float64(cg.kernel(b)-kernel0) / float64(n)
+			// The charge holds every node memlock counts, and more.
+			if kernelPer < memlockPer {
+				b.Fatalf("%.0f B per entry charged to the map's cgroup %s, below its memlock's %.0f B: the entries were not charged there", kernelPer, cg.dir, memlockPer)
+			}
 		}
 		trie.Close()
 
