@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -276,7 +275,7 @@ func BenchmarkRemotePodIdentity(b *testing.B) {
 			line += fmt.Sprintf(" endpoint_creates_per_pod=%.2f endpoint_updates_per_pod=%.2f identity_creates_per_pod=%.2f",
 				perPod("create "+k8sapi.ResourceEndpoints), perPod("update "+k8sapi.ResourceEndpoints), perPod("create "+k8sapi.ResourceIdentities))
 		}
-		fmt.Println(line + " load=" + loadAvg())
+		fmt.Println(line + " load=" + procstat.LoadAverage())
 	}
 }
 
@@ -335,7 +334,7 @@ func BenchmarkCRDStart(b *testing.B) {
 	waitCount(b, "endpoints in node-2's ipcache map", 5*time.Minute, nEps, func() int { return k8sInMap(watcher) })
 	heapN, rssN := memMark(b)
 	fmt.Printf("crd-memory-bench endpoints=%d heap_kb_per_1k=%.0f rss_kb_per_1k=%.0f load=%s\n", nEps,
-		float64(heapN-heap0)/1024/float64(nEps)*1000, float64(rssN-rss0)/1024/float64(nEps)*1000, loadAvg())
+		float64(heapN-heap0)/1024/float64(nEps)*1000, float64(rssN-rss0)/1024/float64(nEps)*1000, procstat.LoadAverage())
 	watcher.stop(b)
 
 	b.ResetTimer()
@@ -356,7 +355,7 @@ func BenchmarkCRDStart(b *testing.B) {
 		return client.RequestCount(verb, k8sapi.ResourceEndpoints) + client.RequestCount(verb, k8sapi.ResourceIdentities)
 	}
 	fmt.Printf("crd-start-bench endpoints=%d identities=%d setup_identities_s=%.1f setup_endpoints_s=%.1f listed_s=%.2f in_map_s=%.2f apiserver_cpu_s=%.2f lists=%d watches=%d load=%s\n",
-		nEps, nIDs, setupIDs.Seconds(), setupEps.Seconds(), listed.Seconds(), inMap.Seconds(), cpu.Seconds(), req("list"), req("watch"), loadAvg())
+		nEps, nIDs, setupIDs.Seconds(), setupEps.Seconds(), listed.Seconds(), inMap.Seconds(), cpu.Seconds(), req("list"), req("watch"), procstat.LoadAverage())
 }
 
 // benchEndpointIP is the address of BenchmarkCRDStart's endpoint i, out of
@@ -475,17 +474,4 @@ func apiServerCPU(b *testing.B, kas *kubeapitest.Server) time.Duration {
 		b.Fatal(err)
 	}
 	return d
-}
-
-// loadAvg is the 1-minute load average.
-func loadAvg() string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(data))
-	if len(f) == 0 {
-		return "?"
-	}
-	return f[0]
 }

@@ -117,7 +117,7 @@ func BenchmarkAddParallel(b *testing.B) {
 	pods, single := *benchPods, *benchSingle
 	for range b.N {
 		b.StopTimer()
-		load := loadAverage(b)
+		load := procstat.LoadAverage()
 		n := newNode(b)
 		// IPv6 only: a /112 holds every pod.
 		n.podCIDR = n.v6.Addr().String() + "/112"
@@ -233,15 +233,6 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[(len(s)*p+99)/100-1]
-}
-
-// loadAverage is the 1-minute load average.
-func loadAverage(b *testing.B) string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		b.Fatal(err)
-	}
-	return strings.Fields(string(data))[0]
 }
 
 // cpuProfile starts a CPU profile of the agent (with -cni.profile-dir, which

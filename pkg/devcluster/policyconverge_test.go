@@ -15,6 +15,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/policymap"
+	"github.com/cellium/cellium/pkg/procstat"
 )
 
 // convergePolicy is a NetworkPolicy that selects every app=web pod and
@@ -141,7 +142,7 @@ func BenchmarkPolicyConvergence(b *testing.B) {
 
 	c.WriteManifest("web-base.yaml", convergePolicy("web-base", 80))
 	until(80, endpoints, "base policy")
-	load0 := loadAverage(b)
+	load0 := procstat.LoadAverage()
 	var adds, fromRule, deletes []time.Duration
 	b.ResetTimer()
 	for range b.N {
@@ -172,5 +173,5 @@ func BenchmarkPolicyConvergence(b *testing.B) {
 	b.ReportMetric(ms(deletes, 50), "delete-p50-ms")
 	fmt.Printf("policy-converge-bench endpoints=%d changes=%d add_p50_ms=%.1f add_p99_ms=%.1f from_rule_p50_ms=%.1f from_rule_p99_ms=%.1f delete_p50_ms=%.1f delete_p99_ms=%.1f load=%s..%s\n",
 		endpoints, len(adds), ms(adds, 50), ms(adds, 99), ms(fromRule, 50), ms(fromRule, 99),
-		ms(deletes, 50), ms(deletes, 99), load0, loadAverage(b))
+		ms(deletes, 50), ms(deletes, 99), load0, procstat.LoadAverage())
 }

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/procstat"
 )
 
 // Ports of the policy datapath benchmark's server pod.
@@ -98,7 +97,7 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 	c.Sink(devclustertest.Where{Pod: "server"}, policyBulkPort)
 	c.ServeProbes("other", 80)
 	fromOther, fromClient := c.Prober("other"), c.Prober("client")
-	load0 := loadAverage(b)
+	load0 := procstat.LoadAverage()
 
 	// setPolicy writes or removes the manifest and waits until the
 	// datapath enforces it, or not; then until settle has passed since it
@@ -148,6 +147,13 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 	}
 	defer stats.Close()
 	node := c.Node("node-1")
+	agentCPUNow := func() time.Duration {
+		d, err := procstat.CPU(node.Agent.PID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
 	hostIfs := []int{hostIfIndex(b, c, server), hostIfIndex(b, c, client)}
 	var sides [2]side // [0] no policy, [1] policy
 	b.ResetTimer()
@@ -163,7 +169,7 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 					s = &sides[1]
 				}
 				progs := endpointPrograms(b, node.NetNS, hostIfs)
-				cpu0 := processCPU(b, node.Agent.PID)
+				cpu0 := agentCPUNow()
 				cn, err := dialFrom(client.NetNS, netip.AddrPortFrom(server.IPv4, policyRRPort))
 				if err != nil {
 					b.Fatal(err)
@@ -181,7 +187,7 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 				r := c.Send(devclustertest.Where{Pod: "client"}, netip.AddrPortFrom(server.IPv4, policyBulkPort), d)
 				s.busy += (machineBusy(b) - before).Seconds()
 				p3 := progs.runs(b)
-				s.agentCPU += processCPU(b, node.Agent.PID) - cpu0
+				s.agentCPU += agentCPUNow() - cpu0
 				progs.close()
 				s.rrProg.add(p1.sub(p0))
 				s.crrProg.add(p2.sub(p1))
@@ -223,7 +229,7 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 		none.crrs, pol.crrs, none.crrP99.Microseconds(), pol.crrP99.Microseconds(),
 		gbps(none), gbps(pol), none.busy/none.gbit, pol.busy/pol.gbit,
 		none.rrProg.ns(), pol.rrProg.ns(), none.crrProg.ns(), pol.crrProg.ns(), perConn(none), perConn(pol), none.bulkProg.ns(), pol.bulkProg.ns(), perGbit(none), perGbit(pol),
-		none.agentCPU.Seconds(), pol.agentCPU.Seconds(), load0, loadAverage(b))
+		none.agentCPU.Seconds(), pol.agentCPU.Seconds(), load0, procstat.LoadAverage())
 }
 
 // connectRoundTrips opens a connection from the namespace nsPath to a
@@ -266,20 +272,6 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	}
 	slices.Sort(ds)
 	return ds[(len(ds)*p+99)/100-1]
-}
-
-// loadAverage is the machine's 1-minute load average, as /proc/loadavg
-// prints it.
-func loadAverage(b *testing.B) string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := strings.Fields(string(data))
-	if len(f) == 0 {
-		b.Fatalf("/proc/loadavg: %q", data)
-	}
-	return f[0]
 }
 
 // progRuns is how often BPF programs ran and for how long in all.
@@ -371,28 +363,4 @@ func hostIfIndex(b *testing.B, c *devclustertest.Cluster, p devcluster.Pod) int 
 		b.Fatal(err)
 	}
 	return e.HostIfIndex
-}
-
-// processCPU is the CPU time (user and system) the process pid has used.
-func processCPU(b *testing.B, pid int) time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The fields after the command, which is in parentheses and may hold
-	// spaces: utime and stime are the 12th and 13th.
-	_, rest, _ := strings.Cut(string(data), ") ")
-	f := strings.Fields(rest)
-	if len(f) < 13 {
-		b.Fatalf("/proc/%d/stat: %q", pid, data)
-	}
-	var ticks int64
-	for _, v := range f[11:13] {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/%d/stat: %q: %v", pid, data, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * time.Second / userHZ
 }

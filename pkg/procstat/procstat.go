@@ -86,3 +86,18 @@ func parseRSS(data []byte) (uint64, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS line")
 }
+
+// LoadAverage is the machine's 1-minute load average as /proc/loadavg
+// prints it, "?" when it cannot be read: the figure every benchmark line
+// carries beside its own.
+func LoadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
+}

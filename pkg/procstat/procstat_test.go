@@ -1,6 +1,7 @@
 package procstat
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +70,13 @@ func TestSelf(t *testing.T) {
 	}
 	if _, err := CPU(1 << 30); err == nil {
 		t.Error("CPU of a process that does not exist gave no error")
+	}
+}
+
+// The load average is the first field of /proc/loadavg, a number.
+func TestLoadAverage(t *testing.T) {
+	v := LoadAverage()
+	if _, err := strconv.ParseFloat(v, 64); err != nil {
+		t.Fatalf("LoadAverage() = %q, not a number: %v", v, err)
 	}
 }
