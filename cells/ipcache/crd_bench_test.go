@@ -45,7 +45,9 @@ import (
 )
 
 var (
-	remotePods       = flag.Int("remote.pods", 100, "pods per mode in BenchmarkRemotePodIdentity")
+	remotePods       = flag.Int("remote.pods", 100, "pods per mode and pace in BenchmarkRemotePodIdentity")
+	remoteQPS        = flag.Float64("remote.k8s-api-qps", 0, "the agents' --k8s-api-qps in BenchmarkRemotePodIdentity (0: the default)")
+	remotePace       = flag.Duration("remote.pace", 100*time.Millisecond, "BenchmarkRemotePodIdentity's paced round: a pod per mode every this long")
 	crdStartEps      = flag.Int("crdstart.endpoints", 10_000, "CelliumEndpoint objects in BenchmarkCRDStart")
 	crdStartIdents   = flag.Int("crdstart.identities", 1_000, "CelliumIdentity objects in BenchmarkCRDStart")
 	crdCreateWorkers = flag.Int("crdstart.workers", 32, "parallel creates of BenchmarkCRDStart's objects")
@@ -131,7 +133,12 @@ func (c *apiCluster) startAgent(b *testing.B, name, mode string) *agentNode {
 		cfg.StateDir, cfg.RunDir, cfg.NodeName = filepath.Join(dir, "state"), filepath.Join(dir, "run"), name
 	})
 	hive.AddConfigOverride(n.h, func(cfg *bpfmaps.Config) { cfg.BPFRoot = root })
-	hive.AddConfigOverride(n.h, func(cfg *k8sclient.Config) { cfg.K8sMode, cfg.Kubeconfig = "kubeconfig", c.kubeconfig })
+	hive.AddConfigOverride(n.h, func(cfg *k8sclient.Config) {
+		cfg.K8sMode, cfg.Kubeconfig = "kubeconfig", c.kubeconfig
+		if *remoteQPS > 0 {
+			cfg.K8sAPIQPS, cfg.K8sAPIBurst = float32(*remoteQPS), int(2**remoteQPS)
+		}
+	})
 	hive.AddConfigOverride(n.h, func(cfg *idalloc.Config) { cfg.IdentityAllocationMode = mode })
 	if mode == "kvstore" {
 		hive.AddConfigOverride(n.h, func(cfg *kvstore.Config) {
@@ -190,12 +197,16 @@ func (n *agentNode) waitK8sRow(ip netip.Addr, id identity.NumericIdentity, timeo
 // endpoints in the Kubernetes API (crd mode, CelliumEndpoint objects) and
 // in etcd (kvstore mode, ip/v1 keys), the two clusters side by side on
 // one kube-apiserver and etcd, a pod in one then a pod in the other, so
-// both see the same load. In crd mode also the time until node-2's table
-// of CelliumEndpoints has the pod (table_*: the API's part), and node-1's
-// requests per pod start:
+// both see the same load; once with the pods -remote.pace apart, once
+// back to back. In crd mode also the time until node-2's table of
+// CelliumEndpoints has the pod (table_*: the API's part), and node-1's
+// requests per pod start. -remote.k8s-api-qps sets the agents'
+// --k8s-api-qps (burst twice that) for a look at its rate limit. It prints
 //
-//	remote-identity-bench mode=kvstore pods=100 p50_ms=... p99_ms=...
-//	remote-identity-bench mode=crd pods=100 p50_ms=... p99_ms=... table_p50_ms=... table_p99_ms=... endpoint_creates_per_pod=... endpoint_updates_per_pod=... identity_creates_per_pod=... load=...
+//	remote-identity-bench mode=kvstore pace=100ms pods=100 p50_ms=... p99_ms=... load=...
+//	remote-identity-bench mode=crd pace=100ms pods=100 p50_ms=... p99_ms=... table_p50_ms=... table_p99_ms=... load=...
+//	(the same with pace=none)
+//	remote-identity-bench mode=crd pods=200 endpoint_creates_per_pod=... endpoint_updates_per_pod=... identity_creates_per_pod=...
 func BenchmarkRemotePodIdentity(b *testing.B) {
 	c := startAPICluster(b)
 	ctx := context.Background()
@@ -212,7 +223,7 @@ func BenchmarkRemotePodIdentity(b *testing.B) {
 		}
 		ids[mode] = id
 	}
-	for i := range *remotePods {
+	for i := range 2 * *remotePods {
 		if _, err := c.kas.Admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i)},
 			Spec:       corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "none"}}},
@@ -228,55 +239,74 @@ func BenchmarkRemotePodIdentity(b *testing.B) {
 		before[k] = count(verb, res)
 	}
 
-	lat := map[string][]time.Duration{}
+	// Two rounds: pods paced (-remote.pace apart, 10 a second by default:
+	// below the agent's --k8s-api-qps of 20), then back to back, where crd
+	// mode's creates meet that rate limit once its burst is spent.
+	type round struct {
+		pace string
+		lat  map[string][]time.Duration
+	}
+	rounds := []round{{pace: remotePace.String(), lat: map[string][]time.Duration{}}, {pace: "none", lat: map[string][]time.Duration{}}}
 	b.ResetTimer()
-	for i := range *remotePods {
-		name := fmt.Sprintf("bench-%d", i)
-		ip := netip.AddrFrom4([4]byte{10, 1, byte(1 + i/250), byte(1 + i%250)})
-		for _, mode := range modes {
-			p := clusters[mode]
-			start := time.Now()
-			txn := p.a.db.WriteTxn(p.a.eps)
-			p.a.eps.Insert(txn, &endpointmanager.Endpoint{ID: uint16(100 + i), ContainerID: name, PodNamespace: "default", PodName: name,
-				IPv4: ip, Identity: ids[mode], State: endpointmanager.Ready})
-			txn.Commit()
-			if mode == "crd" {
-				if err := p.b.waitK8sRow(ip, ids[mode], 30*time.Second); err != nil {
-					b.Fatalf("pod %s: %v", name, err)
+	for r, rd := range rounds {
+		t0 := time.Now()
+		for i := range *remotePods {
+			if r == 0 {
+				if wait := time.Until(t0.Add(time.Duration(i) * *remotePace)); wait > 0 {
+					time.Sleep(wait) // the workload's pace, not a synchronization
 				}
-				lat["table"] = append(lat["table"], time.Since(start))
 			}
-			if err := p.b.waitInMap(ip, ids[mode], 30*time.Second); err != nil {
-				b.Fatalf("%s mode, pod %s: %v", mode, name, err)
+			k := r**remotePods + i
+			name := fmt.Sprintf("bench-%d", k)
+			ip := netip.AddrFrom4([4]byte{10, 1, byte(1 + k/250), byte(1 + k%250)})
+			for _, mode := range modes {
+				p := clusters[mode]
+				start := time.Now()
+				txn := p.a.db.WriteTxn(p.a.eps)
+				p.a.eps.Insert(txn, &endpointmanager.Endpoint{ID: uint16(100 + k), ContainerID: name, PodNamespace: "default", PodName: name,
+					IPv4: ip, Identity: ids[mode], State: endpointmanager.Ready})
+				txn.Commit()
+				if mode == "crd" {
+					if err := p.b.waitK8sRow(ip, ids[mode], 30*time.Second); err != nil {
+						b.Fatalf("pod %s: %v", name, err)
+					}
+					rd.lat["table"] = append(rd.lat["table"], time.Since(start))
+				}
+				if err := p.b.waitInMap(ip, ids[mode], 30*time.Second); err != nil {
+					b.Fatalf("%s mode, pod %s: %v", mode, name, err)
+				}
+				rd.lat[mode] = append(rd.lat[mode], time.Since(start))
 			}
-			lat[mode] = append(lat[mode], time.Since(start))
 		}
 	}
 	b.StopTimer()
+	pods := len(rounds) * *remotePods
 	// The last create's answer may be counted after node-2 saw the object.
-	wantCreates := before["create "+k8sapi.ResourceEndpoints] + *remotePods
+	wantCreates := before["create "+k8sapi.ResourceEndpoints] + pods
 	for deadline := time.Now().Add(10 * time.Second); count("create", k8sapi.ResourceEndpoints) < wantCreates && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
 	perPod := func(k string) float64 {
 		verb, res, _ := strings.Cut(k, " ")
-		return float64(count(verb, res)-before[k]) / float64(*remotePods)
+		return float64(count(verb, res)-before[k]) / float64(pods)
 	}
 	pct := func(l []time.Duration) (p50, p99 float64) {
 		slices.Sort(l)
 		return float64(l[len(l)/2].Microseconds()) / 1000, float64(l[len(l)*99/100].Microseconds()) / 1000
 	}
-	for _, mode := range modes {
-		p50, p99 := pct(lat[mode])
-		line := fmt.Sprintf("remote-identity-bench mode=%s pods=%d p50_ms=%.1f p99_ms=%.1f", mode, len(lat[mode]), p50, p99)
-		if mode == "crd" {
-			t50, t99 := pct(lat["table"])
-			line += fmt.Sprintf(" table_p50_ms=%.1f table_p99_ms=%.1f", t50, t99)
-			line += fmt.Sprintf(" endpoint_creates_per_pod=%.2f endpoint_updates_per_pod=%.2f identity_creates_per_pod=%.2f",
-				perPod("create "+k8sapi.ResourceEndpoints), perPod("update "+k8sapi.ResourceEndpoints), perPod("create "+k8sapi.ResourceIdentities))
+	for _, rd := range rounds {
+		for _, mode := range modes {
+			p50, p99 := pct(rd.lat[mode])
+			line := fmt.Sprintf("remote-identity-bench mode=%s pace=%s pods=%d p50_ms=%.1f p99_ms=%.1f", mode, rd.pace, len(rd.lat[mode]), p50, p99)
+			if mode == "crd" {
+				t50, t99 := pct(rd.lat["table"])
+				line += fmt.Sprintf(" table_p50_ms=%.1f table_p99_ms=%.1f", t50, t99)
+			}
+			fmt.Println(line + " load=" + procstat.LoadAverage())
 		}
-		fmt.Println(line + " load=" + procstat.LoadAverage())
 	}
+	fmt.Printf("remote-identity-bench mode=crd pods=%d endpoint_creates_per_pod=%.2f endpoint_updates_per_pod=%.2f identity_creates_per_pod=%.2f\n",
+		pods, perPod("create "+k8sapi.ResourceEndpoints), perPod("update "+k8sapi.ResourceEndpoints), perPod("create "+k8sapi.ResourceIdentities))
 }
 
 // BenchmarkCRDStart puts -crdstart.identities CelliumIdentity and
