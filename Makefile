@@ -149,12 +149,13 @@ bench-agent: kube-apiserver
 # CNI ADD (as root): 100 pods added at once through the built plugin and
 # agent, beside the floor (a plugin that does nothing, as many execs at
 # once) and single ADDs on the idle node; latency percentiles and the
-# agent's CPU and memory per 1,000 pods. Ends with `cni-bench ...` and
-# `cni-live-bench ...` (the parts of the ADDs' wait for the datapath).
+# agent's CPU and memory per 1,000 pods. Ends with `cni-bench ...`,
+# `cni-live-bench ...` (the parts of the ADDs' wait for the datapath) and
+# `cni-steps-bench ...` (how long each step of a creation took in the agent).
 bench-cni:
 	@mkdir -p $(BIN)
 	$(GO) test ./cmd/cellium-cni -run '^$$' -bench AddParallel -benchtime 1x -count 1 | tee $(BIN)/bench-cni.out
-	@grep -E '^cni-(live-)?bench ' $(BIN)/bench-cni.out | tail -n 2
+	@grep -E '^cni-(live-|steps-)?bench ' $(BIN)/bench-cni.out | tail -n 3
 
 # Hubble pipeline benchmark (as root): datapath event records written into
 # the real ring buffer, decoded by the monitor, converted to flows into the

@@ -3,6 +3,7 @@ package endpointmanager_test
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -93,10 +94,11 @@ func waiting(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 // TestCreateWaitsForLive: a creation puts the endpoint in the table as
-// starting, with no host route to the pod, and waits while a live
-// condition (the datapath's, the policy's) does not hold, counted as
-// waiting; once it holds the host route comes, the endpoint is ready and
-// the creation returns.
+// starting, with no host route to the pod and its host side down (the
+// loader attaches its programs so, see cells/loader/tc.go), and waits
+// while a live condition (the datapath's, the policy's) does not hold,
+// counted as waiting; once it holds the host side comes up with the host
+// route, the endpoint is ready and the creation returns.
 func TestCreateWaitsForLive(t *testing.T) {
 	g := newGate()
 	tn := newTestNet(t)
@@ -120,6 +122,9 @@ func TestCreateWaitsForLive(t *testing.T) {
 			t.Errorf("the host routes to %s through %s before the endpoint is live: %s", ip, ep.HostIfName, r)
 		}
 	}
+	if hostUp(t, ep) {
+		t.Errorf("the host side %s is up before the endpoint is live", ep.HostIfName)
+	}
 	if got := waiting(t, n.metrics, "gate"); got != 1 {
 		t.Errorf("cellium_endpoints_waiting{for=gate} = %v while the creation waits, want 1", got)
 	}
@@ -141,6 +146,9 @@ func TestCreateWaitsForLive(t *testing.T) {
 		if hostRoute(t, r.ep, ip) == nil {
 			t.Errorf("no host route to %s through %s once the endpoint is ready", ip, r.ep.HostIfName)
 		}
+	}
+	if !hostUp(t, r.ep) {
+		t.Errorf("the host side %s is down once the endpoint is ready", r.ep.HostIfName)
 	}
 	if got := waiting(t, n.metrics, "gate"); got != 0 {
 		t.Errorf("cellium_endpoints_waiting{for=gate} = %v after the creation, want 0", got)
@@ -183,6 +191,16 @@ func TestCreateLiveTimeout(t *testing.T) {
 	if link := hostLinkExists(endpointmanager.HostIfName(p.id)); link {
 		t.Errorf("host side %s left after a failed creation", endpointmanager.HostIfName(p.id))
 	}
+}
+
+// hostUp says whether ep's host side is up.
+func hostUp(t *testing.T, ep *endpointmanager.Endpoint) bool {
+	t.Helper()
+	l, err := netlink.LinkByIndex(ep.HostIfIndex)
+	if err != nil {
+		t.Fatalf("host side %s (ifindex %d): %v", ep.HostIfName, ep.HostIfIndex, err)
+	}
+	return l.Attrs().Flags&net.FlagUp != 0
 }
 
 func hostLinkExists(name string) bool {

@@ -61,6 +61,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	if meta, ok := m.podMeta(req.PodNamespace, req.PodName); ok {
 		meta.apply(ep)
 	}
+	steps := newStepTimes()
 	// Before the lock: the path comes from the caller, and what it names
 	// is no business of other requests.
 	podNS, err := checkPodNetns(ctx, req.Netns)
@@ -68,9 +69,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 		return nil, err
 	}
 	defer podNS.Close()
+	steps.done("netns")
 	// Before the lock: the allocator may wait for the kvstore.
 	ep.Identity, ep.IdentityPending = m.acquireIdentity(ctx, ep, identity.Unknown)
-	created, err := m.createLocked(ctx, req, ep, podNS)
+	steps.done("identity")
+	created, err := m.createLocked(ctx, req, ep, podNS, steps)
 	if err != nil {
 		m.releaseIdentity(ep)
 		return nil, err
@@ -85,7 +88,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 	return created, nil
 }
 
-func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpoint, podNS netns.NsHandle) (*Endpoint, error) {
+func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpoint, podNS netns.NsHandle, steps *stepTimes) (*Endpoint, error) {
 	unlock, err := m.locks.lockContainer(ctx, req.ContainerID)
 	if err != nil {
 		return nil, err
@@ -109,7 +112,8 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 		return nil, err
 	}
 	ep.ID = id
-	ep, err = m.create(ctx, ep, podNS)
+	steps.done("lock")
+	ep, err = m.create(ctx, ep, podNS, steps)
 	if err != nil {
 		m.undo(ep)
 		return nil, err
@@ -117,7 +121,7 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 	return ep, nil
 }
 
-func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle) (*Endpoint, error) {
+func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle, steps *stepTimes) (*Endpoint, error) {
 	for _, pool := range m.ipam.Pools() {
 		a, err := m.ipam.Allocate(ctx, ipam.Request{Owner: ep.ContainerID, Family: pool.Family})
 		if err != nil {
@@ -130,12 +134,15 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		}
 	}
 	m.crashPoint(CrashIPAMAllocated)
+	steps.done("ipam")
 	if err := m.states.write(ep, phaseCreating); err != nil {
 		return ep, err
 	}
+	steps.done("state")
 	if err := m.plumb.plumb(ep, podNS, m.routers(), nil, false); err != nil {
 		return ep, err
 	}
+	steps.done("veth")
 	// The datapath takes the endpoint in (its map entry, its programs,
 	// its policy) before anything can reach the pod: the host routes to
 	// it come after, and only then is it ready.
@@ -144,24 +151,46 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	if err != nil {
 		return ep, err
 	}
+	steps.done("insert")
 	live, err := m.waitLive(ctx, ep.ID, rev)
 	if err != nil {
 		return ep, err
 	}
+	steps.done("live")
 	if err := routeHost(ep); err != nil {
 		return ep, err
 	}
+	steps.done("route")
 	ep.State = Ready
 	if err := m.states.write(ep, phaseReady); err != nil {
 		return ep, err
 	}
+	steps.done("state-ready")
 	m.crashPoint(CrashEndpointPersisted)
 	if err := m.markReady(ep.ID); err != nil {
 		return ep, err
 	}
+	steps.done("ready")
 	m.log.Info("Created endpoint", "id", ep.ID, "container", ep.ContainerID, "interface", ep.IfName,
-		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6, slog.Group("live", live...))
+		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6, slog.Group("live", live...),
+		slog.Group("steps", steps.out...))
 	return ep, nil
+}
+
+// stepTimes are how long each step of a creation took, for its log line:
+// what a slow ADD spent its time on.
+type stepTimes struct {
+	last time.Time
+	out  []any
+}
+
+func newStepTimes() *stepTimes { return &stepTimes{last: time.Now()} }
+
+// done ends the step name, begun when the one before ended.
+func (s *stepTimes) done(name string) {
+	now := time.Now()
+	s.out = append(s.out, name, now.Sub(s.last).Round(time.Microsecond))
+	s.last = now
 }
 
 // undo removes what a failed creation made, in the reverse order.

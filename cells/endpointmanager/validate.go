@@ -43,5 +43,8 @@ func validIfName(name string) error {
 // before it wrote down the endpoint.
 func HostIfName(containerID string) string {
 	sum := sha256.Sum256([]byte(containerID))
-	return "lxc" + hex.EncodeToString(sum[:])[:12]
+	return HostIfPrefix + hex.EncodeToString(sum[:])[:12]
 }
+
+// HostIfPrefix begins the name of every endpoint's host side.
+const HostIfPrefix = "lxc"

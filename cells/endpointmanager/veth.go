@@ -117,8 +117,9 @@ type plumbing struct {
 // router addresses; host is what the host side has, read once for many
 // endpoints (see readHost), or nil to read it here. podNS is ep.Netns
 // opened by the caller, or netns.None() to open it here. Without
-// withHostRoutes the host's routes to the pod are left out: a creation
-// adds them (routeHost) once the datapath has the endpoint.
+// withHostRoutes the host's routes to the pod are left out, and a host
+// side it makes stays down: a creation brings it up and adds them
+// (routeHost) once the datapath has the endpoint.
 func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool) error {
 	mtu := p.mtu()
 	if podNS == netns.None() {
@@ -166,7 +167,11 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 			}
 		}
 	}
-	if hostLink.Attrs().Flags&net.FlagUp == 0 {
+	// A new endpoint's host side comes up with its host routes (see
+	// routeHost), once the datapath has it: its programs are attached
+	// while it is down, which spares the node's RTNL lock a wait for the
+	// kernel's RCU (see the loader's tc.go).
+	if withHostRoutes && hostLink.Attrs().Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(hostLink); err != nil {
 			return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
 		}
@@ -219,10 +224,13 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 	return nil
 }
 
-// routeHost adds the host's routes to a new endpoint's addresses through
-// its host side: the last step of a creation, after which other pods and
-// the node reach the pod.
+// routeHost brings a new endpoint's host side up and adds the host's
+// routes to its addresses through it: the last step of a creation, after
+// which other pods and the node reach the pod.
 func routeHost(ep *Endpoint) error {
+	if err := netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ep.HostIfIndex}}); err != nil {
+		return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
+	}
 	for _, ip := range ep.IPs() {
 		r := hostRoute(ep.HostIfIndex, ip)
 		if err := netlink.RouteReplace(r); err != nil {

@@ -2,23 +2,66 @@ package loader
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/endpointmanager"
 )
 
 // linksCleanup contributes the removal of the loader's links to `agent
 // cleanup`: it detaches every link pinned in the links directory and in
 // the endpoint and device links directories below it, whether or not this agent's
-// programs made it, and removes the directories.
+// programs made it, and removes the directories; then it removes the
+// endpoints' filters from the endpoints' host sides.
 func linksCleanup(reg *bpfmaps.Registry) bpfmaps.CleanupOut {
 	dir := linksDir(reg)
 	return bpfmaps.CleanupOut{Cleanup: bpfmaps.Cleanup{
-		Name:   "loader",
-		Remove: func() ([]string, error) { return removeLinks(dir) },
+		Name: "loader",
+		Remove: func() ([]string, error) {
+			removed, err := removeLinks(dir)
+			filters, ferr := removeFilters()
+			return append(removed, filters...), errors.Join(err, ferr)
+		},
 	}}
+}
+
+// removeFilters removes the endpoints' filters (tc.go) from every veth of
+// the agent's network namespace named as an endpoint's host side.
+func removeFilters() ([]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list the interfaces: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, l := range links {
+		if l.Type() != "veth" || !strings.HasPrefix(l.Attrs().Name, endpointmanager.HostIfPrefix) {
+			continue
+		}
+		for _, h := range endpointHooks {
+			filters, err := netlink.FilterList(l, h.parent)
+			if err != nil {
+				continue // no clsact qdisc, or the interface is gone
+			}
+			for _, f := range filters {
+				if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == tcFilterName(h) {
+					if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
+						errs = append(errs, fmt.Errorf("delete tc filter %s of %s: %w", bf.Name, l.Attrs().Name, err))
+						continue
+					}
+					removed = append(removed, fmt.Sprintf("removed tc filter %s of %s (ifindex %d)", bf.Name, l.Attrs().Name, l.Attrs().Index))
+				}
+			}
+		}
+	}
+	return removed, errors.Join(errs...)
 }
 
 // removeLinks detaches and removes the links pinned in dir, and those in

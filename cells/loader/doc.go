@@ -3,8 +3,8 @@
 // bpf/sock_lb.c go to a cgroup2 directory, --cgroup-root, so that every
 // socket created by a task in that cgroup or below it is load-balanced. The
 // endpoint programs of bpf/lxc.c go to the host side of every endpoint's
-// veth pair: from-endpoint at its tcx ingress (what the pod sends),
-// to-endpoint at its tcx egress (what goes into the pod).
+// veth pair, as tc filters: from-endpoint at its ingress (what the pod
+// sends), to-endpoint at its egress (what goes into the pod).
 //
 // The contract, socket programs:
 //
@@ -34,25 +34,31 @@
 //     endpoints`); an endpoint that fails makes the loader's health
 //     degraded, naming the endpoint and the ifindex, and is retried. A
 //     deleted or not-ready endpoint loses its programs.
-//   - Each program is attached through a tcx link pinned at
-//     <bpf-root>/<prefix>/links/endpoints/<endpoint-id>-ingress and
-//     -egress. As with the socket programs, a pinned link is updated in
-//     place to the new run's program, so an endpoint's packets always go
-//     through a program across agent restarts; a link on another interface
-//     (the endpoint's veth was recreated) is replaced. Once the endpoints
-//     table is initialized, that is once the endpoint manager has restored
-//     every endpoint, the links of endpoints that are gone are detached.
-//   - On kernels without tcx (before 6.6) the programs are direct-action
-//     bpf filters on a clsact qdisc instead, replaced in place by the next
-//     run; they cannot be pinned, and go with their interface.
+//   - Each program is a direct-action bpf filter on a clsact qdisc of the
+//     host side (tc.go), replaced in place by the next run's program, so an
+//     endpoint's packets always go through a program across agent
+//     restarts. Filters cannot be pinned: they stay with their interface
+//     while the agent is down and go with it. Not tcx links: a tcx attach
+//     waits for an RCU grace period under the kernel's RTNL lock, two per
+//     new pod, one after another across the node; a filter on a host side
+//     that is not up yet (the endpoint manager brings a new one up once it
+//     is live) waits for none.
+//   - Endpoints that an agent before the filters attached through tcx
+//     links pinned at <bpf-root>/<prefix>/links/endpoints/<endpoint-id>-
+//     ingress and -egress keep them, updated in place to the new program;
+//     a pinned link that cannot take it (the veth was recreated) is
+//     replaced by a filter. Once the endpoints table is initialized, that
+//     is once the endpoint manager has restored every endpoint, the links
+//     of endpoints that are gone are detached.
 //
 // For both:
 //
 //   - Stop closes the agent's handles and keeps the pins: the programs stay
 //     attached and keep working with the pinned maps while the agent is
 //     down.
-//   - `agent cleanup` detaches and removes every pinned link (the Cleanup
-//     this cell contributes to the bpf-maps Cleaner).
+//   - `agent cleanup` detaches and removes every pinned link, and the
+//     endpoint filters of the veths named as endpoints' host sides (the
+//     Cleanup this cell contributes to the bpf-maps Cleaner).
 //
 // --cgroup-root defaults to where cgroup2 is mounted, found in
 // /proc/self/mountinfo at start (cgroup2.Mount); tests point it at a

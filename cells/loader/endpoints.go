@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"iter"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strconv"
 
@@ -23,8 +22,8 @@ import (
 	"github.com/cellium/cellium/cells/health"
 )
 
-// endpointLinksDir is where the links of the endpoints' programs are
-// pinned: <id>-ingress and <id>-egress per endpoint.
+// endpointLinksDir is where agents before tc filters pinned the links of
+// the endpoints' programs: <id>-ingress and <id>-egress per endpoint.
 func endpointLinksDir(reg *bpfmaps.Registry) string {
 	return filepath.Join(linksDir(reg), endpointLinksSubdir)
 }
@@ -61,30 +60,28 @@ type endpointPrograms interface {
 	program(h endpointHook) (*ebpf.Program, ebpf.ProgramID)
 }
 
-// endpointLinks are the reconciler's operations: they attach the programs
-// to the host side of every ready endpoint through links pinned in dir.
-// The pins are the whole state: a restarted agent finds the links of the
-// one before in them and moves them to its own programs.
+// endpointLinks are the reconciler's operations: they make the host side
+// of every ready endpoint run the programs, as direct-action tc filters on
+// its clsact qdisc (tc.go). An endpoint that an agent before this one gave
+// tcx links, pinned in dir, keeps them: they take the new programs in
+// place. Why filters and not tcx links: a tcx attach waits for a grace
+// period of the kernel's RCU with the RTNL lock held, two per new pod,
+// which the whole node's interface changes queue behind; a filter on an
+// interface that is not up yet waits for none (the endpoint manager brings
+// a new endpoint's host side up only once it is live).
 type endpointLinks struct {
 	log   *slog.Logger
 	dir   string
 	progs endpointPrograms
-	// attachTCX is link.AttachTCX; tests stand in a kernel without tcx.
-	attachTCX func(link.TCXOptions) (link.Link, error)
-	// tc is set once the kernel turned out to have no tcx: the programs
-	// are then tc filters on a clsact qdisc, which have no pins. (The
-	// reconciler calls the operations from one goroutine.) Detaching does
-	// not rely on it: see detach.
-	tc bool
 }
 
 func newEndpointLinks(log *slog.Logger, reg *bpfmaps.Registry, progs endpointPrograms) *endpointLinks {
-	return &endpointLinks{log: log, dir: endpointLinksDir(reg), progs: progs, attachTCX: link.AttachTCX}
+	return &endpointLinks{log: log, dir: endpointLinksDir(reg), progs: progs}
 }
 
-// registerEndpointReconciler reconciles the endpoints table into links,
-// with the result in each endpoint's ProgramStatus. Taking the programs
-// makes them load first.
+// registerEndpointReconciler reconciles the endpoints table into the
+// programs on their interfaces, with the result in each endpoint's
+// ProgramStatus. Taking the programs makes them load first.
 func registerEndpointReconciler(p reconciler.Params, tbl statedb.RWTable[*endpointmanager.Endpoint], reg *bpfmaps.Registry, progs endpointPrograms) error {
 	_, err := reconciler.Register(
 		p, tbl,
@@ -98,11 +95,9 @@ func registerEndpointReconciler(p reconciler.Params, tbl statedb.RWTable[*endpoi
 		nil,
 		reconciler.WithName("endpoint-programs"),
 		// Each endpoint's status is committed once its programs are
-		// attached, not after every endpoint of the round: a new pod's
-		// ADD waits for its programs, and an attach takes a grace period
-		// of the kernel's RCU under its RTNL lock (14 ms at load 25), so a
-		// round of 100 new pods held every ADD for all 100.
-		reconciler.WithRoundLimits(1, rate.NewLimiter(1000, 1)),
+		// attached, not after every endpoint of the round, and the rounds
+		// are not spaced: a new pod's ADD waits for its programs only.
+		reconciler.WithRoundLimits(1, rate.NewLimiter(rate.Inf, 1)),
 	)
 	return err
 }
@@ -116,9 +111,6 @@ func programsLive() endpointmanager.LiveOut {
 func (o *endpointLinks) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, ep *endpointmanager.Endpoint) error {
 	if !ep.InDatapath() {
 		return o.detach(ep)
-	}
-	if err := os.MkdirAll(o.dir, 0o700); err != nil {
-		return fmt.Errorf("create the endpoint link directory: %w", err)
 	}
 	for _, h := range endpointHooks {
 		how, err := o.attach(ep, h)
@@ -140,11 +132,11 @@ func (o *endpointLinks) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.R
 	return o.detach(ep)
 }
 
-// Prune detaches the links of endpoints that are gone or not ready: those
-// deleted while the agent was down, and leftovers of an interrupted
-// pinReplacing. It runs once the endpoints table is initialized, that is
-// once every endpoint is restored, so no restored endpoint loses its
-// programs.
+// Prune detaches the pinned tcx links of endpoints that are gone or not
+// ready: those an earlier agent attached and that were deleted while the
+// agent was down. It runs once the endpoints table is initialized, that
+// is once every endpoint is restored, so no restored endpoint loses its
+// programs. Filters need no pruning: they go with their interface.
 func (o *endpointLinks) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq2[*endpointmanager.Endpoint, statedb.Revision]) error {
 	want := map[string]bool{}
 	for ep := range eps {
@@ -159,12 +151,13 @@ func (o *endpointLinks) Prune(_ context.Context, _ statedb.ReadTxn, eps iter.Seq
 	})
 }
 
-// attach makes the link pinned for ep at hook h run the hook's program on
-// ep's host interface, and says how: "" (it already did), "updated" (the
-// pinned link now runs it: the kernel swaps programs atomically, so no
-// packet goes unseen), "attached" (there was no pin) or "replaced" (the pin
-// held a link that could not take the program, such as one on a veth that
-// was since recreated).
+// attach makes hook h of ep's host interface run the hook's program, and
+// says how: "" (it already did), "updated" (the tcx link an earlier agent
+// pinned now runs it: the kernel swaps programs atomically, so no packet
+// goes unseen), "attached" (a new filter, or the filter took it, also
+// atomically) or "replaced" (the pin held a link that could not take the
+// program, such as one on a veth that was since recreated: a filter
+// replaces it).
 func (o *endpointLinks) attach(ep *endpointmanager.Endpoint, h endpointHook) (string, error) {
 	prog, progID := o.progs.program(h)
 	pin := filepath.Join(o.dir, pinName(ep.ID, h))
@@ -177,42 +170,25 @@ func (o *endpointLinks) attach(ep *endpointmanager.Endpoint, h endpointHook) (st
 			if current == progID {
 				return "", nil
 			}
-			if err := old.Update(prog); err != nil {
-				why = err.Error()
-			} else {
+			err := old.Update(prog)
+			if err == nil {
 				return "updated", nil
 			}
+			why = err.Error()
 		}
-		o.log.Info("Replacing an endpoint's pinned link that cannot run the program",
+		o.log.Info("Replacing an endpoint's pinned link that cannot run the program by a tc filter",
 			"endpoint", ep.ID, "ifindex", ep.HostIfIndex, "pin", pin, "reason", why)
-	case !errors.Is(err, fs.ErrNotExist):
-		o.log.Warn("Replacing a pin that is no usable link", "endpoint", ep.ID, "pin", pin, "error", err)
+	case errors.Is(err, fs.ErrNotExist):
+		return attachTC(ep.HostIfIndex, h, prog, progID)
+	default:
+		o.log.Warn("Replacing a pin that is no usable link by a tc filter", "endpoint", ep.ID, "pin", pin, "error", err)
 	}
-
-	lnk, err := o.attachTCX(link.TCXOptions{Interface: ep.HostIfIndex, Program: prog, Attach: h.attach})
-	if errors.Is(err, ebpf.ErrNotSupported) {
-		if !o.tc {
-			o.tc = true
-			o.log.Warn("The kernel has no tcx (Linux 6.6+): attaching the endpoints' programs as tc filters, which are not pinned",
-				"error", err)
-		}
-		return "attached as a tc filter", attachTC(ep.HostIfIndex, h, prog)
-	}
-	if err != nil {
+	if _, err := attachTC(ep.HostIfIndex, h, prog, progID); err != nil {
 		return "", err
 	}
-	// The pin holds the link from here on; an unpinned link goes with the
-	// handle.
-	defer lnk.Close()
-	if err := pinReplacing(lnk, pin); err != nil {
-		return "", err
-	}
-	if old == nil {
-		return "attached", nil
-	}
-	// Detach the old link only now: should it still be on this interface,
+	// The pin goes only now: should its link still be on this interface,
 	// there is never a moment without the program.
-	if err := old.Detach(); err != nil {
+	if _, err := detachPinned(pin); err != nil {
 		o.log.Warn("Detach a replaced endpoint link", "endpoint", ep.ID, "pin", pin, "error", err)
 	}
 	return "replaced", nil
@@ -242,23 +218,19 @@ func unusableTCX(lnk link.Link, h endpointHook, ifindex int) (string, ebpf.Progr
 }
 
 // detach removes ep's programs from its host interface, if it still has
-// one: the pinned links and, without tcx, the tc filters.
+// one: its filters, and the pinned links an earlier agent made.
 func (o *endpointLinks) detach(ep *endpointmanager.Endpoint) error {
 	var errs []error
 	for _, h := range endpointHooks {
 		what, err := detachPinned(filepath.Join(o.dir, pinName(ep.ID, h)))
-		unpinned := errors.Is(err, fs.ErrNotExist)
 		switch {
-		case unpinned:
+		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
 			errs = append(errs, err)
 		default:
 			o.log.Info("Detached endpoint program", "endpoint", ep.ID, "link", what)
 		}
-		// Without a pin the programs can only be tc filters: an agent
-		// that has attached nothing yet does not know that the kernel has
-		// no tcx, and its predecessor may have left filters.
-		if (o.tc || unpinned) && ep.HostIfIndex > 0 {
+		if ep.HostIfIndex > 0 {
 			if err := detachTC(ep.HostIfIndex, h); err != nil {
 				errs = append(errs, err)
 			}

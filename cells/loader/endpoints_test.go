@@ -3,6 +3,7 @@ package loader_test
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
@@ -34,14 +36,16 @@ import (
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
-// hooks are the endpoint hooks: pin suffix, attach type and the name of the
-// program that runs there.
+// hooks are the endpoint hooks: pin suffix (of the tcx links of agents
+// before the filters), their tcx attach type, the filter's clsact parent
+// and the name of the program that runs there.
 var hooks = []struct {
 	name, program string
 	attach        ebpf.AttachType
+	parent        uint32
 }{
-	{"ingress", bpf.LXCProgCelliumFromEndpoint, ebpf.AttachTCXIngress},
-	{"egress", bpf.LXCProgCelliumToEndpoint, ebpf.AttachTCXEgress},
+	{"ingress", bpf.LXCProgCelliumFromEndpoint, ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS},
+	{"egress", bpf.LXCProgCelliumToEndpoint, ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS},
 }
 
 // datapath is one run of the datapath cells with an endpoints table the
@@ -224,31 +228,46 @@ func programName(t *testing.T, id ebpf.ProgramID) string {
 	return info.Name
 }
 
-// wantAttached checks that ep's pinned links are on its host interface,
-// each the only one at its hook and running the right program, and
-// returns them by hook.
-func wantAttached(t *testing.T, root string, ep *endpointmanager.Endpoint) map[string]tcxLink {
+// filterOn is the program of the endpoint filter at hook h of ifindex,
+// checking that it is the only filter there and ours; 0 when there is
+// none.
+func filterOn(t *testing.T, ifindex int, h int) ebpf.ProgramID {
 	t.Helper()
-	pins := pinnedEndpointLinks(t, root)
-	out := map[string]tcxLink{}
-	for _, h := range hooks {
-		name := fmt.Sprintf("%d-%s", ep.ID, h.name)
-		l, ok := pins[name]
-		if !ok {
-			t.Fatalf("no link pinned at %s; pins %v", name, pins)
+	filters, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, hooks[h].parent)
+	if err != nil {
+		return 0 // no clsact qdisc
+	}
+	switch len(filters) {
+	case 0:
+		return 0
+	case 1:
+	default:
+		t.Fatalf("%s of ifindex %d has filters %v, want one at most", hooks[h].name, ifindex, filters)
+	}
+	bf, ok := filters[0].(*netlink.BpfFilter)
+	if !ok || !bf.DirectAction || bf.Name != "cellium-"+hooks[h].name {
+		t.Fatalf("%s of ifindex %d: filter %+v, want a direct-action bpf filter named cellium-%s", hooks[h].name, ifindex, filters[0], hooks[h].name)
+	}
+	return ebpf.ProgramID(bf.Id)
+}
+
+// wantAttached checks that ep's host interface runs the programs as its
+// only filters, and no tcx program, and returns the programs by hook.
+func wantAttached(t *testing.T, ep *endpointmanager.Endpoint) map[string]ebpf.ProgramID {
+	t.Helper()
+	out := map[string]ebpf.ProgramID{}
+	for i, h := range hooks {
+		id := filterOn(t, ep.HostIfIndex, i)
+		if id == 0 {
+			t.Fatalf("no %s filter on ifindex %d", h.name, ep.HostIfIndex)
 		}
-		if int(l.ifindex) != ep.HostIfIndex || l.attach != h.attach {
-			t.Fatalf("link %s on ifindex %d as %s, want ifindex %d as %s", name, l.ifindex, l.attach, ep.HostIfIndex, h.attach)
-		}
-		on := attachedTCX(t, ep.HostIfIndex, h.attach)
-		if len(on.programs) != 1 || on.programs[0] != l.program || on.links[0] != l.id {
-			t.Fatalf("%s of ifindex %d runs programs %v (links %v), want only the pinned link %d's program %d",
-				h.name, ep.HostIfIndex, on.programs, on.links, l.id, l.program)
-		}
-		if got := programName(t, l.program); got != h.program {
+		if got := programName(t, id); got != h.program {
 			t.Fatalf("%s runs program %q, want %q", h.name, got, h.program)
 		}
-		out[h.name] = l
+		if on := attachedTCX(t, ep.HostIfIndex, h.attach); len(on.programs) != 0 {
+			t.Fatalf("%s of ifindex %d runs tcx programs %v besides the filter", h.name, ep.HostIfIndex, on.programs)
+		}
+		out[h.name] = id
 	}
 	return out
 }
@@ -257,9 +276,12 @@ func wantAttached(t *testing.T, root string, ep *endpointmanager.Endpoint) map[s
 // id has no pins.
 func wantDetached(t *testing.T, root string, id uint16, ifindex int) {
 	t.Helper()
-	for _, h := range hooks {
+	for i, h := range hooks {
 		if on := attachedTCX(t, ifindex, h.attach); len(on.programs) != 0 {
 			t.Fatalf("%s of ifindex %d still runs programs %v", h.name, ifindex, on.programs)
+		}
+		if prog := filterOn(t, ifindex, i); prog != 0 {
+			t.Fatalf("%s of ifindex %d still runs program %d as a filter", h.name, ifindex, prog)
 		}
 		name := fmt.Sprintf("%d-%s", id, h.name)
 		if _, err := os.Stat(filepath.Join(endpointLinksDir(root), name)); !os.IsNotExist(err) {
@@ -291,7 +313,7 @@ func TestEndpointPrograms(t *testing.T) {
 
 	d.put(t, ep)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	wantAttached(t, root, ep)
+	wantAttached(t, ep)
 
 	notReady := ep.Clone()
 	notReady.State, notReady.Error = endpointmanager.NotReady, "veth pair could not be made"
@@ -301,33 +323,27 @@ func TestEndpointPrograms(t *testing.T) {
 
 	d.put(t, ep)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	wantAttached(t, root, ep)
+	wantAttached(t, ep)
 
 	d.delete(t, 1)
-	celltest.Eventually(t, "the deleted endpoint's links are unpinned", unpinned(root, 1))
+	celltest.Eventually(t, "the deleted endpoint's filters are removed", func() bool {
+		return filterOn(t, ifindex, 0) == 0 && filterOn(t, ifindex, 1) == 0
+	})
 	wantDetached(t, root, 1, ifindex)
 }
 
-// A restarted agent moves the pinned links to its own programs in place,
-// without a moment with no program on the interface, and removes the links
-// of endpoints deleted while it was down once the restore is done.
+// A restarted agent moves the filters to its own programs in place,
+// without a moment with no program on the interface, nor two.
 func TestEndpointProgramsRestart(t *testing.T) {
 	env := socklbtest.New(t)
 	root := bpfmapstest.Root(t)
 	d := startDatapath(t, env, root)
-	kept, gone := newPod(t).endpoint(1), newPod(t).endpoint(2)
+	kept := newPod(t).endpoint(1)
 	d.put(t, kept)
-	d.put(t, gone)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	d.waitPrograms(t, 2, reconciler.StatusKindDone)
-	before := wantAttached(t, root, kept)
-	wantAttached(t, root, gone)
-	revisions := map[string]uint64{}
-	for _, h := range hooks {
-		revisions[h.name] = attachedTCX(t, kept.HostIfIndex, h.attach).revision
-	}
+	before := wantAttached(t, kept)
 
-	// Watch the kept endpoint's interface through the restart: one program
+	// Watch the kept endpoint's interface through the restart: one filter
 	// must run at each hook all along, never none (a detach before the
 	// attach) nor two (an attach before the detach).
 	var (
@@ -338,9 +354,9 @@ func TestEndpointProgramsRestart(t *testing.T) {
 	watching.Go(func() {
 		for {
 			for _, h := range hooks {
-				res, err := link.QueryPrograms(link.QueryOptions{Target: kept.HostIfIndex, Attach: h.attach})
-				if err != nil || len(res.Programs) != 1 {
-					gaps = append(gaps, fmt.Sprintf("%s: %v %v", h.name, res, err))
+				filters, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: kept.HostIfIndex}}, h.parent)
+				if err != nil || len(filters) != 1 {
+					gaps = append(gaps, fmt.Sprintf("%s: %v %v", h.name, filters, err))
 				}
 			}
 			select {
@@ -352,39 +368,115 @@ func TestEndpointProgramsRestart(t *testing.T) {
 	})
 
 	d.stop()
-	wantAttached(t, root, kept) // the agent is down: the pins hold the links
+	wantAttached(t, kept) // the agent is down: the filters stay
 
 	d = startDatapath(t, env, root)
-	d.put(t, kept) // the restore: only the kept endpoint is back
+	d.put(t, kept) // the restore
 	d.eps.Restored()
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	celltest.Eventually(t, "the links of the endpoint deleted while the agent was down are pruned", unpinned(root, 2))
 	close(watchDone)
 	watching.Wait()
 	if len(gaps) > 0 {
-		t.Fatalf("a hook of the interface ran other than one program %d times during the restart, first: %v", len(gaps), gaps[0])
+		t.Fatalf("a hook of the interface ran other than one filter %d times during the restart, first: %v", len(gaps), gaps[0])
+	}
+	after := wantAttached(t, kept)
+	for _, h := range hooks {
+		if after[h.name] == before[h.name] {
+			t.Errorf("%s: still program %d after the restart, want the new run's", h.name, after[h.name])
+		}
+	}
+}
+
+// The endpoints an agent before the filters attached through tcx links
+// pinned in the endpoint links directory keep their links, which take the
+// new programs in place; the links of an endpoint deleted while the agent
+// was down are removed once the restore is done; and an endpoint whose
+// veth was recreated gets filters on the new interface, its pinned link
+// detached.
+func TestEndpointProgramsFromTCX(t *testing.T) {
+	env := socklbtest.New(t)
+	root := bpfmapstest.Root(t)
+	kept, gone, moved := newPod(t).endpoint(1), newPod(t).endpoint(2), newPod(t).endpoint(3)
+	// An earlier agent: the bpf filesystem mounted, the links pinned.
+	startDatapath(t, env, root).stop()
+	old := doNothing(t)
+	if err := os.MkdirAll(endpointLinksDir(root), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	links := map[string]link.ID{}
+	for _, ep := range []*endpointmanager.Endpoint{kept, gone, moved} {
+		for i, h := range hooks {
+			l, err := link.AttachTCX(link.TCXOptions{Interface: ep.HostIfIndex, Program: old[i], Attach: h.attach})
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("%d-%s", ep.ID, h.name)
+			if err := l.Pin(filepath.Join(endpointLinksDir(root), name)); err != nil {
+				t.Fatal(err)
+			}
+			info, err := l.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			links[name] = info.ID
+			l.Close()
+		}
 	}
 
-	after := wantAttached(t, root, kept)
-	for _, h := range hooks {
-		was, now := before[h.name], after[h.name]
-		if now.id != was.id {
-			t.Errorf("%s: link %d after the restart, want the pinned link %d updated in place", h.name, now.id, was.id)
+	d := startDatapath(t, env, root)
+	recreated := moved.Clone()
+	p := newPod(t)
+	recreated.HostIfName, recreated.HostIfIndex = p.host.Attrs().Name, p.host.Attrs().Index
+	d.put(t, kept)
+	d.put(t, recreated)
+	d.eps.Restored()
+	d.waitPrograms(t, 1, reconciler.StatusKindDone)
+	d.waitPrograms(t, 3, reconciler.StatusKindDone)
+	celltest.Eventually(t, "the links of the endpoint deleted while the agent was down are pruned", unpinned(root, 2))
+
+	pins := pinnedEndpointLinks(t, root)
+	for i, h := range hooks {
+		name := fmt.Sprintf("1-%s", h.name)
+		l, ok := pins[name]
+		if !ok || l.id != links[name] {
+			t.Fatalf("pin %s: %+v, want link %d kept", name, l, links[name])
 		}
-		if now.program == was.program {
-			t.Errorf("%s: still program %d after the restart, want the new run's", h.name, now.program)
+		if got := programName(t, l.program); got != h.program {
+			t.Errorf("%s: the pinned link runs %q, want %q", h.name, got, h.program)
 		}
-		// One change of what is attached: a replace. Detach and attach
-		// would be two.
-		if rev := attachedTCX(t, kept.HostIfIndex, h.attach).revision; rev != revisions[h.name]+1 {
-			t.Errorf("%s: revision %d after the restart, want %d (one atomic replace)", h.name, rev, revisions[h.name]+1)
+		on := attachedTCX(t, kept.HostIfIndex, h.attach)
+		if len(on.programs) != 1 || on.programs[0] != l.program {
+			t.Errorf("%s of ifindex %d runs %v, want only the pinned link's program %d", h.name, kept.HostIfIndex, on.programs, l.program)
+		}
+		if prog := filterOn(t, kept.HostIfIndex, i); prog != 0 {
+			t.Errorf("%s of ifindex %d also has a filter running %d", h.name, kept.HostIfIndex, prog)
 		}
 	}
+	wantAttached(t, recreated)
+	wantDetached(t, root, 3, moved.HostIfIndex)
 	wantDetached(t, root, 2, gone.HostIfIndex)
 }
 
-// An endpoint whose veth was recreated gets new links on the new
-// interface, replacing the pinned ones.
+// doNothing are two SchedCLS programs that do nothing, one per hook, as
+// an earlier agent's.
+func doNothing(t *testing.T) []*ebpf.Program {
+	t.Helper()
+	var out []*ebpf.Program
+	for range hooks {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type: ebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		out = append(out, p)
+	}
+	return out
+}
+
+// An endpoint whose veth was recreated gets filters on the new interface.
 func TestEndpointProgramsNewVeth(t *testing.T) {
 	env := socklbtest.New(t)
 	root := bpfmapstest.Root(t)
@@ -392,25 +484,14 @@ func TestEndpointProgramsNewVeth(t *testing.T) {
 	ep := newPod(t).endpoint(1)
 	d.put(t, ep)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	before := wantAttached(t, root, ep)
+	wantAttached(t, ep)
 
 	p := newPod(t)
 	recreated := ep.Clone()
 	recreated.HostIfName, recreated.HostIfIndex = p.host.Attrs().Name, p.host.Attrs().Index
 	d.put(t, recreated)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	after := wantAttached(t, root, recreated)
-	for _, h := range hooks {
-		if after[h.name].id == before[h.name].id {
-			t.Errorf("%s: link %d kept, want a new link on the new interface", h.name, after[h.name].id)
-		}
-	}
-	// The old link was detached, not left behind on the old veth.
-	for _, h := range hooks {
-		if on := attachedTCX(t, ep.HostIfIndex, h.attach); len(on.programs) != 0 {
-			t.Fatalf("%s of the old interface still runs %v", h.name, on.programs)
-		}
-	}
+	wantAttached(t, recreated)
 }
 
 // An interface that does not exist is an error in the endpoint's row and in
@@ -422,7 +503,7 @@ func TestEndpointProgramsNoInterface(t *testing.T) {
 	ep := &endpointmanager.Endpoint{ID: 3, ContainerID: "c3", HostIfName: "lxcmissing", HostIfIndex: 1 << 30, State: endpointmanager.Ready}
 	d.put(t, ep)
 	row := d.waitPrograms(t, 3, reconciler.StatusKindError)
-	want := "endpoint 3: attach the ingress program to lxcmissing (ifindex 1073741824): attach tcx link: no such device"
+	want := "endpoint 3: attach the ingress program to lxcmissing (ifindex 1073741824): add clsact qdisc: no such device"
 	if got := row.ProgramStatus.GetError(); got != want {
 		t.Fatalf("program status error %q, want %q", got, want)
 	}
@@ -556,23 +637,22 @@ func ctEntries(t *testing.T, m *ctmaps.Map4, src, dst netip.Addr, proto uint8) [
 	return out
 }
 
-// `agent cleanup` detaches and unpins the endpoint links too.
+// `agent cleanup` removes the endpoints' filters too, from the interfaces
+// named as endpoints' host sides.
 func TestEndpointCleanup(t *testing.T) {
 	env := socklbtest.New(t)
 	root := bpfmapstest.Root(t)
 	d := startDatapath(t, env, root)
-	ep := newPod(t).endpoint(1)
+	host, netnsPath := loader.NewVeth(t, fmt.Sprintf("%s%08x", endpointmanager.HostIfPrefix, rand.Uint32()))
+	ep := (&pod{netns: netnsPath, host: host}).endpoint(1)
 	d.put(t, ep)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)
-	wantAttached(t, root, ep)
+	wantAttached(t, ep)
 	d.stop()
 
 	text, _ := agentCleanup(t, env, root)
-	for _, want := range []string{
-		"detached and removed link " + filepath.Join(endpointLinksDir(root), "1-ingress") + fmt.Sprintf(" (tcx ingress on ifindex %d)", ep.HostIfIndex),
-		"detached and removed link " + filepath.Join(endpointLinksDir(root), "1-egress") + fmt.Sprintf(" (tcx egress on ifindex %d)", ep.HostIfIndex),
-		"removed link directory " + endpointLinksDir(root),
-	} {
+	for _, h := range hooks {
+		want := fmt.Sprintf("removed tc filter cellium-%s of %s (ifindex %d)", h.name, ep.HostIfName, ep.HostIfIndex)
 		if !strings.Contains(text, want) {
 			t.Errorf("cleanup report does not say %q:\n%s", want, text)
 		}

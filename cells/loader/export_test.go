@@ -3,6 +3,9 @@ package loader
 // NewHostVeth is newHostVeth for the external tests.
 var NewHostVeth = newHostVeth
 
+// NewVeth is newVeth for the external tests.
+var NewVeth = newVeth
+
 // NodePortPasses is how many passes the NodePort job has made (map
 // writes, attaches, prune) in this process.
 func NodePortPasses() uint64 { return nodePortPasses.Load() }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
 	"github.com/cilium/hive/hivetest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -57,13 +55,18 @@ func programID(p *ebpf.Program) ebpf.ProgramID {
 // and returns the host side and the path of that namespace.
 func newHostVeth(t *testing.T) (host netlink.Link, netnsPath string) {
 	t.Helper()
+	return newVeth(t, fmt.Sprintf("cltest%08x", rand.Uint32()))
+}
+
+// newVeth is newHostVeth with the host side named name.
+func newVeth(t *testing.T, name string) (host netlink.Link, netnsPath string) {
+	t.Helper()
 	pod := nettest.NewNS(t)
 	podNS, err := netns.GetFromPath(pod.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer podNS.Close()
-	name := fmt.Sprintf("cltest%08x", rand.Uint32())
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: name},
 		PeerName:      "eth0",
@@ -94,7 +97,7 @@ func bpfFilters(t *testing.T, host netlink.Link, h endpointHook) []int {
 		if !ok {
 			t.Fatalf("%s: filter %v is no bpf filter", h.name, f)
 		}
-		if !bf.DirectAction || bf.Name != "cellium-"+h.name {
+		if !bf.DirectAction || bf.Name != tcFilterName(h) {
 			t.Fatalf("%s: filter %+v, want direct-action and named cellium-%s", h.name, bf, h.name)
 		}
 		ids = append(ids, bf.Id)
@@ -102,23 +105,19 @@ func bpfFilters(t *testing.T, host netlink.Link, h endpointHook) []int {
 	return ids
 }
 
-// noTCX stands in a kernel without tcx, as link.AttachTCX reports it.
-func noTCX(link.TCXOptions) (link.Link, error) {
-	return nil, fmt.Errorf("tcx: %w", ebpf.ErrNotSupported)
-}
-
-// Without tcx the programs become tc filters: attached, replaced in place
-// by the next agent's programs, removed with the endpoint.
-func TestTCFallback(t *testing.T) {
+// The programs are tc filters: attached, replaced in place by the next
+// agent's programs, removed with the endpoint.
+func TestFilters(t *testing.T) {
 	host, _ := newHostVeth(t)
 	ep := &endpointmanager.Endpoint{ID: 7, HostIfName: host.Attrs().Name, HostIfIndex: host.Attrs().Index, State: endpointmanager.Ready}
 	ctx := context.Background()
 	newOps := func(progs testPrograms) *endpointLinks {
-		return &endpointLinks{log: hivetest.Logger(t), dir: t.TempDir(), progs: progs, attachTCX: noTCX}
+		return &endpointLinks{log: hivetest.Logger(t), dir: t.TempDir(), progs: progs}
 	}
 
 	first := newTestPrograms(t)
-	if err := newOps(first).Update(ctx, nil, 0, ep); err != nil {
+	ops := newOps(first)
+	if err := ops.Update(ctx, nil, 0, ep); err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range endpointHooks {
@@ -126,10 +125,16 @@ func TestTCFallback(t *testing.T) {
 			t.Fatalf("%s filters run programs %v, want only %d", h.name, got, want)
 		}
 	}
+	// Again: nothing to do.
+	for _, h := range endpointHooks {
+		if how, err := ops.attach(ep, h); err != nil || how != "" {
+			t.Fatalf("attach %s again = %q, %v; want nothing done", h.name, how, err)
+		}
+	}
 
 	// The next agent: the same filters take its programs.
 	second := newTestPrograms(t)
-	ops := newOps(second)
+	ops = newOps(second)
 	if err := ops.Update(ctx, nil, 0, ep); err != nil {
 		t.Fatal(err)
 	}
@@ -139,9 +144,6 @@ func TestTCFallback(t *testing.T) {
 		}
 	}
 
-	// A third agent deletes the endpoint before it attached anything: it
-	// has not learnt yet that the kernel has no tcx, and the filters must
-	// go all the same.
 	third := newOps(newTestPrograms(t))
 	if err := third.Delete(ctx, nil, 0, ep); err != nil {
 		t.Fatal(err)
@@ -164,26 +166,13 @@ func TestTCFallback(t *testing.T) {
 }
 
 // Deleting an endpoint that has neither pins nor filters (its programs
-// were never attached) is done, whether or not the kernel has tcx: the
-// look for filters finds no clsact qdisc.
+// were never attached) is done: the look for filters finds no clsact
+// qdisc.
 func TestDetachNeverAttached(t *testing.T) {
 	host, _ := newHostVeth(t)
 	ep := &endpointmanager.Endpoint{ID: 9, HostIfName: host.Attrs().Name, HostIfIndex: host.Attrs().Index, State: endpointmanager.Ready}
-	ops := &endpointLinks{log: hivetest.Logger(t), dir: t.TempDir(), progs: newTestPrograms(t), attachTCX: link.AttachTCX}
+	ops := &endpointLinks{log: hivetest.Logger(t), dir: t.TempDir(), progs: newTestPrograms(t)}
 	if err := ops.Delete(context.Background(), nil, 0, ep); err != nil {
 		t.Fatalf("delete of an endpoint never attached: %v", err)
-	}
-}
-
-// An interface that does not exist is an error naming the endpoint and the
-// ifindex, in tc mode as with tcx.
-func TestTCFallbackNoInterface(t *testing.T) {
-	nettest.RequireRoot(t)
-	ops := &endpointLinks{log: hivetest.Logger(t), dir: t.TempDir(), progs: newTestPrograms(t), attachTCX: noTCX}
-	ep := &endpointmanager.Endpoint{ID: 9, HostIfName: "lxcgone", HostIfIndex: 1 << 30, State: endpointmanager.Ready}
-	err := ops.Update(context.Background(), nil, 0, ep)
-	want := fmt.Sprintf("endpoint 9: attach the ingress program to lxcgone (ifindex %d)", 1<<30)
-	if err == nil || !strings.HasPrefix(err.Error(), want) {
-		t.Fatalf("Update = %v, want an error starting %q", err, want)
 	}
 }

@@ -101,10 +101,12 @@ func median(xs []float64) float64 {
 // (floor_). Before them, on the idle node, -cni.single ADDs (20) one after
 // another (single_). It prints, then, for the parallel ADDs, when each
 // live condition held in the agent's wait (endpoint-map, programs, policy;
-// from the start of the wait, as the agent logs them),
+// from the start of the wait, as the agent logs them) and how long each
+// step of their creation in the agent took (createSteps),
 //
 //	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
 //	cni-live-bench pods=100 endpoint-map_p50_ms=... endpoint-map_p99_ms=... policy_p50_ms=... ... programs_p99_ms=...
+//	cni-steps-bench pods=100 netns_p50_ms=... netns_p99_ms=... identity_p50_ms=... ... ready_p99_ms=...
 //
 // with the agent's CPU time (user and system) and resident set growth over
 // the parallel ADDs, scaled to 1,000 pods, and the load average when it
@@ -175,18 +177,20 @@ func BenchmarkAddParallel(b *testing.B) {
 		cpu, rss := procCPU(b, pid)-cpuBefore, procRSS(b, pid)-rssBefore
 		// When, in each parallel ADD's wait for its endpoint to be live, each
 		// condition held: the agent logs them with the endpoint.
-		live := map[string][]time.Duration{}
+		live, steps := map[string][]time.Duration{}, map[string][]time.Duration{}
 		parallelIDs := map[string]bool{}
 		for _, p := range ps {
 			parallelIDs[p.id] = true
 		}
 		for _, line := range n.agent.lines("Created endpoint") {
-			conds, _ := line["live"].(map[string]any)
 			if !parallelIDs[fmt.Sprint(line["container"])] {
 				continue
 			}
-			for name, v := range conds {
-				live[name] = append(live[name], time.Duration(msOf(v)*float64(time.Millisecond)))
+			for group, into := range map[string]map[string][]time.Duration{"live": live, "steps": steps} {
+				durations, _ := line[group].(map[string]any)
+				for name, v := range durations {
+					into[name] = append(into[name], time.Duration(msOf(v)*float64(time.Millisecond)))
+				}
 			}
 		}
 		perThousand := 1000 / float64(pods)
@@ -196,12 +200,26 @@ func BenchmarkAddParallel(b *testing.B) {
 			pods, ms(percentile(latencies, 50)), ms(p99), ms(percentile(floor, 50)), ms(percentile(floor, 99)),
 			float64(p99)/float64(percentile(floor, 99)), ms(percentile(singleLat, 50)), ms(percentile(singleLat, 99)),
 			ms(cpu)*perThousand, rss*perThousand, load)
-		var waits []string
-		for _, name := range slices.Sorted(maps.Keys(live)) {
-			waits = append(waits, fmt.Sprintf("%s_p50_ms=%.1f %s_p99_ms=%.1f", name, ms(percentile(live[name], 50)), name, ms(percentile(live[name], 99))))
-		}
-		fmt.Printf("cni-live-bench pods=%d %s\n", len(live["policy"]), strings.Join(waits, " "))
+		fmt.Printf("cni-live-bench pods=%d %s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))))
+		fmt.Printf("cni-steps-bench pods=%d %s\n", len(steps["live"]), percentiles(steps, createSteps))
 	}
+}
+
+// createSteps are the steps of a creation in the agent, in order, as it
+// logs them with the endpoint ("steps").
+var createSteps = []string{"netns", "identity", "lock", "ipam", "state", "veth", "insert", "live", "route", "state-ready", "ready"}
+
+// percentiles are the p50 and p99 of each of names in ds, as name_p50_ms=
+// and name_p99_ms=; names without figures are left out.
+func percentiles(ds map[string][]time.Duration, names []string) string {
+	var out []string
+	for _, name := range names {
+		if len(ds[name]) == 0 {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s_p50_ms=%.1f %s_p99_ms=%.1f", name, ms(percentile(ds[name], 50)), name, ms(percentile(ds[name], 99))))
+	}
+	return strings.Join(out, " ")
 }
 
 // parallel runs fn(0..count-1) at once and returns how long each took.
