@@ -3,8 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/etcdtest"
 )
 
@@ -98,5 +103,95 @@ func TestAgentKVStore(t *testing.T) {
 	}
 	etcd.Restart()
 	poll(t, "the agent connected again", func() (bool, string) { st := kvState(); return st.State == "connected", st.State })
+	agent.stop()
+}
+
+// TestAgentKVStoreRefusesWrongHost runs the agent with an etcd.config
+// naming https://127.0.0.1:PORT, where an etcd serves a certificate of the
+// trusted CA for other hosts (a DNS name and an IP address): the agent
+// refuses the connection and writes nothing, stays up and becomes ready,
+// and `agent kvstore status` and its health name the endpoint and the
+// certificate check that failed. Once the server's certificate names the
+// endpoint, the agent connects without a restart.
+func TestAgentKVStoreRefusesWrongHost(t *testing.T) {
+	requireRoot(t)
+	serverDir, clientDir := t.TempDir(), t.TempDir()
+	ca := etcdtest.NewCA(t, "ca")
+	serverFiles := ca.IssueFor(serverDir, "server", "wrong.example", "10.9.9.9")
+	clientFiles := ca.Issue(clientDir, "client")
+	etcd := etcdtest.StartTLS(t, serverFiles)
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(etcd.Endpoint(), "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := net.JoinHostPort("127.0.0.1", port)
+	config := filepath.Join(t.TempDir(), "etcd.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "endpoints: [https://%s]\ntrusted-ca-file: %s\ncert-file: %s\nkey-file: %s\n",
+		endpoint, clientFiles.CA, clientFiles.Cert, clientFiles.Key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := newAgentEnv(t)
+	agent := startAgent(t, append(env.runFlags(),
+		"--kvstore", "etcd", "--kvstore-opt", "etcd.config="+config, "--kvstore-prefix", "tlstest")...)
+
+	kvState := func() apiv1.KVStore {
+		t.Helper()
+		out, errOut, code := agentCmd(t, "kvstore", "status", "-o", "json", "--api-socket", env.socket)
+		if code != 0 {
+			t.Fatalf("agent kvstore status = %d: %s", code, errOut)
+		}
+		var st apiv1.KVStore
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("agent kvstore status -o json: %v\n%s", err, out)
+		}
+		return st
+	}
+	refused := "TLS handshake with etcd " + endpoint + ": tls: failed to verify certificate: x509: certificate is valid for 10.9.9.9, not 127.0.0.1"
+	if err := waitAgentReady(t, env.socket, 60*time.Second); err != nil {
+		t.Fatalf("with a certificate for another host: %v", err)
+	}
+	poll(t, "agent kvstore status names the refused certificate and the endpoint", func() (bool, string) {
+		st := kvState()
+		return st.State == "connecting" && strings.Contains(st.LastError, refused), st.State + ": " + st.LastError
+	})
+	out, _, code := agentCmd(t, "kvstore", "status", "--api-socket", env.socket)
+	if code != 0 || !strings.Contains(out, refused) {
+		t.Fatalf("agent kvstore status = %d, want the refused certificate named:\n%s", code, out)
+	}
+	waitHealth(t, client.New(env.socket), "kvstore", refused)
+
+	// Nothing reached the server: read it with a client that does not
+	// check the host.
+	tlsCfg, err := clientFiles.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg.InsecureSkipVerify = true
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if resp, err := raw.Get(ctx, "tlstest/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("keys the agent wrote to a server it should have refused: %v, %v", resp, err)
+	}
+	select {
+	case err := <-agent.exited:
+		t.Fatalf("agent exited on a refused certificate: %v", err)
+	default:
+	}
+
+	// The server's certificate now names the endpoint: the agent connects,
+	// with no restart.
+	etcd.Stop()
+	ca.IssueFor(serverDir, "server", "127.0.0.1")
+	etcd.Restart()
+	poll(t, "the agent connected", func() (bool, string) { st := kvState(); return st.State == "connected", st.State + ": " + st.LastError })
+	poll(t, "the agent's keys in etcd", func() (bool, string) {
+		resp, err := raw.Get(ctx, "tlstest/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count > 0, fmt.Sprint(resp, err)
+	})
 	agent.stop()
 }
