@@ -27,6 +27,7 @@ func TestAgentLinksOnlyUsedAPIGroups(t *testing.T) {
 		"k8s.io/client-go/kubernetes/typed/",
 		"k8s.io/client-go/kubernetes/fake.",
 		"k8s.io/client-go/informers.",
+		"k8s.io/client-go/discovery.",
 		"k8s.io/api/apps/",
 		"k8s.io/api/batch/",
 	}

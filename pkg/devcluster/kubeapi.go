@@ -8,24 +8,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
@@ -221,8 +220,10 @@ func kubeAPIReady(ctx context.Context, s *state) bool {
 
 // kubeClient applies and deletes objects of any kind the server knows.
 type kubeClient struct {
-	dyn    dynamic.Interface
-	mapper meta.RESTMapper
+	dyn dynamic.Interface
+	// discover reads the server's discovery document of a group
+	// version (/api/v1, /apis/GROUP/VERSION).
+	discover func(ctx context.Context, path string) ([]byte, error)
 }
 
 func (s *state) kubeClient() (*kubeClient, error) {
@@ -234,28 +235,76 @@ func (s *state) kubeClient() (*kubeClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	// Not client-go's discovery client: its package imports client-go's
+	// scheme of every API group, which the agent binary (this package is
+	// its dev-cluster command) must not link (pkg/kubeclient).
+	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &kubeClient{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))}, nil
+	discover := func(ctx context.Context, path string) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Accept", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(body))
+		}
+		return body, nil
+	}
+	return &kubeClient{dyn: dyn, discover: discover}, nil
+}
+
+// mapping is the resource of kind gvk and whether it is namespaced, from
+// the server's discovery document of its group version (read on each
+// call: a dev cluster applies a handful of objects, and a kind whose CRD
+// was just created must be found).
+func (k *kubeClient) mapping(ctx context.Context, gvk schema.GroupVersionKind) (schema.GroupVersionResource, bool, error) {
+	path := "/apis/" + gvk.Group + "/" + gvk.Version
+	if gvk.Group == "" {
+		path = "/api/" + gvk.Version
+	}
+	data, err := k.discover(ctx, path)
+	if err != nil {
+		return schema.GroupVersionResource{}, false, err
+	}
+	var list metav1.APIResourceList
+	if err := json.Unmarshal(data, &list); err != nil {
+		return schema.GroupVersionResource{}, false, fmt.Errorf("GET %s: %w", path, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Kind == gvk.Kind && !strings.Contains(r.Name, "/") {
+			return gvk.GroupVersion().WithResource(r.Name), r.Namespaced, nil
+		}
+	}
+	return schema.GroupVersionResource{}, false, fmt.Errorf("the API server serves no kind %s in %s", gvk.Kind, gvk.GroupVersion())
 }
 
 // resource is the client of obj's kind, in its namespace (defaultNS when
 // it names none) if the kind is namespaced.
-func (k *kubeClient) resource(obj *unstructured.Unstructured, defaultNS string) (dynamic.ResourceInterface, error) {
+func (k *kubeClient) resource(ctx context.Context, obj *unstructured.Unstructured, defaultNS string) (dynamic.ResourceInterface, error) {
 	gvk := obj.GroupVersionKind()
-	m, err := k.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	gvr, namespaced, err := k.mapping(ctx, gvk)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
-	if m.Scope.Name() != meta.RESTScopeNameNamespace {
-		return k.dyn.Resource(m.Resource), nil
+	if !namespaced {
+		return k.dyn.Resource(gvr), nil
 	}
 	if obj.GetNamespace() == "" {
 		obj.SetNamespace(defaultNS)
 	}
-	return k.dyn.Resource(m.Resource).Namespace(obj.GetNamespace()), nil
+	return k.dyn.Resource(gvr).Namespace(obj.GetNamespace()), nil
 }
 
 // apply applies obj (server-side apply, as manager), and then its status,
@@ -263,7 +312,7 @@ func (k *kubeClient) resource(obj *unstructured.Unstructured, defaultNS string) 
 // server-side apply refuses lists that repeat a key (a Node's two
 // InternalIP addresses).
 func (k *kubeClient) apply(ctx context.Context, obj *unstructured.Unstructured, defaultNS, manager string) error {
-	ri, err := k.resource(obj, defaultNS)
+	ri, err := k.resource(ctx, obj, defaultNS)
 	if err != nil {
 		return err
 	}
@@ -288,7 +337,7 @@ func (k *kubeClient) apply(ctx context.Context, obj *unstructured.Unstructured, 
 // delete deletes obj at once (no grace: no kubelet confirms a pod's end);
 // one that is gone already is no error.
 func (k *kubeClient) delete(ctx context.Context, obj *unstructured.Unstructured) error {
-	ri, err := k.resource(obj, DefaultNamespace)
+	ri, err := k.resource(ctx, obj, DefaultNamespace)
 	if err != nil {
 		return err
 	}
