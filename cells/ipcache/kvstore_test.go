@@ -16,6 +16,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/kvsync/kvsynctest"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
@@ -97,7 +98,7 @@ func TestOwnKeysPutBack(t *testing.T) {
 	for i := range 2 {
 		e.put(t, "10.0.0.5", ipcache.IPValue{IP: netip.MustParseAddr("10.0.0.5"), Identity: 666, Namespace: "evil", PodName: "forged"})
 		celltest.Eventually(t, "the forged key put back, leased", own)
-		celltest.Eventually(t, "the repair counted", func() bool { return e.mets.Repairs(t, "ipcache") == float64(i+1) })
+		celltest.Eventually(t, "the repair counted", func() bool { return kvsynctest.Repairs(t, e.mets, "ipcache") == float64(i+1) })
 	}
 	// The same value written again without a lease: the key would outlive
 	// the node. It is put back on the lease.
@@ -109,7 +110,7 @@ func TestOwnKeysPutBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	celltest.Eventually(t, "the key stripped of its lease put back on it", own)
-	celltest.Eventually(t, "the repair counted", func() bool { return e.mets.Repairs(t, "ipcache") == 3 })
+	celltest.Eventually(t, "the repair counted", func() bool { return kvsynctest.Repairs(t, e.mets, "ipcache") == 3 })
 	e.mapHas(t, "10.0.0.5", 300, "")
 }
 

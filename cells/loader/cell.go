@@ -26,7 +26,7 @@ var Cell = cell.Module(
 	cell.Provide(programsLive),
 	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 
-	cell.ProvidePrivate(newNodePortMaps, newDSRFallbacks),
+	cell.ProvidePrivate(newNodePortMaps, newDSRFallbacks, newNodePortPasses),
 	cell.Provide(newNodePortMetrics, nodePortNATMap),
 	cell.Invoke(registerNodePort),
 )

@@ -50,7 +50,7 @@ func TestDSRFallbacksMetric(t *testing.T) {
 		t.Skip("needs root to load BPF programs")
 	}
 	d := newDSRFallbacks()
-	c := newNodePortMetrics(d).Collectors[0]
+	c := newNodePortMetrics(d, newNodePortPasses()).Collectors[0]
 	if got := testutil.ToFloat64(c); got != 0 {
 		t.Fatalf("before loading: %v, want 0", got)
 	}

@@ -130,12 +130,26 @@ func (d *dsrFallbacks) count() uint64 {
 	return n
 }
 
-// newNodePortMetrics is cellium_nodeport_dsr_fallbacks_total.
-func newNodePortMetrics(d *dsrFallbacks) metrics.Collectors {
+// newNodePortMetrics is cellium_nodeport_dsr_fallbacks_total and
+// cellium_nodeport_program_passes_total.
+func newNodePortMetrics(d *dsrFallbacks, passes nodePortPasses) metrics.Collectors {
 	return metrics.NewCollectors(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "cellium", Subsystem: "nodeport", Name: "dsr_fallbacks_total",
 		Help: "Connections from outside that --lb-mode=dsr sent to a backend on another node with SNAT, their first packet having IPv4 options or no room for the DSR option (since the NodePort programs were loaded)",
-	}, func() float64 { return float64(d.count()) }))
+	}, func() float64 { return float64(d.count()) }), passes)
+}
+
+// nodePortPasses counts the passes of the NodePort job that did its work
+// (the devices map's addresses, the attaches, the prune of the pins of
+// other devices). Only a change of what a pass reads makes one: the
+// selected devices, the tunnel device, the table's initialization.
+type nodePortPasses struct{ prometheus.Counter }
+
+func newNodePortPasses() nodePortPasses {
+	return nodePortPasses{prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "cellium", Subsystem: "nodeport", Name: "program_passes_total",
+		Help: "Passes of the NodePort job over the selected devices (node addresses written, programs attached, other devices' pins pruned), each after a change of those devices or the tunnel device",
+	})}
 }
 
 // nodePortNATMap provides the NAT map to the ct-gc cell, which deletes
@@ -158,6 +172,7 @@ type nodePortParams struct {
 	Endpoints *endpointmaps.EndpointMap
 	Maps      *nodePortMaps
 	Fallbacks *dsrFallbacks
+	Passes    nodePortPasses
 	Health    cell.Health
 }
 
@@ -258,15 +273,6 @@ func (n *nodePortPrograms) Stop(cell.HookContext) error {
 	return nil
 }
 
-var (
-	// nodePortPasses counts the passes of nodePortPrograms.run that did
-	// the work (map writes, attaches, prune), for the tests.
-	nodePortPasses atomic.Uint64
-	// nodePortSeen is the revision of the devices table that run last
-	// read and acted on, for the tests.
-	nodePortSeen atomic.Uint64
-)
-
 // nodePortDevice is what run derives from one device row: all a pass
 // looks at.
 type nodePortDevice struct {
@@ -351,8 +357,9 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 				health.OK(fmt.Sprintf("NodePort programs on %d devices", len(in.selected)))
 			}
 			last, ran, failed = in, true, err != nil
+		} else {
+			n.p.Log.Debug("NodePort devices unchanged, no pass", "revision", n.p.Devices.Revision(txn))
 		}
-		nodePortSeen.Store(n.p.Devices.Revision(txn))
 		var retry <-chan time.Time
 		if failed {
 			retry = time.After(time.Second)
@@ -372,7 +379,7 @@ func (n *nodePortPrograms) run(ctx context.Context, health cell.Health) error {
 // programs to them and the egress program to the tunnel device, and once
 // the devices table is initialized prunes what other devices have.
 func (n *nodePortPrograms) pass(in nodePortInputs) error {
-	nodePortPasses.Add(1)
+	n.p.Passes.Inc()
 	addrs := map[uint32]nodeportmap.Device4{}
 	for _, d := range in.selected {
 		if d.addr.IsValid() {

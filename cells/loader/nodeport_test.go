@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -25,8 +26,8 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/logtest"
 	"github.com/cellium/cellium/cells/lbmaps"
-	"github.com/cellium/cellium/cells/loader"
 	"github.com/cellium/cellium/cells/loader/socklbtest"
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -201,14 +202,24 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	otherName, other := addDevice(t, env)
 	tunnel := addDeviceNamed(t, env, routing.TunnelDevice)
 
+	var (
+		rec    = logtest.NewRecorder(hivetest.Logger(t).Handler())
+		passes func() float64
+	)
 	start := func(enabled bool) (*socklbtest.Devices, func()) {
 		var (
 			devs *socklbtest.Devices
 			maps *lbmaps.Maps
 		)
-		h := env.Datapath(root, &maps, cell.Invoke(func(d *socklbtest.Devices) { devs = d }))
+		h := env.Datapath(root, &maps, cell.Invoke(func(d *socklbtest.Devices, m celltest.Metrics) {
+			devs = d
+			passes = func() float64 {
+				v, _ := m.Value(t, "cellium_nodeport_program_passes_total")
+				return v
+			}
+		}))
 		h.Viper().Set("enable-nodeport", enabled)
-		stop := startLogging(t, h, hivetest.Logger(t))
+		stop := startLogging(t, h, slog.New(rec))
 		return devs, stop
 	}
 
@@ -233,25 +244,25 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	// do not make the job redo its work, nor does a change of the tunnel
 	// device that leaves what the job uses of it alone (its MTU); the
 	// selected device's new address does, once.
-	passes := loader.NodePortPasses()
+	passesBefore := passes()
 	vethName, veth := addDevice(t, env)
 	putDevice(t, devs, vethName, veth, false)
 	putDeviceAddr(t, devs, otherName, other, false, netip.MustParseAddr("10.90.1.1"))
 	modifyDevice(t, devs, tunnel, func(d *devices.Device) { d.MTU = 1400 })
 	rev := devs.Table.Revision(devs.DB.ReadTxn())
 	celltest.Eventually(t, "the NodePort job to have read the tunnel device's change", func() bool {
-		return loader.NodePortSeen() >= rev
+		return rec.Find("NodePort devices unchanged, no pass", "revision", strconv.FormatUint(rev, 10)) != nil
 	})
-	if n := loader.NodePortPasses() - passes; n != 0 {
-		t.Errorf("%d passes of the NodePort job for changes of unselected devices and the tunnel device's MTU, want none", n)
+	if n := passes() - passesBefore; n != 0 {
+		t.Errorf("%v passes of the NodePort job for changes of unselected devices and the tunnel device's MTU, want none", n)
 	}
 	newAddr := netip.MustParseAddr("10.90.2.1")
 	putDeviceAddr(t, devs, selectedName, selected, true, newAddr)
 	celltest.Eventually(t, "the selected device's new address in the devices map", func() bool {
 		return nodeAddresses(t, root)[uint32(selected)] == newAddr
 	})
-	if n := loader.NodePortPasses() - passes; n != 1 {
-		t.Errorf("%d passes of the NodePort job after the selected device's address changed, want 1", n)
+	if n := passes() - passesBefore; n != 1 {
+		t.Errorf("%v passes of the NodePort job after the selected device's address changed, want 1", n)
 	}
 	putDevice(t, devs, selectedName, selected, true)
 	celltest.Eventually(t, "the selected device's address back in the devices map", func() bool {

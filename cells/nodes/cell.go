@@ -32,7 +32,7 @@ var Cell = cell.Module(
 	"Local and remote nodes from Kubernetes and the kvstore",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs, newRouteListings),
 	cell.Provide(statedb.RWTable[*Node].ToTable, apiRoutes, newMetrics),
 	cell.Invoke(newNodes),
 )
@@ -98,6 +98,7 @@ type params struct {
 	DevicesConfig devices.Config
 	KVStore       kvstore.Client
 	Repairs       *kvsync.Repairs
+	RouteListings routeListings
 	Clientset     k8sclient.Clientset
 	Readiness     *health.Readiness
 	Annotations   []Annotation `group:"node-annotations"`
@@ -133,7 +134,8 @@ func newNodes(p params) error {
 	txn.Commit()
 
 	local := &localNode{log: p.Log, nodes: n, ipam: p.IPAM, configured: nodeIPs, devices: p.Devices,
-		addrs: p.NodeAddresses, endpoints: p.Endpoints, netnsPath: p.DevicesConfig.DevicesNetns}
+		addrs: p.NodeAddresses, endpoints: p.Endpoints, netnsPath: p.DevicesConfig.DevicesNetns,
+		listings: p.RouteListings}
 	k8s := newNodeWatcher(p.Log, p.Clientset, n)
 	p.Jobs.Add(
 		job.OneShot("merge", n.merge),

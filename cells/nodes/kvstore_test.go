@@ -17,6 +17,7 @@ import (
 
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/kvsync/kvsynctest"
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
@@ -152,7 +153,7 @@ func TestOwnNodeKeyPutBack(t *testing.T) {
 			kvs, err := a.kv.List(ctx, "state/nodes/v1/node-a")
 			return err == nil && len(kvs) == 1 && string(kvs[0].Value) == string(published) && kvs[0].Lease != 0
 		})
-		celltest.Eventually(t, "the repair counted", func() bool { return a.m.Repairs(t, "nodes") == float64(i+1) })
+		celltest.Eventually(t, "the repair counted", func() bool { return kvsynctest.Repairs(t, a.m, "nodes") == float64(i+1) })
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -33,6 +32,8 @@ type localNode struct {
 	endpoints statedb.Table[*endpointmanager.Endpoint]
 	// netnsPath is --devices-netns: the namespace whose routes count.
 	netnsPath string
+	// listings counts the listings of the default routes.
+	listings routeListings
 }
 
 func (l *localNode) run(ctx context.Context, health cell.Health) error {
@@ -149,9 +150,6 @@ func (l *localNode) spec(txn statedb.ReadTxn, defaults *defaultRoutes) (Spec, er
 	return s, nil
 }
 
-// routeListings counts the listings of the default routes, for the tests.
-var routeListings atomic.Uint64
-
 // defaultRoutes are the devices holding a default route of the main
 // table, in the kernel's order, per family, with the revision of each
 // device's row when they were listed (0 if it had none).
@@ -174,7 +172,7 @@ func isDefaultRoute(r netlink.Route) bool {
 
 // listDefaultRoutes lists the default routes of the main table.
 func (l *localNode) listDefaultRoutes(txn statedb.ReadTxn, handle *netlink.Handle) (*defaultRoutes, error) {
-	routeListings.Add(1)
+	l.listings.Inc()
 	out := &defaultRoutes{revisions: map[int]statedb.Revision{}}
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		routes, err := handle.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)

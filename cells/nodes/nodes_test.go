@@ -267,7 +267,7 @@ func TestLocalNodeFromDefaultRoute(t *testing.T) {
 	// Devices and routes that have nothing to do with the default route,
 	// as a pod's veth and its route, do not make the job list the routes
 	// again; the default route moving does (a deletion and an addition).
-	listings := nodes.RouteListings()
+	listings := a.routeListings(t)
 	const unrelated = 10
 	err = nettest.Do(ns.Path(), func() error {
 		for i := range unrelated {
@@ -307,7 +307,17 @@ func TestLocalNodeFromDefaultRoute(t *testing.T) {
 	// The route changes come in order: by now the job has had those of
 	// the veths. A little slack for late changes of eth0 and eth1 (an
 	// IPv6 link-local address).
-	if n := nodes.RouteListings() - listings; n > 4 {
-		t.Errorf("%d listings of the routes for %d unrelated devices with a route each and the default route moving, want at most 4", n, unrelated)
+	if n := a.routeListings(t) - listings; n > 4 {
+		t.Errorf("%v listings of the routes for %d unrelated devices with a route each and the default route moving, want at most 4", n, unrelated)
 	}
+}
+
+// routeListings is the agent's cellium_node_route_listings_total.
+func (a *agent) routeListings(t *testing.T) float64 {
+	t.Helper()
+	v, ok := a.m.Value(t, "cellium_node_route_listings_total")
+	if !ok {
+		t.Fatal("no cellium_node_route_listings_total")
+	}
+	return v
 }

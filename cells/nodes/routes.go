@@ -46,12 +46,27 @@ func apiNode(n *Node) apiv1.Node {
 }
 
 // newMetrics is cellium_nodes: the nodes of the table, the local one
-// included; and the repairs of this node's key.
-func newMetrics(db *statedb.DB, tbl statedb.Table[*Node], repairs *kvsync.Repairs) metrics.Collectors {
+// included; the repairs of this node's key; and the listings of the
+// default routes.
+func newMetrics(db *statedb.DB, tbl statedb.Table[*Node], repairs *kvsync.Repairs, listings routeListings) metrics.Collectors {
 	return metrics.NewCollectors(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "cellium", Name: "nodes",
 		Help: "Nodes of the cluster this agent knows, itself included",
-	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }), repairs)
+	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }), repairs, listings)
+}
+
+// routeListings is cellium_node_route_listings_total: how often the
+// local-node job listed the kernel's routes to find the device holding
+// the default route. Only a change that can move it (a default route, a
+// device holding one) makes the job list them; pods' veths and routes
+// do not.
+type routeListings struct{ prometheus.Counter }
+
+func newRouteListings() routeListings {
+	return routeListings{prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "cellium", Subsystem: "node", Name: "route_listings_total",
+		Help: "Listings of the kernel's main routing table for the default routes that give this node its address, each after a change that could move them",
+	})}
 }
 
 func newRepairs() *kvsync.Repairs { return kvsync.NewRepairs("nodes") }
