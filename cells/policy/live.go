@@ -41,7 +41,8 @@ func (c *progress) get() (statedb.Revision, <-chan struct{}) {
 // liveCondition holds back a new endpoint (its routes, its readiness and
 // its CNI ADD) until its policy is in the maps: computed from the
 // endpoints table as of the endpoint's creation or later, and its
-// enforcement row and every entry reconciled. Until the policy is first
+// enforcement row and every entry reconciled, and the other local
+// endpoints' allows of its identity too (peersLive). Until the policy is first
 // computed (NetworkPolicies, identities, endpoints and pods listed), no
 // endpoint's is.
 func liveCondition(p *Policy) endpointmanager.LiveOut {
@@ -66,6 +67,32 @@ func (p *Policy) endpointLive(ep *endpointmanager.Endpoint, rev statedb.Revision
 	for e := range entries {
 		if e.Status.Kind != reconciler.StatusKindDone {
 			return false, fmt.Sprintf("entry %s %s", e.Key, statusText(e.Status)), watch
+		}
+	}
+	return p.peersLive(txn, ep)
+}
+
+// peersLive: the other local endpoints' allows of ep's identity are in the
+// maps. A pod with a new identity would otherwise be answered before a
+// local peer whose policy allows it can accept it, and the peer would drop
+// the pod's first packets. The batch that computed ep's policy (the
+// identity's row is written before the endpoint's) wrote these entries
+// too, so the wait is for their reconciliation alone. An entry that failed
+// does not hold the pod back: its endpoint is the one in trouble, and
+// health names it.
+func (p *Policy) peersLive(txn statedb.ReadTxn, ep *endpointmanager.Endpoint) (bool, string, <-chan struct{}) {
+	if ep.Identity == 0 {
+		return true, "", nil
+	}
+	for peer := range p.endpoints.All(txn) {
+		if peer.ID == ep.ID {
+			continue
+		}
+		entries, watch := p.entries.ListWatch(txn, EntryByEndpointIdentity.Query(EndpointIdentity{peer.ID, ep.Identity}))
+		for e := range entries {
+			if e.Status.Kind == reconciler.StatusKindPending {
+				return false, fmt.Sprintf("endpoint %d's allow of identity %d (entry %s) Pending", peer.ID, ep.Identity, e.Key), watch
+			}
 		}
 	}
 	return true, "", nil

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -89,5 +90,71 @@ func TestLiveCondition(t *testing.T) {
 	// endpoint's row left (an ID used again) do not count.
 	if ok, why, watch := live(ep, rev+1_000_000); ok || why != "not computed yet" || watch == nil {
 		t.Fatalf("live for a row the computation has not read: %v, %q", ok, why)
+	}
+}
+
+// TestLiveConditionWaitsForPeers: a new endpoint whose identity another
+// local endpoint's policy allows is held back until that endpoint's allow
+// is in the maps too (else the peer would drop the new pod's first
+// packets); a peer's allow that failed does not hold it back.
+func TestLiveConditionWaitsForPeers(t *testing.T) {
+	var lp liveParams
+	client := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}
+	a, h := newAgent(t, cell.Invoke(func(p liveParams) { lp = p }), netpol("from-client", ingressFrom(client)))
+	celltest.Start(t, h)
+	live := lp.Live[0].Live
+	// done marks the pending entries that only accepts, and every
+	// enforcement row, done: the reconciler's part.
+	done := func(only func(*policy.Entry) bool) {
+		wtxn := a.db.WriteTxn(lp.Entries, lp.Enf)
+		defer wtxn.Commit()
+		for e := range lp.Entries.All(wtxn) {
+			if e.Status.Kind == reconciler.StatusKindPending && only(e) {
+				e = e.Clone()
+				e.Status = reconciler.StatusDone()
+				lp.Entries.Insert(wtxn, e)
+			}
+		}
+		for e := range lp.Enf.All(wtxn) {
+			e = e.Clone()
+			e.Status = reconciler.StatusDone()
+			lp.Enf.Insert(wtxn, e)
+		}
+	}
+	a.addIdentity(1001, "prod", map[string]string{"app": "web"}, nil)
+	a.addEndpoint(&endpointmanager.Endpoint{ID: 1, PodNamespace: "prod", PodName: "web", Labels: map[string]string{"app": "web"}, Identity: 1001})
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host")
+	done(func(*policy.Entry) bool { return true })
+
+	// The client: a new identity, which endpoint 1 allows.
+	a.addIdentity(1003, "prod", map[string]string{"app": "client"}, nil)
+	ep := &endpointmanager.Endpoint{ID: 2, PodNamespace: "prod", PodName: "client", Labels: map[string]string{"app": "client"}, Identity: 1003}
+	wtxn := a.db.WriteTxn(a.endpoints)
+	a.endpoints.Insert(wtxn, ep)
+	_, rev, _ := a.endpoints.Get(wtxn, endpointmanager.EndpointID.Query(2))
+	wtxn.Commit()
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 0 0-0 prod/from-client")
+	// Its own policy (not isolated) done, the peer's allow pending.
+	celltest.Eventually(t, "endpoint 2's policy computed", func() bool {
+		_, why, _ := live(ep, rev)
+		return why != "not computed yet"
+	})
+	done(func(e *policy.Entry) bool { return e.Key.EndpointID == 2 })
+	ok, why, watch := live(ep, rev)
+	if ok || !strings.Contains(why, "endpoint 1's allow of identity 1003") || watch == nil {
+		t.Fatalf("live %v (%q, watch %v) while endpoint 1's allow of the new identity is pending, want not live, saying so, with a watch", ok, why, watch != nil)
+	}
+	// A failed allow of the peer does not hold it.
+	wtxn = a.db.WriteTxn(lp.Entries)
+	for e := range lp.Entries.List(wtxn, policy.EntryByEndpoint.Query(1)) {
+		if e.Key.Identity == 1003 {
+			e = e.Clone()
+			e.Status = reconciler.StatusError(errors.New("map full"))
+			lp.Entries.Insert(wtxn, e)
+		}
+	}
+	wtxn.Commit()
+	if ok, why, _ := live(ep, rev); !ok {
+		t.Fatalf("not live with the peer's allow failed: %s", why)
 	}
 }
