@@ -100,7 +100,18 @@ type probeResponse struct {
 // Prober starts a prober in pod; it ends with the test.
 func (c *Cluster) Prober(pod string) *Prober {
 	c.t.Helper()
-	h := c.startHelper(Where{Pod: pod}, "probe", true)
+	return c.ProberAt(Where{Pod: pod})
+}
+
+// ProberAt is Prober at w: a pod, a node's namespace, or another namespace
+// such as the outside namespace.
+func (c *Cluster) ProberAt(w Where) *Prober {
+	c.t.Helper()
+	h := c.startHelper(w, "probe", true)
+	pod := w.Pod
+	if pod == "" {
+		pod = w.Node + w.NetNS
+	}
 	p := &Prober{pod: pod, in: h.in, waiting: map[uint64]chan ProbeResult{}}
 	go func() {
 		sc := bufio.NewScanner(h.out)
