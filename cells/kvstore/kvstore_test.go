@@ -1045,16 +1045,7 @@ func TestTLSVerifiesTheEndpointsHost(t *testing.T) {
 			}
 			// Nothing reached the server: read it with a client of its own
 			// that does not check the host.
-			tlsCfg, err := files.ClientConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			tlsCfg.InsecureSkipVerify = true
-			raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
+			raw := etcdtest.UncheckedClient(t, etcd.Endpoint(), files)
 			resp, err := raw.Get(ctxT(t), "tls/", clientv3.WithPrefix())
 			if err != nil || len(resp.Kvs) != 0 {
 				t.Fatalf("keys on the server the client refused: %v, %v", resp, err)

@@ -33,18 +33,7 @@ func TestAgentKVStore(t *testing.T) {
 		"--kvstore", "etcd", "--kvstore-opt", "etcd.address="+etcd.Endpoint(), "--kvstore-prefix", "agenttest")...)
 	agent.waitFor("Started hive")
 
-	kvState := func() apiv1.KVStore {
-		t.Helper()
-		out, errOut, code := agentCmd(t, "kvstore", "status", "-o", "json", "--api-socket", env.socket)
-		if code != 0 {
-			t.Fatalf("agent kvstore status = %d: %s", code, errOut)
-		}
-		var st apiv1.KVStore
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			t.Fatalf("agent kvstore status -o json: %v\n%s", err, out)
-		}
-		return st
-	}
+	kvState := func() apiv1.KVStore { t.Helper(); return kvstoreStatus(t, env.socket) }
 	if st := kvState(); st.State == "connected" || len(st.Endpoints) != 1 {
 		t.Fatalf("kvstore with etcd down: %+v", st)
 	}
@@ -134,18 +123,7 @@ func TestAgentKVStoreRefusesWrongHost(t *testing.T) {
 	agent := startAgent(t, append(env.runFlags(),
 		"--kvstore", "etcd", "--kvstore-opt", "etcd.config="+config, "--kvstore-prefix", "tlstest")...)
 
-	kvState := func() apiv1.KVStore {
-		t.Helper()
-		out, errOut, code := agentCmd(t, "kvstore", "status", "-o", "json", "--api-socket", env.socket)
-		if code != 0 {
-			t.Fatalf("agent kvstore status = %d: %s", code, errOut)
-		}
-		var st apiv1.KVStore
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			t.Fatalf("agent kvstore status -o json: %v\n%s", err, out)
-		}
-		return st
-	}
+	kvState := func() apiv1.KVStore { t.Helper(); return kvstoreStatus(t, env.socket) }
 	refused := "TLS handshake with etcd " + endpoint + ": tls: failed to verify certificate: x509: certificate is valid for 10.9.9.9, not 127.0.0.1"
 	if err := waitAgentReady(t, env.socket, 60*time.Second); err != nil {
 		t.Fatalf("with a certificate for another host: %v", err)
@@ -162,16 +140,7 @@ func TestAgentKVStoreRefusesWrongHost(t *testing.T) {
 
 	// Nothing reached the server: read it with a client that does not
 	// check the host.
-	tlsCfg, err := clientFiles.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsCfg.InsecureSkipVerify = true
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := etcdtest.UncheckedClient(t, etcd.Endpoint(), clientFiles)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if resp, err := raw.Get(ctx, "tlstest/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
@@ -194,4 +163,18 @@ func TestAgentKVStoreRefusesWrongHost(t *testing.T) {
 		return err == nil && resp.Count > 0, fmt.Sprint(resp, err)
 	})
 	agent.stop()
+}
+
+// kvstoreStatus is `agent kvstore status -o json` of the agent at socket.
+func kvstoreStatus(t *testing.T, socket string) apiv1.KVStore {
+	t.Helper()
+	out, errOut, code := agentCmd(t, "kvstore", "status", "-o", "json", "--api-socket", socket)
+	if code != 0 {
+		t.Fatalf("agent kvstore status = %d: %s", code, errOut)
+	}
+	var st apiv1.KVStore
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("agent kvstore status -o json: %v\n%s", err, out)
+	}
+	return st
 }

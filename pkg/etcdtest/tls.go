@@ -7,6 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cellium/cellium/pkg/tlsca"
 )
@@ -76,4 +79,23 @@ func (ca *CA) IssueFor(dir, name string, hosts ...string) TLSFiles {
 		}
 	}
 	return f
+}
+
+// UncheckedClient is a client of the TLS server at endpoint with the
+// files' certificate that does not check the server's: to read what a
+// server with a certificate for another host holds. It is closed when the
+// test ends.
+func UncheckedClient(t testing.TB, endpoint string, files TLSFiles) *clientv3.Client {
+	t.Helper()
+	cfg, err := files.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.InsecureSkipVerify = true
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: cfg, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
