@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/client"
@@ -294,14 +295,15 @@ func (r progRuns) ns() float64 {
 	return float64(r.runtime.Nanoseconds()) / float64(r.count)
 }
 
-// programs are the BPF programs at both tcx hooks of some interfaces.
+// programs are the BPF programs attached to some interfaces.
 type programs []*ebpf.Program
 
-// endpointPrograms are the programs attached at the tcx ingress and egress
-// of the interfaces (ifindexes in the namespace nsPath): the endpoints'
-// from- and to-endpoint programs.
+// endpointPrograms are the programs attached to the interfaces (ifindexes
+// in the namespace nsPath), in each direction: the endpoints' from- and
+// to-endpoint programs, as bpf filters of a clsact qdisc (what the loader
+// attaches) or tcx links (what an earlier agent pinned).
 func endpointPrograms(b *testing.B, nsPath string, ifindexes []int) programs {
-	var out programs
+	var ids []ebpf.ProgramID
 	err := nettest.Do(nsPath, func() error {
 		for _, ifindex := range ifindexes {
 			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
@@ -310,11 +312,18 @@ func endpointPrograms(b *testing.B, nsPath string, ifindexes []int) programs {
 					return fmt.Errorf("query %s of ifindex %d: %w", at, ifindex, err)
 				}
 				for _, p := range res.Programs {
-					prog, err := ebpf.NewProgramFromID(p.ID)
-					if err != nil {
-						return err
+					ids = append(ids, p.ID)
+				}
+			}
+			for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+				filters, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, parent)
+				if err != nil {
+					continue // no clsact qdisc
+				}
+				for _, f := range filters {
+					if bf, ok := f.(*netlink.BpfFilter); ok {
+						ids = append(ids, ebpf.ProgramID(bf.Id))
 					}
-					out = append(out, prog)
 				}
 			}
 		}
@@ -323,8 +332,17 @@ func endpointPrograms(b *testing.B, nsPath string, ifindexes []int) programs {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if len(out) < 2*len(ifindexes) {
-		b.Fatalf("%d programs at the tcx hooks of %d interfaces, want one at each", len(out), len(ifindexes))
+	if len(ids) < 2*len(ifindexes) {
+		b.Fatalf("%d programs attached to %d interfaces, want one in each direction", len(ids), len(ifindexes))
+	}
+	var out programs
+	for _, id := range ids {
+		prog, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			out.close()
+			b.Fatalf("program %d: %v", id, err)
+		}
+		out = append(out, prog)
 	}
 	return out
 }
