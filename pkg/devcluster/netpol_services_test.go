@@ -24,11 +24,12 @@ import (
 
 // TestNetworkPolicyServices: network policy applies to the backend pod and
 // its target port, after service translation, on a two-node dev-cluster
-// with the real datapath. Two backends serve port 8080 (and 80, for the
-// controls), server on node-1 and far on node-2, each behind a Service
-// whose port 80 (TCP and UDP) targets 8080, with a ClusterIP and
-// NodePorts. Clients: pods friend and stranger on node-1, friend2 on
-// node-2, and the outside namespace (no node, the world).
+// with the real datapath. Two backends serve TCP 8080 and UDP 8053 (and
+// port 80, for the controls), server on node-1 and far on node-2, each
+// behind a Service (nodePortService) whose TCP port 80 targets 8080 and
+// UDP port 53 targets 8053, with a ClusterIP and NodePorts. Clients: pods
+// friend and stranger on node-1, friend2 on node-2, and the outside
+// namespace (no node, the world).
 //
 //   - ClusterIP, socket load balancing: the pod's socket is sent to the
 //     backend at connect(), so the packets carry the backend's address and
@@ -61,11 +62,11 @@ func TestNetworkPolicyServices(t *testing.T) {
 	out := c.AddOutside()
 	n1, n2 := c.Node("node-1"), c.Node("node-2")
 	for _, b := range []string{"server", "far"} {
-		c.ServeProbes(b, 80, 8080)
+		c.ServeProbes(b, 80, 8080, 8053)
 	}
 	const vip1, vip2 = "10.96.0.81", "10.96.0.82"
-	c.WriteManifest("server.yaml", policyTestService("server", vip1, 30181, 30182, server.IPv4, "node-1"))
-	c.WriteManifest("far.yaml", policyTestService("far", vip2, 30191, 30192, far.IPv4, "node-2"))
+	c.WriteManifest("server.yaml", nodePortService("server", vip1, 30181, 30182, server.IPv4, "node-1"))
+	c.WriteManifest("far.yaml", nodePortService("far", vip2, 30191, 30192, far.IPv4, "node-2"))
 	for _, n := range []string{"node-1", "node-2"} {
 		c.WaitService(n, "default", "server")
 		c.WaitService(n, "default", "far")
@@ -81,9 +82,9 @@ func TestNetworkPolicyServices(t *testing.T) {
 	const backends = `
   podSelector:
     matchExpressions: [{key: app, operator: In, values: [server, far]}]`
-	ports := func(p int) string {
+	ports := func(tcp, udp int) string {
 		return fmt.Sprintf(`
-    ports: [{protocol: TCP, port: %d}, {protocol: UDP, port: %d}]`, p, p)
+    ports: [{protocol: TCP, port: %d}, {protocol: UDP, port: %d}]`, tcp, udp)
 	}
 	steps := []policySvcStep{{
 		name: "ingress allows role=friend on the target port",
@@ -91,10 +92,10 @@ func TestNetworkPolicyServices(t *testing.T) {
 metadata: {name: backends-from-friend, namespace: default}
 spec:` + backends + `
   ingress:
-  - from: [{podSelector: {matchLabels: {role: friend}}}]` + ports(8080),
+  - from: [{podSelector: {matchLabels: {role: friend}}}]` + ports(8080, 8053),
 		probes: []policySvcProbe{
-			{"friend", tcp, at(svc1, 80), true}, {"friend", udp, at(svc1, 80), true},
-			{"stranger", tcp, at(svc1, 80), false}, {"stranger", udp, at(svc1, 80), false},
+			{"friend", tcp, at(svc1, 80), true}, {"friend", udp, at(svc1, 53), true},
+			{"stranger", tcp, at(svc1, 80), false}, {"stranger", udp, at(svc1, 53), false},
 			// Across nodes: the client's node translates, the backend's
 			// node decides on the client pod's identity.
 			{"friend2", tcp, at(svc1, 80), true},
@@ -116,9 +117,9 @@ spec:` + backends + `
 metadata: {name: backends-port-80, namespace: default}
 spec:` + backends + `
   ingress:
-  - from: [{podSelector: {matchLabels: {role: friend}}}]` + ports(80),
+  - from: [{podSelector: {matchLabels: {role: friend}}}]` + ports(80, 53),
 		probes: []policySvcProbe{
-			{"friend", tcp, at(svc1, 80), false}, {"friend", udp, at(svc1, 80), false},
+			{"friend", tcp, at(svc1, 80), false}, {"friend", udp, at(svc1, 53), false},
 			{"friend", tcp, at(server.IPv4, 80), true},
 		},
 		drops: []policySvcFlow{
@@ -132,11 +133,11 @@ spec:
   podSelector: {matchLabels: {role: friend}}
   policyTypes: [Egress]
   egress:
-  - to: [{podSelector: {matchLabels: {app: server}}}]` + ports(8080),
+  - to: [{podSelector: {matchLabels: {app: server}}}]` + ports(8080, 8053),
 		probes: []policySvcProbe{
-			{"friend", tcp, at(svc1, 80), true}, {"friend", udp, at(svc1, 80), true},
+			{"friend", tcp, at(svc1, 80), true}, {"friend", udp, at(svc1, 53), true},
 			{"friend2", tcp, at(svc1, 80), true},
-			{"friend", tcp, at(svc2, 80), false}, {"friend", udp, at(svc2, 80), false},
+			{"friend", tcp, at(svc2, 80), false}, {"friend", udp, at(svc2, 53), false},
 			{"friend", tcp, at(server.IPv4, 80), false},
 			// Not selected: unrestricted.
 			{"stranger", tcp, at(svc2, 80), true},
@@ -155,11 +156,11 @@ spec:
   podSelector: {matchLabels: {role: friend}}
   policyTypes: [Egress]
   egress:
-  - to: [{ipBlock: {cidr: ` + vip1 + `/32}}]` + ports(80) + `
+  - to: [{ipBlock: {cidr: ` + vip1 + `/32}}]` + ports(80, 53) + `
   - to: [{podSelector: {matchLabels: {app: server}}}]
     ports: [{protocol: TCP, port: 80}]`,
 		probes: []policySvcProbe{
-			{"friend", tcp, at(svc1, 80), false}, {"friend", udp, at(svc1, 80), false},
+			{"friend", tcp, at(svc1, 80), false}, {"friend", udp, at(svc1, 53), false},
 			{"friend", tcp, at(server.IPv4, 80), true},
 		},
 		drops: []policySvcFlow{
@@ -171,7 +172,7 @@ spec:
 metadata: {name: backends-from-outside, namespace: default}
 spec:` + backends + `
   ingress:
-  - from: [{ipBlock: {cidr: ` + out.IPv4.String() + `/32}}]` + ports(8080),
+  - from: [{ipBlock: {cidr: ` + out.IPv4.String() + `/32}}]` + ports(8080, 8053),
 		probes: []policySvcProbe{
 			{"outside", tcp, at(n1.IPv4, 30181), true}, {"outside", udp, at(n1.IPv4, 30182), true},
 			{"outside", tcp, at(n2.IPv4, 30191), true},
@@ -191,7 +192,7 @@ spec:` + backends + `
 metadata: {name: backends-from-node-1, namespace: default}
 spec:` + backends + `
   ingress:
-  - from: [{ipBlock: {cidr: ` + n1.IPv4.String() + `/32}}]` + ports(8080),
+  - from: [{ipBlock: {cidr: ` + n1.IPv4.String() + `/32}}]` + ports(8080, 8053),
 		probes: []policySvcProbe{
 			{"outside", tcp, at(n1.IPv4, 30191), true}, {"outside", udp, at(n1.IPv4, 30192), true},
 			{"outside", tcp, at(n1.IPv4, 30181), false}, {"outside", tcp, at(n2.IPv4, 30191), false},
@@ -206,7 +207,7 @@ spec:` + backends + `
 metadata: {name: backends-from-pods, namespace: default}
 spec:` + backends + `
   ingress:
-  - from: [{namespaceSelector: {}}]` + ports(8080),
+  - from: [{namespaceSelector: {}}]` + ports(8080, 8053),
 		probes: []policySvcProbe{
 			{"outside", tcp, at(n1.IPv4, 30181), false}, {"outside", udp, at(n1.IPv4, 30182), false},
 			{"outside", tcp, at(n1.IPv4, 30191), false}, {"outside", tcp, at(n2.IPv4, 30191), false},
@@ -270,32 +271,6 @@ func policySvcName(policy string) string {
 	_, after, _ := strings.Cut(policy, "{name: ")
 	name, _, _ := strings.Cut(after, ",")
 	return name
-}
-
-// policyTestService is a NodePort Service whose port 80, TCP (NodePort
-// tcp) and UDP (NodePort udp), targets 8080 of the one backend, a pod on
-// node.
-func policyTestService(name, clusterIP string, tcp, udp uint16, backend netip.Addr, node string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: %[1]s, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: %[2]s
-  ports:
-  - {name: tcp, port: 80, targetPort: 8080, nodePort: %[3]d, protocol: TCP}
-  - {name: udp, port: 80, targetPort: 8080, nodePort: %[4]d, protocol: UDP}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: %[1]s-1, namespace: default, labels: {kubernetes.io/service-name: %[1]s}}
-addressType: IPv4
-ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 8080, protocol: UDP}]
-endpoints:
-- addresses: [%[5]s]
-  nodeName: %[6]s
-  conditions: {ready: true}
-`, name, clusterIP, tcp, udp, backend, node)
 }
 
 // policyRevision is node's policy revision.
@@ -469,6 +444,12 @@ func hubbleFlows(t *testing.T, n devcluster.Node, args ...string) []*flow.Flow {
 	if err != nil {
 		t.Fatalf("agent %v: %v\n%s", argv, err, out)
 	}
+	return parseFlows(out)
+}
+
+// parseFlows reads the flows of GetFlowsResponses in protobuf's JSON
+// form, one a line (`hubble observe -o jsonpb`, `agent observe -o json`).
+func parseFlows(out []byte) []*flow.Flow {
 	var flows []*flow.Flow
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(nil, 1<<20)

@@ -1,8 +1,6 @@
 package devcluster_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -21,7 +19,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/pkg/devcluster"
@@ -241,14 +238,5 @@ func hubbleObserve(ctx context.Context, c *devclustertest.Cluster, hubbleBin str
 	if err != nil {
 		return nil, string(out), fmt.Errorf("nsenter %s: %w\n%s", strings.Join(argv, " "), err, out)
 	}
-	var flows []*flow.Flow
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var resp observer.GetFlowsResponse
-		if protojson.Unmarshal(sc.Bytes(), &resp) == nil && resp.GetFlow() != nil {
-			flows = append(flows, resp.GetFlow())
-		}
-	}
-	return flows, string(out), nil
+	return parseFlows(out), string(out), nil
 }
