@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/internal/celltest"
 )
 
 // gate is a live condition the test opens.
@@ -74,23 +75,8 @@ func (n *node) createAsync(p pod) <-chan createResult {
 // waiting is cellium_endpoints_waiting{for=name}.
 func waiting(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != "cellium_endpoints_waiting" {
-			continue
-		}
-		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == "for" && l.GetValue() == name {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := celltest.Value(t, reg, "cellium_endpoints_waiting", "for", name)
+	return v
 }
 
 // TestCreateWaitsForLive: a creation puts the endpoint in the table as
@@ -125,9 +111,11 @@ func TestCreateWaitsForLive(t *testing.T) {
 	if hostUp(t, ep) {
 		t.Errorf("the host side %s is up before the endpoint is live", ep.HostIfName)
 	}
-	if got := waiting(t, n.metrics, "gate"); got != 1 {
-		t.Errorf("cellium_endpoints_waiting{for=gate} = %v while the creation waits, want 1", got)
-	}
+	// The creation counts itself waiting once the condition it asked
+	// has answered: after asked is closed.
+	celltest.Eventually(t, "cellium_endpoints_waiting{for=gate} 1 while the creation waits", func() bool {
+		return waiting(t, n.metrics, "gate") == 1
+	})
 	select {
 	case r := <-done:
 		t.Fatalf("Create returned before the live condition held: %+v, %v", r.ep, r.err)
