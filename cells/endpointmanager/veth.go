@@ -323,6 +323,17 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 	if host, err = netlink.LinkByName(ep.HostIfName); err != nil {
 		return nil, nil, false, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
 	}
+	// The endpoint's programs are filters on a clsact qdisc of the host
+	// side (cells/loader/tc.go). The first filter of a hook waits for a
+	// grace period of the kernel's RCU, with the node's RTNL lock held,
+	// unless one has passed since the qdisc was made: made here, one has
+	// by the time the loader adds them.
+	clsact := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: host.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
+	}}
+	if err := netlink.QdiscAdd(clsact); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, nil, false, fmt.Errorf("add a clsact qdisc to %s: %w", ep.HostIfName, err)
+	}
 	if podLink, err = pod.LinkByName(ep.IfName); err != nil {
 		return nil, nil, false, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
 	}
