@@ -86,6 +86,16 @@ func TestOptions(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	cni := filepath.Join(t.TempDir(), "cellium-cni")
+	if err := os.WriteFile(cni, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bins := Options{AgentBinary: bin, CNIBinary: cni, EtcdBinary: bin}
+	withMode := func(mode, kubeAPIServer string) Options {
+		o := bins
+		o.IdentityMode, o.KubeAPIServerBinary = mode, kubeAPIServer
+		return o
+	}
 	for _, tc := range []struct {
 		o    Options
 		want string
@@ -97,9 +107,28 @@ func TestOptions(t *testing.T) {
 		{Options{AgentBinary: bin}, "CNI plugin " + filepath.Join(filepath.Dir(bin), "cellium-cni") + ": "},
 		{Options{AgentBinary: bin, CNIBinary: bin}, "must be named cellium-cni"},
 		{Options{AgentBinary: filepath.Dir(bin)}, "is not an executable file"},
+		{withMode("etcd", ""), `invalid identity allocation mode "etcd": want kvstore or crd`},
+		{withMode("crd", filepath.Dir(bin)), "kube-apiserver binary " + filepath.Dir(bin) + " is not an executable file"},
 	} {
 		if err := tc.o.complete(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Options %+v: %v, want %q", tc.o, err, tc.want)
+		}
+	}
+}
+
+// TestDecodeYAML: a manifest's documents become objects; one that is no
+// object is an error naming the file and the document.
+func TestDecodeYAML(t *testing.T) {
+	objs, err := decodeYAML("web.yaml", []byte("apiVersion: v1\nkind: Service\nmetadata: {name: web}\n---\n# nothing\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n"))
+	if err != nil || len(objs) != 2 || objs[0].GetKind() != "Service" || objs[1].GetName() != "x" {
+		t.Fatalf("decodeYAML = %v, %v; want a Service and a Namespace", objs, err)
+	}
+	for doc, want := range map[string]string{
+		"apiVersion: v1\nkind: Service\n---\nkind: Pod\n": "web.yaml document 1: not a Kubernetes object",
+		"a: [1\n": "web.yaml document 1: ",
+	} {
+		if _, err := decodeYAML("web.yaml", []byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("decodeYAML(%q) = %v, want %q", doc, err, want)
 		}
 	}
 }
