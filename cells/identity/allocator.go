@@ -35,10 +35,12 @@ type Allocator struct {
 	// gcInterval is --identity-gc-interval.
 	gcInterval time.Duration
 	// crd is the crd mode's state (nil in the other modes).
-	crd    *crdBackend
-	node   string
-	path   string
-	health cell.Health
+	crd *crdBackend
+	// backendState is how far the store is followed (Backend).
+	backendState atomic.Pointer[string]
+	node         string
+	path         string
+	health       cell.Health
 	// repairs counts master and value keys written back.
 	repairs *kvsync.Repairs
 

@@ -94,12 +94,14 @@ func newAllocator(p params) (*Allocator, error) {
 	}
 	p.Lifecycle.Append(cell.Hook{OnStart: a.start})
 	p.Jobs.Add(job.OneShot("identity-refs", a.publishRefs))
+	a.setBackendState(stateCheckpointed)
 	switch mode {
 	case ModeCRD:
 		if err := a.newCRDBackend(p); err != nil {
 			return nil, err
 		}
 	case ModeKVStore:
+		a.setBackendState(stateListing)
 		txn := p.DB.WriteTxn(p.Table)
 		listed := p.Table.RegisterInitializer(txn, "kvstore-identities")
 		txn.Commit()

@@ -21,6 +21,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/refused"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/backoff"
 	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/k8sapi"
 	"github.com/cellium/cellium/pkg/labels"
@@ -95,11 +96,12 @@ func (a *Allocator) newCRDBackend(p params) error {
 	txn := p.DB.WriteTxn(p.Table)
 	listed := p.Table.RegisterInitializer(txn, "crd-identities")
 	txn.Commit()
+	a.setBackendState(stateRegistering)
 	a.crd = &crdBackend{client: client, registered: make(chan struct{}), listed: listed,
 		refused: refused.New(p.Log, p.Health.NewScope("crd-identities"), "CelliumIdentity"), cs: p.Clientset,
 		gc: crdGC{limiter: rate.NewLimiter(gcDeletesPerSecond, 1)}}
 	p.Jobs.Add(
-		job.OneShot("register-crds", a.registerCRDs, job.WithRetry(-1, &job.ExponentialBackoff{Min: 500 * time.Millisecond, Max: 30 * time.Second})),
+		job.OneShot("register-crds", a.registerCRDs, job.WithRetry(-1, &backoff.Jittered{Min: 500 * time.Millisecond, Max: 30 * time.Second})),
 		job.OneShot("watch-crd-identities", a.watchCRD),
 		job.OneShot("identity-write-back", a.runWriteBacks),
 		job.Timer("identity-gc", a.gcRoundCRD, p.Config.IdentityGCInterval),
@@ -123,6 +125,7 @@ func (a *Allocator) registerCRDs(ctx context.Context, health cell.Health) error 
 		return err
 	}
 	health.OK("CRDs established")
+	a.setBackendState(stateListing)
 	close(a.crd.registered)
 	return nil
 }
@@ -230,6 +233,7 @@ func (a *Allocator) watchCRD(ctx context.Context, health cell.Health) error {
 		txn := a.db.WriteTxn(a.tbl)
 		a.crd.listed(txn)
 		txn.Commit()
+		a.setBackendState(stateWatching)
 		health.OK("CelliumIdentity objects listed and watched")
 	})
 }

@@ -78,6 +78,9 @@ func TestLocalAllocator(t *testing.T) {
 	if n, ok := a.Lookup(web("default")); !ok || n != id1 {
 		t.Fatalf("Lookup = %v, %v", n, ok)
 	}
+	if b := a.Backend(); b.Mode != "local" || b.Known != 2 || b.State != "checkpointed" || !strings.HasSuffix(b.Store, "checkpointed in "+filepath.Join(dir, "state", checkpointFile)) {
+		t.Errorf("Backend = %+v, want local, 2 known, checkpointed in %s", b, filepath.Join(dir, "state", checkpointFile))
+	}
 	// Two users of id1, one of id2; id2's last user goes.
 	if err := a.Release(ctx, id2); err != nil {
 		t.Fatal(err)

@@ -203,6 +203,7 @@ func (a *Allocator) watch(ctx context.Context, health cell.Health, listed func(s
 		if done && listed != nil {
 			listed(txn)
 			listed = nil
+			a.setBackendState(stateWatching)
 		}
 		txn.Commit()
 		a.mu.Unlock()

@@ -10,8 +10,11 @@ import (
 	"github.com/cellium/cellium/pkg/identity"
 )
 
-func apiRoutes(db *statedb.DB, tbl statedb.Table[*Identity]) api.Routes {
+func apiRoutes(db *statedb.DB, tbl statedb.Table[*Identity], a *Allocator) api.Routes {
 	return api.NewRoutes(
+		api.Route{Method: http.MethodGet, Path: apiv1.PathIdentityBackend, Handler: func(*http.Request) (any, error) {
+			return a.Backend(), nil
+		}},
 		api.Route{Method: http.MethodGet, Path: apiv1.PathIdentities, Handler: func(*http.Request) (any, error) {
 			out := []apiv1.Identity{}
 			for id := range tbl.All(db.ReadTxn()) {

@@ -19,6 +19,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/backoff"
 	"github.com/cellium/cellium/pkg/k8sapi"
 )
 
@@ -153,7 +154,7 @@ func (w *writer) run(ctx context.Context, health cell.Health) error {
 	}
 	resync := time.NewTicker(s.cfg.EndpointObjectsResync)
 	defer resync.Stop()
-	backoff := time.Duration(0)
+	retryAfter := backoff.Jittered{Min: time.Second, Max: time.Minute}
 	for {
 		txn := s.db.ReadTxn()
 		all, epsChanged := s.eps.AllWatch(txn)
@@ -178,11 +179,11 @@ func (w *writer) run(ctx context.Context, health cell.Health) error {
 		}
 		var retry <-chan time.Time
 		if n, err := w.sync(ctx, want, keep); err != nil {
-			backoff = min(max(2*backoff, time.Second), time.Minute)
-			health.Degraded(fmt.Sprintf("Writing this node's CelliumEndpoint objects; again in %s", backoff), err)
-			retry = time.After(backoff)
+			wait := retryAfter.Wait()
+			health.Degraded(fmt.Sprintf("Writing this node's CelliumEndpoint objects; again in %s", wait.Round(time.Millisecond)), err)
+			retry = time.After(wait)
 		} else {
-			backoff = 0
+			retryAfter.Reset()
 			health.OK(fmt.Sprintf("%d CelliumEndpoint objects of this node written", n))
 		}
 		select {

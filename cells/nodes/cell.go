@@ -22,6 +22,7 @@ import (
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/kvstore"
+	"github.com/cellium/cellium/pkg/backoff"
 )
 
 // Cell provides the table "nodes": this node and every other node of the
@@ -143,10 +144,10 @@ func newNodes(p params) error {
 		job.OneShot("k8s-nodes", func(ctx context.Context, h cell.Health) error { return k8s.run(ctx, h, k8sSynced) }),
 		job.OneShot("annotate-node", func(ctx context.Context, h cell.Health) error {
 			return annotate(ctx, h, p.Log, p.Clientset, k8s, n, p.Annotations)
-		}, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: time.Minute})),
+		}, job.WithRetry(-1, &backoff.Jittered{Min: time.Second, Max: time.Minute})),
 		job.OneShot("mark-node-ready", func(ctx context.Context, h cell.Health) error {
 			return markReady(ctx, h, p.Log, p.Clientset, k8s, n.name, p.Readiness)
-		}, job.WithRetry(-1, &job.ExponentialBackoff{Min: time.Second, Max: time.Minute})),
+		}, job.WithRetry(-1, &backoff.Jittered{Min: time.Second, Max: time.Minute})),
 	)
 	if p.KVStore.Enabled() {
 		kv := &kvstoreNodes{nodes: n, owner: kvsync.NewOwner(p.Log, p.KVStore, p.Repairs, "node key")}

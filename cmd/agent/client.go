@@ -81,17 +81,42 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, h, func(w io.Writer) error {
+			st := agentStatus{Health: h}
+			if ib, err := c.IdentityBackend(ctx); err == nil {
+				st.Identities = &ib
+			} else {
+				st.IdentitiesError = err.Error()
+			}
+			return out.print(stdout, st, func(w io.Writer) error {
 				kv, err := c.KVStore(ctx)
 				if err != nil {
 					return err
 				}
-				return printHealth(w, h, kv)
+				return printHealth(w, st, kv)
 			})
 		})
 }
 
-func printHealth(w io.Writer, h apiv1.Health, kv apiv1.KVStore) error {
+// agentStatus is `agent status -o json`: the health (at the top level, as
+// GET /v1/health answers it) and the identity backend.
+type agentStatus struct {
+	apiv1.Health
+	Identities      *apiv1.IdentityBackend `json:"identities,omitempty"`
+	IdentitiesError string                 `json:"identitiesError,omitempty"`
+}
+
+// identitiesLine is the identity backend in one line: "crd
+// (CelliumIdentity objects, 12 known, watching)".
+func identitiesLine(st agentStatus) string {
+	ib := st.Identities
+	if ib == nil {
+		return "unknown (" + st.IdentitiesError + ")"
+	}
+	return fmt.Sprintf("%s (%s, %d known, %s)", ib.Mode, ib.Store, ib.Known, ib.State)
+}
+
+func printHealth(w io.Writer, st agentStatus, kv apiv1.KVStore) error {
+	h := st.Health
 	state := "ready"
 	switch {
 	case !h.Started:
@@ -99,7 +124,7 @@ func printHealth(w io.Writer, h apiv1.Health, kv apiv1.KVStore) error {
 	case !h.Ready:
 		state = "not ready, waiting for: " + strings.Join(h.Pending, ", ")
 	}
-	fmt.Fprintf(w, "Agent:   %s\nHealth:  %s\nKVStore: %s\n\n", state, h.Level, kvstoreLine(kv))
+	fmt.Fprintf(w, "Agent:      %s\nHealth:     %s\nKVStore:    %s\nIdentities: %s\n\n", state, h.Level, kvstoreLine(kv), identitiesLine(st))
 	if len(h.Waiting) > 0 {
 		rows := make([][]string, 0, len(h.Waiting))
 		for _, b := range h.Waiting {

@@ -16,3 +16,23 @@ type Identity struct {
 	// Refs is how many endpoints of this node use it.
 	Refs int `json:"refs"`
 }
+
+// PathIdentityBackend serves the identity backend's state: GET.
+const PathIdentityBackend = "/v1/identity-backend"
+
+// IdentityBackend is where the cluster's identities live and how far the
+// agent follows them: `agent status`'s Identities line.
+type IdentityBackend struct {
+	// Mode is crd, kvstore or local: --identity-allocation-mode, auto
+	// resolved.
+	Mode string `json:"mode"`
+	// Store is what holds them: CelliumIdentity objects, the kvstore's
+	// master keys, or this node's checkpoint file.
+	Store string `json:"store"`
+	// Known is how many identities of the store the agent holds: cluster
+	// ones (crd, kvstore), or this node's local ones.
+	Known int `json:"known"`
+	// State is crd: registering CRDs, listing, watching; kvstore:
+	// listing, watching; local: checkpointed.
+	State string `json:"state"`
+}

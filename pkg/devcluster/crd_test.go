@@ -69,6 +69,14 @@ func TestCRDIdentities(t *testing.T) {
 	}
 
 	web := map[string]string{"app": "web"}
+	defer func() {
+		// agent status's Identities line: the backend, its store, and
+		// the two label sets' identities known (with the namespace's).
+		ib, err := client.New(c.Node("node-2").APISocket).IdentityBackend(ctx)
+		if err != nil || ib.Mode != "crd" || ib.Store != "CelliumIdentity objects" || ib.State != "watching" || ib.Known < 2 {
+			t.Errorf("node-2's identity backend: %+v (%v), want crd, CelliumIdentity objects, watching, 2 or more known", ib, err)
+		}
+	}()
 	a := c.AddPod("node-1", "a", web)
 	b := c.AddPod("node-2", "b", web)
 	d := c.AddPod("node-1", "d", map[string]string{"app": "db"})
