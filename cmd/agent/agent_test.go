@@ -201,7 +201,7 @@ func TestAgentProcess(t *testing.T) {
 
 	// The table form draws the tree.
 	out, _, code := agentCmd(t, "status", "--api-socket", env.socket)
-	if code != 0 || !strings.Contains(out, "Agent:      ready") || !strings.Contains(out, "└─ job-refresh") {
+	if code != 0 || !strings.Contains(out, "Agent:      ready") || !strings.Contains(out, "└─ job-refresh") || !strings.Contains(out, "\nIdentities: local (node-local, checkpointed in ") {
 		t.Fatalf("agent status (table) = %d:\n%s", code, out)
 	}
 

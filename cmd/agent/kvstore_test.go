@@ -38,7 +38,7 @@ func TestAgentKVStore(t *testing.T) {
 		t.Fatalf("kvstore with etcd down: %+v", st)
 	}
 	out, _, code := agentCmd(t, "status", "--api-socket", env.socket)
-	if code != 0 || !strings.Contains(out, "KVStore: connecting to "+etcd.Endpoint()) {
+	if code != 0 || !strings.Contains(out, "KVStore:    connecting to "+etcd.Endpoint()) {
 		t.Fatalf("agent status with etcd down = %d:\n%s", code, out)
 	}
 
