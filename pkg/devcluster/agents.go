@@ -252,9 +252,9 @@ func (c *Cluster) RemoveNode(ctx context.Context, node string) error {
 		if s.crd() {
 			// No kvstore keys; its pods' CelliumEndpoint objects went
 			// with their CNI DEL, unless its agent was dead: then they
-			// go here, as Kubernetes' garbage collector, which no
-			// controller manager runs here, would take them with their
-			// Pods.
+			// go here at once (no controller manager runs here to take
+			// them with their Pods; the agents' identity-gc would after
+			// two rounds without the Node).
 			keys = nil
 			if err := s.kubeDeleteNodeEndpoints(n.Name); err != nil {
 				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
