@@ -234,6 +234,7 @@ func (a *Allocator) watchCRD(ctx context.Context, health cell.Health) error {
 		a.crd.listed(txn)
 		txn.Commit()
 		a.setBackendState(stateWatching)
+		a.crd.refused.Listed()
 		health.OK("CelliumIdentity objects listed and watched")
 	})
 }

@@ -182,6 +182,12 @@ func newClientset(p clientsetParams) (Clientset, error) {
 			return nil, fmt.Errorf("kubernetes client for %s: %w", rc.Host, err)
 		}
 		p.Log.Info("Kubernetes API", "mode", mode, "server", rc.Host)
+		// Nothing of this module runs in this mode: say so in health,
+		// or the scope stays Unknown and so does the agent's level.
+		p.Lifecycle.Append(cell.Hook{OnStart: func(cell.HookContext) error {
+			p.Health.OK(fmt.Sprintf("Kubernetes API at %s (%s); each watcher reports its own state", rc.Host, mode))
+			return nil
+		}})
 		return clusterClientset{g, rc}, nil
 	}
 

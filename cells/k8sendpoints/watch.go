@@ -91,6 +91,7 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 		listed(txn)
 		txn.Commit()
 		w.listed()
+		s.refused.Listed()
 		health.OK("CelliumEndpoint objects listed and watched")
 	})
 }

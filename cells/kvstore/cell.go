@@ -54,7 +54,7 @@ func newClient(p params) (Client, error) {
 		return nil, err
 	}
 	if p.Config.KVStore == "" {
-		p.Health.OK("Disabled: identities are node-local (--kvstore is not set)")
+		p.Health.OK("Disabled (--kvstore is not set): identities come from --identity-allocation-mode, crd or local")
 		return disabled{}, nil
 	}
 	c := newEtcdClient(p.Log, p.Config, opts)

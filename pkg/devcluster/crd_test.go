@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
@@ -75,6 +77,19 @@ func TestCRDIdentities(t *testing.T) {
 		ib, err := client.New(c.Node("node-2").APISocket).IdentityBackend(ctx)
 		if err != nil || ib.Mode != "crd" || ib.Store != "CelliumIdentity objects" || ib.State != "watching" || ib.Known < 2 {
 			t.Errorf("node-2's identity backend: %+v (%v), want crd, CelliumIdentity objects, watching, 2 or more known", ib, err)
+		}
+		// Every module says how it is in this mode: a scope that never
+		// reports (a refused-objects scope with nothing refused, the
+		// Kubernetes client's module without manifests) keeps the
+		// agent's level Unknown.
+		for _, n := range c.Nodes() {
+			polltest.Until(t, n.Name+"'s agent health OK", 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+				h, err := client.New(n.APISocket).Health(ctx)
+				if err != nil {
+					return false, err.Error()
+				}
+				return h.Level == apiv1.LevelOK, fmt.Sprintf("level %s, modules not OK: %s", h.Level, notOK(h.Modules))
+			})
 		}
 	}()
 	a := c.AddPod("node-1", "a", web)
@@ -147,4 +162,20 @@ func endpointIdentity(t *testing.T, c *devclustertest.Cluster, p devcluster.Pod)
 		t.Fatalf("pod %s's endpoint: %v", p.Name, err)
 	}
 	return ep.Identity
+}
+
+// notOK names the scopes of nodes whose own level is not OK.
+func notOK(nodes []apiv1.HealthNode) string {
+	var out []string
+	var walk func([]apiv1.HealthNode)
+	walk = func(ns []apiv1.HealthNode) {
+		for _, n := range ns {
+			if len(n.Children) == 0 && n.Level != apiv1.LevelOK {
+				out = append(out, n.ID+" "+n.Level)
+			}
+			walk(n.Children)
+		}
+	}
+	walk(nodes)
+	return strings.Join(out, ", ")
 }

@@ -49,6 +49,20 @@ func (s *Set) Note(name string, err error) {
 		s.bad[name] = err.Error()
 		s.log.Error("Ignoring a bad "+s.kind, "name", name, "error", err)
 	}
+	s.report()
+}
+
+// Listed reports the set in health once the watcher has listed every
+// object: OK when none was refused. Before it the scope has said nothing,
+// and a scope that never reports keeps the agent's health Unknown.
+func (s *Set) Listed() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.report()
+}
+
+// report names the refused objects in health, or says none is.
+func (s *Set) report() {
 	if len(s.bad) == 0 {
 		s.health.OK("Every " + s.kind + " is valid")
 		return
