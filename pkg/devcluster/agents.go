@@ -404,9 +404,15 @@ func (c *Cluster) etcdHealthy(ctx context.Context, s *state) bool {
 		return dialIn(ctx, s.BridgeNetNS, network, addr)
 	}}
 	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	return answersOK(ctx, tr, s.etcdURL()+"/health", time.Second)
+}
+
+// answersOK reports whether a GET of url through tr answers 200 OK
+// within timeout.
+func answersOK(ctx context.Context, tr http.RoundTripper, url string, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.etcdURL()+"/health", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return false
 	}

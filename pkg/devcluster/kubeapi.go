@@ -204,18 +204,7 @@ func kubeAPIReady(ctx context.Context, s *state) bool {
 	if err != nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.kubeAPIURL()+"/readyz", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	return answersOK(ctx, tr, s.kubeAPIURL()+"/readyz", 2*time.Second)
 }
 
 // kubeClient applies and deletes objects of any kind the server knows.
@@ -404,39 +393,32 @@ func (k *kubeClient) applyYAML(ctx context.Context, from string, data []byte, de
 // (crd mode; without one it does nothing): a pod's namespace and its
 // default ServiceAccount first.
 func (s *state) kubeApply(from string, data []byte) error {
-	if !s.crd() {
-		return nil
-	}
-	objs, err := decodeYAML(from, data)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	k, err := s.kubeClient()
-	if err != nil {
-		return err
-	}
-	for _, obj := range objs {
+	return s.kubeObjects(from, data, func(ctx context.Context, k *kubeClient, obj *unstructured.Unstructured) error {
 		if obj.GetKind() == "Pod" && obj.GetAPIVersion() == "v1" {
 			ns := obj.GetNamespace()
 			if ns == "" {
 				ns = DefaultNamespace
 			}
 			if err := k.ensureNamespace(ctx, ns); err != nil {
-				return fmt.Errorf("%s: %w", from, err)
+				return err
 			}
 		}
-		if err := k.apply(ctx, obj, DefaultNamespace, fieldManager); err != nil {
-			return fmt.Errorf("%s: %w", from, err)
-		}
-	}
-	return nil
+		return k.apply(ctx, obj, DefaultNamespace, fieldManager)
+	}, false)
 }
 
 // kubeDelete deletes a manifest's objects from the cluster's
 // kube-apiserver (crd mode; without one it does nothing).
 func (s *state) kubeDelete(from string, data []byte) error {
+	return s.kubeObjects(from, data, func(ctx context.Context, k *kubeClient, obj *unstructured.Unstructured) error {
+		return k.delete(ctx, obj)
+	}, true)
+}
+
+// kubeObjects does do to each object of a manifest, in crd mode (else
+// nothing), within a minute: stopping at the first error, or with all
+// going on past one and every error returned.
+func (s *state) kubeObjects(from string, data []byte, do func(context.Context, *kubeClient, *unstructured.Unstructured) error, all bool) error {
 	if !s.crd() {
 		return nil
 	}
@@ -452,8 +434,11 @@ func (s *state) kubeDelete(from string, data []byte) error {
 	}
 	var errs []error
 	for _, obj := range objs {
-		if err := k.delete(ctx, obj); err != nil {
+		if err := do(ctx, k, obj); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", from, err))
+			if !all {
+				break
+			}
 		}
 	}
 	return errors.Join(errs...)
