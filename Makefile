@@ -61,9 +61,12 @@ dev-cluster-down: build
 
 # kube-apiserver and hubble-relay are built first (once per machine, into
 # the user's cache dir): cmd/agent's TestKubeAPIServer runs the agent
-# against the one, pkg/devcluster's TestHubbleRelay the other.
+# against the one, pkg/devcluster's TestHubbleRelay the other. The
+# end-to-end tests of pkg/devcluster (two-node clusters, the policy truth
+# table) take 5-7 minutes under -race on a loaded 2-core machine, close to
+# go test's default 10-minute limit per package: the limit is 30 minutes.
 test: lint kube-apiserver hubble-relay
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 # The integration test against a real kube-apiserver and etcd alone.
 test-k8s: kube-apiserver
