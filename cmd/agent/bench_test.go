@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/pkg/client"
-	"github.com/cellium/cellium/pkg/scalemanifests"
 )
 
 var (
@@ -255,7 +255,7 @@ func writeScaleManifests(b *testing.B, dir string, n int) {
 	const perFile = 1000
 	for f := 0; f*perFile < n; f++ {
 		var sb strings.Builder
-		if err := scalemanifests.Write(&sb, f*perFile, min(n, (f+1)*perFile)); err != nil {
+		if err := k8sclienttest.WriteScaleManifests(&sb, f*perFile, min(n, (f+1)*perFile)); err != nil {
 			b.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("services-%03d.yaml", f)), []byte(sb.String()), 0o644); err != nil {

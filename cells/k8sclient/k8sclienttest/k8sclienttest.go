@@ -1,6 +1,8 @@
 // Package k8sclienttest stands in for the k8s-client cell in other cells'
 // tests: Cell provides the embedded API server seeded with objects, and
-// ScriptCommands writes objects to it from a script test's YAML files.
+// ScriptCommands writes objects to it from a script test's YAML files;
+// WriteScaleManifests writes the scale benchmarks' Services and
+// EndpointSlices.
 //
 //	h := hive.New(k8sclienttest.Cell(&corev1.Service{...}), myCell)
 //

@@ -1,19 +1,17 @@
-// Package scalemanifests writes the manifests of the scale benchmarks:
-// ClusterIP Services, each with an EndpointSlice of one endpoint, as
-// cmd/agent's BenchmarkScale puts them in the manifests dir and
-// cells/k8sclient's decode benchmark reads them.
-package scalemanifests
+package k8sclienttest
 
 import (
 	"fmt"
 	"io"
 )
 
-// Write writes Services from to to-1 (numbered from 0), each followed by
-// its EndpointSlice, as YAML documents. Service i has ClusterIP
-// 10.(96+i>>16).(i>>8).(i) and its endpoint 10.(128+i>>16).(i>>8).(i) on
-// node-(i%100).
-func Write(w io.Writer, from, to int) error {
+// WriteScaleManifests writes the manifests of the scale benchmarks (cmd/agent's
+// BenchmarkScale puts them in the manifests dir, cells/k8sclient's
+// BenchmarkDecodeFile decodes them): ClusterIP Services from to to-1
+// (numbered from 0), each followed by its EndpointSlice of one endpoint, as
+// YAML documents. Service i has ClusterIP 10.(96+i>>16).(i>>8).(i) and its
+// endpoint 10.(128+i>>16).(i>>8).(i) on node-(i%100).
+func WriteScaleManifests(w io.Writer, from, to int) error {
 	for i := from; i < to; i++ {
 		svc := fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&0xff, i&0xff)
 		pod := fmt.Sprintf("10.%d.%d.%d", 128+i>>16, i>>8&0xff, i&0xff)
