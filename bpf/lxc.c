@@ -181,6 +181,18 @@ static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, __u32 end,
 		flow->dport = udp.dest;
 		return PKT_TRACK;
 	}
+	case IPPROTO_SCTP: {
+		/* The common header: the ports, as UDP's, then the
+		 * verification tag and the checksum. Policy matches SCTP
+		 * ports as it does TCP's and UDP's, never as TCP. */
+		__be16 hdr[6];
+
+		if (off + sizeof(hdr) > end || bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)))
+			return -DROP_INVALID_PACKET;
+		flow->sport = hdr[0];
+		flow->dport = hdr[1];
+		return PKT_TRACK;
+	}
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6: {
 		struct icmp_echo_hdr icmp;
@@ -522,6 +534,7 @@ static __always_inline bool quoted_ports(struct __sk_buff *skb, __u32 off, __u8 
 	switch (proto) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
 		if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)))
 			return false;
 		*sport = ports[0];

@@ -1,6 +1,7 @@
 package bpf_test
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -199,6 +200,76 @@ func TestLXCPolicyMatches(t *testing.T) {
 			l.run(l.to, pkt, verdictNext)
 			l.allowed(monitorapi.DirectionIngress, tc.match)
 		})
+	}
+}
+
+// sctpPacket is an SCTP packet whose common header is hdrLen bytes long
+// (12 is all of it: ports, verification tag, checksum).
+func sctpPacket(src, dst netip.AddrPort, hdrLen int) []byte {
+	h := make([]byte, hdrLen)
+	binary.BigEndian.PutUint16(h[0:], src.Port())
+	binary.BigEndian.PutUint16(h[2:], dst.Port())
+	return ipPacket(src.Addr(), dst.Addr(), unix.IPPROTO_SCTP, h)
+}
+
+// SCTP's ports are matched as SCTP's, never as TCP's; a protocol with no
+// port allows all its ports.
+func TestLXCPolicySCTP(t *testing.T) {
+	for _, fam := range []struct {
+		name string
+		a, b netip.Addr
+	}{{"IPv4", podA, podB}, {"IPv6", podA6, podB6}} {
+		for _, tc := range []struct {
+			name  string
+			allow policymap.Allow
+			match monitorapi.PolicyMatch // 0: denied
+		}{
+			{"SCTP/80", policymap.Allow{Proto: unix.IPPROTO_SCTP, Port: 80}, monitorapi.PolicyMatchL3L4},
+			{"every SCTP port", policymap.Allow{Proto: unix.IPPROTO_SCTP}, monitorapi.PolicyMatchL3L4},
+			{"TCP/80", policymap.Allow{Proto: unix.IPPROTO_TCP, Port: 80}, 0},
+			{"UDP/80", policymap.Allow{Proto: unix.IPPROTO_UDP, Port: 80}, 0},
+			{"SCTP/81", policymap.Allow{Proto: unix.IPPROTO_SCTP, Port: 81}, 0},
+		} {
+			t.Run(fam.name+"/"+tc.name, func(t *testing.T) {
+				l := loadPolicyLXC(t)
+				l.isolate(epB, policymap.FlagIngress)
+				a := tc.allow
+				a.EndpointID, a.Direction, a.Identity = epB, policymap.Ingress, idX
+				l.allow(a)
+
+				src, dst := ap(fam.a, 40000), ap(fam.b, 80)
+				if tc.match == 0 {
+					l.run(l.to, sctpPacket(src, dst, 12), verdictDrop)
+					l.policyDrop(monitorapi.DirectionIngress, epB)
+					l.noEntry(ctKey(unix.IPPROTO_SCTP, src, dst, 2))
+					return
+				}
+				l.run(l.to, sctpPacket(src, dst, 12), verdictNext)
+				checkTrace(t, l.allowed(monitorapi.DirectionIngress, tc.match),
+					monitorapi.TraceToEndpoint, epB, monitorapi.CTNew, src, dst)
+				l.entry(ctKey(unix.IPPROTO_SCTP, src, dst, 2))
+				// The reply is the connection's, with no verdict.
+				l.run(l.from, sctpPacket(dst, src, 12), verdictNext)
+				if tr := l.trace(); tr.Flow.CTState != monitorapi.CTReply {
+					t.Fatalf("reply traced %v, want ct=reply", tr)
+				}
+				// An ICMP error quoting the reply is related by the
+				// quoted ports; quoting another port it is not.
+				l.run(l.to, unreachable(fam.a, fam.b, sctpPacket(dst, src, 12)), verdictNext)
+				if tr := l.trace(); tr.Flow.CTState != monitorapi.CTRelated {
+					t.Fatalf("error traced %v, want ct=related", tr)
+				}
+				l.run(l.to, unreachable(fam.a, fam.b, sctpPacket(ap(fam.b, 81), src, 12)), verdictDrop)
+				l.policyDrop(monitorapi.DirectionIngress, epB)
+			})
+		}
+	}
+
+	// A common header cut short of its 12 bytes is invalid.
+	l := loadPolicyLXC(t)
+	l.run(l.to, sctpPacket(ap(podA, 40000), ap(podB, 80), 8), verdictDrop)
+	if ev := l.drop(); ev.Reason != monitorapi.DropInvalidPacket {
+		t.Fatalf("drop %v, want invalid-packet", ev)
 	}
 }
 
