@@ -40,6 +40,7 @@ import (
 	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/pkg/monitorapi"
 	"github.com/cellium/cellium/pkg/policymap"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // cellEnv is the hubble cell in a hive with the real datapath event ring
@@ -681,8 +682,8 @@ func TestLostEventsOfTheCell(t *testing.T) {
 	}
 
 	// The datapath's losses are reported within a second; poll for them.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var last string
+	polltest.Until(t, "flows and lost events adding up to what was written", 30*time.Second, 50*time.Millisecond, func() (bool, string) {
 		var flows, queue, datapath uint64
 		stream, err := e.client.GetFlows(context.Background(), &observer.GetFlowsRequest{})
 		if err != nil {
@@ -705,19 +706,11 @@ func TestLostEventsOfTheCell(t *testing.T) {
 		// The queue also carries the monitor's notification that the agent
 		// started: it is either among the agent events or lost.
 		agentEvents := countAgentEvents(t, e.client)
-		if datapath == datapathLost && flows+queue+datapath == written+1-agentEvents {
-			t.Logf("%d flows, %d lost in the datapath, %d in the queue, %d agent events", flows, datapath, queue, agentEvents)
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d flows, %d lost in the datapath (counter: %d), %d in the queue, %d agent events: want them to add up to %d and the agent's start",
-				flows, datapath, datapathLost, queue, agentEvents, written)
-		}
-		select {
-		case <-time.After(50 * time.Millisecond):
-		case <-t.Context().Done():
-		}
-	}
+		last = fmt.Sprintf("%d flows, %d lost in the datapath (counter: %d), %d in the queue, %d agent events; want them to add up to %d and the agent's start",
+			flows, datapath, datapathLost, queue, agentEvents, written)
+		return datapath == datapathLost && flows+queue+datapath == written+1-agentEvents, last
+	})
+	t.Log(last)
 }
 
 func countAgentEvents(t *testing.T, c observer.ObserverClient) uint64 {
