@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/monitorapi"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 func TestMonitorRefusesUnknownType(t *testing.T) {
@@ -116,9 +117,9 @@ func TestMonitorTable(t *testing.T) {
 	// The command subscribes some time after it starts: write the record
 	// until a line comes.
 	want := regexp.MustCompile(`^\d\d:\d\d:\d\d\.\d{6} ` + regexp.QuoteMeta(ev.String()) + `$`)
-	deadline := time.After(30 * time.Second)
 	var line string
-	for line == "" {
+	// No interval: the wait for a line between writes is one.
+	polltest.Until(t, "agent monitor printing the record", 30*time.Second, 0, func() (bool, string) {
 		if err := w.Write(rec, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -128,11 +129,11 @@ func TestMonitorTable(t *testing.T) {
 				t.Fatalf("agent monitor ended before printing an event: %q", errOut.String())
 			}
 			line = l
+			return true, ""
 		case <-time.After(50 * time.Millisecond):
-		case <-deadline:
-			t.Fatal("agent monitor printed nothing")
+			return false, "no line printed"
 		}
-	}
+	})
 	if !want.MatchString(line) {
 		t.Errorf("agent monitor printed %q, want %s", line, want)
 	}
