@@ -16,9 +16,9 @@ type Metrics struct {
 	Collectors []prometheus.Collector `group:"metrics"`
 }
 
-// Gather registers m's collectors in a registry of their own and gathers
-// them, failing the test if one does not register.
-func (m Metrics) Gather() (prometheus.Gatherer, error) {
+// registry registers m's collectors in a registry of their own, or says
+// which one does not register.
+func (m Metrics) registry() (prometheus.Gatherer, error) {
 	reg := prometheus.NewPedanticRegistry()
 	for _, c := range m.Collectors {
 		if err := reg.Register(c); err != nil {
@@ -32,7 +32,7 @@ func (m Metrics) Gather() (prometheus.Gatherer, error) {
 // series may have more), and whether there is one.
 func (m Metrics) Value(t testing.TB, name string, labels ...string) (float64, bool) {
 	t.Helper()
-	g, err := m.Gather()
+	g, err := m.registry()
 	if err != nil {
 		t.Fatalf("register the hive's collectors: %v", err)
 	}
