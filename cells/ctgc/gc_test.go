@@ -499,30 +499,11 @@ func TestFailedPassDegradesHealth(t *testing.T) {
 // pairs.
 func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := celltest.Value(t, reg, name, labels...)
+	if !ok {
+		t.Fatalf("no metric %s%v", name, labels)
 	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s%v", name, labels)
-	return 0
+	return v
 }
 
 // TestPassOverManyChunks walks maps of thousands of entries in chunks of 64,
