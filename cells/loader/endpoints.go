@@ -34,10 +34,11 @@ const endpointLinksSubdir = "endpoints"
 // where a program runs.
 type endpointHook struct {
 	// name ends the pin of the hook's link and names the hook in logs.
-	name   string
+	name string
+	// attach is the tcx attach type: of the NodePort links, and of the
+	// endpoints' links that an agent before the tc filters pinned.
 	attach ebpf.AttachType
-	// parent is the clsact parent of the tc filter that stands in for the
-	// link on kernels without tcx.
+	// parent is the clsact parent of the hook's tc filter (tc.go).
 	parent uint32
 }
 
