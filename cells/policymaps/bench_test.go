@@ -146,12 +146,7 @@ type kernelCgroup struct {
 // closed before); nil, with the reason logged, when there is none to be
 // had.
 func newKernelCgroup(b *testing.B) *kernelCgroup {
-	parent, v2, err := cgroup2.MemoryCgroup()
-	if err != nil {
-		b.Logf("no kernel memory figure: %v", err)
-		return nil
-	}
-	dir, err := os.MkdirTemp(parent, "cellium-policymap-bench-")
+	dir, parent, v2, err := cgroup2.TempMemoryCgroup("cellium-policymap-bench-")
 	if err != nil {
 		b.Logf("no kernel memory figure: %v", err)
 		return nil
@@ -186,30 +181,15 @@ func (c *kernelCgroup) kernel(b *testing.B) uint64 {
 	if c == nil {
 		return 0
 	}
-	if !c.v2 {
-		data, err := os.ReadFile(filepath.Join(c.dir, "memory.kmem.usage_in_bytes"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
-		if err != nil {
-			b.Fatalf("%s/memory.kmem.usage_in_bytes: %v", c.dir, err)
-		}
-		return n
+	var n uint64
+	var err error
+	if c.v2 {
+		n, err = cgroup2.MemoryStat(c.dir, "kernel")
+	} else {
+		n, err = cgroup2.ReadUint(c.dir, "memory.kmem.usage_in_bytes")
 	}
-	data, err := os.ReadFile(filepath.Join(c.dir, "memory.stat"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "kernel "); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				b.Fatalf("%s/memory.stat: %q: %v", c.dir, line, err)
-			}
-			return n
-		}
-	}
-	b.Fatalf("%s/memory.stat: no kernel line", c.dir)
-	return 0
+	return n
 }

@@ -1,11 +1,7 @@
 package main
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -27,12 +23,7 @@ type memCgroup struct {
 // memory hierarchy), removed at cleanup; nil, with the reason logged, when
 // there is none to be had.
 func newMemCgroup(b testing.TB) *memCgroup {
-	parent, v2, err := cgroup2.MemoryCgroup()
-	if err != nil {
-		b.Logf("agent not in a memory cgroup of its own (no cgroup working set): %v", err)
-		return nil
-	}
-	dir, err := os.MkdirTemp(parent, "cellium-agent-bench-")
+	dir, _, v2, err := cgroup2.TempMemoryCgroup("cellium-agent-bench-")
 	if err != nil {
 		b.Logf("agent not in a memory cgroup of its own (no cgroup working set): %v", err)
 		return nil
@@ -80,33 +71,14 @@ func (c *memCgroup) workingSet() (ws, kernel float64, err error) {
 
 // read is a file of the cgroup holding a number of bytes, in MiB.
 func (c *memCgroup) read(file string) (float64, error) {
-	raw, err := os.ReadFile(filepath.Join(c.dir, file))
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", file, err)
-	}
-	return float64(n) / (1 << 20), nil
+	n, err := cgroup2.ReadUint(c.dir, file)
+	return float64(n) / (1 << 20), err
 }
 
 // stat is a key of the cgroup's memory.stat, in MiB.
 func (c *memCgroup) stat(key string) (float64, error) {
-	stat, err := os.ReadFile(filepath.Join(c.dir, "memory.stat"))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(stat)) {
-		if k, value, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == key {
-			n, err := strconv.ParseUint(value, 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("memory.stat %s: %w", key, err)
-			}
-			return float64(n) / (1 << 20), nil
-		}
-	}
-	return 0, fmt.Errorf("no %s in %s", key, filepath.Join(c.dir, "memory.stat"))
+	n, err := cgroup2.MemoryStat(c.dir, key)
+	return float64(n) / (1 << 20), err
 }
 
 // dropPageCache evicts the file's cached pages (those no process maps), so

@@ -134,3 +134,53 @@ func v1MemoryMount() (string, error) {
 	}
 	return "", fmt.Errorf("no cgroup v1 memory hierarchy in /proc/self/mountinfo")
 }
+
+// TempMemoryCgroup makes an empty memory cgroup below this process's own
+// (see MemoryCgroup; parent is that one, v2 says which hierarchy), named
+// prefix and a random suffix, for a benchmark to charge memory to. The
+// caller removes it (os.Remove(dir)) once no process is left in it.
+func TempMemoryCgroup(prefix string) (dir, parent string, v2 bool, err error) {
+	parent, v2, err = MemoryCgroup()
+	if err != nil {
+		return "", "", false, err
+	}
+	dir, err = os.MkdirTemp(parent, prefix)
+	if err != nil {
+		return "", "", false, err
+	}
+	return dir, parent, v2, nil
+}
+
+// ReadUint is the number a file of the cgroup dir holds, such as
+// memory.current or memory.kmem.usage_in_bytes.
+func ReadUint(dir, file string) (uint64, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", filepath.Join(dir, file), err)
+	}
+	return n, nil
+}
+
+// MemoryStat is the value of key in the memory.stat of the cgroup dir
+// (kernel, inactive_file, v1's total_inactive_file, ...).
+func MemoryStat(dir, key string) (uint64, error) {
+	path := filepath.Join(dir, "memory.stat")
+	stat, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(stat)) {
+		if k, value, ok := strings.Cut(strings.TrimSpace(line), " "); ok && k == key {
+			n, err := strconv.ParseUint(value, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s %s: %w", path, key, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s in %s", key, path)
+}

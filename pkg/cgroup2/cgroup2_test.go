@@ -1,6 +1,8 @@
 package cgroup2
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -46,5 +48,32 @@ func TestParseMount(t *testing.T) {
 				t.Fatalf("parseMount = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestReadUintAndMemoryStat(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "memory.current"), []byte("4096\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "memory.stat"), []byte("anon 1\nkernel 8192\ninactive_file 12\nbad x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ReadUint(dir, "memory.current"); err != nil || n != 4096 {
+		t.Errorf("ReadUint(memory.current) = %d, %v; want 4096", n, err)
+	}
+	for key, want := range map[string]uint64{"kernel": 8192, "inactive_file": 12, "anon": 1} {
+		if n, err := MemoryStat(dir, key); err != nil || n != want {
+			t.Errorf("MemoryStat(%s) = %d, %v; want %d", key, n, err, want)
+		}
+	}
+	if _, err := MemoryStat(dir, "file"); err == nil {
+		t.Error("MemoryStat(file): no error for a missing key")
+	}
+	if _, err := MemoryStat(dir, "bad"); err == nil {
+		t.Error("MemoryStat(bad): no error for a value that is no number")
+	}
+	if _, err := ReadUint(dir, "memory.stat"); err == nil {
+		t.Error("ReadUint(memory.stat): no error for a file that is no number")
 	}
 }
