@@ -7,7 +7,6 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +16,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/time/rate"
+
+	"github.com/cellium/cellium/pkg/backoff"
 )
 
 // etcdClient is the Client of --kvstore=etcd. Its etcd connection is made
@@ -488,7 +489,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 		}
 	}
 	known := &sentValues{seed: maphash.MakeSeed(), sums: map[string]uint64{}}
-	backoff := newBackoff()
+	retry := newBackoff()
 	for ctx.Err() == nil {
 		if err := c.wait(ctx); err != nil {
 			return
@@ -499,7 +500,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 		if err != nil {
 			if ctx.Err() == nil {
 				c.log.Debug("kvstore watch: listing failed, retrying", "prefix", prefix, "error", err)
-				backoff.wait(ctx)
+				retry.Sleep(ctx)
 			}
 			continue
 		}
@@ -511,7 +512,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 				return
 			}
 		}
-		backoff.reset()
+		retry.Reset()
 
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := c.cli.Watch(wctx, c.prefix+prefix, clientv3.WithPrefix(), clientv3.WithRev(header.Revision+1))
@@ -524,7 +525,7 @@ func (c *etcdClient) watch(ctx context.Context, prefix string, ch chan<- Event) 
 			c.metrics.relists.WithLabelValues(reason).Inc()
 		}
 		if reason != relistReplaced {
-			backoff.wait(ctx)
+			retry.Sleep(ctx)
 		}
 	}
 }
@@ -618,39 +619,17 @@ func writeOpts(opts []WriteOption) writeOptions {
 	return o
 }
 
-// Bounds of backoff's waits.
+// Bounds of the waits between retries.
 const (
 	backoffMin = 100 * time.Millisecond
 	backoffMax = 10 * time.Second
 )
 
-// backoff is an exponential wait between retries, from 100ms doubling to
-// 10s, each wait drawn at random between half its step and the whole:
-// agents that lost etcd together (an outage, a leader election) come back
-// to list and rewrite at different instants, not all at once.
-type backoff struct {
-	d time.Duration
-	// randN draws in [0, n): rand.Int64N, a seeded one in tests.
-	randN func(n int64) int64
-}
-
-func newBackoff() *backoff { return &backoff{d: backoffMin, randN: rand.Int64N} }
-
-func (b *backoff) reset() { b.d = backoffMin }
-
-// next is the wait before the next retry, and steps the backoff up.
-func (b *backoff) next() time.Duration {
-	half := b.d / 2
-	w := half + time.Duration(b.randN(int64(b.d-half)+1))
-	b.d = min(2*b.d, backoffMax)
-	return w
-}
-
-func (b *backoff) wait(ctx context.Context) {
-	t := time.NewTimer(b.next())
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
+// newBackoff is the wait between retries of a watch's listing and of the
+// lost leases' writes: from 100ms doubling to 10s, each wait drawn at
+// random between half its step and the whole (a Jittered of half the
+// bounds), so that agents that lost etcd together (an outage, a leader
+// election) come back to list and rewrite at different instants.
+func newBackoff() *backoff.Jittered {
+	return &backoff.Jittered{Min: backoffMin / 2, Max: backoffMax / 2}
 }

@@ -253,17 +253,17 @@ func (ls *leases) run(ctx context.Context, _ cell.Health) error {
 			return nil
 		case <-ls.check:
 			for ctx.Err() == nil && !ls.dropGone(ctx) {
-				b.wait(ctx)
+				b.Sleep(ctx)
 			}
-			b.reset()
+			b.Reset()
 		case <-ls.trigger:
 		}
 		for ctx.Err() == nil {
 			if ls.rewrite(ctx) {
-				b.reset()
+				b.Reset()
 				break
 			}
-			b.wait(ctx)
+			b.Sleep(ctx)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -75,27 +74,22 @@ func TestListPaged(t *testing.T) {
 }
 
 // TestBackoffJitter: the waits grow from 100ms to 10s, each drawn between
-// half its step and the whole, spread over that range (a seeded draw, so
-// the test is the same every run).
+// half its step and the whole, spread over that range.
 func TestBackoffJitter(t *testing.T) {
-	lowest := &backoff{d: backoffMin, randN: func(int64) int64 { return 0 }}
-	highest := &backoff{d: backoffMin, randN: func(n int64) int64 { return n - 1 }}
+	b := newBackoff()
 	step := backoffMin
 	for range 10 {
-		lo, hi := lowest.next(), highest.next()
-		if lo != step/2 || hi != step {
-			t.Fatalf("step %v: waits from %v to %v, want %v to %v", step, lo, hi, step/2, step)
+		if w := b.Wait(); w < step/2 || w > step {
+			t.Fatalf("step %v: wait %v, want from %v to %v", step, w, step/2, step)
 		}
 		step = min(2*step, backoffMax)
 	}
 
-	r := rand.New(rand.NewPCG(1, 2))
-	b := &backoff{randN: r.Int64N}
 	const draws = 1000
 	var waits []time.Duration
 	for range draws {
-		b.reset()
-		waits = append(waits, b.next())
+		b.Reset()
+		waits = append(waits, b.Wait())
 	}
 	slices.Sort(waits)
 	if waits[0] < backoffMin/2 || waits[draws-1] > backoffMin {

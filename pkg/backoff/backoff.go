@@ -1,5 +1,5 @@
 // Package backoff is the jittered exponential backoff of the agent's retries
-// against a server that every node shares (the Kubernetes API server): N
+// against a server that every node shares (the Kubernetes API server, etcd): N
 // agents that fail together (the server went away) must not retry together
 // when it comes back.
 //
@@ -10,6 +10,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -47,3 +48,13 @@ func (j *Jittered) Wait() time.Duration {
 
 // Reset starts again at Min: after a success.
 func (j *Jittered) Reset() { j.current = 0 }
+
+// Sleep waits the next Wait, or until ctx ends.
+func (j *Jittered) Sleep(ctx context.Context) {
+	t := time.NewTimer(j.Wait())
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
