@@ -114,12 +114,8 @@ type crdCluster struct {
 
 func startCRDCluster(t *testing.T) *crdCluster {
 	t.Helper()
-	if _, err := kubeapitest.Binary(); err != nil {
-		t.Skip(err)
-	}
-	etcd := etcdtest.Start(t)
-	kas := kubeapitest.Start(t, etcd.Endpoint())
-	c := &crdCluster{kas: kas, kubeconfig: kas.AgentKubeconfig(t, filepath.Join("..", "..", "deploy", "rbac.yaml"))}
+	kas, kubeconfig := kubeapitest.StartForAgent(t, func() string { return etcdtest.Start(t).Endpoint() }, filepath.Join("..", "..", "deploy", "rbac.yaml"))
+	c := &crdCluster{kas: kas, kubeconfig: kubeconfig}
 	admin, err := k8sapi.NewClient(kas.Config(kubeapitest.AdminToken))
 	if err != nil {
 		t.Fatal(err)

@@ -64,18 +64,13 @@ type apiCluster struct {
 
 func startAPICluster(b *testing.B) *apiCluster {
 	b.Helper()
-	if _, err := kubeapitest.Binary(); err != nil {
-		b.Skip(err)
-	}
-	etcd := etcdtest.StartInMemory(b)
-	kas := kubeapitest.Start(b, etcd.Endpoint())
-	c := &apiCluster{etcd: etcd, kas: kas, kubeconfig: kas.AgentKubeconfig(b, filepath.Join("..", "..", "deploy", "rbac.yaml"))}
-	// No controller manager makes it, and pods need it.
-	if _, err := kas.Admin.CoreV1().ServiceAccounts("default").Create(context.Background(),
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	return c
+	var etcd *etcdtest.Server
+	kas, kubeconfig := kubeapitest.StartForAgent(b, func() string {
+		etcd = etcdtest.StartInMemory(b)
+		return etcd.Endpoint()
+	}, filepath.Join("..", "..", "deploy", "rbac.yaml"))
+	kas.CreateDefaultServiceAccount(b)
+	return &apiCluster{etcd: etcd, kas: kas, kubeconfig: kubeconfig}
 }
 
 // benchNodes are the nodes every agent's nodes table has.

@@ -41,22 +41,14 @@ func startCluster(t *testing.T) *cluster { return startClusterTB(t) }
 
 func startClusterTB(t testing.TB) *cluster {
 	t.Helper()
-	if _, err := kubeapitest.Binary(); err != nil {
-		t.Skip(err)
-	}
-	etcd := etcdtest.Start(t)
-	kas := kubeapitest.Start(t, etcd.Endpoint())
-	c := &cluster{kas: kas, kubeconfig: kas.AgentKubeconfig(t, filepath.Join("..", "..", "deploy", "rbac.yaml"))}
+	kas, kubeconfig := kubeapitest.StartForAgent(t, func() string { return etcdtest.Start(t).Endpoint() }, filepath.Join("..", "..", "deploy", "rbac.yaml"))
+	c := &cluster{kas: kas, kubeconfig: kubeconfig}
 	admin, err := k8sapi.NewClient(kas.Config(kubeapitest.AdminToken))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.admin = admin
-	// No controller manager makes it.
-	if _, err := kas.Admin.CoreV1().ServiceAccounts("default").Create(context.Background(),
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	kas.CreateDefaultServiceAccount(t)
 	return c
 }
 

@@ -82,3 +82,28 @@ func (s *Server) AgentKubeconfig(t testing.TB, rbacPath string) string {
 	s.WriteKubeconfig(t, path, s.Token(t, DeployNamespace, "cellium-agent"))
 	return path
 }
+
+// StartForAgent starts a kube-apiserver for the agent's cells to run
+// against: it skips t when there is no kube-apiserver binary, before
+// startEtcd is called (to start an etcd and return its endpoint), and
+// returns the server and a kubeconfig of the agent's service account with
+// the RBAC manifest at rbacPath applied (AgentKubeconfig).
+func StartForAgent(t testing.TB, startEtcd func() string, rbacPath string) (*Server, string) {
+	t.Helper()
+	if _, err := Binary(); err != nil {
+		t.Skip(err)
+	}
+	s := Start(t, startEtcd())
+	return s, s.AgentKubeconfig(t, rbacPath)
+}
+
+// CreateDefaultServiceAccount creates the "default" ServiceAccount of the
+// "default" namespace, which pods need and which no controller manager
+// makes here.
+func (s *Server) CreateDefaultServiceAccount(t testing.TB) {
+	t.Helper()
+	if _, err := s.Admin.CoreV1().ServiceAccounts("default").Create(context.Background(),
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
