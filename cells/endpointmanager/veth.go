@@ -328,16 +328,25 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 	// grace period of the kernel's RCU, with the node's RTNL lock held,
 	// unless one has passed since the qdisc was made: made here, one has
 	// by the time the loader adds them.
-	clsact := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: host.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
-	}}
-	if err := netlink.QdiscAdd(clsact); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := AddClsact(host.Attrs().Index); err != nil {
 		return nil, nil, false, fmt.Errorf("add a clsact qdisc to %s: %w", ep.HostIfName, err)
 	}
 	if podLink, err = pod.LinkByName(ep.IfName); err != nil {
 		return nil, nil, false, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
 	}
 	return host, podLink, true, nil
+}
+
+// AddClsact adds a clsact qdisc to interface ifindex unless it has one:
+// the endpoints' programs are tc filters on it (cells/loader/tc.go).
+func AddClsact(ifindex int) error {
+	err := netlink.QdiscAdd(&netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
+	}})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	return nil
 }
 
 func (p *plumbing) ensureMTU(host, podLink netlink.Link, pod *netlink.Handle, mtu int) error {

@@ -7,6 +7,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
 )
 
 // The endpoints' programs are direct-action bpf filters on a clsact qdisc
@@ -52,12 +54,7 @@ func attachTC(ifindex int, h endpointHook, prog *ebpf.Program, id ebpf.ProgramID
 	if tcRuns(ifindex, h, id) {
 		return "", nil
 	}
-	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: ifindex,
-		Handle:    netlink.MakeHandle(0xffff, 0),
-		Parent:    netlink.HANDLE_CLSACT,
-	}}
-	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := endpointmanager.AddClsact(ifindex); err != nil {
 		return "", fmt.Errorf("add clsact qdisc: %w", err)
 	}
 	f := tcFilter(ifindex, h)
