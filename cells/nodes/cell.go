@@ -124,7 +124,7 @@ func newNodes(p params) error {
 	if err != nil {
 		return err
 	}
-	n := &nodes{log: p.Log, db: p.DB, tbl: p.Table, kv: p.KVStore, name: string(p.NodeName), claims: newClaims(string(p.NodeName))}
+	n := &nodes{log: p.Log, db: p.DB, tbl: p.Table, kv: p.KVStore, name: string(p.NodeName), claims: newClaims(string(p.NodeName), p.KVStore.Enabled())}
 	txn := p.DB.WriteTxn(p.Table)
 	n.localDone = p.Table.RegisterInitializer(txn, initLocal)
 	k8sSynced := p.Table.RegisterInitializer(txn, initK8s)

@@ -23,12 +23,37 @@ type claims struct {
 	// revision): the age of its claims, which outlasts a restart of this
 	// agent where held does not.
 	created map[string]int64
+	// listing is true until every kvstore key has been read once: rows
+	// made from part of them (the keys come in batches) must not count as
+	// held, or a key that sorts first would hold a CIDR that an older key
+	// of a node read later has a stronger claim on.
+	listing bool
 	// changed is signalled (never blocks) when a claim changes.
 	changed chan struct{}
 }
 
-func newClaims(local string) *claims {
-	return &claims{local: local, specs: map[string]map[Source]Spec{}, created: map[string]int64{}, changed: make(chan struct{}, 1)}
+// newClaims are the claims of local's agent; with listing, none is held
+// before listed.
+func newClaims(local string, listing bool) *claims {
+	return &claims{local: local, specs: map[string]map[Source]Spec{}, created: map[string]int64{}, listing: listing,
+		changed: make(chan struct{}, 1)}
+}
+
+// listed says every kvstore key has been read once: from now on the rows'
+// CIDRs are held.
+func (c *claims) listed() {
+	c.mu.Lock()
+	c.listing = false
+	c.mu.Unlock()
+	c.signal()
+}
+
+// signal wakes the merge (never blocks).
+func (c *claims) signal() {
+	select {
+	case c.changed <- struct{}{}:
+	default:
+	}
 }
 
 // setCreated records when node's kvstore key was created; 0 forgets it. It
@@ -63,10 +88,7 @@ func (c *claims) set(node string, source Source, spec Spec, ok bool) {
 			delete(c.specs, node)
 		}
 	}
-	select {
-	case c.changed <- struct{}{}:
-	default:
-	}
+	c.signal()
 }
 
 // rows are the nodes as the table must hold them: each node as its
@@ -141,7 +163,9 @@ func (c *claims) rows() map[string]*Node {
 		taken = append(taken, cand)
 		held[cand.cidr] = cand.node
 	}
-	c.held = held
+	if !c.listing {
+		c.held = held
+	}
 	for name, n := range out {
 		if len(n.Addresses) == 0 {
 			n.Problems = append(n.Problems, "no InternalIP or ExternalIP address: other nodes cannot reach it")
