@@ -2,7 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path"
 	"strings"
 )
 
@@ -11,7 +14,6 @@ type imageSpec struct {
 	copies     []copyInstr
 	entrypoint []string
 	cmd        []string
-	env        []string
 	labels     map[string]string
 }
 
@@ -21,82 +23,60 @@ type copyInstr struct {
 	dst  string
 }
 
-// parseDockerfile reads the subset of the Dockerfile syntax the agent's
-// image uses. Anything else is an error naming the file and line, rather
-// than an image that differs from what podman would build.
-func parseDockerfile(name string, src []byte) (*imageSpec, error) {
+// parseDockerfile reads the instructions deploy/Dockerfile uses, in the
+// forms it uses them: one FROM scratch first, COPY of files into an
+// absolute directory, LABEL key=value (the value plain or a JSON string),
+// ENTRYPOINT and CMD in JSON form; comments and blank lines. Anything else
+// is an error naming the file and line, rather than an image that differs
+// from what podman would build from the same file.
+func parseDockerfile(name string) (*imageSpec, error) {
+	src, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
 	spec := &imageSpec{labels: map[string]string{}}
-	sawFrom := false
-	for i, raw := range strings.Split(string(src), "\n") {
-		line := strings.TrimSpace(raw)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		errorf := func(format string, args ...any) error {
-			return fmt.Errorf("%s:%d: %s", name, i+1, fmt.Sprintf(format, args...))
-		}
-		instr, rest, _ := strings.Cut(line, " ")
-		rest = strings.TrimSpace(rest)
-		instr = strings.ToUpper(instr)
-		if !sawFrom && instr != "FROM" {
-			return nil, errorf("%s before FROM", instr)
-		}
-		switch instr {
-		case "FROM":
-			if sawFrom || rest != "scratch" {
-				return nil, errorf("only one FROM scratch is supported, not FROM %s", rest)
+	from := false
+	for i, line := range strings.Split(string(src), "\n") {
+		instr, args, _ := strings.Cut(strings.TrimSpace(line), " ")
+		args = strings.TrimSpace(args)
+		var err error
+		switch instr = strings.ToUpper(instr); {
+		case instr == "" || strings.HasPrefix(instr, "#"):
+		case !from || instr == "FROM":
+			if from || instr != "FROM" || args != "scratch" {
+				err = errors.New("imagebuild takes one FROM scratch, before any other instruction")
 			}
-			sawFrom = true
-		case "COPY":
-			args := strings.Fields(rest)
-			if len(args) < 2 || strings.HasPrefix(args[0], "--") {
-				return nil, errorf("COPY wants sources and a destination directory, without options")
-			}
-			dst := args[len(args)-1]
-			if !strings.HasPrefix(dst, "/") || !strings.HasSuffix(dst, "/") {
-				return nil, errorf("COPY destination %q must be an absolute directory ending in /", dst)
-			}
-			spec.copies = append(spec.copies, copyInstr{line: i + 1, srcs: args[:len(args)-1], dst: dst})
-		case "LABEL", "ENV":
-			k, v, ok := strings.Cut(rest, "=")
-			if !ok || k == "" || strings.ContainsAny(k, " \t") {
-				return nil, errorf("%s wants one key=value", instr)
-			}
-			if uq, err := unquote(v); err == nil {
-				v = uq
+			from = true
+		case instr == "COPY":
+			f := strings.Fields(args)
+			if len(f) < 2 || strings.HasPrefix(f[0], "--") || !path.IsAbs(f[len(f)-1]) || !strings.HasSuffix(f[len(f)-1], "/") {
+				err = errors.New("imagebuild takes sources and an absolute directory ending in /, without options")
 			} else {
-				return nil, errorf("%s value: %v", instr, err)
+				spec.copies = append(spec.copies, copyInstr{line: i + 1, srcs: f[:len(f)-1], dst: f[len(f)-1]})
 			}
-			if instr == "LABEL" {
-				spec.labels[k] = v
-			} else {
-				spec.env = append(spec.env, k+"="+v)
+		case instr == "LABEL":
+			k, v, ok := strings.Cut(args, "=")
+			if !ok || k == "" || strings.ContainsAny(k, " \t") || strings.HasPrefix(v, `"`) && json.Unmarshal([]byte(v), &v) != nil {
+				err = errors.New("imagebuild takes one key=value, the value plain or a JSON string")
 			}
-		case "ENTRYPOINT", "CMD":
-			var argv []string
-			if err := json.Unmarshal([]byte(rest), &argv); err != nil {
-				return nil, errorf("%s wants the JSON form, e.g. [\"/usr/local/bin/agent\"]: %v", instr, err)
+			spec.labels[k] = v
+		case instr == "ENTRYPOINT" || instr == "CMD":
+			argv := &spec.entrypoint
+			if instr == "CMD" {
+				argv = &spec.cmd
 			}
-			if instr == "ENTRYPOINT" {
-				spec.entrypoint = argv
-			} else {
-				spec.cmd = argv
+			if err = json.Unmarshal([]byte(args), argv); err != nil {
+				err = fmt.Errorf("imagebuild takes the JSON form, as [\"/usr/local/bin/agent\"]: %w", err)
 			}
 		default:
-			return nil, errorf("instruction %s is not supported by imagebuild (use podman or buildah)", instr)
+			err = errors.New("not supported by imagebuild (build with podman or buildah)")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %s: %w", name, i+1, instr, err)
 		}
 	}
-	if !sawFrom {
+	if !from {
 		return nil, fmt.Errorf("%s: no FROM", name)
 	}
 	return spec, nil
-}
-
-func unquote(v string) (string, error) {
-	if !strings.HasPrefix(v, `"`) {
-		return v, nil
-	}
-	var s string
-	err := json.Unmarshal([]byte(v), &s)
-	return s, err
 }

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"debug/elf"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +11,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
 // TestImage builds the image as `make image` does, then runs it as a
@@ -47,10 +43,8 @@ func TestImage(t *testing.T) {
 		t.Cleanup(func() { exec.Command(podman, "rmi", "-f", image).Run() })
 	}
 
-	// The archive is an OCI layout naming the image, as podman load and
-	// ctr images import read it.
 	rootfs := filepath.Join(dir, "rootfs")
-	cfg := unpackOCIArchive(t, archive, image, rootfs)
+	cfg := unpackImage(t, archive, image, rootfs)
 	if strings.Join(cfg.Config.Entrypoint, " ") != "/usr/local/bin/agent" {
 		t.Errorf("entrypoint %v, want /usr/local/bin/agent", cfg.Config.Entrypoint)
 	}
@@ -184,99 +178,24 @@ func chrootRunner(t *testing.T, rootfs string) imageRunner {
 	}
 }
 
-// unpackOCIArchive checks that archive is an OCI layout whose index names
-// image, unpacks its layers into rootfs and returns its config.
-func unpackOCIArchive(t *testing.T, archive, image, rootfs string) *v1.ConfigFile {
+// unpackImage reads the OCI archive (readArchive) and unpacks its image's
+// file system into rootfs with tar.
+func unpackImage(t *testing.T, archive, image, rootfs string) *v1.ConfigFile {
 	t.Helper()
-	files := map[string][]byte{}
-	f, err := os.Open(archive)
+	img := readArchive(t, archive, image)
+	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	untar := exec.Command("tar", "-x", "-C", rootfs)
+	untar.Stdin = mutate.Extract(img)
+	if out, err := untar.CombinedOutput(); err != nil {
+		t.Fatalf("unpacking the image into %s: %v\n%s", rootfs, err, out)
+	}
+	cfg, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", archive, err)
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			data, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			files[strings.TrimPrefix(hdr.Name, "./")] = data
-		}
-	}
-	if _, ok := files["oci-layout"]; !ok {
-		t.Fatalf("%s has no oci-layout: not an OCI archive", archive)
-	}
-	blob := func(d v1.Hash) []byte {
-		t.Helper()
-		data, ok := files["blobs/"+d.Algorithm+"/"+d.Hex]
-		if !ok {
-			t.Fatalf("%s lacks blob %s", archive, d)
-		}
-		return data
-	}
-	var index v1.IndexManifest
-	if err := json.Unmarshal(files["index.json"], &index); err != nil {
-		t.Fatalf("index.json: %v", err)
-	}
-	if len(index.Manifests) != 1 {
-		t.Fatalf("index.json has %d manifests, want 1", len(index.Manifests))
-	}
-	if name := index.Manifests[0].Annotations["org.opencontainers.image.ref.name"]; name != image && !strings.HasSuffix(image, ":"+name) {
-		t.Errorf("index.json names the image %q, want %q", name, image)
-	}
-	var manifest v1.Manifest
-	if err := json.Unmarshal(blob(index.Manifests[0].Digest), &manifest); err != nil {
-		t.Fatalf("manifest: %v", err)
-	}
-	var cfg v1.ConfigFile
-	if err := json.Unmarshal(blob(manifest.Config.Digest), &cfg); err != nil {
-		t.Fatalf("config: %v", err)
-	}
-	for _, l := range manifest.Layers {
-		zr, err := gzip.NewReader(bytes.NewReader(blob(l.Digest)))
-		if err != nil {
-			t.Fatalf("layer %s: %v", l.Digest, err)
-		}
-		lt := tar.NewReader(zr)
-		for {
-			hdr, err := lt.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("layer %s: %v", l.Digest, err)
-			}
-			path := filepath.Join(rootfs, filepath.Clean("/"+hdr.Name))
-			switch hdr.Typeflag {
-			case tar.TypeDir:
-				if err := os.MkdirAll(path, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			case tar.TypeReg:
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				data, err := io.ReadAll(lt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, data, os.FileMode(hdr.Mode).Perm()); err != nil {
-					t.Fatal(err)
-				}
-			default:
-				t.Fatalf("layer %s: entry %s of type %c: the image should hold only directories and files", l.Digest, hdr.Name, hdr.Typeflag)
-			}
-		}
-	}
-	return &cfg
+	return cfg
 }
 
 // checkStaticStripped fails unless path is an ELF executable with no

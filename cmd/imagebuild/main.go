@@ -4,24 +4,32 @@
 //
 //	imagebuild -f deploy/Dockerfile -context . -tag localhost/cellium/agent:latest -o bin/cellium-agent.oci.tar
 //
-// It understands the instructions that file uses, and stops at any other
-// with an error naming the line: FROM scratch, COPY (files into a
-// directory), LABEL, ENV, ENTRYPOINT and CMD (JSON form). The result is an
-// OCI image layout in a tar (an "oci-archive"), which `podman load`,
-// `ctr images import` and `skopeo copy oci-archive:...` accept; its index
-// names the image by -tag, in the annotations both read.
+// It understands the instructions that file uses (parseDockerfile), and
+// stops at any other with an error naming the file and line. The image is
+// go-containerregistry's empty image with one layer appended: the COPY
+// sources, laid out in an fs.FS and written by archive/tar, owned by root
+// with the sources' permissions (directories 0755), as podman's COPY makes
+// them. The result is an OCI image layout (go-containerregistry's layout)
+// in a tar, an "oci-archive", as `podman push oci-archive:` writes it, which
+// `podman load`, `ctr images import` and `skopeo copy oci-archive:...`
+// accept; its index names the image by -tag, in the annotations both read.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
+	"testing/fstest"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -59,20 +67,21 @@ func buildTime() time.Time {
 }
 
 func build(dockerfile, contextDir, tag, out string, created time.Time) error {
-	src, err := os.ReadFile(dockerfile)
+	spec, err := parseDockerfile(dockerfile)
 	if err != nil {
 		return err
 	}
-	spec, err := parseDockerfile(dockerfile, src)
+	files, err := layerFiles(dockerfile, contextDir, spec.copies, created)
 	if err != nil {
 		return err
 	}
-	layerTar, err := layerOf(contextDir, spec.copies, created)
-	if err != nil {
-		return err
+	var layerTar bytes.Buffer
+	tw := tar.NewWriter(&layerTar)
+	if err := errors.Join(tw.AddFS(files), tw.Close()); err != nil {
+		return fmt.Errorf("layer: %w", err)
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
+		return io.NopCloser(bytes.NewReader(layerTar.Bytes())), nil
 	}, tarball.WithMediaType(types.OCILayer))
 	if err != nil {
 		return fmt.Errorf("layer: %w", err)
@@ -91,67 +100,45 @@ func build(dockerfile, contextDir, tag, out string, created time.Time) error {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.Architecture, cfg.OS, cfg.Created = runtime.GOARCH, "linux", v1.Time{Time: created}
-	cfg.Config.Entrypoint, cfg.Config.Cmd = spec.entrypoint, spec.cmd
-	cfg.Config.Env, cfg.Config.Labels = spec.env, spec.labels
+	cfg.Config.Entrypoint, cfg.Config.Cmd, cfg.Config.Labels = spec.entrypoint, spec.cmd, spec.labels
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return fmt.Errorf("image config: %w", err)
 	}
 	return writeArchive(img, tag, out)
 }
 
-// layerOf is the one layer: the COPY sources under their destinations,
-// with the directories above them, every entry owned by root and dated
+// layerFiles is the one layer's file system: each COPY's sources (read
+// from contextDir) in its destination directory, with the directories
+// above it. Entries are owned by root (fstest.MapFile has no owner), files
+// keep their source's permissions, directories are 0755, all are dated
 // created.
-func layerOf(contextDir string, copies []copyInstr, created time.Time) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dirs := map[string]bool{}
-	addDir := func(dir string) error {
-		var parents []string
-		for d := dir; d != "." && d != "/" && !dirs[d]; d = filepath.Dir(d) {
-			parents = append([]string{d}, parents...)
-		}
-		for _, d := range parents {
-			dirs[d] = true
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: created, Format: tar.FormatPAX}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+func layerFiles(dockerfile, contextDir string, copies []copyInstr, created time.Time) (fstest.MapFS, error) {
+	context := os.DirFS(contextDir) // no source outside the context, as podman's COPY
+	files := fstest.MapFS{}
 	for _, c := range copies {
-		dst := filepath.Clean(c.dst)[1:]
-		if err := addDir(dst); err != nil {
-			return nil, err
+		dst := strings.TrimPrefix(path.Clean(c.dst), "/")
+		for d := dst; d != "" && d != "."; d = path.Dir(d) {
+			files[d] = &fstest.MapFile{Mode: fs.ModeDir | 0o755, ModTime: created}
 		}
-		for _, s := range c.srcs {
-			path := filepath.Join(contextDir, s)
-			data, err := os.ReadFile(path)
+		for _, src := range c.srcs {
+			var data []byte
+			fi, err := fs.Stat(context, path.Clean(src))
+			if errors.Is(err, fs.ErrInvalid) {
+				err = errors.New("not a path inside the context")
+			} else if err == nil {
+				data, err = fs.ReadFile(context, path.Clean(src))
+			}
 			if err != nil {
-				return nil, fmt.Errorf("COPY %s (line %d): %w", s, c.line, err)
+				return nil, fmt.Errorf("%s:%d: COPY %s (context %s): %w", dockerfile, c.line, src, contextDir, err)
 			}
-			fi, err := os.Stat(path)
-			if err != nil {
-				return nil, err
-			}
-			hdr := &tar.Header{Typeflag: tar.TypeReg, Name: filepath.Join(dst, filepath.Base(s)),
-				Mode: int64(fi.Mode().Perm()), Size: int64(len(data)), ModTime: created, Format: tar.FormatPAX}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return nil, err
-			}
-			if _, err := tw.Write(data); err != nil {
-				return nil, err
-			}
+			files[path.Join(dst, path.Base(src))] = &fstest.MapFile{Data: data, Mode: fi.Mode().Perm(), ModTime: created}
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return files, nil
 }
 
-// writeArchive writes img as an OCI layout into a tar at out, through a
-// temporary file renamed over out.
+// writeArchive writes img as an OCI layout (go-containerregistry's layout)
+// into a tar at out, through a temporary file renamed over out.
 func writeArchive(img v1.Image, tag, out string) error {
 	dir, err := os.MkdirTemp("", "imagebuild-")
 	if err != nil {
@@ -178,52 +165,9 @@ func writeArchive(img v1.Image, tag, out string) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := tarDir(tmp, dir); err != nil {
-		tmp.Close()
+	tw := tar.NewWriter(tmp)
+	if err := errors.Join(tw.AddFS(os.DirFS(dir)), tw.Close(), tmp.Close()); err != nil {
 		return fmt.Errorf("write %s: %w", out, err)
 	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
 	return os.Rename(tmp.Name(), out)
-}
-
-// tarDir writes the files under dir into w, named relative to dir.
-func tarDir(w io.Writer, dir string) error {
-	tw := tar.NewWriter(w)
-	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
-		if err != nil || path == dir {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(fi, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = rel
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }
