@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -57,27 +61,17 @@ var benchClients = flag.Int("bench.clients", 20, "How many agents' list-and-watc
 //	go test ./cmd/agent -run '^$' -bench ScaleCluster -benchtime 1x
 func BenchmarkScaleCluster(b *testing.B) {
 	requireRootB(b)
-	if _, err := kubeapitest.Binary(); err != nil {
+	kasBin, err := kubeapitest.Binary()
+	if err != nil {
 		b.Skip(err)
 	}
+	etcdBin, etcdVersion := clusterEtcd(b)
 	n := *benchServices
+	const nodeName = "bench-node"
 	for range b.N {
-		setup := time.Now()
-		etcd := etcdtest.StartInMemory(b)
-		kas := kubeapitest.Start(b, etcd.Endpoint())
-		applyRBAC(b, kas.Admin, nil)
+		cluster := startScaleCluster(b, etcdBin, kasBin, n, nodeName)
+		kas := cluster.kas
 		token := kas.Token(b, deployNamespace, "cellium-agent")
-		const nodeName = "bench-node"
-		podCIDR := "10.252.7.0/24"
-		ctx := context.Background()
-		if _, err := kas.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
-			Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
-		}, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		createScaleObjects(b, kas, n)
-		setupTime := time.Since(setup)
 
 		proxy := newCountingProxy(b, kas.URL)
 		server := &apiServerMeter{pid: kas.PID, proxy: proxy}
@@ -91,11 +85,134 @@ func BenchmarkScaleCluster(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
+		load := procstat.LoadAverage()
 		agent := scaleRuns(b, env, flags, n, "cluster-", server)
 		clients := listWatchClients(b, kas, server, *benchClients)
-		fmt.Printf("agent-scale-bench mode=cluster setup_s=%.0f %s %s apiserver_rss_mb=%.0f\n",
-			setupTime.Seconds(), agent, clients, server.rss(b))
+		fmt.Printf("agent-scale-bench mode=cluster etcd=%s setup=%s setup_s=%.0f %s %s apiserver_rss_mb=%.0f load1=%s\n",
+			etcdVersion, cluster.setup, cluster.setupTime.Seconds(), agent, clients, server.rss(b), load)
 	}
+}
+
+var (
+	benchClusterCache = flag.String("bench.cluster-cache", "", "A directory where BenchmarkScaleCluster saves etcd's data directory once it has created the objects through the API, and which a later run with the same -bench.services, etcd and kube-apiserver binaries starts from instead (setup=cached setup_s=0)")
+	benchEtcd         = flag.String("bench.etcd", "", "The etcd BenchmarkScaleCluster runs: $ETCD_BIN when set, else the one `make etcd` built when there is one (it lets kube-apiserver stream lists and serve consistent reads from its cache, as production etcd does), else the etcd on the PATH")
+)
+
+// clusterEtcd is the etcd binary BenchmarkScaleCluster runs (see
+// -bench.etcd) and its version, as it says.
+func clusterEtcd(b *testing.B) (bin, version string) {
+	bin = *benchEtcd
+	if bin == "" && os.Getenv("ETCD_BIN") == "" {
+		bin, _ = etcdtest.StreamingBinary()
+	}
+	if bin == "" {
+		var err error
+		if bin, err = etcdtest.Binary(); err != nil {
+			b.Skip(err)
+		}
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		b.Fatalf("%s --version: %v", bin, err)
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	version = strings.TrimSpace(strings.TrimPrefix(first, "etcd Version:"))
+	return bin, version
+}
+
+// scaleCluster is the API server BenchmarkScaleCluster measures, holding
+// its objects.
+type scaleCluster struct {
+	kas *kubeapitest.Server
+	// setup is how the objects came: created (through the API), saved
+	// (created, and the store then saved in -bench.cluster-cache), cached
+	// (a store saved so by an earlier run); setupTime what creating them
+	// took (0 when cached).
+	setup     string
+	setupTime time.Duration
+}
+
+// scaleEtcdPrefix is the API server's prefix in etcd: one a saved store
+// is served under again.
+const scaleEtcdPrefix = "/agent-scale-bench"
+
+// scaleObjectsVersion names what createScaleObjects and the rest of the
+// setup create: change it when they change, and saved stores are set up
+// again.
+const scaleObjectsVersion = "1"
+
+// startScaleCluster starts etcd and kube-apiserver holding n Services and
+// their EndpointSlices, the agent's RBAC and its node: from a store saved
+// in -bench.cluster-cache by an earlier run when there is one for n and
+// these binaries, else created through the API (and saved there).
+func startScaleCluster(b *testing.B, etcdBin, kasBin string, n int, nodeName string) scaleCluster {
+	var saved string
+	if dir := *benchClusterCache; dir != "" {
+		saved = filepath.Join(dir, fmt.Sprintf("services-%d-%s", n, scaleStoreKey(b, etcdBin, kasBin)))
+		if _, err := os.Stat(saved); err == nil {
+			etcd := etcdtest.StartInMemoryWith(b, etcdtest.InMemoryOptions{Binary: etcdBin, Data: saved})
+			kas := kubeapitest.StartWith(b, etcd.Endpoint(), kubeapitest.Options{EtcdPrefix: scaleEtcdPrefix})
+			fmt.Printf("# agent-scale-bench: the API server's store from %s\n", saved)
+			return scaleCluster{kas: kas, setup: "cached"}
+		}
+	}
+	start := time.Now()
+	etcd := etcdtest.StartInMemoryWith(b, etcdtest.InMemoryOptions{Binary: etcdBin})
+	kas := kubeapitest.StartWith(b, etcd.Endpoint(), kubeapitest.Options{EtcdPrefix: scaleEtcdPrefix})
+	applyRBAC(b, kas.Admin, nil)
+	podCIDR := "10.252.7.0/24"
+	if _, err := kas.Admin.CoreV1().Nodes().Create(context.Background(), &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
+		Spec:       corev1.NodeSpec{PodCIDR: podCIDR, PodCIDRs: []string{podCIDR}},
+	}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	createScaleObjects(b, kas, n)
+	c := scaleCluster{kas: kas, setup: "created", setupTime: time.Since(start)}
+	if saved == "" {
+		return c
+	}
+	// Saved from a stopped etcd, and both started again on it: what
+	// follows measures a freshly started API server on that store, as a
+	// run that starts from it does.
+	kas.Stop()
+	etcd.Stop()
+	if err := os.MkdirAll(filepath.Dir(saved), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	tmp := fmt.Sprintf("%s.tmp-%d", saved, os.Getpid())
+	if err := etcd.SaveData(tmp); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Rename(tmp, saved); err != nil {
+		os.RemoveAll(tmp)
+		b.Fatalf("save the API server's store: %v", err)
+	}
+	fmt.Printf("# agent-scale-bench: the API server's store saved in %s\n", saved)
+	etcd.Restart()
+	kas.Restart(b)
+	c.setup = "saved"
+	return c
+}
+
+// scaleStoreKey names what a saved store holds: the objects' version and
+// the binaries that wrote it (their contents' hash: etcd's data format and
+// the API server's encoding of the objects are theirs).
+func scaleStoreKey(b *testing.B, bins ...string) string {
+	h := sha256.New()
+	io.WriteString(h, scaleObjectsVersion)
+	for _, bin := range bins {
+		f, err := os.Open(bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			b.Fatalf("read %s: %v", bin, err)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // apiServerMeter reads what the API server spent: its CPU time from
@@ -111,11 +228,7 @@ type apiServerMark struct {
 }
 
 func (m *apiServerMeter) mark(b testing.TB) apiServerMark {
-	cpu, err := procstat.CPU(m.pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return apiServerMark{cpu: cpu, sent: m.proxy.sent.Load()}
+	return apiServerMark{cpu: apiServerCPU(b, m.pid), sent: m.proxy.sent.Load()}
 }
 
 // since is the CPU time and the MB sent since mark.
@@ -403,7 +516,14 @@ func createScaleObjects(b *testing.B, kas *kubeapitest.Server, n int) {
 			}
 		})
 	}
+	start, cpu0 := time.Now(), apiServerCPU(b, kas.PID)
 	for i := range n {
+		if i > 0 && i%5000 == 0 {
+			// A setup of tens of thousands takes minutes: it says how
+			// it goes, and what the API server spends on it.
+			fmt.Printf("# agent-scale-bench: %d of %d Services and their EndpointSlices created in %.0f s, the API server's CPU %.0f s, load %s\n",
+				i, n, time.Since(start).Seconds(), (apiServerCPU(b, kas.PID) - cpu0).Seconds(), procstat.LoadAverage())
+		}
 		select {
 		case next <- i:
 		case err := <-errs:
@@ -418,4 +538,12 @@ func createScaleObjects(b *testing.B, kas *kubeapitest.Server, n int) {
 	for err := range errs {
 		b.Fatal(err)
 	}
+}
+
+func apiServerCPU(b testing.TB, pid int) time.Duration {
+	cpu, err := procstat.CPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cpu
 }

@@ -83,6 +83,62 @@ func StartInMemory(t testing.TB) *Server {
 	return start(t, dir, nil)
 }
 
+// InMemoryOptions are StartInMemoryWith's.
+type InMemoryOptions struct {
+	// Binary is the etcd to run; Binary() when empty.
+	Binary string
+	// Data is a data directory to start from (saved by SaveData): the
+	// server starts on a copy of it, with its keys, under a name and on
+	// ports of its own. Empty is an empty store.
+	Data string
+}
+
+// StartInMemoryWith is StartInMemory with the binary and the data that o
+// names.
+func StartInMemoryWith(t testing.TB, o InMemoryOptions) *Server {
+	t.Helper()
+	var st unix.Statfs_t
+	dir := ""
+	if unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC {
+		var err error
+		if dir, err = os.MkdirTemp("/dev/shm", "etcdtest-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	} else {
+		dir = t.TempDir()
+	}
+	if o.Data != "" {
+		if err := copyDir(o.Data, filepath.Join(dir, "data")); err != nil {
+			t.Fatalf("etcd data from %s: %v", o.Data, err)
+		}
+	}
+	return startBinary(t, o.Binary, dir, nil)
+}
+
+// SaveData copies the stopped server's data directory to dst (which must
+// not exist), for StartInMemoryWith's Data.
+func (s *Server) SaveData(dst string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return errors.New("etcdtest: SaveData of a running server (Stop it first)")
+	}
+	return copyDir(filepath.Join(s.dir, "data"), dst)
+}
+
+// copyDir copies the directory src to dst (which must not exist), with
+// its files' modes.
+func copyDir(src, dst string) error {
+	if _, err := os.Stat(dst); err == nil {
+		return fmt.Errorf("copy %s: %s exists", src, dst)
+	}
+	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
+		return fmt.Errorf("cp -a %s %s: %v: %s", src, dst, err, out)
+	}
+	return nil
+}
+
 // StartTLS is Start with a client URL served over TLS from files, which
 // requires client certificates signed by files.CA. The files are read at
 // each (re)start: a test rotates the server's certificates by writing new
@@ -91,9 +147,18 @@ func StartTLS(t testing.TB, files TLSFiles) *Server { return start(t, t.TempDir(
 
 func start(t testing.TB, dir string, tlsFiles *TLSFiles) *Server {
 	t.Helper()
-	bin, err := Binary()
-	if err != nil {
-		t.Skip(err)
+	return startBinary(t, "", dir, tlsFiles)
+}
+
+// startBinary starts bin (Binary() when empty) on dir, whose data
+// subdirectory may hold a store already.
+func startBinary(t testing.TB, bin, dir string, tlsFiles *TLSFiles) *Server {
+	t.Helper()
+	if bin == "" {
+		var err error
+		if bin, err = Binary(); err != nil {
+			t.Skip(err)
+		}
 	}
 	scheme := "http://"
 	if tlsFiles != nil {
@@ -117,7 +182,10 @@ func start(t testing.TB, dir string, tlsFiles *TLSFiles) *Server {
 	// A port free when chosen may be taken before etcd binds it (by a
 	// test running beside, or an outgoing connection): then etcd exits at
 	// once, and the first start tries other ports. A restart keeps its
-	// ports, which clients were given.
+	// ports, which clients were given. A store given to start from
+	// (StartInMemoryWith) is kept: it serves on any ports.
+	_, err := os.Stat(filepath.Join(dir, "data"))
+	given := err == nil
 	for attempt := 1; ; attempt++ {
 		err := s.launch()
 		if err == nil {
@@ -127,8 +195,10 @@ func start(t testing.TB, dir string, tlsFiles *TLSFiles) *Server {
 			t.Fatal(err)
 		}
 		t.Logf("etcd's port was taken (attempt %d of %d), trying others", attempt, maxStartAttempts)
-		if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
-			t.Fatal(err)
+		if !given {
+			if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+				t.Fatal(err)
+			}
 		}
 		s.client, s.peer = scheme+freeAddr(t), "http://"+freeAddr(t)
 	}

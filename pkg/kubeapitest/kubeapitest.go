@@ -63,14 +63,32 @@ type Server struct {
 // per test), waits until it is ready, and stops it when the test ends.
 func Start(t testing.TB, etcdEndpoint string) *Server {
 	t.Helper()
+	return StartWith(t, etcdEndpoint, Options{})
+}
+
+// Options are StartWith's.
+type Options struct {
+	// EtcdPrefix is the prefix of the server's keys in etcd; one of its
+	// own when empty. A store saved with its keys (etcdtest's SaveData)
+	// is served again by a server given the same prefix.
+	EtcdPrefix string
+}
+
+// StartWith is Start with o.
+func StartWith(t testing.TB, etcdEndpoint string, o Options) *Server {
+	t.Helper()
 	bin, err := kubeapiserver.Binary()
 	if err != nil {
 		t.Skip(err)
 	}
 	dir := t.TempDir()
 	port := freePort(t)
+	prefix := o.EtcdPrefix
+	if prefix == "" {
+		prefix = "/kubeapitest-" + port
+	}
 	setup := kubeapiserver.Setup{
-		Binary: bin, EtcdServers: etcdEndpoint, EtcdPrefix: "/kubeapitest-" + port,
+		Binary: bin, EtcdServers: etcdEndpoint, EtcdPrefix: prefix,
 		Address: "127.0.0.1", Port: port, Dir: dir, ServiceCIDR: ServiceCIDR,
 	}
 	if err := setup.WriteFiles(kubeapiserver.Token{Token: AdminToken, User: "admin", Groups: []string{"system:masters"}}); err != nil {
