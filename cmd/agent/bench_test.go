@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -163,6 +165,7 @@ func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, na
 	cpu := a.cpuProfile(b, name+"-cpu.pb.gz")
 	r.ready = a.waitReady(b, 5*time.Minute)
 	r.writtenAt = a.waitWritten(b, n, 5*time.Minute)
+	a.timeline(b, name)
 	if server != nil {
 		r.serverCPU, r.serverSent = server.since(b, mark)
 	}
@@ -204,6 +207,47 @@ func (a *benchAgent) cpuProfile(b *testing.B, file string) <-chan struct{} {
 		}
 	}()
 	return done
+}
+
+// timeline prints, with -bench.profile-dir, when each of the agent's
+// readiness barriers was done, in seconds since its exec, in the order they
+// were (agent-scale-timeline NAME barrier=s ...), and copies its log so far
+// into the directory (NAME.log): where the wait for ready went.
+func (a *benchAgent) timeline(b *testing.B, name string) {
+	b.Helper()
+	if *benchProfile == "" {
+		return
+	}
+	objs, err := a.client.TableObjects(context.Background(), "readiness", client.TableQuery{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	type barrier struct {
+		Name  string    `json:"name"`
+		Done  bool      `json:"done"`
+		Since time.Time `json:"since"`
+	}
+	var barriers []barrier
+	for _, raw := range objs {
+		var br barrier
+		if err := json.Unmarshal(raw, &br); err != nil {
+			b.Fatalf("readiness row %s: %v", raw, err)
+		}
+		barriers = append(barriers, br)
+	}
+	slices.SortFunc(barriers, func(x, y barrier) int { return x.Since.Compare(y.Since) })
+	var line strings.Builder
+	for _, br := range barriers {
+		if br.Done {
+			fmt.Fprintf(&line, " %s=%.3f", br.Name, br.Since.Sub(a.started).Seconds())
+		} else {
+			fmt.Fprintf(&line, " %s=pending", br.Name)
+		}
+	}
+	fmt.Printf("agent-scale-timeline %s%s\n", name, line.String())
+	if log, err := os.ReadFile(filepath.Join(a.env.dir, "agent.log")); err == nil {
+		os.WriteFile(filepath.Join(*benchProfile, name+".log"), log, 0o644)
+	}
 }
 
 // profile writes the agent's heap profile and its Go memory figures into
