@@ -85,11 +85,23 @@ func BenchmarkScaleCluster(b *testing.B) {
 			"--lb-service-map-max", strconv.Itoa(2*n+1024),
 			"--lb-backend-map-max", strconv.Itoa(n+1024),
 		)
+		// Whether the server streams lists (it needs an etcd with
+		// progress notifications), and how many the agent's two starts
+		// streamed of its four listings.
+		streams := 0
+		if why := watchListUnsupported(b, kas); why == "" {
+			streams = 1
+		} else {
+			fmt.Printf("# agent-scale-bench: the API server does not stream lists: %s\n", why)
+		}
+		before := watchLists(b, kas)
 		load := procstat.LoadAverage()
 		agent := scaleRuns(b, env, flags, n, "cluster-", server)
+		after := watchLists(b, kas)
+		agentStreamed := after["services"] + after["endpointslices"] - before["services"] - before["endpointslices"]
 		clients := listWatchClients(b, kas, server, *benchClients)
-		fmt.Printf("agent-scale-bench mode=cluster etcd=%s setup=%s setup_s=%.0f %s %s apiserver_rss_mb=%.0f load1=%s\n",
-			etcdVersion, cluster.setup, cluster.setupTime.Seconds(), agent, clients, server.rss(b), load)
+		fmt.Printf("agent-scale-bench mode=cluster etcd=%s apiserver_streams=%d setup=%s setup_s=%.0f %s agent_streamed_lists=%.0f %s apiserver_rss_mb=%.0f load1=%s\n",
+			etcdVersion, streams, cluster.setup, cluster.setupTime.Seconds(), agent, agentStreamed, clients, server.rss(b), load)
 	}
 }
 

@@ -296,7 +296,7 @@ func drainLogs(logs <-chan map[string]any) {
 // watch cache needs etcd's progress notifications for one (etcd 3.4.31,
 // 3.5.13 or later): Debian's etcd 3.4.23 has them not, and kube-apiserver
 // then says so in the stream's first event.
-func watchListUnsupported(t *testing.T, kas *kubeapitest.Server) string {
+func watchListUnsupported(t testing.TB, kas *kubeapitest.Server) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -322,7 +322,7 @@ func watchListUnsupported(t *testing.T, kas *kubeapitest.Server) string {
 
 // watchLists is how many streaming lists of Services and of
 // EndpointSlices the API server has served.
-func watchLists(t *testing.T, kas *kubeapitest.Server) map[string]float64 {
+func watchLists(t testing.TB, kas *kubeapitest.Server) map[string]float64 {
 	t.Helper()
 	metrics, err := kas.Admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	if err != nil {
