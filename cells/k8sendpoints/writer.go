@@ -139,7 +139,7 @@ func (w *writer) run(ctx context.Context, health cell.Health) error {
 	}
 	factory.Start(ctx)
 	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	if !cache.WaitFor(ctx, "", reg.HasSyncedChecker()) {
 		return nil
 	}
 	// Before anything is deleted: every object listed, every endpoint

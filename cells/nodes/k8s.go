@@ -93,7 +93,8 @@ func (w *nodeWatcher) run(ctx context.Context, health cell.Health, synced func(s
 		w.factory.Shutdown()
 	}()
 	w.factory.Start(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+	// The informer's channel, not WaitForCacheSync's look every 100 ms.
+	if !cache.WaitFor(ctx, "", informer.HasSyncedChecker()) {
 		return nil
 	}
 	txn := w.nodes.db.WriteTxn(w.nodes.tbl)

@@ -167,7 +167,7 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 	if tables.WaitInitialized(ctx, p.db, p.rules.ToTable()) != nil ||
 		tables.WaitInitialized(ctx, p.db, p.identities) != nil ||
 		tables.WaitInitialized(ctx, p.db, p.endpoints) != nil ||
-		!cache.WaitForCacheSync(ctx.Done(), p.pods.synced) {
+		!cache.WaitFor(ctx, "", p.pods.synced) {
 		return nil
 	}
 

@@ -24,7 +24,7 @@ type policyWatcher struct {
 	db      *statedb.DB
 	rules   statedb.RWTable[*Rule]
 	factory *k8sclient.Informers
-	synced  cache.InformerSynced
+	synced  cache.DoneChecker
 	listed  func(statedb.WriteTxn)
 }
 
@@ -42,7 +42,7 @@ func newPolicyWatcher(log *slog.Logger, cs k8sclient.Clientset, db *statedb.DB, 
 	if err != nil {
 		return nil, err
 	}
-	w.synced = reg.HasSynced
+	w.synced = reg.HasSyncedChecker()
 	return w, nil
 }
 
@@ -81,7 +81,7 @@ func (w *policyWatcher) delete(obj any) {
 func (w *policyWatcher) run(ctx context.Context) {
 	defer w.factory.Shutdown()
 	w.factory.Start(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), w.synced) {
+	if !cache.WaitFor(ctx, "", w.synced) {
 		return
 	}
 	txn := w.db.WriteTxn(w.rules)
@@ -99,7 +99,7 @@ type podPorts struct {
 	factory *k8sclient.Informers
 	store   cache.Store
 	node    string
-	synced  cache.InformerSynced
+	synced  cache.DoneChecker
 	// labelsOf is a pod's identity label set (cells/identity).
 	labelsOf func(idcell.Pod) labels.Labels
 
@@ -134,7 +134,7 @@ func newPodPorts(cs k8sclient.Clientset, node string, labelsOf func(idcell.Pod) 
 	if err != nil {
 		return nil, err
 	}
-	p.synced = reg.HasSynced
+	p.synced = reg.HasSyncedChecker()
 	return p, nil
 }
 

@@ -44,7 +44,9 @@ func Inform[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, examp
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); inf.RunWithContext(ctx) }()
-	if cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+	// Waits on the handler's channel: WaitForCacheSync looks every
+	// 100 ms, which a start waited for.
+	if cache.WaitFor(ctx, "", reg.HasSyncedChecker()) {
 		synced()
 	}
 	<-done
