@@ -29,6 +29,7 @@ var (
 	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
 	benchArgs     = flag.String("bench.agent-args", "", "Flags added to every benchmark's agent command line, separated by spaces (as --gc-percent=100)")
 	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
+	benchPages    = flag.Int("bench.pages", 0, "BenchmarkIdleAgent prints the executable's resident pages by section, by module and for this many packages (text, type descriptors, pclntab, ... of each; residentpages_test.go)")
 )
 
 // BenchmarkIdleAgent is the memory of the built agent with its default
@@ -46,9 +47,11 @@ var (
 // pages it may reclaim for free, what the kubelet reports for a pod;
 // cgroup_kernel_mb is the kernel's memory in it (the BPF maps the agent
 // creates, most of it). With -bench.profile-dir (which adds --pprof to the flags) it also writes
-// the agent's /proc smaps and heap profile there.
+// the agent's /proc smaps and heap profile there. With -bench.pages=N it
+// prints which packages the executable's resident pages belong to, the
+// top N of them (readResidentPages).
 //
-//	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x
+//	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x [-bench.pages=40]
 func BenchmarkIdleAgent(b *testing.B) {
 	for range b.N {
 		env := newAgentEnv(b)
@@ -60,6 +63,13 @@ func BenchmarkIdleAgent(b *testing.B) {
 		a.waitReady(b, time.Minute)
 		time.Sleep(*benchIdle)
 		mem := a.memory(b)
+		var pages *residentPages
+		if *benchPages > 0 {
+			var err error
+			if pages, err = readResidentPages(a.cmd.Process.Pid); err != nil {
+				b.Fatal(err)
+			}
+		}
 		if *benchProfile != "" {
 			if smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", a.cmd.Process.Pid)); err == nil {
 				os.MkdirAll(*benchProfile, 0o755)
@@ -74,6 +84,9 @@ func BenchmarkIdleAgent(b *testing.B) {
 		}
 		fmt.Printf("agent-idle-bench idle_s=%.0f %s binary_mb=%.1f\n",
 			benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20))
+		if pages != nil {
+			pages.write(os.Stdout, *benchPages)
+		}
 	}
 }
 
