@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"sync"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
@@ -47,14 +48,16 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // prefixRE is a single directory name: no slashes, no "." or "..".
-var prefixRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+// Compiled on first use, not in the package's initializer (the bounded
+// repeat makes a large program).
+var prefixRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`) })
 
 // validate checks the flags and returns the bpffs root and the pin directory.
 func (cfg Config) validate() (root, dir string, err error) {
 	if !filepath.IsAbs(cfg.BPFRoot) {
 		return "", "", fmt.Errorf("invalid --bpf-root %q: must be an absolute path, e.g. /sys/fs/bpf", cfg.BPFRoot)
 	}
-	if !prefixRE.MatchString(cfg.BPFMapPrefix) {
+	if !prefixRE().MatchString(cfg.BPFMapPrefix) {
 		return "", "", fmt.Errorf("invalid --bpf-map-prefix %q: want one directory name of at most 64 lower-case letters, digits, '_' and '-', e.g. cellium", cfg.BPFMapPrefix)
 	}
 	root = filepath.Clean(cfg.BPFRoot)

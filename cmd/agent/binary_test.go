@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"debug/elf"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -48,5 +53,57 @@ func TestAgentLinksOnlyUsedAPIGroups(t *testing.T) {
 	}
 	if !coreV1 {
 		t.Errorf("no k8s.io/api/core/v1 symbol in the agent: the test looks for the wrong symbols")
+	}
+}
+
+// TestAgentInitializersAllocateLittle: the agent's own packages'
+// initializers do no work that only some commands or modes need (compiling
+// regular expressions, building schemes): every agent start pays for it,
+// in heap and in the executable's pages it touches (docs/performance.md,
+// "Memory at idle"). Read from `GODEBUG=inittrace=1 agent version`; the
+// limit is per package, pkg/kubeclient's scheme (used in every mode) and
+// the cells' hive declarations aside.
+func TestAgentInitializersAllocateLittle(t *testing.T) {
+	cmd := exec.Command(agentBin, "version")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("agent version: %v\n%s", err, stderr.String())
+	}
+	limits := map[string]int{
+		// Mode- and tool-specific: nothing at start.
+		"github.com/cellium/cellium/pkg/devcluster":    4096,
+		"github.com/cellium/cellium/pkg/hubblerelay":   4096,
+		"github.com/cellium/cellium/pkg/kubeapiserver": 4096,
+		"github.com/cellium/cellium/pkg/k8sapi":        4096,
+		"github.com/cellium/cellium/cells/bpfmaps":     8192,
+		"github.com/cellium/cellium/pkg/kubeclient":    256 << 10,
+	}
+	seen := 0
+	for line := range strings.Lines(stderr.String()) {
+		// init PKG @T ms, C ms clock, B bytes, A allocs
+		f := strings.Fields(line)
+		if len(f) < 10 || f[0] != "init" || f[8] != "bytes," {
+			continue
+		}
+		if !strings.HasPrefix(f[1], "github.com/cellium/cellium/") {
+			continue
+		}
+		seen++
+		n, err := strconv.Atoi(f[7])
+		if err != nil {
+			t.Fatalf("inittrace line %q: %v", line, err)
+		}
+		limit, ok := limits[f[1]]
+		if !ok {
+			limit = 32 << 10
+		}
+		if n > limit {
+			t.Errorf("%s's initializer allocates %d bytes, more than %d: %s", f[1], n, limit, strings.TrimSpace(line))
+		}
+	}
+	if seen == 0 {
+		t.Fatalf("no initializer of the agent's packages in its inittrace:\n%s", stderr.String())
 	}
 }

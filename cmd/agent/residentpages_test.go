@@ -58,6 +58,8 @@ type sectionPages struct {
 type packagePages struct {
 	name  string
 	bytes [numKinds]uint64
+	// linked is the package's bytes in the executable, resident or not.
+	linked uint64
 }
 
 func (p packagePages) total() (n uint64) {
@@ -110,6 +112,10 @@ func readResidentPages(pid int) (*residentPages, error) {
 		}
 	}
 	byPkg := map[string]*packagePages{}
+	linked := map[string]*packagePages{}
+	for _, s := range sections {
+		attribute(spans, s.Addr, s.Addr+s.Size, linked)
+	}
 	pageSize := uint64(os.Getpagesize())
 	for _, m := range maps {
 		n := (m.end - m.start) / pageSize
@@ -133,7 +139,12 @@ func readResidentPages(pid int) (*residentPages, error) {
 			}
 		}
 	}
-	for _, p := range byPkg {
+	for name, l := range linked {
+		p := byPkg[name]
+		if p == nil {
+			p = &packagePages{name: name}
+		}
+		p.linked = l.total()
 		r.packages = append(r.packages, *p)
 	}
 	sort.Slice(r.packages, func(i, j int) bool { return r.packages[i].total() > r.packages[j].total() })
@@ -375,7 +386,8 @@ func symbolPackage(symbol string) string {
 }
 
 // write prints the sections' resident MB, then the top modules' and
-// packages'.
+// packages': their bytes in the executable (linked) and resident (MB, and
+// its parts).
 func (r *residentPages) write(w io.Writer, top int) {
 	fmt.Fprintf(w, "resident pages of the executable: %.1f MB\n", mib(r.total))
 	for _, s := range r.sections {
@@ -388,7 +400,7 @@ func (r *residentPages) write(w io.Writer, top int) {
 func mib(n uint64) float64 { return float64(n) / (1 << 20) }
 
 func writePackages(w io.Writer, what string, pkgs []packagePages, top int) {
-	fmt.Fprintf(w, "  %-60s %6s", what, "MB")
+	fmt.Fprintf(w, "  %-60s %6s %6s", what, "linked", "MB")
 	for _, k := range kindNames {
 		fmt.Fprintf(w, " %8s", k)
 	}
@@ -397,7 +409,7 @@ func writePackages(w io.Writer, what string, pkgs []packagePages, top int) {
 		if i == top {
 			break
 		}
-		fmt.Fprintf(w, "  %-60s %6.2f", p.name, mib(p.total()))
+		fmt.Fprintf(w, "  %-60s %6.2f %6.2f", p.name, mib(p.linked), mib(p.total()))
 		for _, b := range p.bytes {
 			fmt.Fprintf(w, " %8.2f", mib(b))
 		}
@@ -423,6 +435,7 @@ func (r *residentPages) modules() []packagePages {
 		for k, b := range p.bytes {
 			m.bytes[k] += b
 		}
+		m.linked += p.linked
 	}
 	var out []packagePages
 	for _, m := range byMod {
@@ -498,6 +511,6 @@ func TestResidentPages(t *testing.T) {
 		t.Errorf("package cobra has no resident text, pclntab or types: %+v", cobra)
 	}
 	var out strings.Builder
-	r.write(&out, 10)
+	r.write(&out, 100)
 	t.Logf("agent monitor, waiting:\n%s", out.String())
 }

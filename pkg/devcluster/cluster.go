@@ -152,7 +152,7 @@ func (o *Options) complete() error {
 
 // CheckName says what is wrong with a cluster name, if anything.
 func CheckName(name string) error {
-	if !clusterNameRE.MatchString(name) {
+	if !clusterNameRE().MatchString(name) {
 		return fmt.Errorf("invalid cluster name %q: want at most 24 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. dev", name)
 	}
 	return nil

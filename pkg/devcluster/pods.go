@@ -46,10 +46,10 @@ type PodSpec struct {
 // checkPod checks a new pod's names, labels and ports, naming what is
 // wrong.
 func checkPod(spec PodSpec) error {
-	if !podNameRE.MatchString(spec.Name) {
+	if !podNameRE().MatchString(spec.Name) {
 		return fmt.Errorf("invalid pod name %q: want at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. web-1", spec.Name)
 	}
-	if !podNameRE.MatchString(spec.Namespace) {
+	if !podNameRE().MatchString(spec.Namespace) {
 		return fmt.Errorf("invalid namespace %q: want at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. prod", spec.Namespace)
 	}
 	if err := checkLabels(spec.Labels); err != nil {

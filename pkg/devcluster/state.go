@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -42,9 +43,11 @@ const netnsDir = "/var/run/netns"
 
 var (
 	// clusterNameRE: the name goes into namespace, cgroup and pin names.
-	clusterNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,22}[a-z0-9])?$`)
+	// Both are compiled on first use, not at the start of every agent
+	// (the bounded repeats make large programs).
+	clusterNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,22}[a-z0-9])?$`) })
 	// podNameRE is a DNS-1123 label, as Kubernetes wants of most names.
-	podNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	podNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`) })
 )
 
 // ErrNoCluster is returned by Load when the directory holds no cluster.
@@ -304,7 +307,7 @@ func (s *state) validate(dir string) error {
 	if s.Version != stateVersion {
 		return fmt.Errorf("version %d, want %d (written by another version of the agent: take the cluster down with that one)", s.Version, stateVersion)
 	}
-	if !clusterNameRE.MatchString(s.Name) {
+	if !clusterNameRE().MatchString(s.Name) {
 		return fmt.Errorf("invalid cluster name %q", s.Name)
 	}
 	if filepath.Clean(s.Dir) != filepath.Clean(dir) {
@@ -326,7 +329,7 @@ func (s *state) validate(dir string) error {
 		}
 	}
 	for _, p := range s.Pods {
-		if !podNameRE.MatchString(p.Name) || !podNameRE.MatchString(p.Namespace) || p.NetNS != podNetNS(s.Name, p) {
+		if !podNameRE().MatchString(p.Name) || !podNameRE().MatchString(p.Namespace) || p.NetNS != podNetNS(s.Name, p) {
 			return fmt.Errorf("invalid pod %q (network namespace %q)", p.Ref(), p.NetNS)
 		}
 	}

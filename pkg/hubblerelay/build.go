@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -168,7 +169,9 @@ var forkReplacements = map[string]string{
 	"k8s.io/apimachinery": "k8s.io/apimachinery v0.33.3",
 }
 
-var replaceLine = regexp.MustCompile(`^\s*replace\s+(\S+)\s+=>\s+(\S+)\s+(\S+)\s*$`)
+var replaceLine = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^\s*replace\s+(\S+)\s+=>\s+(\S+)\s+(\S+)\s*$`)
+})
 
 // moduleReplaces are the replace directives of the go.mod at path, as
 // "old => new version" lines: a module's replace directives apply only
@@ -183,7 +186,7 @@ func moduleReplaces(path string) ([]string, error) {
 	var out []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		m := replaceLine.FindStringSubmatch(sc.Text())
+		m := replaceLine().FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -19,14 +20,16 @@ import (
 	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
-// Scheme holds the kinds of cellium.io/v1alpha1 and nothing else.
-var Scheme = func() *runtime.Scheme {
+// Scheme holds the kinds of cellium.io/v1alpha1 and nothing else. It is
+// made on first use, not at the agent's start: only the crd identity mode
+// and the dev-cluster use it.
+var Scheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := AddToScheme(s); err != nil {
 		panic(err)
 	}
 	return s
-}()
+})
 
 // Client reads and writes the custom resources, and installs their CRDs.
 type Client struct {
@@ -45,7 +48,7 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	rc.GroupVersion = &GroupVersion
 	rc.APIPath = "/apis"
 	rc.ContentType = runtime.ContentTypeJSON
-	rc.NegotiatedSerializer = serializer.NewCodecFactory(Scheme).WithoutConversion()
+	rc.NegotiatedSerializer = serializer.NewCodecFactory(Scheme()).WithoutConversion()
 	r, err := rest.RESTClientFor(rc)
 	if err != nil {
 		return nil, fmt.Errorf("%s client for %s: %w", GroupVersion, cfg.Host, err)

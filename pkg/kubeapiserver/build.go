@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -135,7 +136,9 @@ func Build(ctx context.Context, gocmd string, log io.Writer) (string, error) {
 	return bin, nil
 }
 
-var stagingReplace = regexp.MustCompile(`^\s*(k8s\.io/[a-z0-9-]+)\s+=>\s+\./staging/`)
+var stagingReplace = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^\s*(k8s\.io/[a-z0-9-]+)\s+=>\s+\./staging/`)
+})
 
 // stagingModules lists the modules that the go.mod at path replaces with
 // its staging directories.
@@ -148,7 +151,7 @@ func stagingModules(path string) ([]string, error) {
 	var mods []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if m := stagingReplace.FindStringSubmatch(sc.Text()); m != nil {
+		if m := stagingReplace().FindStringSubmatch(sc.Text()); m != nil {
 			mods = append(mods, m[1])
 		}
 	}
