@@ -29,6 +29,7 @@ var (
 	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
 	benchArgs     = flag.String("bench.agent-args", "", "Flags added to every benchmark's agent command line, separated by spaces (as --gc-percent=100)")
 	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
+	benchBins     = flag.String("bench.agent-bins", "", "BenchmarkIdleAgent measures these agent binaries (comma-separated) one after the other instead of the one built from this tree: to compare builds side by side under the same load")
 	benchPages    = flag.Int("bench.pages", 0, "BenchmarkIdleAgent prints the executable's resident pages by section, by module and for this many packages (text, type descriptors, pclntab, ... of each; residentpages_test.go)")
 )
 
@@ -36,7 +37,7 @@ var (
 // flags in embedded mode (only its paths are private), after it has been
 // ready and idle for -bench.idle. It prints
 //
-//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=...
+//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=... load1=...
 //
 // rss_mb is VmRSS, anon_mb its anonymous part (RssAnon: heap, stacks, the
 // runtime's), file_mb the part backed by files (RssFile: the binary's pages
@@ -49,45 +50,75 @@ var (
 // creates, most of it). With -bench.profile-dir (which adds --pprof to the flags) it also writes
 // the agent's /proc smaps and heap profile there. With -bench.pages=N it
 // prints which packages the executable's resident pages belong to, the
-// top N of them (readResidentPages).
+// top N of them (readResidentPages). With -bench.agent-bins=OLD,NEW it
+// measures those binaries one after the other (bin= on each line).
 //
 //	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x [-bench.pages=40]
 func BenchmarkIdleAgent(b *testing.B) {
+	bins := []string{agentBin}
+	if *benchBins != "" {
+		bins = strings.Split(*benchBins, ",")
+	}
+	built := agentBin
+	defer func() { agentBin = built }()
 	for range b.N {
-		env := newAgentEnv(b)
-		flags := env.runFlags()
-		if *benchProfile != "" {
-			flags = append(flags, "--pprof")
-		}
-		a := startBenchAgent(b, env, true, flags...)
-		a.waitReady(b, time.Minute)
-		time.Sleep(*benchIdle)
-		mem := a.memory(b)
-		var pages *residentPages
-		if *benchPages > 0 {
-			var err error
-			if pages, err = readResidentPages(a.cmd.Process.Pid); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if *benchProfile != "" {
-			if smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", a.cmd.Process.Pid)); err == nil {
-				os.MkdirAll(*benchProfile, 0o755)
-				os.WriteFile(filepath.Join(*benchProfile, "idle.smaps"), smaps, 0o644)
-			}
-			a.profile(b, "idle")
-		}
-		a.stop(b)
-		fi, err := os.Stat(agentBin)
-		if err != nil {
-			b.Fatal(err)
-		}
-		fmt.Printf("agent-idle-bench idle_s=%.0f %s binary_mb=%.1f\n",
-			benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20))
-		if pages != nil {
-			pages.write(os.Stdout, *benchPages)
+		for _, bin := range bins {
+			agentBin = bin
+			idleAgent(b, len(bins) > 1)
 		}
 	}
+}
+
+// idleAgent runs agentBin for BenchmarkIdleAgent and prints its line, with
+// the binary's path if named.
+func idleAgent(b *testing.B, named bool) {
+	env := newAgentEnv(b)
+	flags := env.runFlags()
+	if *benchProfile != "" {
+		flags = append(flags, "--pprof")
+	}
+	a := startBenchAgent(b, env, true, flags...)
+	a.waitReady(b, time.Minute)
+	time.Sleep(*benchIdle)
+	mem := a.memory(b)
+	var pages *residentPages
+	if *benchPages > 0 {
+		var err error
+		if pages, err = readResidentPages(a.cmd.Process.Pid); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if *benchProfile != "" {
+		if smaps, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", a.cmd.Process.Pid)); err == nil {
+			os.MkdirAll(*benchProfile, 0o755)
+			os.WriteFile(filepath.Join(*benchProfile, "idle.smaps"), smaps, 0o644)
+		}
+		a.profile(b, "idle")
+	}
+	a.stop(b)
+	fi, err := os.Stat(agentBin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bin := ""
+	if named {
+		bin = " bin=" + agentBin
+	}
+	fmt.Printf("agent-idle-bench%s idle_s=%.0f %s binary_mb=%.1f load1=%s\n",
+		bin, benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20), loadAverage())
+	if pages != nil {
+		pages.write(os.Stdout, *benchPages)
+	}
+}
+
+// loadAverage is the machine's 1-minute load average, printed beside
+// figures that depend on it.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Fields(string(data))[0]
 }
 
 // BenchmarkScale runs the built agent in embedded mode on a manifests
