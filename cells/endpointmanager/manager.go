@@ -122,8 +122,11 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 }
 
 func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle, steps *stepTimes) (*Endpoint, error) {
+	// The addresses' durable record is the state file written next,
+	// before anything uses them: the IPAM's files need no sync of their
+	// own (ipam.Request.Recorded).
 	for _, pool := range m.ipam.Pools() {
-		a, err := m.ipam.Allocate(ctx, ipam.Request{Owner: ep.ContainerID, Family: pool.Family})
+		a, err := m.ipam.Allocate(ctx, ipam.Request{Owner: ep.ContainerID, Family: pool.Family, Recorded: true})
 		if err != nil {
 			return ep, err
 		}

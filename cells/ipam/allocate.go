@@ -22,6 +22,17 @@ type Request struct {
 	// claimed after a restart (see Claim) or are released after the
 	// grace period.
 	Reserved bool
+	// Recorded says that the owner keeps the allocation durably itself
+	// before it uses the address: the endpoint manager writes it into the
+	// endpoint's state file, synced, before it touches the kernel, and
+	// claims it from there after a restart (Claim records an allocation
+	// whose file is missing). The IPAM's own file is then written without
+	// waiting for the disk. It survives a crash of the agent, which is
+	// what it is kept for (the addresses of an ADD that died before its
+	// state file, of a pod whose state file was lost); a crash of the
+	// kernel or a power loss, which may take it, takes every pod's
+	// network namespace with it.
+	Recorded bool
 }
 
 // maxOwnerLen bounds an owner string: container IDs are 64 characters.
@@ -67,12 +78,13 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (*Allocation, error) {
 		return nil, err
 	}
 	// The row holds the address against every other allocation; the
-	// table is free again while the file is written and synced, so that
-	// allocations for many pods wait for their disk writes together, not
-	// one after the other. The address is on disk before it is returned:
-	// a crash before that loses an allocation that nobody was given.
+	// table is free again while the file is written (and synced, unless
+	// the owner records it), so that allocations for many pods wait for
+	// their disk writes together, not one after the other. The address is
+	// in the file before it is returned: a crash before that loses an
+	// allocation that nobody was given.
 	txn.Commit()
-	if err := i.store.write(a); err != nil {
+	if err := i.store.write(a, !req.Recorded); err != nil {
 		i.unallocate(a)
 		return nil, err
 	}
@@ -222,7 +234,7 @@ func (i *IPAM) Claim(ip netip.Addr, owner string) error {
 		}
 	default:
 		a := &Allocation{IP: ip, Owner: owner, State: InUse, Since: time.Now()}
-		if err := i.store.write(a); err != nil {
+		if err := i.store.write(a, true); err != nil {
 			return err
 		}
 		if _, _, err := i.tbl.Insert(txn, a); err != nil {

@@ -11,7 +11,9 @@
 // reused at once) or a given one, for an owner: the container ID of the
 // endpoint. It writes the allocation to <state-dir>/ipam/<ip>.json
 // atomically before it returns, so an address handed out for a CNI ADD
-// that the agent did not finish is still known after a crash. An exhausted
+// that the agent did not finish is still known after a crash; synced,
+// unless the owner keeps its own durable record of it ([Request.Recorded]:
+// the endpoint's state file) and claims it from there. An exhausted
 // pool is an [ErrExhausted] error that names the pool. Every allocation is
 // a row of the StateDB table "ipam" (IP, owner, state, since).
 //

@@ -44,7 +44,9 @@ func newStore(log *slog.Logger, stateDir string) *store {
 
 func (s *store) path(ip netip.Addr) string { return filepath.Join(s.dir, ip.String()+fileSuffix) }
 
-func (s *store) write(a *Allocation) error {
+// write writes a's file; synced, it is on disk when write returns, else
+// only safe from a crash of the agent (see Request.Recorded).
+func (s *store) write(a *Allocation, synced bool) error {
 	state := a.State
 	if state == Unclaimed {
 		state = InUse
@@ -52,6 +54,9 @@ func (s *store) write(a *Allocation) error {
 	data, err := json.Marshal(allocationFile{IP: a.IP, Owner: a.Owner, State: state, Since: a.Since})
 	if err != nil {
 		return err
+	}
+	if !synced {
+		return statefile.WriteUnsynced(s.path(a.IP), data)
 	}
 	return statefile.Write(s.path(a.IP), data)
 }

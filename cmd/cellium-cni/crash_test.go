@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -215,6 +217,99 @@ func TestCrashInTheMiddleOfAdd(t *testing.T) {
 			}
 			if eps := n.endpoints(); len(eps) != 1 || !slices.ContainsFunc(eps, func(e apiv1.Endpoint) bool { return e.ContainerID == p.id }) {
 				t.Errorf("endpoints after the second ADD: %+v", eps)
+			}
+		})
+	}
+}
+
+// A power loss in the middle of an ADD: what the agent did not sync may be
+// gone, and the IPAM's files of endpoint addresses are not synced (the
+// endpoint's state file is their durable record, ipam.Request.Recorded).
+// Two pods run; the agent dies at a step of a third pod's ADD; then every
+// IPAM file is removed, more than a power loss can take. After the
+// restart the running pods keep their addresses (claimed from their state
+// files, in use), the third ADD is rolled back or kept as its state file
+// says, nothing of a rolled-back ADD is left on the node, and new pods
+// never get an address that a pod holds. The pods' network namespaces
+// outlive the "power loss" here, which a real one would not: a harder
+// case than the real one.
+func TestPowerLossLosesNoAllocation(t *testing.T) {
+	for _, tc := range []struct {
+		step string
+		// kept: the third pod's endpoint is restored (its state file was
+		// ready when the agent died).
+		kept bool
+	}{
+		{endpointmanager.CrashIPAMAllocated, false},
+		{endpointmanager.CrashVethCreated, false},
+		{endpointmanager.CrashEndpointPersisted, true},
+	} {
+		t.Run(tc.step, func(t *testing.T) {
+			n := newNode(t)
+			n.start()
+			held := map[netip.Addr]string{}
+			var want []string
+			for _, name := range []string{"a", "b"} {
+				p := n.newPod(name)
+				v4, v6 := n.add(p)
+				held[v4], held[v6] = p.id, p.id
+				want = append(want, v4.String()+" "+p.id+" in-use", v6.String()+" "+p.id+" in-use")
+			}
+			n.kill()
+
+			n.start("--endpoint-test-crash-at", tc.step)
+			third := n.newPod("dies")
+			env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": third.id, "CNI_NETNS": third.ns.Path(), "CNI_IFNAME": "eth0"}
+			if _, cniErr := cniExec(t, env, n.pluginConf("1.0.0")); cniErr == nil {
+				t.Fatal("ADD into a dying agent succeeded")
+			}
+			if err := n.agent.wait(); !exitedBySIGKILL(err) {
+				t.Fatalf("agent exit = %v, want killed by the fault point", err)
+			}
+			n.agent = nil
+			ipamDir := filepath.Join(n.dir, "state", "ipam")
+			files, err := os.ReadDir(ipamDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(files) < 4 {
+				t.Fatalf("%d IPAM files before the power loss, want the two pods' four at least", len(files))
+			}
+			for _, f := range files {
+				if err := os.Remove(filepath.Join(ipamDir, f.Name())); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			n.start("--ipam-leak-grace", "1ms")
+			n.agent.waitLog(t, "Restored endpoints")
+			var thirdAddrs []string
+			for _, ep := range n.endpoints() {
+				if ep.ContainerID == third.id {
+					thirdAddrs = []string{ep.IPv4, ep.IPv6}
+					held[netip.MustParseAddr(ep.IPv4)], held[netip.MustParseAddr(ep.IPv6)] = third.id, third.id
+					want = append(want, ep.IPv4+" "+third.id+" in-use", ep.IPv6+" "+third.id+" in-use")
+				}
+			}
+			if tc.kept != (thirdAddrs != nil) {
+				t.Fatalf("the dead ADD's endpoint restored = %v (%v), want %v", thirdAddrs != nil, thirdAddrs, tc.kept)
+			}
+			if !tc.kept && n.hostLink(endpointmanager.HostIfName(third.id)) {
+				t.Errorf("the node still has the dead ADD's %s", endpointmanager.HostIfName(third.id))
+			}
+			slices.Sort(want)
+			got := n.allocations()
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("allocations after the power loss and restart = %q, want %q", got, want)
+			}
+			for i := range 3 {
+				v4, v6 := n.add(n.newPod(fmt.Sprintf("new%d", i)))
+				for _, ip := range []netip.Addr{v4, v6} {
+					if owner, ok := held[ip]; ok {
+						t.Errorf("a new pod got %s, which container %s holds", ip, owner)
+					}
+				}
 			}
 		})
 	}

@@ -5,7 +5,9 @@
 // [TempSuffix]), fsyncs it, renames it over the target and fsyncs the
 // directory, so that the rename itself survives a power loss. A crash before
 // the rename leaves the old file and a temporary one, which the reader
-// removes with [RemoveTemps] when it restores. [Remove] deletes a file or a
+// removes with [RemoveTemps] when it restores. [WriteUnsynced] is the same
+// without the syncs, for a second copy of what another file keeps durably.
+// [Remove] deletes a file or a
 // directory durably. [ReadRegular] reads a state file without blocking on
 // what is not one (a FIFO, a directory, a device): such an entry is an
 // [ErrNotRegular] error, which a loader treats like a corrupt file.
@@ -36,6 +38,17 @@ func Write(path string, data []byte) error { return WriteMode(path, data, 0o600)
 // WriteMode is Write for a file with the given mode, for files that others
 // read.
 func WriteMode(path string, data []byte, mode os.FileMode) error {
+	return write(path, data, mode, true)
+}
+
+// WriteUnsynced replaces path with data atomically against a crash of the
+// agent (a temporary file renamed over it) but does not wait for the disk:
+// a crash of the kernel or a power loss may leave the old file, no file or
+// an empty one. It is for a second copy of what another file, written with
+// Write, keeps durably: the restore rebuilds it from that one.
+func WriteUnsynced(path string, data []byte) error { return write(path, data, 0o600, false) }
+
+func write(path string, data []byte, mode os.FileMode, sync bool) error {
 	tmp := path + TempSuffix
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
 	if err != nil {
@@ -46,7 +59,7 @@ func WriteMode(path string, data []byte, mode os.FileMode) error {
 	if err == nil {
 		_, err = f.Write(data)
 	}
-	if err == nil {
+	if err == nil && sync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -58,6 +71,9 @@ func WriteMode(path string, data []byte, mode os.FileMode) error {
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("write state file %s: %w", path, err)
+	}
+	if !sync {
+		return nil
 	}
 	return SyncDir(filepath.Dir(path))
 }

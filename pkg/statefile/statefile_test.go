@@ -18,11 +18,25 @@ import (
 	"github.com/cellium/cellium/pkg/statefile"
 )
 
+// writers are Write and WriteUnsynced, which differ only in what a crash
+// of the kernel may take: for the agent and its readers both replace a
+// file in one step.
+var writers = []struct {
+	name  string
+	write func(string, []byte) error
+}{{"Write", statefile.Write}, {"WriteUnsynced", statefile.WriteUnsynced}}
+
 func TestWriteReplacesAndLeavesNoTemp(t *testing.T) {
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) { testWriteReplacesAndLeavesNoTemp(t, w.write) })
+	}
+}
+
+func testWriteReplacesAndLeavesNoTemp(t *testing.T, write func(string, []byte) error) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "endpoint.json")
 	for _, content := range []string{"first", "second, longer than the first"} {
-		if err := statefile.Write(path, []byte(content)); err != nil {
+		if err := write(path, []byte(content)); err != nil {
 			t.Fatal(err)
 		}
 		got, err := os.ReadFile(path)
@@ -43,10 +57,16 @@ func TestWriteReplacesAndLeavesNoTemp(t *testing.T) {
 // A reader racing the writer sees one whole version or the other, never a
 // truncated or mixed file: what a restore after a crash would read.
 func TestWriteIsAtomicForReaders(t *testing.T) {
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) { testWriteIsAtomicForReaders(t, w.write) })
+	}
+}
+
+func testWriteIsAtomicForReaders(t *testing.T, write func(string, []byte) error) {
 	path := filepath.Join(t.TempDir(), "state.json")
 	a := bytes.Repeat([]byte("a"), 1<<16)
 	b := bytes.Repeat([]byte("b"), 1<<17)
-	if err := statefile.Write(path, a); err != nil {
+	if err := write(path, a); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
@@ -58,7 +78,7 @@ func TestWriteIsAtomicForReaders(t *testing.T) {
 			if i%2 == 0 {
 				next = b
 			}
-			if err := statefile.Write(path, next); err != nil {
+			if err := write(path, next); err != nil {
 				t.Error(err)
 				return
 			}
