@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -292,6 +293,7 @@ func (a *benchAgent) timeline(b *testing.B, name string) {
 	if log, err := os.ReadFile(filepath.Join(a.env.dir, "agent.log")); err == nil {
 		os.WriteFile(filepath.Join(*benchProfile, name+".log"), log, 0o644)
 	}
+	os.WriteFile(filepath.Join(*benchProfile, name+".readyz"), a.readyz.Bytes(), 0o644)
 }
 
 // profile writes the agent's heap profile and its Go memory figures into
@@ -360,6 +362,8 @@ type benchAgent struct {
 	exited  chan error
 	client  *client.Client
 	cgroup  *memCgroup
+	// readyz is what /readyz answered while not ready (waitReady).
+	readyz bytes.Buffer
 }
 
 // startBenchAgent starts the built agent in a memory cgroup of its own; cold
@@ -422,13 +426,37 @@ func (a *benchAgent) poll(b *testing.B, what string, timeout time.Duration, done
 	return time.Since(a.started)
 }
 
+// waitReady waits for /readyz to answer 200. With -bench.profile-dir it
+// keeps each different answer before, with its time since the exec, and
+// writes them to the directory (NAME.readyz, by waitedFor): what readiness
+// waited for, and when each wait ended.
 func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duration {
+	var last string
 	return a.poll(b, "ready", timeout, func() bool {
 		resp, err := http.Get("http://" + a.env.healthAddr + "/readyz")
 		if err != nil {
 			return false
 		}
-		resp.Body.Close()
+		defer resp.Body.Close()
+		if *benchProfile != "" {
+			// What it waits for, without the times that change at
+			// every answer.
+			body, _ := io.ReadAll(resp.Body)
+			var hz struct {
+				Pending []string `json:"pending"`
+				Waiting []struct {
+					Name   string `json:"name"`
+					Detail string `json:"detail"`
+				} `json:"waiting"`
+			}
+			if json.Unmarshal(body, &hz) == nil {
+				what, _ := json.Marshal(hz)
+				if string(what) != last {
+					last = string(what)
+					fmt.Fprintf(&a.readyz, "%.3f %s\n", time.Since(a.started).Seconds(), what)
+				}
+			}
+		}
 		return resp.StatusCode == http.StatusOK
 	})
 }
