@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -37,6 +38,9 @@ type Client struct {
 	dyn      dynamic.Interface
 	coord    kubeclient.Source
 	requests *prometheus.CounterVec
+	// installed is set once EnsureCRDs has created or updated a CRD:
+	// see listWatch.
+	installed atomic.Bool
 }
 
 // NewClient makes a Client for the API server of cfg. It does no I/O.
@@ -116,15 +120,33 @@ func (c *Client) DeleteEndpoint(ctx context.Context, namespace, name string, uid
 
 // IdentityListWatch lists and watches every identity.
 func (c *Client) IdentityListWatch() cache.ListerWatcher {
-	return cache.NewListWatchFromClient(c.rest, ResourceIdentities, metav1.NamespaceAll, fields.Everything())
+	return c.listWatch(cache.NewListWatchFromClient(c.rest, ResourceIdentities, metav1.NamespaceAll, fields.Everything()))
 }
+
+// listWatch is lw for an informer. Its listings stream (a watch with
+// sendInitialEvents, from the API server's watch cache) unless this
+// client installed or updated a CRD: the watch cache of a kind just
+// created is not ready yet, and kube-apiserver answers a streaming list
+// with Retry-After: 1 s, which client-go waits out (a second of the first
+// agent's start in a new cluster); a list is answered at once.
+func (c *Client) listWatch(lw *cache.ListWatch) cache.ListerWatcher {
+	if c.installed.Load() {
+		return cache.ToListWatcherWithWatchListSemantics(lw, noWatchList{})
+	}
+	return lw
+}
+
+// noWatchList tells an informer that its client does not stream lists.
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
 
 // EndpointListWatch lists and watches the endpoints of every namespace,
 // those matching labelSelector when it is not "".
 func (c *Client) EndpointListWatch(labelSelector string) cache.ListerWatcher {
-	return cache.NewFilteredListWatchFromClient(c.rest, ResourceEndpoints, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+	return c.listWatch(cache.NewFilteredListWatchFromClient(c.rest, ResourceEndpoints, metav1.NamespaceAll, func(o *metav1.ListOptions) {
 		o.LabelSelector = labelSelector
-	})
+	}))
 }
 
 // ListEndpoints lists the endpoints matching labelSelector, in every

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
@@ -89,6 +90,22 @@ func TestEnsureCRDs(t *testing.T) {
 	if err := agent.EnsureCRDs(ctx, log); err != nil {
 		t.Fatalf("EnsureCRDs with none installed: %v", err)
 	}
+	// The informers of the client that installed the CRDs list rather
+	// than stream (the server makes a streaming list of a kind just
+	// created wait a second); a client that finds them installed streams.
+	if streams(agent.IdentityListWatch()) || streams(agent.EndpointListWatch("")) {
+		t.Error("the informers of the client that installed the CRDs stream their listings")
+	}
+	later, err := NewClient(agentCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := later.EnsureCRDs(ctx, log); err != nil {
+		t.Fatalf("EnsureCRDs with both installed: %v", err)
+	}
+	if !streams(later.IdentityListWatch()) || !streams(later.EndpointListWatch("")) {
+		t.Error("the informers of a client that found the CRDs installed do not stream their listings")
+	}
 	// Served at once: the agent can create and list identities.
 	if _, err := agent.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "300"}, Spec: IdentitySpec{Labels: []string{"k8s:app=web"}}}); err != nil {
 		t.Fatalf("create an identity after EnsureCRDs: %v", err)
@@ -153,4 +170,11 @@ func TestVerbOf(t *testing.T) {
 			t.Errorf("%s %s = %s %s, want %s %s", c.method, c.url, verb, res, c.verb, c.resource)
 		}
 	}
+}
+
+// streams says whether an informer over lw streams its listings (client-go
+// asks the ListerWatcher whether it cannot).
+func streams(lw cache.ListerWatcher) bool {
+	u, ok := lw.(interface{ IsWatchListSemanticsUnSupported() bool })
+	return !ok || !u.IsWatchListSemanticsUnSupported()
 }
