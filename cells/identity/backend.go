@@ -37,6 +37,7 @@ const (
 	stateRegistering  = "registering CRDs"
 	stateListing      = "listing"
 	stateWatching     = "watching"
+	stateWatchFailing = "watch failing, retrying"
 	stateCheckpointed = "checkpointed"
 )
 

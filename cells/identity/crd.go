@@ -222,19 +222,30 @@ func leanIdentity(id *k8sapi.CelliumIdentity) *k8sapi.CelliumIdentity {
 }
 
 // watchCRD keeps the table's cluster identities equal to the accepted
-// CelliumIdentity objects, once the CRDs are established.
+// CelliumIdentity objects, once the CRDs are established. While the watch
+// fails (the API server gone, access revoked) its health is Degraded with
+// the error and the backend's state says so, until it is back.
 func (a *Allocator) watchCRD(ctx context.Context, health cell.Health) error {
 	select {
 	case <-a.crd.registered:
 	case <-ctx.Done():
 		return nil
 	}
-	return k8sapi.Inform(ctx, a.crd.client.IdentityListWatch(), &k8sapi.CelliumIdentity{}, leanIdentity, a.applyCRD, func() {
-		txn := a.db.WriteTxn(a.tbl)
-		a.crd.listed(txn)
-		txn.Commit()
+	first := true
+	return k8sapi.Inform(ctx, a.crd.client.IdentityListWatch(), &k8sapi.CelliumIdentity{}, leanIdentity, a.applyCRD, func(err error) {
+		if err != nil {
+			a.setBackendState(stateWatchFailing)
+			health.Degraded("Watching CelliumIdentity objects", err)
+			return
+		}
+		if first {
+			first = false
+			txn := a.db.WriteTxn(a.tbl)
+			a.crd.listed(txn)
+			txn.Commit()
+			a.crd.refused.Listed()
+		}
 		a.setBackendState(stateWatching)
-		a.crd.refused.Listed()
 		health.OK("CelliumIdentity objects listed and watched")
 	})
 }

@@ -369,7 +369,8 @@ func TestCRDGC(t *testing.T) {
 // The API server stopped and started again under running agents: a label
 // set the table knows still gets its number; a new one fails (its endpoint
 // gets init meanwhile) until the API server is back, then gets a number,
-// and the agents' watches resume, with no restart.
+// and the agents' watches resume, with no restart; meanwhile the watch's
+// health is Degraded and the backend's state says so.
 func TestCRDAPIServerRestart(t *testing.T) {
 	c := startCRDCluster(t)
 	n1, n2 := c.startNode(t, "node-1"), c.startNode(t, "node-2")
@@ -393,6 +394,17 @@ func TestCRDAPIServerRestart(t *testing.T) {
 		t.Fatal("Allocate of a new label set with the API server away succeeded")
 	}
 	t.Logf("as expected, with the API server away: %v", err)
+	watchHealth := func(n *crdNode, level cell.Level) func() bool {
+		return func() bool {
+			s, _, found := n.hs.Get(n.a.db.ReadTxn(), health.StatusID.Query("identity.job-watch-crd-identities"))
+			want := stateWatching
+			if level != cell.StatusOK {
+				want = stateWatchFailing
+			}
+			return found && s.Level == level && n.a.Backend().State == want
+		}
+	}
+	celltest.Eventually(t, "node-1's watch Degraded and its state "+stateWatchFailing+" with the API server away", watchHealth(n1, cell.StatusDegraded))
 
 	c.kas.Restart(t)
 	var fresh identity.NumericIdentity
@@ -406,4 +418,5 @@ func TestCRDAPIServerRestart(t *testing.T) {
 		n, ok := n1.a.Lookup(web("new"))
 		return ok && n == fresh
 	})
+	celltest.Eventually(t, "node-1's watch OK and its state "+stateWatching+" again", watchHealth(n1, cell.StatusOK))
 }

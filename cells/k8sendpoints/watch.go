@@ -78,7 +78,8 @@ func parse(ep *k8sapi.CelliumEndpoint, txn statedb.ReadTxn, nodeTbl statedb.Tabl
 }
 
 // watch keeps the table equal to the valid CelliumEndpoint objects of the
-// other nodes, and hands this node's to the writer.
+// other nodes, and hands this node's to the writer. While the watch fails
+// its health is Degraded with the error, until it is back.
 func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(statedb.WriteTxn), w *writer) error {
 	select {
 	case <-s.registered:
@@ -86,12 +87,20 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 		return nil
 	}
 	apply := func(ep *k8sapi.CelliumEndpoint, deleted bool) { s.apply(ep, deleted, w) }
-	return k8sapi.Inform(ctx, s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, leanEndpoint, apply, func() {
-		txn := s.db.WriteTxn(s.tbl)
-		listed(txn)
-		txn.Commit()
-		w.listed()
-		s.refused.Listed()
+	first := true
+	return k8sapi.Inform(ctx, s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, leanEndpoint, apply, func(err error) {
+		if err != nil {
+			health.Degraded("Watching CelliumEndpoint objects", err)
+			return
+		}
+		if first {
+			first = false
+			txn := s.db.WriteTxn(s.tbl)
+			listed(txn)
+			txn.Commit()
+			w.listed()
+			s.refused.Listed()
+		}
 		health.OK("CelliumEndpoint objects listed and watched")
 	})
 }

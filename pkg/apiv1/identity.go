@@ -32,7 +32,7 @@ type IdentityBackend struct {
 	// Known is how many identities of the store the agent holds: cluster
 	// ones (crd, kvstore), or this node's local ones.
 	Known int `json:"known"`
-	// State is crd: registering CRDs, listing, watching; kvstore:
-	// listing, watching; local: checkpointed.
+	// State is crd: registering CRDs, listing, watching, "watch failing,
+	// retrying"; kvstore: listing, watching; local: checkpointed.
 	State string `json:"state"`
 }
