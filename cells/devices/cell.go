@@ -67,9 +67,14 @@ func checkNetnsPath(path string) error {
 	return nil
 }
 
-// ownDevicePrefixes name the veths the agent creates for its endpoints.
-// Their addresses belong to pods, never to the node.
-var ownDevicePrefixes = []string{"lxc", "cellium"}
+// EndpointHostPrefix begins the name of the host side of every
+// endpoint's veth (endpointmanager.HostIfName).
+const EndpointHostPrefix = "lxc"
+
+// ownDevicePrefixes name the links the agent creates: its endpoints'
+// veths and its own (cellium_*). Their addresses belong to pods or to the
+// agent's datapath, never to the node.
+var ownDevicePrefixes = []string{EndpointHostPrefix, "cellium"}
 
 // selector decides which devices are selected.
 type selector struct {

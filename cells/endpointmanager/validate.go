@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/cellium/cellium/cells/devices"
 )
 
 // containerIDRE is what the CNI specification allows in a container ID.
@@ -38,13 +40,10 @@ func validIfName(name string) error {
 }
 
 // HostIfName is the name of the host side of a container's veth pair:
-// "lxc" and the first 12 hex digits of the SHA-256 of the container ID, so
+// devices.EndpointHostPrefix ("lxc") and the first 12 hex digits of the SHA-256 of the container ID, so
 // that it is known from the container ID alone, also when the agent died
 // before it wrote down the endpoint.
 func HostIfName(containerID string) string {
 	sum := sha256.Sum256([]byte(containerID))
-	return HostIfPrefix + hex.EncodeToString(sum[:])[:12]
+	return devices.EndpointHostPrefix + hex.EncodeToString(sum[:])[:12]
 }
-
-// HostIfPrefix begins the name of every endpoint's host side.
-const HostIfPrefix = "lxc"

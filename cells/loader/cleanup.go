@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
-	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/devices"
 )
 
 // linksCleanup contributes the removal of the loader's links to `agent
@@ -42,7 +42,7 @@ func removeFilters() ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, l := range links {
-		if l.Type() != "veth" || !strings.HasPrefix(l.Attrs().Name, endpointmanager.HostIfPrefix) {
+		if l.Type() != "veth" || !strings.HasPrefix(l.Attrs().Name, devices.EndpointHostPrefix) {
 			continue
 		}
 		for _, h := range endpointHooks {

@@ -25,6 +25,7 @@ import (
 	"github.com/cellium/cellium/bpf"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
@@ -643,7 +644,7 @@ func TestEndpointCleanup(t *testing.T) {
 	env := socklbtest.New(t)
 	root := bpfmapstest.Root(t)
 	d := startDatapath(t, env, root)
-	host, netnsPath := loader.NewVeth(t, fmt.Sprintf("%s%08x", endpointmanager.HostIfPrefix, rand.Uint32()))
+	host, netnsPath := loader.NewVeth(t, fmt.Sprintf("%s%08x", devices.EndpointHostPrefix, rand.Uint32()))
 	ep := (&pod{netns: netnsPath, host: host}).endpoint(1)
 	d.put(t, ep)
 	d.waitPrograms(t, 1, reconciler.StatusKindDone)

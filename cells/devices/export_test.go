@@ -1,0 +1,4 @@
+package devices
+
+// IsOwnDevice is isOwnDevice, for the external tests.
+var IsOwnDevice = isOwnDevice
