@@ -46,18 +46,12 @@ func removeFilters() ([]string, error) {
 			continue
 		}
 		for _, h := range endpointHooks {
-			filters, err := netlink.FilterList(l, h.parent)
-			if err != nil {
-				continue // no clsact qdisc, or the interface is gone
-			}
-			for _, f := range filters {
-				if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == tcFilterName(h) {
-					if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
-						errs = append(errs, fmt.Errorf("delete tc filter %s of %s: %w", bf.Name, l.Attrs().Name, err))
-						continue
-					}
-					removed = append(removed, fmt.Sprintf("removed tc filter %s of %s (ifindex %d)", bf.Name, l.Attrs().Name, l.Attrs().Index))
+			for _, bf := range ourFilters(l.Attrs().Index, h) {
+				if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) {
+					errs = append(errs, fmt.Errorf("delete tc filter %s of %s: %w", bf.Name, l.Attrs().Name, err))
+					continue
 				}
+				removed = append(removed, fmt.Sprintf("removed tc filter %s of %s (ifindex %d)", bf.Name, l.Attrs().Name, l.Attrs().Index))
 			}
 		}
 	}

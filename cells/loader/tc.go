@@ -69,22 +69,29 @@ func attachTC(ifindex int, h endpointHook, prog *ebpf.Program, id ebpf.ProgramID
 // the only filter of ours there. An interface without a clsact qdisc has
 // none.
 func tcRuns(ifindex int, h endpointHook, id ebpf.ProgramID) bool {
-	filters, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, h.parent)
-	if err != nil {
-		return false
-	}
-	runs := false
-	for _, f := range filters {
-		bf, ok := f.(*netlink.BpfFilter)
-		if !ok || bf.Name != tcFilterName(h) {
-			continue
-		}
+	filters := ourFilters(ifindex, h)
+	for _, bf := range filters {
 		if bf.Id != int(id) || bf.Handle != netlink.MakeHandle(0, 1) || bf.Priority != 1 || !bf.DirectAction {
 			return false
 		}
-		runs = true
 	}
-	return runs
+	return len(filters) > 0
+}
+
+// ourFilters are the bpf filters of hook h on ifindex named as ours
+// (tcFilterName); none when the interface has no clsact qdisc or is gone.
+func ourFilters(ifindex int, h endpointHook) []*netlink.BpfFilter {
+	filters, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, h.parent)
+	if err != nil {
+		return nil
+	}
+	var ours []*netlink.BpfFilter
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Name == tcFilterName(h) {
+			ours = append(ours, bf)
+		}
+	}
+	return ours
 }
 
 // detachTC removes hook h's filter from ifindex; an interface or a filter
