@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,6 +28,7 @@ import (
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // deployNamespace is where deploy/kustomization.yaml puts everything.
@@ -101,9 +104,7 @@ func TestKubeAPIServer(t *testing.T) {
 	agent := startAgent(t, append(env.runFlags(), k8sFlags...)...)
 	agent.waitFor("Started hive")
 	go drainLogs(agent.logs)
-	if err := waitAgentReady(t, env.socket, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	waitAgentReady(t, "the agent", env.socket, time.Minute)
 
 	// The Service from the API server in the maps, and the pod CIDR from
 	// the Node in the IPAM.
@@ -176,11 +177,19 @@ func TestKubeAPIServer(t *testing.T) {
 	// It logs the refusals as errors: not a failure here.
 	agent = startAgent(t, append(env2.runFlags(), k8sFlags...)...)
 	go drainLogs(agent.logs)
-	err = waitAgentReady(t, env2.socket, 15*time.Second)
-	if err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "endpointslices") {
-		t.Fatalf("agent without list and watch on endpointslices: %v; want not ready, naming the forbidden endpointslices", err)
-	}
-	t.Logf("as expected: %v", err)
+	// Its health names the refusal, and it stays not ready: the probe
+	// says so too.
+	var seen string
+	poll(t, "the agent without list and watch on endpointslices not ready, its health naming the forbidden endpointslices", func() (bool, string) {
+		h, last := agentHealth(t, env2.socket)
+		named := slices.ContainsFunc(healthErrors(h), func(e string) bool {
+			return strings.Contains(e, "forbidden") && strings.Contains(e, "endpointslices")
+		})
+		code, body := readyz(env2.healthAddr)
+		seen = fmt.Sprintf("%s; /readyz: %d %s", last, code, body)
+		return named && !h.Ready && code == http.StatusServiceUnavailable, seen
+	})
+	t.Logf("as expected: %s", seen)
 }
 
 // applyRBAC creates or updates deploy/rbac.yaml's objects in the deploy
@@ -243,23 +252,36 @@ func createService(t *testing.T, admin *kubernetes.Clientset, name, backend stri
 	return svc.Spec.ClusterIP
 }
 
-// waitAgentReady waits until the agent's /v1/healthz says ready; if it
-// does not within timeout, the error says what the agent waits for and
-// every error its health reports.
-func waitAgentReady(t *testing.T, socket string, timeout time.Duration) error {
+// waitAgentReady waits until the health of the agent (what) says ready,
+// and fails the test after timeout with what it last said: the barriers it waits
+// for and every error its health reports.
+func waitAgentReady(t *testing.T, what, socket string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var health apiv1.Health
-	for {
-		out, _, code := agentCmd(t, "status", "-o", "json", "--api-socket", socket)
-		if code == 0 && json.Unmarshal([]byte(out), &health) == nil && health.Ready {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	polltest.Until(t, what+" ready", timeout, 100*time.Millisecond, func() (bool, string) {
+		h, last := agentHealth(t, socket)
+		return h.Ready, last
+	})
+}
+
+// agentHealth is the agent's health as `agent status` prints it, and a
+// line saying what it was: not ready, waiting for which barriers, with
+// which errors, or why there was none.
+func agentHealth(t *testing.T, socket string) (apiv1.Health, string) {
+	t.Helper()
+	var h apiv1.Health
+	out, errOut, code := agentCmd(t, "status", "-o", "json", "--api-socket", socket)
+	if code != 0 {
+		return h, fmt.Sprintf("agent status: exit %d: %s", code, strings.TrimSpace(errOut))
 	}
+	if err := json.Unmarshal([]byte(out), &h); err != nil {
+		return h, fmt.Sprintf("agent status: %v: %q", err, out)
+	}
+	return h, fmt.Sprintf("ready %v, waiting for %v; health errors: [%s]", h.Ready, h.Pending, strings.Join(healthErrors(h), "; "))
+}
+
+// healthErrors are the errors of h's modules and their scopes, each as
+// "id: error".
+func healthErrors(h apiv1.Health) []string {
 	var errs []string
 	var walk func([]apiv1.HealthNode)
 	walk = func(nodes []apiv1.HealthNode) {
@@ -270,9 +292,20 @@ func waitAgentReady(t *testing.T, socket string, timeout time.Duration) error {
 			walk(n.Children)
 		}
 	}
-	walk(health.Modules)
-	return fmt.Errorf("agent not ready after %s, waiting for %v; health errors: %s",
-		timeout, health.Pending, strings.Join(errs, "; "))
+	walk(h.Modules)
+	return errs
+}
+
+// readyz is the status code and body of the agent's /readyz at addr; 0
+// and the error when it does not answer.
+func readyz(addr string) (int, string) {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(body))
 }
 
 func waitDump(t *testing.T, socket, name, substr string) {

@@ -53,17 +53,13 @@ func TestReadyWhileKVStoreAway(t *testing.T) {
 	}
 
 	agent := startAgent(t, flags...)
-	if err := waitAgentReady(t, env.socket, 60*time.Second); err != nil {
-		t.Fatalf("with etcd up: %v", err)
-	}
+	waitAgentReady(t, "the agent with etcd up", env.socket, 60*time.Second)
 	poll(t, "the remote pod in the ipcache from etcd", remoteEntry("kvstore"))
 	agent.stop()
 
 	etcd.Stop()
 	agent = startAgent(t, flags...)
-	if err := waitAgentReady(t, env.socket, 60*time.Second); err != nil {
-		t.Fatalf("restarted with etcd away: %v", err)
-	}
+	waitAgentReady(t, "the agent restarted with etcd away", env.socket, 60*time.Second)
 	waitHealth(t, c, "kvstore", "etcd")
 	if st, err := c.KVStore(context.Background()); err != nil || st.State == "connected" {
 		t.Fatalf("kvstore status with etcd away: %+v, %v", st, err)

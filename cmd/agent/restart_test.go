@@ -41,9 +41,7 @@ func TestRestartUnderLoad(t *testing.T) {
 	agent := startAgent(t, flags...)
 	agent.waitFor("Started hive")
 	drain(agent)
-	if err := waitAgentReady(t, env.socket, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	waitAgentReady(t, "the agent", env.socket, time.Minute)
 
 	// The load: every Service once per round, until told to stop.
 	type round struct {
@@ -104,12 +102,8 @@ func TestRestartUnderLoad(t *testing.T) {
 	// Until ready, the probe says 503; once it says 200, every frontend is
 	// in the maps (the lb-frontends-reconciled barrier).
 	poll(t, "the restarted agent ready", func() (bool, string) {
-		resp, err := http.Get("http://" + env.healthAddr + "/readyz")
-		if err != nil {
-			return false, err.Error()
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, resp.Status
+		code, body := readyz(env.healthAddr)
+		return code == http.StatusOK, fmt.Sprint(code, " ", body)
 	})
 	waitDump(t, env.socket, "cellium_lb4_services", "10.96.1.200:80")
 	waitRounds(time.Now(), 2)

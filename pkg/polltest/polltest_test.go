@@ -1,6 +1,7 @@
 package polltest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -16,15 +17,15 @@ func TestUntilReturnsOnceTrue(t *testing.T) {
 	}
 }
 
-// failRecorder records Fatalf instead of ending the test.
+// failRecorder records Fatal instead of ending the test.
 type failRecorder struct {
 	testing.TB
 	msg string
 }
 
 func (f *failRecorder) Helper() {}
-func (f *failRecorder) Fatalf(format string, args ...any) {
-	f.msg = format
+func (f *failRecorder) Fatal(args ...any) {
+	f.msg = fmt.Sprint(args...)
 	panic(f)
 }
 
@@ -36,9 +37,27 @@ func TestUntilFailsWithTheLastAnswer(t *testing.T) {
 				t.Fatalf("Until did not fail the test: %v", r)
 			}
 		}()
-		Until(rec, "never", 20*time.Millisecond, time.Millisecond, func() (bool, string) { return false, "still no" })
+		n := 0
+		Until(rec, "never", 20*time.Millisecond, time.Millisecond, func() (bool, string) {
+			n++
+			return false, fmt.Sprintf("still no (%d)", n)
+		})
 	}()
-	if rec.msg != "%s: not within %s; last: %s" {
-		t.Fatalf("failure message %q", rec.msg)
+	if want := "never: not within 20ms; last: still no ("; len(rec.msg) < len(want) || rec.msg[:len(want)] != want {
+		t.Fatalf("failure message %q, want it to start %q", rec.msg, want)
+	}
+}
+
+func TestWaitReturnsTheLastAnswer(t *testing.T) {
+	n := 0
+	err := Wait("never", 20*time.Millisecond, time.Millisecond, func() (bool, string) {
+		n++
+		return false, fmt.Sprintf("answer %d", n)
+	})
+	if want := fmt.Sprintf("never: not within 20ms; last: answer %d", n); err == nil || err.Error() != want {
+		t.Fatalf("Wait = %v, want %q", err, want)
+	}
+	if err := Wait("at once", time.Minute, time.Hour, func() (bool, string) { return true, "" }); err != nil {
+		t.Fatalf("Wait of a condition that holds = %v", err)
 	}
 }
