@@ -22,6 +22,7 @@ import (
 
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 var (
@@ -214,7 +215,9 @@ func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, na
 	if server != nil {
 		r.serverCPU, r.serverSent = server.since(b, mark)
 	}
-	<-cpu
+	if err := <-cpu; err != nil {
+		b.Fatal(err)
+	}
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
 	r.written = a.memory(b)
 	a.profile(b, name+"-written")
@@ -227,29 +230,29 @@ func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, na
 
 // cpuProfile writes a CPU profile of the agent's first 10 seconds (from
 // when its health address answers) into -bench.profile-dir, when given.
-func (a *benchAgent) cpuProfile(b *testing.B, file string) <-chan struct{} {
-	done := make(chan struct{})
+// The channel gives why there is none, or nil, when done.
+func (a *benchAgent) cpuProfile(b *testing.B, file string) <-chan error {
+	done := make(chan error, 1)
 	if *benchProfile == "" {
-		close(done)
+		done <- nil
 		return done
 	}
 	if err := os.MkdirAll(*benchProfile, 0o755); err != nil {
 		b.Fatal(err)
 	}
 	go func() {
-		defer close(done)
-		deadline := time.Now().Add(time.Minute)
-		for time.Now().Before(deadline) {
+		done <- polltest.Wait("the agent's CPU profile", time.Minute, 5*time.Millisecond, func() (bool, string) {
 			resp, err := http.Get("http://" + a.env.healthAddr + "/debug/pprof/profile?seconds=10")
 			if err != nil {
-				time.Sleep(5 * time.Millisecond)
-				continue
+				return false, err.Error()
 			}
 			data, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			os.WriteFile(filepath.Join(*benchProfile, file), data, 0o644)
-			return
-		}
+			if err := os.WriteFile(filepath.Join(*benchProfile, file), data, 0o644); err != nil {
+				return false, err.Error()
+			}
+			return true, ""
+		})
 	}()
 	return done
 }
@@ -406,23 +409,21 @@ func requireRootB(b *testing.B) {
 	}
 }
 
-// poll calls done every 10ms until it is true, and returns the time since
-// the agent's exec.
-func (a *benchAgent) poll(b *testing.B, what string, timeout time.Duration, done func() bool) time.Duration {
+// poll calls ok every 10ms until it says true, and returns the time
+// since the agent's exec; it fails the benchmark with what ok said last
+// after timeout, or at once if the agent exits.
+func (a *benchAgent) poll(b *testing.B, what string, timeout time.Duration, ok func() (bool, string)) time.Duration {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for !done() {
+	polltest.Until(b, "agent "+what, timeout, 10*time.Millisecond, func() (bool, string) {
 		select {
 		case err := <-a.exited:
 			log, _ := os.ReadFile(filepath.Join(a.env.dir, "agent.log"))
 			lines := strings.Split(strings.TrimSpace(string(log)), "\n")
 			b.Fatalf("agent exited (%v) before %s; the end of its log:\n%s", err, what, strings.Join(lines[max(0, len(lines)-10):], "\n"))
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("agent not %s after %v", what, timeout)
-		}
-	}
+		return ok()
+	})
 	return time.Since(a.started)
 }
 
@@ -432,16 +433,11 @@ func (a *benchAgent) poll(b *testing.B, what string, timeout time.Duration, done
 // waited for, and when each wait ended.
 func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duration {
 	var last string
-	return a.poll(b, "ready", timeout, func() bool {
-		resp, err := http.Get("http://" + a.env.healthAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
+	return a.poll(b, "ready", timeout, func() (bool, string) {
+		code, body := readyz(a.env.healthAddr)
 		if *benchProfile != "" {
 			// What it waits for, without the times that change at
 			// every answer.
-			body, _ := io.ReadAll(resp.Body)
 			var hz struct {
 				Pending []string `json:"pending"`
 				Waiting []struct {
@@ -449,7 +445,7 @@ func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duratio
 					Detail string `json:"detail"`
 				} `json:"waiting"`
 			}
-			if json.Unmarshal(body, &hz) == nil {
+			if json.Unmarshal([]byte(body), &hz) == nil {
 				what, _ := json.Marshal(hz)
 				if string(what) != last {
 					last = string(what)
@@ -457,31 +453,34 @@ func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duratio
 				}
 			}
 		}
-		return resp.StatusCode == http.StatusOK
+		return code == http.StatusOK, fmt.Sprint(code, " ", body)
 	})
 }
 
 // waitWritten waits until the IPv4 service map holds a master and a slot
 // per service and no frontend waits for the reconciler.
 func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Duration) time.Duration {
-	return a.poll(b, "done writing the service map", timeout, func() bool {
+	return a.poll(b, "done writing the service map", timeout, func() (bool, string) {
 		ctx := context.Background()
 		maps, err := a.client.Maps(ctx)
 		if err != nil {
-			return false
+			return false, err.Error()
 		}
 		for _, m := range maps {
 			if strings.HasSuffix(m.Name, "lb4_services") && m.Entries < 2*services {
-				return false
+				return false, fmt.Sprintf("%s has %d entries, want %d (a master and a slot per service)", m.Name, m.Entries, 2*services)
 			}
 		}
 		for _, kind := range []string{"Pending", "Error"} {
 			rows, err := a.client.TableRows(ctx, "frontends", client.TableQuery{Index: "status", Key: kind})
-			if err != nil || len(rows.Rows) > 0 {
-				return false
+			if err != nil {
+				return false, err.Error()
+			}
+			if len(rows.Rows) > 0 {
+				return false, fmt.Sprintf("%d frontends %s", len(rows.Rows), kind)
 			}
 		}
-		return true
+		return true, ""
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // The routes the agent owns carry this protocol (cells/routing).
@@ -124,22 +125,14 @@ func TestCrossNodeTunnel(t *testing.T) {
 		if clientID < 256 || clientID > 65535 {
 			t.Fatalf("client's identity %d: want a cluster identity (kvstore)", clientID)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		polltest.Until(t, fmt.Sprintf("a flow in node-2's from the client with its identity %d, labels and name", clientID), 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 			x.c.Ping("client", x.server.IPv4)
 			flows, out := observe(t, c.Node("node-2"), "--from-identity", fmt.Sprint(clientID), "--to-pod", "default/server")
-			found := slices.ContainsFunc(flows, func(f flowJSON) bool {
+			return slices.ContainsFunc(flows, func(f flowJSON) bool {
 				return f.Source.Identity == clientID && slices.Contains(f.Source.Labels, "k8s:app=client") &&
 					f.Source.PodName == "client" && f.Destination.PodName == "server"
-			})
-			if found {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node-2's flows have none from the client with its identity %d, labels and name:\n%s", clientID, out)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			}), "node-2's flows:\n" + out
+		})
 	})
 
 	t.Run("traffic flows while an agent is dead", func(t *testing.T) {
@@ -164,13 +157,10 @@ func TestCrossNodeTunnel(t *testing.T) {
 			t.Fatalf("node-1 has no route to node-3's pods %s to begin with", gone)
 		}
 		c.RemoveNode("node-3")
-		deadline := time.Now().Add(30 * time.Second)
-		for slices.ContainsFunc(agentRoutes(t, c.Node("node-1").NetNS), func(r string) bool { return strings.HasPrefix(r, gone) }) {
-			if time.Now().After(deadline) {
-				t.Fatalf("node-1 still routes node-3's pods %s 30s after node-3 left: %v", gone, agentRoutes(t, c.Node("node-1").NetNS))
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		polltest.Until(t, fmt.Sprintf("node-1's route to node-3's pods %s gone after node-3 left", gone), 30*time.Second, 100*time.Millisecond, func() (bool, string) {
+			routes := agentRoutes(t, c.Node("node-1").NetNS)
+			return !slices.ContainsFunc(routes, func(r string) bool { return strings.HasPrefix(r, gone) }), fmt.Sprintf("node-1's routes %v", routes)
+		})
 		x.reaches(t, "after node-3 left")
 	})
 }

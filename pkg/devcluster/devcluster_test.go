@@ -15,6 +15,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 func TestMain(m *testing.M) { devclustertest.Main(m) }
@@ -167,16 +168,13 @@ endpoints:
 		if err := unix.Stat(c.Node("node-1").NetNS, &node1); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; {
+		polltest.Until(t, fmt.Sprintf("nsenter (pid %d) in node-1's namespace (inode %d)", stray.Process.Pid, node1.Ino), 10*time.Second, 10*time.Millisecond, func() (bool, string) {
 			var s unix.Stat_t
-			if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", stray.Process.Pid), &s) == nil && s.Ino == node1.Ino {
-				break
+			if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", stray.Process.Pid), &s); err != nil {
+				return false, err.Error()
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("nsenter did not enter node-1's namespace within 10s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return s.Ino == node1.Ino, fmt.Sprintf("its namespace's inode %d", s.Ino)
+		})
 		made := inventory(t, c.Cluster)
 		if err := c.Down(ctx); err != nil {
 			t.Fatal(err)

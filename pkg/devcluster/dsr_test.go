@@ -12,6 +12,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
@@ -57,23 +58,19 @@ func nodePortDSR(t *testing.T, mode string) {
 		capture := captureIPv4(t, remote.NetNS)
 		to := netip.AddrPortFrom(n1.IPv4, 30090)
 		var cn *conn
-		deadline := time.Now().Add(10 * time.Second)
-		for cn == nil {
+		polltest.Until(t, fmt.Sprintf("outside -> node-1 %s (backend on node-2, dsr): the greeting \"seen %s\", the client's own address", to, out.IPv4), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
 			got, err := dialFrom(out.NetNS, to)
-			var l string
-			if err == nil {
-				l, err = got.line()
-				if err == nil && l == "seen "+out.IPv4.String() {
-					cn = got
-					break
-				}
+			if err != nil {
+				return false, "dial: " + err.Error()
+			}
+			l, err := got.line()
+			if err != nil || l != "seen "+out.IPv4.String() {
 				got.Close()
+				return false, fmt.Sprintf("greeting %q (%v)", l, err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("outside -> node-1 %s (backend on node-2, dsr): greeting %q (%v), want \"seen %s\", the client's own address", to, l, err, out.IPv4)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			cn = got
+			return true, ""
+		})
 		defer cn.Close()
 		for _, msg := range []string{"hello", strings.Repeat("0123456789", 800)} {
 			if _, err := fmt.Fprintln(cn, msg); err != nil {
@@ -104,19 +101,8 @@ func nodePortDSR(t *testing.T, mode string) {
 		{"externalTrafficPolicy Local", c.Node("node-2").IPv4, 30100, 30073},
 	} {
 		t.Run(x.name, func(t *testing.T) {
-			to := netip.AddrPortFrom(x.node, x.tcp)
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
-				if got == out.IPv4.String() {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("outside -> %s (dsr): seen as %q, want the client's %s", to, got, out.IPv4)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			to = netip.AddrPortFrom(x.node, x.udp)
+			waitSeenAs(t, "outside (dsr), as the client", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(x.node, x.tcp), out.IPv4)
+			to := netip.AddrPortFrom(x.node, x.udp)
 			if got := udpSeenAs(out.NetNS, to); got != out.IPv4.String() {
 				t.Errorf("outside -> %s/udp (dsr): answer %q, want the client's %s", to, got, out.IPv4)
 			}

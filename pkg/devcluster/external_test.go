@@ -16,6 +16,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
@@ -89,17 +90,10 @@ func loadBalancerFromOutside(t *testing.T, mode string) {
 	for _, x := range cases {
 		t.Run(x.name+"/TCP", func(t *testing.T) {
 			to := netip.AddrPortFrom(x.addr, 80)
-			var last string
-			for deadline := time.Now().Add(10 * time.Second); ; {
-				last = greetAndEcho(out.NetNS, to)
-				if last == "seen "+x.wantSeen.String()+", echoed" {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("outside -> %s (backend on %s): %q, want the backend to see %s and echo", to, x.backendOn, last, x.wantSeen)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			polltest.Until(t, fmt.Sprintf("outside -> %s (backend on %s): the backend seeing %s and echoing", to, x.backendOn, x.wantSeen), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+				got := greetAndEcho(out.NetNS, to)
+				return got == "seen "+x.wantSeen.String()+", echoed", got
+			})
 		})
 		t.Run(x.name+"/UDP", func(t *testing.T) {
 			to := netip.AddrPortFrom(x.addr, 53)
@@ -121,8 +115,7 @@ func loadBalancerFromOutside(t *testing.T, mode string) {
 			backendOn string
 		}{{n2, http.StatusOK, 1, "the backend's node"}, {n1, http.StatusServiceUnavailable, 0, "no backend"}} {
 			url := fmt.Sprintf("http://%s:%d/healthz", x.node.IPv4, hcPort)
-			var last string
-			for deadline := time.Now().Add(20 * time.Second); ; {
+			polltest.Until(t, fmt.Sprintf("outside -> %s (%s, %s): %d with localEndpoints %d", url, x.node.Name, x.backendOn, x.code, x.n), 20*time.Second, 100*time.Millisecond, func() (bool, string) {
 				code, body, err := httpGetFrom(out.NetNS, url)
 				var got struct {
 					Service        struct{ Namespace, Name string }
@@ -131,15 +124,9 @@ func loadBalancerFromOutside(t *testing.T, mode string) {
 				if err == nil {
 					err = json.Unmarshal([]byte(body), &got)
 				}
-				if err == nil && code == x.code && got.LocalEndpoints == x.n && got.Service.Name == "hc" && got.Service.Namespace == "default" {
-					break
-				}
-				last = fmt.Sprintf("%d %q %v", code, body, err)
-				if time.Now().After(deadline) {
-					t.Fatalf("outside -> %s (%s, %s): %s, want %d with localEndpoints %d", url, x.node.Name, x.backendOn, last, x.code, x.n)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+				return err == nil && code == x.code && got.LocalEndpoints == x.n && got.Service.Name == "hc" && got.Service.Namespace == "default",
+					fmt.Sprintf("%d %q %v", code, body, err)
+			})
 		}
 	})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // serveSeen listens on port (both families) in the namespace at nsPath,
@@ -95,6 +96,18 @@ func seenAs(t *testing.T, pod devcluster.Pod, to netip.AddrPort) string {
 		return "read: " + err.Error()
 	}
 	return strings.TrimPrefix(l, "seen ")
+}
+
+// waitSeenAs dials from the pod to `to` every 100ms until the server says
+// it saw want, and fails the test after 10s with the last answer: a
+// path's first packets may meet neighbour resolution, an agent may have
+// its frontend late. what names the path in the failure.
+func waitSeenAs(t *testing.T, what string, pod devcluster.Pod, to netip.AddrPort, want netip.Addr) {
+	t.Helper()
+	polltest.Until(t, fmt.Sprintf("%s %s: seen as %s", what, to, want), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+		got := seenAs(t, pod, to)
+		return got == want.String(), "seen as " + got
+	})
 }
 
 // masqCluster is a two-node dev-cluster with an outside namespace, a client
@@ -223,17 +236,10 @@ func TestMasquerade(t *testing.T) {
 		if peak == 0 {
 			t.Fatalf("no NAT entry of the %d connections in node-1's conntrack: is the count wrong?", n)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		polltest.Until(t, fmt.Sprintf("the NAT entries of %d closed connections gone from node-1's conntrack (TIME_WAIT lasts 1s)", n), 30*time.Second, 200*time.Millisecond, func() (bool, string) {
 			left := natEntries(t, n1.NetNS, client.IPv4, to, n1.IPv4)
-			if len(left) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of the NAT entries of %d closed connections are still in node-1's conntrack 30s later (TIME_WAIT lasts 1s): %v", len(left), n, left)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return len(left) == 0, fmt.Sprintf("%d left: %v", len(left), left)
+		})
 	})
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
@@ -295,34 +296,22 @@ func waitOnlyPolicy(t *testing.T, c *devclustertest.Cluster, node, key string, b
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	var last string
-	for {
-		l, err := cl.Policies(ctx)
-		if err == nil {
-			var names []string
-			fresh := false
-			for _, p := range l.Policies {
-				names = append(names, p.Name)
-				if p.Name == key && p.Error != "" {
-					t.Fatalf("%s cannot apply %s: %s", node, key, p.Error)
-				}
-				fresh = fresh || (p.Name == key && p.Revision > before)
-			}
-			if slices.Equal(names, []string{key}) && fresh {
-				return
-			}
-			last = fmt.Sprintf("policies %v at revision %d", names, l.Revision)
-		} else {
-			last = err.Error()
+	polltest.Until(t, fmt.Sprintf("%s's agent with policy %s alone, applied after revision %d", node, key, before), 20*time.Second, 20*time.Millisecond, func() (bool, string) {
+		l, err := cl.Policies(t.Context())
+		if err != nil {
+			return false, err.Error()
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s's agent, waiting for policy %s alone after revision %d: %s", node, key, before, last)
-		case <-time.After(20 * time.Millisecond):
+		var names []string
+		fresh := false
+		for _, p := range l.Policies {
+			names = append(names, p.Name)
+			if p.Name == key && p.Error != "" {
+				t.Fatalf("%s cannot apply %s: %s", node, key, p.Error)
+			}
+			fresh = fresh || (p.Name == key && p.Revision > before)
 		}
-	}
+		return slices.Equal(names, []string{key}) && fresh, fmt.Sprintf("policies %v at revision %d", names, l.Revision)
+	})
 }
 
 // runPolicySvcProbes runs the probes, each prober's at once, again and
@@ -331,13 +320,12 @@ func waitOnlyPolicy(t *testing.T, c *devclustertest.Cluster, node, key string, b
 // probe takes its timeout, 1s.
 func runPolicySvcProbes(t *testing.T, probers map[string]*devclustertest.Prober, probes []policySvcProbe) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	todo := make([]int, len(probes))
 	for i := range probes {
 		todo[i] = i
 	}
 	errs := make([]string, len(probes))
-	for len(todo) > 0 {
+	err := polltest.Wait("every probe as expected", 10*time.Second, 0, func() (bool, string) {
 		by := map[string][]int{}
 		for _, k := range todo {
 			by[probes[k].from] = append(by[probes[k].from], k)
@@ -364,16 +352,18 @@ func runPolicySvcProbes(t *testing.T, probers map[string]*devclustertest.Prober,
 		}
 		wg.Wait()
 		todo = next
-		if time.Now().After(deadline) {
-			break
+		var differ []string
+		for _, k := range todo {
+			p, want := probes[k], "denied"
+			if p.ok {
+				want = "allowed"
+			}
+			differ = append(differ, fmt.Sprintf("%s -> %s/%s: want %s, got %q", p.from, p.to, p.proto, want, errs[k]))
 		}
-	}
-	for _, k := range todo {
-		p, want := probes[k], "denied"
-		if p.ok {
-			want = "allowed"
-		}
-		t.Errorf("%s -> %s/%s: want %s, got %q", p.from, p.to, p.proto, want, errs[k])
+		return len(todo) == 0, strings.Join(differ, "; ")
+	})
+	if err != nil {
+		t.Error(err)
 	}
 }
 
@@ -395,23 +385,20 @@ type policySvcFlow struct {
 // event ring: a few tries.
 func (w policySvcFlow) find(t *testing.T, c *devclustertest.Cluster, since time.Time, verdict flow.Verdict) {
 	t.Helper()
-	var flows []*flow.Flow
-	for try := 0; try < 20; try++ {
-		flows = hubbleFlows(t, c.Node(w.node), "--since", since.UTC().Format(time.RFC3339Nano), "--verdict", verdict.String(),
+	err := polltest.Wait(fmt.Sprintf("a %s flow in %s's Hubble %s (identity %d) -> %s %s (policy %q)", verdict, w.node, w.src, w.srcIdentity, w.dst, w.dir, w.policy), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+		flows := hubbleFlows(t, c.Node(w.node), "--since", since.UTC().Format(time.RFC3339Nano), "--verdict", verdict.String(),
 			"--from-ip", w.src.String(), "--to-ip", w.dst.Addr().String(), "--protocol", "tcp")
-		if slices.ContainsFunc(flows, w.matches) {
-			return
+		var got []string
+		for _, f := range flows {
+			got = append(got, fmt.Sprintf("%s:%d(%d) -> %s:%d %s %s %s allowed by %v%v", f.GetIP().GetSource(), f.GetL4().GetTCP().GetSourcePort(),
+				f.GetSource().GetIdentity(), f.GetIP().GetDestination(), f.GetL4().GetTCP().GetDestinationPort(), f.GetVerdict(),
+				f.GetDropReasonDesc(), f.GetTrafficDirection(), f.GetIngressAllowedBy(), f.GetEgressAllowedBy()))
 		}
-		time.Sleep(100 * time.Millisecond)
+		return slices.ContainsFunc(flows, w.matches), "its flows between them:\n" + strings.Join(got, "\n")
+	})
+	if err != nil {
+		t.Error(err)
 	}
-	var got []string
-	for _, f := range flows {
-		got = append(got, fmt.Sprintf("%s:%d(%d) -> %s:%d %s %s %s allowed by %v%v", f.GetIP().GetSource(), f.GetL4().GetTCP().GetSourcePort(),
-			f.GetSource().GetIdentity(), f.GetIP().GetDestination(), f.GetL4().GetTCP().GetDestinationPort(), f.GetVerdict(),
-			f.GetDropReasonDesc(), f.GetTrafficDirection(), f.GetIngressAllowedBy(), f.GetEgressAllowedBy()))
-	}
-	t.Errorf("%s's Hubble has no %s flow %s (identity %d) -> %s %s (policy %q); its flows between them:\n%s",
-		w.node, verdict, w.src, w.srcIdentity, w.dst, w.dir, w.policy, strings.Join(got, "\n"))
 }
 
 func (w policySvcFlow) matches(f *flow.Flow) bool {

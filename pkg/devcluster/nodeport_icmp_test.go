@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // pathMTU is the MTU a node forwards to a backend pod with, below the
@@ -137,42 +138,37 @@ func pathMTUUDP(t *testing.T, nsPath string, to netip.AddrPort, seen netip.Addr)
 	// Each datagram too big for the pod's link draws an error (ICMP is
 	// rate limited, so more than one may be needed); the socket learns
 	// the MTU when one comes back translated.
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	polltest.Until(t, fmt.Sprintf("outside -> node-1 %s/udp, %d bytes with DF, backend behind an MTU of %d: the socket's IP_MTU %d", to, len(big), pathMTU, pathMTU), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
 		if _, err := uc.Write(big); err != nil {
 			if !errors.Is(err, syscall.EMSGSIZE) {
 				t.Fatalf("send %d bytes: %v", len(big), err)
 			}
 			sendErrs = append(sendErrs, err.Error())
 		}
-		if mtu = socketMTU(t, uc); mtu == pathMTU {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("outside -> node-1 %s/udp, %d bytes with DF, backend behind an MTU of %d: the socket's IP_MTU is %d, want %d (send errors: %v)",
-				to, len(big), pathMTU, mtu, pathMTU, sendErrs)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		mtu = socketMTU(t, uc)
+		return mtu == pathMTU, fmt.Sprintf("IP_MTU %d (send errors: %v)", mtu, sendErrs)
+	})
 	// Now that it knows, a datagram too big fails at once.
 	if _, err := uc.Write(big); !errors.Is(err, syscall.EMSGSIZE) {
 		t.Errorf("send %d bytes after learning the MTU %d: %v, want EMSGSIZE", len(big), mtu, err)
 	}
 	// And one that fits still gets through.
 	buf := make([]byte, 100)
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	var got string
+	polltest.Until(t, fmt.Sprintf("an answer to a %d-byte datagram through a path MTU of %d", pathMTU-28, pathMTU), 5*time.Second, 0, func() (bool, string) {
 		if _, err := uc.Write(make([]byte, pathMTU-28)); err != nil && !errors.Is(err, syscall.EMSGSIZE) {
 			t.Fatal(err)
 		}
 		uc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-		if n, err := uc.Read(buf); err == nil {
-			if got := string(buf[:n]); got != "seen "+seen.String() {
-				t.Errorf("answer to a %d-byte datagram: %q, want %q", pathMTU-28, got, "seen "+seen.String())
-			}
-			return
+		n, err := uc.Read(buf)
+		if err != nil {
+			return false, "read: " + err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no answer to a %d-byte datagram through a path MTU of %d", pathMTU-28, pathMTU)
-		}
+		got = string(buf[:n])
+		return true, ""
+	})
+	if want := "seen " + seen.String(); got != want {
+		t.Errorf("answer to a %d-byte datagram: %q, want %q", pathMTU-28, got, want)
 	}
 }
 
@@ -240,18 +236,18 @@ func refusedByClient(t *testing.T, clientNS, podNS string, to netip.AddrPort, se
 	// The client's first datagram, as the backend sees it.
 	buf := make([]byte, 100)
 	var from net.Addr
-	for try := 0; from == nil; try++ {
-		if try == 5 {
-			t.Fatalf("outside -> node-1 %s/udp: nothing reached the backend", to)
-		}
+	polltest.Until(t, fmt.Sprintf("outside -> node-1 %s/udp: a datagram at the backend", to), 5*time.Second, 0, func() (bool, string) {
 		if _, err := cc.Write([]byte("hello")); err != nil {
 			t.Fatal(err)
 		}
 		ln.SetReadDeadline(time.Now().Add(time.Second))
-		if _, a, err := ln.ReadFrom(buf); err == nil {
-			from = a
+		_, a, err := ln.ReadFrom(buf)
+		if err != nil {
+			return false, "the backend's read: " + err.Error()
 		}
-	}
+		from = a
+		return true, ""
+	})
 	if got := netip.MustParseAddrPort(from.String()).Addr(); got != seen {
 		t.Fatalf("the backend sees %v, want %v", from, seen)
 	}
@@ -272,17 +268,12 @@ func refusedByClient(t *testing.T, clientNS, podNS string, to netip.AddrPort, se
 	}
 
 	cc.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	polltest.Until(t, fmt.Sprintf("backend -> %v after the client closed its socket: ECONNREFUSED from the client's port unreachable", from), 10*time.Second, 0, func() (bool, string) {
 		_, werr := bc.Write([]byte("again"))
 		bc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 		_, rerr := bc.Read(buf)
-		if errors.Is(werr, syscall.ECONNREFUSED) || errors.Is(rerr, syscall.ECONNREFUSED) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend -> %v after the client closed its socket: write %v, read %v; want ECONNREFUSED from the client's port unreachable", from, werr, rerr)
-		}
-	}
+		return errors.Is(werr, syscall.ECONNREFUSED) || errors.Is(rerr, syscall.ECONNREFUSED), fmt.Sprintf("write %v, read %v", werr, rerr)
+	})
 }
 
 // refusedByBackend: a client in the namespace at clientNS sends to to,
@@ -295,17 +286,12 @@ func refusedByBackend(t *testing.T, clientNS string, to netip.AddrPort) {
 	}
 	defer cc.Close()
 	buf := make([]byte, 100)
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	polltest.Until(t, fmt.Sprintf("outside -> node-1 %s/udp, no socket at the backend: ECONNREFUSED from the backend's port unreachable", to), 10*time.Second, 0, func() (bool, string) {
 		_, werr := cc.Write([]byte("anyone?"))
 		cc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 		_, rerr := cc.Read(buf)
-		if errors.Is(werr, syscall.ECONNREFUSED) || errors.Is(rerr, syscall.ECONNREFUSED) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("outside -> node-1 %s/udp, no socket at the backend: write %v, read %v; want ECONNREFUSED from the backend's port unreachable", to, werr, rerr)
-		}
-	}
+		return errors.Is(werr, syscall.ECONNREFUSED) || errors.Is(rerr, syscall.ECONNREFUSED), fmt.Sprintf("write %v, read %v", werr, rerr)
+	})
 }
 
 // udpNodePortService is a NodePort Service with a UDP port 54 (NodePort

@@ -18,6 +18,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
 
@@ -52,32 +53,19 @@ func TestNodePortNATCollected(t *testing.T) {
 
 	// The path works before the run: the first packets may meet
 	// neighbour resolution.
-	deadline := time.Now().Add(10 * time.Second)
-	for got := ""; got != n1.IPv4.String(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("outside -> node-1 %s: seen as %q, want node-1's %s", to, got, n1.IPv4)
-		}
-		got = seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
-	}
+	waitSeenAs(t, "outside -> node-1 (backend on node-2), as node-1", devcluster.Pod{NetNS: out.NetNS}, to, n1.IPv4)
 
 	// The agent gave the programs its close lifetime: once the warm-up
 	// connection's FINs passed both ways, its entries expire a second
 	// after their last packet, not the default 10.
 	nat := openNATMap(t, api)
-	deadline = time.Now().Add(10 * time.Second)
-	for {
+	polltest.Until(t, "an entry of a connection closed both ways in "+nodeportmap.MapName+" after the warm-up connection closed", 10*time.Second, 100*time.Millisecond, func() (bool, string) {
 		closed, late := closedLifetimes(t, nat)
-		if closed > 0 {
-			if len(late) > 0 {
-				t.Fatalf("entries of connections closed both ways that expire more than 1s after now (%d): %v", ctmap.Now(), late)
-			}
-			break
+		if closed > 0 && len(late) > 0 {
+			t.Fatalf("entries of connections closed both ways that expire more than 1s after now (%d): %v", ctmap.Now(), late)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no entry of a connection closed both ways in %s 10s after the warm-up connection closed", nodeportmap.MapName)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return closed > 0, fmt.Sprintf("%d entries of connections closed both ways, %d entries in all", closed, natMapEntries(t, api))
+	})
 
 	echoHeld := holdConn(t, out.NetNS, netip.AddrPortFrom(n1.IPv4, 30120), n1.IPv4)
 
@@ -113,8 +101,7 @@ func TestNodePortNATCollected(t *testing.T) {
 	// Every other connection closed: its entries expire 1s after its last
 	// packet, and a pass deletes them.
 	const heldEntries = 2
-	deadline = time.Now().Add(30 * time.Second)
-	for {
+	polltest.Until(t, fmt.Sprintf("%s down to the held connection's %d entries after the last of %d closed connections (close lifetime 1s)", nodeportmap.MapName, heldEntries, n), 30*time.Second, 500*time.Millisecond, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		p, err := api.ConntrackGCRun(ctx)
 		cancel()
@@ -127,19 +114,12 @@ func TestNodePortNATCollected(t *testing.T) {
 				t.Logf("pass %d: %s scanned %d, expired %d; %d left", p.Number, m.Map, m.Scanned, m.Expired, left)
 			}
 		}
-		if left == heldEntries {
-			break
-		}
 		if left < heldEntries {
 			t.Fatalf("%d entries in %s: the passes deleted the held connection's", left, nodeportmap.MapName)
 		}
-		if time.Now().After(deadline) {
-			dump, _ := api.MapEntries(context.Background(), nodeportmap.MapName, 10)
-			t.Fatalf("%d entries in %s 30s after the last of %d closed connections (close lifetime 1s), want the held connection's %d: first ones %v",
-				left, nodeportmap.MapName, n, heldEntries, dump)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		dump, _ := api.MapEntries(context.Background(), nodeportmap.MapName, 10)
+		return left == heldEntries, fmt.Sprintf("%d entries, first ones %v", left, dump)
+	})
 	echoHeld("after the passes")
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // serveUDPSeen answers every datagram to port in the namespace at nsPath
@@ -123,18 +124,7 @@ func nodePortFromOutside(t *testing.T, mode string) {
 		{"remote backend", 30090, 30063, n1.IPv4, "node-2"},
 	} {
 		t.Run(x.name+"/TCP", func(t *testing.T) {
-			to := netip.AddrPortFrom(n1.IPv4, x.tcp)
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
-				if got == x.wantSeen.String() {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("outside -> node-1 %s (backend on %s): seen as %q, want %s", to, x.backendOn, got, x.wantSeen)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			waitSeenAs(t, "outside -> node-1 (backend on "+x.backendOn+")", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(n1.IPv4, x.tcp), x.wantSeen)
 		})
 		t.Run(x.name+"/UDP", func(t *testing.T) {
 			to := netip.AddrPortFrom(n1.IPv4, x.udp)
@@ -147,18 +137,7 @@ func nodePortFromOutside(t *testing.T, mode string) {
 	// A pod of node-2 is a client from outside node-1 too; in tunnel
 	// mode the reply goes back through the tunnel device.
 	t.Run("pod of another node", func(t *testing.T) {
-		to := netip.AddrPortFrom(n1.IPv4, 30080)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got := seenAs(t, client, to)
-			if got == client.IPv4.String() {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("client pod (node-2) -> node-1 %s (backend on node-1): seen as %q, want the pod's %s", to, got, client.IPv4)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitSeenAs(t, "client pod (node-2) -> node-1 (backend on node-1), as the pod", client, netip.AddrPortFrom(n1.IPv4, 30080), client.IPv4)
 		if got := udpSeenAs(client.NetNS, netip.AddrPortFrom(n1.IPv4, 30053)); got != client.IPv4.String() {
 			t.Errorf("client pod (node-2) -> node-1 :30053/udp (backend on node-1): answer %q, want the pod's %s", got, client.IPv4)
 		}
@@ -169,35 +148,17 @@ func nodePortFromOutside(t *testing.T, mode string) {
 	// packets (a timeout, not the refusal of a port nothing translated).
 	t.Run("externalTrafficPolicy Local", func(t *testing.T) {
 		n2 := c.Node("node-2")
-		to := netip.AddrPortFrom(n2.IPv4, 30100)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
-			if got == out.IPv4.String() {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("outside -> node-2 %s (Local, backend on node-2): seen as %q, want the client's %s", to, got, out.IPv4)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitSeenAs(t, "outside -> node-2 (Local, backend on node-2), as the client", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(n2.IPv4, 30100), out.IPv4)
 		if got := udpSeenAs(out.NetNS, netip.AddrPortFrom(n2.IPv4, 30073)); got != out.IPv4.String() {
 			t.Errorf("outside -> node-2 :30073/udp (Local, backend on node-2): answer %q, want the client's %s", got, out.IPv4)
 		}
 		// Until node-1 has the frontend (without backends), nothing
 		// translates and its stack refuses: poll for the drop.
-		to = netip.AddrPortFrom(n1.IPv4, 30100)
-		deadline = time.Now().Add(20 * time.Second)
-		for {
+		to := netip.AddrPortFrom(n1.IPv4, 30100)
+		polltest.Until(t, fmt.Sprintf("outside -> node-1 %s (Local, no backend on node-1): the packets dropped (a dial timeout)", to), 20*time.Second, 100*time.Millisecond, func() (bool, string) {
 			got := seenAs(t, devcluster.Pod{NetNS: out.NetNS}, to)
-			if strings.HasPrefix(got, "dial:") && strings.Contains(got, "timeout") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("outside -> node-1 %s (Local, no backend on node-1): %q, want the packets dropped (a dial timeout)", to, got)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return strings.HasPrefix(got, "dial:") && strings.Contains(got, "timeout"), got
+		})
 	})
 
 	// The links and the NAT map are pinned: a connection keeps its
@@ -292,20 +253,18 @@ func benchNodePort(b *testing.B, lbMode string) {
 
 	nodePort := netip.AddrPortFrom(n1.IPv4, 30090)
 	var viaNodePort *conn
-	for deadline := time.Now().Add(10 * time.Second); viaNodePort == nil; {
+	polltest.Until(b, fmt.Sprintf("outside -> %s: a greeting", nodePort), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
 		cn, err := dialFrom(out.NetNS, nodePort)
-		if err == nil {
-			if _, err = cn.line(); err == nil {
-				viaNodePort = cn
-				break
-			}
+		if err != nil {
+			return false, err.Error()
+		}
+		if _, err := cn.line(); err != nil {
 			cn.Close()
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("outside -> %s: %v", nodePort, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		viaNodePort = cn
+		return true, ""
+	})
 	defer viaNodePort.Close()
 	direct, err := dialFrom(n1.NetNS, netip.AddrPortFrom(remote.IPv4, 8080))
 	if err != nil {

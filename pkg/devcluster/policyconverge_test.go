@@ -15,6 +15,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/policymap"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/procstat"
 )
 
@@ -105,39 +106,42 @@ func BenchmarkPolicyConvergence(b *testing.B) {
 	// until polls written(port) until it is want, and returns when it
 	// first saw it so.
 	until := func(port uint16, want int, what string) time.Time {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			now := time.Now()
-			if written(port) == want {
-				return now
-			}
-			if now.After(deadline) {
-				b.Fatalf("%s: after 30s %d endpoints of %d have port %d's key", what, written(port), endpoints, port)
-			}
-			time.Sleep(500 * time.Microsecond)
-		}
+		var seen time.Time
+		polltest.Until(b, fmt.Sprintf("%s: %d endpoints of %d with port %d's key", what, want, endpoints, port), 30*time.Second, 500*time.Microsecond, func() (bool, string) {
+			seen = time.Now()
+			n := written(port)
+			return n == want, fmt.Sprintf("%d have it", n)
+		})
+		return seen
 	}
-	// ruleSeen polls the agent's rules table for default/name and sends
-	// when it sent the first request that found it: the rule appeared
-	// before the agent answered, and after the request before (a poll
-	// interval and an API round trip earlier).
-	ruleSeen := func(name string) <-chan time.Time {
-		ch := make(chan time.Time, 1)
+	// ruleSeen polls the agent's rules table for default/name, and
+	// returns a function that waits for the poll and gives when it sent
+	// the first request that found it: the rule appeared before the agent
+	// answered, and after the request before (a poll interval and an API
+	// round trip earlier).
+	ruleSeen := func(name string) func() time.Time {
+		var asked time.Time
+		done := make(chan error, 1)
 		go func() {
-			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			for ctx.Err() == nil {
-				asked := time.Now()
+			done <- polltest.Wait(name+" in the agent's policy-rules table", 30*time.Second, time.Millisecond, func() (bool, string) {
+				now := time.Now()
 				rows, err := cl.TableRows(ctx, "policy-rules", client.TableQuery{Index: "name", Key: "default/" + name})
-				if err == nil && len(rows.Rows) > 0 {
-					ch <- asked
-					return
+				if err != nil {
+					return false, err.Error()
 				}
-				time.Sleep(time.Millisecond)
-			}
-			close(ch)
+				if len(rows.Rows) == 0 {
+					return false, "no row"
+				}
+				asked = now
+				return true, ""
+			})
 		}()
-		return ch
+		return func() time.Time {
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			return asked
+		}
 	}
 
 	c.WriteManifest("web-base.yaml", convergePolicy("web-base", 80))
@@ -153,10 +157,7 @@ func BenchmarkPolicyConvergence(b *testing.B) {
 			t0 := time.Now()
 			c.WriteManifest(name+".yaml", convergePolicy(name, int(port)))
 			done := until(port, endpoints, name+" added")
-			tr, ok := <-seen
-			if !ok {
-				b.Fatalf("%s: not in the agent's policy-rules table after 30s", name)
-			}
+			tr := seen()
 			adds = append(adds, done.Sub(t0))
 			fromRule = append(fromRule, max(0, done.Sub(tr)))
 			t1 := time.Now()

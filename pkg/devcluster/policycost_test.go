@@ -19,6 +19,7 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/procstat"
 )
 
@@ -118,17 +119,11 @@ func BenchmarkPolicyDatapath(b *testing.B) {
 		} else if err := c.RemoveManifest("policy-cost.yaml"); err != nil {
 			b.Fatal(err)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		polltest.Until(b, fmt.Sprintf("policy on=%v in force", on), 30*time.Second, 0, func() (bool, string) {
 			toServer := fromOther.Run([]devclustertest.Probe{{Protocol: devclustertest.TCP, To: netip.AddrPortFrom(server.IPv4, policyRRPort), Timeout: 300 * time.Millisecond}})[0]
 			toOther := fromClient.Run([]devclustertest.Probe{{Protocol: devclustertest.TCP, To: netip.AddrPortFrom(other.IPv4, 80), Timeout: 300 * time.Millisecond}})[0]
-			if toServer.OK != on && toOther.OK != on {
-				return
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("policy on=%v not in force after 30s: other->server %+v, client->other %+v", on, toServer, toOther)
-			}
-		}
+			return toServer.OK != on && toOther.OK != on, fmt.Sprintf("other->server %+v, client->other %+v", toServer, toOther)
+		})
 	}
 
 	type side struct {

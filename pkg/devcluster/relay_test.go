@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/hubblerelay"
 )
 
@@ -149,8 +150,7 @@ func TestHubbleRelay(t *testing.T) {
 					f.GetDestination().GetIdentity() == ids[dst] && slices.Contains(f.GetDestination().GetLabels(), "k8s:app="+dst)
 			})
 		}
-		deadline := time.Now().Add(time.Minute)
-		for {
+		polltest.Until(t, "every hop's flows, with identities and labels, through the relay", time.Minute, time.Second, func() (bool, string) {
 			for _, h := range hops {
 				c.Ping(h.src, c.Pod(h.dst).IPv4)
 			}
@@ -166,14 +166,9 @@ func TestHubbleRelay(t *testing.T) {
 					missing = append(missing, fmt.Sprintf("%s on %s", h.src+" -> "+h.dst, h.node))
 				}
 			}
-			if len(missing) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the relay's flows (%d) lack %v; hubble observe printed:\n%s", len(flows), missing, lastLines(out, 40))
-			}
-			time.Sleep(time.Second)
-		}
+			return len(missing) == 0, fmt.Sprintf("the relay's flows (%d) lack %v; hubble observe printed:\n%s", len(flows), missing, lastLines(out, 40))
+		})
+
 	})
 
 	t.Run("a node removed from the cluster leaves the relay", func(t *testing.T) {
@@ -199,17 +194,10 @@ func TestHubbleRelay(t *testing.T) {
 // states are want.
 func waitRelayNodes(ctx context.Context, t *testing.T, relay observer.ObserverClient, want map[string]string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	polltest.Until(t, fmt.Sprintf("the relay's nodes %v", want), time.Minute, 200*time.Millisecond, func() (bool, string) {
 		got, err := relayNodes(ctx, relay)
-		if err == nil && maps.Equal(got, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the relay's nodes: %v (%v), want %v", got, err, want)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil && maps.Equal(got, want), fmt.Sprintf("%v (%v)", got, err)
+	})
 }
 
 func lastLines(s string, n int) string {
