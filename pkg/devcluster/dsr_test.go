@@ -12,8 +12,8 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
-	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // TestNodePortDSR: on a two-node dev-cluster whose agents run with

@@ -16,8 +16,8 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
-	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // externalRange holds the LoadBalancer ingress and external IPs of the

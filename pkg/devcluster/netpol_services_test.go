@@ -19,8 +19,8 @@ import (
 
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
-	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // TestNetworkPolicyServices: network policy applies to the backend pod and

@@ -18,8 +18,8 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 	"github.com/cellium/cellium/pkg/nettest"
-	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/nodeportmap"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // TestNodePortNATCollected (issue 14): 10,000 short TCP connections from

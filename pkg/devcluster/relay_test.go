@@ -23,8 +23,8 @@ import (
 	"github.com/cellium/cellium/cells/hubble"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
-	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/hubblerelay"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // TestHubbleRelay: every agent serves Hubble on its node's address only
