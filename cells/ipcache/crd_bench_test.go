@@ -41,6 +41,7 @@ import (
 	"github.com/cellium/cellium/pkg/k8sapi"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 	"github.com/cellium/cellium/pkg/labels"
+	"github.com/cellium/cellium/pkg/polltest"
 	"github.com/cellium/cellium/pkg/procstat"
 )
 
@@ -278,9 +279,10 @@ func BenchmarkRemotePodIdentity(b *testing.B) {
 	pods := len(rounds) * *remotePods
 	// The last create's answer may be counted after node-2 saw the object.
 	wantCreates := before["create "+k8sapi.ResourceEndpoints] + pods
-	for deadline := time.Now().Add(10 * time.Second); count("create", k8sapi.ResourceEndpoints) < wantCreates && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	polltest.Until(b, fmt.Sprintf("the API server counting %d creates of %s", wantCreates, k8sapi.ResourceEndpoints), 10*time.Second, 10*time.Millisecond, func() (bool, string) {
+		n := count("create", k8sapi.ResourceEndpoints)
+		return n >= wantCreates, fmt.Sprint(n, " counted")
+	})
 	perPod := func(k string) float64 {
 		verb, res, _ := strings.Cut(k, " ")
 		return float64(count(verb, res)-before[k]) / float64(pods)
@@ -411,17 +413,10 @@ func waitListed(b *testing.B, n *agentNode, timeout time.Duration) {
 // work measured.
 func waitCount(b *testing.B, what string, timeout time.Duration, want int, count func() int) {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	polltest.Until(b, fmt.Sprintf("%s: %d", what, want), timeout, 10*time.Millisecond, func() (bool, string) {
 		got := count()
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%s: %d of %d after %s", what, got, want, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return got == want, fmt.Sprintf("%d of %d", got, want)
+	})
 }
 
 // k8sInMap is how many of n's ipcache rows are from CelliumEndpoint

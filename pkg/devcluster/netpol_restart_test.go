@@ -17,6 +17,7 @@ import (
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // restartPolicies: every pod isolated for ingress; servers take port 80
@@ -320,20 +321,12 @@ func policyMapWrites(t *testing.T, n devcluster.Node) float64 {
 func waitPolicyMapsSettled(t *testing.T, c *devclustertest.Cluster, node string) {
 	t.Helper()
 	cl, _ := c.Cluster.Client(node)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var last string
-	for {
-		last = policyMapsPending(ctx, t, c.Node(node), cl)
-		if last == "" {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s's policy maps are not settled after 30s: %s", node, last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	polltest.Until(t, node+"'s policy maps settled", 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		last := policyMapsPending(ctx, t, c.Node(node), cl)
+		return last == "", last
+	})
 }
 
 // policyMapsPending says what is not yet settled, or "".

@@ -47,6 +47,7 @@ import (
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // Main serves as a helper when the cluster started this test binary as
@@ -330,27 +331,17 @@ func (c *Cluster) WaitService(node, namespace, name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var last string
-	for {
+	polltest.Until(c.t, fmt.Sprintf("service %s/%s in %s's datapath", namespace, name, node), 30*time.Second, 50*time.Millisecond, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		svc, err := cl.Service(ctx, namespace, name)
-		if err == nil {
-			last = fmt.Sprintf("frontends %+v", svc.Frontends)
-			if len(svc.Frontends) > 0 && !slices.ContainsFunc(svc.Frontends, func(f apiv1.Frontend) bool {
-				return f.Status != "Done" || len(f.Backends) == 0
-			}) {
-				return
-			}
-		} else {
-			last = err.Error()
+		if err != nil {
+			return false, err.Error()
 		}
-		select {
-		case <-ctx.Done():
-			c.t.Fatalf("service %s/%s is not in %s's datapath after 30s: %s", namespace, name, node, last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return len(svc.Frontends) > 0 && !slices.ContainsFunc(svc.Frontends, func(f apiv1.Frontend) bool {
+			return f.Status != "Done" || len(f.Backends) == 0
+		}), fmt.Sprintf("frontends %+v", svc.Frontends)
+	})
 }
 
 // Ping sends an ICMP echo request from pod to dst and waits up to 5s for
