@@ -101,7 +101,7 @@ func nodePortDSR(t *testing.T, mode string) {
 		{"externalTrafficPolicy Local", c.Node("node-2").IPv4, 30100, 30073},
 	} {
 		t.Run(x.name, func(t *testing.T) {
-			waitSeenAs(t, "outside (dsr), as the client", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(x.node, x.tcp), out.IPv4)
+			waitSeenAs(t, "outside (dsr)", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(x.node, x.tcp), out.IPv4)
 			to := netip.AddrPortFrom(x.node, x.udp)
 			if got := udpSeenAs(out.NetNS, to); got != out.IPv4.String() {
 				t.Errorf("outside -> %s/udp (dsr): answer %q, want the client's %s", to, got, out.IPv4)

@@ -104,7 +104,7 @@ func seenAs(t *testing.T, pod devcluster.Pod, to netip.AddrPort) string {
 // its frontend late. what names the path in the failure.
 func waitSeenAs(t *testing.T, what string, pod devcluster.Pod, to netip.AddrPort, want netip.Addr) {
 	t.Helper()
-	polltest.Until(t, fmt.Sprintf("%s %s: seen as %s", what, to, want), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
+	polltest.Until(t, fmt.Sprintf("%s, to %s: seen as %s", what, to, want), 10*time.Second, 100*time.Millisecond, func() (bool, string) {
 		got := seenAs(t, pod, to)
 		return got == want.String(), "seen as " + got
 	})

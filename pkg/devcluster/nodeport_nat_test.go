@@ -53,7 +53,7 @@ func TestNodePortNATCollected(t *testing.T) {
 
 	// The path works before the run: the first packets may meet
 	// neighbour resolution.
-	waitSeenAs(t, "outside -> node-1 (backend on node-2), as node-1", devcluster.Pod{NetNS: out.NetNS}, to, n1.IPv4)
+	waitSeenAs(t, "outside -> node-1 (backend on node-2)", devcluster.Pod{NetNS: out.NetNS}, to, n1.IPv4)
 
 	// The agent gave the programs its close lifetime: once the warm-up
 	// connection's FINs passed both ways, its entries expire a second

@@ -137,7 +137,7 @@ func nodePortFromOutside(t *testing.T, mode string) {
 	// A pod of node-2 is a client from outside node-1 too; in tunnel
 	// mode the reply goes back through the tunnel device.
 	t.Run("pod of another node", func(t *testing.T) {
-		waitSeenAs(t, "client pod (node-2) -> node-1 (backend on node-1), as the pod", client, netip.AddrPortFrom(n1.IPv4, 30080), client.IPv4)
+		waitSeenAs(t, "client pod (node-2) -> node-1 (backend on node-1)", client, netip.AddrPortFrom(n1.IPv4, 30080), client.IPv4)
 		if got := udpSeenAs(client.NetNS, netip.AddrPortFrom(n1.IPv4, 30053)); got != client.IPv4.String() {
 			t.Errorf("client pod (node-2) -> node-1 :30053/udp (backend on node-1): answer %q, want the pod's %s", got, client.IPv4)
 		}
@@ -148,7 +148,7 @@ func nodePortFromOutside(t *testing.T, mode string) {
 	// packets (a timeout, not the refusal of a port nothing translated).
 	t.Run("externalTrafficPolicy Local", func(t *testing.T) {
 		n2 := c.Node("node-2")
-		waitSeenAs(t, "outside -> node-2 (Local, backend on node-2), as the client", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(n2.IPv4, 30100), out.IPv4)
+		waitSeenAs(t, "outside -> node-2 (Local, backend on node-2)", devcluster.Pod{NetNS: out.NetNS}, netip.AddrPortFrom(n2.IPv4, 30100), out.IPv4)
 		if got := udpSeenAs(out.NetNS, netip.AddrPortFrom(n2.IPv4, 30073)); got != out.IPv4.String() {
 			t.Errorf("outside -> node-2 :30073/udp (Local, backend on node-2): answer %q, want the client's %s", got, out.IPv4)
 		}
