@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -39,17 +40,22 @@ var (
 // flags in embedded mode (only its paths are private), after it has been
 // ready and idle for -bench.idle. It prints
 //
-//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=... load1=...
+//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=... loaded_mb=... load1=...
 //
-// rss_mb is VmRSS, anon_mb its anonymous part (RssAnon: heap, stacks, the
-// runtime's), file_mb the part backed by files (RssFile: the binary's pages
-// that ran or were read, and the event ring buffer's mapping). The agent
-// runs in a memory cgroup of its own, started with the binary's pages out
-// of the page cache as on a node's first start, and cgroup_ws_mb is that
-// cgroup's working set: what the kernel charges it less the inactive file
-// pages it may reclaim for free, what the kubelet reports for a pod;
+// It measures the agent built as the image has it (without cgo; see
+// buildShippedAgent). rss_mb is VmRSS, anon_mb its anonymous part
+// (RssAnon: heap, stacks, the runtime's), file_mb the part backed by files
+// (RssFile: the binary's pages that ran or were read or were mapped with
+// them, and the event ring buffer, whose pages the kernel maps twice).
+// binary_mb is the file's size and loaded_mb that of its mapped sections
+// (the same as the stripped image binary's). The agent runs in a memory
+// cgroup of its own, started with the binary's pages out of the page
+// cache as on a node's first start, and cgroup_ws_mb is that cgroup's
+// working set: what the kernel charges it less the inactive file pages it
+// may reclaim for free, what the kubelet reports for a pod;
 // cgroup_kernel_mb is the kernel's memory in it (the BPF maps the agent
-// creates, most of it). With -bench.profile-dir (which adds --pprof to the flags) it also writes
+// creates, most of it). With -bench.profile-dir (which adds --pprof to the
+// flags) it also writes
 // the agent's /proc smaps and heap profile there. With -bench.pages=N it
 // prints which packages the executable's resident pages belong to, the
 // top N of them (readResidentPages). With -bench.agent-bins=OLD,NEW it
@@ -57,9 +63,11 @@ var (
 //
 //	go test ./cmd/agent -run '^$' -bench IdleAgent -benchtime 1x [-bench.pages=40]
 func BenchmarkIdleAgent(b *testing.B) {
-	bins := []string{agentBin}
+	var bins []string
 	if *benchBins != "" {
 		bins = strings.Split(*benchBins, ",")
+	} else {
+		bins = []string{buildShippedAgent(b)}
 	}
 	built := agentBin
 	defer func() { agentBin = built }()
@@ -106,11 +114,52 @@ func idleAgent(b *testing.B, named bool) {
 	if named {
 		bin = " bin=" + agentBin
 	}
-	fmt.Printf("agent-idle-bench%s idle_s=%.0f %s binary_mb=%.1f load1=%s\n",
-		bin, benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20), loadAverage())
+	loaded, err := loadedBytes(agentBin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("agent-idle-bench%s idle_s=%.0f %s binary_mb=%.1f loaded_mb=%.1f load1=%s\n",
+		bin, benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20), mib(loaded), loadAverage())
 	if pages != nil {
 		pages.write(os.Stdout, *benchPages)
 	}
+}
+
+// buildShippedAgent builds the agent as the image has it (the Makefile's
+// image-bin: CGO_ENABLED=0, -trimpath) but with its symbol table and DWARF,
+// which no mapping holds (the loaded sections are the same as the stripped
+// image binary's), so that -bench.pages can name what is resident. The
+// process tests' agentBin is a cgo build, which maps the C library too.
+func buildShippedAgent(b *testing.B) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), "agent")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build the agent as the image has it: %v\n%s", err, out)
+	}
+	if err := syncFile(bin); err != nil {
+		b.Fatal(err)
+	}
+	return bin
+}
+
+// loadedBytes is the size of the executable's sections that are mapped
+// (text, read-only data, pclntab, data): what its pages can hold, with or
+// without symbols.
+func loadedBytes(bin string) (uint64, error) {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var n uint64
+	for _, s := range f.Sections {
+		if s.Flags&elf.SHF_ALLOC != 0 && s.Type != elf.SHT_NOBITS {
+			n += s.Size
+		}
+	}
+	return n, nil
 }
 
 // loadAverage is the machine's 1-minute load average, printed beside
