@@ -119,6 +119,12 @@ const RestoreBarrier = restoreName
 type params struct {
 	cell.In
 
+	// Programs attaches a new endpoint's programs within its creation;
+	// the loader provides it, and none in tests of this cell alone. First
+	// of the fields: its programs' start hook loads them before the jobs
+	// (the restore, after which ADDs are served) start.
+	Programs ProgramsAttacher `optional:"true"`
+
 	Config Config
 	Log    *slog.Logger
 	DB     *statedb.DB
@@ -146,6 +152,19 @@ type params struct {
 	Live        []LiveCondition `group:"endpoint-live"`
 	Policy      PolicyView      `optional:"true"`
 	LiveMetrics *liveMetrics
+}
+
+// ProgramsAttacher attaches the datapath's programs to the host side of a
+// new endpoint, which is not up yet, as a step of its creation: the loader
+// owns the programs and their attachment (its reconciler of the endpoints
+// table attaches them to restored endpoints, retries failures and detaches
+// them), and gives the endpoint manager this step so that an ADD does not
+// wait for the reconciler's rounds, one goroutine for the whole node. An
+// endpoint whose programs it attached enters the table with its Programs
+// status done, which the reconciler leaves alone; when it fails, the
+// status is pending and the reconciler does it.
+type ProgramsAttacher interface {
+	AttachPrograms(ep *Endpoint) error
 }
 
 // Manager creates, deletes and restores endpoints. See the package
@@ -196,6 +215,8 @@ type Manager struct {
 	live        []LiveCondition
 	policy      PolicyView
 	liveMetrics *liveMetrics
+	// programs is nil without the loader.
+	programs ProgramsAttacher
 }
 
 func newManager(p params) (*Manager, error) {
@@ -213,7 +234,7 @@ func newManager(p params) (*Manager, error) {
 		crashAt: p.Config.EndpointTestCrashAt,
 		locks:   newOpLocks(),
 
-		live: p.Live, policy: p.Policy, liveMetrics: p.LiveMetrics,
+		live: p.Live, policy: p.Policy, liveMetrics: p.LiveMetrics, programs: p.Programs,
 
 		reservedIDs: map[uint16]bool{},
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
@@ -194,4 +195,99 @@ func hostUp(t *testing.T, ep *endpointmanager.Endpoint) bool {
 func hostLinkExists(name string) bool {
 	_, err := netlink.LinkByName(name)
 	return err == nil
+}
+
+// attacher is a ProgramsAttacher that records the host sides it was asked
+// to attach to, and fails while fail is set.
+type attacher struct {
+	mu    sync.Mutex
+	fail  error
+	calls []attachCall
+}
+
+type attachCall struct {
+	ifindex int
+	up      bool
+}
+
+func (a *attacher) AttachPrograms(ep *endpointmanager.Endpoint) error {
+	l, err := netlink.LinkByIndex(ep.HostIfIndex)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls = append(a.calls, attachCall{ep.HostIfIndex, err == nil && l.Attrs().Flags&net.FlagUp != 0})
+	if err != nil {
+		return err
+	}
+	return a.fail
+}
+
+func (a *attacher) setFail(err error) {
+	a.mu.Lock()
+	a.fail = err
+	a.mu.Unlock()
+}
+
+func (a *attacher) taken() []attachCall {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]attachCall(nil), a.calls...)
+}
+
+// TestCreateAttachesPrograms: with the loader's attach step
+// (ProgramsAttacher), a creation attaches its endpoint's programs itself,
+// to the host side while it is down, and the endpoint enters the table
+// with its Programs status done: the "programs" live condition holds with
+// no reconciler running (none runs here), so no ADD waits for another's.
+// When the step fails the status is pending, and the creation waits for
+// the reconciler (here the test, which marks it done).
+func TestCreateAttachesPrograms(t *testing.T) {
+	a := &attacher{}
+	var rw statedb.RWTable[*endpointmanager.Endpoint]
+	programs := cell.Group(
+		cell.Provide(func() endpointmanager.ProgramsAttacher { return a }),
+		cell.Provide(func() endpointmanager.LiveOut {
+			return endpointmanager.StatusCondition("programs", func(ep *endpointmanager.Endpoint) reconciler.Status { return ep.ProgramStatus })
+		}),
+		cell.Invoke(func(tbl statedb.RWTable[*endpointmanager.Endpoint]) { rw = tbl }),
+	)
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{programs}})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ep, err := n.mgr.Create(ctx, newPod(t).req())
+	if err != nil {
+		t.Fatalf("Create with its programs attached in its own path: %v", err)
+	}
+	if calls := a.taken(); len(calls) != 1 || calls[0] != (attachCall{ep.HostIfIndex, false}) {
+		t.Fatalf("attach calls %+v, want one for ifindex %d with the host side down", calls, ep.HostIfIndex)
+	}
+	if ep.ProgramStatus.Kind != reconciler.StatusKindDone {
+		t.Errorf("created endpoint's programs status %s, want done", ep.ProgramStatus)
+	}
+
+	a.setFail(errors.New("test: the attach fails"))
+	p := newPod(t)
+	done := n.createAsync(p)
+	celltest.Eventually(t, "the endpoint whose attach failed in the table, its programs pending", func() bool {
+		ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+		return found && ep.ProgramStatus.Kind == reconciler.StatusKindPending
+	})
+	select {
+	case r := <-done:
+		t.Fatalf("Create returned while its programs were pending: %+v, %v", r.ep, r.err)
+	default:
+	}
+	// What the loader's reconciler does with it.
+	txn := n.db.WriteTxn(rw)
+	cur, _, _ := rw.Get(txn, endpointmanager.EndpointContainerID.Query(p.id))
+	cur = cur.Clone()
+	cur.ProgramStatus = reconciler.StatusDone()
+	if _, _, err := rw.Insert(txn, cur); err != nil {
+		t.Fatal(err)
+	}
+	txn.Commit()
+	if r := <-done; r.err != nil || r.ep.State != endpointmanager.Ready {
+		t.Fatalf("Create once the reconciler attached: %+v, %v; want ready", r.ep, r.err)
+	}
 }

@@ -150,7 +150,9 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	// its policy) before anything can reach the pod: the host routes to
 	// it come after, and only then is it ready.
 	ep.State = Starting
-	rev, err := m.insert(ep)
+	attached := m.attachPrograms(ep)
+	steps.done("programs")
+	rev, err := m.insertNew(ep, attached)
 	if err != nil {
 		return ep, err
 	}
@@ -323,13 +325,37 @@ func (m *Manager) routers() []netip.Addr {
 	return out
 }
 
+// attachPrograms attaches the datapath's programs to a new endpoint's host
+// side, if the agent has a loader, and says whether they are attached; a
+// failure is left to the loader's reconciler, which retries.
+func (m *Manager) attachPrograms(ep *Endpoint) bool {
+	if m.programs == nil {
+		return false
+	}
+	if err := m.programs.AttachPrograms(ep); err != nil {
+		m.log.Warn("Attaching a new endpoint's programs failed; the loader's reconciler retries",
+			"id", ep.ID, "container", ep.ContainerID, "host-interface", ep.HostIfName, "error", err)
+		return false
+	}
+	return true
+}
+
 // insert puts ep in the table, for the datapath to pick up: the endpoint
 // map and the programs on its host-side interface; it returns the
 // revision it was written at.
 func (m *Manager) insert(ep *Endpoint) (statedb.Revision, error) {
+	return m.insertNew(ep, false)
+}
+
+// insertNew is insert for a new endpoint whose programs the creation may
+// have attached already: then its Programs status is done.
+func (m *Manager) insertNew(ep *Endpoint, programsAttached bool) (statedb.Revision, error) {
 	ep = ep.Clone()
 	ep.MapStatus = reconciler.StatusPending()
 	ep.ProgramStatus = reconciler.StatusPending()
+	if programsAttached {
+		ep.ProgramStatus = reconciler.StatusDone()
+	}
 	txn := m.db.WriteTxn(m.tbl)
 	defer txn.Abort()
 	if _, _, err := m.tbl.Insert(txn, ep); err != nil {

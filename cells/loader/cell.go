@@ -23,7 +23,7 @@ var Cell = cell.Module(
 	cell.Invoke(registerLoader),
 
 	cell.ProvidePrivate(newLXCPrograms),
-	cell.Provide(programsLive),
+	cell.Provide(programsLive, programsAttacher),
 	cell.Invoke(registerEndpointReconciler, registerProgramsHealth),
 
 	cell.ProvidePrivate(newNodePortMaps, newDSRFallbacks, newNodePortPasses),

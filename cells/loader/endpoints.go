@@ -80,6 +80,20 @@ func newEndpointLinks(log *slog.Logger, reg *bpfmaps.Registry, progs endpointPro
 	return &endpointLinks{log: log, dir: endpointLinksDir(reg), progs: progs}
 }
 
+// programsAttacher is the endpoint manager's step that attaches a new
+// endpoint's programs within its creation (see
+// endpointmanager.ProgramsAttacher): the reconciler's Update, run in the
+// ADD's goroutine, so that the ADDs of many pods attach at once instead of
+// waiting for the reconciler's rounds one after another.
+func programsAttacher(log *slog.Logger, reg *bpfmaps.Registry, progs endpointPrograms) endpointmanager.ProgramsAttacher {
+	return newEndpointLinks(log, reg, progs)
+}
+
+// AttachPrograms attaches ep's programs, as Update does.
+func (o *endpointLinks) AttachPrograms(ep *endpointmanager.Endpoint) error {
+	return o.Update(context.Background(), nil, 0, ep)
+}
+
 // registerEndpointReconciler reconciles the endpoints table into the
 // programs on their interfaces, with the result in each endpoint's
 // ProgramStatus. Taking the programs makes them load first.
@@ -95,11 +109,10 @@ func registerEndpointReconciler(p reconciler.Params, tbl statedb.RWTable[*endpoi
 		newEndpointLinks(p.Log, reg, progs),
 		nil,
 		reconciler.WithName("endpoint-programs"),
-		// Rounds of up to 16 endpoints, not spaced: a new pod's ADD
-		// waits for its round's attaches (about 1 ms each), not for
-		// every pending endpoint's; one endpoint a round made the ADDs
-		// wait for the rounds' own cost instead (the programs' wait
-		// 344 ms p50 at 1, 173 ms at 16, 100 ADDs at once).
+		// New endpoints come with their programs attached by their
+		// creation (programsAttacher); the reconciler attaches those of
+		// restored endpoints and retries the creations' failures, in
+		// rounds of up to 16 endpoints, not spaced.
 		reconciler.WithRoundLimits(16, rate.NewLimiter(rate.Inf, 1)),
 	)
 	return err
