@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,116 +99,150 @@ func median(xs []float64) float64 {
 // scales up: -cni.pods pods (100) whose ADDs the runtime runs at once, each
 // an exec of the built plugin against the built agent, beside its floor in
 // the same run: as many execs at once of a Go plugin that does nothing
-// (floor_). Before them, on the idle node, -cni.single ADDs (20) one after
+// (floor_), and after them the kernel's part alone (kernel_: the veth
+// pairs, addresses and routes the ADDs make, as many at once, see
+// kernelFloor). Before them, on the idle node, -cni.single ADDs (20) one after
 // another (single_). It prints, then, for the parallel ADDs, when each
 // live condition held in the agent's wait (endpoint-map, programs, policy;
 // from the start of the wait, as the agent logs them) and how long each
 // step of their creation in the agent took (createSteps),
 //
-//	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
+//	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... kernel_p50_ms=... kernel_p99_ms=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
 //	cni-live-bench pods=100 endpoint-map_p50_ms=... endpoint-map_p99_ms=... policy_p50_ms=... ... programs_p99_ms=...
 //	cni-steps-bench pods=100 netns_p50_ms=... netns_p99_ms=... identity_p50_ms=... ... ready_p99_ms=...
 //
 // with the agent's CPU time (user and system) and resident set growth over
 // the parallel ADDs, scaled to 1,000 pods, and the load average when it
-// started. The pods' namespaces are made first. -cni.profile-dir DIR runs
-// the agent with --pprof and writes its CPU profile over the parallel ADDs
+// started and when it ended. The pods' namespaces are made first.
+// -cni.agent-bins OLD,NEW measures each agent binary so, one after the
+// other in one run (agent= on each line). -cni.profile-dir DIR runs the
+// agent with --pprof and writes its CPU profile over the parallel ADDs
 // (parallel-cpu.pb.gz) and over the single ones (single-cpu.pb.gz).
 //
 //	go test -run '^$' -bench AddParallel -benchtime 1x ./cmd/cellium-cni
 func BenchmarkAddParallel(b *testing.B) {
-	pods, single := *benchPods, *benchSingle
-	for range b.N {
-		b.StopTimer()
-		load := procstat.LoadAverage()
-		n := newNode(b)
-		// IPv6 only: a /112 holds every pod.
-		n.podCIDR = n.v6.Addr().String() + "/112"
-		var extra []string
-		if *benchProfileDir != "" {
-			extra = append(extra, "--pprof")
-		}
-		n.start(extra...)
-		conf := n.pluginConf("1.0.0")
-		ps := make([]*pod, pods)
-		for i := range ps {
-			ps[i] = n.newPod(fmt.Sprintf("p%d", i))
-		}
-		singles := make([]*pod, single)
-		for i := range singles {
-			singles[i] = n.newPod(fmt.Sprintf("s%d", i))
-		}
-		env := func(p *pod) map[string]string {
-			return map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
-		}
-
-		// One at a time on the idle node.
-		stopProfile := n.cpuProfile(b, "single-cpu.pb.gz")
-		singleLat := make([]time.Duration, 0, single)
-		for _, p := range singles {
-			start := time.Now()
-			if out, err := runPlugin("cellium-cni", env(p), conf); err != nil {
-				b.Fatalf("ADD of %s: %v: %s", p.name, err, out)
-			}
-			singleLat = append(singleLat, time.Since(start))
-		}
-		stopProfile()
-
-		// The floor: the plugin that does nothing, as many at once.
-		floor := parallel(b, pods, func(i int) error {
-			out, err := runPlugin("noop-plugin", env(ps[i]), conf)
-			if err != nil {
-				return fmt.Errorf("noop plugin: %v: %s", err, out)
-			}
-			return nil
-		})
-
-		pid := n.agent.cmd.Process.Pid
-		cpuBefore, rssBefore := procCPU(b, pid), procRSS(b, pid)
-		stopProfile = n.cpuProfile(b, "parallel-cpu.pb.gz")
-		b.StartTimer()
-		latencies := parallel(b, pods, func(i int) error {
-			if out, err := runPlugin("cellium-cni", env(ps[i]), conf); err != nil {
-				return fmt.Errorf("ADD of %s: %v: %s", ps[i].name, err, out)
-			}
-			return nil
-		})
-		b.StopTimer()
-		stopProfile()
-		cpu, rss := procCPU(b, pid)-cpuBefore, procRSS(b, pid)-rssBefore
-		// When, in each parallel ADD's wait for its endpoint to be live, each
-		// condition held: the agent logs them with the endpoint.
-		live, steps := map[string][]time.Duration{}, map[string][]time.Duration{}
-		parallelIDs := map[string]bool{}
-		for _, p := range ps {
-			parallelIDs[p.id] = true
-		}
-		for _, line := range n.agent.lines("Created endpoint") {
-			if !parallelIDs[fmt.Sprint(line["container"])] {
-				continue
-			}
-			for group, into := range map[string]map[string][]time.Duration{"live": live, "steps": steps} {
-				durations, _ := line[group].(map[string]any)
-				for name, v := range durations {
-					into[name] = append(into[name], time.Duration(msOf(v)*float64(time.Millisecond)))
-				}
-			}
-		}
-		perThousand := 1000 / float64(pods)
-		p99 := percentile(latencies, 99)
-		fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f floor_p50_ms=%.1f floor_p99_ms=%.1f p99_over_floor=%.2f "+
-			"single_add_p50_ms=%.1f single_add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f load1=%s\n",
-			pods, ms(percentile(latencies, 50)), ms(p99), ms(percentile(floor, 50)), ms(percentile(floor, 99)),
-			float64(p99)/float64(percentile(floor, 99)), ms(percentile(singleLat, 50)), ms(percentile(singleLat, 99)),
-			ms(cpu)*perThousand, rss*perThousand, load)
-		fmt.Printf("cni-live-bench pods=%d %s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))))
-		fmt.Printf("cni-steps-bench pods=%d %s\n", len(steps["live"]), percentiles(steps, createSteps))
+	bins := []string{""}
+	if *benchAgentBins != "" {
+		bins = strings.Split(*benchAgentBins, ",")
 	}
+	for range b.N {
+		for _, bin := range bins {
+			addParallel(b, bin)
+		}
+	}
+}
+
+// addParallel is one measurement of BenchmarkAddParallel with the agent
+// binary bin ("" the one built for the tests).
+func addParallel(b *testing.B, bin string) {
+	pods, single := *benchPods, *benchSingle
+	b.StopTimer()
+	load := procstat.LoadAverage()
+	n := newNode(b)
+	n.agentBin = bin
+	agentName := "built"
+	if bin != "" {
+		agentName = filepath.Base(bin)
+	}
+	// IPv6 only: a /112 holds every pod.
+	n.podCIDR = n.v6.Addr().String() + "/112"
+	var extra []string
+	if *benchProfileDir != "" {
+		extra = append(extra, "--pprof")
+	}
+	n.start(extra...)
+	conf := n.pluginConf("1.0.0")
+	ps := make([]*pod, pods)
+	for i := range ps {
+		ps[i] = n.newPod(fmt.Sprintf("p%d", i))
+	}
+	kernelPods := make([]*pod, pods)
+	for i := range kernelPods {
+		kernelPods[i] = n.newPod(fmt.Sprintf("k%d", i))
+	}
+	singles := make([]*pod, single)
+	for i := range singles {
+		singles[i] = n.newPod(fmt.Sprintf("s%d", i))
+	}
+	env := func(p *pod) map[string]string {
+		return map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
+	}
+
+	// One at a time on the idle node.
+	stopProfile := n.cpuProfile(b, "single-cpu.pb.gz")
+	singleLat := make([]time.Duration, 0, single)
+	for _, p := range singles {
+		start := time.Now()
+		if out, err := runPlugin("cellium-cni", env(p), conf); err != nil {
+			b.Fatalf("ADD of %s: %v: %s", p.name, err, out)
+		}
+		singleLat = append(singleLat, time.Since(start))
+	}
+	stopProfile()
+
+	// The floor: the plugin that does nothing, as many at once.
+	floor := parallel(b, pods, func(i int) error {
+		out, err := runPlugin("noop-plugin", env(ps[i]), conf)
+		if err != nil {
+			return fmt.Errorf("noop plugin: %v: %s", err, out)
+		}
+		return nil
+	})
+
+	pid := n.agent.cmd.Process.Pid
+	cpuBefore, rssBefore := procCPU(b, pid), procRSS(b, pid)
+	stopProfile = n.cpuProfile(b, "parallel-cpu.pb.gz")
+	b.StartTimer()
+	latencies := parallel(b, pods, func(i int) error {
+		if out, err := runPlugin("cellium-cni", env(ps[i]), conf); err != nil {
+			return fmt.Errorf("ADD of %s: %v: %s", ps[i].name, err, out)
+		}
+		return nil
+	})
+	b.StopTimer()
+	stopProfile()
+	cpu, rss := procCPU(b, pid)-cpuBefore, procRSS(b, pid)-rssBefore
+	// The kernel's part alone, as many at once, in the /112 after the
+	// pods'.
+	next := n.v6.Addr().As16()
+	next[13]++
+	kernel := kernelFloor(b, n.ns.Path(), kernelPods, netip.PrefixFrom(netip.AddrFrom16(next), 112))
+	// When, in each parallel ADD's wait for its endpoint to be live, each
+	// condition held: the agent logs them with the endpoint.
+	live, steps := map[string][]time.Duration{}, map[string][]time.Duration{}
+	parallelIDs := map[string]bool{}
+	for _, p := range ps {
+		parallelIDs[p.id] = true
+	}
+	for _, line := range n.agent.lines("Created endpoint") {
+		if !parallelIDs[fmt.Sprint(line["container"])] {
+			continue
+		}
+		for group, into := range map[string]map[string][]time.Duration{"live": live, "steps": steps} {
+			durations, _ := line[group].(map[string]any)
+			for name, v := range durations {
+				into[name] = append(into[name], time.Duration(msOf(v)*float64(time.Millisecond)))
+			}
+		}
+	}
+	perThousand := 1000 / float64(pods)
+	p99 := percentile(latencies, 99)
+	fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f floor_p50_ms=%.1f floor_p99_ms=%.1f p99_over_floor=%.2f "+
+		"kernel_p50_ms=%.1f kernel_p99_ms=%.1f "+
+		"single_add_p50_ms=%.1f single_add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f load1=%s load1_end=%s agent=%s\n",
+		pods, ms(percentile(latencies, 50)), ms(p99), ms(percentile(floor, 50)), ms(percentile(floor, 99)),
+		float64(p99)/float64(percentile(floor, 99)), ms(percentile(kernel, 50)), ms(percentile(kernel, 99)),
+		ms(percentile(singleLat, 50)), ms(percentile(singleLat, 99)),
+		ms(cpu)*perThousand, rss*perThousand, load, procstat.LoadAverage(), agentName)
+	fmt.Printf("cni-live-bench pods=%d %s agent=%s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))), agentName)
+	fmt.Printf("cni-steps-bench pods=%d %s agent=%s\n", len(steps["live"]), percentiles(steps, createSteps), agentName)
+	// The next binary's measurement on a quiet node.
+	n.kill()
 }
 
 // createSteps are the steps of a creation in the agent, in order, as it
 // logs them with the endpoint ("steps").
-var createSteps = []string{"netns", "identity", "lock", "ipam", "state", "veth", "insert", "live", "route", "state-ready", "ready"}
+var createSteps = []string{"netns", "identity", "lock", "ipam", "state", "veth", "programs", "insert", "live", "route", "state-ready", "ready"}
 
 // percentiles are the p50 and p99 of each of names in ds, as name_p50_ms=
 // and name_p99_ms=; names without figures are left out.
@@ -297,6 +332,7 @@ func (n *node) cpuProfile(b *testing.B, name string) (stop func()) {
 var (
 	benchPods       = flag.Int("cni.pods", 100, "Pods whose CNI ADDs BenchmarkAddParallel runs at once")
 	benchSingle     = flag.Int("cni.single", 20, "ADDs BenchmarkAddParallel runs one after another on the idle node first")
+	benchAgentBins  = flag.String("cni.agent-bins", "", "Comma-separated agent binaries BenchmarkAddParallel measures one after the other in one run, each line naming its binary (agent=); empty: the one built for the tests")
 	benchProfileDir = flag.String("cni.profile-dir", "", "Run the agent with --pprof and write its CPU profiles of BenchmarkAddParallel's ADDs into this directory")
 )
 

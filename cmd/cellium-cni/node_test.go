@@ -98,7 +98,10 @@ type node struct {
 	// every socket of the machine.
 	cgroup string
 	agent  *agentProcess
-	cni    *libcni.CNIConfig
+	// agentBin is the agent binary start runs; "" is the one built for
+	// the tests.
+	agentBin string
+	cni      *libcni.CNIConfig
 	// healthAddr is the agent's --health-addr, in the node's namespace.
 	healthAddr string
 }
@@ -207,7 +210,11 @@ func (n *node) start(extra ...string) *agentProcess {
 // startAsync runs the agent in the node's namespace.
 func (n *node) startAsync(extra ...string) *agentProcess {
 	n.t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "agent"), append([]string{"run"}, n.flags(extra...)...)...)
+	bin := n.agentBin
+	if bin == "" {
+		bin = filepath.Join(binDir, "agent")
+	}
+	cmd := exec.Command(bin, append([]string{"run"}, n.flags(extra...)...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		n.t.Fatal(err)
