@@ -12,7 +12,8 @@
 //     accepted before is handed on as a deletion, so the stale claim goes
 //     with it; nothing else changes. Every refusal is logged with the key
 //     and why, and the keys refused now are named in the follower's health
-//     (Degraded) until they are fixed or deleted.
+//     (Degraded) until they are fixed or deleted, as cells/internal/refused
+//     keeps and names them.
 //   - An [Owner] holds the keys this agent writes under a prefix and their
 //     values. It writes what changes, leased, and deletes what it no longer
 //     wants; when the follower sees one of its keys deleted or holding
@@ -33,12 +34,10 @@ package kvsync
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -46,6 +45,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cellium/cellium/cells/internal/chans"
+	"github.com/cellium/cellium/cells/internal/refused"
 	"github.com/cellium/cellium/cells/kvstore"
 )
 
@@ -84,7 +84,7 @@ const batchMax = 1024
 func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, health cell.Health, r Rule[T], owner *Owner,
 	apply func(changes []Change[T], listed bool)) error {
 	accepted := map[string]bool{}
-	refused := map[string]string{}
+	bad := refused.New(log, nil, r.What)
 	listed := false
 	var changes []Change[T]
 	for batch := range chans.Batches(kv.Watch(ctx, r.Prefix), batchMax) {
@@ -99,7 +99,7 @@ func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, hea
 				firstListed = firstListed || !listed
 				listed = true
 			case kvstore.EventDelete:
-				delete(refused, ev.Key)
+				bad.Note(ev.Key, nil)
 				if accepted[ev.Key] {
 					delete(accepted, ev.Key)
 					changes = append(changes, Change[T]{Key: ev.Key, Deleted: true})
@@ -107,10 +107,7 @@ func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, hea
 			case kvstore.EventUpsert:
 				v, err := parse(r, ev.Key, ev.Value)
 				if err != nil {
-					if refused[ev.Key] != err.Error() {
-						log.Warn("Refusing a kvstore key", "key", ev.Key, "what", r.What, "error", err)
-					}
-					refused[ev.Key] = err.Error()
+					bad.Note(ev.Key, err)
 					if accepted[ev.Key] {
 						// What it said before no longer holds.
 						delete(accepted, ev.Key)
@@ -118,7 +115,7 @@ func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, hea
 					}
 					continue
 				}
-				delete(refused, ev.Key)
+				bad.Note(ev.Key, nil)
 				accepted[ev.Key] = true
 				changes = append(changes, Change[T]{Key: ev.Key, Value: v, CreateRevision: ev.CreateRevision})
 			}
@@ -129,11 +126,11 @@ func Follow[T any](ctx context.Context, kv kvstore.Client, log *slog.Logger, hea
 		if !listed {
 			continue
 		}
-		if len(refused) == 0 {
+		if bad.Len() == 0 {
 			health.OK(fmt.Sprintf("Following %d %ss", len(accepted), r.What))
 			continue
 		}
-		health.Degraded(fmt.Sprintf("Following %d %ss, %d refused", len(accepted), r.What, len(refused)), refusedError(refused))
+		health.Degraded(fmt.Sprintf("Following %d %ss, %d refused", len(accepted), r.What, bad.Len()), bad.Err())
 	}
 	return nil
 }
@@ -145,25 +142,6 @@ func parse[T any](r Rule[T], key string, value []byte) (T, error) {
 		return zero, fmt.Errorf("value of %d bytes, more than the %d a %s may hold", len(value), r.MaxValue, r.What)
 	}
 	return r.Parse(key, value)
-}
-
-// maxNamed bounds the refused keys a health report names.
-const maxNamed = 8
-
-func refusedError(refused map[string]string) error {
-	keys := slices.Sorted(maps.Keys(refused))
-	var b strings.Builder
-	for i, k := range keys {
-		if i == maxNamed {
-			fmt.Fprintf(&b, "; and %d more", len(keys)-maxNamed)
-			break
-		}
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		fmt.Fprintf(&b, "%s: %s", k, refused[k])
-	}
-	return errors.New(b.String())
 }
 
 // Repairs is cellium_kvstore_repairs_total{module} for one module: its
