@@ -163,7 +163,9 @@ bench-agent: kube-apiserver etcd
 
 # CNI ADD (as root): 100 pods added at once through the built plugin and
 # agent, beside the floor (a plugin that does nothing, as many execs at
-# once) and single ADDs on the idle node; latency percentiles and the
+# once), the kernel floor (the ADDs' veth pairs, addresses and routes
+# made at once without the agent) and single ADDs on the idle node;
+# latency percentiles and the
 # agent's CPU and memory per 1,000 pods. Ends with `cni-bench ...`,
 # `cni-live-bench ...` (the parts of the ADDs' wait for the datapath) and
 # `cni-steps-bench ...` (how long each step of a creation took in the agent).
