@@ -363,6 +363,7 @@ func pclntabSpans(f *elf.File, gofunc uint64) ([]span, error) {
 // symbols are named as they are.
 func symbolPackage(symbol string) string {
 	name := strings.TrimPrefix(symbol, "type:")
+	name = strings.TrimPrefix(name, ".eq.") // a type's equality function
 	name = strings.TrimLeft(name, "*[]0123456789")
 	if strings.HasPrefix(name, "go:") || strings.HasPrefix(name, "map[") || strings.HasPrefix(name, "func(") ||
 		strings.HasPrefix(name, "struct {") || strings.HasPrefix(name, "interface {") || strings.HasPrefix(name, "chan ") {
@@ -458,6 +459,7 @@ func TestResidentPages(t *testing.T) {
 		"go:itab.*foo.T,bar.I":                        "go:itab*",
 		"map[string]*k8s.io/api/core/v1.Pod":          "(composite types)",
 		"runtime.mallocgc":                            "runtime",
+		"type:.eq.github.com/cilium/statedb.Revision": "github.com/cilium/statedb",
 	} {
 		if got := symbolPackage(name); got != want {
 			t.Errorf("symbolPackage(%q) = %q, want %q", name, got, want)
