@@ -5,12 +5,15 @@
 
 /*
  * The endpoint datapath: TC programs on the host side of an endpoint's veth
- * that track the endpoint's connections and report its packets.
+ * that track the endpoint's connections and report its packets. Each is a
+ * direct-action bpf filter on the host side's clsact qdisc (the loader's
+ * cells/loader/tc.go; endpoints an earlier agent attached may still hold
+ * a pinned tcx link instead).
  *
- *   cellium_from_endpoint  tcx ingress of the host-side veth: what the
+ *   cellium_from_endpoint  ingress filter of the host-side veth: what the
  *                          endpoint sends
- *   cellium_to_endpoint    tcx egress of the host-side veth: what goes into
- *                          the endpoint
+ *   cellium_to_endpoint    egress filter of the host-side veth: what goes
+ *                          into the endpoint
  *
  * They translate nothing (the socket programs of sock_lb.c translate
  * services), except for Direct Server Return (dsr.h, --lb-mode=dsr):
@@ -21,8 +24,8 @@
  * security identities in the ipcache (ipcache.h), enforce the endpoint's
  * network policy (policy.h), and write trace, drop and policy-verdict
  * events (events.h) that carry them.
- * A packet they pass goes on with TC_ACT_UNSPEC, which is tcx's TCX_NEXT,
- * so that other programs on the same hook still see it.
+ * A packet they pass goes on with TC_ACT_UNSPEC: the hook's next filter
+ * (or, on a tcx link, the next program: TCX_NEXT) still sees it.
  *
  * Conntrack keeps one entry per connection and per program kind, keyed by
  * the connection's original tuple: the from-endpoint program's entries have
