@@ -47,8 +47,7 @@
 // hands each object to a store that converts it to its compact form at once
 // and queues it (a listing as one event per object and one for its end; a
 // listing is converted and queued as the list call reads it, a page or an
-// object at a time, never held whole: see streamList, watchList and
-// pagedList); a
+// object at a time, never held whole: see streamList and pagedList); a
 // job applies the queue in batches, one write transaction for up to 1024
 // events, and the frontends of up to 1024 services. No transaction holds the
 // tables for long, however large the cluster: the lb-maps reconciler

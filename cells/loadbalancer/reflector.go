@@ -7,13 +7,11 @@ import (
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/utils/ptr"
 
 	"github.com/cellium/cellium/cells/k8sclient"
 )
@@ -166,65 +164,6 @@ func (s *objectStore[T]) sendListing() (send func(runtime.Object) error, end fun
 	}, end
 }
 
-// watchList lists from a real API server with a streaming list: a WATCH
-// with sendInitialEvents, whose first events are the objects (from the
-// server's watch cache, none of the consistent reads from etcd that a
-// LIST at the latest version is), ended by a bookmark. Each object is
-// converted and sent as it arrives, and it returns an empty list of the
-// bookmark's resource version for the Reflector, as pagedList does.
-// client-go's Reflector can stream a list itself, but it keeps every
-// object in a store of its own until the bookmark (a whole listing's
-// typed objects at once, ~115 MB at 50,000 Services and their
-// EndpointSlices): the Reflector is told the client does not stream
-// (runReflector), and this does instead.
-//
-// ok is false when the server did not stream (one that cannot says so in
-// an error event; its watch may also end or fail at once): the caller
-// lists in pages instead. Objects already sent are current; the listing
-// that follows settles what is gone.
-func (s *objectStore[T]) watchList(ctx context.Context, watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error), emptyList func(rv string) runtime.Object) (list runtime.Object, ok bool, err error) {
-	w, err := watchFn(ctx, metav1.ListOptions{
-		SendInitialEvents:    ptr.To(true),
-		ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan,
-		AllowWatchBookmarks:  true,
-	})
-	if err != nil {
-		return nil, false, nil
-	}
-	defer w.Stop()
-	send, end := s.sendListing()
-	for {
-		var ev watch.Event
-		select {
-		case ev, ok = <-w.ResultChan():
-			if !ok {
-				return nil, false, nil
-			}
-		case <-ctx.Done():
-			return nil, true, ctx.Err()
-		}
-		switch ev.Type {
-		case watch.Added:
-			if err := send(ev.Object); err != nil {
-				return nil, true, err
-			}
-		case watch.Bookmark:
-			m, err := meta.Accessor(ev.Object)
-			if err != nil {
-				return nil, false, nil
-			}
-			if m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-				s.streamedEnd = end
-				return emptyList(m.GetResourceVersion()), true, nil
-			}
-		default:
-			// An error (a server that cannot stream says so here), or
-			// an event a stream's initial part does not have.
-			return nil, false, nil
-		}
-	}
-}
-
 // listPageSize is how many objects a page of a listing from a real API
 // server asks for: a few MB of typed objects at a time, in few enough round
 // trips (at 20,000 Services and their EndpointSlices, pages of 500 made
@@ -241,6 +180,14 @@ const listPageSize = 2000
 // answers in one page, converted as the Reflector's list was. An error
 // part way leaves the objects already sent, which are current: the
 // Reflector lists again, and that listing's end settles what is gone.
+//
+// Pages, not a streaming list (a WATCH with sendInitialEvents): where the
+// API server can serve both from its watch cache (etcd 3.5.13 and later),
+// pages are gzip'd and a stream's events are not. At 20,000 Services and
+// their EndpointSlices (agent-scale-bench on etcd 3.6.8), an agent's
+// start was sent 2.2 MB against 20.4 MB streamed, the API server spent
+// 0.8-1.1 CPU s against 1.35-1.4, and 20 clients at once cost it 7.9 CPU
+// s in pages against 19.4 streamed (docs/performance.md).
 func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, list func(context.Context, metav1.ListOptions) (runtime.Object, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
 	send, end := s.sendListing()
 	if opts.Limit == 0 {
@@ -335,9 +282,9 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 // end with ctx).
 func runReflector(ctx context.Context, name string, expected runtime.Object, lw *cache.ListWatch, store cache.ReflectorStore) {
 	r := cache.NewReflectorWithOptions(
-		// The Reflector lists, through lw: its list streams where the
-		// server can (watchList), and the Reflector's own streaming
-		// would keep every object until the stream's end.
+		// The Reflector lists, through lw (its list converts as it
+		// reads): the Reflector's own streaming list would keep every
+		// object until the stream's end.
 		cache.ToListWatcherWithWatchListSemantics(lw, noWatchList{}),
 		expected, store,
 		cache.ReflectorOptions{Name: name},
@@ -396,9 +343,9 @@ func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *
 
 // kindListWatch lists and watches one kind (named plural in health) with
 // c, its typed client of every namespace, L being its list type. A
-// listing is the first of: the embedded server's stream (streamList), the
-// API server's streaming list (watchList), pages (pagedList); each ends
-// with emptyList, the Reflector's list of none at a resource version.
+// listing is the embedded server's stream (streamList) or the API server's
+// pages (pagedList); each ends with emptyList, the Reflector's list of
+// none at a resource version.
 func kindListWatch[T any, L runtime.Object](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
 	resource schema.GroupVersionResource, kind schema.GroupVersionKind, c interface {
 		List(context.Context, metav1.ListOptions) (L, error)
@@ -408,9 +355,6 @@ func kindListWatch[T any, L runtime.Object](cs k8sclient.Clientset, health cell.
 	return listWatch(health, plural,
 		func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			if list, ok, err := store.streamList(cs, resource, kind, opts, emptyList); ok {
-				return list, err
-			}
-			if list, ok, err := store.watchList(ctx, c.Watch, emptyList); ok {
 				return list, err
 			}
 			return store.pagedList(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {

@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 )
 
 func newTestWriter(t *testing.T) (*writer, *statedb.DB) {
@@ -323,85 +322,5 @@ func TestPagedListing(t *testing.T) {
 	// ordinary one.
 	if err := store.Replace([]any{&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a"}}}, "43"); err != nil || len(events) != 2 {
 		t.Fatalf("Replace after a failed paged listing: %v, %d events, want an upsert and an end", err, len(events))
-	}
-}
-
-// From a real API server that streams lists, a listing is a WATCH with
-// sendInitialEvents: each service is sent as its event arrives, and the
-// bookmark that ends the initial events gives the Reflector an empty list
-// of its resource version, whose Replace ends the listing with every
-// name. A server that refuses the stream (an error event) or ends it
-// early leaves the listing to the pages.
-func TestWatchListing(t *testing.T) {
-	emptyList := func(rv string) runtime.Object {
-		return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
-	}
-	svc := func(name string) *corev1.Service {
-		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
-	}
-	events := make(chan k8sEvent, 16)
-	store := serviceStore(context.Background(), events)
-	var asked metav1.ListOptions
-	streaming := func(_ context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-		asked = opts
-		w := watch.NewFakeWithChanSize(8, false)
-		w.Add(svc("a"))
-		w.Add(svc("b"))
-		bookmark := &corev1.Service{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "42",
-			Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
-		w.Action(watch.Bookmark, bookmark)
-		return w, nil
-	}
-	list, ok, err := store.watchList(context.Background(), streaming, emptyList)
-	if !ok || err != nil {
-		t.Fatalf("watchList: streamed %v, %v", ok, err)
-	}
-	if asked.SendInitialEvents == nil || !*asked.SendInitialEvents || asked.ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan || !asked.AllowWatchBookmarks {
-		t.Fatalf("the watch was asked with %+v, want a streaming list", asked)
-	}
-	if l := list.(*corev1.ServiceList); len(l.Items) != 0 || l.ResourceVersion != "42" {
-		t.Fatalf("the Reflector got %d items and version %q, want none and 42", len(l.Items), l.ResourceVersion)
-	}
-	for _, name := range []string{"a", "b"} {
-		if up, ok := (<-events).(*serviceUpserted); !ok || up.svc.Name.Name != name {
-			t.Fatalf("upserts out of order: want %s", name)
-		}
-	}
-	if err := store.Replace(nil, "42"); err != nil {
-		t.Fatal(err)
-	}
-	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != 2 {
-		t.Fatal("Replace did not end the listing with its 2 names")
-	}
-
-	for name, refusing := range map[string]func(context.Context, metav1.ListOptions) (watch.Interface, error){
-		"error event": func(context.Context, metav1.ListOptions) (watch.Interface, error) {
-			w := watch.NewFakeWithChanSize(2, false)
-			w.Error(&metav1.Status{Status: metav1.StatusFailure, Message: "the required storage feature RequestWatchProgress is disabled"})
-			return w, nil
-		},
-		"ended before the bookmark": func(context.Context, metav1.ListOptions) (watch.Interface, error) {
-			w := watch.NewFakeWithChanSize(2, false)
-			w.Add(svc("a"))
-			w.Stop()
-			return w, nil
-		},
-		"watch refused": func(context.Context, metav1.ListOptions) (watch.Interface, error) {
-			return nil, errors.New("400: sendInitialEvents is not supported")
-		},
-	} {
-		if _, ok, err := store.watchList(context.Background(), refusing, emptyList); ok || err != nil {
-			t.Errorf("%s: streamed %v, %v; want the pages instead", name, ok, err)
-		}
-		for range len(events) {
-			<-events
-		}
-		// The listing that did not end leaves the next Replace ordinary.
-		if err := store.Replace([]any{svc("a")}, "43"); err != nil || len(events) != 2 {
-			t.Fatalf("%s: Replace after: %v, %d events, want an upsert and an end", name, err, len(events))
-		}
-		for range len(events) {
-			<-events
-		}
 	}
 }

@@ -324,8 +324,8 @@ func (c countingReader) Read(p []byte) (int, error) {
 // listModes are the ways a client lists at start that listWatchClients
 // compares: a streaming list (watchlist: a WATCH with sendInitialEvents,
 // from the API server's watch cache, what client-go's Reflector does by
-// default and the agent with it); pages of 2,000 at the latest version
-// (paged: resourceVersion "", a consistent read); one list at any version
+// default); pages of 2,000 at the latest version (paged: resourceVersion
+// "", a consistent read, what the agent does); one list at any version
 // (rv0: resourceVersion "0", from the watch cache).
 var listModes = flag.String("bench.list-modes", "watchlist,paged,rv0", "The listing modes BenchmarkScaleCluster's clients are run with, one run of -bench.clients each")
 

@@ -110,20 +110,19 @@ func TestKubeAPIServer(t *testing.T) {
 	// the Node in the IPAM.
 	waitDump(t, env.socket, "cellium_lb4_services", web+":80")
 
-	// Where the API server streams lists, the load balancer's reflectors
-	// streamed theirs from its watch cache (a WATCH with
-	// sendInitialEvents, which the server counts in
+	// Even where the API server streams lists, the load balancer's
+	// reflectors list in pages (gzip'd; a stream's events are not, ten
+	// times the bytes and twice the server's CPU at 20,000 Services:
+	// docs/performance.md). The server counts streaming lists in
 	// apiserver_watch_list_duration_seconds; no other cell of the agent
-	// watches these kinds, and the server's own informers streamed
-	// theirs when it started): a consistent LIST per agent start is what
-	// a DaemonSet's rollout must not cost the API server.
+	// watches these kinds.
 	if why := watchListUnsupported(t, kas); why != "" {
-		t.Logf("not checking that the agent streams its listings: %s", why)
+		t.Logf("not checking that the agent does not stream its listings: %s", why)
 	} else {
 		streams := watchLists(t, kas)
 		for _, resource := range []string{"services", "endpointslices"} {
-			if streams[resource] <= streamsBefore[resource] {
-				t.Errorf("the agent's start streamed no list of %s (the server counts %v streaming lists of them, %v before)",
+			if streams[resource] != streamsBefore[resource] {
+				t.Errorf("the agent's start streamed a list of %s (the server counts %v streaming lists of them, %v before)",
 					resource, streams[resource], streamsBefore[resource])
 			}
 		}
