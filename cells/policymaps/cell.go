@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"os"
 	"strconv"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -39,6 +42,10 @@ var Cell = cell.Module(
 // Config is the policy-maps cell's configuration.
 type Config struct {
 	PolicyMapMax uint32
+	// PolicyMapTestCrashAfter, a hidden flag for crash tests, kills the
+	// agent with SIGKILL right after its Nth policy map write: in the
+	// middle of reconciling a change.
+	PolicyMapTestCrashAfter uint32
 }
 
 // The default holds 64 allows (or blocks of a port range) for each of a
@@ -49,6 +56,9 @@ var defaultConfig = Config{PolicyMapMax: 1 << 16}
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("policy-map-max", def.PolicyMapMax,
 		"Entries of the policy map that all endpoints of the node share (one per allow, or per prefix-aligned block of an allow's port range)")
+	flags.Uint32("policy-map-test-crash-after", def.PolicyMapTestCrashAfter,
+		"TEST ONLY: kill the agent with SIGKILL right after its Nth write or delete of a policy map since it started (0: never)")
+	flags.MarkHidden("policy-map-test-crash-after")
 }
 
 // Maps are the pinned policy maps.
@@ -94,6 +104,23 @@ type mapMetrics struct {
 	writes  *prometheus.CounterVec
 	full    prometheus.Counter
 	repairs prometheus.Counter
+
+	// crashAfter is --policy-map-test-crash-after; written counts the
+	// writes for it, from the three reconcilers.
+	crashAfter uint32
+	written    atomic.Uint32
+	log        *slog.Logger
+}
+
+// wrote counts a write or delete of map with op, and kills the agent when
+// --policy-map-test-crash-after says this is the one.
+func (mm *mapMetrics) wrote(m, op string) {
+	mm.writes.WithLabelValues(m, op).Inc()
+	if mm.crashAfter != 0 && mm.written.Add(1) == mm.crashAfter {
+		mm.log.Warn("Test fault point: killing the agent after a policy map write", "write", mm.crashAfter, "map", m, "op", op)
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
 }
 
 func newMetrics() (*mapMetrics, metrics.Collectors) {
@@ -122,6 +149,7 @@ var refreshInterval = 10 * time.Minute
 func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h cell.Health, m *Maps, mm *mapMetrics,
 	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
 	prefixes statedb.RWTable[*policy.Prefix]) error {
+	mm.crashAfter, mm.log = cfg.PolicyMapTestCrashAfter, log
 	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, failed: map[uint16]*failedEndpoint{}}
 	if _, err := reconciler.Register(p, entries,
 		(*policy.Entry).Clone,
@@ -229,7 +257,7 @@ func (o *entryOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 			}
 			return fmt.Errorf("policy entry %s: write %s: %w", e.Key, k, err)
 		}
-		o.metrics.writes.WithLabelValues("policy", "update").Inc()
+		o.metrics.wrote("policy", "update")
 		if refresh {
 			o.metrics.repairs.Inc()
 			o.log.Warn("Put back a policy map entry that went missing", "key", k, "entry", e.Key)
@@ -289,7 +317,7 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 				if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: cookie}); err != nil {
 					return fmt.Errorf("policy entry %s: write %s for another entry: %w", e.Key, k, err)
 				}
-				o.metrics.writes.WithLabelValues("policy", "update").Inc()
+				o.metrics.wrote("policy", "update")
 			}
 			continue
 		}
@@ -299,7 +327,7 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 			}
 			return fmt.Errorf("policy entry %s: delete %s: %w", e.Key, k, err)
 		}
-		o.metrics.writes.WithLabelValues("policy", "delete").Inc()
+		o.metrics.wrote("policy", "delete")
 	}
 	return nil
 }
@@ -317,7 +345,7 @@ func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2
 		if err != nil {
 			return fmt.Errorf("delete stale %s: %w", k, err)
 		}
-		o.metrics.writes.WithLabelValues("policy", "delete").Inc()
+		o.metrics.wrote("policy", "delete")
 		o.log.Info("Removed a policy map entry that no policy entry wants", "key", k)
 		return nil
 	})
@@ -353,7 +381,7 @@ func (o *enforcementOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.
 	if err := o.m.Put(uint32(e.EndpointID), want); err != nil {
 		return fmt.Errorf("endpoint %d: write its enforcement: %w", e.EndpointID, err)
 	}
-	o.metrics.writes.WithLabelValues("enforcement", "update").Inc()
+	o.metrics.wrote("enforcement", "update")
 	if e.Status.Kind == reconciler.StatusKindRefreshing {
 		o.metrics.repairs.Inc()
 		o.log.Warn("Put back an endpoint's policy enforcement that was changed", "endpoint", e.EndpointID,
@@ -369,7 +397,7 @@ func (o *enforcementOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.
 		}
 		return fmt.Errorf("endpoint %d: delete its enforcement: %w", e.EndpointID, err)
 	}
-	o.metrics.writes.WithLabelValues("enforcement", "delete").Inc()
+	o.metrics.wrote("enforcement", "delete")
 	return nil
 }
 
@@ -382,7 +410,7 @@ func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.S
 		if err != nil {
 			return fmt.Errorf("delete the enforcement of endpoint %d: %w", id, err)
 		}
-		o.metrics.writes.WithLabelValues("enforcement", "delete").Inc()
+		o.metrics.wrote("enforcement", "delete")
 		o.log.Info("Removed the policy enforcement of an endpoint that has none", "endpoint", id)
 		return nil
 	})
@@ -409,7 +437,7 @@ func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	if err := o.m.Put(k, want); err != nil {
 		return fmt.Errorf("policy prefix %s: write it: %w", p.Prefix, err)
 	}
-	o.metrics.writes.WithLabelValues("prefix", "update").Inc()
+	o.metrics.wrote("prefix", "update")
 	if p.Status.Kind == reconciler.StatusKindRefreshing {
 		o.metrics.repairs.Inc()
 		o.log.Warn("Put back a policy prefix that went missing", "prefix", p.Prefix, "id", p.ID)
@@ -424,7 +452,7 @@ func (o *prefixOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 		}
 		return fmt.Errorf("policy prefix %s: delete it: %w", p.Prefix, err)
 	}
-	o.metrics.writes.WithLabelValues("prefix", "delete").Inc()
+	o.metrics.wrote("prefix", "delete")
 	return nil
 }
 
@@ -437,7 +465,7 @@ func (o *prefixOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*
 		if err != nil {
 			return fmt.Errorf("delete stale policy prefix %s: %w", k.Prefix(), err)
 		}
-		o.metrics.writes.WithLabelValues("prefix", "delete").Inc()
+		o.metrics.wrote("prefix", "delete")
 		o.log.Info("Removed a policy prefix that no policy names", "prefix", k.Prefix())
 		return nil
 	})

@@ -77,12 +77,13 @@ func agentFlags(s *state, n Node) []string {
 	}, s.AgentArgs)
 }
 
-// startAgent starts n's agent in its namespace and records its PID.
-func (c *Cluster) startAgent(s *state, n *Node) error {
+// startAgent starts n's agent in its namespace and records its PID;
+// extraArgs come after the node's flags, for this start only.
+func (c *Cluster) startAgent(s *state, n *Node, extraArgs ...string) error {
 	if n.Agent.Alive() {
 		return fmt.Errorf("node %s: its agent runs already (pid %d)", n.Name, n.Agent.PID)
 	}
-	argv := append([]string{s.AgentBinary, "run"}, agentFlags(s, *n)...)
+	argv := slices.Concat([]string{s.AgentBinary, "run"}, agentFlags(s, *n), extraArgs)
 	p, err := startDetached(n.NetNS, argv, n.Log(), c.stopWithCaller)
 	if err != nil {
 		return fmt.Errorf("node %s: %w", n.Name, err)
@@ -160,6 +161,24 @@ func (c *Cluster) KillAgent(ctx context.Context, node string) error {
 	})
 }
 
+// WaitAgentExit waits until node's agent exits by itself (a test fault
+// point that kills it, say), as long as ctx allows; it sends no signal.
+func (c *Cluster) WaitAgentExit(ctx context.Context, node string) error {
+	n, err := c.Node(node)
+	if err != nil {
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return fmt.Errorf("node %s: WaitAgentExit needs a context with a deadline", node)
+	}
+	if !n.Agent.waitExit(ctx, time.Until(deadline)) {
+		return fmt.Errorf("node %s: the agent (pid %d) still runs: %w", node, n.Agent.PID, ctx.Err())
+	}
+	c.log.Info("Agent exited", "node", n.Name, "pid", n.Agent.PID)
+	return nil
+}
+
 // StopAgent stops node's agent with SIGTERM (SIGKILL after 10s) and
 // returns once it is gone.
 func (c *Cluster) StopAgent(ctx context.Context, node string) error {
@@ -177,15 +196,16 @@ func (c *Cluster) StopAgent(ctx context.Context, node string) error {
 }
 
 // StartAgent starts node's agent, which must not run, and waits until it
-// is ready.
-func (c *Cluster) StartAgent(ctx context.Context, node string) error {
+// is ready. extraArgs are flags for this start only, after the node's and
+// the cluster's (a test's fault point, say).
+func (c *Cluster) StartAgent(ctx context.Context, node string, extraArgs ...string) error {
 	var n Node
 	err := c.update(func(s *state) error {
 		np, err := s.node(node)
 		if err != nil {
 			return err
 		}
-		if err := c.startAgent(s, np); err != nil {
+		if err := c.startAgent(s, np, extraArgs...); err != nil {
 			return err
 		}
 		n = *np

@@ -2,21 +2,27 @@ package devcluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
+	"github.com/cellium/cellium/pkg/policymap"
 	"github.com/cellium/cellium/pkg/polltest"
 )
 
@@ -62,19 +68,35 @@ spec:
 // restartAllowed is what restartPolicies allow: a client to a server on
 // port 80, and anyone but a client to an other.
 func restartAllowed(from, to string, port uint16) bool {
-	app := func(pod string) string { a, _, _ := strings.Cut(pod, "-"); return a }
 	return app(from) == "client" && app(to) == "server" && port == 80 ||
 		app(from) != "client" && app(to) == "other"
 }
 
-// TestNetworkPolicyRestart restarts node-1's agent (SIGTERM, then start)
-// while every pod of both nodes probes every other pod on TCP ports 80
-// and 81 without a pause, and checks that throughout no allowed probe
-// failed or needed a retransmitted SYN, and no denied probe connected;
-// and that the restarted agent, with its policy maps pinned and restored,
-// wrote nothing into them (cellium_policy_map_writes_total stays 0 once
-// its policy tables are computed, reconciled and pruned), and the other
-// agent nothing either.
+// app is the app of a pod of these tests, from its name ("client-1").
+func app(pod string) string { a, _, _ := strings.Cut(pod, "-"); return a }
+
+// changedPolicies is restartPolicies changed: servers take port 80 from
+// others instead of clients, and others take only servers. On each node,
+// entries are deleted (of the clients' identity, and an allow-all) and
+// written (of the others' and the servers' identities).
+var changedPolicies = strings.NewReplacer(
+	"- from: [{podSelector: {matchLabels: {app: client}}}]", "- from: [{podSelector: {matchLabels: {app: other}}}]",
+	"  podSelector: {matchLabels: {app: other}}\n  ingress: [{}]",
+	"  podSelector: {matchLabels: {app: other}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: server}}}]",
+).Replace(restartPolicies)
+
+// changedAllowed is what changedPolicies allow: an other to a server on
+// port 80, and a server to an other.
+func changedAllowed(from, to string, port uint16) bool {
+	return app(from) == "other" && app(to) == "server" && port == 80 ||
+		app(from) == "server" && app(to) == "other"
+}
+
+// TestNetworkPolicyRestart restarts node-1's agent while every pod of both
+// nodes probes every other pod on TCP ports 80 and 81 without a pause:
+// stopped (SIGTERM), then killed (SIGKILL: no stop hook runs), then killed
+// in the middle of writing a policy change into its maps. Each subtest
+// goes on from the cluster the one before left.
 func TestNetworkPolicyRestart(t *testing.T) {
 	c := devclustertest.Start(t, devcluster.Options{Nodes: 2})
 	var pods []devcluster.Pod
@@ -86,38 +108,50 @@ func TestNetworkPolicyRestart(t *testing.T) {
 		}
 	}
 	c.WriteManifest("restart-policies.yaml", restartPolicies)
-	r := newRestartProbes(c, pods)
+	r := newRestartProbes(c, pods, only(restartAllowed))
+	r.waitEnforced(t, 30*time.Second)
 
-	// The policy applied: every pair as it should be, in one round.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
-		if bad := r.round(); len(bad) == 0 {
-			break
-		} else if ctx.Err() != nil {
-			t.Fatalf("the policy is not enforced after 30s:\n%s", strings.Join(bad, "\n"))
+	for _, down := range []struct {
+		name string
+		down func(node string)
+	}{
+		{"SIGTERM", c.StopAgent},
+		{"SIGKILL", c.KillAgent},
+	} {
+		if !t.Run(down.name, func(t *testing.T) { testRestartUnderProbes(t, c, r, down.down) }) {
+			return
 		}
 	}
-	writes2 := policyMapWrites(t, c.Node("node-2"))
+	t.Run("kill-during-convergence", func(t *testing.T) { testKillDuringConvergence(t, c, r) })
+}
 
+// testRestartUnderProbes takes node-1's agent down with down, keeps it
+// down for a full round of probes and starts it again, and checks that
+// throughout no allowed probe failed or needed a retransmitted SYN, and no
+// denied probe connected; and that the restarted agent, with its policy
+// maps pinned and restored, wrote nothing into them
+// (cellium_policy_map_writes_total stays 0 once its policy tables are
+// computed, reconciled and pruned), and the other agent nothing either.
+func testRestartUnderProbes(t *testing.T, c *devclustertest.Cluster, r *restartProbes, down func(node string)) {
+	writes2 := policyMapWrites(t, c.Node("node-2"))
 	start := time.Now()
 	r.start()
 	r.waitRounds(t, 1)
-	c.StopAgent("node-1")
+	down("node-1")
 	stopped := time.Now()
 	// A round begun and ended while the agent is down.
 	r.waitRounds(t, 2)
-	down := time.Now()
+	downFor := time.Now()
 	c.StartAgent("node-1")
 	ready := time.Now()
 	waitPolicyMapsSettled(t, c, "node-1")
 	settled := time.Now()
 	r.waitRounds(t, 2)
 	bad, rounds, probes := r.stop()
-	t.Logf("%d probes in %d rounds over %v: agent stopped after %v, down for %v (%v of it probed), ready %v after its start, policy maps settled %v later",
+	t.Logf("%d probes in %d rounds over %v: agent down after %v, down for %v (%v of it probed), ready %v after its start, policy maps settled %v later",
 		probes, rounds, time.Since(start).Round(time.Millisecond), stopped.Sub(start).Round(time.Millisecond),
-		ready.Sub(stopped).Round(time.Millisecond), down.Sub(stopped).Round(time.Millisecond),
-		ready.Sub(down).Round(time.Millisecond), settled.Sub(ready).Round(time.Millisecond))
+		ready.Sub(stopped).Round(time.Millisecond), downFor.Sub(stopped).Round(time.Millisecond),
+		ready.Sub(downFor).Round(time.Millisecond), settled.Sub(ready).Round(time.Millisecond))
 	if len(bad) > 0 {
 		t.Errorf("%d probes disagreed with the policy across node-1's restart:\n%s", len(bad), strings.Join(bad, "\n"))
 	}
@@ -127,6 +161,85 @@ func TestNetworkPolicyRestart(t *testing.T) {
 	if w := policyMapWrites(t, c.Node("node-2")) - writes2; w != 0 {
 		t.Errorf("node-2's agent made %v policy map writes while node-1's restarted, want 0", w)
 	}
+	checkPolicyMapsExact(t, c, "node-1")
+}
+
+// testKillDuringConvergence restarts node-1's agent with a fault point
+// that kills it (SIGKILL) right after its first policy map write, writes
+// changedPolicies, and starts the agent again once the fault point has
+// killed it, with half the change in its maps. Probes run throughout:
+// the pairs the change does not concern must never disagree with the
+// policy. Once node-1's agent has settled, its maps must hold exactly
+// what its tables, computed afresh at its start, want (no allow the
+// change removed left behind, none it added missing), and every pair
+// must be as changedPolicies say.
+func testKillDuringConvergence(t *testing.T, c *devclustertest.Cluster, r *restartProbes) {
+	c.StopAgent("node-1")
+	c.StartAgent("node-1", "--policy-map-test-crash-after=1")
+	waitPolicyMapsSettled(t, c, "node-1")
+	if w := policyMapWrites(t, c.Node("node-1")); w != 0 {
+		t.Fatalf("node-1's restarted agent made %v policy map writes before the change, want 0", w)
+	}
+	r.allowed = unchanged(restartAllowed, changedAllowed)
+	start := time.Now()
+	r.start()
+	r.waitRounds(t, 1)
+	c.WriteManifest("restart-policies.yaml", changedPolicies)
+	written := time.Now()
+	c.WaitAgentExit("node-1")
+	crashed := time.Now()
+	if log, err := os.ReadFile(c.Node("node-1").Log()); err != nil || !strings.Contains(string(log), "Test fault point: killing the agent after a policy map write") {
+		t.Fatalf("node-1's agent exited, but not at the fault point (%v); the end of its log:\n%s", err, tailLines(string(log), 20))
+	}
+	r.waitRounds(t, 1)
+	c.StartAgent("node-1")
+	ready := time.Now()
+	waitPolicyMapsSettled(t, c, "node-1")
+	settled := time.Now()
+	r.waitRounds(t, 1)
+	bad, rounds, probes := r.stop()
+	writes := policyMapWrites(t, c.Node("node-1"))
+	t.Logf("%d probes in %d rounds over %v: node-1's agent killed %v after the change was written, ready %v after, its maps settled %v later with %v writes",
+		probes, rounds, time.Since(start).Round(time.Millisecond), crashed.Sub(written).Round(time.Millisecond),
+		ready.Sub(crashed).Round(time.Millisecond), settled.Sub(ready).Round(time.Millisecond), writes)
+	if len(bad) > 0 {
+		t.Errorf("%d probes of pairs the change does not concern disagreed with the policy across node-1's crash:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+	// The fault point killed the agent after one write of a change that
+	// needs more: the restarted agent wrote the rest.
+	if writes == 0 {
+		t.Errorf("node-1's agent restarted after its crash made no policy map writes: the crash did not interrupt the change")
+	}
+	checkPolicyMapsExact(t, c, "node-1")
+	waitPolicyMapsSettled(t, c, "node-2")
+	r.allowed = only(changedAllowed)
+	if bad := r.round(); len(bad) > 0 {
+		t.Errorf("%d probes disagree with the changed policy once both agents settled:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}
+
+// tailLines is the last n lines of s.
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// verdicts say whether a probe from, to, port must connect (allow), and
+// whether it is checked at all.
+type verdicts func(from, to string, port uint16) (allow, checked bool)
+
+// only checks every pair against allowed.
+func only(allowed func(from, to string, port uint16) bool) verdicts {
+	return func(from, to string, port uint16) (bool, bool) { return allowed(from, to, port), true }
+}
+
+// unchanged checks the pairs that before and after agree on, while the
+// policy goes from one to the other.
+func unchanged(before, after func(from, to string, port uint16) bool) verdicts {
+	return func(from, to string, port uint16) (bool, bool) {
+		b := before(from, to, port)
+		return b, b == after(from, to, port)
+	}
 }
 
 // restartProbes probes every pair of pods on ports 80 and 81, each
@@ -134,10 +247,15 @@ func TestNetworkPolicyRestart(t *testing.T) {
 type restartProbes struct {
 	pods    []devcluster.Pod
 	probers []*devclustertest.Prober
+	// allowed is the policy the probes are checked against; set it only
+	// while they are stopped.
+	allowed verdicts
 
 	mu sync.Mutex
-	// done are the rounds each prober finished since start.
+	// done are the rounds each prober finished, base those it had
+	// finished at start.
 	done   []int
+	base   []int
 	bad    []string
 	probes int
 	wake   chan struct{}
@@ -145,8 +263,8 @@ type restartProbes struct {
 	wg     sync.WaitGroup
 }
 
-func newRestartProbes(c *devclustertest.Cluster, pods []devcluster.Pod) *restartProbes {
-	r := &restartProbes{pods: pods, done: make([]int, len(pods)), wake: make(chan struct{})}
+func newRestartProbes(c *devclustertest.Cluster, pods []devcluster.Pod, allowed verdicts) *restartProbes {
+	r := &restartProbes{pods: pods, allowed: allowed, done: make([]int, len(pods)), wake: make(chan struct{})}
 	for _, p := range pods {
 		r.probers = append(r.probers, c.Prober(p.Name))
 	}
@@ -166,19 +284,19 @@ const (
 func (r *restartProbes) probeFrom(i int) []string {
 	from := r.pods[i]
 	var probes []devclustertest.Probe
-	var allowed []bool
+	var allowed, checked []bool
 	for _, to := range r.pods {
 		if to.Name == from.Name {
 			continue
 		}
 		for _, port := range []uint16{80, 81} {
-			a := restartAllowed(from.Name, to.Name, port)
+			a, c := r.allowed(from.Name, to.Name, port)
 			timeout := restartDeniedTimeout
 			if a {
 				timeout = restartAllowedTimeout
 			}
 			probes = append(probes, devclustertest.Probe{Protocol: devclustertest.TCP, To: netip.AddrPortFrom(to.IPv4, port), Timeout: timeout})
-			allowed = append(allowed, a)
+			allowed, checked = append(allowed, a), append(checked, c)
 		}
 	}
 	at := time.Now().Format("15:04:05.000")
@@ -186,6 +304,7 @@ func (r *restartProbes) probeFrom(i int) []string {
 	for k, res := range r.probers[i].Run(probes) {
 		what := fmt.Sprintf("%s %s -> %s", at, from.Name, probes[k].To)
 		switch {
+		case !checked[k]:
 		case allowed[k] && !res.OK:
 			bad = append(bad, what+": allowed, failed: "+res.Error)
 		case allowed[k] && res.Retransmits > 0:
@@ -218,10 +337,20 @@ func (r *restartProbes) round() []string {
 	return bad
 }
 
+// waitEnforced waits until one round of probes agrees with the policy in
+// full.
+func (r *restartProbes) waitEnforced(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	polltest.Until(t, "every pair as the policy says in one round of probes", timeout, 0, func() (bool, string) {
+		bad := r.round()
+		return len(bad) == 0, "\n" + strings.Join(bad, "\n")
+	})
+}
+
 // start probes from every pod, round after round, until stop.
 func (r *restartProbes) start() {
 	r.quit = make(chan struct{})
-	r.probes = 0
+	r.probes, r.bad, r.base = 0, nil, slices.Clone(r.done)
 	for i := range r.pods {
 		r.wg.Go(func() {
 			for {
@@ -279,7 +408,11 @@ func (r *restartProbes) stop() (bad []string, rounds, probes int) {
 	close(r.quit)
 	r.wg.Wait()
 	slices.Sort(r.bad)
-	return r.bad, slices.Min(r.done), r.probes
+	rounds = r.done[0] - r.base[0]
+	for i := range r.done {
+		rounds = min(rounds, r.done[i]-r.base[i])
+	}
+	return r.bad, rounds, r.probes
 }
 
 // nodeMetrics reads the metrics of node's agent (--metrics-addr, the
@@ -369,4 +502,142 @@ func policyMapsPending(ctx context.Context, t *testing.T, n devcluster.Node, cl 
 		}
 	}
 	return ""
+}
+
+// checkPolicyMapsExact checks that node's pinned policy trie holds exactly
+// the keys, with their cookies, of the rows of its agent's table
+// "policy-entries", and its enforcement map exactly the rows of
+// "policy-enforcement": nothing stale, nothing missing. The agent computes
+// its tables afresh at its start, from the policies, identities and
+// endpoints, never from the maps.
+func checkPolicyMapsExact(t *testing.T, c *devclustertest.Cluster, node string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := c.Cluster.Client(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps, err := cl.Maps(ctx)
+	if err != nil {
+		t.Fatalf("%s's maps: %v", node, err)
+	}
+	pinned := func(name string) *ebpf.Map {
+		t.Helper()
+		for _, m := range maps {
+			if filepath.Base(m.PinPath) == name {
+				em, err := ebpf.LoadPinnedMap(m.PinPath, &ebpf.LoadPinOptions{ReadOnly: true})
+				if err != nil {
+					t.Fatalf("%s's map %s: %v", node, m.PinPath, err)
+				}
+				t.Cleanup(func() { em.Close() })
+				return em
+			}
+		}
+		t.Fatalf("%s's agent has no map %s", node, name)
+		return nil
+	}
+
+	want := map[policymap.Key]uint32{}
+	for _, raw := range tableObjects(ctx, t, cl, "policy-entries") {
+		var e struct {
+			Key struct {
+				EndpointID, Port, EndPort uint16
+				Direction, Protocol       uint8
+				Identity                  uint32
+			}
+			Policies []string
+		}
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatalf("policy-entries row %s: %v", raw, err)
+		}
+		dir := policymap.Ingress
+		if e.Key.Direction == 1 {
+			dir = policymap.Egress
+		}
+		keys, err := policymap.KeysOf(policymap.Allow{EndpointID: e.Key.EndpointID, Direction: dir, Identity: e.Key.Identity,
+			Proto: e.Key.Protocol, Port: e.Key.Port, EndPort: e.Key.EndPort})
+		if err != nil {
+			t.Fatalf("policy-entries row %s: %v", raw, err)
+		}
+		for _, k := range keys {
+			want[k] = policymap.Cookie(e.Policies)
+		}
+	}
+	got := map[policymap.Key]uint32{}
+	var k policymap.Key
+	var v policymap.Value
+	it := pinned(policymap.MapName).Iterate()
+	for it.Next(&k, &v) {
+		got[k] = v.Cookie
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("%s's policy trie: %v", node, err)
+	}
+	if diff := mapDiff(want, got, func(k policymap.Key) string { return k.String() }); diff != "" {
+		t.Errorf("%s's policy trie is not what its policy-entries table wants (%d keys wanted, %d held):\n%s", node, len(want), len(got), diff)
+	}
+
+	wantEnf := map[uint32]policymap.Enforcement{}
+	for _, raw := range tableObjects(ctx, t, cl, "policy-enforcement") {
+		var e struct {
+			EndpointID      uint16
+			Ingress, Egress bool
+		}
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatalf("policy-enforcement row %s: %v", raw, err)
+		}
+		var f policymap.Enforcement
+		if e.Ingress {
+			f.Flags |= policymap.FlagIngress
+		}
+		if e.Egress {
+			f.Flags |= policymap.FlagEgress
+		}
+		wantEnf[uint32(e.EndpointID)] = f
+	}
+	gotEnf := map[uint32]policymap.Enforcement{}
+	var id uint32
+	var f policymap.Enforcement
+	it = pinned(policymap.EnforcementMapName).Iterate()
+	for it.Next(&id, &f) {
+		gotEnf[id] = f
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("%s's enforcement map: %v", node, err)
+	}
+	if diff := mapDiff(wantEnf, gotEnf, func(id uint32) string { return fmt.Sprintf("endpoint %d", id) }); diff != "" {
+		t.Errorf("%s's enforcement map is not what its policy-enforcement table wants:\n%s", node, diff)
+	}
+	t.Logf("%s's policy maps hold exactly its tables: %d trie keys, %d enforcement rows", node, len(got), len(gotEnf))
+}
+
+// tableObjects are the rows of one of the agent's tables, as JSON.
+func tableObjects(ctx context.Context, t *testing.T, cl *client.Client, table string) apiv1.TableObjects {
+	t.Helper()
+	objs, err := cl.TableObjects(ctx, table, client.TableQuery{})
+	if err != nil {
+		t.Fatalf("table %s: %v", table, err)
+	}
+	return objs
+}
+
+// mapDiff says how got differs from want, one line per key; "" if not.
+func mapDiff[K comparable, V comparable](want, got map[K]V, name func(K) string) string {
+	var lines []string
+	for k, w := range want {
+		switch g, ok := got[k]; {
+		case !ok:
+			lines = append(lines, fmt.Sprintf("missing: %s = %v", name(k), w))
+		case g != w:
+			lines = append(lines, fmt.Sprintf("differs: %s = %v, want %v", name(k), g, w))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			lines = append(lines, fmt.Sprintf("stale: %s = %v", name(k), g))
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }

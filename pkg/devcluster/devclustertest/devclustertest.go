@@ -284,12 +284,24 @@ func (c *Cluster) StopAgent(node string) {
 	}
 }
 
-// StartAgent starts node's agent again and waits until it is ready.
-func (c *Cluster) StartAgent(node string) {
+// StartAgent starts node's agent again, with extraArgs for this start
+// only, and waits until it is ready.
+func (c *Cluster) StartAgent(node string, extraArgs ...string) {
 	c.t.Helper()
 	ctx, cancel := c.ctx()
 	defer cancel()
-	if err := c.Cluster.StartAgent(ctx, node); err != nil {
+	if err := c.Cluster.StartAgent(ctx, node, extraArgs...); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// WaitAgentExit waits until node's agent exits by itself (at a test fault
+// point, say), 30s at most.
+func (c *Cluster) WaitAgentExit(node string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Cluster.WaitAgentExit(ctx, node); err != nil {
 		c.t.Fatal(err)
 	}
 }
