@@ -320,23 +320,30 @@ func (e *engine) sync(wtxn statedb.WriteTxn, st *endpointState, only *identity.N
 		}
 	}
 	changed := false
+	var stale []*Entry
 	for _, entry := range present {
 		if policies, ok := desired[entry.Key]; ok && slices.Equal(policies, entry.Policies) {
 			delete(desired, entry.Key)
-			continue
 		} else if !ok {
-			if _, _, err := e.entries.Delete(wtxn, entry); err != nil {
-				return err
-			}
-			stats.deleted++
-			changed = true
+			stale = append(stale, entry)
 		}
 	}
+	// Make before break: the reconciler writes the maps in the order of
+	// the table's revisions, so the new allows go in before the old ones
+	// go. Traffic that both allow passes all along, also while an agent
+	// killed in between is down with half the change in its maps.
 	for key, policies := range desired {
 		if _, _, err := e.entries.Insert(wtxn, &Entry{Key: key, Policies: policies, Status: reconciler.StatusPending()}); err != nil {
 			return err
 		}
 		stats.written++
+		changed = true
+	}
+	for _, entry := range stale {
+		if _, _, err := e.entries.Delete(wtxn, entry); err != nil {
+			return err
+		}
+		stats.deleted++
 		changed = true
 	}
 	stats.endpoints++

@@ -27,6 +27,11 @@
 //     endpoints concerned. Only rows that differ are written (with
 //     reconciler.StatusPending()); a recompute that changes nothing writes
 //     nothing.
+//   - Make before break: an endpoint's new entries are inserted before its
+//     stale ones are deleted, and the reconciler writes the maps in that
+//     (revision) order, so traffic that the policy allows before and after
+//     a change passes throughout, also while an agent killed half way
+//     through is down.
 //   - A NetworkPolicy the agent cannot apply (a selector it cannot parse,
 //     an endPort below port, an unknown protocol, a bad CIDR) is named, with
 //     what is wrong, in the module's health and the log, and changes

@@ -259,3 +259,48 @@ func TestPrefixesIncremental(t *testing.T) {
 		t.Fatalf("deleting the policy left %v changed, want only db's enforcement row", got)
 	}
 }
+
+// TestChangeWritesBeforeItDeletes: a policy change inserts an endpoint's
+// new entries before it deletes its old ones, so that the maps, written
+// in the table's revision order, get the new allows before the old ones
+// go: traffic that both versions allow passes throughout, also when the
+// agent is killed half way (TestNetworkPolicyRestart/kill-during-convergence).
+func TestChangeWritesBeforeItDeletes(t *testing.T) {
+	f := incrementalFixture(t)
+	wtxn := f.db.WriteTxn(f.entries)
+	changes, err := f.entries.Changes(wtxn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wtxn.Commit()
+	seq, _ := changes.Next(f.db.ReadTxn())
+	for range seq {
+	}
+	// web's policy is replaced, in one flush, by one that takes clients
+	// on 8081 instead of 8080.
+	f.e.setRule("prod/web", nil)
+	f.apply(namedPolicy(netpol("prod", web, networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{
+		{From: []networkingv1.NetworkPolicyPeer{podSel(client)}, Ports: []networkingv1.NetworkPolicyPort{port("", 8081)}}}}), "web-2"))
+	var order []string
+	firstDelete := -1
+	seq, _ = changes.Next(f.db.ReadTxn())
+	for ch := range seq {
+		if ch.Object.Key.EndpointID != 1 {
+			continue
+		}
+		what := "written "
+		if ch.Deleted {
+			what = "deleted "
+			if firstDelete < 0 {
+				firstDelete = len(order)
+			}
+		} else if firstDelete >= 0 {
+			t.Errorf("entry %s written after %s", ch.Object.Key, order[firstDelete])
+		}
+		order = append(order, what+ch.Object.Key.String())
+	}
+	if firstDelete < 0 || firstDelete == len(order) {
+		t.Fatalf("the change did not both write and delete entries of web's endpoint: %v", order)
+	}
+	t.Logf("changes in revision order: %v", order)
+}
