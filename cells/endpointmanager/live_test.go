@@ -291,3 +291,54 @@ func TestCreateAttachesPrograms(t *testing.T) {
 		t.Fatalf("Create once the reconciler attached: %+v, %v; want ready", r.ep, r.err)
 	}
 }
+
+// TestRestoreRemadeVethWaitsForLive: a restored endpoint whose veth pair
+// was deleted while the agent was down gets a new one, as a creation
+// does: in the table as starting, its host side down and without the
+// host's route to the pod while a live condition (its programs, its
+// policy) does not hold, so that nothing reaches the pod unchecked; then
+// up, routed and ready.
+func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	before := first.create(t, p)
+	first.stop()
+	if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: before.HostIfName}}); err != nil {
+		t.Fatal(err)
+	}
+
+	g := newGate()
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
+	// The restore has put it in the table, and the gate holds.
+	n.waitRestored(t)
+	ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if !found || ep.State != endpointmanager.Starting || ep.HostIfIndex == before.HostIfIndex {
+		t.Fatalf("while the live condition does not hold, the restored endpoint is %+v (found %v), want it starting on a new veth pair", ep, found)
+	}
+	for _, ip := range ep.IPs() {
+		if r := hostRoute(t, ep, ip); r != nil {
+			t.Errorf("the host routes to %s through %s before the endpoint is live: %s", ip, ep.HostIfName, r)
+		}
+	}
+	if hostUp(t, ep) {
+		t.Errorf("the new host side %s is up before the endpoint is live", ep.HostIfName)
+	}
+
+	g.openIt()
+	celltest.Eventually(t, "the restored endpoint ready once live", func() bool {
+		ep, found = n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+		return found && ep.State == endpointmanager.Ready
+	})
+	for _, ip := range ep.IPs() {
+		if hostRoute(t, ep, ip) == nil {
+			t.Errorf("no host route to %s through %s once the endpoint is ready", ip, ep.HostIfName)
+		}
+	}
+	if !hostUp(t, ep) {
+		t.Errorf("the host side %s is down once the endpoint is ready", ep.HostIfName)
+	}
+	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
+		t.Errorf("check of the restored endpoint: %v, %v", problems, err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -542,15 +543,38 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //     and it is inserted in the table, from which the endpoint map is
 //     rebuilt.
 func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
-	if err := m.locks.lockAll(ctx); err != nil {
+	starting, err := m.restoreLocked(ctx)
+	if err != nil {
 		return err
+	}
+	var wg sync.WaitGroup
+	for _, s := range starting {
+		wg.Go(func() { m.routeRestored(ctx, s.ep, s.rev) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// startingEndpoint is a restored endpoint whose host side is down, and the
+// revision it was inserted at.
+type startingEndpoint struct {
+	ep  *Endpoint
+	rev statedb.Revision
+}
+
+// restoreLocked is the restore with the whole manager locked. It returns
+// the endpoints whose host side it made again or found down: they are in
+// the table as Starting, for routeRestored.
+func (m *Manager) restoreLocked(ctx context.Context) ([]startingEndpoint, error) {
+	if err := m.locks.lockAll(ctx); err != nil {
+		return nil, err
 	}
 	defer m.locks.unlockAll()
 	start := time.Now()
 
 	files, err := m.states.load()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var keep []*Endpoint
 	rolledBack, gone := 0, 0
@@ -559,21 +583,21 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 		switch {
 		case f.Phase == phaseCreating:
 			if err := m.remove(ep); err != nil {
-				return err
+				return nil, err
 			}
 			rolledBack++
 			m.log.Warn("Rolled back an endpoint whose creation did not finish before the agent stopped",
 				"id", ep.ID, "container", ep.ContainerID, "addresses", ep.IPs())
 		case f.Phase == phaseDeleting:
 			if err := m.remove(ep); err != nil {
-				return err
+				return nil, err
 			}
 			rolledBack++
 			m.log.Warn("Finished deleting an endpoint whose DEL did not finish before the agent stopped",
 				"id", ep.ID, "container", ep.ContainerID, "released", ep.IPs())
 		case !netnsExists(ctx, ep.Netns):
 			if err := m.remove(ep); err != nil {
-				return err
+				return nil, err
 			}
 			gone++
 			m.log.Info("Removed an endpoint whose network namespace is gone",
@@ -581,7 +605,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 		default:
 			if err := m.claim(ep); err != nil {
 				if err := m.states.quarantine(m.states.endpointDir(ep.ID), err); err != nil {
-					return err
+					return nil, err
 				}
 				continue
 			}
@@ -593,7 +617,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	// grace period to be given to the next ADD while it still uses them.
 	orphans, err := m.claimOrphans()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m.problemsMu.Lock()
 	if m.orphans == nil {
@@ -608,7 +632,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	// get addresses from here on.
 	m.ipamRestored()
 	if err := m.ipam.WaitReady(ctx); err != nil {
-		return err
+		return nil, err
 	}
 
 	routers := m.routers()
@@ -617,7 +641,7 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	m.problemsMu.Unlock()
 	host, err := readHost()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Identities are taken again by labels before the endpoints are ready,
 	// all within one timeout; an endpoint keeps the number it had while the
@@ -639,15 +663,26 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 		}
 	}()
 	notReady := 0
+	var starting []startingEndpoint
 	for _, ep := range keep {
 		before := before[ep.ID]
-		if err := m.plumb.plumb(ep, netns.None(), routers, host, true); err != nil {
+		err := m.plumb.plumb(ep, netns.None(), routers, host, true)
+		up := false
+		if err == nil {
+			up, err = hostSideUp(ep)
+		}
+		if err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()
 			m.log.Error("Restored endpoint could not be brought back; its addresses stay reserved",
 				"id", ep.ID, "container", ep.ContainerID, "error", err)
 		} else {
+			// A host side made again, or found down, is routed once the
+			// datapath has the endpoint, as a creation's is.
 			ep.State = Ready
+			if !up {
+				ep.State = Starting
+			}
 			newVeth := ep.HostIfIndex != before.HostIfIndex || ep.MAC.String() != before.MAC.String()
 			if newVeth {
 				m.log.Info("Restored endpoint got a new veth pair", "id", ep.ID, "container", ep.ContainerID,
@@ -655,16 +690,20 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 			}
 			if newVeth || !sameIdentityInputs(ep, &before) || ep.Identity != before.Identity {
 				if err := m.states.write(ep, phaseReady); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
-		if _, err := m.insert(ep); err != nil {
-			return err
+		rev, err := m.insert(ep)
+		if err != nil {
+			return nil, err
+		}
+		if ep.State == Starting {
+			starting = append(starting, startingEndpoint{ep, rev})
 		}
 	}
 	if err := m.ids.RestoreDone(); err != nil {
-		return err
+		return nil, err
 	}
 	txn := m.db.WriteTxn(m.tbl)
 	m.tableRestored(txn)
@@ -684,7 +723,58 @@ func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
 	m.problemsMu.Lock()
 	m.reportProblems()
 	m.problemsMu.Unlock()
-	return nil
+	return starting, nil
+}
+
+// routeRestored finishes a restored endpoint whose host side is down (made
+// again, say, after its veth pair was deleted while the agent was down) as
+// a creation finishes: once every LiveCondition holds (its programs
+// attached, its policy in the maps), it brings the host side up with the
+// host's routes to the pod, and marks it ready. Until then nothing reaches
+// the pod. What fails leaves it not ready, with the error.
+func (m *Manager) routeRestored(ctx context.Context, ep *Endpoint, rev statedb.Revision) {
+	unlock, err := m.locks.lockContainer(ctx, ep.ContainerID)
+	if err != nil {
+		m.log.Warn("Restored endpoint not routed: the agent stops", "id", ep.ID, "container", ep.ContainerID, "error", err)
+		return
+	}
+	defer unlock()
+	if cur, found := m.Lookup(Selector{ID: ep.ID}); !found || cur.ContainerID != ep.ContainerID || cur.State != Starting {
+		return // deleted meanwhile
+	}
+	live, err := m.waitLive(ctx, ep.ID, rev)
+	if err == nil {
+		err = routeHost(ep)
+	}
+	if err == nil {
+		err = m.markReady(ep.ID)
+	}
+	if err != nil && ctx.Err() != nil {
+		return // the agent stops
+	}
+	if err != nil {
+		m.log.Error("Restored endpoint could not be routed; its host side stays down", "id", ep.ID, "container", ep.ContainerID, "error", err)
+		m.markNotReady(ep.ID, err)
+		return
+	}
+	m.log.Info("Restored endpoint routed once live in the datapath", "id", ep.ID, "container", ep.ContainerID,
+		"host-interface", ep.HostIfName, slog.Group("live", live...))
+}
+
+// markNotReady marks endpoint id not ready with err, if it is still there.
+func (m *Manager) markNotReady(id uint16, err error) {
+	txn := m.db.WriteTxn(m.tbl)
+	defer txn.Abort()
+	cur, _, found := m.tbl.Get(txn, EndpointID.Query(id))
+	if !found {
+		return
+	}
+	cur = cur.Clone()
+	cur.State, cur.Error = NotReady, err.Error()
+	if _, _, err := m.tbl.Insert(txn, cur); err != nil {
+		return
+	}
+	txn.Commit()
 }
 
 // claim reserves a restored endpoint's addresses for it.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
@@ -83,7 +84,12 @@ func TestRestore(t *testing.T) {
 		got.State != endpointmanager.Ready {
 		t.Fatalf("restored endpoint\n got %+v\nwant %+v", got, epIntact)
 	}
-	got, found = second.mgr.Lookup(endpointmanager.Selector{ContainerID: repaired.id})
+	// Its new host side is routed once the datapath has it
+	// (TestRestoreRemadeVethWaitsForLive), after the restore.
+	celltest.Eventually(t, "the endpoint whose veth pair was removed ready", func() bool {
+		got, found = second.mgr.Lookup(endpointmanager.Selector{ContainerID: repaired.id})
+		return found && got.State != endpointmanager.Starting
+	})
 	if !found || got.IPv4 != epRepaired.IPv4 || got.State != endpointmanager.Ready || got.HostIfIndex == epRepaired.HostIfIndex {
 		t.Fatalf("endpoint whose veth pair was removed: %+v, %v; want it restored with a new veth pair", got, found)
 	}

@@ -116,10 +116,12 @@ type plumbing struct {
 // restore does not disturb the pod's traffic. routers are the pools'
 // router addresses; host is what the host side has, read once for many
 // endpoints (see readHost), or nil to read it here. podNS is ep.Netns
-// opened by the caller, or netns.None() to open it here. Without
-// withHostRoutes the host's routes to the pod are left out, and a host
-// side it makes stays down: a creation brings it up and adds them
-// (routeHost) once the datapath has the endpoint.
+// opened by the caller, or netns.None() to open it here. A host side it
+// makes, or finds down, stays down and without the host's routes to the
+// pod: the caller brings it up and adds them (routeHost) once the
+// datapath has the endpoint, its programs attached and its policy in the
+// maps; before, traffic would reach the pod unchecked. Without
+// withHostRoutes those routes are left out also when the host side is up.
 func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool) error {
 	mtu := p.mtu()
 	if podNS == netns.None() {
@@ -171,11 +173,7 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 	// routeHost), once the datapath has it: its programs are attached
 	// while it is down, which spares the node's RTNL lock a wait for the
 	// kernel's RCU (see the loader's tc.go).
-	if withHostRoutes && hostLink.Attrs().Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(hostLink); err != nil {
-			return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
-		}
-	}
+	withHostRoutes = withHostRoutes && hostLink.Attrs().Flags&net.FlagUp != 0
 	if podLink.Attrs().Flags&net.FlagUp == 0 {
 		if err := pod.LinkSetUp(podLink); err != nil {
 			return fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
@@ -222,6 +220,15 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 	ep.HostMAC = MAC(hostLink.Attrs().HardwareAddr)
 	ep.HostIfIndex = hostIndex
 	return nil
+}
+
+// hostSideUp says whether ep's host side is up.
+func hostSideUp(ep *Endpoint) (bool, error) {
+	link, err := netlink.LinkByIndex(ep.HostIfIndex)
+	if err != nil {
+		return false, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
+	}
+	return link.Attrs().Flags&net.FlagUp != 0, nil
 }
 
 // routeHost brings a new endpoint's host side up and adds the host's

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -122,7 +123,98 @@ func TestNetworkPolicyRestart(t *testing.T) {
 			return
 		}
 	}
+	if !t.Run("veth-remade", func(t *testing.T) { testVethRemadeAtRestart(t, c, r) }) {
+		return
+	}
 	t.Run("kill-during-convergence", func(t *testing.T) { testKillDuringConvergence(t, c, r) })
+}
+
+// testVethRemadeAtRestart kills node-1's agent, deletes server-1's veth
+// pair while it is down, and starts it again, which makes a new pair for
+// the pod. From before the agent starts until the endpoint is ready, the
+// pods that server-1's policy denies probe it every few milliseconds: none
+// may connect, as they would through a host side routed before its
+// programs are attached. Then every pair must be as the policy says.
+func testVethRemadeAtRestart(t *testing.T, c *devclustertest.Cluster, r *restartProbes) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, _ := c.Cluster.Client("node-1")
+	server := c.Pod("server-1")
+	ep, err := cl.Endpoint(ctx, client.ContainerEndpointID(server.ContainerID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.KillAgent("node-1")
+	if out, err := exec.Command("nsenter", "--net="+c.Node("node-1").NetNS, "ip", "link", "del", ep.HostInterface).CombinedOutput(); err != nil {
+		t.Fatalf("delete %s in node-1: %v: %s", ep.HostInterface, err, out)
+	}
+
+	// Denied: others to servers, clients to servers on port 81.
+	type deniedProbe struct {
+		prober *devclustertest.Prober
+		what   string
+		probe  devclustertest.Probe
+	}
+	var probes []deniedProbe
+	for i, p := range r.pods {
+		port, ok := uint16(80), app(p.Name) == "other"
+		if app(p.Name) == "client" {
+			port, ok = 81, true
+		}
+		if !ok {
+			continue
+		}
+		to := netip.AddrPortFrom(server.IPv4, port)
+		probes = append(probes, deniedProbe{r.probers[i], p.Name + " -> " + to.String(), devclustertest.Probe{Protocol: devclustertest.TCP, To: to, Timeout: 200 * time.Millisecond}})
+	}
+	var (
+		mu        sync.Mutex
+		connected []string
+		sent      int
+		wg        sync.WaitGroup
+	)
+	quit := make(chan struct{})
+	wg.Go(func() {
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+			for _, p := range probes {
+				wg.Go(func() {
+					at := time.Now().Format("15:04:05.000")
+					res := p.prober.Run([]devclustertest.Probe{p.probe})[0]
+					mu.Lock()
+					defer mu.Unlock()
+					sent++
+					if res.OK {
+						connected = append(connected, at+" "+p.what)
+					}
+				})
+			}
+		}
+	})
+	start := time.Now()
+	c.StartAgent("node-1")
+	ready := time.Now()
+	polltest.Until(t, "server-1's endpoint ready on a new veth pair", 30*time.Second, 20*time.Millisecond, func() (bool, string) {
+		now, err := cl.Endpoint(ctx, client.ContainerEndpointID(server.ContainerID))
+		return err == nil && now.State == "ready" && now.HostIfIndex != ep.HostIfIndex, fmt.Sprintf("%+v %v", now, err)
+	})
+	routed := time.Now()
+	close(quit)
+	wg.Wait()
+	t.Logf("%d denied probes of server-1 from %v, while node-1's agent started (ready after %v) and made server-1 a new veth pair (ready %v later)",
+		sent, start.Format("15:04:05.000"), ready.Sub(start).Round(time.Millisecond), routed.Sub(ready).Round(time.Millisecond))
+	if len(connected) > 0 {
+		slices.Sort(connected)
+		t.Errorf("%d denied probes connected to server-1 while its veth pair was made again:\n%s", len(connected), strings.Join(connected, "\n"))
+	}
+	r.waitEnforced(t, 30*time.Second)
+	checkPolicyMapsExact(t, c, "node-1")
 }
 
 // testRestartUnderProbes takes node-1's agent down with down, keeps it
