@@ -44,7 +44,9 @@
 //     "creating" are undone and those "deleting" deleted, endpoints whose
 //     netns is gone are removed and their addresses released, and the rest
 //     are checked against the kernel and fixed where they differ, without
-//     disturbing a pod whose interfaces are intact. An address whose owner
+//     disturbing a pod whose interfaces are intact. A host side made again
+//     (or found down) stays down and unrouted, the endpoint starting, until
+//     it is live, as a creation's does; then it is routed and ready. An address whose owner
 //     still has its veth pair is never released, also when its state file
 //     was lost: it is claimed for that container until its DEL. What the
 //     restore could not use is the health row endpoint-manager.state.
