@@ -104,14 +104,7 @@ func TestCreateWaitsForLive(t *testing.T) {
 	if !found || ep.State != endpointmanager.Starting {
 		t.Fatalf("while the creation waits, the endpoint is %+v (found %v), want it starting", ep, found)
 	}
-	for _, ip := range ep.IPs() {
-		if r := hostRoute(t, ep, ip); r != nil {
-			t.Errorf("the host routes to %s through %s before the endpoint is live: %s", ip, ep.HostIfName, r)
-		}
-	}
-	if hostUp(t, ep) {
-		t.Errorf("the host side %s is up before the endpoint is live", ep.HostIfName)
-	}
+	checkRouted(t, ep, false)
 	// The creation counts itself waiting once the condition it asked
 	// has answered: after asked is closed.
 	celltest.Eventually(t, "cellium_endpoints_waiting{for=gate} 1 while the creation waits", func() bool {
@@ -131,14 +124,7 @@ func TestCreateWaitsForLive(t *testing.T) {
 	if r.ep.State != endpointmanager.Ready {
 		t.Fatalf("created endpoint is %s, want ready", r.ep.State)
 	}
-	for _, ip := range r.ep.IPs() {
-		if hostRoute(t, r.ep, ip) == nil {
-			t.Errorf("no host route to %s through %s once the endpoint is ready", ip, r.ep.HostIfName)
-		}
-	}
-	if !hostUp(t, r.ep) {
-		t.Errorf("the host side %s is down once the endpoint is ready", r.ep.HostIfName)
-	}
+	checkRouted(t, r.ep, true)
 	if got := waiting(t, n.metrics, "gate"); got != 0 {
 		t.Errorf("cellium_endpoints_waiting{for=gate} = %v after the creation, want 0", got)
 	}
@@ -147,6 +133,23 @@ func TestCreateWaitsForLive(t *testing.T) {
 	g.mu.Unlock()
 	if len(revs) == 0 || revs[0] == 0 {
 		t.Errorf("the condition was asked with revisions %v, want the endpoint's row's", revs)
+	}
+}
+
+// checkRouted checks that ep's host side is up, with the host's routes to
+// the pod through it (ready), or down without them (before it is live).
+func checkRouted(t *testing.T, ep *endpointmanager.Endpoint, ready bool) {
+	t.Helper()
+	for _, ip := range ep.IPs() {
+		switch r := hostRoute(t, ep, ip); {
+		case ready && r == nil:
+			t.Errorf("no host route to %s through %s once the endpoint is ready", ip, ep.HostIfName)
+		case !ready && r != nil:
+			t.Errorf("the host routes to %s through %s before the endpoint is live: %s", ip, ep.HostIfName, r)
+		}
+	}
+	if up := hostUp(t, ep); up != ready {
+		t.Errorf("the host side %s is up=%v, want %v (endpoint %s)", ep.HostIfName, up, ready, ep.State)
 	}
 }
 
@@ -316,28 +319,14 @@ func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
 	if !found || ep.State != endpointmanager.Starting || ep.HostIfIndex == before.HostIfIndex {
 		t.Fatalf("while the live condition does not hold, the restored endpoint is %+v (found %v), want it starting on a new veth pair", ep, found)
 	}
-	for _, ip := range ep.IPs() {
-		if r := hostRoute(t, ep, ip); r != nil {
-			t.Errorf("the host routes to %s through %s before the endpoint is live: %s", ip, ep.HostIfName, r)
-		}
-	}
-	if hostUp(t, ep) {
-		t.Errorf("the new host side %s is up before the endpoint is live", ep.HostIfName)
-	}
+	checkRouted(t, ep, false)
 
 	g.openIt()
 	celltest.Eventually(t, "the restored endpoint ready once live", func() bool {
 		ep, found = n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
 		return found && ep.State == endpointmanager.Ready
 	})
-	for _, ip := range ep.IPs() {
-		if hostRoute(t, ep, ip) == nil {
-			t.Errorf("no host route to %s through %s once the endpoint is ready", ip, ep.HostIfName)
-		}
-	}
-	if !hostUp(t, ep) {
-		t.Errorf("the host side %s is down once the endpoint is ready", ep.HostIfName)
-	}
+	checkRouted(t, ep, true)
 	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
 		t.Errorf("check of the restored endpoint: %v, %v", problems, err)
 	}

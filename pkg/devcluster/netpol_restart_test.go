@@ -234,12 +234,7 @@ func testRestartUnderProbes(t *testing.T, c *devclustertest.Cluster, r *restartP
 	// A round begun and ended while the agent is down.
 	r.waitRounds(t, 2)
 	downFor := time.Now()
-	c.StartAgent("node-1")
-	ready := time.Now()
-	waitPolicyMapsSettled(t, c, "node-1")
-	settled := time.Now()
-	r.waitRounds(t, 2)
-	bad, rounds, probes := r.stop()
+	ready, settled, bad, rounds, probes := startSettled(t, c, r, 2)
 	t.Logf("%d probes in %d rounds over %v: agent down after %v, down for %v (%v of it probed), ready %v after its start, policy maps settled %v later",
 		probes, rounds, time.Since(start).Round(time.Millisecond), stopped.Sub(start).Round(time.Millisecond),
 		ready.Sub(stopped).Round(time.Millisecond), downFor.Sub(stopped).Round(time.Millisecond),
@@ -254,6 +249,19 @@ func testRestartUnderProbes(t *testing.T, c *devclustertest.Cluster, r *restartP
 		t.Errorf("node-2's agent made %v policy map writes while node-1's restarted, want 0", w)
 	}
 	checkPolicyMapsExact(t, c, "node-1")
+}
+
+// startSettled starts node-1's agent, waits until its policy maps settle
+// and the probes make n more rounds, and stops them: when the agent was
+// ready and settled, and what stop says.
+func startSettled(t *testing.T, c *devclustertest.Cluster, r *restartProbes, n int) (ready, settled time.Time, bad []string, rounds, probes int) {
+	c.StartAgent("node-1")
+	ready = time.Now()
+	waitPolicyMapsSettled(t, c, "node-1")
+	settled = time.Now()
+	r.waitRounds(t, n)
+	bad, rounds, probes = r.stop()
+	return
 }
 
 // testKillDuringConvergence restarts node-1's agent with a fault point
@@ -284,12 +292,7 @@ func testKillDuringConvergence(t *testing.T, c *devclustertest.Cluster, r *resta
 		t.Fatalf("node-1's agent exited, but not at the fault point (%v); the end of its log:\n%s", err, tailLines(string(log), 20))
 	}
 	r.waitRounds(t, 1)
-	c.StartAgent("node-1")
-	ready := time.Now()
-	waitPolicyMapsSettled(t, c, "node-1")
-	settled := time.Now()
-	r.waitRounds(t, 1)
-	bad, rounds, probes := r.stop()
+	ready, settled, bad, rounds, probes := startSettled(t, c, r, 1)
 	writes := policyMapWrites(t, c.Node("node-1"))
 	t.Logf("%d probes in %d rounds over %v: node-1's agent killed %v after the change was written, ready %v after, its maps settled %v later with %v writes",
 		probes, rounds, time.Since(start).Round(time.Millisecond), crashed.Sub(written).Round(time.Millisecond),
