@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"iter"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strconv"
 
@@ -89,9 +90,28 @@ func programsAttacher(log *slog.Logger, reg *bpfmaps.Registry, progs endpointPro
 	return newEndpointLinks(log, reg, progs)
 }
 
-// AttachPrograms attaches ep's programs, as Update does.
+// AttachPrograms attaches a new endpoint's programs. Its host side is new,
+// with the clsact qdisc the endpoint manager made with it and no filter,
+// so each hook's filter is added without asking first: Update lists the
+// filters and adds the qdisc, two netlink calls more per hook under the
+// node's RTNL lock, which the ADDs of many pods at once queue for. When a
+// pinned link of an earlier agent has the endpoint's ID, or a filter
+// cannot be added so, Update does it.
 func (o *endpointLinks) AttachPrograms(ep *endpointmanager.Endpoint) error {
-	return o.Update(context.Background(), nil, 0, ep)
+	for _, h := range endpointHooks {
+		if _, err := os.Lstat(filepath.Join(o.dir, pinName(ep.ID, h))); !errors.Is(err, fs.ErrNotExist) {
+			return o.Update(context.Background(), nil, 0, ep)
+		}
+	}
+	for _, h := range endpointHooks {
+		prog, _ := o.progs.program(h)
+		f := tcFilter(ep.HostIfIndex, h)
+		f.Fd = prog.FD()
+		if err := netlink.FilterReplace(f); err != nil {
+			return o.Update(context.Background(), nil, 0, ep)
+		}
+	}
+	return nil
 }
 
 // registerEndpointReconciler reconciles the endpoints table into the

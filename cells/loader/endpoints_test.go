@@ -57,6 +57,8 @@ type datapath struct {
 	health statedb.Table[*health.Status]
 	logs   *logtest.Recorder
 	stop   func()
+	// attach is the endpoint manager's attach step of a creation.
+	attach endpointmanager.ProgramsAttacher
 }
 
 func startDatapath(t *testing.T, env *socklbtest.Env, root string) *datapath {
@@ -65,8 +67,8 @@ func startDatapath(t *testing.T, env *socklbtest.Env, root string) *datapath {
 		d    datapath
 		maps *lbmaps.Maps
 	)
-	h := env.Datapath(root, &maps, cell.Invoke(func(eps *socklbtest.Endpoints, ct *ctmaps.Maps, status statedb.Table[*health.Status]) {
-		d.eps, d.ct, d.health = eps, ct, status
+	h := env.Datapath(root, &maps, cell.Invoke(func(eps *socklbtest.Endpoints, ct *ctmaps.Maps, status statedb.Table[*health.Status], attach endpointmanager.ProgramsAttacher) {
+		d.eps, d.ct, d.health, d.attach = eps, ct, status, attach
 	}))
 	d.logs = logtest.NewRecorder(hivetest.Logger(t).Handler())
 	d.stop = startLogging(t, h, slog.New(d.logs))
@@ -331,6 +333,29 @@ func TestEndpointPrograms(t *testing.T) {
 		return filterOn(t, ifindex, 0) == 0 && filterOn(t, ifindex, 1) == 0
 	})
 	wantDetached(t, root, 1, ifindex)
+}
+
+// The attach step of a creation (ProgramsAttacher) makes a new host side,
+// with the clsact qdisc the endpoint manager made with it, run both
+// programs as its only filters; on a host side without the qdisc it
+// falls back to the reconciler's attach, which adds it.
+func TestAttachProgramsOfNewEndpoint(t *testing.T) {
+	env := socklbtest.New(t)
+	d := startDatapath(t, env, bpfmapstest.Root(t))
+	withQdisc := newPod(t).endpoint(1)
+	if err := endpointmanager.AddClsact(withQdisc.HostIfIndex); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.attach.AttachPrograms(withQdisc); err != nil {
+		t.Fatalf("attach to a new host side with its qdisc: %v", err)
+	}
+	wantAttached(t, withQdisc)
+
+	without := newPod(t).endpoint(2)
+	if err := d.attach.AttachPrograms(without); err != nil {
+		t.Fatalf("attach to a host side without a qdisc: %v", err)
+	}
+	wantAttached(t, without)
 }
 
 // A restarted agent moves the filters to its own programs in place,
