@@ -512,6 +512,24 @@ func TestResidentPages(t *testing.T) {
 	if cobra.bytes[kindText] == 0 || cobra.bytes[kindPclntab] == 0 || cobra.bytes[kindTypes] == 0 {
 		t.Errorf("package cobra has no resident text, pclntab or types: %+v", cobra)
 	}
+	// The type descriptors are most of .rodata, and each is attributed to
+	// its type: little is left to type:* itself (the type names before the
+	// first descriptor).
+	var rodata, types, unattributed uint64
+	for _, s := range r.sections {
+		if s.name == ".rodata" {
+			rodata = s.resident
+		}
+	}
+	for _, p := range r.packages {
+		types += p.bytes[kindTypes]
+		if p.name == "type:*" {
+			unattributed = p.total()
+		}
+	}
+	if types < rodata/2 || unattributed > rodata/4 {
+		t.Errorf("of .rodata's %d resident bytes, %d are attributed to types and %d left to type:*", rodata, types, unattributed)
+	}
 	var out strings.Builder
 	r.write(&out, 100)
 	t.Logf("agent monitor, waiting:\n%s", out.String())
