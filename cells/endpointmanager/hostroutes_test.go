@@ -55,7 +55,7 @@ func TestHostRouteDrift(t *testing.T) {
 		if err := netlink.RouteDel(r); err != nil {
 			t.Fatal(err)
 		}
-		celltest.Eventually(t, fmt.Sprintf("the host route to %s put back", ip), func() bool { return hostRoute(t, ep, ip) != nil })
+		celltest.Eventually(t, fmt.Sprintf("the host route to %s put back", ip), func() (bool, string) { r := hostRoute(t, ep, ip); return r != nil, "no route" })
 		if got, want := repairs(), float64(i+1); got != want {
 			t.Fatalf("repairs = %v, want %v", got, want)
 		}

@@ -3,6 +3,7 @@ package endpointmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -107,8 +108,9 @@ func TestCreateWaitsForLive(t *testing.T) {
 	checkRouted(t, ep, false)
 	// The creation counts itself waiting once the condition it asked
 	// has answered: after asked is closed.
-	celltest.Eventually(t, "cellium_endpoints_waiting{for=gate} 1 while the creation waits", func() bool {
-		return waiting(t, n.metrics, "gate") == 1
+	celltest.Eventually(t, "cellium_endpoints_waiting{for=gate} 1 while the creation waits", func() (bool, string) {
+		n := waiting(t, n.metrics, "gate")
+		return n == 1, fmt.Sprint(n, " waiting")
 	})
 	select {
 	case r := <-done:

@@ -3,6 +3,7 @@ package endpointmanager_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,13 +66,14 @@ func TestCreateWaitsForPolicy(t *testing.T) {
 
 	p := newPod(t)
 	done := n.createAsync(p)
-	celltest.Eventually(t, "the creation waiting for its policy", func() bool {
+	celltest.Eventually(t, "the creation waiting for its policy", func() (bool, string) {
 		select {
 		case r := <-done:
 			t.Fatalf("Create returned before the policy was computed: %+v, %v", r.ep, r.err)
 		default:
 		}
-		return waiting(t, n.metrics, "policy") == 1
+		n := waiting(t, n.metrics, "policy")
+		return n == 1, fmt.Sprint(n, " waiting")
 	})
 	ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
 	if !found || ep.State != endpointmanager.Starting {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -88,10 +89,10 @@ func TestCNIConfig(t *testing.T) {
 	tn.start(t, nodeOpts{})
 	path := filepath.Join(tn.dir, "net.d", "05-cellium.conflist")
 	var data []byte
-	celltest.Eventually(t, "the CNI configuration", func() bool {
+	celltest.Eventually(t, "the CNI configuration", func() (bool, string) {
 		var err error
 		data, err = os.ReadFile(path)
-		return err == nil
+		return err == nil, fmt.Sprint(err)
 	})
 	var conf struct {
 		CNIVersion string `json:"cniVersion"`

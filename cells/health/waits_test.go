@@ -3,6 +3,7 @@ package health_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"slices"
 	"strings"
@@ -151,17 +152,17 @@ func TestWaits(t *testing.T) {
 	// Overdue: the health module names both.
 	healthError := func(substr ...string) {
 		t.Helper()
-		celltest.Eventually(t, "readiness health error naming "+strings.Join(substr, ", "), func() bool {
+		celltest.Eventually(t, "readiness health error naming "+strings.Join(substr, ", "), func() (bool, string) {
 			st, _, found := statuses.Get(db.ReadTxn(), health.StatusID.Query("health.job-readiness-timeout"))
 			if !found || st.Level != cell.StatusDegraded {
-				return false
+				return false, fmt.Sprintf("found %v: %+v", found, st)
 			}
 			for _, s := range substr {
 				if !strings.Contains(st.Error, s) {
-					return false
+					return false, fmt.Sprintf("%+v", st)
 				}
 			}
-			return true
+			return true, ""
 		})
 	}
 	healthError("widgets-synced", "widgets-written")
@@ -185,8 +186,8 @@ func TestWaits(t *testing.T) {
 	// The kernel takes it on retry: ready, and healthy again.
 	works.Store(true)
 	waitFor("ready", func(hz apiv1.Healthz) bool { return hz.Ready })
-	celltest.Eventually(t, "readiness health back to OK", func() bool {
+	celltest.Eventually(t, "readiness health back to OK", func() (bool, string) {
 		st, _, found := statuses.Get(db.ReadTxn(), health.StatusID.Query("health.job-readiness-timeout"))
-		return found && st.Level == cell.StatusOK
+		return found && st.Level == cell.StatusOK, fmt.Sprintf("found %v: %+v", found, st)
 	})
 }

@@ -171,9 +171,9 @@ func TestCRDAllocation(t *testing.T) {
 	if err != nil || strings.Join(obj.Spec.Labels, ";") != web("default").String() {
 		t.Fatalf("CelliumIdentity %s = %+v, %v; want the label set", id, obj, err)
 	}
-	celltest.Eventually(t, "node-2 knows the identity from its object", func() bool {
+	celltest.Eventually(t, "node-2 knows the identity from its object", func() (bool, string) {
 		row, found := n2.row(id)
-		return found && row.Source == SourceCRD && row.Labels.Equal(web("default"))
+		return found && row.Source == SourceCRD && row.Labels.Equal(web("default")), fmt.Sprintf("found %v: %+v", found, row)
 	})
 	if got, ok := n2.a.Lookup(web("default")); !ok || got != id {
 		t.Fatalf("Lookup on node-2 = %v, %v; want %v", got, ok, id)
@@ -223,9 +223,9 @@ func TestCRDAllocation(t *testing.T) {
 		if _, err := c.admin.CreateIdentity(ctx, &k8sapi.CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: bad.name}, Spec: k8sapi.IdentitySpec{Labels: []string{bad.label}}}); err != nil {
 			t.Fatal(err)
 		}
-		celltest.Eventually(t, "node-2's health names "+bad.name, func() bool {
+		celltest.Eventually(t, "node-2's health names "+bad.name, func() (bool, string) {
 			s, _, found := n2.hs.Get(n2.a.db.ReadTxn(), health.StatusID.Query("identity.crd-identities"))
-			return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, bad.name+": ") && strings.Contains(s.Error, bad.why)
+			return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, bad.name+": ") && strings.Contains(s.Error, bad.why), fmt.Sprintf("found %v: %+v", found, s)
 		})
 	}
 	for _, n := range []identity.NumericIdentity{400, 401} {
@@ -239,9 +239,9 @@ func TestCRDAllocation(t *testing.T) {
 	if err := c.admin.DeleteIdentity(ctx, "400", ""); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "a deleted bad object leaves health", func() bool {
+	celltest.Eventually(t, "a deleted bad object leaves health", func() (bool, string) {
 		s, _, _ := n2.hs.Get(n2.a.db.ReadTxn(), health.StatusID.Query("identity.crd-identities"))
-		return !strings.Contains(s.Error, "400: ")
+		return !strings.Contains(s.Error, "400: "), fmt.Sprintf("%+v", s)
 	})
 
 	// An object nobody here uses goes from the table when deleted.
@@ -249,11 +249,14 @@ func TestCRDAllocation(t *testing.T) {
 	if _, err := c.admin.CreateIdentity(ctx, &k8sapi.CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "500"}, Spec: k8sapi.IdentitySpec{Labels: other.Strings()}}); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "500 known on node-1", func() bool { n, ok := n1.a.Lookup(other); return ok && n == 500 })
+	celltest.Eventually(t, "500 known on node-1", func() (bool, string) {
+		n, ok := n1.a.Lookup(other)
+		return ok && n == 500, fmt.Sprintf("lookup: %v, %v", n, ok)
+	})
 	if err := c.admin.DeleteIdentity(ctx, "500", ""); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "500 gone on node-1", func() bool { _, found := n1.row(500); return !found })
+	celltest.Eventually(t, "500 gone on node-1", func() (bool, string) { row, found := n1.row(500); return !found, fmt.Sprintf("%+v", row) })
 	if err := c.admin.DeleteIdentity(ctx, "500", ""); !apierrors.IsNotFound(err) {
 		t.Fatalf("delete again: %v", err)
 	}
@@ -360,9 +363,12 @@ func TestCRDGC(t *testing.T) {
 	if err := c.admin.DeleteIdentity(ctx, used.String(), ""); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the identity in use written back", func() bool {
+	celltest.Eventually(t, "the identity in use written back", func() (bool, string) {
 		obj, err := c.admin.GetIdentity(ctx, used.String())
-		return err == nil && strings.Join(obj.Spec.Labels, ";") == set("used").String()
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Join(obj.Spec.Labels, ";") == set("used").String(), fmt.Sprint(obj.Spec.Labels)
 	})
 }
 
@@ -381,7 +387,10 @@ func TestCRDAPIServerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "node-2 knows the identity", func() bool { n, ok := n2.a.Lookup(web("default")); return ok && n == id })
+	celltest.Eventually(t, "node-2 knows the identity", func() (bool, string) {
+		n, ok := n2.a.Lookup(web("default"))
+		return ok && n == id, fmt.Sprintf("lookup: %v, %v", n, ok)
+	})
 
 	c.kas.Stop()
 	if got, err := n2.a.Allocate(ctx, web("default")); err != nil || got != id {
@@ -414,9 +423,9 @@ func TestCRDAPIServerRestart(t *testing.T) {
 		fresh, err = n2.a.Allocate(short, web("new"))
 		return err == nil, fmt.Sprint(err)
 	})
-	celltest.Eventually(t, "node-1's watch resumed: it knows the new identity", func() bool {
+	celltest.Eventually(t, "node-1's watch resumed: it knows the new identity", func() (bool, string) {
 		n, ok := n1.a.Lookup(web("new"))
-		return ok && n == fresh
+		return ok && n == fresh, fmt.Sprintf("lookup: %v, %v", n, ok)
 	})
 	celltest.Eventually(t, "node-1's watch OK and its state "+stateWatching+" again", watchHealth(n1, cell.StatusOK))
 }

@@ -2,6 +2,7 @@ package identity
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -251,9 +252,9 @@ func TestClusterAllocator(t *testing.T) {
 	if len(raw) != 2 {
 		t.Fatalf("value keys %v, want one per node", raw)
 	}
-	celltest.Eventually(t, "node b's table knows the identity", func() bool {
+	celltest.Eventually(t, "node b's table knows the identity", func() (bool, string) {
 		id, ok := b.Lookup(web("race"))
-		return ok && id == n
+		return ok && id == n, fmt.Sprintf("lookup: %v, %v", id, ok)
 	})
 	// A label set allocated later on one node gets the same number on the
 	// other.
@@ -355,9 +356,9 @@ func TestGC(t *testing.T) {
 	}
 	// reused gets a user again between the rounds, on b, which knows its
 	// master key (a label set nobody uses may otherwise get a new number).
-	celltest.Eventually(t, "node b knows the reused identity", func() bool {
+	celltest.Eventually(t, "node b knows the reused identity", func() (bool, string) {
 		id, ok := b.Lookup(web("reused"))
-		return ok && id == reused
+		return ok && id == reused, fmt.Sprintf("lookup: %v, %v", id, ok)
 	})
 	if again, err := b.Allocate(ctx, web("reused")); err != nil || again != reused {
 		t.Fatalf("reallocating %v = %v, %v; want the same number", reused, again, err)
@@ -402,9 +403,9 @@ func allocatedOne(t *testing.T, prefix string) (a *Allocator, ctx context.Contex
 // that a still resolves ls to n.
 func wantMasterKeyBack(t *testing.T, ctx context.Context, a *Allocator, n identity.NumericIdentity, ls labels.Labels) {
 	t.Helper()
-	celltest.Eventually(t, "the master key of "+n.String()+" back", func() bool {
+	celltest.Eventually(t, "the master key of "+n.String()+" back", func() (bool, string) {
 		v, found, err := a.kv.Get(ctx, idPrefix+n.String())
-		return err == nil && found && string(v) == ls.String()
+		return err == nil && found && string(v) == ls.String(), fmt.Sprintf("%q found %v, %v", v, found, err)
 	})
 	if id, ok := a.Lookup(ls); !ok || id != n {
 		t.Fatalf("Lookup(%s) after the master key came back = %v, %v; want %v", ls, id, ok, n)
@@ -425,12 +426,12 @@ func TestTwoMastersForOneLabelSet(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	celltest.Eventually(t, "both numbers in the table", func() bool {
-		n := 0
-		for range a.tbl.List(a.db.ReadTxn(), ByLabels.Query(ls)) {
-			n++
+	celltest.Eventually(t, "both numbers in the table", func() (bool, string) {
+		var rows []string
+		for row := range a.tbl.List(a.db.ReadTxn(), ByLabels.Query(ls)) {
+			rows = append(rows, fmt.Sprintf("%+v", row))
 		}
-		return n == 2
+		return len(rows) == 2, fmt.Sprint(rows)
 	})
 	// The allocator joins the number in use, not the lowest one the
 	// table names.
@@ -498,7 +499,7 @@ func TestParallelUses(t *testing.T) {
 			}
 			wg.Wait()
 			want := 1 + users/2
-			celltest.Eventually(t, "the row's Refs to be the users left", func() bool { return refs() == want })
+			celltest.Eventually(t, "the row's Refs to be the users left", func() (bool, string) { n := refs(); return n == want, fmt.Sprint("Refs ", n) })
 
 			for range want - 1 {
 				wg.Go(func() {
@@ -508,7 +509,7 @@ func TestParallelUses(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			celltest.Eventually(t, "the row's Refs to be the last user", func() bool { return refs() == 1 })
+			celltest.Eventually(t, "the row's Refs to be the last user", func() (bool, string) { n := refs(); return n == 1, fmt.Sprint("Refs ", n) })
 			if err := a.Release(ctx, first); err != nil {
 				t.Fatal(err)
 			}
@@ -531,7 +532,7 @@ func TestParallelUses(t *testing.T) {
 			if _, found, err := a.kv.Get(ctx, a.valueKey(web("par").String())); err != nil || found {
 				t.Errorf("this node's value key after the last release: found %v, %v; want it deleted", found, err)
 			}
-			celltest.Eventually(t, "the row's Refs to be 0", func() bool { return refs() == 0 })
+			celltest.Eventually(t, "the row's Refs to be 0", func() (bool, string) { n := refs(); return n == 0, fmt.Sprint("Refs ", n) })
 		})
 	}
 }
@@ -576,7 +577,7 @@ func TestKnownUseWritesNoRow(t *testing.T) {
 		}
 		return err
 	})
-	celltest.Eventually(t, "the row's Refs to be 2", func() bool { return refs() == 2 })
+	celltest.Eventually(t, "the row's Refs to be 2", func() (bool, string) { n := refs(); return n == 2, fmt.Sprint("Refs ", n) })
 	whileTableHeld("a release that leaves a user", func() error { return a.Release(ctx, first) })
-	celltest.Eventually(t, "the row's Refs to be 1", func() bool { return refs() == 1 })
+	celltest.Eventually(t, "the row's Refs to be 1", func() (bool, string) { n := refs(); return n == 1, fmt.Sprint("Refs ", n) })
 }

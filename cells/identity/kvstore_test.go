@@ -54,24 +54,25 @@ func TestEveryKeyDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ls := web("all").String()
-	celltest.Eventually(t, "the master key and both value keys back, leased", func() bool {
+	celltest.Eventually(t, "the master key and both value keys back, leased", func() (bool, string) {
 		master, found, err := a.kv.Get(ctx, idPrefix+n.String())
 		if err != nil || !found || string(master) != ls {
-			return false
+			return false, fmt.Sprintf("master key %q found %v, %v", master, found, err)
 		}
 		values, err := a.kv.List(ctx, valuePrefix+ls+"/")
 		if err != nil || len(values) != 2 {
-			return false
+			return false, fmt.Sprintf("value keys %+v, %v", values, err)
 		}
 		for _, v := range values {
 			if string(v.Value) != n.String() || v.Lease == 0 {
-				return false
+				return false, fmt.Sprintf("value key %+v", v)
 			}
 		}
-		return true
+		return true, ""
 	})
-	celltest.Eventually(t, "a repair counted on each node", func() bool {
-		return testutil.ToFloat64(a.repairs) >= 1 && testutil.ToFloat64(b.repairs) >= 1
+	celltest.Eventually(t, "a repair counted on each node", func() (bool, string) {
+		ra, rb := testutil.ToFloat64(a.repairs), testutil.ToFloat64(b.repairs)
+		return ra >= 1 && rb >= 1, fmt.Sprintf("repairs %v and %v", ra, rb)
 	})
 	for range 3 {
 		if err := a.gcRound(ctx); err != nil {
@@ -97,11 +98,17 @@ func TestVanishedMasterKeepsNumber(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	celltest.Eventually(t, "node a knows 300", func() bool { id, ok := a.Lookup(web("van")); return ok && id == 300 })
+	celltest.Eventually(t, "node a knows 300", func() (bool, string) {
+		id, ok := a.Lookup(web("van"))
+		return ok && id == 300, fmt.Sprintf("lookup: %v, %v", id, ok)
+	})
 	if err := a.kv.Delete(ctx, idPrefix+"300"); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "node a forgot 300", func() bool { _, ok := a.Lookup(web("van")); return !ok })
+	celltest.Eventually(t, "node a forgot 300", func() (bool, string) {
+		id, ok := a.Lookup(web("van"))
+		return !ok, fmt.Sprintf("lookup: %v, %v", id, ok)
+	})
 	n, err := a.Allocate(ctx, web("van"))
 	if err != nil || n != 300 {
 		t.Fatalf("Allocate = %v, %v; want 300, the number the value keys name", n, err)
@@ -147,7 +154,10 @@ func TestMasterKeysRefused(t *testing.T) {
 	if _, err := a.kv.UpdateIfDifferent(ctx, idPrefix+"300", []byte(web("ref").String())); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "300 known", func() bool { id, ok := a.Lookup(web("ref")); return ok && id == 300 })
+	celltest.Eventually(t, "300 known", func() (bool, string) {
+		id, ok := a.Lookup(web("ref"))
+		return ok && id == 300, fmt.Sprintf("lookup: %v, %v", id, ok)
+	})
 
 	big := web("big").String() + ";k8s:x=" + strings.Repeat("y", maxMasterValue)
 	for _, c := range []struct{ key, value, why string }{
@@ -160,17 +170,17 @@ func TestMasterKeysRefused(t *testing.T) {
 		if _, err := a.kv.UpdateIfDifferent(ctx, idPrefix+c.key, []byte(c.value)); err != nil {
 			t.Fatal(err)
 		}
-		celltest.Eventually(t, "health names "+c.key, func() bool {
+		celltest.Eventually(t, "health names "+c.key, func() (bool, string) {
 			s, _, found := hs.Get(a.db.ReadTxn(), health.StatusID.Query("identity.job-watch-identities"))
-			return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, idPrefix+c.key+": ") && strings.Contains(s.Error, c.why)
+			return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, idPrefix+c.key+": ") && strings.Contains(s.Error, c.why), fmt.Sprintf("found %v: %+v", found, s)
 		})
 	}
 	if err := a.kv.Delete(ctx, idPrefix+"0300"); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the alias gone from health", func() bool {
+	celltest.Eventually(t, "the alias gone from health", func() (bool, string) {
 		s, _, _ := hs.Get(a.db.ReadTxn(), health.StatusID.Query("identity.job-watch-identities"))
-		return !strings.Contains(s.Error, idPrefix+"0300:")
+		return !strings.Contains(s.Error, idPrefix+"0300:"), fmt.Sprintf("%+v", s)
 	})
 	row, _, found := a.tbl.Get(a.db.ReadTxn(), ByID.Query(300))
 	if !found || row.Labels.String() != web("ref").String() {

@@ -3,6 +3,7 @@ package ipcache_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -100,20 +101,16 @@ func (n *node) stop(t testing.TB) {
 func (n *node) mapHas(t *testing.T, addr string, id identity.NumericIdentity, tunnel string) {
 	t.Helper()
 	k := ipcachemap.KeyOf(netip.PrefixFrom(netip.MustParseAddr(addr), netip.MustParseAddr(addr).BitLen()))
-	celltest.Eventually(t, "map lookup of "+addr, func() bool {
-		v, err := n.m.EBPF().LookupBytes(&k)
-		if err != nil || v == nil {
-			return false
-		}
+	celltest.Eventually(t, "map lookup of "+addr, func() (bool, string) {
 		var val ipcachemap.Value
 		if err := n.m.EBPF().Lookup(&k, &val); err != nil {
-			return false
+			return false, err.Error()
 		}
 		got := ""
 		if val.TunnelAddr().IsValid() {
 			got = val.TunnelAddr().String()
 		}
-		return identity.NumericIdentity(val.Identity) == id && got == tunnel
+		return identity.NumericIdentity(val.Identity) == id && got == tunnel, fmt.Sprintf("identity %d, tunnel %q", val.Identity, got)
 	})
 }
 
@@ -121,13 +118,14 @@ func (n *node) mapLacks(t *testing.T, prefix string) {
 	t.Helper()
 	// Not a lookup: the trie would answer with a shorter prefix.
 	want := netip.MustParsePrefix(prefix)
-	celltest.Eventually(t, "no map entry for "+prefix, func() bool {
+	celltest.Eventually(t, "no map entry for "+prefix, func() (bool, string) {
 		found := false
-		n.m.Iterate(func(k ipcachemap.Key, _ ipcachemap.Value) bool {
-			found = found || k.Prefix() == want
+		var val ipcachemap.Value
+		n.m.Iterate(func(k ipcachemap.Key, v ipcachemap.Value) bool {
+			found, val = found || k.Prefix() == want, v
 			return !found
 		})
-		return !found
+		return !found, fmt.Sprintf("%+v", val)
 	})
 }
 
@@ -161,14 +159,17 @@ func TestIPCache(t *testing.T) {
 	n.mapHas(t, "2001:db8::1", identity.World, "")
 
 	// The endpoint's address is published, leased.
-	celltest.Eventually(t, "the local address in the kvstore", func() bool {
+	celltest.Eventually(t, "the local address in the kvstore", func() (bool, string) {
 		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
-		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
-			return false
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false, fmt.Sprintf("%+v", resp.Kvs)
 		}
 		var v ipcache.IPValue
 		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == 310 && v.PodName == "web" &&
-			v.HostIP == netip.MustParseAddr("192.168.50.1")
+			v.HostIP == netip.MustParseAddr("192.168.50.1"), string(resp.Kvs[0].Value)
 	})
 
 	// Another node: its address is a remote node, its pod CIDR is behind
@@ -181,9 +182,12 @@ func TestIPCache(t *testing.T) {
 	if _, err := raw.Delete(ctx, "ipc/state/ip/v1/10.0.0.5"); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the deleted local address written back", func() bool {
+	celltest.Eventually(t, "the deleted local address written back", func() (bool, string) {
 		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
-		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0, fmt.Sprintf("%+v", resp.Kvs)
 	})
 	n.mapHas(t, "10.0.0.5", 310, "")
 
@@ -206,9 +210,12 @@ func TestIPCache(t *testing.T) {
 	n.eps.DeleteAll(txn)
 	txn.Commit()
 	n.mapLacks(t, "10.0.0.5/32")
-	celltest.Eventually(t, "the local address gone from the kvstore", func() bool {
+	celltest.Eventually(t, "the local address gone from the kvstore", func() (bool, string) {
 		resp, err := raw.Get(ctx, "ipc/state/ip/v1/10.0.0.5")
-		return err == nil && len(resp.Kvs) == 0
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(resp.Kvs) == 0, fmt.Sprintf("%+v", resp.Kvs)
 	})
 }
 
@@ -229,9 +236,12 @@ func TestRestoredStaleEntryGoes(t *testing.T) {
 	// sources have synced; the world entries stay.
 	m2 := startHeld(t, root, "", "", true)
 	stale := netip.MustParsePrefix("10.0.0.5/32")
-	celltest.Eventually(t, "the stale entry read back as a restored claim", func() bool {
+	celltest.Eventually(t, "the stale entry read back as a restored claim", func() (bool, string) {
 		e, _, found := m2.tbl.Get(m2.db.ReadTxn(), ipcache.ByPrefix.Query(stale))
-		return found && e.Winner().Source == ipcache.SourceRestored && e.Winner().Identity == 400
+		if !found {
+			return false, "no row"
+		}
+		return e.Winner().Source == ipcache.SourceRestored && e.Winner().Identity == 400, fmt.Sprintf("winner %+v", e.Winner())
 	})
 	// The endpoints have not synced: the restored entry stays in the map.
 	m2.mapHas(t, "10.0.0.5", 400, "")

@@ -72,12 +72,9 @@ func (e *kvEnv) prefix(key string) string { return "ipk/state/ip/v1/" + key }
 // with why.
 func (e *kvEnv) refused(t *testing.T, key, why string) {
 	t.Helper()
-	celltest.Eventually(t, "health names "+key, func() bool {
+	celltest.Eventually(t, "health names "+key, func() (bool, string) {
 		s, _, found := e.hs.Get(e.db.ReadTxn(), health.StatusID.Query("ipcache.job-kvstore-watch"))
-		if !found {
-			return false
-		}
-		return s.Level == cell.StatusDegraded && strings.Contains(s.Error, "state/ip/v1/"+key+": ") && strings.Contains(s.Error, why)
+		return found && s.Level == cell.StatusDegraded && strings.Contains(s.Error, "state/ip/v1/"+key+": ") && strings.Contains(s.Error, why), fmt.Sprintf("found %v: %+v", found, s)
 	})
 }
 
@@ -86,19 +83,25 @@ func (e *kvEnv) refused(t *testing.T, key, why string) {
 // lease, and the repair is counted; the same once more.
 func TestOwnKeysPutBack(t *testing.T) {
 	e := startKVEnv(t, "ipk")
-	own := func() bool {
+	own := func() (bool, string) {
 		resp, err := e.raw.Get(e.ctx, e.prefix("10.0.0.5"))
-		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
-			return false
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false, fmt.Sprintf("%+v", resp.Kvs)
 		}
 		var v ipcache.IPValue
-		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == 300 && v.PodName == "web"
+		return json.Unmarshal(resp.Kvs[0].Value, &v) == nil && v.Identity == 300 && v.PodName == "web", string(resp.Kvs[0].Value)
 	}
 	celltest.Eventually(t, "the local address published", own)
 	for i := range 2 {
 		e.put(t, "10.0.0.5", ipcache.IPValue{IP: netip.MustParseAddr("10.0.0.5"), Identity: 666, Namespace: "evil", PodName: "forged"})
 		celltest.Eventually(t, "the forged key put back, leased", own)
-		celltest.Eventually(t, "the repair counted", func() bool { return kvsynctest.Repairs(t, e.mets, "ipcache") == float64(i+1) })
+		celltest.Eventually(t, "the repair counted", func() (bool, string) {
+			n := kvsynctest.Repairs(t, e.mets, "ipcache")
+			return n == float64(i+1), fmt.Sprint(n, " repairs")
+		})
 	}
 	// The same value written again without a lease: the key would outlive
 	// the node. It is put back on the lease.
@@ -110,7 +113,10 @@ func TestOwnKeysPutBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	celltest.Eventually(t, "the key stripped of its lease put back on it", own)
-	celltest.Eventually(t, "the repair counted", func() bool { return kvsynctest.Repairs(t, e.mets, "ipcache") == 3 })
+	celltest.Eventually(t, "the repair counted", func() (bool, string) {
+		n := kvsynctest.Repairs(t, e.mets, "ipcache")
+		return n == 3, fmt.Sprint(n, " repairs")
+	})
 	e.mapHas(t, "10.0.0.5", 300, "")
 }
 

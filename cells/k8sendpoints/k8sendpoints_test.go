@@ -2,6 +2,7 @@ package k8sendpoints
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -168,9 +169,9 @@ func TestEndpointObjects(t *testing.T) {
 	n1.putEndpoint(1, "web-1", "10.1.0.5", id)
 
 	var obj *k8sapi.CelliumEndpoint
-	celltest.Eventually(t, "the CelliumEndpoint of web-1", func() bool {
+	celltest.Eventually(t, "the CelliumEndpoint of web-1", func() (bool, string) {
 		obj, err = c.get(ctx, "web-1")
-		return err == nil
+		return err == nil, fmt.Sprint(err)
 	})
 	want := k8sapi.EndpointStatus{Identity: uint32(id), Addresses: []string{"10.1.0.5"}, NodeName: "node-1", NodeIP: "192.0.2.1",
 		NamedPorts: []k8sapi.NamedPort{{Name: "http", Port: 8080, Protocol: "TCP"}}}
@@ -181,15 +182,18 @@ func TestEndpointObjects(t *testing.T) {
 
 	// Counted as its answer arrives, which may be after the object shows.
 	client, _ := n1.ids.CRDClient()
-	celltest.Eventually(t, "the create counted", func() bool { return client.RequestCount("create", k8sapi.ResourceEndpoints) > 0 })
+	celltest.Eventually(t, "the create counted", func() (bool, string) {
+		n := client.RequestCount("create", k8sapi.ResourceEndpoints)
+		return n > 0, fmt.Sprint(n, " creates")
+	})
 	if n := client.RequestCount("create", k8sapi.ResourceEndpoints); n != 1 {
 		t.Fatalf("%d creates of CelliumEndpoints for one pod, want 1", n)
 	}
 
 	// The other node has the pod with its identity.
-	celltest.Eventually(t, "node-2 knows web-1", func() bool {
+	celltest.Eventually(t, "node-2 knows web-1", func() (bool, string) {
 		row, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByAddress.Query(netip.MustParseAddr("10.1.0.5")))
-		return found && row.Identity == id && row.Node == "node-1" && row.NodeIP == netip.MustParseAddr("192.0.2.1")
+		return found && row.Identity == id && row.Node == "node-1" && row.NodeIP == netip.MustParseAddr("192.0.2.1"), fmt.Sprintf("found %v: %+v", found, row)
 	})
 	// Its own pods are not in its table: they are local.
 	if _, _, found := n1.tbl.Get(n1.db.ReadTxn(), ByName.Query("default/web-1")); found {
@@ -204,11 +208,17 @@ func TestEndpointObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	n1.putEndpoint(1, "web-1", "10.1.0.5", other)
-	celltest.Eventually(t, "the object updated", func() bool {
+	celltest.Eventually(t, "the object updated", func() (bool, string) {
 		obj, err = c.get(ctx, "web-1")
-		return err == nil && obj.Status.Identity == uint32(other)
+		if err != nil {
+			return false, err.Error()
+		}
+		return obj.Status.Identity == uint32(other), fmt.Sprintf("status %+v", obj.Status)
 	})
-	celltest.Eventually(t, "the update counted", func() bool { return client.RequestCount("update", k8sapi.ResourceEndpoints) > 0 })
+	celltest.Eventually(t, "the update counted", func() (bool, string) {
+		n := client.RequestCount("update", k8sapi.ResourceEndpoints)
+		return n > 0, fmt.Sprint(n, " updates")
+	})
 	if creates, updates := client.RequestCount("create", k8sapi.ResourceEndpoints), client.RequestCount("update", k8sapi.ResourceEndpoints); creates != 1 || updates != 1 {
 		t.Fatalf("after a change the object does not show and one it does: %d creates, %d updates; want 1 and 1", creates, updates)
 	}
@@ -227,9 +237,9 @@ func TestEndpointObjects(t *testing.T) {
 		if _, err := c.admin.CreateEndpoint(ctx, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: bad.name, Namespace: "default"}, Status: bad.status}); err != nil {
 			t.Fatal(err)
 		}
-		celltest.Eventually(t, "node-2's health names "+bad.name, func() bool {
+		celltest.Eventually(t, "node-2's health names "+bad.name, func() (bool, string) {
 			s := n2.health("k8s-endpoints.refused")
-			return s != nil && s.Level == cell.StatusDegraded && strings.Contains(s.Error, "default/"+bad.name+": ") && strings.Contains(s.Error, bad.why)
+			return s != nil && s.Level == cell.StatusDegraded && strings.Contains(s.Error, "default/"+bad.name+": ") && strings.Contains(s.Error, bad.why), fmt.Sprintf("%+v", s)
 		})
 		if _, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/"+bad.name)); found {
 			t.Errorf("bad object %s in the table", bad.name)
@@ -239,12 +249,15 @@ func TestEndpointObjects(t *testing.T) {
 	// A pod gone: its object goes.
 	c.createPod(t, "web-2", "node-1")
 	n1.putEndpoint(2, "web-2", "10.1.0.6", id)
-	celltest.Eventually(t, "web-2's object", func() bool { _, err := c.get(ctx, "web-2"); return err == nil })
+	celltest.Eventually(t, "web-2's object", func() (bool, string) { _, err := c.get(ctx, "web-2"); return err == nil, fmt.Sprint(err) })
 	n1.deleteEndpoint(2)
-	celltest.Eventually(t, "web-2's object deleted", func() bool { _, err := c.get(ctx, "web-2"); return apierrors.IsNotFound(err) })
-	celltest.Eventually(t, "node-2 forgets web-2", func() bool {
-		_, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/web-2"))
-		return !found
+	celltest.Eventually(t, "web-2's object deleted", func() (bool, string) {
+		_, err := c.get(ctx, "web-2")
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	celltest.Eventually(t, "node-2 forgets web-2", func() (bool, string) {
+		row, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/web-2"))
+		return !found, fmt.Sprintf("%+v", row)
 	})
 
 	// Restart node-1 with web-1 gone meanwhile: its stale object is
@@ -260,9 +273,12 @@ func TestEndpointObjects(t *testing.T) {
 	txn = n1.db.WriteTxn(n1.eps)
 	done(txn)
 	txn.Commit()
-	celltest.Eventually(t, "web-1's stale object deleted at restart", func() bool { _, err := c.get(ctx, "web-1"); return apierrors.IsNotFound(err) })
-	celltest.Eventually(t, "node-2 forgets web-1", func() bool {
-		_, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/web-1"))
-		return !found
+	celltest.Eventually(t, "web-1's stale object deleted at restart", func() (bool, string) {
+		_, err := c.get(ctx, "web-1")
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	celltest.Eventually(t, "node-2 forgets web-1", func() (bool, string) {
+		row, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/web-1"))
+		return !found, fmt.Sprintf("%+v", row)
 	})
 }

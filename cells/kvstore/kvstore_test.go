@@ -306,9 +306,9 @@ func TestLostLeaseWritesKeysAgain(t *testing.T) {
 	if _, err := raw.Revoke(ctx, clientv3.LeaseID(kvs[0].Lease)); err != nil {
 		t.Fatalf("revoke: %v", err)
 	}
-	celltest.Eventually(t, "the key of the revoked lease written again", func() bool {
+	celltest.Eventually(t, "the key of the revoked lease written again", func() (bool, string) {
 		kvs, err := c.List(ctx, "state/ip/v1/")
-		return err == nil && len(kvs) == 1 && kvs[0].Lease != 0 && string(kvs[0].Value) == "state/ip/v1/10.0.0.1"
+		return err == nil && len(kvs) == 1 && kvs[0].Lease != 0 && string(kvs[0].Value) == "state/ip/v1/10.0.0.1", fmt.Sprintf("%+v %v", kvs, err)
 	})
 	kvs2, _ := c.List(ctx, "state/ip/v1/")
 	if kvs2[0].Lease == kvs[0].Lease {
@@ -544,7 +544,7 @@ func TestStoreReplaced(t *testing.T) {
 	state, next := watchState(t, ctx, c.Watch(ctx, "state/w/"))
 	for next().Kind != EventListed {
 	}
-	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+	celltest.Eventually(t, "connected", func() (bool, string) { st := c.Status(); return st.State == StateConnected, fmt.Sprintf("%+v", st) })
 
 	etcd.Wipe()
 	etcd.Restart()
@@ -561,13 +561,19 @@ func TestStoreReplaced(t *testing.T) {
 	for state["state/w/d"] != "1" {
 		next()
 	}
-	celltest.Eventually(t, "the leased key written again in the new store", func() bool {
+	celltest.Eventually(t, "the leased key written again in the new store", func() (bool, string) {
 		resp, err := raw.Get(ctx, "t10/state/ip/v1/10.0.0.1")
-		if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
-			return false
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+			return false, fmt.Sprintf("%+v", resp.Kvs)
 		}
 		ttl, err := raw.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-		return err == nil && ttl.TTL > 0
+		if err != nil {
+			return false, err.Error()
+		}
+		return ttl.TTL > 0, fmt.Sprintf("lease %x TTL %d", resp.Kvs[0].Lease, ttl.TTL)
 	})
 	if n := testutil.ToFloat64(c.metrics.storeReplaced); n != 1 {
 		t.Fatalf("store replacements counted %v, want 1", n)
@@ -617,7 +623,7 @@ func TestStoreReplacedAhead(t *testing.T) {
 	state, next := watchState(t, ctx, c.Watch(ctx, "state/w/"))
 	for next().Kind != EventListed {
 	}
-	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+	celltest.Eventually(t, "connected", func() (bool, string) { st := c.Status(); return st.State == StateConnected, fmt.Sprintf("%+v", st) })
 	seen, _ := c.seenNow()
 	resp, err := rawNew.Get(ctx, "t11/other")
 	if err != nil {
@@ -637,9 +643,12 @@ func TestStoreReplacedAhead(t *testing.T) {
 	for state["state/w/d"] != "1" {
 		next()
 	}
-	celltest.Eventually(t, "the leased key written in the new store", func() bool {
+	celltest.Eventually(t, "the leased key written in the new store", func() (bool, string) {
 		resp, err := rawNew.Get(ctx, "t11/state/ip/v1/10.0.0.1")
-		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(resp.Kvs) == 1 && resp.Kvs[0].Lease != 0, fmt.Sprintf("%+v", resp.Kvs)
 	})
 	if n := testutil.ToFloat64(c.metrics.storeReplaced); n != 1 {
 		t.Fatalf("store replacements counted %v, want 1", n)
@@ -777,9 +786,9 @@ func TestOutage(t *testing.T) {
 	c := startClient(t, etcd.Endpoint(), "t7", func(c *etcdClient) {
 		c.statusBase, c.statusTimeout = 50*time.Millisecond, 500*time.Millisecond
 	})
-	celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+	celltest.Eventually(t, "connected", func() (bool, string) { st := c.Status(); return st.State == StateConnected, fmt.Sprintf("%+v", st) })
 	etcd.Stop()
-	celltest.Eventually(t, "not connected", func() bool { return c.Status().State != StateConnected })
+	celltest.Eventually(t, "not connected", func() (bool, string) { st := c.Status(); return st.State != StateConnected, fmt.Sprintf("%+v", st) })
 	if c.Status().LastError == "" {
 		t.Fatal("no last error while etcd is down")
 	}
@@ -790,7 +799,7 @@ func TestOutage(t *testing.T) {
 		t.Fatalf("Get while etcd is down = %v, want ErrUnavailable", err)
 	}
 	etcd.Restart()
-	celltest.Eventually(t, "connected again", func() bool { return c.Status().State == StateConnected })
+	celltest.Eventually(t, "connected again", func() (bool, string) { st := c.Status(); return st.State == StateConnected, fmt.Sprintf("%+v", st) })
 	if _, err := c.UpdateIfDifferent(ctxT(t), "state/x", []byte("1")); err != nil {
 		t.Fatalf("write after etcd returned: %v", err)
 	}
@@ -809,7 +818,7 @@ func TestReconnectsSoonAfterEtcdReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	etcd.Stop()
-	celltest.Eventually(t, "not connected", func() bool { return c.Status().State != StateConnected })
+	celltest.Eventually(t, "not connected", func() (bool, string) { st := c.Status(); return st.State != StateConnected, fmt.Sprintf("%+v", st) })
 	// Calls keep the client dialling, as the agent's jobs do.
 	outage := time.Now().Add(12 * time.Second)
 	for time.Now().Before(outage) {
@@ -922,9 +931,9 @@ func TestTLS(t *testing.T) {
 	// restart.
 	ca2.Issue(clientDir, "client")
 	copyFile(t, filepath.Join(clientDir, "client-ca.pem"), clientFiles.CA)
-	celltest.Eventually(t, "the client with rotated certificates reaches etcd", func() bool {
+	celltest.Eventually(t, "the client with rotated certificates reaches etcd", func() (bool, string) {
 		v, found, err := c.Get(ctx, "state/a")
-		return err == nil && found && string(v) == "1"
+		return err == nil && found && string(v) == "1", fmt.Sprintf("%q found %v, %v", v, found, err)
 	})
 }
 
@@ -1023,20 +1032,20 @@ func TestTLSVerifiesTheEndpointsHost(t *testing.T) {
 			etcd, files, config, hostPort := tlsEtcd(t, tc.host, tc.serverHosts...)
 			c, status := startTLSClient(t, config)
 			if tc.ok {
-				celltest.Eventually(t, "connected", func() bool { return c.Status().State == StateConnected })
+				celltest.Eventually(t, "connected", func() (bool, string) { st := c.Status(); return st.State == StateConnected, fmt.Sprintf("%+v", st) })
 				if _, err := c.UpdateIfDifferent(ctxT(t), "state/a", []byte("1")); err != nil {
 					t.Fatalf("write over TLS: %v", err)
 				}
 				return
 			}
-			celltest.Eventually(t, "the status names the refused certificate and the endpoint", func() bool {
+			celltest.Eventually(t, "the status names the refused certificate and the endpoint", func() (bool, string) {
 				st := c.Status()
 				return st.State == StateConnecting && strings.Contains(st.LastError, "TLS handshake with etcd "+hostPort) &&
-					strings.Contains(st.LastError, "tls: failed to verify certificate: x509: certificate is")
+					strings.Contains(st.LastError, "tls: failed to verify certificate: x509: certificate is"), fmt.Sprintf("%+v", st)
 			})
-			celltest.Eventually(t, "health degraded, naming it", func() bool {
+			celltest.Eventually(t, "health degraded, naming it", func() (bool, string) {
 				st := status()
-				return st != nil && st.Level == cell.StatusDegraded && strings.Contains(st.Error, "TLS handshake with etcd "+hostPort)
+				return st != nil && st.Level == cell.StatusDegraded && strings.Contains(st.Error, "TLS handshake with etcd "+hostPort), fmt.Sprintf("%+v", st)
 			})
 			short, cancel := context.WithTimeout(ctxT(t), time.Second)
 			defer cancel()

@@ -189,8 +189,9 @@ func TestHealthCheckNodePort(t *testing.T) {
 	if err := k8sclienttest.Create(a.cs, slice("web", endpoint{"10.244.2.5", "node-2"})); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the slice of node-2's backend in the backends table", func() bool {
-		return a.backends.NumObjects(a.db.ReadTxn()) == 1
+	celltest.Eventually(t, "the slice of node-2's backend in the backends table", func() (bool, string) {
+		n := a.backends.NumObjects(a.db.ReadTxn())
+		return n == 1, fmt.Sprint(n, " backends")
 	})
 	// The listener's count follows the same table transaction; one more
 	// round trip through the server lets it catch up.
@@ -219,13 +220,15 @@ func TestHealthCheckNodePort(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("Service shop/other: health check node port %d: ", takenPort)
-	celltest.Eventually(t, "health naming shop/other and its port", func() bool {
+	celltest.Eventually(t, "health naming shop/other and its port", func() (bool, string) {
+		var seen []string
 		for st := range a.health.All(a.db.ReadTxn()) {
 			if st.Path[0] == "lb-healthcheck" && st.Level == cell.StatusDegraded && strings.Contains(st.Error, want) {
-				return true
+				return true, ""
 			}
+			seen = append(seen, fmt.Sprintf("%v %s: %s %s", st.Path, st.Level, st.Message, st.Error))
 		}
-		return false
+		return false, strings.Join(seen, "; ")
 	})
 	if got := get(port, "/"); got.code != http.StatusOK {
 		t.Errorf("web while other's port is taken: %d %q, want 200", got.code, got.body)
@@ -235,8 +238,9 @@ func TestHealthCheckNodePort(t *testing.T) {
 	if err := a.cs.CoreV1().Services("shop").Delete(t.Context(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the listener of shop/web closed", func() bool {
-		return errors.Is(get(port, "/").err, syscall.ECONNREFUSED)
+	celltest.Eventually(t, "the listener of shop/web closed", func() (bool, string) {
+		r := get(port, "/")
+		return errors.Is(r.err, syscall.ECONNREFUSED), fmt.Sprintf("%+v", r)
 	})
 }
 
@@ -264,25 +268,29 @@ func TestHealthCheckNodePortInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = "Service shop/web: spec.healthCheckNodePort: 70000 out of range: want 1 to 65535"
-	celltest.Eventually(t, "health naming spec.healthCheckNodePort", func() bool {
+	celltest.Eventually(t, "health naming spec.healthCheckNodePort", func() (bool, string) {
+		var seen []string
 		for st := range a.health.All(a.db.ReadTxn()) {
 			if st.Path[0] == "loadbalancer" && strings.Contains(st.Error, want) {
-				return true
+				return true, ""
 			}
+			seen = append(seen, fmt.Sprintf("%v %s: %s %s", st.Path, st.Level, st.Message, st.Error))
 		}
-		return false
+		return false, strings.Join(seen, "; ")
 	})
 	svc, _, found := a.services.Get(a.db.ReadTxn(), loadbalancer.ServiceByName.Query(loadbalancer.ServiceName{Namespace: "shop", Name: "web"}))
 	if !found || svc.HealthCheckNodePort != 0 || len(svc.Ports) != 1 {
 		t.Fatalf("services row %+v, want the service without a health check port", svc)
 	}
-	celltest.Eventually(t, "lb-healthcheck serving no port", func() bool {
+	celltest.Eventually(t, "lb-healthcheck serving no port", func() (bool, string) {
+		var seen []string
 		for st := range a.health.All(a.db.ReadTxn()) {
 			if st.Path[0] == "lb-healthcheck" && st.Level == cell.StatusOK && st.Message == "Serving 0 health check node ports" {
-				return true
+				return true, ""
 			}
+			seen = append(seen, fmt.Sprintf("%v %s: %s %s", st.Path, st.Level, st.Message, st.Error))
 		}
-		return false
+		return false, strings.Join(seen, "; ")
 	})
 }
 
@@ -311,8 +319,9 @@ func TestHealthCheckNodePortChanges(t *testing.T) {
 	if err := k8sclienttest.Update(a.cs, svc); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the listener closed with traffic policy Cluster", func() bool {
-		return errors.Is(get(p2, "/").err, syscall.ECONNREFUSED)
+	celltest.Eventually(t, "the listener closed with traffic policy Cluster", func() (bool, string) {
+		r := get(p2, "/")
+		return errors.Is(r.err, syscall.ECONNREFUSED), fmt.Sprintf("%+v", r)
 	})
 }
 
@@ -328,8 +337,9 @@ func TestHealthCheckNodePortDisabled(t *testing.T) {
 	if err := k8sclienttest.Create(a.cs, lbService("web", int32(port))); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "shop/web in the services table", func() bool {
-		return a.services.NumObjects(a.db.ReadTxn()) == 1
+	celltest.Eventually(t, "shop/web in the services table", func() (bool, string) {
+		n := a.services.NumObjects(a.db.ReadTxn())
+		return n == 1, fmt.Sprint(n, " services")
 	})
 	if got := get(port, "/"); !errors.Is(got.err, syscall.ECONNREFUSED) {
 		t.Errorf("port %d while disabled: %d %q %v, want the connection refused", port, got.code, got.body, got.err)

@@ -427,13 +427,13 @@ func TestPruneNamesEveryFailure(t *testing.T) {
 	}
 	second.set(true)
 	var report string
-	celltest.Eventually(t, "lb-maps.prune Degraded", func() bool {
+	celltest.Eventually(t, "lb-maps.prune Degraded", func() (bool, string) {
 		s, _, found := second.health.Get(second.db.ReadTxn(), health.StatusID.Query("lb-maps.prune"))
 		if found && s.Level == cell.StatusDegraded {
 			report = s.Error
-			return true
+			return true, ""
 		}
-		return false
+		return false, fmt.Sprintf("found %v: %+v", found, s)
 	})
 	for _, a := range stale {
 		if !strings.Contains(report, "remove stale frontend "+a+": ") {

@@ -293,14 +293,15 @@ func wantDetached(t *testing.T, root string, id uint16, ifindex int) {
 	}
 }
 
-func unpinned(root string, id uint16) func() bool {
-	return func() bool {
+func unpinned(root string, id uint16) func() (bool, string) {
+	return func() (bool, string) {
 		for _, h := range hooks {
-			if _, err := os.Stat(filepath.Join(endpointLinksDir(root), fmt.Sprintf("%d-%s", id, h.name))); !os.IsNotExist(err) {
-				return false
+			link := filepath.Join(endpointLinksDir(root), fmt.Sprintf("%d-%s", id, h.name))
+			if _, err := os.Stat(link); !os.IsNotExist(err) {
+				return false, fmt.Sprintf("%s: %v", link, err)
 			}
 		}
-		return true
+		return true, ""
 	}
 }
 
@@ -329,8 +330,9 @@ func TestEndpointPrograms(t *testing.T) {
 	wantAttached(t, ep)
 
 	d.delete(t, 1)
-	celltest.Eventually(t, "the deleted endpoint's filters are removed", func() bool {
-		return filterOn(t, ifindex, 0) == 0 && filterOn(t, ifindex, 1) == 0
+	celltest.Eventually(t, "the deleted endpoint's filters are removed", func() (bool, string) {
+		f0, f1 := filterOn(t, ifindex, 0), filterOn(t, ifindex, 1)
+		return f0 == 0 && f1 == 0, fmt.Sprintf("programs %d and %d attached", f0, f1)
 	})
 	wantDetached(t, root, 1, ifindex)
 }

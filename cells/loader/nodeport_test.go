@@ -250,23 +250,25 @@ func TestNodePortDevicePrograms(t *testing.T) {
 	putDeviceAddr(t, devs, otherName, other, false, netip.MustParseAddr("10.90.1.1"))
 	modifyDevice(t, devs, tunnel, func(d *devices.Device) { d.MTU = 1400 })
 	rev := devs.Table.Revision(devs.DB.ReadTxn())
-	celltest.Eventually(t, "the NodePort job to have read the tunnel device's change", func() bool {
-		return rec.Find("NodePort devices unchanged, no pass", "revision", strconv.FormatUint(rev, 10)) != nil
+	celltest.Eventually(t, "the NodePort job to have read the tunnel device's change", func() (bool, string) {
+		return rec.Find("NodePort devices unchanged, no pass", "revision", strconv.FormatUint(rev, 10)) != nil, "no such log line"
 	})
 	if n := passes() - passesBefore; n != 0 {
 		t.Errorf("%v passes of the NodePort job for changes of unselected devices and the tunnel device's MTU, want none", n)
 	}
 	newAddr := netip.MustParseAddr("10.90.2.1")
 	putDeviceAddr(t, devs, selectedName, selected, true, newAddr)
-	celltest.Eventually(t, "the selected device's new address in the devices map", func() bool {
-		return nodeAddresses(t, root)[uint32(selected)] == newAddr
+	celltest.Eventually(t, "the selected device's new address in the devices map", func() (bool, string) {
+		got := nodeAddresses(t, root)
+		return got[uint32(selected)] == newAddr, fmt.Sprint(got)
 	})
 	if n := passes() - passesBefore; n != 1 {
 		t.Errorf("%v passes of the NodePort job after the selected device's address changed, want 1", n)
 	}
 	putDevice(t, devs, selectedName, selected, true)
-	celltest.Eventually(t, "the selected device's address back in the devices map", func() bool {
-		return nodeAddresses(t, root)[uint32(selected)] == deviceAddr(selected)
+	celltest.Eventually(t, "the selected device's address back in the devices map", func() (bool, string) {
+		got := nodeAddresses(t, root)
+		return got[uint32(selected)] == deviceAddr(selected), fmt.Sprint(got)
 	})
 	before := deviceLinkIDs(t, root, selected)
 	stop()

@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -57,15 +58,15 @@ func TestEndpointPolicy(t *testing.T) {
 		Status: reconciler.StatusPending()})
 	enforcement.Insert(txn, &policy.Enforcement{EndpointID: 1, Egress: true, Status: reconciler.StatusPending()})
 	txn.Commit()
-	celltest.Eventually(t, "policy in the maps", func() bool {
+	celltest.Eventually(t, "policy in the maps", func() (bool, string) {
 		rtxn := db.ReadTxn()
 		for e := range entries.All(rtxn) {
 			if e.Status.Kind != reconciler.StatusKindDone {
-				return false
+				return false, fmt.Sprintf("entry %+v", e)
 			}
 		}
 		f, _, _ := enforcement.Get(rtxn, policy.EnforcementByEndpoint.Query(1))
-		return f.Status.Kind == reconciler.StatusKindDone
+		return f.Status.Kind == reconciler.StatusKindDone, fmt.Sprintf("enforcement %+v", f)
 	})
 
 	dial := func(port uint16) error {

@@ -92,18 +92,18 @@ func (a *agent) setNodes(ns ...*nodes.Node) {
 func (a *agent) reconciled(t *testing.T) []*masquerade.Prefix {
 	t.Helper()
 	var rows []*masquerade.Prefix
-	celltest.Eventually(t, "the masquerade rows reconciled", func() bool {
+	celltest.Eventually(t, "the masquerade rows reconciled", func() (bool, string) {
 		txn := a.db.ReadTxn()
 		if init, _ := a.masq.Initialized(txn); !init {
-			return false
+			return false, "table not initialized"
 		}
 		rows = statedb.Collect(a.masq.All(txn))
 		for _, r := range rows {
 			if r.Status.Kind != reconciler.StatusKindDone {
-				return false
+				return false, fmt.Sprintf("%+v", r)
 			}
 		}
-		return true
+		return true, ""
 	})
 	return rows
 }
@@ -219,11 +219,12 @@ func TestCellReconcilesRuleset(t *testing.T) {
 	t.Run("a node joins and leaves", func(t *testing.T) {
 		n3 := node("node-3", false, "10.90.0.20", "10.244.7.0/24")
 		a.setNodes(n1, n2, n3)
-		celltest.Eventually(t, "node-3 in the excluded set", func() bool {
-			return strings.Contains(ruleset(t, fd), "set nomasq4 starts [10.90.0.11 10.90.0.20 10.244.1.0 10.244.7.0 192.168.0.0] ends [10.90.0.13 10.90.0.21 10.244.3.0 10.244.8.0 192.169.0.0]")
+		celltest.Eventually(t, "node-3 in the excluded set", func() (bool, string) {
+			got := ruleset(t, fd)
+			return strings.Contains(got, "set nomasq4 starts [10.90.0.11 10.90.0.20 10.244.1.0 10.244.7.0 192.168.0.0] ends [10.90.0.13 10.90.0.21 10.244.3.0 10.244.8.0 192.169.0.0]"), got
 		})
 		a.setNodes(n1, n2)
-		celltest.Eventually(t, "node-3 gone from the sets", func() bool { return ruleset(t, fd) == want })
+		celltest.Eventually(t, "node-3 gone from the sets", func() (bool, string) { got := ruleset(t, fd); return got == want, got })
 	})
 
 	t.Run("a restart writes nothing", func(t *testing.T) {
@@ -255,7 +256,7 @@ func TestCellReconcilesRuleset(t *testing.T) {
 		})
 		b.start(t)
 		b.reconciled(t)
-		celltest.Eventually(t, "the stray chain removed", func() bool { return ruleset(t, fd) == want })
+		celltest.Eventually(t, "the stray chain removed", func() (bool, string) { got := ruleset(t, fd); return got == want, got })
 		b.stop(t)
 	})
 
@@ -263,10 +264,10 @@ func TestCellReconcilesRuleset(t *testing.T) {
 		bare := node("node-1", true, "10.90.0.11")
 		b := newAgent(t, n.Path(), []*nodes.Node{bare, n2}, nil)
 		b.start(t)
-		celltest.Eventually(t, "the sources emptied", func() bool {
+		celltest.Eventually(t, "the sources emptied", func() (bool, string) {
 			got := ruleset(t, fd)
 			return strings.Contains(got, "set pods4 starts [] ends []") && strings.Contains(got, "set pods6 starts [] ends []") &&
-				strings.Contains(got, "rule cellium-masquerade-v4-v1")
+				strings.Contains(got, "rule cellium-masquerade-v4-v1"), got
 		})
 		b.stop(t)
 	})

@@ -1,6 +1,7 @@
 package masquerade_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -70,7 +71,10 @@ func TestDrift(t *testing.T) {
 	}
 	putBack := func(what string, count float64, log string) {
 		t.Helper()
-		celltest.Eventually(t, what+" put back", func() bool { return ruleset(t, fd) == want && repairs() == count })
+		celltest.Eventually(t, what+" put back", func() (bool, string) {
+			got, r := ruleset(t, fd), repairs()
+			return got == want && r == count, fmt.Sprintf("%v repairs; ruleset:\n%s", r, got)
+		})
 		if a.logs.Find("Put back kernel state changed behind the agent's back", "object", "nft", "what", log) == nil {
 			t.Errorf("no log line for the repair %q", log)
 		}
@@ -110,7 +114,7 @@ func TestDrift(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	celltest.Eventually(t, "a comparison after the other table's change", func() bool { return prunes(t, a.metrics) > before })
+	celltest.Eventually(t, "a comparison after the other table's change", func() (bool, string) { n := prunes(t, a.metrics); return n > before, fmt.Sprint(n, " comparisons") })
 	for _, c := range changes() {
 		if !strings.Contains(c, "{Key:[10 0 0 1]") {
 			t.Errorf("the agent changed nftables with nothing to put right: %s", c)

@@ -2,6 +2,7 @@ package monitor_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -203,7 +204,7 @@ func TestSlowSubscriberLosesWithoutStallingOthers(t *testing.T) {
 		next(t, fast, isKind(monitorapi.KindTrace))
 	}
 	// The slow one held the first event and lost the rest.
-	celltest.Eventually(t, "the slow subscriber's losses", func() bool { return slow.Lost() == n-1 })
+	celltest.Eventually(t, "the slow subscriber's losses", func() (bool, string) { l := slow.Lost(); return l == n-1, fmt.Sprint(l, " lost") })
 	if fast.Lost() != 0 {
 		t.Errorf("fast subscriber lost %d events", fast.Lost())
 	}
@@ -222,13 +223,14 @@ func TestFullRingBufferCountsLostEvents(t *testing.T) {
 	const n = 20000
 	e.write(e.trace(40000), n)
 	received := 0
-	celltest.Eventually(t, "every record received or counted lost", func() bool {
+	celltest.Eventually(t, "every record received or counted lost", func() (bool, string) {
 		for len(sub.Events()) > 0 {
 			if (<-sub.Events()).Kind() == monitorapi.KindTrace {
 				received++
 			}
 		}
-		return uint64(received)+e.monitor.Lost() == n
+		lost := e.monitor.Lost()
+		return uint64(received)+lost == n, fmt.Sprintf("%d received, %d lost of %d", received, lost, n)
 	})
 	if e.monitor.Lost() == 0 {
 		t.Fatalf("no events lost writing %d records into a one-page ring buffer", n)

@@ -46,17 +46,17 @@ func put(t *testing.T, kv kvstore.Client, key string, value []byte) {
 // holds every one of what.
 func (a *agent) healthNames(t *testing.T, id string, what ...string) {
 	t.Helper()
-	celltest.Eventually(t, id+" names "+strings.Join(what, ", "), func() bool {
+	celltest.Eventually(t, id+" names "+strings.Join(what, ", "), func() (bool, string) {
 		s, _, found := a.hs.Get(a.db.ReadTxn(), health.StatusID.Query(id))
 		if !found || s.Level != cell.StatusDegraded {
-			return false
+			return false, fmt.Sprintf("found %v: %+v", found, s)
 		}
 		for _, w := range what {
 			if !strings.Contains(s.Error, w) {
-				return false
+				return false, fmt.Sprintf("%+v", s)
 			}
 		}
-		return true
+		return true, ""
 	})
 }
 
@@ -139,9 +139,9 @@ func TestOwnNodeKeyPutBack(t *testing.T) {
 	ctx := context.Background()
 	rows := a.wait(t, "node-a known", func(r map[string]*nodes.Node) bool { return r["node-a"] != nil })
 	published, _ := json.Marshal(nodes.Value{Name: "node-a", Spec: rows["node-a"].Spec})
-	celltest.Eventually(t, "node-a published", func() bool {
+	celltest.Eventually(t, "node-a published", func() (bool, string) {
 		v, found, err := a.kv.Get(ctx, "state/nodes/v1/node-a")
-		return err == nil && found && string(v) == string(published)
+		return err == nil && found && string(v) == string(published), fmt.Sprintf("%q found %v, %v", v, found, err)
 	})
 	forged := nodes.Value{Name: "node-a", Spec: nodes.Spec{
 		Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.20")}},
@@ -149,11 +149,14 @@ func TestOwnNodeKeyPutBack(t *testing.T) {
 	for i := range 2 {
 		b, _ := json.Marshal(forged)
 		put(t, a.kv, "state/nodes/v1/node-a", b)
-		celltest.Eventually(t, "node-a's key written back, leased", func() bool {
+		celltest.Eventually(t, "node-a's key written back, leased", func() (bool, string) {
 			kvs, err := a.kv.List(ctx, "state/nodes/v1/node-a")
-			return err == nil && len(kvs) == 1 && string(kvs[0].Value) == string(published) && kvs[0].Lease != 0
+			return err == nil && len(kvs) == 1 && string(kvs[0].Value) == string(published) && kvs[0].Lease != 0, fmt.Sprintf("%+v, %v", kvs, err)
 		})
-		celltest.Eventually(t, "the repair counted", func() bool { return kvsynctest.Repairs(t, a.m, "nodes") == float64(i+1) })
+		celltest.Eventually(t, "the repair counted", func() (bool, string) {
+			n := kvsynctest.Repairs(t, a.m, "nodes")
+			return n == float64(i+1), fmt.Sprint(n, " repairs")
+		})
 	}
 }
 

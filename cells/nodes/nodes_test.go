@@ -163,17 +163,17 @@ func TestNodesFromKubernetes(t *testing.T) {
 	}
 
 	// This node's Node object.
-	celltest.Eventually(t, "node-1 annotated, marked ready and untainted", func() bool {
+	celltest.Eventually(t, "node-1 annotated, marked ready and untainted", func() (bool, string) {
 		n, err := a.k8s.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
 		if err != nil {
-			return false
+			return false, err.Error()
 		}
 		ready := false
 		for _, c := range n.Status.Conditions {
 			ready = ready || (c.Type == corev1.NodeNetworkUnavailable && c.Status == corev1.ConditionFalse && c.Reason == "CelliumIsUp")
 		}
 		return ready && n.Annotations[nodes.AnnotationPodCIDRs] == "10.244.1.0/24" && n.Annotations["example.com/test"] == "yes" &&
-			len(n.Spec.Taints) == 1 && n.Spec.Taints[0].Key == "other"
+			len(n.Spec.Taints) == 1 && n.Spec.Taints[0].Key == "other", fmt.Sprintf("annotations %v, conditions %+v, taints %+v", n.Annotations, n.Status.Conditions, n.Spec.Taints)
 	})
 
 	if err := a.k8s.CoreV1().Nodes().Delete(context.Background(), "node-2", metav1.DeleteOptions{}); err != nil {
@@ -216,9 +216,9 @@ func TestNodesThroughKVStore(t *testing.T) {
 	if err := a.kv.Delete(ctx, "state/nodes/v1/node-b"); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "node-b's key written back", func() bool {
+	celltest.Eventually(t, "node-b's key written back", func() (bool, string) {
 		_, found, err := a.kv.Get(ctx, "state/nodes/v1/node-b")
-		return err == nil && found
+		return err == nil && found, fmt.Sprintf("found %v, %v", found, err)
 	})
 }
 

@@ -116,9 +116,9 @@ func (a *testAgent) waitEntries(ep uint16, want ...string) {
 	a.t.Helper()
 	slices.Sort(want)
 	var got []string
-	celltest.Eventually(a.t, fmt.Sprintf("entries of endpoint %d: %q", ep, want), func() bool {
+	celltest.Eventually(a.t, fmt.Sprintf("entries of endpoint %d: %q", ep, want), func() (bool, string) {
 		got = a.entriesOf(ep)
-		return slices.Equal(got, want)
+		return slices.Equal(got, want), fmt.Sprintf("%q", got)
 	})
 }
 
@@ -169,10 +169,10 @@ func TestCell(t *testing.T) {
 	a.addEndpoint(&endpointmanager.Endpoint{ID: 1, PodNamespace: "prod", PodName: "web", Labels: map[string]string{"app": "web"}, Identity: 1001})
 	a.addEndpoint(&endpointmanager.Endpoint{ID: 2, PodNamespace: "prod", PodName: "other", Labels: map[string]string{"app": "other"}, Identity: 1002})
 
-	celltest.Eventually(t, "enforcement rows of both endpoints, not isolated", func() bool {
+	celltest.Eventually(t, "enforcement rows of both endpoints, not isolated", func() (bool, string) {
 		in1, out1 := a.enforcementOf(1)
 		_, _, ok := a.enforcement.Get(a.db.ReadTxn(), policy.EnforcementByEndpoint.Query(2))
-		return ok && !in1 && !out1
+		return ok && !in1 && !out1, fmt.Sprintf("endpoint 1 isolated ingress %v egress %v; endpoint 2's row %v", in1, out1, ok)
 	})
 
 	// A named port resolves on the pod's container ports.
@@ -194,7 +194,10 @@ func TestCell(t *testing.T) {
 	if err := k8sclienttest.Create(a.cs, netpol("from-team-c", ingressFrom(teamC, portOf(intstr.FromInt32(9090))))); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "from-team-c applied", func() bool { h := a.healthOf(); return h != nil && strings.HasPrefix(h.Message, "2 NetworkPolicies") })
+	celltest.Eventually(t, "from-team-c applied", func() (bool, string) {
+		h := a.healthOf()
+		return h != nil && strings.HasPrefix(h.Message, "2 NetworkPolicies"), fmt.Sprintf("%+v", h)
+	})
 	a.deleteIdentity(1004)
 	a.addIdentity(1005, "dev", map[string]string{"app": "client"}, map[string]string{"team": "c"})
 	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 8080-0 prod/from-client", "ingress 1005 6 9090-0 prod/from-team-c")
@@ -215,11 +218,11 @@ func TestCell(t *testing.T) {
 	if err := k8sclienttest.Create(a.cs, netpol("no-such-port", ingressFrom(client, portOf(intstr.FromString("grpc"))))); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "health naming prod/bad-range and prod/no-such-port", func() bool {
+	celltest.Eventually(t, "health naming prod/bad-range and prod/no-such-port", func() (bool, string) {
 		h := a.healthOf()
 		return h != nil && h.Level == cell.StatusDegraded &&
 			strings.Contains(h.Error, "NetworkPolicy prod/bad-range: ingress[0]: ports[0]: endPort 80") &&
-			strings.Contains(h.Error, "NetworkPolicy prod/no-such-port: named port grpc/TCP is on none of the 1 local pods it selects")
+			strings.Contains(h.Error, "NetworkPolicy prod/no-such-port: named port grpc/TCP is on none of the 1 local pods it selects"), fmt.Sprintf("%+v", h)
 	})
 	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 8080-0 prod/from-client", "ingress 1005 6 9090-0 prod/from-team-c")
 
@@ -230,7 +233,10 @@ func TestCell(t *testing.T) {
 		}
 	}
 	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1005 6 9090-0 prod/from-team-c")
-	celltest.Eventually(t, "health OK again", func() bool { h := a.healthOf(); return h != nil && h.Level == cell.StatusOK })
+	celltest.Eventually(t, "health OK again", func() (bool, string) {
+		h := a.healthOf()
+		return h != nil && h.Level == cell.StatusOK, fmt.Sprintf("%+v", h)
+	})
 	if err := a.cs.NetworkingV1().NetworkPolicies("prod").Delete(t.Context(), "from-team-c", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -49,13 +49,13 @@ func TestLiveCondition(t *testing.T) {
 
 	// Computed, but nothing reconciles the entries here: not live.
 	var why string
-	celltest.Eventually(t, "endpoint 7's policy computed", func() bool {
+	celltest.Eventually(t, "endpoint 7's policy computed", func() (bool, string) {
 		var ok bool
 		ok, why, _ = live(ep, rev)
 		if ok {
 			t.Fatalf("live with nothing reconciled")
 		}
-		return why != "not computed yet"
+		return why != "not computed yet", why
 	})
 	if !strings.Contains(why, "Pending") {
 		t.Fatalf("not live because %q, want a pending row named", why)
@@ -135,9 +135,9 @@ func TestLiveConditionWaitsForPeers(t *testing.T) {
 	wtxn.Commit()
 	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 0 0-0 prod/from-client")
 	// Its own policy (not isolated) done, the peer's allow pending.
-	celltest.Eventually(t, "endpoint 2's policy computed", func() bool {
+	celltest.Eventually(t, "endpoint 2's policy computed", func() (bool, string) {
 		_, why, _ := live(ep, rev)
-		return why != "not computed yet"
+		return why != "not computed yet", why
 	})
 	done(func(e *policy.Entry) bool { return e.Key.EndpointID == 2 })
 	ok, why, watch := live(ep, rev)

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"reflect"
@@ -133,10 +134,10 @@ func TestTraceAddress(t *testing.T) {
 		{"world", "prod/web", "", false}, // no address: no prefix
 	} {
 		var tr apiv1.PolicyTrace
-		celltest.Eventually(t, "trace "+tc.from+" -> "+tc.to, func() bool {
+		celltest.Eventually(t, "trace "+tc.from+" -> "+tc.to, func() (bool, string) {
 			var err error
 			tr, err = c.PolicyTrace(t.Context(), tc.from, tc.to, "80/TCP")
-			return err == nil && len(tr.Sides) == 1 && tr.Sides[0].Isolated
+			return err == nil && len(tr.Sides) == 1 && tr.Sides[0].Isolated, fmt.Sprintf("%+v, %v", tr, err)
 		})
 		s := tr.Sides[0]
 		if tr.Allowed != tc.allowed || s.PeerPrefix != tc.prefix || s.Peer != 2 || s.Pod != "prod/web" {

@@ -132,24 +132,24 @@ func (a *agent) deleteEntry(e *policy.Entry) {
 // reconciled waits until every row is Done.
 func (a *agent) reconciled(t *testing.T) {
 	t.Helper()
-	celltest.Eventually(t, "policy rows reconciled", func() bool {
+	celltest.Eventually(t, "policy rows reconciled", func() (bool, string) {
 		txn := a.db.ReadTxn()
 		for e := range a.entries.All(txn) {
 			if e.Status.Kind != reconciler.StatusKindDone {
-				return false
+				return false, fmt.Sprintf("entry %+v", e)
 			}
 		}
 		for e := range a.enforcement.All(txn) {
 			if e.Status.Kind != reconciler.StatusKindDone {
-				return false
+				return false, fmt.Sprintf("enforcement %+v", e)
 			}
 		}
 		for p := range a.prefixes.All(txn) {
 			if p.Status.Kind != reconciler.StatusKindDone {
-				return false
+				return false, fmt.Sprintf("prefix %+v", p)
 			}
 		}
-		return true
+		return true, ""
 	})
 }
 
@@ -258,7 +258,7 @@ func TestEntriesIntoMaps(t *testing.T) {
 
 	// 8000-8007 is also narrow's: it stays.
 	a.deleteEntry(wide)
-	celltest.Eventually(t, "wide's own keys deleted", func() bool { return len(a.dump(t)) == 4 })
+	celltest.Eventually(t, "wide's own keys deleted", func() (bool, string) { d := a.dump(t); return len(d) == 4, fmt.Sprint(d) })
 	wantKeys(t, a.dump(t),
 		"ep 12 ingress id 1000 proto 6 port 80-80",
 		"ep 12 ingress id 1000 proto 6 port 8000-8007",
@@ -268,7 +268,7 @@ func TestEntriesIntoMaps(t *testing.T) {
 	txn := a.db.WriteTxn(a.enforcement)
 	a.enforcement.Delete(txn, &policy.Enforcement{EndpointID: 13})
 	txn.Commit()
-	celltest.Eventually(t, "endpoint 13's enforcement deleted", func() bool { _, ok := a.enforcementOf(t, 13); return !ok })
+	celltest.Eventually(t, "endpoint 13's enforcement deleted", func() (bool, string) { f, ok := a.enforcementOf(t, 13); return !ok, fmt.Sprintf("flags %v", f) })
 }
 
 // cookieOf is the cookie in the trie of an entry's first key.
@@ -326,7 +326,7 @@ func TestSharedKeyCookieOnDelete(t *testing.T) {
 		t.Fatalf("shared key's cookie %#x, want that of the entry written last", c)
 	}
 	a.deleteEntry(second)
-	celltest.Eventually(t, "82/16 deleted", func() bool { return len(a.dump(t)) == 1 })
+	celltest.Eventually(t, "82/16 deleted", func() (bool, string) { d := a.dump(t); return len(d) == 1, fmt.Sprint(d) })
 	if c := a.cookieOf(t, first); c != policymap.Cookie(first.Policies) {
 		t.Fatalf("shared key's cookie %#x after the other entry went, want that of default/first", c)
 	}
@@ -351,7 +351,7 @@ func TestPrefixesIntoMap(t *testing.T) {
 	txn := a.db.WriteTxn(a.prefixes)
 	a.prefixes.Delete(txn, narrow)
 	txn.Commit()
-	celltest.Eventually(t, "10.1.0.0/16 deleted", func() bool { return len(a.prefixDump(t)) == 2 })
+	celltest.Eventually(t, "10.1.0.0/16 deleted", func() (bool, string) { d := a.prefixDump(t); return len(d) == 2, fmt.Sprint(d) })
 	if got := a.prefixDump(t); got[0] != fmt.Sprintf("10.0.0.0/8=%d", 1<<30) {
 		t.Fatalf("prefix trie %v, want 10.0.0.0/8 and ::/0", got)
 	}
@@ -428,18 +428,18 @@ func TestMapFull(t *testing.T) {
 	a.put(small, wide, &policy.Enforcement{EndpointID: 12, Ingress: true})
 
 	var got *policy.Entry
-	celltest.Eventually(t, "the wide entry failed", func() bool {
+	celltest.Eventually(t, "the wide entry failed", func() (bool, string) {
 		got, _, _ = a.entries.Get(a.db.ReadTxn(), policy.EntryByKey.Query(wide.Key))
-		return got.Status.Kind == reconciler.StatusKindError
+		return got.Status.Kind == reconciler.StatusKindError, fmt.Sprintf("status %v", got.Status)
 	})
 	if !strings.Contains(got.Status.GetError(), "endpoint 12: policy map cellium_policy is full (--policy-map-max=4)") {
 		t.Fatalf("status error %q, want the endpoint and the flag named", got.Status.GetError())
 	}
 	var st *health.Status
-	celltest.Eventually(t, "endpoint 12 degraded", func() bool {
+	celltest.Eventually(t, "endpoint 12 degraded", func() (bool, string) {
 		var found bool
 		st, _, found = a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.endpoint-12"))
-		return found && st.Level == cell.StatusDegraded
+		return found && st.Level == cell.StatusDegraded, fmt.Sprintf("found %v: %+v", found, st)
 	})
 	if !strings.Contains(st.Message, "Endpoint 12") {
 		t.Fatalf("health %+v, want the endpoint named", st)
@@ -455,9 +455,9 @@ func TestMapFull(t *testing.T) {
 	a.deleteEntry(wide)
 	a.put(entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 8000, 8001))
 	a.reconciled(t)
-	celltest.Eventually(t, "endpoint 12's failure cleared", func() bool {
-		_, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.endpoint-12"))
-		return !found
+	celltest.Eventually(t, "endpoint 12's failure cleared", func() (bool, string) {
+		st, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.endpoint-12"))
+		return !found, fmt.Sprintf("%+v", st)
 	})
 }
 
@@ -483,11 +483,12 @@ func TestDriftRepaired(t *testing.T) {
 	if err := a.maps.Enforcement.Put(12, policymap.Enforcement{}); err != nil {
 		t.Fatal(err)
 	}
-	celltest.Eventually(t, "drift repaired", func() bool {
+	celltest.Eventually(t, "drift repaired", func() (bool, string) {
 		f, _ := a.enforcementOf(t, 12)
-		return slices.Equal(a.dump(t), want) && f == policymap.FlagIngress
+		d := a.dump(t)
+		return slices.Equal(d, want) && f == policymap.FlagIngress, fmt.Sprintf("%v, flags %v", d, f)
 	})
-	celltest.Eventually(t, "repairs counted", func() bool { return testutil.ToFloat64(a.metrics.repairs) == 2 })
+	celltest.Eventually(t, "repairs counted", func() (bool, string) { n := testutil.ToFloat64(a.metrics.repairs); return n == 2, fmt.Sprint(n) })
 }
 
 func identityOf(id uint32) identity.NumericIdentity { return identity.NumericIdentity(id) }

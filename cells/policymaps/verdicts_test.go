@@ -1,6 +1,7 @@
 package policymaps
 
 import (
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -79,8 +80,9 @@ func TestVerdictsCounted(t *testing.T) {
 		{"egress", "allowed", "all"}:          1,
 		{"egress", "denied", "policy-denied"}: 1,
 	}
-	celltest.Eventually(t, "verdicts counted", func() bool {
-		return testutil.ToFloat64(counter.verdicts.WithLabelValues("egress", "denied", "policy-denied")) == 1
+	celltest.Eventually(t, "verdicts counted", func() (bool, string) {
+		n := testutil.ToFloat64(counter.verdicts.WithLabelValues("egress", "denied", "policy-denied"))
+		return n == 1, fmt.Sprint(n, " counted")
 	})
 	for labels, n := range want {
 		if got := testutil.ToFloat64(counter.verdicts.WithLabelValues(labels[:]...)); got != n {

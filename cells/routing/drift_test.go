@@ -124,8 +124,9 @@ func TestTunnelDrift(t *testing.T) {
 
 	restored := func(what string) {
 		t.Helper()
-		celltest.Eventually(t, what+" put back", func() bool {
-			return slices.Equal(a.tunnelEntries(t), want)
+		celltest.Eventually(t, what+" put back", func() (bool, string) {
+			got := a.tunnelEntries(t)
+			return slices.Equal(got, want), fmt.Sprint(got)
 		})
 		a.waitAllDone(t)
 	}
@@ -293,10 +294,10 @@ func TestNativeDrift(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !up {
-			celltest.Eventually(t, "the route gone with eth0 down", func() bool { return len(a.kernelRoutes(t)) == 0 })
+			celltest.Eventually(t, "the route gone with eth0 down", func() (bool, string) { got := a.kernelRoutes(t); return len(got) == 0, fmt.Sprint(got) })
 		}
 	}
-	celltest.Eventually(t, "the route put back", func() bool { return slices.Equal(a.kernelRoutes(t), want) })
+	celltest.Eventually(t, "the route put back", func() (bool, string) { got := a.kernelRoutes(t); return slices.Equal(got, want), fmt.Sprint(got) })
 	a.waitAllDone(t)
 	a.wantRepairs(t, map[string]float64{"route": 1})
 	a.wantRepairLog(t, "route", fmt.Sprintf("%s via %s", b.podCIDR, b.ip))

@@ -296,8 +296,8 @@ func TestTunnel(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.waitReconciled(t, 0)
-	celltest.Eventually(t, "node-b's route, neighbor and fdb entry gone from node-a", func() bool {
-		n := 0
+	celltest.Eventually(t, "node-b's route, neighbor and fdb entry gone from node-a", func() (bool, string) {
+		var left []string
 		nettest.Do(a.ns.Path(), func() error {
 			link, err := netlink.LinkByName(routing.TunnelDevice)
 			if err != nil {
@@ -305,10 +305,13 @@ func TestTunnel(t *testing.T) {
 			}
 			neighs, _ := netlink.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
 			fdb, _ := netlink.NeighList(link.Attrs().Index, unix.AF_BRIDGE)
-			n = len(neighs) + len(fdb)
+			for _, n := range append(neighs, fdb...) {
+				left = append(left, n.String())
+			}
 			return nil
 		})
-		return n == 0 && len(a.kernelRoutes(t)) == 0
+		routes := a.kernelRoutes(t)
+		return len(left) == 0 && len(routes) == 0, fmt.Sprintf("neighbors and fdb entries %v, routes %v", left, routes)
 	})
 }
 
@@ -386,9 +389,9 @@ func TestRestart(t *testing.T) {
 	}
 	a.start(t, routing.ModeTunnel, objs...)
 	a.waitReconciled(t, 1)
-	celltest.Eventually(t, "the stale route pruned", func() bool {
+	celltest.Eventually(t, "the stale route pruned", func() (bool, string) {
 		got := a.kernelRoutes(t)
-		return len(got) == 1 && strings.HasPrefix(got[0], "10.250.2.0/24")
+		return len(got) == 1 && strings.HasPrefix(got[0], "10.250.2.0/24"), fmt.Sprint(got)
 	})
 	tcp(t, a, b)
 	var seen []string

@@ -56,11 +56,12 @@ func Start(t testing.TB, h *hive.Hive) {
 	})
 }
 
-// Eventually polls cond until it holds, and fails the test if it does not
-// within 10 seconds: for state that has no watch channel to wait on.
-func Eventually(t testing.TB, what string, cond func() bool) {
+// Eventually is polltest.Until with the cells' tests' timing: it calls ok
+// every 5ms until it says true, and fails the test after 10 seconds with
+// what ok said last. For state that has no watch channel to wait on.
+func Eventually(t testing.TB, what string, ok func() (bool, string)) {
 	t.Helper()
-	polltest.Until(t, what, 10*time.Second, 5*time.Millisecond, func() (bool, string) { return cond(), "not yet" })
+	polltest.Until(t, what, 10*time.Second, 5*time.Millisecond, ok)
 }
 
 // ScriptEngine returns a script engine for a txtar test of h: the default
