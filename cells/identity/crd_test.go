@@ -403,14 +403,15 @@ func TestCRDAPIServerRestart(t *testing.T) {
 		t.Fatal("Allocate of a new label set with the API server away succeeded")
 	}
 	t.Logf("as expected, with the API server away: %v", err)
-	watchHealth := func(n *crdNode, level cell.Level) func() bool {
-		return func() bool {
+	watchHealth := func(n *crdNode, level cell.Level) func() (bool, string) {
+		return func() (bool, string) {
 			s, _, found := n.hs.Get(n.a.db.ReadTxn(), health.StatusID.Query("identity.job-watch-crd-identities"))
 			want := stateWatching
 			if level != cell.StatusOK {
 				want = stateWatchFailing
 			}
-			return found && s.Level == level && n.a.Backend().State == want
+			state := n.a.Backend().State
+			return found && s.Level == level && state == want, fmt.Sprintf("health found %v: %+v; state %s", found, s, state)
 		}
 	}
 	celltest.Eventually(t, "node-1's watch Degraded and its state "+stateWatchFailing+" with the API server away", watchHealth(n1, cell.StatusDegraded))
