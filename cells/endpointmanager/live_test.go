@@ -274,9 +274,12 @@ func TestCreateAttachesPrograms(t *testing.T) {
 	a.setFail(errors.New("test: the attach fails"))
 	p := newPod(t)
 	done := n.createAsync(p)
-	celltest.Eventually(t, "the endpoint whose attach failed in the table, its programs pending", func() bool {
+	celltest.Eventually(t, "the endpoint whose attach failed in the table, its programs pending", func() (bool, string) {
 		ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
-		return found && ep.ProgramStatus.Kind == reconciler.StatusKindPending
+		if !found {
+			return false, "not in the table"
+		}
+		return ep.ProgramStatus.Kind == reconciler.StatusKindPending, fmt.Sprintf("programs %s", ep.ProgramStatus)
 	})
 	select {
 	case r := <-done:
