@@ -327,9 +327,12 @@ func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
 	checkRouted(t, ep, false)
 
 	g.openIt()
-	celltest.Eventually(t, "the restored endpoint ready once live", func() bool {
+	celltest.Eventually(t, "the restored endpoint ready once live", func() (bool, string) {
 		ep, found = n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
-		return found && ep.State == endpointmanager.Ready
+		if !found {
+			return false, "not in the table"
+		}
+		return ep.State == endpointmanager.Ready, fmt.Sprintf("state %v", ep.State)
 	})
 	checkRouted(t, ep, true)
 	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {

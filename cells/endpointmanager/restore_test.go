@@ -3,6 +3,7 @@ package endpointmanager_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -86,9 +87,12 @@ func TestRestore(t *testing.T) {
 	}
 	// Its new host side is routed once the datapath has it
 	// (TestRestoreRemadeVethWaitsForLive), after the restore.
-	celltest.Eventually(t, "the endpoint whose veth pair was removed ready", func() bool {
+	celltest.Eventually(t, "the endpoint whose veth pair was removed ready", func() (bool, string) {
 		got, found = second.mgr.Lookup(endpointmanager.Selector{ContainerID: repaired.id})
-		return found && got.State != endpointmanager.Starting
+		if !found {
+			return false, "not in the table"
+		}
+		return got.State != endpointmanager.Starting, fmt.Sprintf("state %v", got.State)
 	})
 	if !found || got.IPv4 != epRepaired.IPv4 || got.State != endpointmanager.Ready || got.HostIfIndex == epRepaired.HostIfIndex {
 		t.Fatalf("endpoint whose veth pair was removed: %+v, %v; want it restored with a new veth pair", got, found)
