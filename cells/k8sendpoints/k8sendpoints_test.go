@@ -251,14 +251,20 @@ func TestEndpointObjects(t *testing.T) {
 	n1.putEndpoint(2, "web-2", "10.1.0.6", id)
 	celltest.Eventually(t, "web-2's object", func() (bool, string) { _, err := c.get(ctx, "web-2"); return err == nil, fmt.Sprint(err) })
 	n1.deleteEndpoint(2)
-	celltest.Eventually(t, "web-2's object deleted", func() (bool, string) {
-		_, err := c.get(ctx, "web-2")
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
-	})
-	celltest.Eventually(t, "node-2 forgets web-2", func() (bool, string) {
-		row, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/web-2"))
-		return !found, fmt.Sprintf("%+v", row)
-	})
+	// gone waits until pod's object is deleted (why: how) and node-2
+	// forgets the pod.
+	gone := func(pod, why string) {
+		t.Helper()
+		celltest.Eventually(t, pod+"'s object deleted"+why, func() (bool, string) {
+			_, err := c.get(ctx, pod)
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+		celltest.Eventually(t, "node-2 forgets "+pod, func() (bool, string) {
+			row, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/"+pod))
+			return !found, fmt.Sprintf("%+v", row)
+		})
+	}
+	gone("web-2", "")
 
 	// Restart node-1 with web-1 gone meanwhile: its stale object is
 	// deleted at start, and node-2 forgets the pod.
@@ -273,12 +279,5 @@ func TestEndpointObjects(t *testing.T) {
 	txn = n1.db.WriteTxn(n1.eps)
 	done(txn)
 	txn.Commit()
-	celltest.Eventually(t, "web-1's stale object deleted at restart", func() (bool, string) {
-		_, err := c.get(ctx, "web-1")
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
-	})
-	celltest.Eventually(t, "node-2 forgets web-1", func() (bool, string) {
-		row, _, found := n2.tbl.Get(n2.db.ReadTxn(), ByName.Query("default/web-1"))
-		return !found, fmt.Sprintf("%+v", row)
-	})
+	gone("web-1", " (stale) at restart")
 }
