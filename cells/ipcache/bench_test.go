@@ -28,6 +28,7 @@ import (
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // BenchmarkKVStoreToMap writes 100,000 ip/v1 keys to a real etcd from
@@ -68,21 +69,15 @@ func BenchmarkKVStoreToMap(b *testing.B) {
 		}
 	}
 	written := time.Now()
-	for {
+	polltest.Until(b, fmt.Sprintf("%d entries in the map", entries), 2*time.Minute, 10*time.Millisecond, func() (bool, string) {
 		done := 0
 		for e := range n.tbl.All(n.db.ReadTxn()) {
 			if e.Winner().Source == ipcache.SourceKVStore && e.Status.Kind == reconciler.StatusKindDone {
 				done++
 			}
 		}
-		if done == entries {
-			break
-		}
-		if time.Since(written) > 2*time.Minute {
-			b.Fatalf("%d of %d entries in the map after 2 minutes", done, entries)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return done == entries, fmt.Sprintf("%d of %d", done, entries)
+	})
 	inMap := time.Now()
 	b.StopTimer()
 	runtime.GC()

@@ -31,6 +31,7 @@ import (
 	"github.com/cellium/cellium/cells/routing"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/nettest"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 // BenchmarkNodesAppear: 1,000 nodes appear at once in the kvstore of an
@@ -110,24 +111,20 @@ func BenchmarkNodesAppear(b *testing.B) {
 		}
 		ops = ops[n:]
 	}
-	done := func() bool {
+	polltest.Until(b, fmt.Sprintf("every one of %d nodes in the kernel", count), 2*time.Minute, 10*time.Millisecond, func() (bool, string) {
 		txn := db.ReadTxn()
-		return countDone(rt.All(txn), func(r *routing.Route) reconciler.Status { return r.Status }) == count &&
-			countDone(nb.All(txn), func(n *routing.Neighbor) reconciler.Status { return n.Status }) == count &&
-			countDone(fdb.All(txn), func(f *routing.FDBEntry) reconciler.Status { return f.Status }) == count &&
-			countDone(ipc.All(txn), func(e *ipcache.Entry) reconciler.Status {
-				if e.Winner().Source != ipcache.SourceNode {
-					return reconciler.StatusPending()
-				}
-				return e.Status
-			}) == 2*count
-	}
-	for !done() {
-		if time.Since(start) > 2*time.Minute {
-			b.Fatal("not every node in the kernel after 2 minutes")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		routes := countDone(rt.All(txn), func(r *routing.Route) reconciler.Status { return r.Status })
+		neighs := countDone(nb.All(txn), func(n *routing.Neighbor) reconciler.Status { return n.Status })
+		fdbs := countDone(fdb.All(txn), func(f *routing.FDBEntry) reconciler.Status { return f.Status })
+		ipcs := countDone(ipc.All(txn), func(e *ipcache.Entry) reconciler.Status {
+			if e.Winner().Source != ipcache.SourceNode {
+				return reconciler.StatusPending()
+			}
+			return e.Status
+		})
+		return routes == count && neighs == count && fdbs == count && ipcs == 2*count,
+			fmt.Sprintf("done: %d routes, %d neighbors, %d fdb entries, %d ipcache entries (want %d, %d, %d, %d)", routes, neighs, fdbs, ipcs, count, count, count, 2*count)
+	})
 	took := time.Since(start)
 	b.StopTimer()
 	runtime.GC()
