@@ -2,12 +2,14 @@ package drift
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/cilium/hive/cell"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Batch is the netlink updates that queued up since the last batch.
@@ -64,10 +66,22 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 	if err := s.start(ns, f.Links, f.Routes, f.Neighbors); err != nil {
 		return err
 	}
+	// The devices there are listed after subscribing, so a change made
+	// meanwhile also arrives as an update after the listing.
+	var listed []netlink.LinkUpdate
+	if f.Links {
+		var err error
+		if listed, err = listLinks(ns); err != nil {
+			return err
+		}
+	}
 	if f.subscribed {
 		f.Handle(ctx, Batch{Resync: true})
 	}
 	f.subscribed = true
+	if len(listed) > 0 {
+		f.Handle(ctx, Batch{Links: listed})
+	}
 	health.OK("Following netlink updates")
 	for {
 		var b Batch
@@ -102,6 +116,48 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 	}
 }
 
+// listLinks lists the devices of ns as updates, as the kernel would send
+// them.
+//
+// The subscription does not list them itself (netlink's ListExisting):
+// that sends the dump request to the subscription socket's own address,
+// which carries the multicast group, and as root the kernel then also
+// delivers the request to every other subscriber of the group in the
+// namespace. Those (the devices watcher's, any other program's) receive a
+// message whose sender is not the kernel, and netlink reports it as "Wrong
+// sender portid".
+func listLinks(ns netns.NsHandle) ([]netlink.LinkUpdate, error) {
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	defer h.Close()
+	var links []netlink.Link
+	for range dumpAttempts {
+		if links, err = h.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	updates := make([]netlink.LinkUpdate, 0, len(links))
+	for _, l := range links {
+		a := l.Attrs()
+		var u netlink.LinkUpdate
+		u.Header.Type = unix.RTM_NEWLINK
+		u.Index = int32(a.Index)
+		u.Flags = a.RawFlags
+		u.Link = l
+		updates = append(updates, u)
+	}
+	return updates, nil
+}
+
+// dumpAttempts is how often a listing that the kernel interrupted (because
+// something changed meanwhile) is started again.
+const dumpAttempts = 5
+
 // add appends an update received from a subscription's channel to its
 // batch list; a closed channel (!ok) means the subscription ended.
 func add[U any](s *subscription, to *[]U, u U, ok bool, kind string) error {
@@ -130,7 +186,7 @@ type subscription struct {
 func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) error {
 	if links {
 		ch := make(chan netlink.LinkUpdate, updateBuffer)
-		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError, ListExisting: true}); err != nil {
+		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
 			return fmt.Errorf("subscribe to netlink link updates: %w", err)
 		}
 		s.links, s.startedLinks = ch, true
