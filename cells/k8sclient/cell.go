@@ -148,12 +148,6 @@ var embeddedCreated func(*Fake)
 
 func (embeddedClientset) Embedded() bool { return true }
 
-// IsWatchListSemanticsUnSupported is true, as the fake's: informers list
-// and watch rather than ask for a streaming list. The two are the same to
-// the embedded server, and the former is what every fake-based test
-// exercises.
-func (embeddedClientset) IsWatchListSemanticsUnSupported() bool { return true }
-
 type clientsetParams struct {
 	cell.In
 

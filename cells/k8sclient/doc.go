@@ -64,11 +64,11 @@
 // # Informers
 //
 // Informers and reflectors need no special setup with either mode. client-go
-// v0.37 asks for streaming lists by default (WatchListClient); NewInformer
-// tells the informer that the embedded server does not stream
-// (IsWatchListSemanticsUnSupported), and it does LIST then WATCH. A
+// v0.37 asks for streaming lists by default (WatchListClient); every
+// informer and reflector of the agent lists in pages instead, also where
+// the API server can stream (kubeclient.Paged: NewInformer uses it). A
 // reflector over a hand-made cache.ListWatch does ask for a streaming list,
-// and gets one.
+// and the embedded server gives one.
 //
 //	services := k8sclient.NewInformer(cs, cs.CoreV1().Services(""), &corev1.Service{}, nil)
 //	informers := k8sclient.NewInformers(services)

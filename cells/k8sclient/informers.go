@@ -17,8 +17,8 @@ import (
 // every list and watch, and the namespace index: what client-go's informer
 // factory makes for a kind. The factory is not used: it knows every kind
 // of every API group, which links all of their informers, listers and
-// clients into the agent. Lists are streamed (WatchList) where cs's API
-// server can (not the embedded one).
+// clients into the agent. It lists in pages, never a streaming list
+// (kubeclient.Paged).
 func NewInformer[T, L runtime.Object](cs Clientset, c kubeclient.Client[T, L], example T, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
 	opts := func(o metav1.ListOptions) metav1.ListOptions {
 		if tweak != nil {
@@ -34,7 +34,7 @@ func NewInformer[T, L runtime.Object](cs Clientset, c kubeclient.Client[T, L], e
 			return c.Watch(ctx, opts(o))
 		},
 	}
-	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, cs), example,
+	return cache.NewSharedIndexInformerWithOptions(kubeclient.Paged(lw), example,
 		cache.SharedIndexInformerOptions{Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}})
 }
 

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // eventQueueSize is how many converted events may wait for the writer. A
@@ -282,21 +283,16 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 // end with ctx).
 func runReflector(ctx context.Context, name string, expected runtime.Object, lw *cache.ListWatch, store cache.ReflectorStore) {
 	r := cache.NewReflectorWithOptions(
-		// The Reflector lists, through lw (its list converts as it
-		// reads): the Reflector's own streaming list would keep every
-		// object until the stream's end.
-		cache.ToListWatcherWithWatchListSemantics(lw, noWatchList{}),
+		// The Reflector lists in pages, as every one of the agent
+		// (kubeclient.Paged), through lw (its list converts as it
+		// reads).
+		kubeclient.Paged(lw),
 		expected, store,
 		cache.ReflectorOptions{Name: name},
 	)
 	go r.RunWithContext(ctx)
 	<-ctx.Done()
 }
-
-// noWatchList tells a Reflector that its client does not stream lists.
-type noWatchList struct{}
-
-func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
 
 // listWatch lists and watches a resource with list and watch, reporting
 // their failures (an API server that cannot be reached, RBAC that forbids

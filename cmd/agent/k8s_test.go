@@ -99,7 +99,12 @@ func TestKubeAPIServer(t *testing.T) {
 	env := newAgentEnv(t)
 	kubeconfig := filepath.Join(env.dir, "kubeconfig")
 	kas.WriteKubeconfig(t, kubeconfig, token)
-	k8sFlags := []string{"--k8s-mode", "kubeconfig", "--kubeconfig", kubeconfig, "--node-name", nodeName, "--ipam", "kubernetes"}
+	// With the crd identity mode the agent installs its CRDs and informs
+	// on them too.
+	k8sFlags := []string{"--k8s-mode", "kubeconfig", "--kubeconfig", kubeconfig, "--node-name", nodeName, "--ipam", "kubernetes",
+		"--identity-allocation-mode", "crd"}
+	// Asked before the agent starts: the probe is a streaming list.
+	noStreaming := watchListUnsupported(t, kas)
 	streamsBefore := watchLists(t, kas)
 	agent := startAgent(t, append(env.runFlags(), k8sFlags...)...)
 	agent.waitFor("Started hive")
@@ -110,20 +115,33 @@ func TestKubeAPIServer(t *testing.T) {
 	// the Node in the IPAM.
 	waitDump(t, env.socket, "cellium_lb4_services", web+":80")
 
-	// Even where the API server streams lists, the load balancer's
-	// reflectors list in pages (gzip'd; a stream's events are not, ten
-	// times the bytes and twice the server's CPU at 20,000 Services:
-	// docs/performance.md). The server counts streaming lists in
-	// apiserver_watch_list_duration_seconds; no other cell of the agent
-	// watches these kinds.
-	if why := watchListUnsupported(t, kas); why != "" {
-		t.Logf("not checking that the agent does not stream its listings: %s", why)
+	// Even where the API server streams lists, every informer and
+	// reflector of the agent lists in pages (kubeclient.Paged: gzip'd; a
+	// stream's events are not, ten times the bytes and more of the
+	// server's CPU at 20,000 Services: docs/performance.md): Services,
+	// EndpointSlices, Nodes, Pods, Namespaces, NetworkPolicies and the
+	// CRD kinds. The server counts streaming lists in
+	// apiserver_watch_list_duration_seconds, by resource.
+	if noStreaming != "" {
+		t.Logf("not checking that the agent does not stream its listings: %s", noStreaming)
 	} else {
+		// Wait for every informer's first listing, a LIST or a
+		// streaming list, before counting the streaming ones.
+		poll(t, "the agent's informers of every kind listed", func() (bool, string) {
+			lists, streams := listRequests(t, kas), watchLists(t, kas)
+			var missing []string
+			for _, resource := range informedResources {
+				if lists[resource] == 0 && streams[resource] == streamsBefore[resource] {
+					missing = append(missing, resource)
+				}
+			}
+			return len(missing) == 0, fmt.Sprintf("no list of %v yet", missing)
+		})
 		streams := watchLists(t, kas)
-		for _, resource := range []string{"services", "endpointslices"} {
-			if streams[resource] != streamsBefore[resource] {
+		for resource, n := range streams {
+			if n != streamsBefore[resource] {
 				t.Errorf("the agent's start streamed a list of %s (the server counts %v streaming lists of them, %v before)",
-					resource, streams[resource], streamsBefore[resource])
+					resource, n, streamsBefore[resource])
 			}
 		}
 	}
@@ -352,17 +370,50 @@ func watchListUnsupported(t testing.TB, kas *kubeapitest.Server) string {
 	return "the streaming list ended before its bookmark"
 }
 
-// watchLists is how many streaming lists of Services and of
-// EndpointSlices the API server has served.
+// informedResources are the kinds the agent informs on, in the crd
+// identity mode.
+var informedResources = []string{"services", "endpointslices", "nodes", "pods", "celliumidentities", "celliumendpoints"}
+
+// watchLists is how many streaming lists of each resource the API server
+// has served.
 func watchLists(t testing.TB, kas *kubeapitest.Server) map[string]float64 {
+	t.Helper()
+	return metricByResource(t, kas, "apiserver_watch_list_duration_seconds_count")
+}
+
+// listRequests is how many LIST requests of each resource the API server
+// has served.
+func listRequests(t testing.TB, kas *kubeapitest.Server) map[string]float64 {
+	t.Helper()
+	return metricByResource(t, kas, "apiserver_request_total", `verb="LIST"`)
+}
+
+// metricByResource sums the samples of the API server's metric whose
+// labels include every one of labels, by their resource label.
+func metricByResource(t testing.TB, kas *kubeapitest.Server, metric string, labels ...string) map[string]float64 {
 	t.Helper()
 	metrics, err := kas.Admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	counts := map[string]float64{}
-	for _, resource := range []string{"services", "endpointslices"} {
-		counts[resource] = metricSum(string(metrics), "apiserver_watch_list_duration_seconds_count", `resource="`+resource+`"`)
+	for line := range strings.Lines(string(metrics)) {
+		rest, ok := strings.CutPrefix(line, metric+"{")
+		if !ok {
+			continue
+		}
+		set, _, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		_, resource, ok := strings.Cut(set, `resource="`)
+		if !ok {
+			continue
+		}
+		resource, _, _ = strings.Cut(resource, `"`)
+		if _, seen := counts[resource]; !seen {
+			counts[resource] = metricSum(string(metrics), metric, append([]string{`resource="` + resource + `"`}, labels...)...)
+		}
 	}
 	return counts
 }

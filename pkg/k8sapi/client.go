@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -38,9 +37,6 @@ type Client struct {
 	dyn      dynamic.Interface
 	coord    kubeclient.Source
 	requests *prometheus.CounterVec
-	// installed is set once EnsureCRDs has created or updated a CRD:
-	// see listWatch.
-	installed atomic.Bool
 }
 
 // NewClient makes a Client for the API server of cfg. It does no I/O.
@@ -123,23 +119,11 @@ func (c *Client) IdentityListWatch() cache.ListerWatcher {
 	return c.listWatch(cache.NewListWatchFromClient(c.rest, ResourceIdentities, metav1.NamespaceAll, fields.Everything()))
 }
 
-// listWatch is lw for an informer. Its listings stream (a watch with
-// sendInitialEvents, from the API server's watch cache) unless this
-// client installed or updated a CRD: the watch cache of a kind just
-// created is not ready yet, and kube-apiserver answers a streaming list
-// with Retry-After: 1 s, which client-go waits out (a second of the first
-// agent's start in a new cluster); a list is answered at once.
+// listWatch is lw for an informer: it lists in pages, never a streaming
+// list (kubeclient.Paged), also of a kind this client just installed.
 func (c *Client) listWatch(lw *cache.ListWatch) cache.ListerWatcher {
-	if c.installed.Load() {
-		return cache.ToListWatcherWithWatchListSemantics(lw, noWatchList{})
-	}
-	return lw
+	return kubeclient.Paged(lw)
 }
-
-// noWatchList tells an informer that its client does not stream lists.
-type noWatchList struct{}
-
-func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
 
 // EndpointListWatch lists and watches the endpoints of every namespace,
 // those matching labelSelector when it is not "".

@@ -66,7 +66,6 @@ func (c *Client) EnsureCRDs(ctx context.Context, log *slog.Logger) error {
 			if _, err := api.Create(ctx, want, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("create CRD %s: %w", name, err)
 			}
-			c.installed.Store(true)
 			log.Info("Installed a CRD", "crd", name, "version", crdVersion(want))
 		case err != nil:
 			return fmt.Errorf("get CRD %s: %w", name, err)
@@ -76,7 +75,6 @@ func (c *Client) EnsureCRDs(ctx context.Context, log *slog.Logger) error {
 			if _, err := api.Update(ctx, want, metav1.UpdateOptions{}); err != nil {
 				return fmt.Errorf("update CRD %s from version %d to %d: %w", name, crdVersion(have), crdVersion(want), err)
 			}
-			c.installed.Store(true)
 			log.Info("Updated a CRD", "crd", name, "from", crdVersion(have), "to", crdVersion(want))
 		}
 	}
