@@ -208,6 +208,12 @@ type Manager struct {
 	// addresses in no pod pool.
 	outside  map[string]string
 	problems cell.Health
+	// stalledMu guards stalled, the restored endpoints waiting too long to
+	// be live by container ID, and stalledHealth, the scope showing them
+	// (see reportStalled).
+	stalledMu     sync.Mutex
+	stalled       map[string]string
+	stalledHealth cell.Health
 	// repairs counts the host routes put back (see hostroutes.go).
 	repairs *drift.Repairs
 	// live are the conditions a creation waits for (see waitLive); policy

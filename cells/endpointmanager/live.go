@@ -2,8 +2,12 @@ package endpointmanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -92,7 +96,10 @@ func newLiveMetrics() (*liveMetrics, metrics.Collectors) {
 // written at rev, or ctx ends, and returns when each was first seen to
 // hold, from the start of the wait, for the log. Each condition is
 // counted in cellium_endpoints_waiting while it does not hold.
-func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision) ([]any, error) {
+//
+// With stall, once stall.after is closed, stall.report is called with
+// what is still pending (condition: why) every time that is computed.
+func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision, stall *liveStall) ([]any, error) {
 	start := time.Now()
 	var took []any
 	held := map[string]bool{}
@@ -135,9 +142,68 @@ func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision)
 		if len(pending) == 0 {
 			return took, nil
 		}
+		if stall != nil {
+			select {
+			case <-stall.after:
+				stall.report(ep, pending)
+			default:
+				ws.Add(stall.after)
+			}
+		}
 		if _, err := ws.Wait(ctx, 0); err != nil {
 			return nil, errorf(ErrNotReady, "endpoint %d (container %s) is not in the datapath yet (%s): %v",
 				id, ep.ContainerID, strings.Join(pending, "; "), err)
 		}
 	}
+}
+
+// liveStall is what a wait for the live conditions reports once it has
+// waited longer than it should (see waitLive).
+type liveStall struct {
+	after  <-chan struct{}
+	report func(ep *Endpoint, pending []string)
+}
+
+// restoreLiveBound is how long a restored endpoint on a remade veth pair
+// may wait for its live conditions before the endpoint manager's health
+// says so (see routeRestored). Tests shorten it.
+var restoreLiveBound atomic.Int64
+
+func init() { restoreLiveBound.Store(int64(30 * time.Second)) }
+
+// reportStalled shows, in the health scope restore-live, the restored
+// endpoints that have waited longer than restoreLiveBound to be live in
+// the datapath, and what each waits for; done ends the entry of the
+// container. The scope is made with the first such endpoint and says OK
+// once none waits any more.
+func (m *Manager) reportStalled(containerID, what string, done bool) {
+	m.stalledMu.Lock()
+	defer m.stalledMu.Unlock()
+	if done {
+		if _, ok := m.stalled[containerID]; !ok {
+			return
+		}
+		delete(m.stalled, containerID)
+	} else {
+		if m.stalled == nil {
+			m.stalled = map[string]string{}
+		}
+		if m.stalled[containerID] == what {
+			return
+		}
+		m.stalled[containerID] = what
+	}
+	if m.stalledHealth == nil {
+		m.stalledHealth = m.health.NewScope("restore-live")
+	}
+	if len(m.stalled) == 0 {
+		m.stalledHealth.OK("Every restored endpoint is live in the datapath")
+		return
+	}
+	var details []string
+	for _, id := range slices.Sorted(maps.Keys(m.stalled)) {
+		details = append(details, m.stalled[id])
+	}
+	m.stalledHealth.Degraded(fmt.Sprintf("%d restored endpoint(s) not live in the datapath after %v; their host side stays down",
+		len(m.stalled), time.Duration(restoreLiveBound.Load())), errors.New(strings.Join(details, "; ")))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
 )
 
@@ -338,4 +339,40 @@ func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
 	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
 		t.Errorf("check of the restored endpoint: %v, %v", problems, err)
 	}
+}
+
+// TestRestoredEndpointNotLiveIsInHealth: a restored endpoint on a remade
+// veth pair that is not live within the bound stays starting, and the
+// endpoint manager's health is Degraded naming it and what it waits for;
+// once it is live, it is ready and health is OK again.
+func TestRestoredEndpointNotLiveIsInHealth(t *testing.T) {
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	before := first.create(t, p)
+	first.stop()
+	if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: before.HostIfName}}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(endpointmanager.SetRestoreLiveBound(time.Millisecond))
+	g := newGate()
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
+	row := n.waitHealth(t, "endpoint-manager.restore-live", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
+	for _, want := range []string{p.id, "gate: the test holds it"} {
+		if !strings.Contains(row.Error, want) {
+			t.Errorf("health %q (%s) does not name %q", row.Message, row.Error, want)
+		}
+	}
+	if ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id}); !found || ep.State != endpointmanager.Starting {
+		t.Fatalf("while not live, the restored endpoint is %+v (found %v), want it starting", ep, found)
+	}
+
+	g.openIt()
+	n.waitHealth(t, "endpoint-manager.restore-live", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusOK })
+	ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if !found || ep.State != endpointmanager.Ready {
+		t.Fatalf("once live, the restored endpoint is %+v (found %v), want it ready", ep, found)
+	}
+	checkRouted(t, ep, true)
 }

@@ -7,6 +7,7 @@ import (
 	"iter"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -158,7 +159,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("insert")
-	live, err := m.waitLive(ctx, ep.ID, rev)
+	live, err := m.waitLive(ctx, ep.ID, rev, nil)
 	if err != nil {
 		return ep, err
 	}
@@ -742,7 +743,15 @@ func (m *Manager) routeRestored(ctx context.Context, ep *Endpoint, rev statedb.R
 	if cur, found := m.Lookup(Selector{ID: ep.ID}); !found || cur.ContainerID != ep.ContainerID || cur.State != Starting {
 		return // deleted meanwhile
 	}
-	live, err := m.waitLive(ctx, ep.ID, rev)
+	// Past the bound, health says what it waits for; it keeps waiting.
+	after := make(chan struct{})
+	timer := time.AfterFunc(time.Duration(restoreLiveBound.Load()), func() { close(after) })
+	defer timer.Stop()
+	defer m.reportStalled(ep.ContainerID, "", true)
+	live, err := m.waitLive(ctx, ep.ID, rev, &liveStall{after: after, report: func(cur *Endpoint, pending []string) {
+		m.reportStalled(ep.ContainerID, fmt.Sprintf("endpoint %d (container %s, pod %s/%s) waits for %s",
+			cur.ID, cur.ContainerID, cur.PodNamespace, cur.PodName, strings.Join(pending, "; ")), false)
+	}})
 	if err == nil {
 		err = routeHost(ep)
 	}
