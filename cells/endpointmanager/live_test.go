@@ -301,6 +301,21 @@ func TestCreateAttachesPrograms(t *testing.T) {
 	}
 }
 
+// endpointOfStoppedAgentWithoutVeth creates a pod's endpoint on an agent
+// of tn, stops the agent and deletes the endpoint's veth pair: the next
+// agent's restore makes it again.
+func endpointOfStoppedAgentWithoutVeth(t *testing.T, tn *testNet) (pod, *endpointmanager.Endpoint) {
+	t.Helper()
+	first := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	before := first.create(t, p)
+	first.stop()
+	if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: before.HostIfName}}); err != nil {
+		t.Fatal(err)
+	}
+	return p, before
+}
+
 // TestRestoreRemadeVethWaitsForLive: a restored endpoint whose veth pair
 // was deleted while the agent was down gets a new one, as a creation
 // does: in the table as starting, its host side down and without the
@@ -309,13 +324,7 @@ func TestCreateAttachesPrograms(t *testing.T) {
 // up, routed and ready.
 func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
 	tn := newTestNet(t)
-	first := tn.start(t, nodeOpts{})
-	p := newPod(t)
-	before := first.create(t, p)
-	first.stop()
-	if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: before.HostIfName}}); err != nil {
-		t.Fatal(err)
-	}
+	p, before := endpointOfStoppedAgentWithoutVeth(t, tn)
 
 	g := newGate()
 	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
@@ -347,13 +356,7 @@ func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
 // once it is live, it is ready and health is OK again.
 func TestRestoredEndpointNotLiveIsInHealth(t *testing.T) {
 	tn := newTestNet(t)
-	first := tn.start(t, nodeOpts{})
-	p := newPod(t)
-	before := first.create(t, p)
-	first.stop()
-	if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: before.HostIfName}}); err != nil {
-		t.Fatal(err)
-	}
+	p, _ := endpointOfStoppedAgentWithoutVeth(t, tn)
 
 	t.Cleanup(endpointmanager.SetRestoreLiveBound(time.Millisecond))
 	g := newGate()
