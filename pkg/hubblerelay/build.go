@@ -16,19 +16,18 @@ package hubblerelay
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
+
+	"github.com/cellium/cellium/pkg/toolbuild"
 )
 
 // CiliumVersion is the release hubble-relay and hubble are built from:
@@ -38,13 +37,7 @@ const CiliumVersion = "v1.18.4"
 // CacheDir is where the binaries are built: $XDG_CACHE_HOME (or ~/.cache,
 // or without a home the temporary directory)
 // /cellium/hubble-relay-<version>, once per machine.
-func CacheDir() string {
-	base, err := os.UserCacheDir()
-	if err != nil {
-		base = os.TempDir()
-	}
-	return filepath.Join(base, "cellium", "hubble-relay-"+CiliumVersion)
-}
+func CacheDir() string { return toolbuild.CacheDir("hubble-relay-" + CiliumVersion) }
 
 // Binaries are the hubble-relay and hubble binaries tests use:
 // $HUBBLE_RELAY_BIN and $HUBBLE_BIN, or those Build made; or an error
@@ -78,41 +71,19 @@ var programs = map[string]string{
 func Build(ctx context.Context, gocmd string, log io.Writer) (relay, cli string, err error) {
 	dir := CacheDir()
 	relay, cli = filepath.Join(dir, "hubble-relay"), filepath.Join(dir, "hubble")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", err
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	d, err := toolbuild.Lock(ctx, dir, gocmd, log)
 	if err != nil {
 		return "", "", err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", "", fmt.Errorf("lock %s: %w", dir, err)
-	}
-	_, errRelay := os.Stat(relay)
-	_, errCLI := os.Stat(cli)
-	if errRelay == nil && errCLI == nil {
+	defer d.Close()
+	if d.Has("hubble-relay", "hubble") {
 		return relay, cli, nil
 	}
-
-	goRun := func(args ...string) ([]byte, error) {
-		cmd := exec.CommandContext(ctx, gocmd, args...)
-		cmd.Dir = dir
-		// The module's own go.mod rules; the caller's GOFLAGS (say
-		// -mod=vendor) are for another module.
-		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, io.MultiWriter(&out, log)
-		if err := cmd.Run(); err != nil {
-			return out.Bytes(), fmt.Errorf("go %s in %s: %w", strings.Join(args, " "), dir, err)
-		}
-		return out.Bytes(), nil
-	}
 	fmt.Fprintf(log, "building hubble-relay and hubble %s in %s (once per machine; several minutes)\n", CiliumVersion, dir)
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module hubblerelaybuild\n\ngo 1.26\n\nrequire github.com/cilium/cilium "+CiliumVersion+"\n"), 0o644); err != nil {
+	if err := d.WriteFile("go.mod", "module hubblerelaybuild\n\ngo 1.26\n\nrequire github.com/cilium/cilium "+CiliumVersion+"\n"); err != nil {
 		return "", "", err
 	}
-	out, err := goRun("mod", "download", "-json", "github.com/cilium/cilium@"+CiliumVersion)
+	out, err := d.Go("mod", "download", "-json", "github.com/cilium/cilium@"+CiliumVersion)
 	if err != nil {
 		return "", "", err
 	}
@@ -133,7 +104,7 @@ func Build(ctx context.Context, gocmd string, log io.Writer) (relay, cli string,
 		}
 		gomod.WriteString(")\n")
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod.String()), 0o644); err != nil {
+	if err := d.WriteFile("go.mod", gomod.String()); err != nil {
 		return "", "", err
 	}
 	tools := "//go:build tools\n\npackage tools\n\nimport (\n"
@@ -141,19 +112,14 @@ func Build(ctx context.Context, gocmd string, log io.Writer) (relay, cli string,
 		tools += "\t_ \"" + programs[name] + "\"\n"
 	}
 	tools += ")\n"
-	if err := os.WriteFile(filepath.Join(dir, "tools.go"), []byte(tools), 0o644); err != nil {
+	if err := d.WriteFile("tools.go", tools); err != nil {
 		return "", "", err
 	}
-	if _, err := goRun("mod", "tidy"); err != nil {
+	if _, err := d.Go("mod", "tidy"); err != nil {
 		return "", "", err
 	}
 	for _, name := range []string{"hubble-relay", "hubble"} {
-		bin := filepath.Join(dir, name)
-		tmp := bin + ".tmp"
-		if _, err := goRun("build", "-trimpath", "-ldflags=-s -w", "-o", tmp, programs[name]); err != nil {
-			return "", "", err
-		}
-		if err := os.Rename(tmp, bin); err != nil {
+		if _, err := d.Build(name, programs[name]); err != nil {
 			return "", "", err
 		}
 	}

@@ -2,18 +2,17 @@ package kubeapiserver
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
+
+	"github.com/cellium/cellium/pkg/toolbuild"
 )
 
 // KubernetesVersion is the release kube-apiserver is built from: the
@@ -28,11 +27,7 @@ const stagingVersion = "v0.36.3"
 // or without a home the temporary directory)
 // /cellium/kube-apiserver-<version>, once per machine.
 func CacheDir() (string, error) {
-	base, err := os.UserCacheDir()
-	if err != nil {
-		base = os.TempDir()
-	}
-	return filepath.Join(base, "cellium", "kube-apiserver-"+KubernetesVersion), nil
+	return toolbuild.CacheDir("kube-apiserver-" + KubernetesVersion), nil
 }
 
 // Binary is the kube-apiserver to run: $KUBE_APISERVER_BIN, or the one
@@ -61,44 +56,22 @@ func Build(ctx context.Context, gocmd string, log io.Writer) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "kube-apiserver")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	d, err := toolbuild.Lock(ctx, dir, gocmd, log)
 	if err != nil {
 		return "", err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("lock %s: %w", dir, err)
-	}
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-
-	goRun := func(args ...string) ([]byte, error) {
-		cmd := exec.CommandContext(ctx, gocmd, args...)
-		cmd.Dir = dir
-		// The module's own go.mod rules; the caller's GOFLAGS (say
-		// -mod=vendor) are for another module.
-		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, io.MultiWriter(&out, log)
-		err := cmd.Run()
-		if err != nil {
-			return out.Bytes(), fmt.Errorf("go %s in %s: %w", strings.Join(args, " "), dir, err)
-		}
-		return out.Bytes(), nil
+	defer d.Close()
+	if d.Has("kube-apiserver") {
+		return filepath.Join(dir, "kube-apiserver"), nil
 	}
 	fmt.Fprintf(log, "building kube-apiserver %s in %s (once per machine; several minutes)\n", KubernetesVersion, dir)
 	// k8s.io/kubernetes replaces its staging modules with directories of
 	// its own repository, which a module download does not have: this
 	// module replaces them with their published versions instead.
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module kubeapiserverbuild\n\ngo 1.26\n\nrequire k8s.io/kubernetes "+KubernetesVersion+"\n"), 0o644); err != nil {
+	if err := d.WriteFile("go.mod", "module kubeapiserverbuild\n\ngo 1.26\n\nrequire k8s.io/kubernetes "+KubernetesVersion+"\n"); err != nil {
 		return "", err
 	}
-	out, err := goRun("mod", "download", "-json", "k8s.io/kubernetes@"+KubernetesVersion)
+	out, err := d.Go("mod", "download", "-json", "k8s.io/kubernetes@"+KubernetesVersion)
 	if err != nil {
 		return "", err
 	}
@@ -116,24 +89,17 @@ func Build(ctx context.Context, gocmd string, log io.Writer) (string, error) {
 		fmt.Fprintf(&gomod, "\t%s => %s %s\n", m, m, stagingVersion)
 	}
 	gomod.WriteString(")\n")
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod.String()), 0o644); err != nil {
+	if err := d.WriteFile("go.mod", gomod.String()); err != nil {
 		return "", err
 	}
 	tools := "//go:build tools\n\npackage tools\n\nimport _ \"k8s.io/kubernetes/cmd/kube-apiserver\"\n"
-	if err := os.WriteFile(filepath.Join(dir, "tools.go"), []byte(tools), 0o644); err != nil {
+	if err := d.WriteFile("tools.go", tools); err != nil {
 		return "", err
 	}
-	if _, err := goRun("mod", "tidy"); err != nil {
+	if _, err := d.Go("mod", "tidy"); err != nil {
 		return "", err
 	}
-	tmp := bin + ".tmp"
-	if _, err := goRun("build", "-trimpath", "-ldflags=-s -w", "-o", tmp, "k8s.io/kubernetes/cmd/kube-apiserver"); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		return "", err
-	}
-	return bin, nil
+	return d.Build("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver")
 }
 
 var stagingReplace = sync.OnceValue(func() *regexp.Regexp {
