@@ -16,13 +16,10 @@ LDFLAGS    := -X github.com/cellium/cellium/pkg/version.Version=$(VERSION) \
               -X github.com/cellium/cellium/pkg/version.Commit=$(COMMIT) \
               -X github.com/cellium/cellium/pkg/version.BuildDate=$(BUILD_DATE)
 
-# The image: its name (deploy/ uses it), the OCI archive written under
-# $(BIN), and the builder: podman or buildah when installed, else
-# cmd/imagebuild (no container engine, no network). IMAGE_BUILDER=go forces
-# the latter.
+# The image: its name (deploy/ uses it) and the OCI archive written under
+# $(BIN).
 IMAGE         ?= localhost/cellium/agent:latest
 IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
-IMAGE_BUILDER ?= $(shell if command -v podman >/dev/null 2>&1; then echo podman; elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo go; fi)
 
 .PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver etcd hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-policy-datapath bench-policy-converge bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
@@ -30,22 +27,15 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cellium-cni ./cmd/cellium-cni
 
-# The container image (deploy/Dockerfile): static, stripped binaries in
-# bin/image/ (the Dockerfile copies them from there), then the image, into
-# the engine's local store when there is one and into $(IMAGE_ARCHIVE),
-# which `podman load` and `ctr images import` take.
+# The container image, described and built by cmd/imagebuild (no container
+# engine, no network): static, stripped binaries in bin/image/, then the
+# image, into $(IMAGE_ARCHIVE), which `podman load`, `ctr images import`
+# and `kind load image-archive` take.
 image:
 	@mkdir -p bin/image $(dir $(IMAGE_ARCHIVE))
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/image/agent ./cmd/agent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o bin/image/cellium-cni ./cmd/cellium-cni
-ifeq ($(IMAGE_BUILDER),go)
-	$(GO) run ./cmd/imagebuild -f deploy/Dockerfile -context . -tag $(IMAGE) -o $(IMAGE_ARCHIVE)
-else
-	$(IMAGE_BUILDER) build --network=none -f deploy/Dockerfile -t $(IMAGE) .
-	rm -f $(IMAGE_ARCHIVE)
-	$(IMAGE_BUILDER) push $(IMAGE) oci-archive:$(IMAGE_ARCHIVE):$(IMAGE)
-endif
-	@echo "image $(IMAGE) in $(IMAGE_ARCHIVE) (built with $(IMAGE_BUILDER))"
+	$(GO) run ./cmd/imagebuild -bin bin/image -tag $(IMAGE) -o $(IMAGE_ARCHIVE)
 
 # Runs with embedded defaults: no cluster, no etcd. Extra flags: make run ARGS="--log-level=debug".
 run: build

@@ -39,9 +39,6 @@ func TestImage(t *testing.T) {
 
 	out := run(t, repo, "make", "image", "IMAGE="+image, "IMAGE_ARCHIVE="+archive, "COMMIT="+commit)
 	t.Logf("make image:\n%s", lastLines(out, 3))
-	if podman, err := exec.LookPath("podman"); err == nil && strings.Contains(out, "built with podman") {
-		t.Cleanup(func() { exec.Command(podman, "rmi", "-f", image).Run() })
-	}
 
 	rootfs := filepath.Join(dir, "rootfs")
 	cfg := unpackImage(t, archive, image, rootfs)

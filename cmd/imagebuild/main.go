@@ -1,18 +1,17 @@
-// Command imagebuild builds the agent's container image from
-// deploy/Dockerfile without a container engine and without a network: for
-// machines that have neither podman nor buildah. `make image` runs it.
+// Command imagebuild builds the agent's container image, which it
+// describes (imageContent, imageConfig): the static binaries in -bin under
+// /usr/local/bin on an empty base, no container engine and no network.
+// `make image` builds the binaries into bin/image/ and runs it.
 //
-//	imagebuild -f deploy/Dockerfile -context . -tag localhost/cellium/agent:latest -o bin/cellium-agent.oci.tar
+//	imagebuild -bin bin/image -tag localhost/cellium/agent:latest -o bin/cellium-agent.oci.tar
 //
-// It understands the instructions that file uses (parseDockerfile), and
-// stops at any other with an error naming the file and line. The image is
-// go-containerregistry's empty image with one layer appended: the COPY
-// sources, laid out in an fs.FS and written by archive/tar, owned by root
-// with the sources' permissions (directories 0755), as podman's COPY makes
-// them. The result is an OCI image layout (go-containerregistry's layout)
-// in a tar, an "oci-archive", as `podman push oci-archive:` writes it, which
-// `podman load`, `ctr images import` and `skopeo copy oci-archive:...`
-// accept; its index names the image by -tag, in the annotations both read.
+// The image is go-containerregistry's empty image with one layer appended:
+// the binaries, laid out in an fs.FS and written by archive/tar, owned by
+// root with their files' permissions (directories 0755). The result is an
+// OCI image layout (go-containerregistry's layout) in a tar, an
+// "oci-archive", which `podman load`, `ctr images import`, `kind load
+// image-archive` and `skopeo copy oci-archive:...` accept; its index names
+// the image by -tag, in the annotations they read.
 package main
 
 import (
@@ -28,7 +27,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"testing/fstest"
 	"time"
 
@@ -40,15 +38,28 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
+// The image: the binaries (read from -bin) in binDir, and how it runs.
+const binDir = "usr/local/bin"
+
+var imageBinaries = []string{"agent", "cellium-cni"}
+
+var imageConfig = v1.Config{
+	Entrypoint: []string{"/usr/local/bin/agent"},
+	Cmd:        []string{"run"},
+	Labels: map[string]string{
+		"org.opencontainers.image.title":       "cellium-agent",
+		"org.opencontainers.image.description": "Cellium node networking agent and CNI plugin",
+	},
+}
+
 func main() {
 	var (
-		dockerfile = flag.String("f", "deploy/Dockerfile", "The Dockerfile")
-		context    = flag.String("context", ".", "The build context: COPY sources are relative to it")
-		tag        = flag.String("tag", "localhost/cellium/agent:latest", "The image's name")
-		out        = flag.String("o", "bin/cellium-agent.oci.tar", "The OCI archive to write")
+		bin = flag.String("bin", "bin/image", "The directory holding the static binaries "+fmt.Sprint(imageBinaries))
+		tag = flag.String("tag", "localhost/cellium/agent:latest", "The image's name")
+		out = flag.String("o", "bin/cellium-agent.oci.tar", "The OCI archive to write")
 	)
 	flag.Parse()
-	if err := build(*dockerfile, *context, *tag, *out, buildTime()); err != nil {
+	if err := build(*bin, *tag, *out, buildTime()); err != nil {
 		fmt.Fprintln(os.Stderr, "imagebuild:", err)
 		os.Exit(1)
 	}
@@ -66,12 +77,8 @@ func buildTime() time.Time {
 	return time.Now().UTC().Truncate(time.Second)
 }
 
-func build(dockerfile, contextDir, tag, out string, created time.Time) error {
-	spec, err := parseDockerfile(dockerfile)
-	if err != nil {
-		return err
-	}
-	files, err := layerFiles(dockerfile, contextDir, spec.copies, created)
+func build(bin, tag, out string, created time.Time) error {
+	files, err := imageContent(bin, created)
 	if err != nil {
 		return err
 	}
@@ -89,7 +96,7 @@ func build(dockerfile, contextDir, tag, out string, created time.Time) error {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	img, err = mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{
-		Created: v1.Time{Time: created}, CreatedBy: "imagebuild " + dockerfile,
+		Created: v1.Time{Time: created}, CreatedBy: "imagebuild",
 	}})
 	if err != nil {
 		return fmt.Errorf("append layer: %w", err)
@@ -100,39 +107,33 @@ func build(dockerfile, contextDir, tag, out string, created time.Time) error {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.Architecture, cfg.OS, cfg.Created = runtime.GOARCH, "linux", v1.Time{Time: created}
-	cfg.Config.Entrypoint, cfg.Config.Cmd, cfg.Config.Labels = spec.entrypoint, spec.cmd, spec.labels
+	cfg.Config = imageConfig
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return fmt.Errorf("image config: %w", err)
 	}
 	return writeArchive(img, tag, out)
 }
 
-// layerFiles is the one layer's file system: each COPY's sources (read
-// from contextDir) in its destination directory, with the directories
-// above it. Entries are owned by root (fstest.MapFile has no owner), files
-// keep their source's permissions, directories are 0755, all are dated
-// created.
-func layerFiles(dockerfile, contextDir string, copies []copyInstr, created time.Time) (fstest.MapFS, error) {
-	context := os.DirFS(contextDir) // no source outside the context, as podman's COPY
+// imageContent is the one layer's file system: the binaries (read from
+// bin) in binDir, with the directories above it. Entries are owned by root
+// (fstest.MapFile has no owner), files keep their permissions, directories
+// are 0755, all are dated created.
+func imageContent(bin string, created time.Time) (fstest.MapFS, error) {
 	files := fstest.MapFS{}
-	for _, c := range copies {
-		dst := strings.TrimPrefix(path.Clean(c.dst), "/")
-		for d := dst; d != "" && d != "."; d = path.Dir(d) {
-			files[d] = &fstest.MapFile{Mode: fs.ModeDir | 0o755, ModTime: created}
+	for d := binDir; d != "."; d = path.Dir(d) {
+		files[d] = &fstest.MapFile{Mode: fs.ModeDir | 0o755, ModTime: created}
+	}
+	for _, name := range imageBinaries {
+		src := filepath.Join(bin, name)
+		fi, err := os.Stat(src)
+		var data []byte
+		if err == nil {
+			data, err = os.ReadFile(src)
 		}
-		for _, src := range c.srcs {
-			var data []byte
-			fi, err := fs.Stat(context, path.Clean(src))
-			if errors.Is(err, fs.ErrInvalid) {
-				err = errors.New("not a path inside the context")
-			} else if err == nil {
-				data, err = fs.ReadFile(context, path.Clean(src))
-			}
-			if err != nil {
-				return nil, fmt.Errorf("%s:%d: COPY %s (context %s): %w", dockerfile, c.line, src, contextDir, err)
-			}
-			files[path.Join(dst, path.Base(src))] = &fstest.MapFile{Data: data, Mode: fi.Mode().Perm(), ModTime: created}
+		if err != nil {
+			return nil, fmt.Errorf("the image's %s (-bin %s): %w", name, bin, err)
 		}
+		files[path.Join(binDir, name)] = &fstest.MapFile{Data: data, Mode: fi.Mode().Perm(), ModTime: created}
 	}
 	return files, nil
 }
