@@ -69,18 +69,8 @@ func Start(t testing.TB) *Server { return start(t, t.TempDir(), nil) }
 // store first and measure what reads it. It is Start where /dev/shm is not
 // a tmpfs.
 func StartInMemory(t testing.TB) *Server {
-	var st unix.Statfs_t
-	if unix.Statfs("/dev/shm", &st) != nil || st.Type != unix.TMPFS_MAGIC {
-		return Start(t)
-	}
-	dir, err := os.MkdirTemp("/dev/shm", "etcdtest-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Registered before start's own cleanup, which stops etcd, so it
-	// runs after it.
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return start(t, dir, nil)
+	t.Helper()
+	return StartInMemoryWith(t, InMemoryOptions{})
 }
 
 // InMemoryOptions are StartInMemoryWith's.
@@ -104,6 +94,8 @@ func StartInMemoryWith(t testing.TB, o InMemoryOptions) *Server {
 		if dir, err = os.MkdirTemp("/dev/shm", "etcdtest-"); err != nil {
 			t.Fatal(err)
 		}
+		// Registered before start's own cleanup, which stops etcd, so it
+		// runs after it.
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	} else {
 		dir = t.TempDir()

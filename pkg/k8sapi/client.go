@@ -114,21 +114,16 @@ func (c *Client) DeleteEndpoint(ctx context.Context, namespace, name string, uid
 	return c.delete(ctx, namespace, ResourceEndpoints, name, pre)
 }
 
-// IdentityListWatch lists and watches every identity.
+// IdentityListWatch lists (in pages, kubeclient.Paged) and watches every
+// identity.
 func (c *Client) IdentityListWatch() cache.ListerWatcher {
-	return c.listWatch(cache.NewListWatchFromClient(c.rest, ResourceIdentities, metav1.NamespaceAll, fields.Everything()))
-}
-
-// listWatch is lw for an informer: it lists in pages, never a streaming
-// list (kubeclient.Paged), also of a kind this client just installed.
-func (c *Client) listWatch(lw *cache.ListWatch) cache.ListerWatcher {
-	return kubeclient.Paged(lw)
+	return kubeclient.Paged(cache.NewListWatchFromClient(c.rest, ResourceIdentities, metav1.NamespaceAll, fields.Everything()))
 }
 
 // EndpointListWatch lists and watches the endpoints of every namespace,
 // those matching labelSelector when it is not "".
 func (c *Client) EndpointListWatch(labelSelector string) cache.ListerWatcher {
-	return c.listWatch(cache.NewFilteredListWatchFromClient(c.rest, ResourceEndpoints, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+	return kubeclient.Paged(cache.NewFilteredListWatchFromClient(c.rest, ResourceEndpoints, metav1.NamespaceAll, func(o *metav1.ListOptions) {
 		o.LabelSelector = labelSelector
 	}))
 }
