@@ -231,19 +231,17 @@ func (a *Allocator) watchCRD(ctx context.Context, health cell.Health) error {
 	case <-ctx.Done():
 		return nil
 	}
-	first := true
-	return k8sapi.Inform(ctx, a.crd.client.IdentityListWatch(), &k8sapi.CelliumIdentity{}, leanIdentity, a.applyCRD, func(err error) {
+	listed := func() {
+		txn := a.db.WriteTxn(a.tbl)
+		a.crd.listed(txn)
+		txn.Commit()
+		a.crd.refused.Listed()
+	}
+	return k8sapi.Inform(ctx, a.crd.client.IdentityListWatch(), &k8sapi.CelliumIdentity{}, leanIdentity, a.applyCRD, listed, func(err error) {
 		if err != nil {
 			a.setBackendState(stateWatchFailing)
 			health.Degraded("Watching CelliumIdentity objects", err)
 			return
-		}
-		if first {
-			first = false
-			txn := a.db.WriteTxn(a.tbl)
-			a.crd.listed(txn)
-			txn.Commit()
-			a.crd.refused.Listed()
 		}
 		a.setBackendState(stateWatching)
 		health.OK("CelliumIdentity objects listed and watched")

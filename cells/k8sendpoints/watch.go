@@ -87,19 +87,17 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 		return nil
 	}
 	apply := func(ep *k8sapi.CelliumEndpoint, deleted bool) { s.apply(ep, deleted, w) }
-	first := true
-	return k8sapi.Inform(ctx, s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, leanEndpoint, apply, func(err error) {
+	onListed := func() {
+		txn := s.db.WriteTxn(s.tbl)
+		listed(txn)
+		txn.Commit()
+		w.listed()
+		s.refused.Listed()
+	}
+	return k8sapi.Inform(ctx, s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, leanEndpoint, apply, onListed, func(err error) {
 		if err != nil {
 			health.Degraded("Watching CelliumEndpoint objects", err)
 			return
-		}
-		if first {
-			first = false
-			txn := s.db.WriteTxn(s.tbl)
-			listed(txn)
-			txn.Commit()
-			w.listed()
-			s.refused.Listed()
 		}
 		health.OK("CelliumEndpoint objects listed and watched")
 	})

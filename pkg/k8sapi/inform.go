@@ -19,15 +19,21 @@ import (
 // false, every one deleted (a DeletedFinalStateUnknown unwrapped) with
 // deleted true.
 //
+// listed is called once, when the first list has gone to apply and no
+// failure is outstanding, just before state's first nil: the moment a
+// caller marks its table initialized. A failure between the first list
+// and the watch holds it back until the watch is established.
+//
 // state says how the watch goes: nil once the first list has gone to
 // apply (the objects are listed and watched); the error each time a list
 // or watch request or the list-and-watch fails (the API server gone,
 // access revoked, an answer it cannot read: the informer retries with
 // backoff), before the first list too; and nil again once a watch is
-// established after such a failure, when the first list is done. It is never called concurrently. Inform returns once the
-// informer has stopped.
-func Inform[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, example T, lean func(T) T, apply func(obj T, deleted bool), state func(err error)) error {
-	w := &watchState{report: state}
+// established after such a failure, when the first list is done. Neither
+// listed nor state is called concurrently with the other or itself.
+// Inform returns once the informer has stopped.
+func Inform[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, example T, lean func(T) T, apply func(obj T, deleted bool), listed func(), state func(err error)) error {
+	w := &watchState{report: state, onListed: listed}
 	inf := cache.NewSharedIndexInformer(w.wrap(lw), example, 0, cache.Indexers{})
 	err := inf.SetTransform(func(obj any) (any, error) {
 		if o, ok := obj.(T); ok {
@@ -74,7 +80,8 @@ func Inform[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, examp
 // watchState turns the informer's failures and its later successful
 // requests into Inform's state calls.
 type watchState struct {
-	report func(error)
+	report   func(error)
+	onListed func()
 
 	mu sync.Mutex
 	// listed is set once the first list has gone to apply (a failure
@@ -82,6 +89,17 @@ type watchState struct {
 	// while the last list-and-watch failed and no request has succeeded
 	// since.
 	listed, broken bool
+	// told is set once onListed has been called.
+	told bool
+}
+
+// ok reports nil, telling onListed first the first time. w.mu is held.
+func (w *watchState) ok() {
+	if !w.told {
+		w.told = true
+		w.onListed()
+	}
+	w.report(nil)
 }
 
 func (w *watchState) synced() {
@@ -89,7 +107,7 @@ func (w *watchState) synced() {
 	defer w.mu.Unlock()
 	w.listed = true
 	if !w.broken {
-		w.report(nil)
+		w.ok()
 	}
 }
 
@@ -116,7 +134,7 @@ func (w *watchState) answered(ctx context.Context, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.broken && w.listed {
-		w.report(nil)
+		w.ok()
 	}
 	w.broken = false
 }

@@ -19,9 +19,30 @@ import (
 
 // states records what Inform reports.
 type states struct {
-	mu      sync.Mutex
-	seen    []error
-	changed chan struct{}
+	mu   sync.Mutex
+	seen []error
+	// listedAt holds, for each call of listed, how many states had
+	// been reported before it.
+	listedAt []int
+	changed  chan struct{}
+}
+
+func (s *states) listed() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.listedAt = append(s.listedAt, len(s.seen))
+}
+
+// checkListedOnce checks that listed was called once, right before the
+// first nil state.
+func (s *states) checkListedOnce(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first := slices.Index(s.seen, nil)
+	if first < 0 || !slices.Equal(s.listedAt, []int{first}) {
+		t.Errorf("listed called before states %v of %v, want once, before the first nil (%d)", s.listedAt, s.seen, first)
+	}
 }
 
 func newStates() *states { return &states{changed: make(chan struct{}, 1)} }
@@ -88,7 +109,7 @@ func inform(t *testing.T, lw interface {
 	done := make(chan error, 1)
 	go func() {
 		done <- Inform(ctx, lw, &CelliumIdentity{}, func(id *CelliumIdentity) *CelliumIdentity { return id },
-			func(*CelliumIdentity, bool) {}, st.report)
+			func(*CelliumIdentity, bool) {}, st.listed, st.report)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -163,6 +184,7 @@ func TestInformReportsBrokenWatchAndRecovery(t *testing.T) {
 
 	lw.breakWith(nil, false)
 	st.await(t, false, "access back")
+	st.checkListedOnce(t)
 }
 
 // A list that is answered but cannot be read fails the list-and-watch
@@ -185,6 +207,7 @@ func TestInformReportsUnreadableList(t *testing.T) {
 	}
 	lw.breakWith(nil, false)
 	st.await(t, false, "list readable again")
+	st.checkListedOnce(t)
 }
 
 // A failure before the first list is reported; nil comes only with the
@@ -201,6 +224,7 @@ func TestInformReportsFailureBeforeFirstList(t *testing.T) {
 			t.Errorf("states %v: nil before the last", st.all())
 		}
 	}
+	st.checkListedOnce(t)
 }
 
 // Against a real kube-apiserver: stopped, the identities' watch is
@@ -226,4 +250,5 @@ func TestInformAcrossServerRestart(t *testing.T) {
 
 	kas.Restart(t)
 	st.await(t, false, "kube-apiserver restarted")
+	st.checkListedOnce(t)
 }
