@@ -7,9 +7,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -178,4 +180,66 @@ func TestVerbOf(t *testing.T) {
 func streams(lw cache.ListerWatcher) bool {
 	u, ok := lw.(interface{ IsWatchListSemanticsUnSupported() bool })
 	return !ok || !u.IsWatchListSemanticsUnSupported()
+}
+
+// As the DaemonSet's service account, the Lease of the identity
+// collector's election travels as protobuf (a built-in kind: create, get,
+// update), and the custom resources as JSON, their only encoding.
+func TestWireFormats(t *testing.T) {
+	agentCfg, _, _ := agentConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := kubeapitest.RecordWire(agentCfg)
+	agent, err := NewClient(agentCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.EnsureCRDs(ctx, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	leases := agent.Leases(kubeapitest.DeployNamespace)
+	holder := "node-1"
+	lease, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "wire"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder = "node-2"
+	lease.Spec.HolderIdentity = &holder
+	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := leases.Get(ctx, "wire", metav1.GetOptions{}); err != nil || *got.Spec.HolderIdentity != "node-2" {
+		t.Fatalf("lease after update: %v, %v", got, err)
+	}
+	if _, err := agent.CreateIdentity(ctx, &CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: "300"},
+		Spec: IdentitySpec{Labels: []string{"k8s:app=wire"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.ListIdentities(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	counted := map[string]int{}
+	for _, e := range w.Exchanges() {
+		var want string
+		switch {
+		case strings.HasPrefix(e.Path, "/apis/coordination.k8s.io/"):
+			want = kubeapitest.Protobuf
+		case strings.HasPrefix(e.Path, "/apis/"+Group+"/"):
+			want = "application/json"
+		default:
+			continue // the CRDs' installation
+		}
+		counted[want]++
+		if e.Status < 300 && e.ResponseType != want {
+			t.Errorf("%s %s: response %q, want %q", e.Method, e.Path, e.ResponseType, want)
+		}
+		if (e.Method == http.MethodPost || e.Method == http.MethodPut) && e.RequestType != want {
+			t.Errorf("%s %s: request body %q, want %q", e.Method, e.Path, e.RequestType, want)
+		}
+	}
+	if counted[kubeapitest.Protobuf] < 3 || counted["application/json"] < 2 {
+		t.Errorf("exchanges by expected type %v: want the Lease's 3 and the identities' 2", counted)
+	}
 }

@@ -99,6 +99,13 @@ type Source struct {
 // NewRESTSource is the source of group version gv's clients on the API
 // server of cfg, through httpClient (shared by the groups, as client-go's
 // Clientset shares one).
+//
+// Its clients talk protobuf (accepting JSON) when cfg names no content
+// type, as client-go's generated clients do: lists, watches and the bodies
+// of writes (New's clients prefer protobuf, gentype.PrefersProtobuf); a
+// patch is sent as its patch type. Leave cfg.ContentType empty: set, it is
+// used for every request. Requests built on RESTClient directly are JSON
+// unless they ask otherwise.
 func NewRESTSource(cfg *rest.Config, httpClient *http.Client, gv schema.GroupVersion) (Source, error) {
 	c := *cfg
 	c.GroupVersion = &gv
