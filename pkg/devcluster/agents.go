@@ -168,11 +168,7 @@ func (c *Cluster) WaitAgentExit(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return fmt.Errorf("node %s: WaitAgentExit needs a context with a deadline", node)
-	}
-	if !n.Agent.waitExit(ctx, time.Until(deadline)) {
+	if !n.Agent.waitGone(ctx) {
 		return fmt.Errorf("node %s: the agent (pid %d) still runs: %w", node, n.Agent.PID, ctx.Err())
 	}
 	c.log.Info("Agent exited", "node", n.Name, "pid", n.Agent.PID)

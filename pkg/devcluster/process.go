@@ -134,10 +134,15 @@ func (p Process) signal(sig syscall.Signal) error {
 	return nil
 }
 
-// waitExit polls until the process is gone or the deadline passes.
+// waitExit polls until the process is gone, timeout at most.
 func (p Process) waitExit(ctx context.Context, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	return p.waitGone(ctx)
+}
+
+// waitGone polls until the process is gone or ctx ends.
+func (p Process) waitGone(ctx context.Context) bool {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for p.Alive() {
