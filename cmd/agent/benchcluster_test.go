@@ -115,7 +115,10 @@ var (
 func clusterEtcd(b *testing.B) (bin, version string) {
 	bin = *benchEtcd
 	if bin == "" && os.Getenv("ETCD_BIN") == "" {
-		bin, _ = etcdtest.StreamingBinary()
+		var err error
+		if bin, err = etcdtest.StreamingBinary(); err != nil {
+			b.Logf("%v; running the etcd on the PATH, with which kube-apiserver does not stream lists", err)
+		}
 	}
 	if bin == "" {
 		var err error
