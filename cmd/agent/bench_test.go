@@ -28,10 +28,10 @@ import (
 
 var (
 	benchIdle     = flag.Duration("bench.idle", 60*time.Second, "How long BenchmarkIdleAgent lets the agent idle before reading its memory")
-	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) in BenchmarkScale's manifests directory")
-	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale reads the resident set again")
+	benchServices = flag.Int("bench.services", 50000, "Services (each with an EndpointSlice of one endpoint) that BenchmarkScale writes into its manifests directory and BenchmarkScaleCluster creates through the API server")
+	benchSettle   = flag.Duration("bench.settle", 20*time.Second, "How long after everything is written BenchmarkScale and BenchmarkScaleCluster read the resident set again")
 	benchArgs     = flag.String("bench.agent-args", "", "Flags added to every benchmark's agent command line, separated by spaces (as --gc-percent=100)")
-	benchProfile  = flag.String("bench.profile-dir", "", "Run the agent with --pprof and write its heap profiles (once everything is written, and settled) and Go memory figures into this directory")
+	benchProfile  = flag.String("bench.profile-dir", "", "Run the benchmarks' agent with --pprof and write into this directory its heap profiles and Go memory figures (BenchmarkIdleAgent: when idle, with its smaps; BenchmarkScale and BenchmarkScaleCluster: once everything is written, and settled), and, for the two Scale benchmarks, a CPU profile of each start's first 10 s, its log and readiness answers, and print its readiness timeline")
 	benchBins     = flag.String("bench.agent-bins", "", "BenchmarkIdleAgent measures these agent binaries (comma-separated) one after the other instead of the one built from this tree: to compare builds side by side under the same load")
 	benchPages    = flag.Int("bench.pages", 0, "BenchmarkIdleAgent prints the executable's resident pages by section, by module and for this many packages (text, type descriptors, pclntab, ... of each; residentpages_test.go)")
 )

@@ -107,7 +107,7 @@ func BenchmarkScaleCluster(b *testing.B) {
 
 var (
 	benchClusterCache = flag.String("bench.cluster-cache", "", "A directory where BenchmarkScaleCluster saves etcd's data directory once it has created the objects through the API, and which a later run with the same -bench.services, etcd and kube-apiserver binaries starts from instead (setup=cached setup_s=0)")
-	benchEtcd         = flag.String("bench.etcd", "", "The etcd BenchmarkScaleCluster runs: $ETCD_BIN when set, else the one `make etcd` built when there is one (it lets kube-apiserver stream lists and serve consistent reads from its cache, as production etcd does), else the etcd on the PATH")
+	benchEtcd         = flag.String("bench.etcd", "", "The etcd BenchmarkScaleCluster runs: $ETCD_BIN when set, else the one make etcd built when there is one (it lets kube-apiserver stream lists and serve consistent reads from its cache, as production etcd does), else the etcd on the PATH")
 )
 
 // clusterEtcd is the etcd binary BenchmarkScaleCluster runs (see
