@@ -47,14 +47,20 @@ type Config struct {
 	CNIConfDir string
 	// EndpointMTU is the MTU of both ends of every endpoint's veth pair.
 	EndpointMTU int
+	// EndpointRestoreLiveReport is how long a restored endpoint on a
+	// remade veth pair may wait to be live in the datapath before the
+	// health row endpoint-manager.restore-live names it (see
+	// routeRestored); it keeps waiting.
+	EndpointRestoreLiveReport time.Duration
 	// EndpointTestCrashAt makes the agent kill itself at a step of
 	// endpoint creation. For crash tests only.
 	EndpointTestCrashAt string
 }
 
 var defaultConfig = Config{
-	CNIConfDir:  "/etc/cni/net.d",
-	EndpointMTU: 0,
+	CNIConfDir:                "/etc/cni/net.d",
+	EndpointMTU:               0,
+	EndpointRestoreLiveReport: 30 * time.Second,
 }
 
 // Steps of endpoint creation where --endpoint-test-crash-at can kill the
@@ -77,6 +83,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("cni-conf-dir", def.CNIConfDir, "Directory the agent writes its CNI configuration (05-cellium.conflist) to once it is ready; empty: do not write it")
 	flags.Int("endpoint-mtu", def.EndpointMTU,
 		"MTU of the endpoints' veth pairs; 0: the lowest MTU of the devices holding node addresses (1500 without any), less the tunnel's overhead with --routing-mode=tunnel")
+	flags.Duration("endpoint-restore-live-report", def.EndpointRestoreLiveReport,
+		"How long a restored endpoint whose veth pair was made again may wait to be live in the datapath (programs attached, policy in the maps) before the health row endpoint-manager.restore-live names it; it stays unrouted and keeps waiting")
 	flags.String("endpoint-test-crash-at", def.EndpointTestCrashAt,
 		"TEST ONLY: kill the agent with SIGKILL at this step of every endpoint creation ("+strings.Join(crashSteps, ", ")+")")
 	flags.MarkHidden("endpoint-test-crash-at")
@@ -85,6 +93,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 func (cfg Config) validate() error {
 	if cfg.EndpointMTU != 0 && (cfg.EndpointMTU < 1280 || cfg.EndpointMTU > 65535) {
 		return fmt.Errorf("invalid --endpoint-mtu %d: want 1280 (the IPv6 minimum) to 65535, or 0 for automatic", cfg.EndpointMTU)
+	}
+	if cfg.EndpointRestoreLiveReport <= 0 {
+		return fmt.Errorf("invalid --endpoint-restore-live-report %v: want a positive duration, e.g. 30s", cfg.EndpointRestoreLiveReport)
 	}
 	if cfg.EndpointTestCrashAt != "" && !slices.Contains(crashSteps, cfg.EndpointTestCrashAt) {
 		return fmt.Errorf("invalid --endpoint-test-crash-at %q: want one of %s", cfg.EndpointTestCrashAt, strings.Join(crashSteps, ", "))
@@ -214,6 +225,8 @@ type Manager struct {
 	stalledMu     sync.Mutex
 	stalled       map[string]string
 	stalledHealth cell.Health
+	// liveReport is --endpoint-restore-live-report.
+	liveReport time.Duration
 	// repairs counts the host routes put back (see hostroutes.go).
 	repairs *drift.Repairs
 	// live are the conditions a creation waits for (see waitLive); policy
@@ -239,6 +252,8 @@ func newManager(p params) (*Manager, error) {
 		health:  p.Health,
 		crashAt: p.Config.EndpointTestCrashAt,
 		locks:   newOpLocks(),
+
+		liveReport: p.Config.EndpointRestoreLiveReport,
 
 		live: p.Live, policy: p.Policy, liveMetrics: p.LiveMetrics, programs: p.Programs,
 

@@ -24,6 +24,7 @@ func TestConfigErrors(t *testing.T) {
 	}{
 		{"mtu", func(c *endpointmanager.Config) { c.EndpointMTU = 576 }, "invalid --endpoint-mtu 576: want 1280 (the IPv6 minimum) to 65535"},
 		{"crash step", func(c *endpointmanager.Config) { c.EndpointTestCrashAt = "halfway" }, `invalid --endpoint-test-crash-at "halfway": want one of ipam-allocated, veth-created, endpoint-persisted`},
+		{"restore live report", func(c *endpointmanager.Config) { c.EndpointRestoreLiveReport = 0 }, "invalid --endpoint-restore-live-report 0s: want a positive duration"},
 		{"cni conf dir", func(c *endpointmanager.Config) { c.CNIConfDir = "net.d" }, `invalid --cni-conf-dir "net.d": must be an absolute path`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

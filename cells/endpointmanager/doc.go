@@ -46,9 +46,13 @@
 //     are checked against the kernel and fixed where they differ, without
 //     disturbing a pod whose interfaces are intact. A host side made again
 //     (or found down) stays down and unrouted, the endpoint starting, until
-//     it is live, as a creation's does; then it is routed and ready. One
-//     not live within 30s is shown, with what it waits for, in the health
-//     row endpoint-manager.restore-live, which says OK once none waits. An address whose owner
+//     it is live, as a creation's does; then it is routed and ready. The
+//     wait holds no lock: the container's DEL goes ahead (and ends it), a
+//     retried ADD is answered ErrExists at once; only the routing takes
+//     the container's lock. One not live within
+//     --endpoint-restore-live-report (30s) is shown, with what it waits
+//     for, in the health row endpoint-manager.restore-live, which says OK
+//     once none waits. An address whose owner
 //     still has its veth pair is never released, also when its state file
 //     was lost: it is claimed for that container until its DEL. What the
 //     restore could not use is the health row endpoint-manager.state.

@@ -90,6 +90,8 @@ type nodeOpts struct {
 	// conditions; configure changes the hive's configuration.
 	extra     []cell.Cell
 	configure func(*hive.Hive)
+	// endpoints changes the endpoint manager's configuration.
+	endpoints func(*endpointmanager.Config)
 }
 
 // start runs the cells over the test's state directory; stop also runs when
@@ -108,7 +110,12 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 		c.StateDir, c.RunDir, c.NodeName = n.stateDir, filepath.Join(tn.dir, "run"), "node-1"
 	})
 	hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = socket })
-	hive.AddConfigOverride(h, func(c *endpointmanager.Config) { c.CNIConfDir = filepath.Join(tn.dir, "net.d") })
+	hive.AddConfigOverride(h, func(c *endpointmanager.Config) {
+		c.CNIConfDir = filepath.Join(tn.dir, "net.d")
+		if o.endpoints != nil {
+			o.endpoints(c)
+		}
+	})
 	hive.AddConfigOverride(h, func(c *ipam.Config) {
 		c.PodCIDR = o.cidrs
 		if c.PodCIDR == nil {

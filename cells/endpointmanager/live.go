@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -92,14 +91,16 @@ func newLiveMetrics() (*liveMetrics, metrics.Collectors) {
 	return m, metrics.NewCollectors(m.waiting)
 }
 
-// waitLive waits until every live condition holds for the endpoint id,
+// waitLive waits until every live condition holds for the endpoint ep,
 // written at rev, or ctx ends, and returns when each was first seen to
 // hold, from the start of the wait, for the log. Each condition is
-// counted in cellium_endpoints_waiting while it does not hold.
+// counted in cellium_endpoints_waiting while it does not hold. It ends
+// with errEndpointGone once ep's row is gone from the table, is another
+// endpoint's (see sameEndpoint), or is being deleted.
 //
 // With stall, once stall.after is closed, stall.report is called with
 // what is still pending (condition: why) every time that is computed.
-func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision, stall *liveStall) ([]any, error) {
+func (m *Manager) waitLive(ctx context.Context, ep *Endpoint, rev statedb.Revision, stall *liveStall) ([]any, error) {
 	start := time.Now()
 	var took []any
 	held := map[string]bool{}
@@ -110,15 +111,15 @@ func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision,
 		}
 	}()
 	for {
-		ep, _, watch, found := m.tbl.GetWatch(m.db.ReadTxn(), EndpointID.Query(id))
-		if !found {
-			return nil, fmt.Errorf("endpoint %d is gone from the table while its creation waited for the datapath", id)
+		cur, _, watch, found := m.tbl.GetWatch(m.db.ReadTxn(), EndpointID.Query(ep.ID))
+		if !found || !sameEndpoint(cur, ep) || cur.State == Deleting {
+			return nil, fmt.Errorf("endpoint %d (container %s) waited for the datapath: %w", ep.ID, ep.ContainerID, errEndpointGone)
 		}
 		ws := statedb.NewWatchSet()
 		ws.Add(watch)
 		var pending []string
 		for _, c := range m.live {
-			ok, why, w := c.Live(ep, rev)
+			ok, why, w := c.Live(cur, rev)
 			if ok && !held[c.Name] {
 				held[c.Name] = true
 				took = append(took, c.Name, time.Since(start).Round(time.Microsecond))
@@ -145,16 +146,37 @@ func (m *Manager) waitLive(ctx context.Context, id uint16, rev statedb.Revision,
 		if stall != nil {
 			select {
 			case <-stall.after:
-				stall.report(ep, pending)
+				stall.report(cur, pending)
 			default:
 				ws.Add(stall.after)
 			}
 		}
 		if _, err := ws.Wait(ctx, 0); err != nil {
 			return nil, errorf(ErrNotReady, "endpoint %d (container %s) is not in the datapath yet (%s): %v",
-				id, ep.ContainerID, strings.Join(pending, "; "), err)
+				ep.ID, ep.ContainerID, strings.Join(pending, "; "), err)
 		}
 	}
+}
+
+// errEndpointGone: the endpoint a wait was for was deleted meanwhile.
+var errEndpointGone = errors.New("the endpoint was deleted meanwhile")
+
+// sameEndpoint says whether the row cur is the endpoint ep, not one that
+// took its ID (or its container, after a DEL and a new ADD) since.
+func sameEndpoint(cur, ep *Endpoint) bool {
+	return cur.ID == ep.ID && cur.ContainerID == ep.ContainerID && cur.Created.Equal(ep.Created)
+}
+
+// pendingLive is what of the live conditions does not hold for ep,
+// written at rev (condition: why); nothing when it is live.
+func (m *Manager) pendingLive(ep *Endpoint, rev statedb.Revision) []string {
+	var pending []string
+	for _, c := range m.live {
+		if ok, why, _ := c.Live(ep, rev); !ok {
+			pending = append(pending, c.Name+": "+why)
+		}
+	}
+	return pending
 }
 
 // liveStall is what a wait for the live conditions reports once it has
@@ -164,15 +186,9 @@ type liveStall struct {
 	report func(ep *Endpoint, pending []string)
 }
 
-// restoreLiveBound is how long a restored endpoint on a remade veth pair
-// may wait for its live conditions before the endpoint manager's health
-// says so (see routeRestored). Tests shorten it.
-var restoreLiveBound atomic.Int64
-
-func init() { restoreLiveBound.Store(int64(30 * time.Second)) }
-
 // reportStalled shows, in the health scope restore-live, the restored
-// endpoints that have waited longer than restoreLiveBound to be live in
+// endpoints that have waited longer than --endpoint-restore-live-report
+// (m.liveReport) to be live in
 // the datapath, and what each waits for; done ends the entry of the
 // container. The scope is made with the first such endpoint and says OK
 // once none waits any more.
@@ -205,5 +221,5 @@ func (m *Manager) reportStalled(containerID, what string, done bool) {
 		details = append(details, m.stalled[id])
 	}
 	m.stalledHealth.Degraded(fmt.Sprintf("%d restored endpoint(s) not live in the datapath after %v; their host side stays down",
-		len(m.stalled), time.Duration(restoreLiveBound.Load())), errors.New(strings.Join(details, "; ")))
+		len(m.stalled), m.liveReport), errors.New(strings.Join(details, "; ")))
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -358,9 +360,9 @@ func TestRestoredEndpointNotLiveIsInHealth(t *testing.T) {
 	tn := newTestNet(t)
 	p, _ := endpointOfStoppedAgentWithoutVeth(t, tn)
 
-	t.Cleanup(endpointmanager.SetRestoreLiveBound(time.Millisecond))
 	g := newGate()
-	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()},
+		endpoints: func(c *endpointmanager.Config) { c.EndpointRestoreLiveReport = time.Millisecond }})
 	row := n.waitHealth(t, "endpoint-manager.restore-live", func(s *health.Status) bool { return s != nil && s.Level == cell.StatusDegraded })
 	for _, want := range []string{p.id, "gate: the test holds it"} {
 		if !strings.Contains(row.Error, want) {
@@ -378,4 +380,97 @@ func TestRestoredEndpointNotLiveIsInHealth(t *testing.T) {
 		t.Fatalf("once live, the restored endpoint is %+v (found %v), want it ready", ep, found)
 	}
 	checkRouted(t, ep, true)
+}
+
+// TestRestoredEndpointDeleteDuringLiveWait: while a restored endpoint on a
+// remade veth pair waits to be live, its container's lock is free. A
+// retried ADD of the container is answered at once with ErrExists (the
+// endpoint is starting; nothing changes), and its DEL returns at once and
+// removes it: no row, no veth pair, no route, no state, no address held.
+// Once the live condition then holds, the endpoint is not routed.
+func TestRestoredEndpointDeleteDuringLiveWait(t *testing.T) {
+	tn := newTestNet(t)
+	p, _ := endpointOfStoppedAgentWithoutVeth(t, tn)
+
+	g := newGate()
+	n := tn.start(t, nodeOpts{extra: []cell.Cell{g.cell()}})
+	n.waitRestored(t)
+	<-g.asked // the restore waits for it
+	ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id})
+	if !found || ep.State != endpointmanager.Starting {
+		t.Fatalf("restored endpoint %+v (found %v), want it starting", ep, found)
+	}
+	allocations := n.allocations()
+
+	// The deadlines bound the test; neither operation may wait for the
+	// live condition, which does not hold until the test opens it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got, err := n.mgr.Create(ctx, p.req()); !errors.Is(err, endpointmanager.ErrExists) || !strings.Contains(err.Error(), "starting") {
+		t.Errorf("ADD retried while the restored endpoint is starting = %+v, %v; want ErrExists saying it is starting", got, err)
+	}
+	if cur, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id}); !found || cur.State != endpointmanager.Starting || cur.HostIfIndex != ep.HostIfIndex {
+		t.Fatalf("after the retried ADD the endpoint is %+v (found %v), want it unchanged", cur, found)
+	}
+	if got := n.allocations(); !slices.Equal(got, allocations) {
+		t.Fatalf("the retried ADD changed the allocations: %q, were %q", got, allocations)
+	}
+
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	del, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id})
+	if err != nil {
+		t.Fatalf("DEL of the restored endpoint while it waits to be live: %v", err)
+	}
+	if del.Endpoint == nil || del.Endpoint.ID != ep.ID || len(del.Released) != len(ep.IPs()) {
+		t.Errorf("DEL removed %+v, want endpoint %d with its addresses %v", del, ep.ID, ep.IPs())
+	}
+	checkDeleted := func() {
+		t.Helper()
+		if cur, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id}); found {
+			t.Errorf("endpoint still in the table: %+v", cur)
+		}
+		if hostLinkExists(ep.HostIfName) {
+			t.Errorf("host side %s still exists", ep.HostIfName)
+		}
+		for _, ip := range ep.IPs() {
+			if r := hostRouteTo(t, ip); r != nil {
+				t.Errorf("the host still routes to %s: %s", ip, r)
+			}
+		}
+		if got := n.allocations(); len(got) != 0 {
+			t.Errorf("addresses still held: %q", got)
+		}
+		if dirs := n.stateDirs(); len(dirs) != 0 {
+			t.Errorf("state left: %q", dirs)
+		}
+	}
+	checkDeleted()
+
+	// The wait ends with the row; then the condition holds, too late.
+	celltest.Eventually(t, "the restore's wait for the deleted endpoint ended", func() (bool, string) {
+		return n.logs.Find("Restored endpoint deleted while it waited to be live; not routed", "container", p.id) != nil, "not logged"
+	})
+	g.openIt()
+	n.stop()
+	checkDeleted()
+}
+
+// hostRouteTo is the host's route to ip alone (a /32 or /128), through
+// any link; nil when there is none.
+func hostRouteTo(t *testing.T, ip netip.Addr) *netlink.Route {
+	t.Helper()
+	fam := netlink.FAMILY_V4
+	if ip.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	dst := &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
+	routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(routes) > 0 {
+		return &routes[0]
+	}
+	return nil
 }

@@ -98,8 +98,10 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 	defer unlock()
 
 	if old, found := m.Lookup(Selector{ContainerID: req.ContainerID}); found {
-		return nil, errorf(ErrExists, "container %s already has endpoint %d (interface %s, addresses %v): a CNI DEL removes it",
-			req.ContainerID, old.ID, old.IfName, old.IPs())
+		// A restored endpoint waiting to be live (starting) is answered so
+		// too, at once: it is not the ADD's to finish, nor to wait for.
+		return nil, errorf(ErrExists, "container %s already has endpoint %d (interface %s, addresses %v, %s): a CNI DEL removes it",
+			req.ContainerID, old.ID, old.IfName, old.IPs(), old.State)
 	}
 	id, err := m.reserveID()
 	if err != nil {
@@ -159,7 +161,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("insert")
-	live, err := m.waitLive(ctx, ep.ID, rev, nil)
+	live, err := m.waitLive(ctx, ep, rev, nil)
 	if err != nil {
 		return ep, err
 	}
@@ -733,49 +735,87 @@ func (m *Manager) restoreLocked(ctx context.Context) ([]startingEndpoint, error)
 // attached, its policy in the maps), it brings the host side up with the
 // host's routes to the pod, and marks it ready. Until then nothing reaches
 // the pod. What fails leaves it not ready, with the error.
+//
+// The wait is without the container's lock, which the endpoint's DEL (or
+// a retried ADD, answered ErrExists while it is starting) takes at once.
+// The lock is held only to route it: with it, the endpoint must still be
+// this one and starting, and live as it is now (a label change during the
+// wait may have given it another identity, whose policy it then waits
+// for), else it is left alone or waited for again. A DEL during the wait
+// removes the veth pair, the state and the addresses, and the row, which
+// ends the wait: the endpoint is never routed.
 func (m *Manager) routeRestored(ctx context.Context, ep *Endpoint, rev statedb.Revision) {
-	unlock, err := m.locks.lockContainer(ctx, ep.ContainerID)
-	if err != nil {
-		m.log.Warn("Restored endpoint not routed: the agent stops", "id", ep.ID, "container", ep.ContainerID, "error", err)
-		return
-	}
-	defer unlock()
-	if cur, found := m.Lookup(Selector{ID: ep.ID}); !found || cur.ContainerID != ep.ContainerID || cur.State != Starting {
-		return // deleted meanwhile
-	}
 	// Past the bound, health says what it waits for; it keeps waiting.
 	after := make(chan struct{})
-	timer := time.AfterFunc(time.Duration(restoreLiveBound.Load()), func() { close(after) })
+	timer := time.AfterFunc(m.liveReport, func() { close(after) })
 	defer timer.Stop()
 	defer m.reportStalled(ep.ContainerID, "", true)
-	live, err := m.waitLive(ctx, ep.ID, rev, &liveStall{after: after, report: func(cur *Endpoint, pending []string) {
+	stall := &liveStall{after: after, report: func(cur *Endpoint, pending []string) {
 		m.reportStalled(ep.ContainerID, fmt.Sprintf("endpoint %d (container %s, pod %s/%s) waits for %s",
 			cur.ID, cur.ContainerID, cur.PodNamespace, cur.PodName, strings.Join(pending, "; ")), false)
-	}})
-	if err == nil {
-		err = routeHost(ep)
-	}
-	if err == nil {
-		err = m.markReady(ep.ID)
-	}
-	if err != nil && ctx.Err() != nil {
-		return // the agent stops
-	}
-	if err != nil {
-		m.log.Error("Restored endpoint could not be routed; its host side stays down", "id", ep.ID, "container", ep.ContainerID, "error", err)
-		m.markNotReady(ep.ID, err)
+	}}
+	for {
+		live, err := m.waitLive(ctx, ep, rev, stall)
+		if err == nil {
+			var routed bool
+			routed, err = m.routeIfLive(ctx, ep, &rev)
+			if err == nil && !routed {
+				continue
+			}
+		}
+		switch {
+		case errors.Is(err, errEndpointGone):
+			m.log.Info("Restored endpoint deleted while it waited to be live; not routed", "id", ep.ID, "container", ep.ContainerID)
+			return
+		case err != nil && ctx.Err() != nil:
+			m.log.Warn("Restored endpoint not routed: the agent stops", "id", ep.ID, "container", ep.ContainerID, "error", err)
+			return
+		case err != nil:
+			m.log.Error("Restored endpoint could not be routed; its host side stays down", "id", ep.ID, "container", ep.ContainerID, "error", err)
+			m.markNotReady(ep, err)
+			return
+		}
+		m.log.Info("Restored endpoint routed once live in the datapath", "id", ep.ID, "container", ep.ContainerID,
+			"host-interface", ep.HostIfName, slog.Group("live", live...))
 		return
 	}
-	m.log.Info("Restored endpoint routed once live in the datapath", "id", ep.ID, "container", ep.ContainerID,
-		"host-interface", ep.HostIfName, slog.Group("live", live...))
 }
 
-// markNotReady marks endpoint id not ready with err, if it is still there.
-func (m *Manager) markNotReady(id uint16, err error) {
+// routeIfLive routes the restored endpoint ep and marks it ready, with its
+// container's lock held, if it is still that endpoint, starting, and live
+// as its row is now. routed is false when it must be waited for again:
+// not live any more, or its identity changed since the wait began, when
+// *rev becomes the revision of the row that changed it.
+func (m *Manager) routeIfLive(ctx context.Context, ep *Endpoint, rev *statedb.Revision) (routed bool, err error) {
+	unlock, err := m.locks.lockContainer(ctx, ep.ContainerID)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	cur, curRev, found := m.tbl.Get(m.db.ReadTxn(), EndpointID.Query(ep.ID))
+	if !found || !sameEndpoint(cur, ep) || cur.State != Starting {
+		return false, errEndpointGone
+	}
+	if cur.Identity != ep.Identity || cur.IdentityPending != ep.IdentityPending {
+		*ep, *rev = *cur, curRev
+		return false, nil
+	}
+	if len(m.pendingLive(cur, *rev)) > 0 {
+		return false, nil
+	}
+	if err := routeHost(cur); err != nil {
+		return false, err
+	}
+	return true, m.markReady(cur.ID)
+}
+
+// markNotReady marks the endpoint ep not ready with err, if it is still
+// there.
+func (m *Manager) markNotReady(ep *Endpoint, err error) {
 	txn := m.db.WriteTxn(m.tbl)
 	defer txn.Abort()
-	cur, _, found := m.tbl.Get(txn, EndpointID.Query(id))
-	if !found {
+	cur, _, found := m.tbl.Get(txn, EndpointID.Query(ep.ID))
+	if !found || !sameEndpoint(cur, ep) {
 		return
 	}
 	cur = cur.Clone()
