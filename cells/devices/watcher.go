@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/cells/internal/drift"
 )
 
 type watcherParams struct {
@@ -235,7 +236,7 @@ func (s *subscription) onError(into *error, err error) {
 		return
 	default:
 	}
-	if fromOtherSocket(err) {
+	if drift.FromOtherSocket(err) {
 		// A message another socket sent to the multicast group, not the
 		// kernel's: netlink drops it and goes on. A program listing through
 		// its subscription (netlink's ListExisting) as root does this.
@@ -246,13 +247,6 @@ func (s *subscription) onError(into *error, err error) {
 	*into = err
 	s.mu.Unlock()
 	s.log.Warn("Netlink subscription error", "error", err)
-}
-
-// fromOtherSocket says whether err is netlink's report of a message whose
-// sender is not the kernel. netlink has no error value for it, only this
-// text (vishvananda/netlink v1.3.1, link_linux.go and addr_linux.go).
-func fromOtherSocket(err error) bool {
-	return strings.HasPrefix(err.Error(), "Wrong sender portid ")
 }
 
 // close ends both subscriptions and waits for their goroutines, which

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/cilium/hive/cell"
@@ -154,6 +155,17 @@ func listLinks(ns netns.NsHandle) ([]netlink.LinkUpdate, error) {
 	return updates, nil
 }
 
+// FromOtherSocket says whether err, as a netlink subscription's
+// ErrorCallback gets it, reports a message whose sender is not the kernel:
+// another socket's message to the multicast group (a program listing
+// through its subscription as root, see listLinks). netlink drops it and
+// goes on, so it is no failure of the subscription. netlink has no error
+// value for it, only this text (vishvananda/netlink v1.3.1, link_linux.go,
+// addr_linux.go, route_linux.go, neigh_linux.go).
+func FromOtherSocket(err error) bool {
+	return strings.HasPrefix(err.Error(), "Wrong sender portid ")
+}
+
 // dumpAttempts is how often a listing that the kernel interrupted (because
 // something changed meanwhile) is started again.
 const dumpAttempts = 5
@@ -210,12 +222,15 @@ func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) erro
 
 // onError keeps the last error netlink reports, to say why updates
 // ended; closing the subscription makes its receive fail, which is not
-// one.
+// one, and neither is a message of another socket, which netlink drops.
 func (s *subscription) onError(err error) {
 	select {
 	case <-s.done:
 		return
 	default:
+	}
+	if FromOtherSocket(err) {
+		return
 	}
 	s.mu.Lock()
 	s.err = err
