@@ -160,11 +160,13 @@ bench-agent: kube-apiserver etcd
 # latency percentiles and the
 # agent's CPU and memory per 1,000 pods. Ends with `cni-bench ...`,
 # `cni-live-bench ...` (the parts of the ADDs' wait for the datapath) and
-# `cni-steps-bench ...` (how long each step of a creation took in the agent).
+# `cni-steps-bench ...` (how long each step of a creation took in the agent)
+# and `cni-breakdown-bench ...` (in the agent and outside it; netlink
+# requests and syncs per ADD, counted under strace).
 bench-cni:
 	@mkdir -p $(BIN)
 	$(GO) test ./cmd/cellium-cni -run '^$$' -bench AddParallel -benchtime 1x -count 1 | tee $(BIN)/bench-cni.out
-	@grep -E '^cni-(live-|steps-)?bench ' $(BIN)/bench-cni.out | tail -n 3
+	@grep -E '^cni-(live-|steps-|breakdown-)?bench ' $(BIN)/bench-cni.out | tail -n 4
 
 # Hubble pipeline benchmark (as root): datapath event records written into
 # the real ring buffer, decoded by the monitor, converted to flows into the

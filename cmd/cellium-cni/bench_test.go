@@ -110,6 +110,13 @@ func median(xs []float64) float64 {
 //	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... kernel_p50_ms=... kernel_p99_ms=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
 //	cni-live-bench pods=100 endpoint-map_p50_ms=... endpoint-map_p99_ms=... policy_p50_ms=... ... programs_p99_ms=...
 //	cni-steps-bench pods=100 netns_p50_ms=... netns_p99_ms=... identity_p50_ms=... ... ready_p99_ms=...
+//	cni-breakdown-bench pods=100 in_agent_p50_ms=... in_agent_p99_ms=... outside_agent_p50_ms=... outside_agent_p99_ms=... netlink_per_add=... fsync_per_add=... rtm_getlink=... ...
+//
+// The breakdown splits each parallel ADD into its time in the agent's
+// creation (the sum of its steps) and the rest (the plugin's exec and
+// start, the API round trip), and counts, over -cni.count-adds (5) ADDs one
+// after another under strace at the end, the agent's netlink requests (by
+// type) and syncs per ADD; without strace the benchmark skips there.
 //
 // with the agent's CPU time (user and system) and resident set growth over
 // the parallel ADDs, scaled to 1,000 pods, and the load average when it
@@ -164,6 +171,10 @@ func addParallel(b *testing.B, bin string) {
 	for i := range singles {
 		singles[i] = n.newPod(fmt.Sprintf("s%d", i))
 	}
+	counted := make([]*pod, *benchCountAdds)
+	for i := range counted {
+		counted[i] = n.newPod(fmt.Sprintf("c%d", i))
+	}
 	env := func(p *pod) map[string]string {
 		return map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p.id, "CNI_NETNS": p.ns.Path(), "CNI_IFNAME": "eth0"}
 	}
@@ -210,12 +221,17 @@ func addParallel(b *testing.B, bin string) {
 	// When, in each parallel ADD's wait for its endpoint to be live, each
 	// condition held: the agent logs them with the endpoint.
 	live, steps := map[string][]time.Duration{}, map[string][]time.Duration{}
-	parallelIDs := map[string]bool{}
-	for _, p := range ps {
-		parallelIDs[p.id] = true
+	parallelIDs := map[string]int{}
+	for i, p := range ps {
+		parallelIDs[p.id] = i
 	}
+	// Each ADD's time in the agent's creation (its steps, from the
+	// request's arrival in the endpoint manager to its answer) and
+	// outside it (the plugin's exec and start, the API round trip).
+	var inAgent, outside []time.Duration
 	for _, line := range n.agent.lines("Created endpoint") {
-		if !parallelIDs[fmt.Sprint(line["container"])] {
+		i, ok := parallelIDs[fmt.Sprint(line["container"])]
+		if !ok {
 			continue
 		}
 		for group, into := range map[string]map[string][]time.Duration{"live": live, "steps": steps} {
@@ -224,7 +240,22 @@ func addParallel(b *testing.B, bin string) {
 				into[name] = append(into[name], time.Duration(msOf(v)*float64(time.Millisecond)))
 			}
 		}
+		var created time.Duration
+		for _, v := range line["steps"].(map[string]any) {
+			created += time.Duration(msOf(v) * float64(time.Millisecond))
+		}
+		inAgent = append(inAgent, created)
+		outside = append(outside, latencies[i]-created)
 	}
+	// The system calls of a few ADDs one after another, under strace
+	// (which slows them: no latency is taken from these).
+	calls := countCalls(b, pid, func() {
+		for _, p := range counted {
+			if out, err := runPlugin("cellium-cni", env(p), conf); err != nil {
+				b.Fatalf("ADD of %s: %v: %s", p.name, err, out)
+			}
+		}
+	})
 	perThousand := 1000 / float64(pods)
 	p99 := percentile(latencies, 99)
 	fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f floor_p50_ms=%.1f floor_p99_ms=%.1f p99_over_floor=%.2f "+
@@ -236,6 +267,9 @@ func addParallel(b *testing.B, bin string) {
 		ms(cpu)*perThousand, rss*perThousand, load, procstat.LoadAverage(), agentName)
 	fmt.Printf("cni-live-bench pods=%d %s agent=%s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))), agentName)
 	fmt.Printf("cni-steps-bench pods=%d %s agent=%s\n", len(steps["live"]), percentiles(steps, createSteps), agentName)
+	fmt.Printf("cni-breakdown-bench pods=%d %s %s agent=%s\n", len(inAgent),
+		percentiles(map[string][]time.Duration{"in_agent": inAgent, "outside_agent": outside}, []string{"in_agent", "outside_agent"}),
+		calls.perAdd(len(counted)), agentName)
 	// The next binary's measurement on a quiet node.
 	n.kill()
 }
@@ -333,6 +367,7 @@ var (
 	benchPods       = flag.Int("cni.pods", 100, "Pods whose CNI ADDs BenchmarkAddParallel runs at once")
 	benchSingle     = flag.Int("cni.single", 20, "ADDs BenchmarkAddParallel runs one after another on the idle node first")
 	benchAgentBins  = flag.String("cni.agent-bins", "", "Comma-separated agent binaries BenchmarkAddParallel measures one after the other in one run, each line naming its binary (agent=); empty: the one built for the tests")
+	benchCountAdds  = flag.Int("cni.count-adds", 5, "ADDs BenchmarkAddParallel runs one after another under strace at the end, to count the agent's netlink requests and syncs per ADD")
 	benchProfileDir = flag.String("cni.profile-dir", "", "Run the agent with --pprof and write its CPU profiles of BenchmarkAddParallel's ADDs into this directory")
 )
 
