@@ -30,6 +30,7 @@ import (
 	"github.com/cellium/cellium/pkg/k8sapi"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 	"github.com/cellium/cellium/pkg/labels"
+	"github.com/cellium/cellium/pkg/polltest"
 )
 
 type cluster struct {
@@ -280,4 +281,31 @@ func TestEndpointObjects(t *testing.T) {
 	done(txn)
 	txn.Commit()
 	gone("web-1", " (stale) at restart")
+}
+
+// The API server stopped under a running agent: the watch's health is
+// Degraded with the error while it is away, and OK again once it is back,
+// with no restart of the agent.
+func TestWatchFailureIsDegraded(t *testing.T) {
+	c := startCluster(t)
+	n := c.start(t, "node-1", t.TempDir())
+	const id = "k8s-endpoints.job-watch-endpoints"
+	watchHealth := func(level cell.Level) func() (bool, string) {
+		return func() (bool, string) {
+			s := n.health(id)
+			if level == cell.StatusOK {
+				return s != nil && s.Level == level && s.Message == "CelliumEndpoint objects listed and watched", fmt.Sprintf("%s: %+v", id, s)
+			}
+			return s != nil && s.Level == level && s.Error != "", fmt.Sprintf("%s: %+v", id, s)
+		}
+	}
+	polltest.Until(t, "the objects listed and watched", time.Minute, 10*time.Millisecond, watchHealth(cell.StatusOK))
+
+	c.kas.Stop()
+	// The informer retries with backoff: more than Eventually's time.
+	polltest.Until(t, "the watch Degraded with the API server away", time.Minute, 10*time.Millisecond, watchHealth(cell.StatusDegraded))
+	t.Logf("with the API server away: %s", n.health(id).Error)
+
+	c.kas.Restart(t)
+	polltest.Until(t, "the watch OK again once the API server is back", time.Minute, 10*time.Millisecond, watchHealth(cell.StatusOK))
 }
