@@ -111,6 +111,17 @@ func TestKubeAPIServer(t *testing.T) {
 	go drainLogs(agent.logs)
 	waitAgentReady(t, "the agent", env.socket, time.Minute)
 
+	// Nothing of the k8s-client module runs in this mode (the informers
+	// are their cells'), and its health says so: OK, naming the server.
+	h, _ := agentHealth(t, env.socket)
+	want := "Kubernetes API at " + kas.URL + " (kubeconfig); each watcher reports its own state"
+	i := slices.IndexFunc(h.Modules, func(n apiv1.HealthNode) bool { return n.ID == "k8s-client" })
+	if i < 0 {
+		t.Errorf("no k8s-client in the agent's health: %+v", h.Modules)
+	} else if m := h.Modules[i]; m.Level != apiv1.LevelOK || m.Message != want {
+		t.Errorf("health of k8s-client in kubeconfig mode: %s %q, want OK %q", m.Level, m.Message, want)
+	}
+
 	// The Service from the API server in the maps, and the pod CIDR from
 	// the Node in the IPAM.
 	waitDump(t, env.socket, "cellium_lb4_services", web+":80")
