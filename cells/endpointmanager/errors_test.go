@@ -112,6 +112,21 @@ func TestCreateFailureIsUndone(t *testing.T) {
 	n.unchanged(t, p.id, nil, nil)
 }
 
+// The ready state file is written while the datapath takes the new
+// endpoint in: a write that fails fails the ADD, and it is undone, however
+// far the rest got.
+func TestCreateReadyStateWriteFailureIsUndone(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	n.mgr.FailStateWrites("ready", errors.New("disk full"))
+	p := newPod(t)
+	_, err := n.mgr.Create(context.Background(), p.req())
+	if err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("create whose ready state file cannot be written = %v, want its error", err)
+	}
+	n.unchanged(t, p.id, nil, nil)
+}
+
 // An exhausted pool is a clear error and leaves nothing behind; the
 // address of a deleted endpoint can then be used again.
 func TestCreateExhaustedPool(t *testing.T) {

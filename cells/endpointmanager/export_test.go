@@ -13,3 +13,14 @@ func (m *Manager) RefreshHostRoutes() { m.repairHostRoutes(context.Background(),
 func (m *Manager) ReidentifyFrom(stale *Endpoint, derive func(*Endpoint) *Endpoint) {
 	m.reidentify(context.Background(), stale, "test", derive)
 }
+
+// FailStateWrites makes the manager's writes of state files in phase ph
+// fail with err.
+func (m *Manager) FailStateWrites(ph string, err error) {
+	m.states.fault = func(p phase) error {
+		if string(p) == ph {
+			return err
+		}
+		return nil
+	}
+}

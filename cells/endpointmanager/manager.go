@@ -142,7 +142,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	}
 	m.crashPoint(CrashIPAMAllocated)
 	steps.done("ipam")
-	if err := m.states.write(ep, phaseCreating); err != nil {
+	if err := m.states.create(ep, phaseCreating); err != nil {
 		return ep, err
 	}
 	steps.done("state")
@@ -150,6 +150,14 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("veth")
+	// The ready state file holds what the kernel has now: it is written
+	// while the datapath takes the endpoint in, and the ADD answered once
+	// both are done. An agent that dies before finds a ready endpoint
+	// whose host side is down, and routes it once it is live, as any
+	// restored endpoint whose host side is down (routeRestored); the
+	// runtime, which got no answer, deletes it.
+	persisted := m.writeStateAsync(ep, phaseReady)
+	defer persisted() // not left running past an undo
 	// The datapath takes the endpoint in (its map entry, its programs,
 	// its policy) before anything can reach the pod: the host routes to
 	// it come after, and only then is it ready.
@@ -171,7 +179,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	}
 	steps.done("route")
 	ep.State = Ready
-	if err := m.states.write(ep, phaseReady); err != nil {
+	if err := persisted(); err != nil {
 		return ep, err
 	}
 	steps.done("state-ready")
@@ -184,6 +192,15 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6, slog.Group("live", live...),
 		slog.Group("steps", steps.out...))
 	return ep, nil
+}
+
+// writeStateAsync starts writing ep's state file in phase ph and returns
+// what waits for the write to end, with its error.
+func (m *Manager) writeStateAsync(ep *Endpoint, ph phase) func() error {
+	ep = ep.Clone()
+	done := make(chan error, 1)
+	go func() { done <- m.states.write(ep, ph) }()
+	return sync.OnceValue(func() error { return <-done })
 }
 
 // stepTimes are how long each step of a creation took, for its log line:

@@ -120,6 +120,12 @@ func (f *stateFile) validate(dirName string) error {
 type stateStore struct {
 	log          *slog.Logger
 	dir, invalid string
+	// dirSync makes new endpoint directories durable: one sync of the
+	// endpoints directory for the creations that run at once.
+	dirSync *statefile.DirSyncer
+	// fault, set by tests, fails the writes of the phases it returns an
+	// error for.
+	fault func(phase) error
 	// moved are the entries quarantine moved aside since takeMoved.
 	moved []movedFile
 }
@@ -132,7 +138,8 @@ func (s *stateStore) takeMoved() []movedFile {
 }
 
 func newStateStore(log *slog.Logger, stateDir string) *stateStore {
-	return &stateStore{log: log, dir: filepath.Join(stateDir, endpointsDir), invalid: filepath.Join(stateDir, invalidDir)}
+	dir := filepath.Join(stateDir, endpointsDir)
+	return &stateStore{log: log, dir: dir, invalid: filepath.Join(stateDir, invalidDir), dirSync: statefile.NewDirSyncer(dir)}
 }
 
 func (s *stateStore) endpointDir(id uint16) string {
@@ -141,6 +148,11 @@ func (s *stateStore) endpointDir(id uint16) string {
 
 // write persists ep, atomically: a crash leaves the previous version.
 func (s *stateStore) write(ep *Endpoint, ph phase) error {
+	if s.fault != nil {
+		if err := s.fault(ph); err != nil {
+			return err
+		}
+	}
 	data, err := json.MarshalIndent(toStateFile(ep, ph), "", "  ")
 	if err != nil {
 		return err
@@ -150,6 +162,37 @@ func (s *stateStore) write(ep *Endpoint, ph phase) error {
 		return err
 	}
 	return statefile.Write(filepath.Join(dir, stateFileName), data)
+}
+
+// create persists a new endpoint in a directory of its own, made here.
+// The file (written as write does) and the directory's entry are made
+// durable at once: the entry by a sync of the endpoints directory that
+// serves every creation running meanwhile (group commit), the file by
+// syncs of its own.
+func (s *stateStore) create(ep *Endpoint, ph phase) error {
+	data, err := json.MarshalIndent(toStateFile(ep, ph), "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := s.endpointDir(ep.ID)
+	err = os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		// Left by a creation that was not undone: as write does.
+		if err := statefile.MkdirAll(dir); err != nil {
+			return err
+		}
+		return statefile.Write(filepath.Join(dir, stateFileName), data)
+	}
+	if err != nil {
+		return fmt.Errorf("create endpoint state directory: %w", err)
+	}
+	entry := make(chan error, 1)
+	go func() { entry <- s.dirSync.Sync() }()
+	err = statefile.Write(filepath.Join(dir, stateFileName), data)
+	if eerr := <-entry; err == nil && eerr != nil {
+		err = fmt.Errorf("create endpoint state directory: %w", eerr)
+	}
+	return err
 }
 
 func (s *stateStore) remove(id uint16) error { return statefile.Remove(s.endpointDir(id)) }
