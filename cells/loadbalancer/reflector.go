@@ -189,8 +189,12 @@ const listPageSize = 2000
 // start was sent 2.2 MB against 20.4 MB streamed, the API server spent
 // 0.8-1.1 CPU s against 1.35-1.4, and 20 clients at once cost it 7.9 CPU
 // s in pages against 19.4 streamed (docs/performance.md).
-func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, list func(context.Context, metav1.ListOptions) (runtime.Object, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
-	send, end := s.sendListing()
+//
+// Each page's objects are decoded one at a time and converted at once
+// (kubeclient's ListEach), never a typed page in memory.
+func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, listEach func(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
+	item, end := s.listing()
+	send := func(o T) error { return s.send(item(o)) }
 	if opts.Limit == 0 {
 		opts.Limit = listPageSize
 	}
@@ -202,26 +206,17 @@ func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions,
 	}
 	var rv string
 	for {
-		page, err := list(ctx, opts)
+		pageMeta, err := listEach(ctx, opts, send)
 		if err != nil {
 			return nil, err
 		}
-		pageMeta, objs, err := k8sclient.ListItems(page)
-		if err != nil {
-			return nil, err
-		}
-		for _, obj := range objs {
-			if err := send(obj); err != nil {
-				return nil, err
-			}
-		}
-		rv = pageMeta.GetResourceVersion()
-		if pageMeta.GetContinue() == "" {
+		rv = pageMeta.ResourceVersion
+		if pageMeta.Continue == "" {
 			break
 		}
 		// The next page continues the same snapshot; a resource
 		// version beside a continue token is refused.
-		opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = pageMeta.GetContinue(), "", ""
+		opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = pageMeta.Continue, "", ""
 	}
 	s.streamedEnd = end
 	return emptyList(rv), nil
@@ -342,9 +337,9 @@ func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *
 // listing is the embedded server's stream (streamList) or the API server's
 // pages (pagedList); each ends with emptyList, the Reflector's list of
 // none at a resource version.
-func kindListWatch[T any, L runtime.Object](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
+func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
 	resource schema.GroupVersionResource, kind schema.GroupVersionKind, c interface {
-		List(context.Context, metav1.ListOptions) (L, error)
+		ListEach(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error)
 		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
 	}, emptyList func(rv string) runtime.Object,
 ) *cache.ListWatch {
@@ -353,9 +348,7 @@ func kindListWatch[T any, L runtime.Object](cs k8sclient.Clientset, health cell.
 			if list, ok, err := store.streamList(cs, resource, kind, opts, emptyList); ok {
 				return list, err
 			}
-			return store.pagedList(ctx, opts, func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-				return c.List(ctx, opts)
-			}, emptyList)
+			return store.pagedList(ctx, opts, c.ListEach, emptyList)
 		},
 		c.Watch)
 }

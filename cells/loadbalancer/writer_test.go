@@ -251,7 +251,7 @@ func TestPagedListing(t *testing.T) {
 	pages := [][]string{{"a", "b"}, {"c"}, {"d"}}
 	var calls []metav1.ListOptions
 	events := make(chan k8sEvent, 16)
-	list := func(_ context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	list := func(_ context.Context, opts metav1.ListOptions, each func(*corev1.Service) error) (metav1.ListMeta, error) {
 		calls = append(calls, opts)
 		i := len(calls) - 1
 		// Each page's services are sent before the next page is asked for.
@@ -262,12 +262,17 @@ func TestPagedListing(t *testing.T) {
 		if sent := len(events); sent != before {
 			t.Errorf("page %d asked for with %d upserts sent, want %d", i, sent, before)
 		}
-		l := &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "42"}}
+		l := metav1.ListMeta{ResourceVersion: "42"}
 		if i < len(pages)-1 {
 			l.Continue = fmt.Sprintf("token-%d", i+1)
 		}
+		// One object, decoded into again for each item (ListEach).
+		obj := &corev1.Service{}
 		for _, name := range pages[i] {
-			l.Items = append(l.Items, corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}})
+			*obj = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
+			if err := each(obj); err != nil {
+				return metav1.ListMeta{}, err
+			}
 		}
 		return l, nil
 	}
@@ -305,12 +310,12 @@ func TestPagedListing(t *testing.T) {
 
 	gone := errors.New("410: the continue token expired")
 	calls = nil
-	failing := func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	failing := func(ctx context.Context, opts metav1.ListOptions, each func(*corev1.Service) error) (metav1.ListMeta, error) {
 		if opts.Continue != "" {
 			calls = append(calls, opts)
-			return nil, gone
+			return metav1.ListMeta{}, gone
 		}
-		return list(ctx, opts)
+		return list(ctx, opts, each)
 	}
 	if _, err := store.pagedList(context.Background(), metav1.ListOptions{}, failing, emptyList); !errors.Is(err, gone) {
 		t.Fatalf("a page failing part way: %v, want %v", err, gone)

@@ -38,11 +38,18 @@ func TestMain(m *testing.M) {
 	// Readable by everyone: TestHiveNeedsNoRoot runs it as nobody.
 	os.Chmod(dir, 0o755)
 	agentBin = filepath.Join(dir, "agent")
-	build := exec.Command("go", "build", "-o", agentBin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build agent:", err)
-		os.Exit(1)
+	if bin := os.Getenv("CELLIUM_AGENT_BIN"); bin != "" {
+		// Another build of the agent (another commit's), run by these
+		// tests and benchmarks: a side-by-side comparison with one
+		// harness.
+		agentBin = bin
+	} else {
+		build := exec.Command("go", "build", "-o", agentBin, ".")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build agent:", err)
+			os.Exit(1)
+		}
 	}
 	// On disk before the first agent runs, as an installed binary is: the
 	// kernel skips pages under writeback when the agent releases its

@@ -24,6 +24,7 @@ import (
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
 	"github.com/cellium/cellium/pkg/client"
 	"github.com/cellium/cellium/pkg/polltest"
+	"github.com/cellium/cellium/pkg/procstat"
 )
 
 var (
@@ -229,9 +230,10 @@ func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix
 		mem = runs[1]
 		mem.written.cgroupWS, mem.written.cgroupKernel = runs[0].written.cgroupWS, runs[0].written.cgroupKernel
 	}
-	line := fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f %s rss_settled_mb=%.1f rss_peak_mb=%.1f stop_s=%.2f",
+	line := fmt.Sprintf("services=%d first_ready_s=%.2f first_written_s=%.2f restart_ready_s=%.2f restart_written_s=%.2f restart_lb_writes=%.0f %s rss_settled_mb=%.1f rss_peak_mb=%.1f stop_s=%.2f first_agent_cpu_s=%.2f first_agent_alloc_mb=%.0f restart_agent_cpu_s=%.2f restart_agent_alloc_mb=%.0f",
 		n, runs[0].ready.Seconds(), runs[0].writtenAt.Seconds(), runs[1].ready.Seconds(), runs[1].writtenAt.Seconds(),
-		runs[1].writes, mem.written, max(runs[0].settled.rss, runs[1].settled.rss), max(runs[0].settled.peak, runs[1].settled.peak), max(runs[0].stop, runs[1].stop).Seconds())
+		runs[1].writes, mem.written, max(runs[0].settled.rss, runs[1].settled.rss), max(runs[0].settled.peak, runs[1].settled.peak), max(runs[0].stop, runs[1].stop).Seconds(),
+		runs[0].agentCPU.Seconds(), runs[0].allocMB, runs[1].agentCPU.Seconds(), runs[1].allocMB)
 	if server != nil {
 		line += fmt.Sprintf(" first_apiserver_cpu_s=%.2f first_apiserver_sent_mb=%.1f restart_apiserver_cpu_s=%.2f restart_apiserver_sent_mb=%.1f",
 			runs[0].serverCPU, runs[0].serverSent, runs[1].serverCPU, runs[1].serverSent)
@@ -242,6 +244,11 @@ func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix
 type scaleRun struct {
 	ready, writtenAt, stop time.Duration
 	writes                 float64
+	// The agent's CPU time (user and system) from exec to written, and
+	// the bytes its heap allocated by then (go_memstats_alloc_bytes_total),
+	// in MiB: what a start costs it, whatever the machine's load.
+	agentCPU time.Duration
+	allocMB  float64
 	// The API server's CPU seconds and MB sent from exec to written.
 	serverCPU, serverSent float64
 	// The agent's memory once everything is written and -bench.settle later.
@@ -257,14 +264,20 @@ func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, na
 		mark = server.mark(b)
 	}
 	a := startBenchAgent(b, env, first, flags...)
-	cpu := a.cpuProfile(b, name+"-cpu.pb.gz")
+	profiled := a.cpuProfile(b, name+"-cpu.pb.gz")
 	r.ready = a.waitReady(b, 5*time.Minute)
 	r.writtenAt = a.waitWritten(b, n, 5*time.Minute)
+	cpu, err := procstat.CPU(a.cmd.Process.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.agentCPU = cpu
+	r.allocMB = a.metric(b, "go_memstats_alloc_bytes_total") / (1 << 20)
 	a.timeline(b, name)
 	if server != nil {
 		r.serverCPU, r.serverSent = server.since(b, mark)
 	}
-	if err := <-cpu; err != nil {
+	if err := <-profiled; err != nil {
 		b.Fatal(err)
 	}
 	r.writes = a.metric(b, "cellium_lbmaps_writes_total")
@@ -511,15 +524,9 @@ func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duratio
 func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Duration) time.Duration {
 	return a.poll(b, "done writing the service map", timeout, func() (bool, string) {
 		ctx := context.Background()
-		maps, err := a.client.Maps(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, m := range maps {
-			if strings.HasSuffix(m.Name, "lb4_services") && m.Entries < 2*services {
-				return false, fmt.Sprintf("%s has %d entries, want %d (a master and a slot per service)", m.Name, m.Entries, 2*services)
-			}
-		}
+		// The frontends first: the maps' entries are counted a key at a
+		// time, tens of thousands of system calls of the agent's, which
+		// asked every 10 ms were a tenth of its CPU in a restart.
 		for _, kind := range []string{"Pending", "Error"} {
 			rows, err := a.client.TableRows(ctx, "frontends", client.TableQuery{Index: "status", Key: kind})
 			if err != nil {
@@ -527,6 +534,15 @@ func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Durati
 			}
 			if len(rows.Rows) > 0 {
 				return false, fmt.Sprintf("%d frontends %s", len(rows.Rows), kind)
+			}
+		}
+		maps, err := a.client.Maps(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range maps {
+			if strings.HasSuffix(m.Name, "lb4_services") && m.Entries < 2*services {
+				return false, fmt.Sprintf("%s has %d entries, want %d (a master and a slot per service)", m.Name, m.Entries, 2*services)
 			}
 		}
 		return true, ""

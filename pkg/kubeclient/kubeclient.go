@@ -63,8 +63,20 @@ func init() {
 
 // Client is a typed client of one resource (in one namespace, or all):
 // the methods the agent uses of client-go's generated ones (PatchStatus is
-// Patch with the "status" subresource).
+// Patch with the "status" subresource), and ListEach.
 type Client[T, L runtime.Object] interface {
+	typed[T, L]
+	// ListEach is List of one page (opts.Limit, opts.Continue) that
+	// decodes the page's objects one at a time, calling each with every
+	// one in turn, and returns the page's list metadata. obj is only
+	// valid until each returns: the next object is decoded into it
+	// (ListEach), so each keeps none of its pointers (its strings are its
+	// own). The page is never a typed list in memory.
+	ListEach(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
+}
+
+// typed are the methods of client-go's generic typed client.
+type typed[T, L runtime.Object] interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
 	List(ctx context.Context, opts metav1.ListOptions) (L, error)
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
@@ -75,11 +87,13 @@ type Client[T, L runtime.Object] interface {
 	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (T, error)
 }
 
-// object is what gentype needs of a typed object: *corev1.Service, say.
+// object is what gentype needs of a typed object: *corev1.Service, say,
+// and its protobuf decoding (every type of k8s.io/api has it).
 type object[E any] interface {
 	*E
 	runtime.Object
 	metav1.Object
+	Unmarshal(data []byte) error
 }
 
 // list is a typed list of E: *corev1.ServiceList, say.
@@ -147,7 +161,7 @@ func New[E any, T object[E], L list[E]](s Source, resource, kind, ns string, ite
 		return obj.(L)
 	}
 	if s.fake != nil {
-		return gentype.NewFakeClientWithList[T, L](s.fake, ns,
+		fake := gentype.NewFakeClientWithList[T, L](s.fake, ns,
 			s.gv.WithResource(resource), s.gv.WithKind(kind), newObj, newList,
 			func(dst, src L) {
 				dst.SetResourceVersion(src.GetResourceVersion())
@@ -169,6 +183,22 @@ func New[E any, T object[E], L list[E]](s Source, resource, kind, ns string, ite
 				}
 				*items(l) = out
 			})
+		return &client[E, T, L]{typed: fake, items: items}
 	}
-	return gentype.NewClientWithList[T, L](resource, s.rest, ParameterCodec, ns, newObj, newList, gentype.PrefersProtobuf[T]())
+	return &client[E, T, L]{
+		typed: gentype.NewClientWithList[T, L](resource, s.rest, ParameterCodec, ns, newObj, newList, gentype.PrefersProtobuf[T]()),
+		rest:  s.rest, resource: resource, ns: ns, listKind: kind + "List", newList: newList, items: items,
+	}
+}
+
+// client is a Client: client-go's generic typed client, and ListEach.
+type client[E any, T object[E], L list[E]] struct {
+	typed[T, L]
+	// rest is nil for a fake's client.
+	rest     rest.Interface
+	resource string
+	ns       string
+	listKind string
+	newList  func() L
+	items    func(L) *[]E
 }
