@@ -235,8 +235,8 @@ func scaleRuns(b *testing.B, env *agentEnv, flags []string, n int, profilePrefix
 		runs[1].writes, mem.written, max(runs[0].settled.rss, runs[1].settled.rss), max(runs[0].settled.peak, runs[1].settled.peak), max(runs[0].stop, runs[1].stop).Seconds(),
 		runs[0].agentCPU.Seconds(), runs[0].allocMB, runs[1].agentCPU.Seconds(), runs[1].allocMB)
 	if server != nil {
-		line += fmt.Sprintf(" first_apiserver_cpu_s=%.2f first_apiserver_sent_mb=%.1f restart_apiserver_cpu_s=%.2f restart_apiserver_sent_mb=%.1f",
-			runs[0].serverCPU, runs[0].serverSent, runs[1].serverCPU, runs[1].serverSent)
+		line += fmt.Sprintf(" first_apiserver_cpu_s=%.2f first_etcd_cpu_s=%.2f first_apiserver_sent_mb=%.1f restart_apiserver_cpu_s=%.2f restart_etcd_cpu_s=%.2f restart_apiserver_sent_mb=%.1f",
+			runs[0].serverCPU, runs[0].etcdCPU, runs[0].serverSent, runs[1].serverCPU, runs[1].etcdCPU, runs[1].serverSent)
 	}
 	return line
 }
@@ -249,8 +249,9 @@ type scaleRun struct {
 	// in MiB: what a start costs it, whatever the machine's load.
 	agentCPU time.Duration
 	allocMB  float64
-	// The API server's CPU seconds and MB sent from exec to written.
-	serverCPU, serverSent float64
+	// The API server's and its etcd's CPU seconds and the MB it sent from
+	// exec to written.
+	serverCPU, etcdCPU, serverSent float64
 	// The agent's memory once everything is written and -bench.settle later.
 	written, settled memory
 }
@@ -275,7 +276,7 @@ func runScale(b *testing.B, env *agentEnv, flags []string, n int, first bool, na
 	r.allocMB = a.metric(b, "go_memstats_alloc_bytes_total") / (1 << 20)
 	a.timeline(b, name)
 	if server != nil {
-		r.serverCPU, r.serverSent = server.since(b, mark)
+		r.serverCPU, r.etcdCPU, r.serverSent = server.since(b, mark)
 	}
 	if err := <-profiled; err != nil {
 		b.Fatal(err)
@@ -524,9 +525,9 @@ func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duratio
 func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Duration) time.Duration {
 	return a.poll(b, "done writing the service map", timeout, func() (bool, string) {
 		ctx := context.Background()
-		// The frontends first: the maps' entries are counted a key at a
-		// time, tens of thousands of system calls of the agent's, which
-		// asked every 10 ms were a tenth of its CPU in a restart.
+		// The frontends first, then the one map: the agent counts a
+		// map's entries a key at a time, and counting every map's (the
+		// list of maps) took a tenth of its CPU in a restart.
 		for _, kind := range []string{"Pending", "Error"} {
 			rows, err := a.client.TableRows(ctx, "frontends", client.TableQuery{Index: "status", Key: kind})
 			if err != nil {
@@ -536,14 +537,12 @@ func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Durati
 				return false, fmt.Sprintf("%d frontends %s", len(rows.Rows), kind)
 			}
 		}
-		maps, err := a.client.Maps(ctx)
+		m, err := a.client.Map(ctx, "cellium_lb4_services")
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, m := range maps {
-			if strings.HasSuffix(m.Name, "lb4_services") && m.Entries < 2*services {
-				return false, fmt.Sprintf("%s has %d entries, want %d (a master and a slot per service)", m.Name, m.Entries, 2*services)
-			}
+		if m.Entries < 2*services {
+			return false, fmt.Sprintf("%s has %d entries, want %d (a master and a slot per service)", m.Name, m.Entries, 2*services)
 		}
 		return true, ""
 	})

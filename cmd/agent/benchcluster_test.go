@@ -74,7 +74,7 @@ func BenchmarkScaleCluster(b *testing.B) {
 		token := kas.Token(b, deployNamespace, "cellium-agent")
 
 		proxy := newCountingProxy(b, kas.URL)
-		server := &apiServerMeter{pid: kas.PID, proxy: proxy}
+		server := &apiServerMeter{pid: kas.PID, etcdPID: cluster.etcd.PID(), proxy: proxy}
 		env := newAgentEnv(b)
 		kubeconfig := filepath.Join(env.dir, "kubeconfig")
 		proxied := *kas
@@ -138,7 +138,8 @@ func clusterEtcd(b *testing.B) (bin, version string) {
 // scaleCluster is the API server BenchmarkScaleCluster measures, holding
 // its objects.
 type scaleCluster struct {
-	kas *kubeapitest.Server
+	kas  *kubeapitest.Server
+	etcd *etcdtest.Server
 	// setup is how the objects came: created (through the API), saved
 	// (created, and the store then saved in -bench.cluster-cache), cached
 	// (a store saved so by an earlier run); setupTime what creating them
@@ -168,7 +169,7 @@ func startScaleCluster(b *testing.B, etcdBin, kasBin string, n int, nodeName str
 			etcd := etcdtest.StartInMemoryWith(b, etcdtest.InMemoryOptions{Binary: etcdBin, Data: saved})
 			kas := kubeapitest.StartWith(b, etcd.Endpoint(), kubeapitest.Options{EtcdPrefix: scaleEtcdPrefix})
 			fmt.Printf("# agent-scale-bench: the API server's store from %s\n", saved)
-			return scaleCluster{kas: kas, setup: "cached"}
+			return scaleCluster{kas: kas, etcd: etcd, setup: "cached"}
 		}
 	}
 	start := time.Now()
@@ -183,7 +184,7 @@ func startScaleCluster(b *testing.B, etcdBin, kasBin string, n int, nodeName str
 		b.Fatal(err)
 	}
 	createScaleObjects(b, kas, n)
-	c := scaleCluster{kas: kas, setup: "created", setupTime: time.Since(start)}
+	c := scaleCluster{kas: kas, etcd: etcd, setup: "created", setupTime: time.Since(start)}
 	if saved == "" {
 		return c
 	}
@@ -230,26 +231,27 @@ func scaleStoreKey(b *testing.B, bins ...string) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// apiServerMeter reads what the API server spent: its CPU time from
-// /proc, and the bytes it sent through the proxy.
+// apiServerMeter reads what the API server spent: its CPU time and its
+// etcd's from /proc, and the bytes it sent through the proxy.
 type apiServerMeter struct {
-	pid   int
-	proxy *countingProxy
+	pid, etcdPID int
+	proxy        *countingProxy
 }
 
 type apiServerMark struct {
-	cpu  time.Duration
-	sent int64
+	cpu, etcdCPU time.Duration
+	sent         int64
 }
 
 func (m *apiServerMeter) mark(b testing.TB) apiServerMark {
-	return apiServerMark{cpu: apiServerCPU(b, m.pid), sent: m.proxy.sent.Load()}
+	return apiServerMark{cpu: apiServerCPU(b, m.pid), etcdCPU: apiServerCPU(b, m.etcdPID), sent: m.proxy.sent.Load()}
 }
 
-// since is the CPU time and the MB sent since mark.
-func (m *apiServerMeter) since(b testing.TB, mark apiServerMark) (cpuS, sentMB float64) {
+// since is the API server's and etcd's CPU time and the MB sent since
+// mark.
+func (m *apiServerMeter) since(b testing.TB, mark apiServerMark) (cpuS, etcdCPUS, sentMB float64) {
 	now := m.mark(b)
-	return (now.cpu - mark.cpu).Seconds(), float64(now.sent-mark.sent) / (1 << 20)
+	return (now.cpu - mark.cpu).Seconds(), (now.etcdCPU - mark.etcdCPU).Seconds(), float64(now.sent-mark.sent) / (1 << 20)
 }
 
 func (m *apiServerMeter) rss(b testing.TB) float64 {
@@ -436,7 +438,7 @@ func listWatchClientsOnce(b *testing.B, kas *kubeapitest.Server, server *apiServ
 		b.Fatalf("%d clients' listings (%s) not done after 10 minutes", clients, mode)
 	}
 	synced = time.Since(start)
-	cpuS, sentMB = server.since(b, mark)
+	cpuS, _, sentMB = server.since(b, mark)
 	return synced, cpuS, sentMB
 }
 

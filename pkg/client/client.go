@@ -184,6 +184,11 @@ func (c *Client) Maps(ctx context.Context) ([]apiv1.Map, error) {
 	return get[[]apiv1.Map](ctx, c, apiv1.PathMaps, nil)
 }
 
+// Map describes one BPF map (its entries counted).
+func (c *Client) Map(ctx context.Context, name string) (apiv1.Map, error) {
+	return get[apiv1.Map](ctx, c, apiv1.PathMaps+"/"+url.PathEscape(name), nil)
+}
+
 // MapEntries dumps a BPF map's entries, decoded; limit 0 means all.
 func (c *Client) MapEntries(ctx context.Context, name string, limit int) (apiv1.MapDump, error) {
 	var q url.Values

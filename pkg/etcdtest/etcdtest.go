@@ -225,6 +225,17 @@ func freeAddr(t testing.TB) string {
 // Endpoint is the client URL, http://127.0.0.1:port.
 func (s *Server) Endpoint() string { return s.client }
 
+// PID is the server's process id (its CPU time is in /proc/PID), 0 while
+// it is stopped.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Restart starts the server if it is stopped, on the same ports and data,
 // and waits until it answers its health check.
 func (s *Server) Restart() {
