@@ -112,6 +112,33 @@ func TestCreateFailureIsUndone(t *testing.T) {
 	n.unchanged(t, p.id, nil, nil)
 }
 
+// An ADD of a container whose earlier ADD the agent did not finish finds
+// that ADD's veth pair in its way (the host side's name is the
+// container's): the creation removes it and makes its own.
+func TestCreateReplacesLeftoverVeth(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	leftover := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: endpointmanager.HostIfName(p.id)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(p.ns.Fd())}
+	if err := netlink.LinkAdd(leftover); err != nil {
+		t.Fatal(err)
+	}
+	old, err := netlink.LinkByName(endpointmanager.HostIfName(p.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := n.mgr.Create(context.Background(), p.req())
+	if err != nil {
+		t.Fatalf("create over a leftover veth pair: %v", err)
+	}
+	if ep.HostIfIndex == old.Attrs().Index {
+		t.Fatalf("the endpoint's host side is the leftover (ifindex %d)", ep.HostIfIndex)
+	}
+	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
+		t.Fatalf("the endpoint made over a leftover: %v, %v", problems, err)
+	}
+}
+
 // The ready state file is written while the datapath takes the new
 // endpoint in: a write that fails fails the ADD, and it is undone, however
 // far the rest got.

@@ -111,8 +111,9 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 	// undone.
 	defer m.unreserveID(id)
 	// An earlier ADD of this container that the agent did not finish may
-	// have left a veth pair or addresses: start from nothing.
-	if _, _, err := m.leftovers(req.ContainerID); err != nil {
+	// have left addresses, released here, and a veth pair, removed when
+	// the new one is made (plumbNew): start from nothing.
+	if _, err := m.leftoverAddresses(req.ContainerID, false); err != nil {
 		return nil, err
 	}
 	ep.ID = id
@@ -146,7 +147,12 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("state")
-	if err := m.plumb.plumb(ep, podNS, m.routers(), nil, false); err != nil {
+	removedLink, err := m.plumb.plumbNew(ep, podNS, m.routers())
+	if removedLink {
+		m.log.Info("Removed what an unfinished endpoint creation left", "container", ep.ContainerID,
+			"host-interface", ep.HostIfName, "removed-interface", true)
+	}
+	if err != nil {
 		return ep, err
 	}
 	steps.done("veth")
@@ -312,9 +318,17 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 	if err != nil {
 		return false, nil, err
 	}
-	released, err = m.ipam.ReleaseOwner(containerID)
+	released, err = m.leftoverAddresses(containerID, removedLink)
+	return removedLink, released, err
+}
+
+// leftoverAddresses is leftovers without the look for a veth pair: it
+// releases containerID's addresses and forgets it as an orphan;
+// removedLink says whether its veth pair was removed, for the log.
+func (m *Manager) leftoverAddresses(containerID string, removedLink bool) ([]netip.Addr, error) {
+	released, err := m.ipam.ReleaseOwner(containerID)
 	if err != nil {
-		return removedLink, nil, err
+		return nil, err
 	}
 	m.problemsMu.Lock()
 	if _, ok := m.orphans[containerID]; ok {
@@ -326,7 +340,7 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 		m.log.Info("Removed what an unfinished endpoint creation left", "container", containerID,
 			"host-interface", HostIfName(containerID), "removed-interface", removedLink, "released", released)
 	}
-	return removedLink, released, nil
+	return released, nil
 }
 
 // podMeta is what the API server says of a pod, when it has told.

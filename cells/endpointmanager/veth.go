@@ -2,6 +2,7 @@ package endpointmanager
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -220,6 +221,108 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 	ep.HostMAC = MAC(hostLink.Attrs().HardwareAddr)
 	ep.HostIfIndex = hostIndex
 	return nil
+}
+
+// plumbNew makes the kernel side of a new endpoint, as plumb does, with
+// fewer requests under the node's RTNL lock: the veth pair is made with
+// MACs chosen here, and nothing is looked up that cannot exist yet. A host
+// side that an earlier ADD of the container left (the agent did not finish
+// it) makes the creation fail as the name is taken: it is removed then
+// (removed says so), and the pair made. The host side stays down, without
+// the host's routes to the pod (see routeHost).
+func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr) (removed bool, err error) {
+	mtu := p.mtu()
+	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
+	if err != nil {
+		return false, fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
+	}
+	defer pod.Close()
+	hostMAC, podMAC := randomMAC(), randomMAC()
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu, HardwareAddr: hostMAC},
+		PeerName:         ep.IfName,
+		PeerNamespace:    netlink.NsFd(podNS),
+		PeerMTU:          uint32(mtu),
+		PeerHardwareAddr: podMAC,
+	}
+	err = netlink.LinkAdd(veth)
+	if errors.Is(err, unix.EEXIST) {
+		if removed, err = unplumb(ep.HostIfName); err != nil {
+			return false, err
+		}
+		err = unix.EEXIST
+		if removed {
+			err = netlink.LinkAdd(veth)
+		}
+		if _, lerr := pod.LinkByName(ep.IfName); errors.Is(err, unix.EEXIST) && lerr == nil {
+			return removed, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
+		}
+	}
+	if err != nil {
+		return removed, fmt.Errorf("create veth pair %s (host) and %s (netns %s): %w", ep.HostIfName, ep.IfName, ep.Netns, err)
+	}
+	if p.vethCreated != nil {
+		p.vethCreated()
+	}
+	// LinkAdd looked the new host side up for its index.
+	hostIndex := veth.Index
+	if hostIndex == 0 {
+		link, err := netlink.LinkByName(ep.HostIfName)
+		if err != nil {
+			return removed, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
+		}
+		hostIndex = link.Attrs().Index
+	}
+	host := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: hostIndex, Name: ep.HostIfName}}
+	// See ensureVeth: the filters' qdisc, made before they are added.
+	if err := AddClsact(hostIndex); err != nil {
+		return removed, fmt.Errorf("add a clsact qdisc to %s: %w", ep.HostIfName, err)
+	}
+	podLink, err := pod.LinkByName(ep.IfName)
+	if err != nil {
+		return removed, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
+	}
+	// As in plumb: the host side's link-local address, usable at once.
+	if ep.IPv6.IsValid() {
+		ll := linkLocal(hostMAC)
+		a := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ll, 64)), Flags: unix.IFA_F_NODAD}
+		if err := netlink.AddrReplace(host, a); err != nil {
+			return removed, fmt.Errorf("add link-local address %s to %s: %w", ll, ep.HostIfName, err)
+		}
+	}
+	if err := pod.LinkSetUp(podLink); err != nil {
+		return removed, fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
+	}
+	for _, ip := range ep.IPs() {
+		router, ok := routerOf(ip, routers)
+		if !ok {
+			return removed, fmt.Errorf("no router address for %s: no pod pool of its family", ip)
+		}
+		if err := pod.AddrReplace(podLink, hostAddr(ip)); err != nil {
+			return removed, fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
+		}
+		for _, r := range podRoutes(podLink.Attrs().Index, router) {
+			if err := pod.RouteReplace(r); err != nil {
+				return removed, fmt.Errorf("add route %s in netns %s: %w", routeString(r), ep.Netns, err)
+			}
+		}
+		if err := netlink.AddrReplace(host, hostAddr(router)); err != nil {
+			return removed, fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
+		}
+	}
+	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
+	ep.HostMAC = MAC(hostMAC)
+	ep.HostIfIndex = hostIndex
+	return removed, nil
+}
+
+// randomMAC is a random unicast, locally administered MAC address, as the
+// kernel gives a new veth.
+func randomMAC() net.HardwareAddr {
+	mac := make(net.HardwareAddr, 6)
+	rand.Read(mac)
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac
 }
 
 // hostSideUp says whether ep's host side is up.
