@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -22,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/health"
 	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/internal/drift"
+	"github.com/cellium/cellium/cells/internal/faultpoint"
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/cells/k8sclient"
@@ -191,8 +190,8 @@ type Manager struct {
 	health cell.Health
 	// pods is nil without a Kubernetes clientset.
 	pods *podWatcher
-	// crashAt is --endpoint-test-crash-at.
-	crashAt string
+	// crash is --endpoint-test-crash-at.
+	crash faultpoint.Step
 
 	ipamRestored  func()
 	tableRestored func(statedb.WriteTxn)
@@ -243,15 +242,15 @@ func newManager(p params) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		log:     p.Log,
-		db:      p.DB,
-		tbl:     p.Table,
-		ipam:    p.IPAM,
-		ids:     p.Identities,
-		states:  newStateStore(p.Log, p.Paths.StateDir),
-		health:  p.Health,
-		crashAt: p.Config.EndpointTestCrashAt,
-		locks:   newOpLocks(),
+		log:    p.Log,
+		db:     p.DB,
+		tbl:    p.Table,
+		ipam:   p.IPAM,
+		ids:    p.Identities,
+		states: newStateStore(p.Log, p.Paths.StateDir),
+		health: p.Health,
+		crash:  faultpoint.AtStep(p.Log, p.Config.EndpointTestCrashAt),
+		locks:  newOpLocks(),
 
 		liveReport: p.Config.EndpointRestoreLiveReport,
 
@@ -260,10 +259,7 @@ func newManager(p params) (*Manager, error) {
 		reservedIDs: map[uint16]bool{},
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
-		vethCreated: func() { m.crashPoint(CrashVethCreated) }}
-	if m.crashAt != "" {
-		p.Log.Warn("Test fault point armed: the agent kills itself when it creates an endpoint", "step", m.crashAt)
-	}
+		vethCreated: func() { m.crash.At(CrashVethCreated) }}
 
 	// The restore gates three things: allocation of addresses for new
 	// endpoints, readers of the endpoints table (the endpoint map prunes
@@ -290,17 +286,6 @@ func newManager(p params) (*Manager, error) {
 		p.Jobs.Add(job.OneShot("pod-labels", pods.run))
 	}
 	return m, nil
-}
-
-// crashPoint kills the agent at step if --endpoint-test-crash-at asks for
-// it: crash tests use it to stop the agent in the middle of a CNI ADD.
-func (m *Manager) crashPoint(step string) {
-	if m.crashAt != step {
-		return
-	}
-	m.log.Warn("Test fault point: killing the agent", "step", step)
-	syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {}
 }
 
 // waitRestored waits until the restore is done, as long as ctx allows.

@@ -141,7 +141,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 			ep.IPv6 = a.IP
 		}
 	}
-	m.crashPoint(CrashIPAMAllocated)
+	m.crash.At(CrashIPAMAllocated)
 	steps.done("ipam")
 	if err := m.states.create(ep, phaseCreating); err != nil {
 		return ep, err
@@ -189,7 +189,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("state-ready")
-	m.crashPoint(CrashEndpointPersisted)
+	m.crash.At(CrashEndpointPersisted)
 	if err := m.markReady(ep.ID); err != nil {
 		return ep, err
 	}
