@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"os"
 	"strconv"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -23,6 +20,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/internal/faultpoint"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/policy"
 	"github.com/cellium/cellium/pkg/policymap"
@@ -104,23 +102,28 @@ type mapMetrics struct {
 	writes  *prometheus.CounterVec
 	full    prometheus.Counter
 	repairs prometheus.Counter
+	held    *prometheus.GaugeVec
 
-	// crashAfter is --policy-map-test-crash-after; written counts the
-	// writes for it, from the three reconcilers.
-	crashAfter uint32
-	written    atomic.Uint32
-	log        *slog.Logger
+	// crash is --policy-map-test-crash-after: it counts the writes of the
+	// three reconcilers.
+	crash *faultpoint.Count
+	// beforeWrite, when a test sets it, is called before each write or
+	// delete of the policy and enforcement maps.
+	beforeWrite func(m, op string)
+}
+
+// writing is called before a write or delete of map with op.
+func (mm *mapMetrics) writing(m, op string) {
+	if mm.beforeWrite != nil {
+		mm.beforeWrite(m, op)
+	}
 }
 
 // wrote counts a write or delete of map with op, and kills the agent when
 // --policy-map-test-crash-after says this is the one.
 func (mm *mapMetrics) wrote(m, op string) {
 	mm.writes.WithLabelValues(m, op).Inc()
-	if mm.crashAfter != 0 && mm.written.Add(1) == mm.crashAfter {
-		mm.log.Warn("Test fault point: killing the agent after a policy map write", "write", mm.crashAfter, "map", m, "op", op)
-		syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {}
-	}
+	mm.crash.Hit("map", m, "op", op)
 }
 
 func newMetrics() (*mapMetrics, metrics.Collectors) {
@@ -138,8 +141,12 @@ func newMetrics() (*mapMetrics, metrics.Collectors) {
 			Namespace: ns, Subsystem: sub, Name: "repairs_total",
 			Help: "Policy map entries written again because they went missing behind the agent's back",
 		}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "held",
+			Help: "Policy map writes held back for order: enforcement (endpoints whose isolation waits for their allows to be written), allows (keys kept until their endpoint's isolation is off)",
+		}, []string{"what"}),
 	}
-	return m, metrics.NewCollectors(m.writes, m.full, m.repairs)
+	return m, metrics.NewCollectors(m.writes, m.full, m.repairs, m.held)
 }
 
 // refreshInterval is how often every row is checked against the maps
@@ -149,8 +156,10 @@ var refreshInterval = 10 * time.Minute
 func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h cell.Health, m *Maps, mm *mapMetrics,
 	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
 	prefixes statedb.RWTable[*policy.Prefix]) error {
-	mm.crashAfter, mm.log = cfg.PolicyMapTestCrashAfter, log
-	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, failed: map[uint16]*failedEndpoint{}}
+	mm.crash = faultpoint.After(log, cfg.PolicyMapTestCrashAfter, "policy map writes")
+	ord := &order{db: p.DB, entries: entries, enforcement: enforcement, enf: m.Enforcement, trie: m.Policy, metrics: mm,
+		held: map[uint16]map[policymap.Key]bool{}}
+	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, order: ord, failed: map[uint16]*failedEndpoint{}}
 	if _, err := reconciler.Register(p, entries,
 		(*policy.Entry).Clone,
 		func(e *policy.Entry, s reconciler.Status) *policy.Entry { e.Status = s; return e },
@@ -160,7 +169,7 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 	); err != nil {
 		return err
 	}
-	fo := &enforcementOps{log: log, m: m.Enforcement, metrics: mm}
+	fo := &enforcementOps{log: log, m: m.Enforcement, metrics: mm, order: ord}
 	if _, err := reconciler.Register(p, enforcement,
 		(*policy.Enforcement).Clone,
 		func(e *policy.Enforcement, s reconciler.Status) *policy.Enforcement { e.Status = s; return e },
@@ -215,6 +224,7 @@ type entryOps struct {
 	m       *bpfmaps.Map[policymap.Key, policymap.Value]
 	metrics *mapMetrics
 	entries statedb.Table[*policy.Entry]
+	order   *order
 	failed  map[uint16]*failedEndpoint
 }
 
@@ -247,6 +257,7 @@ func (o *entryOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revisi
 		if ok && (got == cookie || refresh) {
 			continue
 		}
+		o.metrics.writing("policy", "update")
 		if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: cookie}); err != nil {
 			if errors.Is(err, unix.ENOSPC) {
 				o.metrics.full.Inc()
@@ -311,9 +322,11 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 			keep[k] = policymap.Cookie(other.Policies)
 		}
 	}
+	var drop []policymap.Key
 	for _, k := range keys {
 		if cookie, ok := keep[k]; ok {
 			if _, got, err := o.has(k); err == nil && got != cookie {
+				o.metrics.writing("policy", "update")
 				if err := o.m.Put(k, policymap.Value{PrefixLen: k.PrefixLen, Cookie: cookie}); err != nil {
 					return fmt.Errorf("policy entry %s: write %s for another entry: %w", e.Key, k, err)
 				}
@@ -321,6 +334,15 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 			}
 			continue
 		}
+		drop = append(drop, k)
+	}
+	// Break after make: while the endpoint's enforcement is on in this
+	// direction and is to be off, its allows stay (see order).
+	if held, err := o.order.holdKeys(e.Key.EndpointID, e.Key.Direction, drop); err != nil || held {
+		return err
+	}
+	for _, k := range drop {
+		o.metrics.writing("policy", "delete")
 		if err := o.m.Delete(k); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue
@@ -341,7 +363,7 @@ func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2
 			want[k] = true
 		}
 	}
-	return o.m.Prune(func(k policymap.Key) bool { return want[k] }, func(k policymap.Key, err error) error {
+	return o.m.Prune(func(k policymap.Key) bool { return want[k] || o.order.isHeld(k) }, func(k policymap.Key, err error) error {
 		if err != nil {
 			return fmt.Errorf("delete stale %s: %w", k, err)
 		}
@@ -351,11 +373,13 @@ func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2
 	})
 }
 
-// enforcementOps writes the enforcement rows.
+// enforcementOps writes the enforcement rows, in order with the allows
+// (see order).
 type enforcementOps struct {
 	log     *slog.Logger
 	m       *bpfmaps.Map[uint32, policymap.Enforcement]
 	metrics *mapMetrics
+	order   *order
 }
 
 func flagsOf(e *policy.Enforcement) uint8 {
@@ -369,19 +393,26 @@ func flagsOf(e *policy.Enforcement) uint8 {
 	return f
 }
 
-func (o *enforcementOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
+func (o *enforcementOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
 	want := policymap.Enforcement{Flags: flagsOf(e)}
 	got, err := o.m.Lookup(uint32(e.EndpointID))
 	switch {
 	case err == nil && got == want:
-		return nil
-	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
+		return o.order.release(e.EndpointID)
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		got = policymap.Enforcement{}
+	case err != nil:
 		return fmt.Errorf("endpoint %d: look up its enforcement: %w", e.EndpointID, err)
 	}
-	if err := o.m.Put(uint32(e.EndpointID), want); err != nil {
-		return fmt.Errorf("endpoint %d: write its enforcement: %w", e.EndpointID, err)
+	// Make before isolate: a direction turns on once the allows are in.
+	if want.Flags&^got.Flags != 0 {
+		if err := o.order.waitAllows(ctx, e.EndpointID); err != nil {
+			return err
+		}
 	}
-	o.metrics.wrote("enforcement", "update")
+	if err := o.order.write(e.EndpointID, want, false); err != nil {
+		return err
+	}
 	if e.Status.Kind == reconciler.StatusKindRefreshing {
 		o.metrics.repairs.Inc()
 		o.log.Warn("Put back an endpoint's policy enforcement that was changed", "endpoint", e.EndpointID,
@@ -391,14 +422,7 @@ func (o *enforcementOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.
 }
 
 func (o *enforcementOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
-	if err := o.m.Delete(uint32(e.EndpointID)); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		return fmt.Errorf("endpoint %d: delete its enforcement: %w", e.EndpointID, err)
-	}
-	o.metrics.wrote("enforcement", "delete")
-	return nil
+	return o.order.write(e.EndpointID, policymap.Enforcement{}, true)
 }
 
 func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*policy.Enforcement, statedb.Revision]) error {

@@ -4,6 +4,8 @@
 // "policy-enforcement" into cellium_policy_enforcement, "policy-prefixes"
 // (ipBlock prefixes and their IDs) into cellium_policy_prefix. The endpoint
 // programs of bpf/lxc.c read them for every new connection.
+// --policy-map-test-crash-after, hidden, kills the agent after its Nth map
+// write (cells/internal/faultpoint), for crash tests.
 //
 // The contract:
 //
@@ -28,6 +30,14 @@
 //     endpoint's allows: it denies more than the policy says, never more
 //     than the policy allows, since enforcement is a map of its own that
 //     cannot be full.
+//   - An endpoint's enforcement and its allows change in order (order.go):
+//     a direction's isolation is written only once none of the endpoint's
+//     entries is Pending (its allows are in), and allows it no longer needs
+//     are removed only once its isolation is off in the map (held until the
+//     enforcement's write, which removes them). An agent killed at any
+//     point leaves every endpoint enforcing its old or its new policy for
+//     its pairs, never dropping a pair both allow. Only the enforcement's
+//     reconciler waits, for the entries', which never waits.
 //   - The refresh rewrites a key that went missing behind the agent's back,
 //     logs what it put back and counts it in cellium_policy_map_repairs_total.
 package policymaps

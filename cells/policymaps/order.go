@@ -1,0 +1,192 @@
+package policymaps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/cellium/cellium/cells/bpfmaps"
+	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/pkg/policymap"
+)
+
+// order orders the writes of an endpoint's enforcement (whether it is
+// isolated, one reconciler) and its allows (another), so that an agent
+// killed at any point leaves each endpoint enforcing its old policy or its
+// new one, never dropping traffic both allow:
+//
+//   - enforcement turns a direction on only once the endpoint's allows are
+//     written: its Update waits until none of the endpoint's entries is
+//     Pending (an entry that failed, the full map, does not hold it back:
+//     its endpoint then denies more than its policy, as documented);
+//   - an allow of a direction the endpoint stops being isolated in is
+//     removed only after its enforcement is off in the map: the entry's
+//     Delete, finding the map still on where the table says off, holds its
+//     keys back (held), and the enforcement's Update removes them right
+//     after writing the flags off.
+//
+// The entries reconciler never waits, so the enforcement's wait always
+// ends. mu makes the entries' check of the map and the enforcement's write
+// with its removal of the held keys one step each, so that no key is held
+// after the write that would remove it.
+type order struct {
+	db          *statedb.DB
+	entries     statedb.Table[*policy.Entry]
+	enforcement statedb.Table[*policy.Enforcement]
+	enf         *bpfmaps.Map[uint32, policymap.Enforcement]
+	trie        *bpfmaps.Map[policymap.Key, policymap.Value]
+	metrics     *mapMetrics
+
+	mu sync.Mutex
+	// held are the keys of removed allows kept in the trie until their
+	// endpoint's enforcement is off, by endpoint.
+	held map[uint16]map[policymap.Key]bool
+}
+
+// waitAllows waits until none of endpoint id's entries is Pending, or ctx
+// ends.
+func (o *order) waitAllows(ctx context.Context, id uint16) error {
+	counted := false
+	defer func() {
+		if counted {
+			o.metrics.held.WithLabelValues("enforcement").Dec()
+		}
+	}()
+	for {
+		entries, watch := o.entries.ListWatch(o.db.ReadTxn(), policy.EntryByEndpoint.Query(id))
+		pending := 0
+		for e := range entries {
+			if e.Status.Kind == reconciler.StatusKindPending {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return nil
+		}
+		if !counted {
+			counted = true
+			o.metrics.held.WithLabelValues("enforcement").Inc()
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			return fmt.Errorf("endpoint %d: its enforcement waits for %d allows to be written: %w", id, pending, ctx.Err())
+		}
+	}
+}
+
+// holdKeys holds back the removal of keys, the allows of endpoint id in
+// direction dir that no entry wants any more, if the endpoint's
+// enforcement in the map is on in dir while its row says off: they are
+// removed once it is off (see release). It says whether it held them.
+func (o *order) holdKeys(id uint16, dir policy.Direction, keys []policymap.Key) (bool, error) {
+	if len(keys) == 0 {
+		return false, nil
+	}
+	bit := policymap.FlagIngress
+	if dir == policy.Egress {
+		bit = policymap.FlagEgress
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cur, err := o.enf.Lookup(uint32(id))
+	switch {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("endpoint %d: look up its enforcement: %w", id, err)
+	case cur.Flags&bit == 0:
+		return false, nil
+	}
+	row, _, found := o.enforcement.Get(o.db.ReadTxn(), policy.EnforcementByEndpoint.Query(id))
+	if !found || flagsOf(row)&bit != 0 {
+		// Still isolated (a narrower policy), or the endpoint is gone:
+		// nothing the old and new policy both allow is lost.
+		return false, nil
+	}
+	if o.held[id] == nil {
+		o.held[id] = map[policymap.Key]bool{}
+	}
+	for _, k := range keys {
+		if !o.held[id][k] {
+			o.held[id][k] = true
+			o.metrics.held.WithLabelValues("allows").Inc()
+		}
+	}
+	return true, nil
+}
+
+// write writes endpoint id's enforcement (delete: removes it), then
+// removes the keys held for it that no entry of it wants.
+func (o *order) write(id uint16, want policymap.Enforcement, delete bool) error {
+	op := "update"
+	if delete {
+		op = "delete"
+	}
+	o.metrics.writing("enforcement", op)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if delete {
+		if err := o.enf.Delete(uint32(id)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("endpoint %d: delete its enforcement: %w", id, err)
+		} else if err == nil {
+			o.metrics.wrote("enforcement", "delete")
+		}
+	} else {
+		if err := o.enf.Put(uint32(id), want); err != nil {
+			return fmt.Errorf("endpoint %d: write its enforcement: %w", id, err)
+		}
+		o.metrics.wrote("enforcement", "update")
+	}
+	return o.releaseLocked(id)
+}
+
+// release removes the keys held for endpoint id that no entry of it
+// wants, with o.mu held.
+func (o *order) releaseLocked(id uint16) error {
+	held := o.held[id]
+	if len(held) == 0 {
+		return nil
+	}
+	wanted := map[policymap.Key]bool{}
+	for e := range o.entries.List(o.db.ReadTxn(), policy.EntryByEndpoint.Query(id)) {
+		ks, _ := keysOf(e.Key)
+		for _, k := range ks {
+			wanted[k] = true
+		}
+	}
+	for k := range held {
+		if !wanted[k] {
+			o.metrics.writing("policy", "delete")
+			if err := o.trie.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("endpoint %d: delete %s, an allow held until its enforcement was off: %w", id, k, err)
+			} else if err == nil {
+				o.metrics.wrote("policy", "delete")
+			}
+		}
+		delete(held, k)
+		o.metrics.held.WithLabelValues("allows").Dec()
+	}
+	delete(o.held, id)
+	return nil
+}
+
+// release is releaseLocked for the enforcement's Update that writes
+// nothing (the map holds what the row wants already).
+func (o *order) release(id uint16) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.releaseLocked(id)
+}
+
+// isHeld says whether k is held: the entries' prune keeps it.
+func (o *order) isHeld(k policymap.Key) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.held[k.Endpoint()][k]
+}

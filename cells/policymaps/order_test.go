@@ -1,0 +1,238 @@
+package policymaps
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
+
+	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/pkg/policymap"
+)
+
+// pair is a TCP connection a policy decides: to or from endpoint ep, in
+// direction dir, with the peer identity id, on port.
+type pair struct {
+	ep   uint16
+	dir  policy.Direction
+	id   uint32
+	port uint16
+}
+
+func (p pair) String() string {
+	return fmt.Sprintf("endpoint %d %s identity %d TCP/%d", p.ep, p.dir, p.id, p.port)
+}
+
+// passes is the datapath's verdict on p from the maps as they are now (as
+// bpf/include/policy.h reads them): it passes unless its endpoint is
+// isolated in its direction and no allow covers it.
+func (a *agent) passes(t *testing.T, p pair) bool {
+	t.Helper()
+	flags, _ := a.enforcementOf(t, p.ep)
+	bit := policymap.FlagIngress
+	if p.dir == policy.Egress {
+		bit = policymap.FlagEgress
+	}
+	if flags&bit == 0 {
+		return true
+	}
+	keys, err := policymap.KeysOf(allowOf(policy.EntryKey{EndpointID: p.ep, Direction: p.dir, Identity: identityOf(p.id),
+		Protocol: unix.IPPROTO_TCP, Port: p.port}))
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("key of %s: %v, %v", p, keys, err)
+	}
+	_, err = a.maps.Policy.Lookup(keys[0])
+	return err == nil
+}
+
+// freezer is the test's hook before every write of the policy and
+// enforcement maps, once armed: it checks that the maps as they are (what
+// an agent killed right there would leave the datapath enforcing) pass
+// every pair of both, and it stops the first write to the map freeze
+// (the reconciler making it stands still, as a killed agent's would)
+// until thaw.
+type freezer struct {
+	a      *agent
+	t      *testing.T
+	both   []pair
+	freeze string
+
+	armed    atomic.Bool
+	once     sync.Once
+	frozen   chan struct{}
+	thawed   chan struct{}
+	thawOnce sync.Once
+
+	mu     sync.Mutex
+	writes int
+	drops  []string
+}
+
+func (f *freezer) before(m, op string) {
+	if !f.armed.Load() {
+		return
+	}
+	f.check(fmt.Sprintf("before write %d (%s %s)", f.count(), m, op))
+	if m == f.freeze {
+		f.once.Do(func() {
+			close(f.frozen)
+			<-f.thawed
+		})
+	}
+}
+
+func (f *freezer) thaw() { f.thawOnce.Do(func() { close(f.thawed) }) }
+
+func (f *freezer) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.writes++
+	return f.writes
+}
+
+// check records each pair of both that the maps drop now.
+func (f *freezer) check(when string) {
+	for _, p := range f.both {
+		if !f.a.passes(f.t, p) {
+			f.mu.Lock()
+			f.drops = append(f.drops, fmt.Sprintf("%s: %s dropped", when, p))
+			f.mu.Unlock()
+		}
+	}
+}
+
+// An endpoint's enforcement and its allows change in order, so that an
+// agent killed at any point leaves the endpoint enforcing its old or its
+// new policy, never dropping a pair both allow: isolation turns on only
+// once its allows are written, and turns off before the allows it no longer
+// needs are removed. Each change is stopped at the first write of the map
+// that must come second (the "kill"), the other reconciler left to go as
+// far as it goes; then the maps must pass every pair the old and the new
+// policy both allow, as they must before every write of the change.
+func TestEnforcementOrderedWithAllows(t *testing.T) {
+	const ep = 21
+	const tcp = unix.IPPROTO_TCP
+	allows := func() []*policy.Entry {
+		return []*policy.Entry{entry(ep, policy.Ingress, 1000, tcp, 80, 0), entry(ep, policy.Ingress, 1001, tcp, 443, 0),
+			entry(ep, policy.Ingress, 1002, tcp, 8000, 8010)}
+	}
+	// Pairs that the open policy (not isolated) and the isolating one
+	// both allow; the isolating one denies denied.
+	both := []pair{{ep, policy.Ingress, 1000, 80}, {ep, policy.Ingress, 1001, 443}, {ep, policy.Ingress, 1002, 8005}}
+	denied := pair{ep, policy.Ingress, 1003, 80}
+	open := func() *policy.Enforcement { return &policy.Enforcement{EndpointID: ep} }
+	isolated := func() *policy.Enforcement { return &policy.Enforcement{EndpointID: ep, Ingress: true} }
+
+	for _, tc := range []struct {
+		name string
+		// from is the old policy; change writes the new one, as the
+		// policy cell does, in one transaction.
+		from   func(a *agent)
+		change func(a *agent)
+		// freeze is the map written second; held is what the other
+		// reconciler waits for meanwhile (policy_map_held{what}).
+		freeze, held string
+		// settled says the other reconciler went as far as the broken
+		// order would take it: the write that must come second done.
+		settled func(a *agent) bool
+		final   func(t *testing.T, a *agent)
+	}{{
+		name:   "isolation on",
+		from:   func(a *agent) { a.put(open()) },
+		change: func(a *agent) { a.put(append([]any{isolated()}, anys(allows())...)...) },
+		freeze: "policy", held: "enforcement",
+		settled: func(a *agent) bool {
+			flags, _ := a.enforcementOf(t, ep)
+			return flags&policymap.FlagIngress != 0
+		},
+		final: func(t *testing.T, a *agent) {
+			if a.passes(t, denied) {
+				t.Errorf("%s passes once the endpoint is isolated", denied)
+			}
+		},
+	}, {
+		name:   "isolation off",
+		from:   func(a *agent) { a.put(append([]any{isolated()}, anys(allows())...)...) },
+		change: func(a *agent) { a.replace(open(), allows()) },
+		freeze: "enforcement", held: "allows",
+		settled: func(a *agent) bool { return len(a.dump(t)) == 0 },
+		final: func(t *testing.T, a *agent) {
+			if keys := a.dump(t); len(keys) != 0 {
+				t.Errorf("allows left once the endpoint is open: %q", keys)
+			}
+			if !a.passes(t, denied) {
+				t.Errorf("%s dropped once the endpoint is open", denied)
+			}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+			f := &freezer{a: a, t: t, both: both, freeze: tc.freeze, frozen: make(chan struct{}), thawed: make(chan struct{})}
+			a.start(t)
+			defer a.stop(t)
+			defer f.thaw() // before the stop, which waits for the reconcilers
+			a.metrics.beforeWrite = f.before
+			tc.from(a)
+			a.done()
+			a.reconciled(t)
+			f.check("the old policy")
+
+			f.armed.Store(true)
+			tc.change(a)
+			select {
+			case <-f.frozen:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no write of the %s map within 10s", tc.freeze)
+			}
+			celltest.Eventually(t, "the other reconciler held, or past the write that must come second", func() (bool, string) {
+				held := testutil.ToFloat64(a.metrics.held.WithLabelValues(tc.held))
+				return held > 0 || tc.settled(a), fmt.Sprintf("policy_map_held{what=%s} %v", tc.held, held)
+			})
+			f.check("killed there")
+			f.thaw()
+			a.reconciled(t)
+			f.armed.Store(false)
+			f.check("the new policy")
+			tc.final(t, a)
+			for _, what := range []string{"enforcement", "allows"} {
+				if held := testutil.ToFloat64(a.metrics.held.WithLabelValues(what)); held != 0 {
+					t.Errorf("policy_map_held{what=%s} %v once reconciled, want 0", what, held)
+				}
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.writes == 0 {
+				t.Fatal("the change wrote nothing")
+			}
+			for _, d := range f.drops {
+				t.Error(d)
+			}
+		})
+	}
+}
+
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// replace writes enf and deletes entries in one transaction.
+func (a *agent) replace(enf *policy.Enforcement, entries []*policy.Entry) {
+	txn := a.db.WriteTxn(a.entries, a.enforcement)
+	enf.Status = reconciler.StatusPending()
+	a.enforcement.Insert(txn, enf)
+	for _, e := range entries {
+		a.entries.Delete(txn, e)
+	}
+	txn.Commit()
+}
