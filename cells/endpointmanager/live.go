@@ -78,17 +78,23 @@ type PolicyView interface {
 	EndpointPolicy(txn statedb.ReadTxn, id uint16) (EndpointPolicy, bool)
 }
 
-// liveMetrics counts the creations waiting for each condition.
+// liveMetrics counts the creations waiting for each condition, and how
+// long each step of the creations took.
 type liveMetrics struct {
 	waiting *prometheus.GaugeVec
+	steps   *prometheus.HistogramVec
 }
 
 func newLiveMetrics() (*liveMetrics, metrics.Collectors) {
 	m := &liveMetrics{waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "cellium", Name: "endpoints_waiting",
 		Help: "New endpoints whose CNI ADD waits for a part of the datapath (for: endpoint-map, programs, policy)",
-	}, []string{"for"})}
-	return m, metrics.NewCollectors(m.waiting)
+	}, []string{"for"}), steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "cellium", Name: "endpoint_create_step_seconds",
+		Help:    "How long each step of the endpoint creations (CNI ADDs) that succeeded took (step: netns, identity, lock, ipam, state, veth, programs, insert, live, route, state-ready, ready)",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+	}, []string{"step"})}
+	return m, metrics.NewCollectors(m.waiting, m.steps)
 }
 
 // waitLive waits until every live condition holds for the endpoint ep,

@@ -84,6 +84,29 @@ func waiting(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return v
 }
 
+// stepObserved is the count and sum of the histogram
+// cellium_endpoint_create_step_seconds{step=step}.
+func stepObserved(t *testing.T, reg *prometheus.Registry, step string) (uint64, float64) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "cellium_endpoint_create_step_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "step" && l.GetValue() == step {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	return 0, 0
+}
+
 // TestCreateWaitsForLive: a creation puts the endpoint in the table as
 // starting, with no host route to the pod and its host side down (the
 // loader attaches its programs so, see cells/loader/tc.go), and waits
@@ -132,6 +155,13 @@ func TestCreateWaitsForLive(t *testing.T) {
 	checkRouted(t, r.ep, true)
 	if got := waiting(t, n.metrics, "gate"); got != 0 {
 		t.Errorf("cellium_endpoints_waiting{for=gate} = %v after the creation, want 0", got)
+	}
+	// Each step of the creation is observed once; the wait for the
+	// gate is in the step "live".
+	for _, step := range []string{"netns", "ipam", "state", "veth", "live", "route", "state-ready", "ready"} {
+		if count, sum := stepObserved(t, n.metrics, step); count != 1 || step == "live" && sum <= 0 {
+			t.Errorf("cellium_endpoint_create_step_seconds{step=%s}: %d observations, %v s in all; want one", step, count, sum)
+		}
 	}
 	g.mu.Lock()
 	revs := g.revs

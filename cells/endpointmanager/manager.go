@@ -194,6 +194,9 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("ready")
+	for i := 0; i+1 < len(steps.out); i += 2 {
+		m.liveMetrics.steps.WithLabelValues(steps.out[i].(string)).Observe(steps.out[i+1].(time.Duration).Seconds())
+	}
 	m.log.Info("Created endpoint", "id", ep.ID, "container", ep.ContainerID, "interface", ep.IfName,
 		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6, slog.Group("live", live...),
 		slog.Group("steps", steps.out...))
