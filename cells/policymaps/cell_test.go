@@ -56,7 +56,7 @@ type agent struct {
 	signal      *pruneSignal
 }
 
-func newAgent(t *testing.T, root string, max uint32) *agent {
+func newAgent(t testing.TB, root string, max uint32) *agent {
 	a := &agent{signal: &pruneSignal{Metrics: reconciler.NewUnpublishedExpVarMetrics(), pruned: make(chan string, 16)}}
 	a.h = celltest.New(bpfmaps.Cell, Cell,
 		cell.Module("test-policy", "Policy tables filled by the test",
@@ -84,14 +84,14 @@ func newAgent(t *testing.T, root string, max uint32) *agent {
 	return a
 }
 
-func (a *agent) start(t *testing.T) {
+func (a *agent) start(t testing.TB) {
 	t.Helper()
 	if err := a.h.Start(hivetest.Logger(t), context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (a *agent) stop(t *testing.T) {
+func (a *agent) stop(t testing.TB) {
 	t.Helper()
 	if err := a.h.Stop(hivetest.Logger(t), context.Background()); err != nil {
 		t.Fatal(err)
