@@ -156,7 +156,7 @@ var refreshInterval = 10 * time.Minute
 func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h cell.Health, m *Maps, mm *mapMetrics,
 	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
 	prefixes statedb.RWTable[*policy.Prefix]) error {
-	mm.crash = faultpoint.After(log, cfg.PolicyMapTestCrashAfter, "policy map writes")
+	mm.crash = faultpoint.After(log, cfg.PolicyMapTestCrashAfter, "policy map write")
 	ord := &order{db: p.DB, entries: entries, enforcement: enforcement, enf: m.Enforcement, trie: m.Policy, metrics: mm,
 		held: map[uint16]map[policymap.Key]bool{}}
 	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, order: ord, failed: map[uint16]*failedEndpoint{}}

@@ -10,7 +10,7 @@
 // that the point is armed.
 //
 //	var crash faultpoint.Count // zero: never
-//	crash = faultpoint.After(log, cfg.TestCrashAfter, "policy map writes")
+//	crash = faultpoint.After(log, cfg.TestCrashAfter, "policy map write")
 //	...
 //	crash.Hit("map", name) // kills at the Nth hit
 package faultpoint
@@ -22,10 +22,11 @@ import (
 	"syscall"
 )
 
-// Kill kills the agent with SIGKILL, logging why with args; it does not
+// Kill kills the agent with SIGKILL, logging "Test fault point: killing
+// the agent" with where (" at ...", " after ...") and args; it does not
 // return.
-func Kill(log *slog.Logger, args ...any) {
-	log.Warn("Test fault point: killing the agent", args...)
+func Kill(log *slog.Logger, where string, args ...any) {
+	log.Warn("Test fault point: killing the agent"+where, args...)
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {}
 }
@@ -48,7 +49,7 @@ func AtStep(log *slog.Logger, step string) Step {
 // At kills the agent if the point is armed at step.
 func (s Step) At(step string) {
 	if s.step != "" && s.step == step {
-		Kill(s.log, "step", step)
+		Kill(s.log, " at a step", "step", step)
 	}
 }
 
@@ -57,15 +58,17 @@ func (s Step) At(step string) {
 type Count struct {
 	log  *slog.Logger
 	n    uint32
+	what string
 	hits atomic.Uint32
 }
 
-// After arms a Count at hit n of what it counts (0 for never).
+// After arms a Count at hit n of what it counts, a "policy map write"
+// say (0 for never).
 func After(log *slog.Logger, n uint32, what string) *Count {
 	if n != 0 {
-		log.Warn("Test fault point armed: the agent kills itself after a number of "+what, "after", n)
+		log.Warn("Test fault point armed: the agent kills itself after a "+what, "after", n)
 	}
-	return &Count{log: log, n: n}
+	return &Count{log: log, n: n, what: what}
 }
 
 // Hit counts a hit and kills the agent at the Nth, logging args.
@@ -74,6 +77,6 @@ func (c *Count) Hit(args ...any) {
 		return
 	}
 	if c.hits.Add(1) == c.n {
-		Kill(c.log, append([]any{"hit", c.n}, args...)...)
+		Kill(c.log, " after a "+c.what, append([]any{"hit", c.n}, args...)...)
 	}
 }

@@ -23,7 +23,7 @@ func child(scenario string) {
 			os.Stdout.WriteString("passed " + step + "\n")
 		}
 	case "count":
-		c := After(log, 3, "writes")
+		c := After(log, 3, "write")
 		for _, w := range []string{"1", "2", "3", "4"} {
 			c.Hit("write", w)
 			os.Stdout.WriteString("passed " + w + "\n")
@@ -31,7 +31,7 @@ func child(scenario string) {
 	case "unarmed":
 		var s Step
 		var c *Count
-		unarmed := After(log, 0, "writes")
+		unarmed := After(log, 0, "write")
 		for range 3 {
 			s.At("")
 			c.Hit()
@@ -75,8 +75,8 @@ func TestKillsWhereArmed(t *testing.T) {
 		killed           bool
 		logs             []string
 	}{
-		{"step", "passed a\n", true, []string{"Test fault point armed", "step=b", "Test fault point: killing the agent"}},
-		{"count", "passed 1\npassed 2\n", true, []string{"after=3", "Test fault point: killing the agent", "hit=3 write=3"}},
+		{"step", "passed a\n", true, []string{"Test fault point armed", "step=b", "Test fault point: killing the agent at a step"}},
+		{"count", "passed 1\npassed 2\n", true, []string{"after=3", "Test fault point: killing the agent after a write", "hit=3 write=3"}},
 		{"unarmed", "passed all\n", false, nil},
 	} {
 		t.Run(tc.scenario, func(t *testing.T) {
