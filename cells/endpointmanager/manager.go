@@ -170,7 +170,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	ep.State = Starting
 	attached := m.attachPrograms(ep)
 	steps.done("programs")
-	rev, err := m.insertNew(ep, attached)
+	rev, err := m.insert(ep, attached)
 	if err != nil {
 		return ep, err
 	}
@@ -380,14 +380,9 @@ func (m *Manager) attachPrograms(ep *Endpoint) bool {
 
 // insert puts ep in the table, for the datapath to pick up: the endpoint
 // map and the programs on its host-side interface; it returns the
-// revision it was written at.
-func (m *Manager) insert(ep *Endpoint) (statedb.Revision, error) {
-	return m.insertNew(ep, false)
-}
-
-// insertNew is insert for a new endpoint whose programs the creation may
-// have attached already: then its Programs status is done.
-func (m *Manager) insertNew(ep *Endpoint, programsAttached bool) (statedb.Revision, error) {
+// revision it was written at. programsAttached says a creation attached
+// its programs already: then its Programs status is done.
+func (m *Manager) insert(ep *Endpoint, programsAttached bool) (statedb.Revision, error) {
 	ep = ep.Clone()
 	ep.MapStatus = reconciler.StatusPending()
 	ep.ProgramStatus = reconciler.StatusPending()
@@ -513,7 +508,7 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 		// idempotent).
 		failed := ep.Clone()
 		failed.State, failed.Error = Deleting, err.Error()
-		if _, ierr := m.insert(failed); ierr != nil {
+		if _, ierr := m.insert(failed, false); ierr != nil {
 			m.log.Error("Mark the endpoint deleting", "id", ep.ID, "container", ep.ContainerID, "error", ierr)
 		}
 		m.log.Error("Endpoint deletion failed half way; a retried DEL finishes it", "id", ep.ID, "container", ep.ContainerID, "error", err)
@@ -731,7 +726,7 @@ func (m *Manager) restoreLocked(ctx context.Context) ([]startingEndpoint, error)
 				}
 			}
 		}
-		rev, err := m.insert(ep)
+		rev, err := m.insert(ep, false)
 		if err != nil {
 			return nil, err
 		}
