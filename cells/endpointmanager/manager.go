@@ -190,7 +190,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	}
 	steps.done("state-ready")
 	m.crash.At(CrashEndpointPersisted)
-	if err := m.markReady(ep.ID); err != nil {
+	if err := m.markState(ep, Ready, nil); err != nil {
 		return ep, err
 	}
 	steps.done("ready")
@@ -399,18 +399,23 @@ func (m *Manager) insert(ep *Endpoint, programsAttached bool) (statedb.Revision,
 	return rev, nil
 }
 
-// markReady makes the starting endpoint id ready in the table. Nothing the
-// datapath reads of it changes: its statuses stay as the reconcilers left
-// them.
-func (m *Manager) markReady(id uint16) error {
+// markState gives the endpoint ep in the table the state, and err's text
+// as its error when err is not nil. Nothing the datapath reads of it
+// changes: its statuses stay as the reconcilers left them. It fails when
+// ep is gone from the table (deleted, or replaced by another endpoint of
+// its ID).
+func (m *Manager) markState(ep *Endpoint, state State, err error) error {
 	txn := m.db.WriteTxn(m.tbl)
 	defer txn.Abort()
-	cur, _, found := m.tbl.Get(txn, EndpointID.Query(id))
-	if !found {
-		return fmt.Errorf("endpoint %d is gone from the table before it was ready", id)
+	cur, _, found := m.tbl.Get(txn, EndpointID.Query(ep.ID))
+	if !found || !sameEndpoint(cur, ep) {
+		return fmt.Errorf("endpoint %d is gone from the table before it was %s", ep.ID, state)
 	}
 	cur = cur.Clone()
-	cur.State = Ready
+	cur.State = state
+	if err != nil {
+		cur.Error = err.Error()
+	}
 	if _, _, err := m.tbl.Insert(txn, cur); err != nil {
 		return err
 	}
@@ -801,7 +806,7 @@ func (m *Manager) routeRestored(ctx context.Context, ep *Endpoint, rev statedb.R
 			return
 		case err != nil:
 			m.log.Error("Restored endpoint could not be routed; its host side stays down", "id", ep.ID, "container", ep.ContainerID, "error", err)
-			m.markNotReady(ep, err)
+			m.markState(ep, NotReady, err) // a deleted endpoint has no state to show
 			return
 		}
 		m.log.Info("Restored endpoint routed once live in the datapath", "id", ep.ID, "container", ep.ContainerID,
@@ -835,24 +840,7 @@ func (m *Manager) routeIfLive(ctx context.Context, ep *Endpoint, rev *statedb.Re
 	if err := routeHost(cur); err != nil {
 		return false, err
 	}
-	return true, m.markReady(cur.ID)
-}
-
-// markNotReady marks the endpoint ep not ready with err, if it is still
-// there.
-func (m *Manager) markNotReady(ep *Endpoint, err error) {
-	txn := m.db.WriteTxn(m.tbl)
-	defer txn.Abort()
-	cur, _, found := m.tbl.Get(txn, EndpointID.Query(ep.ID))
-	if !found || !sameEndpoint(cur, ep) {
-		return
-	}
-	cur = cur.Clone()
-	cur.State, cur.Error = NotReady, err.Error()
-	if _, _, err := m.tbl.Insert(txn, cur); err != nil {
-		return
-	}
-	txn.Commit()
+	return true, m.markState(cur, Ready, nil)
 }
 
 // claim reserves a restored endpoint's addresses for it.
