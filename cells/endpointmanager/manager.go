@@ -703,11 +703,7 @@ func (m *Manager) restoreLocked(ctx context.Context) ([]startingEndpoint, error)
 	var starting []startingEndpoint
 	for _, ep := range keep {
 		before := before[ep.ID]
-		err := m.plumb.plumb(ep, netns.None(), routers, host, true)
-		up := false
-		if err == nil {
-			up, err = hostSideUp(ep)
-		}
+		up, err := m.plumb.plumb(ep, netns.None(), routers, host, true)
 		if err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()

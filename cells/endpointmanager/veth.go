@@ -119,35 +119,35 @@ type plumbing struct {
 // endpoints (see readHost), or nil to read it here. podNS is ep.Netns
 // opened by the caller, or netns.None() to open it here. A host side it
 // makes, or finds down, stays down and without the host's routes to the
-// pod: the caller brings it up and adds them (routeHost) once the
-// datapath has the endpoint, its programs attached and its policy in the
-// maps; before, traffic would reach the pod unchecked. Without
-// withHostRoutes those routes are left out also when the host side is up.
-func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool) error {
+// pod, and hostUp says so: the caller brings it up and adds them
+// (routeHost) once the datapath has the endpoint, its programs attached
+// and its policy in the maps; before, traffic would reach the pod
+// unchecked. Without withHostRoutes those routes are left out also when
+// the host side is up.
+func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool) (hostUp bool, err error) {
 	mtu := p.mtu()
 	if podNS == netns.None() {
-		var err error
 		if podNS, err = openNetns(context.Background(), ep.Netns); err != nil {
-			return err
+			return false, err
 		}
 		defer podNS.Close()
 	}
 	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
 	if err != nil {
-		return fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
+		return false, fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
 	}
 	defer pod.Close()
 
 	hostLink, podLink, created, err := p.ensureVeth(ep, podNS, pod, mtu)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if created {
 		// A new link has no addresses or routes: nothing to read.
 		host = &hostView{}
 	} else if host == nil {
 		if host, err = readHost(); err != nil {
-			return err
+			return false, err
 		}
 	}
 	hostIndex := hostLink.Attrs().Index
@@ -166,7 +166,7 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 		if !host.hasAddr(hostIndex, ll) {
 			a := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ll, 64)), Flags: unix.IFA_F_NODAD}
 			if err := netlink.AddrReplace(hostLink, a); err != nil {
-				return fmt.Errorf("add link-local address %s to %s: %w", ll, ep.HostIfName, err)
+				return false, fmt.Errorf("add link-local address %s to %s: %w", ll, ep.HostIfName, err)
 			}
 		}
 	}
@@ -174,28 +174,29 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 	// routeHost), once the datapath has it: its programs are attached
 	// while it is down, which spares the node's RTNL lock a wait for the
 	// kernel's RCU (see the loader's tc.go).
-	withHostRoutes = withHostRoutes && hostLink.Attrs().Flags&net.FlagUp != 0
+	hostUp = hostLink.Attrs().Flags&net.FlagUp != 0
+	withHostRoutes = withHostRoutes && hostUp
 	if podLink.Attrs().Flags&net.FlagUp == 0 {
 		if err := pod.LinkSetUp(podLink); err != nil {
-			return fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
+			return false, fmt.Errorf("set %s up in netns %s: %w", ep.IfName, ep.Netns, err)
 		}
 	}
 	for _, ip := range ep.IPs() {
 		router, ok := routerOf(ip, routers)
 		if !ok {
-			return fmt.Errorf("no router address for %s: no pod pool of its family", ip)
+			return false, fmt.Errorf("no router address for %s: no pod pool of its family", ip)
 		}
 		// A pod link made here has no addresses or routes yet: it is not
 		// asked (two dumps of the pod's namespace per address).
 		if created || !hasAddr(pod, podLink, ip) {
 			if err := pod.AddrReplace(podLink, hostAddr(ip)); err != nil {
-				return fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
+				return false, fmt.Errorf("add %s to %s in netns %s: %w", ip, ep.IfName, ep.Netns, err)
 			}
 		}
 		var podRouteList []netlink.Route
 		if !created {
 			if podRouteList, err = pod.RouteList(podLink, family(ip)); err != nil {
-				return fmt.Errorf("list routes in netns %s: %w", ep.Netns, err)
+				return false, fmt.Errorf("list routes in netns %s: %w", ep.Netns, err)
 			}
 		}
 		for _, r := range podRoutes(podLink.Attrs().Index, router) {
@@ -203,24 +204,24 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 				continue
 			}
 			if err := pod.RouteReplace(r); err != nil {
-				return fmt.Errorf("add route %s in netns %s: %w", routeString(r), ep.Netns, err)
+				return false, fmt.Errorf("add route %s in netns %s: %w", routeString(r), ep.Netns, err)
 			}
 		}
 		if !host.hasAddr(hostIndex, router) {
 			if err := netlink.AddrReplace(hostLink, hostAddr(router)); err != nil {
-				return fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
+				return false, fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
 			}
 		}
 		if r := hostRoute(hostIndex, ip); withHostRoutes && !host.hasRoute(ip, hostIndex) {
 			if err := netlink.RouteReplace(r); err != nil {
-				return fmt.Errorf("add route %s: %w", routeString(r), err)
+				return false, fmt.Errorf("add route %s: %w", routeString(r), err)
 			}
 		}
 	}
 	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
 	ep.HostMAC = MAC(hostLink.Attrs().HardwareAddr)
 	ep.HostIfIndex = hostIndex
-	return nil
+	return hostUp, nil
 }
 
 // plumbNew makes the kernel side of a new endpoint, as plumb does, with
@@ -323,15 +324,6 @@ func randomMAC() net.HardwareAddr {
 	rand.Read(mac)
 	mac[0] = mac[0]&^0x01 | 0x02
 	return mac
-}
-
-// hostSideUp says whether ep's host side is up.
-func hostSideUp(ep *Endpoint) (bool, error) {
-	link, err := netlink.LinkByIndex(ep.HostIfIndex)
-	if err != nil {
-		return false, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
-	}
-	return link.Attrs().Flags&net.FlagUp != 0, nil
 }
 
 // routeHost brings a new endpoint's host side up and adds the host's
