@@ -2,12 +2,10 @@ package drift_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cilium/hive/cell"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/cells/internal/drift"
@@ -34,28 +32,7 @@ func TestFollowerListsWithoutDisturbingOtherSubscribers(t *testing.T) {
 	defer ns.Close()
 
 	// The other subscriber.
-	var (
-		mu     sync.Mutex
-		errs   []error
-		done   = make(chan struct{})
-		others = make(chan netlink.LinkUpdate, 64)
-	)
-	err = netlink.LinkSubscribeWithOptions(others, done, netlink.LinkSubscribeOptions{
-		Namespace: &ns,
-		ErrorCallback: func(err error) {
-			mu.Lock()
-			errs = append(errs, err)
-			mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatalf("subscribe: %v", err)
-	}
-	defer func() {
-		close(done)
-		for range others {
-		}
-	}()
+	other := drift.NewLinkWitness(t, ns)
 
 	batches := make(chan drift.Batch, 16)
 	f := &drift.Follower{Netns: n.Path(), Links: true, Handle: func(_ context.Context, b drift.Batch) { batches <- b }}
@@ -82,26 +59,9 @@ func TestFollowerListsWithoutDisturbingOtherSubscribers(t *testing.T) {
 
 	// A change after the listing: once the other subscriber has it, it
 	// has every message sent to it before.
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatalf("handle: %v", err)
-	}
-	defer h.Close()
-	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "marker0"}, PeerName: "marker1"}); err != nil {
-		t.Fatalf("add marker0: %v", err)
-	}
-	deadline := time.After(10 * time.Second)
-	for seen := false; !seen; {
-		select {
-		case u := <-others:
-			seen = u.Attrs().Name == "marker0"
-		case <-deadline:
-			t.Fatal("the other subscriber did not see marker0 after 10s")
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, err := range errs {
+	drift.AddMarker(t, ns)
+	drift.AwaitMarker(t, "the other subscriber", other.Updates)
+	for _, err := range other.Errors() {
 		t.Errorf("the other subscriber got an error: %v", err)
 	}
 }

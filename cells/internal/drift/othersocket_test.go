@@ -2,9 +2,7 @@ package drift
 
 import (
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -31,29 +29,8 @@ func TestOtherSocketsMessageIsNoSubscriptionError(t *testing.T) {
 	}
 	defer s.close()
 
-	// A witness beside it in the group, which keeps what netlink reports.
-	var (
-		mu      sync.Mutex
-		reports []error
-		done    = make(chan struct{})
-		witness = make(chan netlink.LinkUpdate, 64)
-	)
-	err = netlink.LinkSubscribeWithOptions(witness, done, netlink.LinkSubscribeOptions{
-		Namespace: &ns,
-		ErrorCallback: func(err error) {
-			mu.Lock()
-			reports = append(reports, err)
-			mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatalf("subscribe the witness: %v", err)
-	}
-	defer func() {
-		close(done)
-		for range witness {
-		}
-	}()
+	// A witness beside it in the group.
+	witness := NewLinkWitness(t, ns)
 
 	// The other program.
 	otherDone := make(chan struct{})
@@ -67,43 +44,19 @@ func TestOtherSocketsMessageIsNoSubscriptionError(t *testing.T) {
 		}
 	}()
 
-	// A change made after the dump request: once a subscriber has it, it
-	// has received the request before.
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatalf("handle: %v", err)
-	}
-	defer h.Close()
-	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "marker0"}, PeerName: "marker1"}); err != nil {
-		t.Fatalf("add marker0: %v", err)
-	}
-	awaitMarker := func(who string, ch <-chan netlink.LinkUpdate) {
-		t.Helper()
-		deadline := time.After(10 * time.Second)
-		for {
-			select {
-			case u := <-ch:
-				if u.Attrs().Name == "marker0" {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("%s did not see marker0 after 10s", who)
-			}
-		}
-	}
-	awaitMarker("the witness", witness)
-	awaitMarker("the subscription", s.links)
+	// A change made after the dump request.
+	AddMarker(t, ns)
+	AwaitMarker(t, "the witness", witness.Updates)
+	AwaitMarker(t, "the subscription", s.links)
 
-	mu.Lock()
 	foreign := 0
-	for _, err := range reports {
+	for _, err := range witness.Errors() {
 		if FromOtherSocket(err) {
 			foreign++
 		}
 	}
-	mu.Unlock()
 	if foreign == 0 {
-		t.Fatalf("the witness got no message of another socket (reports %v): the test did not make one", reports)
+		t.Fatalf("the witness got no message of another socket (reports %v): the test did not make one", witness.Errors())
 	}
 	if err := s.ended("link"); strings.Contains(err.Error(), "portid") {
 		t.Errorf("the subscription's end says %q, want no message of another socket in it", err)
