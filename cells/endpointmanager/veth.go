@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -239,21 +240,14 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 	}
 	defer pod.Close()
 	hostMAC, podMAC := randomMAC(), randomMAC()
-	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu, HardwareAddr: hostMAC},
-		PeerName:         ep.IfName,
-		PeerNamespace:    netlink.NsFd(podNS),
-		PeerMTU:          uint32(mtu),
-		PeerHardwareAddr: podMAC,
-	}
-	err = netlink.LinkAdd(veth)
+	hostIndex, podIndex, err := addVeth(ep.HostIfName, hostMAC, ep.IfName, podMAC, podNS, mtu)
 	if errors.Is(err, unix.EEXIST) {
 		if removed, err = unplumb(ep.HostIfName); err != nil {
 			return false, err
 		}
 		err = unix.EEXIST
 		if removed {
-			err = netlink.LinkAdd(veth)
+			hostIndex, podIndex, err = addVeth(ep.HostIfName, hostMAC, ep.IfName, podMAC, podNS, mtu)
 		}
 		if _, lerr := pod.LinkByName(ep.IfName); errors.Is(err, unix.EEXIST) && lerr == nil {
 			return removed, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
@@ -265,23 +259,19 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 	if p.vethCreated != nil {
 		p.vethCreated()
 	}
-	// LinkAdd looked the new host side up for its index.
-	hostIndex := veth.Index
-	if hostIndex == 0 {
+	if hostIndex == 0 || podIndex == 0 {
+		// A kernel that does not echo the new link: look the pair up.
 		link, err := netlink.LinkByName(ep.HostIfName)
 		if err != nil {
 			return removed, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
 		}
-		hostIndex = link.Attrs().Index
+		hostIndex, podIndex = link.Attrs().Index, link.Attrs().ParentIndex
 	}
 	host := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: hostIndex, Name: ep.HostIfName}}
+	podLink := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: podIndex, Name: ep.IfName, HardwareAddr: podMAC}}
 	// See ensureVeth: the filters' qdisc, made before they are added.
 	if err := AddClsact(hostIndex); err != nil {
 		return removed, fmt.Errorf("add a clsact qdisc to %s: %w", ep.HostIfName, err)
-	}
-	podLink, err := pod.LinkByName(ep.IfName)
-	if err != nil {
-		return removed, fmt.Errorf("look up %s in netns %s: %w", ep.IfName, ep.Netns, err)
 	}
 	// As in plumb: the host side's link-local address, usable at once.
 	if ep.IPv6.IsValid() {
@@ -311,10 +301,48 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 			return removed, fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
 		}
 	}
-	ep.MAC = MAC(podLink.Attrs().HardwareAddr)
+	ep.MAC = MAC(podMAC)
 	ep.HostMAC = MAC(hostMAC)
 	ep.HostIfIndex = hostIndex
 	return removed, nil
+}
+
+// addVeth makes a veth pair in one request: the host side hostName in the
+// agent's netns and the pod side podName in podNS, both down, with the
+// given MACs and MTU. The kernel echoes the new host side (NLM_F_ECHO),
+// whose link is the pod side's index: it returns both indexes, or zeros
+// when the kernel did not echo it.
+func addVeth(hostName string, hostMAC net.HardwareAddr, podName string, podMAC net.HardwareAddr, podNS netns.NsHandle, mtu int) (hostIndex, podIndex int, err error) {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu))))
+	req.AddData(nl.NewRtAttr(unix.IFLA_ADDRESS, hostMAC))
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
+	peer := info.AddRtAttr(nl.IFLA_INFO_DATA, nil).AddRtAttr(nl.VETH_INFO_PEER, nil)
+	// Not up yet: the kernel configures the peer before it is one.
+	nl.NewIfInfomsgChild(peer, unix.AF_UNSPEC)
+	peer.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(podName))
+	peer.AddRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu)))
+	peer.AddRtAttr(unix.IFLA_ADDRESS, podMAC)
+	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(podNS)))
+	req.AddData(info)
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	if err != nil || len(msgs) == 0 || len(msgs[0]) < unix.SizeofIfInfomsg {
+		return 0, 0, err
+	}
+	hostIndex = int(nl.DeserializeIfInfomsg(msgs[0]).Index)
+	attrs, err := nl.ParseRouteAttr(msgs[0][unix.SizeofIfInfomsg:])
+	if err != nil {
+		return 0, 0, nil
+	}
+	for _, a := range attrs {
+		if a.Attr.Type == unix.IFLA_LINK && len(a.Value) == 4 {
+			podIndex = int(nl.NativeEndian().Uint32(a.Value))
+		}
+	}
+	return hostIndex, podIndex, nil
 }
 
 // randomMAC is a random unicast, locally administered MAC address, as the
