@@ -338,7 +338,7 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 	}
 	// Break after make: while the endpoint's enforcement is on in this
 	// direction and is to be off, its allows stay (see order).
-	if held, err := o.order.holdKeys(e.Key.EndpointID, e.Key.Direction, drop); err != nil || held {
+	if held, err := o.order.holdKeys(txn, e.Key.EndpointID, e.Key.Direction, drop); err != nil || held {
 		return err
 	}
 	for _, k := range drop {
@@ -393,12 +393,10 @@ func flagsOf(e *policy.Enforcement) uint8 {
 	return f
 }
 
-func (o *enforcementOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
+func (o *enforcementOps) Update(ctx context.Context, _ statedb.ReadTxn, rev statedb.Revision, e *policy.Enforcement) error {
 	want := policymap.Enforcement{Flags: flagsOf(e)}
 	got, err := o.m.Lookup(uint32(e.EndpointID))
 	switch {
-	case err == nil && got == want:
-		return o.order.release(e.EndpointID)
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		got = policymap.Enforcement{}
 	case err != nil:
@@ -406,14 +404,15 @@ func (o *enforcementOps) Update(ctx context.Context, _ statedb.ReadTxn, _ stated
 	}
 	// Make before isolate: a direction turns on once the allows are in.
 	if want.Flags&^got.Flags != 0 {
-		if err := o.order.waitAllows(ctx, e.EndpointID); err != nil {
+		if current, err := o.order.waitAllows(ctx, e.EndpointID, rev); err != nil || !current {
 			return err
 		}
 	}
-	if err := o.order.write(e.EndpointID, want, false); err != nil {
+	wrote, err := o.order.write(e.EndpointID, rev, want)
+	if err != nil {
 		return err
 	}
-	if e.Status.Kind == reconciler.StatusKindRefreshing {
+	if wrote && e.Status.Kind == reconciler.StatusKindRefreshing {
 		o.metrics.repairs.Inc()
 		o.log.Warn("Put back an endpoint's policy enforcement that was changed", "endpoint", e.EndpointID,
 			"ingress", e.Ingress, "egress", e.Egress)
@@ -422,7 +421,7 @@ func (o *enforcementOps) Update(ctx context.Context, _ statedb.ReadTxn, _ stated
 }
 
 func (o *enforcementOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, e *policy.Enforcement) error {
-	return o.order.write(e.EndpointID, policymap.Enforcement{}, true)
+	return o.order.remove(e.EndpointID)
 }
 
 func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*policy.Enforcement, statedb.Revision]) error {

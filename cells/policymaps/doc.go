@@ -36,7 +36,10 @@
 //     are removed only once its isolation is off in the map (held until the
 //     enforcement's write, which removes them). An agent killed at any
 //     point leaves every endpoint enforcing its old or its new policy for
-//     its pairs, never dropping a pair both allow. Only the enforcement's
+//     its pairs, never dropping a pair both allow. A row that moved on
+//     while its isolation waited is not written (the newer one is), and an
+//     entry's Delete judges the hold by the enforcement row of its own
+//     transaction. Only the enforcement's
 //     reconciler waits, for the entries', which never waits.
 //   - The refresh rewrites a key that went missing behind the agent's back,
 //     logs what it put back and counts it in cellium_policy_map_repairs_total.

@@ -49,8 +49,11 @@ type order struct {
 }
 
 // waitAllows waits until none of endpoint id's entries is Pending, or ctx
-// ends.
-func (o *order) waitAllows(ctx context.Context, id uint16) error {
+// ends. It says false, without waiting further, once the endpoint's
+// enforcement row is no longer at revision rev (the one being reconciled):
+// the allows it waits for may be gone, and the newer row is reconciled
+// next.
+func (o *order) waitAllows(ctx context.Context, id uint16, rev statedb.Revision) (bool, error) {
 	counted := false
 	defer func() {
 		if counted {
@@ -58,7 +61,12 @@ func (o *order) waitAllows(ctx context.Context, id uint16) error {
 		}
 	}()
 	for {
-		entries, watch := o.entries.ListWatch(o.db.ReadTxn(), policy.EntryByEndpoint.Query(id))
+		txn := o.db.ReadTxn()
+		_, cur, rowWatch, found := o.enforcement.GetWatch(txn, policy.EnforcementByEndpoint.Query(id))
+		if !found || cur != rev {
+			return false, nil
+		}
+		entries, watch := o.entries.ListWatch(txn, policy.EntryByEndpoint.Query(id))
 		pending := 0
 		for e := range entries {
 			if e.Status.Kind == reconciler.StatusKindPending {
@@ -66,7 +74,7 @@ func (o *order) waitAllows(ctx context.Context, id uint16) error {
 			}
 		}
 		if pending == 0 {
-			return nil
+			return true, nil
 		}
 		if !counted {
 			counted = true
@@ -74,17 +82,19 @@ func (o *order) waitAllows(ctx context.Context, id uint16) error {
 		}
 		select {
 		case <-watch:
+		case <-rowWatch:
 		case <-ctx.Done():
-			return fmt.Errorf("endpoint %d: its enforcement waits for %d allows to be written: %w", id, pending, ctx.Err())
+			return false, fmt.Errorf("endpoint %d: its enforcement waits for %d allows to be written: %w", id, pending, ctx.Err())
 		}
 	}
 }
 
 // holdKeys holds back the removal of keys, the allows of endpoint id in
 // direction dir that no entry wants any more, if the endpoint's
-// enforcement in the map is on in dir while its row says off: they are
-// removed once it is off (see release). It says whether it held them.
-func (o *order) holdKeys(id uint16, dir policy.Direction, keys []policymap.Key) (bool, error) {
+// enforcement in the map is on in dir while its row in txn (the entries
+// reconciler's, in which the allows are gone) says off: they are removed
+// once it is off (see releaseLocked). It says whether it held them.
+func (o *order) holdKeys(txn statedb.ReadTxn, id uint16, dir policy.Direction, keys []policymap.Key) (bool, error) {
 	if len(keys) == 0 {
 		return false, nil
 	}
@@ -103,7 +113,7 @@ func (o *order) holdKeys(id uint16, dir policy.Direction, keys []policymap.Key) 
 	case cur.Flags&bit == 0:
 		return false, nil
 	}
-	row, _, found := o.enforcement.Get(o.db.ReadTxn(), policy.EnforcementByEndpoint.Query(id))
+	row, _, found := o.enforcement.Get(txn, policy.EnforcementByEndpoint.Query(id))
 	if !found || flagsOf(row)&bit != 0 {
 		// Still isolated (a narrower policy), or the endpoint is gone:
 		// nothing the old and new policy both allow is lost.
@@ -121,32 +131,50 @@ func (o *order) holdKeys(id uint16, dir policy.Direction, keys []policymap.Key) 
 	return true, nil
 }
 
-// write writes endpoint id's enforcement (delete: removes it), then
-// removes the keys held for it that no entry of it wants.
-func (o *order) write(id uint16, want policymap.Enforcement, delete bool) error {
-	op := "update"
-	if delete {
-		op = "delete"
+// write writes want as endpoint id's enforcement if its row is still at
+// revision rev (the one being reconciled) and the map holds something else,
+// then removes the keys held for it that no entry of it wants. A row that
+// moved on writes nothing: what it wanted may no longer be in order with
+// the allows (an isolation whose allows were removed since), and the newer
+// row is reconciled next. It says whether it wrote.
+func (o *order) write(id uint16, rev statedb.Revision, want policymap.Enforcement) (bool, error) {
+	got, err := o.enf.Lookup(uint32(id))
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, fmt.Errorf("endpoint %d: look up its enforcement: %w", id, err)
 	}
-	o.metrics.writing("enforcement", op)
+	put := err != nil || got != want
+	if put {
+		o.metrics.writing("enforcement", "update")
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if delete {
-		if err := o.enf.Delete(uint32(id)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("endpoint %d: delete its enforcement: %w", id, err)
-		} else if err == nil {
-			o.metrics.wrote("enforcement", "delete")
-		}
-	} else {
+	if _, cur, found := o.enforcement.Get(o.db.ReadTxn(), policy.EnforcementByEndpoint.Query(id)); !found || cur != rev {
+		return false, nil
+	}
+	if put {
 		if err := o.enf.Put(uint32(id), want); err != nil {
-			return fmt.Errorf("endpoint %d: write its enforcement: %w", id, err)
+			return false, fmt.Errorf("endpoint %d: write its enforcement: %w", id, err)
 		}
 		o.metrics.wrote("enforcement", "update")
+	}
+	return put, o.releaseLocked(id)
+}
+
+// remove removes endpoint id's enforcement (its row is gone), then the
+// keys held for it that no entry of it wants.
+func (o *order) remove(id uint16) error {
+	o.metrics.writing("enforcement", "delete")
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.enf.Delete(uint32(id)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("endpoint %d: delete its enforcement: %w", id, err)
+	} else if err == nil {
+		o.metrics.wrote("enforcement", "delete")
 	}
 	return o.releaseLocked(id)
 }
 
-// release removes the keys held for endpoint id that no entry of it
+// releaseLocked removes the keys held for endpoint id that no entry of it
 // wants, with o.mu held.
 func (o *order) releaseLocked(id uint16) error {
 	held := o.held[id]
@@ -174,14 +202,6 @@ func (o *order) releaseLocked(id uint16) error {
 	}
 	delete(o.held, id)
 	return nil
-}
-
-// release is releaseLocked for the enforcement's Update that writes
-// nothing (the map holds what the row wants already).
-func (o *order) release(id uint16) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.releaseLocked(id)
 }
 
 // isHeld says whether k is held: the entries' prune keeps it.

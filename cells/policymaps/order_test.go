@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
@@ -55,24 +56,39 @@ func (a *agent) passes(t *testing.T, p pair) bool {
 // freezer is the test's hook before every write of the policy and
 // enforcement maps, once armed: it checks that the maps as they are (what
 // an agent killed right there would leave the datapath enforcing) pass
-// every pair of both, and it stops the first write to the map freeze
-// (the reconciler making it stands still, as a killed agent's would)
-// until thaw.
+// every pair of both, and it stops the first write to each map it has a
+// gate for (the reconciler making it stands still, as a killed agent's
+// would) until that gate is thawed.
 type freezer struct {
-	a      *agent
-	t      *testing.T
-	both   []pair
-	freeze string
+	a     *agent
+	t     *testing.T
+	both  []pair
+	gates map[string]*gate
 
-	armed    atomic.Bool
-	once     sync.Once
-	frozen   chan struct{}
-	thawed   chan struct{}
-	thawOnce sync.Once
+	armed atomic.Bool
 
 	mu     sync.Mutex
 	writes int
 	drops  []string
+}
+
+// gate stops the first write to one map until thaw.
+type gate struct {
+	once     sync.Once
+	frozen   chan struct{}
+	thawed   chan struct{}
+	thawOnce sync.Once
+}
+
+func (g *gate) thaw() { g.thawOnce.Do(func() { close(g.thawed) }) }
+
+// newFreezer freezes the first write to each of maps.
+func newFreezer(a *agent, t *testing.T, both []pair, maps ...string) *freezer {
+	f := &freezer{a: a, t: t, both: both, gates: map[string]*gate{}}
+	for _, m := range maps {
+		f.gates[m] = &gate{frozen: make(chan struct{}), thawed: make(chan struct{})}
+	}
+	return f
 }
 
 func (f *freezer) before(m, op string) {
@@ -80,15 +96,35 @@ func (f *freezer) before(m, op string) {
 		return
 	}
 	f.check(fmt.Sprintf("before write %d (%s %s)", f.count(), m, op))
-	if m == f.freeze {
-		f.once.Do(func() {
-			close(f.frozen)
-			<-f.thawed
+	if g := f.gates[m]; g != nil {
+		g.once.Do(func() {
+			close(g.frozen)
+			<-g.thawed
 		})
 	}
 }
 
-func (f *freezer) thaw() { f.thawOnce.Do(func() { close(f.thawed) }) }
+// frozen waits until the first write to m is frozen.
+func (f *freezer) frozen(m string) {
+	f.t.Helper()
+	select {
+	case <-f.gates[m].frozen:
+	case <-time.After(10 * time.Second):
+		f.t.Fatalf("no write of the %s map within 10s", m)
+	}
+}
+
+// thaw lets the writes of maps (all, if none) go on.
+func (f *freezer) thaw(maps ...string) {
+	if len(maps) == 0 {
+		for _, g := range f.gates {
+			g.thaw()
+		}
+	}
+	for _, m := range maps {
+		f.gates[m].thaw()
+	}
+}
 
 func (f *freezer) count() int {
 	f.mu.Lock()
@@ -174,7 +210,7 @@ func TestEnforcementOrderedWithAllows(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAgent(t, bpfmapstest.Root(t), 1<<16)
-			f := &freezer{a: a, t: t, both: both, freeze: tc.freeze, frozen: make(chan struct{}), thawed: make(chan struct{})}
+			f := newFreezer(a, t, both, tc.freeze)
 			a.start(t)
 			defer a.stop(t)
 			defer f.thaw() // before the stop, which waits for the reconcilers
@@ -186,11 +222,7 @@ func TestEnforcementOrderedWithAllows(t *testing.T) {
 
 			f.armed.Store(true)
 			tc.change(a)
-			select {
-			case <-f.frozen:
-			case <-time.After(10 * time.Second):
-				t.Fatalf("no write of the %s map within 10s", tc.freeze)
-			}
+			f.frozen(tc.freeze)
 			celltest.Eventually(t, "the other reconciler held, or past the write that must come second", func() (bool, string) {
 				held := testutil.ToFloat64(a.metrics.held.WithLabelValues(tc.held))
 				return held > 0 || tc.settled(a), fmt.Sprintf("policy_map_held{what=%s} %v", tc.held, held)
@@ -235,4 +267,127 @@ func (a *agent) replace(enf *policy.Enforcement, entries []*policy.Entry) {
 		a.entries.Delete(txn, e)
 	}
 	txn.Commit()
+}
+
+// allReconciled waits until every row of tbl is Done.
+func allReconciled[T any](t *testing.T, a *agent, what string, tbl statedb.Table[T], status func(T) reconciler.Status) {
+	t.Helper()
+	celltest.Eventually(t, what+" reconciled", func() (bool, string) {
+		for r := range tbl.All(a.db.ReadTxn()) {
+			if s := status(r); s.Kind != reconciler.StatusKindDone {
+				return false, fmt.Sprintf("%+v", r)
+			}
+		}
+		return true, ""
+	})
+}
+
+func entryStatus(e *policy.Entry) reconciler.Status             { return e.Status }
+func enforcementStatus(e *policy.Enforcement) reconciler.Status { return e.Status }
+
+// verify fails t with each drop the freezer saw.
+func (f *freezer) verify(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.drops {
+		t.Error(d)
+	}
+	for _, what := range []string{"enforcement", "allows"} {
+		if held := testutil.ToFloat64(f.a.metrics.held.WithLabelValues(what)); held != 0 {
+			t.Errorf("policy_map_held{what=%s} %v once reconciled, want 0", what, held)
+		}
+	}
+}
+
+// An isolation whose reconciler waited for its allows is not written once
+// its row has moved on: open, then isolated with an allow (its write
+// frozen), then open again without it before the allow was written. The
+// enforcement's wait ends when the allow's row goes; writing the isolation
+// then would isolate the endpoint with none of its allows.
+func TestStaleIsolationNotWritten(t *testing.T) {
+	const ep = 22
+	allow := func() []*policy.Entry {
+		return []*policy.Entry{entry(ep, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)}
+	}
+	// The first and last policy are open: they allow anything.
+	both := []pair{{ep, policy.Ingress, 1000, 80}, {ep, policy.Ingress, 1003, 80}}
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	f := newFreezer(a, t, both, "policy")
+	a.start(t)
+	defer a.stop(t)
+	defer f.thaw()
+	a.metrics.beforeWrite = f.before
+	a.put(&policy.Enforcement{EndpointID: ep})
+	a.done()
+	a.reconciled(t)
+
+	f.armed.Store(true)
+	a.put(append([]any{&policy.Enforcement{EndpointID: ep, Ingress: true}}, anys(allow())...)...)
+	f.frozen("policy")
+	celltest.Eventually(t, "the isolation waiting for its allow", func() (bool, string) {
+		held := testutil.ToFloat64(a.metrics.held.WithLabelValues("enforcement"))
+		return held > 0, fmt.Sprintf("policy_map_held{what=enforcement} %v", held)
+	})
+	a.replace(&policy.Enforcement{EndpointID: ep}, allow())
+	allReconciled(t, a, "enforcement", statedb.Table[*policy.Enforcement](a.enforcement), enforcementStatus)
+	f.check("killed there")
+	f.thaw()
+	a.reconciled(t)
+	f.armed.Store(false)
+	f.check("the last policy")
+	if flags, _ := a.enforcementOf(t, ep); flags != 0 {
+		t.Errorf("enforcement flags %#x once open again, want 0", flags)
+	}
+	if keys := a.dump(t); len(keys) != 0 {
+		t.Errorf("allows left once open again: %q", keys)
+	}
+	f.verify(t)
+}
+
+// The allows an entry's removal holds back are decided with the entries
+// reconciler's own view of the enforcement row, the one in which the
+// allows are gone: isolated with allow X, then open without X (the
+// enforcement's write frozen: the map stays isolated), then isolated with
+// X again before the entries reconciler removed X. Judged by the newest
+// row (isolated), X's removal would not be held and X would be missing
+// from the isolated endpoint until written again.
+func TestHeldAcrossReisolation(t *testing.T) {
+	const ep = 23
+	x := func() *policy.Entry { return entry(ep, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0) }
+	isolated := func() *policy.Enforcement { return &policy.Enforcement{EndpointID: ep, Ingress: true} }
+	// The first and last policy allow X; the middle one is open.
+	both := []pair{{ep, policy.Ingress, 1000, 80}}
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	f := newFreezer(a, t, both, "policy", "enforcement")
+	a.start(t)
+	defer a.stop(t)
+	defer f.thaw()
+	a.metrics.beforeWrite = f.before
+	a.put(isolated(), x())
+	a.done()
+	a.reconciled(t)
+
+	f.armed.Store(true)
+	// Open, with a new egress allow Y written first, so that the entries
+	// reconciler stops at Y holding the view in which X is gone.
+	txn := a.db.WriteTxn(a.entries, a.enforcement)
+	a.enforcement.Insert(txn, &policy.Enforcement{EndpointID: ep, Status: reconciler.StatusPending()})
+	a.entries.Insert(txn, entry(ep, policy.Egress, 2000, unix.IPPROTO_TCP, 53, 0))
+	a.entries.Delete(txn, x())
+	txn.Commit()
+	f.frozen("policy")
+	f.frozen("enforcement")
+	a.put(isolated(), x())
+	f.thaw("policy")
+	allReconciled(t, a, "entries", statedb.Table[*policy.Entry](a.entries), entryStatus)
+	f.check("killed there")
+	f.thaw()
+	a.reconciled(t)
+	f.armed.Store(false)
+	f.check("the last policy")
+	if flags, _ := a.enforcementOf(t, ep); flags != policymap.FlagIngress {
+		t.Errorf("enforcement flags %#x once isolated again, want ingress", flags)
+	}
+	f.verify(t)
 }
