@@ -354,8 +354,9 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 	return nil
 }
 
-// Prune removes the keys no entry wants.
-func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2[*policy.Entry, statedb.Revision]) error {
+// Prune removes the keys no entry wants, but those whose endpoint's
+// isolation is to turn off first (see order.keepPruned).
+func (o *entryOps) Prune(_ context.Context, txn statedb.ReadTxn, entries iter.Seq2[*policy.Entry, statedb.Revision]) error {
 	want := map[policymap.Key]bool{}
 	for e := range entries {
 		ks, _ := keysOf(e.Key)
@@ -363,7 +364,7 @@ func (o *entryOps) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2
 			want[k] = true
 		}
 	}
-	return o.m.Prune(func(k policymap.Key) bool { return want[k] || o.order.isHeld(k) }, func(k policymap.Key, err error) error {
+	return o.m.Prune(func(k policymap.Key) bool { return want[k] || o.order.keepPruned(txn, k) }, func(k policymap.Key, err error) error {
 		if err != nil {
 			return fmt.Errorf("delete stale %s: %w", k, err)
 		}

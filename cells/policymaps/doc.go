@@ -39,7 +39,9 @@
 //     its pairs, never dropping a pair both allow. A row that moved on
 //     while its isolation waited is not written (the newer one is), and an
 //     entry's Delete judges the hold by the enforcement row of its own
-//     transaction. Only the enforcement's
+//     transaction; the entries' prune holds keys as that Delete does (a
+//     restart finds the map isolated where the row says open). Only the
+//     enforcement's
 //     reconciler waits, for the entries', which never waits.
 //   - The refresh rewrites a key that went missing behind the agent's back,
 //     logs what it put back and counts it in cellium_policy_map_repairs_total.

@@ -104,6 +104,32 @@ func (o *order) holdKeys(txn statedb.ReadTxn, id uint16, dir policy.Direction, k
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.holdLocked(txn, id, bit, keys)
+}
+
+// keepPruned says whether the entries' prune keeps k, which no entry
+// wants: if it is held, or holdKeys would hold it now (its endpoint
+// isolated in k's direction in the map while its row in txn says open, as
+// an agent killed while it held keys, or one whose policy opened while it
+// was down, leaves it). A key it keeps so is held: the enforcement's write
+// removes it. A failed look-up keeps it, for the next prune.
+func (o *order) keepPruned(txn statedb.ReadTxn, k policymap.Key) bool {
+	id := k.Endpoint()
+	bit := policymap.FlagIngress
+	if k.Direction == policymap.Egress {
+		bit = policymap.FlagEgress
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.held[id][k] {
+		return true
+	}
+	held, err := o.holdLocked(txn, id, bit, []policymap.Key{k})
+	return held || err != nil
+}
+
+// holdLocked is holdKeys for the enforcement flag bit, with o.mu held.
+func (o *order) holdLocked(txn statedb.ReadTxn, id uint16, bit uint8, keys []policymap.Key) (bool, error) {
 	cur, err := o.enf.Lookup(uint32(id))
 	switch {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
@@ -202,11 +228,4 @@ func (o *order) releaseLocked(id uint16) error {
 	}
 	delete(o.held, id)
 	return nil
-}
-
-// isHeld says whether k is held: the entries' prune keeps it.
-func (o *order) isHeld(k policymap.Key) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.held[k.Endpoint()][k]
 }

@@ -391,3 +391,56 @@ func TestHeldAcrossReisolation(t *testing.T) {
 	}
 	f.verify(t)
 }
+
+// A restart keeps the allows of an endpoint whose isolation is to turn off
+// until it is off: the first run isolated the endpoint with allow X; the
+// second (a policy opened while the agent was down, or an agent killed
+// while it held X) has it open without X. Its entries' prune, at the
+// tables' initialization, must not remove X before the enforcement's write
+// of the open flags (frozen here), and that write removes it.
+func TestPruneHoldsUntilOpen(t *testing.T) {
+	const ep = 24
+	root := bpfmapstest.Root(t)
+	x := entry(ep, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)
+	first := newAgent(t, root, 1<<16)
+	first.start(t)
+	first.put(&policy.Enforcement{EndpointID: ep, Ingress: true}, x)
+	first.done()
+	first.reconciled(t)
+	first.stop(t)
+
+	// Both policies allow X (the second is open).
+	a := newAgent(t, root, 1<<16)
+	f := newFreezer(a, t, []pair{{ep, policy.Ingress, 1000, 80}}, "enforcement")
+	a.start(t)
+	defer a.stop(t)
+	defer f.thaw()
+	a.metrics.beforeWrite = f.before
+	f.armed.Store(true)
+	a.put(&policy.Enforcement{EndpointID: ep})
+	f.frozen("enforcement")
+	a.done()
+	timeout := time.After(10 * time.Second)
+	for pruned := false; !pruned; {
+		select {
+		case name := <-a.signal.pruned:
+			pruned = name == "entries"
+		case <-timeout:
+			t.Fatal("no prune of the entries within 10s")
+		}
+	}
+	f.check("killed after the prune")
+	if held := testutil.ToFloat64(a.metrics.held.WithLabelValues("allows")); held != 1 {
+		t.Errorf("policy_map_held{what=allows} %v after the prune, want 1 (X)", held)
+	}
+	f.thaw()
+	a.reconciled(t)
+	f.armed.Store(false)
+	if flags, _ := a.enforcementOf(t, ep); flags != 0 {
+		t.Errorf("enforcement flags %#x once open, want 0", flags)
+	}
+	if keys := a.dump(t); len(keys) != 0 {
+		t.Errorf("allows left once open: %q", keys)
+	}
+	f.verify(t)
+}
