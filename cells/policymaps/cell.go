@@ -108,8 +108,12 @@ type mapMetrics struct {
 	// three reconcilers.
 	crash *faultpoint.Count
 	// beforeWrite, when a test sets it, is called before each write or
-	// delete of the policy and enforcement maps.
+	// delete of the policy maps.
 	beforeWrite func(m, op string)
+	// waiting, when a test sets it, is called each time an endpoint's
+	// isolation goes to wait for its allows and prefixes, with how many
+	// of each are Pending.
+	waiting func(endpoint uint16, entries, prefixes int)
 }
 
 // writing is called before a write or delete of map with op.
@@ -157,7 +161,7 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
 	prefixes statedb.RWTable[*policy.Prefix]) error {
 	mm.crash = faultpoint.After(log, cfg.PolicyMapTestCrashAfter, "policy map write")
-	ord := &order{db: p.DB, entries: entries, enforcement: enforcement, enf: m.Enforcement, trie: m.Policy, metrics: mm,
+	ord := &order{db: p.DB, entries: entries, enforcement: enforcement, prefixes: prefixes, enf: m.Enforcement, trie: m.Policy, metrics: mm,
 		held: map[uint16]map[policymap.Key]bool{}}
 	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, order: ord, failed: map[uint16]*failedEndpoint{}}
 	if _, err := reconciler.Register(p, entries,
@@ -458,6 +462,7 @@ func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
 		return fmt.Errorf("policy prefix %s: look it up: %w", p.Prefix, err)
 	}
+	o.metrics.writing("prefix", "update")
 	if err := o.m.Put(k, want); err != nil {
 		return fmt.Errorf("policy prefix %s: write it: %w", p.Prefix, err)
 	}
@@ -470,6 +475,7 @@ func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 }
 
 func (o *prefixOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+	o.metrics.writing("prefix", "delete")
 	if err := o.m.Delete(policymap.PrefixKeyOf(p.Prefix)); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil

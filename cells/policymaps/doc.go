@@ -32,17 +32,20 @@
 //     cannot be full.
 //   - An endpoint's enforcement and its allows change in order (order.go):
 //     a direction's isolation is written only once none of the endpoint's
-//     entries is Pending (its allows are in), and allows it no longer needs
-//     are removed only once its isolation is off in the map (held until the
-//     enforcement's write, which removes them). An agent killed at any
-//     point leaves every endpoint enforcing its old or its new policy for
-//     its pairs, never dropping a pair both allow. A row that moved on
-//     while its isolation waited is not written (the newer one is), and an
-//     entry's Delete judges the hold by the enforcement row of its own
-//     transaction; the entries' prune holds keys as that Delete does (a
-//     restart finds the map isolated where the row says open). Only the
-//     enforcement's
-//     reconciler waits, for the entries', which never waits.
+//     entries is Pending (its allows are in), nor any prefix (the ipBlock
+//     IDs its allows name), and allows it no longer needs are removed only
+//     once its isolation is off in the map (held until the enforcement's
+//     write, which removes them). A row that moved on while its isolation
+//     waited is not written (the newer one is); an entry's Delete judges
+//     the hold by the enforcement row of its own transaction, and the
+//     entries' prune holds keys as that Delete does (a restart finds the
+//     map isolated where the row says open). An agent killed at any point
+//     leaves every endpoint enforcing its old or its new policy for its
+//     pairs, never dropping a pair both allow, with one exception: a
+//     prefix's removal is not ordered with the isolation turning off (its
+//     addresses are denied until the isolation is off). Only the
+//     enforcement's reconciler waits, for the entries' and the prefixes',
+//     which never wait.
 //   - The refresh rewrites a key that went missing behind the agent's back,
 //     logs what it put back and counts it in cellium_policy_map_repairs_total.
 package policymaps

@@ -38,6 +38,7 @@ type order struct {
 	db          *statedb.DB
 	entries     statedb.Table[*policy.Entry]
 	enforcement statedb.Table[*policy.Enforcement]
+	prefixes    statedb.Table[*policy.Prefix]
 	enf         *bpfmaps.Map[uint32, policymap.Enforcement]
 	trie        *bpfmaps.Map[policymap.Key, policymap.Value]
 	metrics     *mapMetrics
@@ -48,7 +49,9 @@ type order struct {
 	held map[uint16]map[policymap.Key]bool
 }
 
-// waitAllows waits until none of endpoint id's entries is Pending, or ctx
+// waitAllows waits until none of endpoint id's entries is Pending, nor
+// any prefix (ipBlock allows match the IDs the prefix map gives addresses;
+// the table is small, so any prefix rather than the endpoint's), or ctx
 // ends. It says false, without waiting further, once the endpoint's
 // enforcement row is no longer at revision rev (the one being reconciled):
 // the allows it waits for may be gone, and the newer row is reconciled
@@ -73,18 +76,30 @@ func (o *order) waitAllows(ctx context.Context, id uint16, rev statedb.Revision)
 				pending++
 			}
 		}
-		if pending == 0 {
+		prefixes, prefixWatch := o.prefixes.AllWatch(txn)
+		pendingPrefixes := 0
+		for p := range prefixes {
+			if p.Status.Kind == reconciler.StatusKindPending {
+				pendingPrefixes++
+			}
+		}
+		if pending == 0 && pendingPrefixes == 0 {
 			return true, nil
 		}
 		if !counted {
 			counted = true
 			o.metrics.held.WithLabelValues("enforcement").Inc()
 		}
+		if o.metrics.waiting != nil {
+			o.metrics.waiting(id, pending, pendingPrefixes)
+		}
 		select {
 		case <-watch:
 		case <-rowWatch:
+		case <-prefixWatch:
 		case <-ctx.Done():
-			return false, fmt.Errorf("endpoint %d: its enforcement waits for %d allows to be written: %w", id, pending, ctx.Err())
+			return false, fmt.Errorf("endpoint %d: its enforcement waits for %d allows and %d prefixes to be written: %w",
+				id, pending, pendingPrefixes, ctx.Err())
 		}
 	}
 }

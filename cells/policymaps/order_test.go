@@ -2,6 +2,7 @@ package policymaps
 
 import (
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,27 @@ type pair struct {
 	dir  policy.Direction
 	id   uint32
 	port uint16
+}
+
+// ipPair is a pair whose peer is address ip: its identity is the ID the
+// prefix map gives ip (an ipBlock's), the pair's id unused.
+type ipPair struct {
+	pair
+	ip netip.Addr
+}
+
+func (p ipPair) String() string { return fmt.Sprintf("%s (peer %s)", p.pair, p.ip) }
+
+// passesIP is passes for p's peer address.
+func (a *agent) passesIP(t *testing.T, p ipPair) bool {
+	t.Helper()
+	v, err := a.maps.Prefixes.Lookup(policymap.PrefixKeyOf(netip.PrefixFrom(p.ip, p.ip.BitLen())))
+	if err != nil {
+		// No ipBlock's: an identity no allow of the test names.
+		v.ID = 1 << 31
+	}
+	p.pair.id = v.ID
+	return a.passes(t, p.pair)
 }
 
 func (p pair) String() string {
@@ -63,6 +85,7 @@ type freezer struct {
 	a     *agent
 	t     *testing.T
 	both  []pair
+	ips   []ipPair
 	gates map[string]*gate
 
 	armed atomic.Bool
@@ -137,6 +160,13 @@ func (f *freezer) count() int {
 func (f *freezer) check(when string) {
 	for _, p := range f.both {
 		if !f.a.passes(f.t, p) {
+			f.mu.Lock()
+			f.drops = append(f.drops, fmt.Sprintf("%s: %s dropped", when, p))
+			f.mu.Unlock()
+		}
+	}
+	for _, p := range f.ips {
+		if !f.a.passesIP(f.t, p) {
 			f.mu.Lock()
 			f.drops = append(f.drops, fmt.Sprintf("%s: %s dropped", when, p))
 			f.mu.Unlock()
@@ -441,6 +471,66 @@ func TestPruneHoldsUntilOpen(t *testing.T) {
 	}
 	if keys := a.dump(t); len(keys) != 0 {
 		t.Errorf("allows left once open: %q", keys)
+	}
+	f.verify(t)
+}
+
+// An isolation waits for the prefixes its ipBlock allows match through,
+// written by a reconciler of their own: open, then isolated in egress with
+// an allow of an ipBlock whose prefix's write is frozen. The allow is
+// written; the isolation must wait for the prefix too, else the address
+// has no identity the allow names and is dropped.
+func TestIsolationWaitsForPrefixes(t *testing.T) {
+	const ep = 25
+	const id = 1<<30 + 5
+	peer := ipPair{pair{ep: ep, dir: policy.Egress, port: 80}, netip.MustParseAddr("10.9.0.1")}
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	f := newFreezer(a, t, nil, "prefix")
+	f.ips = []ipPair{peer}
+	waits := make(chan [2]int, 16)
+	a.start(t)
+	defer a.stop(t)
+	defer f.thaw()
+	a.metrics.beforeWrite = f.before
+	a.metrics.waiting = func(endpoint uint16, entries, prefixes int) {
+		if endpoint == ep {
+			select {
+			case waits <- [2]int{entries, prefixes}:
+			default:
+			}
+		}
+	}
+	a.put(&policy.Enforcement{EndpointID: ep})
+	a.done()
+	a.reconciled(t)
+
+	f.armed.Store(true)
+	a.put(&policy.Enforcement{EndpointID: ep, Egress: true}, entry(ep, policy.Egress, id, unix.IPPROTO_TCP, 80, 0),
+		&policy.Prefix{Prefix: netip.MustParsePrefix("10.9.0.0/16"), ID: id})
+	f.frozen("prefix")
+	timeout := time.After(10 * time.Second)
+	for waiting := false; !waiting; {
+		select {
+		case w := <-waits:
+			// Waiting with the allow written: for the prefix alone.
+			waiting = w[0] == 0 && w[1] > 0
+		case <-timeout:
+			flags, _ := a.enforcementOf(t, ep)
+			t.Fatalf("no wait of the isolation for the prefix alone within 10s (enforcement flags %#x, the prefix not written)", flags)
+		}
+		if flags, _ := a.enforcementOf(t, ep); flags != 0 {
+			t.Fatalf("endpoint isolated (flags %#x) before its prefix was written", flags)
+		}
+	}
+	f.check("killed there")
+	f.thaw()
+	a.reconciled(t)
+	f.armed.Store(false)
+	if flags, _ := a.enforcementOf(t, ep); flags != policymap.FlagEgress {
+		t.Errorf("enforcement flags %#x once reconciled, want egress", flags)
+	}
+	if !a.passesIP(t, peer) {
+		t.Errorf("%s dropped once reconciled", peer)
 	}
 	f.verify(t)
 }
