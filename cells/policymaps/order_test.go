@@ -315,6 +315,17 @@ func allReconciled[T any](t *testing.T, a *agent, what string, tbl statedb.Table
 func entryStatus(e *policy.Entry) reconciler.Status             { return e.Status }
 func enforcementStatus(e *policy.Enforcement) reconciler.Status { return e.Status }
 
+// finish checks the maps where the change stands (killed there), lets it
+// go on, and checks them again once every row is reconciled.
+func (f *freezer) finish(t *testing.T) {
+	t.Helper()
+	f.check("killed there")
+	f.thaw()
+	f.a.reconciled(t)
+	f.armed.Store(false)
+	f.check("the last policy")
+}
+
 // verify fails t with each drop the freezer saw.
 func (f *freezer) verify(t *testing.T) {
 	t.Helper()
@@ -361,17 +372,8 @@ func TestStaleIsolationNotWritten(t *testing.T) {
 	})
 	a.replace(&policy.Enforcement{EndpointID: ep}, allow())
 	allReconciled(t, a, "enforcement", statedb.Table[*policy.Enforcement](a.enforcement), enforcementStatus)
-	f.check("killed there")
-	f.thaw()
-	a.reconciled(t)
-	f.armed.Store(false)
-	f.check("the last policy")
-	if flags, _ := a.enforcementOf(t, ep); flags != 0 {
-		t.Errorf("enforcement flags %#x once open again, want 0", flags)
-	}
-	if keys := a.dump(t); len(keys) != 0 {
-		t.Errorf("allows left once open again: %q", keys)
-	}
+	f.finish(t)
+	a.wantOpen(t, ep)
 	f.verify(t)
 }
 
@@ -411,11 +413,7 @@ func TestHeldAcrossReisolation(t *testing.T) {
 	a.put(isolated(), x())
 	f.thaw("policy")
 	allReconciled(t, a, "entries", statedb.Table[*policy.Entry](a.entries), entryStatus)
-	f.check("killed there")
-	f.thaw()
-	a.reconciled(t)
-	f.armed.Store(false)
-	f.check("the last policy")
+	f.finish(t)
 	if flags, _ := a.enforcementOf(t, ep); flags != policymap.FlagIngress {
 		t.Errorf("enforcement flags %#x once isolated again, want ingress", flags)
 	}
@@ -466,12 +464,7 @@ func TestPruneHoldsUntilOpen(t *testing.T) {
 	f.thaw()
 	a.reconciled(t)
 	f.armed.Store(false)
-	if flags, _ := a.enforcementOf(t, ep); flags != 0 {
-		t.Errorf("enforcement flags %#x once open, want 0", flags)
-	}
-	if keys := a.dump(t); len(keys) != 0 {
-		t.Errorf("allows left once open: %q", keys)
-	}
+	a.wantOpen(t, ep)
 	f.verify(t)
 }
 
@@ -522,10 +515,7 @@ func TestIsolationWaitsForPrefixes(t *testing.T) {
 			t.Fatalf("endpoint isolated (flags %#x) before its prefix was written", flags)
 		}
 	}
-	f.check("killed there")
-	f.thaw()
-	a.reconciled(t)
-	f.armed.Store(false)
+	f.finish(t)
 	if flags, _ := a.enforcementOf(t, ep); flags != policymap.FlagEgress {
 		t.Errorf("enforcement flags %#x once reconciled, want egress", flags)
 	}
@@ -533,4 +523,15 @@ func TestIsolationWaitsForPrefixes(t *testing.T) {
 		t.Errorf("%s dropped once reconciled", peer)
 	}
 	f.verify(t)
+}
+
+// wantOpen checks that endpoint ep is open, with no allow left.
+func (a *agent) wantOpen(t *testing.T, ep uint16) {
+	t.Helper()
+	if flags, _ := a.enforcementOf(t, ep); flags != 0 {
+		t.Errorf("endpoint %d: enforcement flags %#x once open, want 0", ep, flags)
+	}
+	if keys := a.dump(t); len(keys) != 0 {
+		t.Errorf("endpoint %d: allows left once open: %q", ep, keys)
+	}
 }
