@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -147,7 +148,7 @@ func newMetrics() (*mapMetrics, metrics.Collectors) {
 		}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "held",
-			Help: "Policy map writes held back for order: enforcement (endpoints whose isolation waits for their allows to be written), allows (keys kept until their endpoint's isolation is off)",
+			Help: "Policy map writes held back for order: enforcement (endpoints whose isolation waits for their allows to be written), allows (keys kept until their endpoint's isolation is off), prefixes (prefixes kept until no endpoint's isolation is to turn off)",
 		}, []string{"what"}),
 	}
 	return m, metrics.NewCollectors(m.writes, m.full, m.repairs, m.held)
@@ -161,8 +162,8 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
 	prefixes statedb.RWTable[*policy.Prefix]) error {
 	mm.crash = faultpoint.After(log, cfg.PolicyMapTestCrashAfter, "policy map write")
-	ord := &order{db: p.DB, entries: entries, enforcement: enforcement, prefixes: prefixes, enf: m.Enforcement, trie: m.Policy, metrics: mm,
-		held: map[uint16]map[policymap.Key]bool{}}
+	ord := &order{db: p.DB, entries: entries, enforcement: enforcement, prefixes: prefixes, enf: m.Enforcement, trie: m.Policy, prefixMap: m.Prefixes,
+		metrics: mm, held: map[uint16]map[policymap.Key]bool{}, heldPrefixes: map[netip.Prefix]bool{}}
 	eo := &entryOps{cfg: cfg, log: log, health: h, m: m.Policy, metrics: mm, entries: entries, order: ord, failed: map[uint16]*failedEndpoint{}}
 	if _, err := reconciler.Register(p, entries,
 		(*policy.Entry).Clone,
@@ -183,7 +184,7 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 	); err != nil {
 		return err
 	}
-	po := &prefixOps{log: log, m: m.Prefixes, metrics: mm}
+	po := &prefixOps{log: log, m: m.Prefixes, metrics: mm, order: ord}
 	_, err := reconciler.Register(p, prefixes,
 		(*policy.Prefix).Clone,
 		func(e *policy.Prefix, s reconciler.Status) *policy.Prefix { e.Status = s; return e },
@@ -449,6 +450,7 @@ type prefixOps struct {
 	log     *slog.Logger
 	m       *bpfmaps.Map[policymap.PrefixKey, policymap.PrefixValue]
 	metrics *mapMetrics
+	order   *order
 }
 
 func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
@@ -474,7 +476,12 @@ func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	return nil
 }
 
-func (o *prefixOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+func (o *prefixOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+	// Break after open: while an isolation is to turn off, the allows it
+	// holds may match through p (see order).
+	if held, err := o.order.holdPrefix(txn, p.Prefix); err != nil || held {
+		return err
+	}
 	o.metrics.writing("prefix", "delete")
 	if err := o.m.Delete(policymap.PrefixKeyOf(p.Prefix)); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -486,12 +493,19 @@ func (o *prefixOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	return nil
 }
 
-func (o *prefixOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*policy.Prefix, statedb.Revision]) error {
+func (o *prefixOps) Prune(_ context.Context, txn statedb.ReadTxn, rows iter.Seq2[*policy.Prefix, statedb.Revision]) error {
 	want := map[policymap.PrefixKey]bool{}
 	for p := range rows {
 		want[policymap.PrefixKeyOf(p.Prefix)] = true
 	}
-	return o.m.Prune(func(k policymap.PrefixKey) bool { return want[k] }, func(k policymap.PrefixKey, err error) error {
+	keep := func(k policymap.PrefixKey) bool {
+		if want[k] {
+			return true
+		}
+		held, err := o.order.holdPrefix(txn, k.Prefix())
+		return held || err != nil
+	}
+	return o.m.Prune(keep, func(k policymap.PrefixKey, err error) error {
 		if err != nil {
 			return fmt.Errorf("delete stale policy prefix %s: %w", k.Prefix(), err)
 		}

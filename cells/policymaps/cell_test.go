@@ -31,6 +31,19 @@ import (
 type pruneSignal struct {
 	reconciler.Metrics
 	pruned chan string
+	// ops, when a test sets it before the start, gets "name op" after
+	// each reconciliation of a row.
+	ops chan string
+}
+
+func (p *pruneSignal) ReconciliationDuration(id cell.FullModuleID, name, op string, d time.Duration) {
+	p.Metrics.ReconciliationDuration(id, name, op, d)
+	if p.ops != nil {
+		select {
+		case p.ops <- name + " " + op:
+		default:
+		}
+	}
 }
 
 func (p *pruneSignal) PruneDuration(id cell.FullModuleID, name string, d time.Duration) {

@@ -41,9 +41,8 @@
 //     entries' prune holds keys as that Delete does (a restart finds the
 //     map isolated where the row says open). An agent killed at any point
 //     leaves every endpoint enforcing its old or its new policy for its
-//     pairs, never dropping a pair both allow, with one exception: a
-//     prefix's removal is not ordered with the isolation turning off (its
-//     addresses are denied until the isolation is off). Only the
+//     pairs, never dropping a pair both allow. A prefix no row wants is
+//     likewise kept while any endpoint's isolation is to turn off. Only the
 //     enforcement's reconciler waits, for the entries' and the prefixes',
 //     which never wait.
 //   - The refresh rewrites a key that went missing behind the agent's back,

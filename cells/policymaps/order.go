@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -41,12 +42,16 @@ type order struct {
 	prefixes    statedb.Table[*policy.Prefix]
 	enf         *bpfmaps.Map[uint32, policymap.Enforcement]
 	trie        *bpfmaps.Map[policymap.Key, policymap.Value]
+	prefixMap   *bpfmaps.Map[policymap.PrefixKey, policymap.PrefixValue]
 	metrics     *mapMetrics
 
 	mu sync.Mutex
 	// held are the keys of removed allows kept in the trie until their
 	// endpoint's enforcement is off, by endpoint.
 	held map[uint16]map[policymap.Key]bool
+	// heldPrefixes are the prefixes no row wants kept in the prefix trie
+	// until no endpoint's isolation is to turn off.
+	heldPrefixes map[netip.Prefix]bool
 }
 
 // waitAllows waits until none of endpoint id's entries is Pending, nor
@@ -215,9 +220,77 @@ func (o *order) remove(id uint16) error {
 	return o.releaseLocked(id)
 }
 
+// turningOffLocked says whether some endpoint's isolation is on in the
+// map in a direction its row in txn says off, with o.mu held.
+func (o *order) turningOffLocked(txn statedb.ReadTxn) (bool, error) {
+	off := false
+	err := o.enf.Iterate(func(id uint32, v policymap.Enforcement) bool {
+		row, _, found := o.enforcement.Get(txn, policy.EnforcementByEndpoint.Query(uint16(id)))
+		off = found && v.Flags&^flagsOf(row) != 0
+		return !off
+	})
+	if err != nil {
+		return false, fmt.Errorf("list the endpoints' enforcement: %w", err)
+	}
+	return off, nil
+}
+
+// holdPrefix holds back the removal of prefix p, which no row of txn (the
+// prefixes reconciler's) wants, while some endpoint's isolation is to turn
+// off: the allows it keeps until then may name p's ID, which addresses
+// match only through p. It says whether it held p (kept on a failed look
+// up, for the next try).
+func (o *order) holdPrefix(txn statedb.ReadTxn, p netip.Prefix) (bool, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.heldPrefixes[p] {
+		return true, nil
+	}
+	off, err := o.turningOffLocked(txn)
+	if err != nil || !off {
+		return false, err
+	}
+	o.heldPrefixes[p] = true
+	o.metrics.held.WithLabelValues("prefixes").Inc()
+	return true, nil
+}
+
+// releasePrefixesLocked removes the held prefixes that no row wants once
+// no endpoint's isolation is to turn off, with o.mu held.
+func (o *order) releasePrefixesLocked() error {
+	if len(o.heldPrefixes) == 0 {
+		return nil
+	}
+	txn := o.db.ReadTxn()
+	if off, err := o.turningOffLocked(txn); err != nil || off {
+		return err
+	}
+	for p := range o.heldPrefixes {
+		if _, _, found := o.prefixes.Get(txn, policy.PrefixByPrefix.Query(p)); !found {
+			o.metrics.writing("prefix", "delete")
+			if err := o.prefixMap.Delete(policymap.PrefixKeyOf(p)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("policy prefix %s: delete it, held until no isolation was to turn off: %w", p, err)
+			} else if err == nil {
+				o.metrics.wrote("prefix", "delete")
+			}
+		}
+		delete(o.heldPrefixes, p)
+		o.metrics.held.WithLabelValues("prefixes").Dec()
+	}
+	return nil
+}
+
 // releaseLocked removes the keys held for endpoint id that no entry of it
-// wants, with o.mu held.
+// wants, then the held prefixes if no isolation is to turn off any more,
+// with o.mu held.
 func (o *order) releaseLocked(id uint16) error {
+	if err := o.releaseKeysLocked(id); err != nil {
+		return err
+	}
+	return o.releasePrefixesLocked()
+}
+
+func (o *order) releaseKeysLocked(id uint16) error {
 	held := o.held[id]
 	if len(held) == 0 {
 		return nil

@@ -535,3 +535,53 @@ func (a *agent) wantOpen(t *testing.T, ep uint16) {
 		t.Errorf("endpoint %d: allows left once open: %q", ep, keys)
 	}
 }
+
+// A prefix stays while an isolation is to turn off: isolated in egress with
+// an ipBlock allow, then open without it (the enforcement's write frozen,
+// the map still isolated). The allow is held until the isolation is off;
+// the prefix its ID is matched through must be too, else the address has
+// no identity the allow names.
+func TestPrefixHeldUntilOpen(t *testing.T) {
+	const ep = 26
+	const id = 1<<30 + 6
+	peer := ipPair{pair{ep: ep, dir: policy.Egress, port: 80}, netip.MustParseAddr("10.8.0.1")}
+	allow := func() *policy.Entry { return entry(ep, policy.Egress, id, unix.IPPROTO_TCP, 80, 0) }
+	prefix := func() *policy.Prefix { return &policy.Prefix{Prefix: netip.MustParsePrefix("10.8.0.0/16"), ID: id} }
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	f := newFreezer(a, t, nil, "enforcement")
+	f.ips = []ipPair{peer}
+	a.signal.ops = make(chan string, 64)
+	a.start(t)
+	defer a.stop(t)
+	defer f.thaw()
+	a.metrics.beforeWrite = f.before
+	a.put(&policy.Enforcement{EndpointID: ep, Egress: true}, allow(), prefix())
+	a.done()
+	a.reconciled(t)
+
+	f.armed.Store(true)
+	txn := a.db.WriteTxn(a.entries, a.enforcement, a.prefixes)
+	a.enforcement.Insert(txn, &policy.Enforcement{EndpointID: ep, Status: reconciler.StatusPending()})
+	a.entries.Delete(txn, allow())
+	a.prefixes.Delete(txn, prefix())
+	txn.Commit()
+	f.frozen("enforcement")
+	timeout := time.After(10 * time.Second)
+	for seen := map[string]bool{}; !seen["entries delete"] || !seen["prefixes delete"]; {
+		select {
+		case op := <-a.signal.ops:
+			seen[op] = true
+		case <-timeout:
+			t.Fatalf("deletes of the allow and the prefix not reconciled within 10s: %v", seen)
+		}
+	}
+	f.finish(t)
+	a.wantOpen(t, ep)
+	if got := a.prefixDump(t); len(got) != 0 {
+		t.Errorf("prefixes left once open: %v", got)
+	}
+	f.verify(t)
+	if held := testutil.ToFloat64(a.metrics.held.WithLabelValues("prefixes")); held != 0 {
+		t.Errorf("policy_map_held{what=prefixes} %v once reconciled, want 0", held)
+	}
+}
