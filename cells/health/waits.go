@@ -81,10 +81,24 @@ func TablesInitialized(name string, db *statedb.DB, tables ...statedb.TableMeta)
 // reconciler's and do not count.
 func Reconciled[Obj any](name string, db *statedb.DB, tbl statedb.Table[Obj], status func(Obj) reconciler.Status) WaitOut {
 	initialized := TablesInitialized(name, db, tbl).Wait.Until
+	written := RowsReconciled(name, db, tbl, status).Wait.Until
 	return WaitOut{Wait: Wait{Name: name, Until: func(ctx context.Context, progress func(string)) error {
 		if err := initialized(ctx, progress); err != nil {
 			return err
 		}
+		return written(ctx, progress)
+	}}}
+}
+
+// RowsReconciled is Reconciled without the table's initialization: it
+// passes once every object tbl holds has been reconciled without error,
+// initialized or not. The statedb reconciler writes the objects of a table
+// not yet initialized (restored, or claimed locally) as they come; only
+// its pruning waits for the initialization. It is the part of Reconciled
+// that a table whose initialization cannot happen now (its source is away)
+// can still be waited for.
+func RowsReconciled[Obj any](name string, db *statedb.DB, tbl statedb.Table[Obj], status func(Obj) reconciler.Status) WaitOut {
+	return WaitOut{Wait: Wait{Name: name, Until: func(ctx context.Context, progress func(string)) error {
 		for {
 			all, watch := tbl.AllWatch(db.ReadTxn())
 			var total, pending, failed int

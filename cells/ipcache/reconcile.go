@@ -69,10 +69,11 @@ func (o *ops) Prune(_ context.Context, _ statedb.ReadTxn, entries iter.Seq2[*Ent
 
 // SyncedBarrier is the readiness barrier that waits until the map holds
 // what every source claims: restored, local endpoints, node addresses and,
-// with a kvstore, its first listing; or until etcd has failed to answer
-// (the restored entries then stay).
+// with a kvstore, its first listing. Once etcd has failed to answer it
+// waits no more for the listing, only until the map holds every entry the
+// table has (the restored entries stay: the table is not initialized).
 const SyncedBarrier = "ipcache-synced"
 
 func syncedBarrier(db *statedb.DB, tbl statedb.RWTable[*Entry], kv kvstore.Client, log *slog.Logger) health.WaitOut {
-	return health.WaitOut{Wait: kvstore.UnlessUnreachable(health.Reconciled(SyncedBarrier, db, tbl.ToTable(), func(e *Entry) reconciler.Status { return e.Status }).Wait, kv, log)}
+	return health.WaitOut{Wait: kvstore.ReconciledUnlessUnreachable(SyncedBarrier, db, tbl.ToTable(), func(e *Entry) reconciler.Status { return e.Status }, kv, log)}
 }

@@ -2,8 +2,12 @@ package kvstore
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/cellium/cellium/cells/health"
 )
@@ -14,29 +18,41 @@ import (
 // away.
 const unreachableRecheck = time.Second
 
-// UnlessUnreachable is w, except that it also passes once etcd has failed
-// to answer: readiness says what this node needs, and a node restarted
-// while etcd is away runs its pods and takes new ones with what it
-// restored. The tables w waits for stay uninitialized until etcd answers,
-// so nothing restored is pruned meanwhile; the kvstore's health stays
-// Degraded and says why. With the kvstore disabled, or connected, w is
-// waited for as it is.
-func UnlessUnreachable(w health.Wait, c Client, log *slog.Logger) health.Wait {
+// UnlessUnreachable is w, except that once etcd has failed to answer it is
+// written instead: w less what cannot happen without etcd. Readiness says
+// what this node needs, and a node restarted while etcd is away runs its
+// pods and takes new ones with what it restored, once that is written. The
+// tables w waits for stay uninitialized until etcd answers, so nothing
+// restored is pruned meanwhile; the kvstore's health stays Degraded and
+// says why. With the kvstore disabled, or connected, w is waited for as it
+// is. w and written take the same name.
+func UnlessUnreachable(w, written health.Wait, c Client, log *slog.Logger) health.Wait {
 	return health.Wait{Name: w.Name, Until: func(ctx context.Context, progress func(string)) error {
 		if !c.Enabled() {
 			return w.Until(ctx, progress)
 		}
-		ctx, cancel := context.WithCancel(ctx)
+		innerCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		inner := make(chan error, 1)
-		go func() { inner <- w.Until(ctx, progress) }()
+		go func() { inner <- w.Until(innerCtx, progress) }()
 		tick := time.NewTicker(unreachableRecheck)
 		defer tick.Stop()
 		for {
 			if s := c.Status(); unreachable(s) {
-				log.Warn("Readiness barrier passed without the kvstore; its tables initialize when etcd answers",
-					"barrier", w.Name, "state", s.State, "error", s.LastError)
-				return nil
+				// w ends before written starts: one of them reports
+				// progress at a time.
+				cancel()
+				if err := <-inner; err == nil {
+					return nil
+				}
+				err := written.Until(ctx, func(detail string) {
+					progress(fmt.Sprintf("without the kvstore (%s): %s", s.State, detail))
+				})
+				if err == nil {
+					log.Warn("Readiness barrier passed without the kvstore; its tables initialize when etcd answers",
+						"barrier", w.Name, "state", s.State, "error", s.LastError)
+				}
+				return err
 			}
 			select {
 			case err := <-inner:
@@ -47,6 +63,17 @@ func UnlessUnreachable(w health.Wait, c Client, log *slog.Logger) health.Wait {
 			}
 		}
 	}}
+}
+
+// ReconciledUnlessUnreachable is health.Reconciled on tbl, except that once
+// etcd has failed to answer it waits only for the objects tbl holds to be
+// reconciled (health.RowsReconciled), not for tbl's initialization, which
+// waits for etcd's listing: see UnlessUnreachable.
+func ReconciledUnlessUnreachable[Obj any](name string, db *statedb.DB, tbl statedb.Table[Obj], status func(Obj) reconciler.Status, c Client, log *slog.Logger) health.Wait {
+	return UnlessUnreachable(
+		health.Reconciled(name, db, tbl, status).Wait,
+		health.RowsReconciled(name, db, tbl, status).Wait,
+		c, log)
 }
 
 // unreachable says whether the client has tried etcd and failed: a status

@@ -107,13 +107,14 @@ type waitsOut struct {
 // readinessWaits hold readiness back until every route, neighbor and fdb
 // entry to the other nodes known at start is in the kernel: a node takes
 // no pod before it can reach the cluster's other pods. While etcd does not
-// answer they pass without it: the routes to the nodes it knew stay, as
-// the tables are not initialized (and not pruned) before it answers.
+// answer they wait no more for its listing, only until what the tables
+// hold is in the kernel: the routes to the nodes it knew stay, as the
+// tables are not initialized (and not pruned) before it answers.
 func readinessWaits(db *statedb.DB, routes statedb.RWTable[*Route], neighbors statedb.RWTable[*Neighbor], fdb statedb.RWTable[*FDBEntry], kv kvstore.Client, log *slog.Logger) waitsOut {
 	return waitsOut{
-		Routes:    kvstore.UnlessUnreachable(health.Reconciled("routes-written", db, routes.ToTable(), (*Route).status).Wait, kv, log),
-		Neighbors: kvstore.UnlessUnreachable(health.Reconciled("neighbors-written", db, neighbors.ToTable(), (*Neighbor).status).Wait, kv, log),
-		FDB:       kvstore.UnlessUnreachable(health.Reconciled("fdb-written", db, fdb.ToTable(), (*FDBEntry).status).Wait, kv, log),
+		Routes:    kvstore.ReconciledUnlessUnreachable("routes-written", db, routes.ToTable(), (*Route).status, kv, log),
+		Neighbors: kvstore.ReconciledUnlessUnreachable("neighbors-written", db, neighbors.ToTable(), (*Neighbor).status, kv, log),
+		FDB:       kvstore.ReconciledUnlessUnreachable("fdb-written", db, fdb.ToTable(), (*FDBEntry).status, kv, log),
 	}
 }
 
