@@ -227,16 +227,31 @@ func wantKeys(t *testing.T, got []string, want ...string) {
 // waitPrunes waits for a prune of the three reconcilers.
 func (a *agent) waitPrunes(t *testing.T) {
 	t.Helper()
+	awaitSignals(t, "prunes", a.signal.pruned, "entries", "enforcement", "prefixes")
+}
+
+// awaitSignals waits until ch has said each of want.
+func awaitSignals(t *testing.T, what string, ch <-chan string, want ...string) {
+	t.Helper()
 	seen := map[string]bool{}
 	timeout := time.After(10 * time.Second)
-	for len(seen) < 3 {
+	for !allSeen(seen, want) {
 		select {
-		case name := <-a.signal.pruned:
-			seen[name] = true
+		case s := <-ch:
+			seen[s] = true
 		case <-timeout:
-			t.Fatalf("prunes seen %v, want entries, enforcement and prefixes", seen)
+			t.Fatalf("%s seen within 10s %v, want %q", what, seen, want)
 		}
 	}
+}
+
+func allSeen(seen map[string]bool, want []string) bool {
+	for _, w := range want {
+		if !seen[w] {
+			return false
+		}
+	}
+	return true
 }
 
 // Rows become keys and flags; a deleted entry takes only the keys no other

@@ -35,7 +35,9 @@ type ipPair struct {
 	ip netip.Addr
 }
 
-func (p ipPair) String() string { return fmt.Sprintf("%s (peer %s)", p.pair, p.ip) }
+func (p ipPair) String() string {
+	return fmt.Sprintf("endpoint %d %s peer %s TCP/%d", p.ep, p.dir, p.ip, p.port)
+}
 
 // passesIP is passes for p's peer address.
 func (a *agent) passesIP(t *testing.T, p ipPair) bool {
@@ -428,18 +430,21 @@ func TestHeldAcrossReisolation(t *testing.T) {
 // of the open flags (frozen here), and that write removes it.
 func TestPruneHoldsUntilOpen(t *testing.T) {
 	const ep = 24
+	const id = 1<<30 + 4
 	root := bpfmapstest.Root(t)
-	x := entry(ep, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0)
 	first := newAgent(t, root, 1<<16)
 	first.start(t)
-	first.put(&policy.Enforcement{EndpointID: ep, Ingress: true}, x)
+	first.put(&policy.Enforcement{EndpointID: ep, Ingress: true, Egress: true}, entry(ep, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0),
+		entry(ep, policy.Egress, id, unix.IPPROTO_TCP, 80, 0), &policy.Prefix{Prefix: netip.MustParsePrefix("10.7.0.0/16"), ID: id})
 	first.done()
 	first.reconciled(t)
 	first.stop(t)
 
-	// Both policies allow X (the second is open).
+	// Both policies allow X and the ipBlock's address (the second is
+	// open).
 	a := newAgent(t, root, 1<<16)
 	f := newFreezer(a, t, []pair{{ep, policy.Ingress, 1000, 80}}, "enforcement")
+	f.ips = []ipPair{{pair{ep: ep, dir: policy.Egress, port: 80}, netip.MustParseAddr("10.7.0.1")}}
 	a.start(t)
 	defer a.stop(t)
 	defer f.thaw()
@@ -448,23 +453,20 @@ func TestPruneHoldsUntilOpen(t *testing.T) {
 	a.put(&policy.Enforcement{EndpointID: ep})
 	f.frozen("enforcement")
 	a.done()
-	timeout := time.After(10 * time.Second)
-	for pruned := false; !pruned; {
-		select {
-		case name := <-a.signal.pruned:
-			pruned = name == "entries"
-		case <-timeout:
-			t.Fatal("no prune of the entries within 10s")
+	awaitSignals(t, "prunes", a.signal.pruned, "entries", "prefixes")
+	f.check("killed after the prunes")
+	for what, want := range map[string]float64{"allows": 2, "prefixes": 1} {
+		if held := testutil.ToFloat64(a.metrics.held.WithLabelValues(what)); held != want {
+			t.Errorf("policy_map_held{what=%s} %v after the prunes, want %v", what, held, want)
 		}
-	}
-	f.check("killed after the prune")
-	if held := testutil.ToFloat64(a.metrics.held.WithLabelValues("allows")); held != 1 {
-		t.Errorf("policy_map_held{what=allows} %v after the prune, want 1 (X)", held)
 	}
 	f.thaw()
 	a.reconciled(t)
 	f.armed.Store(false)
 	a.wantOpen(t, ep)
+	if got := a.prefixDump(t); len(got) != 0 {
+		t.Errorf("prefixes left once open: %v", got)
+	}
 	f.verify(t)
 }
 
@@ -566,15 +568,7 @@ func TestPrefixHeldUntilOpen(t *testing.T) {
 	a.prefixes.Delete(txn, prefix())
 	txn.Commit()
 	f.frozen("enforcement")
-	timeout := time.After(10 * time.Second)
-	for seen := map[string]bool{}; !seen["entries delete"] || !seen["prefixes delete"]; {
-		select {
-		case op := <-a.signal.ops:
-			seen[op] = true
-		case <-timeout:
-			t.Fatalf("deletes of the allow and the prefix not reconciled within 10s: %v", seen)
-		}
-	}
+	awaitSignals(t, "reconciliations", a.signal.ops, "entries delete", "prefixes delete")
 	f.finish(t)
 	a.wantOpen(t, ep)
 	if got := a.prefixDump(t); len(got) != 0 {
