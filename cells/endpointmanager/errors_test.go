@@ -142,16 +142,92 @@ func TestCreateReplacesLeftoverVeth(t *testing.T) {
 // The ready state file is written while the datapath takes the new
 // endpoint in: a write that fails fails the ADD, and it is undone, however
 // far the rest got.
-func TestCreateReadyStateWriteFailureIsUndone(t *testing.T) {
+//
+// So is one whose creating state file, written before anything touches the
+// kernel, cannot be written. Either way nothing is left: no row (whose
+// endpoint map entry would point at a released address, and which would
+// answer a retried ADD that it exists), no link, no state, no address; and
+// the retried ADD succeeds.
+func TestCreateStateWriteFailureIsUndone(t *testing.T) {
 	tn := newTestNet(t)
 	n := tn.start(t, nodeOpts{})
-	n.mgr.FailStateWrites("ready", errors.New("disk full"))
-	p := newPod(t)
-	_, err := n.mgr.Create(context.Background(), p.req())
-	if err == nil || !strings.Contains(err.Error(), "disk full") {
-		t.Fatalf("create whose ready state file cannot be written = %v, want its error", err)
+	for _, ph := range []string{"creating", "ready"} {
+		p := newPod(t) // of the test: a subtest's name has a slash
+		t.Run(ph, func(t *testing.T) {
+			n.mgr.FailStateWrites(ph, errors.New("disk full"))
+			_, err := n.mgr.Create(context.Background(), p.req())
+			if err == nil || !strings.Contains(err.Error(), "disk full") {
+				t.Fatalf("create whose %s state file cannot be written = %v, want its error", ph, err)
+			}
+			n.unchanged(t, p.id, nil, nil)
+			if ep, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: p.id}); found {
+				t.Fatalf("endpoint %d (%s) is in the table after its creation failed", ep.ID, ep.State)
+			}
+			if ids := n.endpointIDs(); len(ids) > 0 {
+				t.Fatalf("endpoints table after a failed creation = %v, want none", ids)
+			}
+
+			n.mgr.FailStateWrites(ph, nil)
+			ep := n.create(t, p)
+			if ep.State != endpointmanager.Ready {
+				t.Fatalf("the retried ADD's endpoint is %s, want %s", ep.State, endpointmanager.Ready)
+			}
+			if _, err := n.mgr.Delete(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
-	n.unchanged(t, p.id, nil, nil)
+}
+
+// An ADD that finds both a veth pair and addresses an earlier ADD of the
+// container left says so in one log line, with both.
+func TestCreateLogsLeftoversOnce(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	leftover := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: endpointmanager.HostIfName(p.id)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(p.ns.Fd())}
+	if err := netlink.LinkAdd(leftover); err != nil {
+		t.Fatal(err)
+	}
+	a, err := n.ipam.Allocate(context.Background(), ipam.Request{Owner: p.id, Family: ipam.IPv4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.create(t, p)
+	const msg = "Removed what an unfinished endpoint creation left"
+	if line := n.logs.Find(msg, "container", p.id, "removed-interface", "false"); line != nil {
+		t.Fatalf("leftovers logged as if no veth pair was removed: %v", line)
+	}
+	line := n.logs.Find(msg, "container", p.id, "removed-interface", "true")
+	if line == nil || !strings.Contains(line["released"], a.IP.String()) {
+		t.Fatalf("leftovers' log line = %v, want removed-interface=true and released %s", line, a.IP)
+	}
+}
+
+// A DEL that failed half way leaves the endpoint deleting: what would
+// mark it otherwise meanwhile (a restored endpoint's routing that failed
+// marks it not ready, after it let go of the container's lock) leaves it
+// so.
+func TestDeletingIsNotMarkedOver(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	p := newPod(t)
+	ep := n.create(t, p)
+	n.mgr.FailStateWrites("deleting", errors.New("disk full"))
+	if _, err := n.mgr.Delete(context.Background(), endpointmanager.Selector{ID: ep.ID}); err == nil {
+		t.Fatal("delete whose deleting state file cannot be written succeeded")
+	}
+	if err := n.mgr.MarkRoutingFailed(ep, errors.New("route: no such device")); err == nil {
+		t.Fatal("a deleting endpoint was marked not ready")
+	}
+	cur, found := n.mgr.Lookup(endpointmanager.Selector{ID: ep.ID})
+	if !found || cur.State != endpointmanager.Deleting || !strings.Contains(cur.Error, "disk full") {
+		t.Fatalf("endpoint after a half-failed DEL and a failed routing = %+v, want deleting with the DEL's error", cur)
+	}
+	n.mgr.FailStateWrites("deleting", nil)
+	if _, err := n.mgr.Delete(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil {
+		t.Fatalf("retried delete: %v", err)
+	}
 }
 
 // An exhausted pool is a clear error and leaves nothing behind; the

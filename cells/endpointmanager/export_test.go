@@ -24,3 +24,9 @@ func (m *Manager) FailStateWrites(ph string, err error) {
 		return nil
 	}
 }
+
+// MarkRoutingFailed marks ep not ready with err as a restored endpoint's
+// routing that failed does, after it let go of the container's lock.
+func (m *Manager) MarkRoutingFailed(ep *Endpoint, err error) error {
+	return m.markState(ep, Starting, NotReady, err)
+}

@@ -44,6 +44,7 @@ type node struct {
 	db       *statedb.DB
 	eps      statedb.Table[*endpointmanager.Endpoint]
 	ipamTbl  statedb.Table[*ipam.Allocation]
+	ipam     *ipam.IPAM
 	ids      statedb.Table[*identity.Identity]
 	health   statedb.Table[*health.Status]
 	client   *client.Client
@@ -102,8 +103,8 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	h := celltest.New(daemon.Cell, metrics.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
 		cell.Group(o.extra...),
 		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
-			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *k8sclient.Fake, reg *prometheus.Registry) {
-			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s, n.metrics = m, db, eps, tbl, ids, hs, cs, reg
+			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *k8sclient.Fake, reg *prometheus.Registry, ip *ipam.IPAM) {
+			n.mgr, n.db, n.eps, n.ipamTbl, n.ids, n.health, n.k8s, n.metrics, n.ipam = m, db, eps, tbl, ids, hs, cs, reg, ip
 		}))
 	socket := filepath.Join(tn.dir, "agent.sock")
 	hive.AddConfigOverride(h, func(c *daemon.Config) {

@@ -112,13 +112,17 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 	defer m.unreserveID(id)
 	// An earlier ADD of this container that the agent did not finish may
 	// have left addresses, released here, and a veth pair, removed when
-	// the new one is made (plumbNew): start from nothing.
-	if _, err := m.leftoverAddresses(req.ContainerID, false); err != nil {
+	// the new one is made (plumbNew): start from nothing. Both are
+	// logged in one line, once the creation knows of the veth pair.
+	released, err := m.releaseLeftoverAddresses(req.ContainerID)
+	if err != nil {
 		return nil, err
 	}
 	ep.ID = id
 	steps.done("lock")
-	ep, err = m.create(ctx, ep, podNS, steps)
+	var removedLink bool
+	ep, err = m.create(ctx, ep, podNS, steps, &removedLink)
+	m.logLeftovers(req.ContainerID, removedLink, released)
 	if err != nil {
 		m.undo(ep)
 		return nil, err
@@ -126,7 +130,9 @@ func (m *Manager) createLocked(ctx context.Context, req CreateRequest, ep *Endpo
 	return ep, nil
 }
 
-func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle, steps *stepTimes) (*Endpoint, error) {
+// create makes the endpoint ep; *removedLink says whether it removed a
+// veth pair an earlier creation left in its way.
+func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle, steps *stepTimes, removedLink *bool) (*Endpoint, error) {
 	// The addresses' durable record is the state file written next,
 	// before anything uses them: the IPAM's files need no sync of their
 	// own (ipam.Request.Recorded).
@@ -147,11 +153,8 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("state")
-	removedLink, err := m.plumb.plumbNew(ep, podNS, m.routers())
-	if removedLink {
-		m.log.Info("Removed what an unfinished endpoint creation left", "container", ep.ContainerID,
-			"host-interface", ep.HostIfName, "removed-interface", true)
-	}
+	var err error
+	*removedLink, err = m.plumb.plumbNew(ep, podNS, m.routers())
 	if err != nil {
 		return ep, err
 	}
@@ -184,15 +187,17 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("route")
-	ep.State = Ready
+	// Starting until the ready file is written and the row says ready:
+	// an undo removes a starting endpoint's row.
 	if err := persisted(); err != nil {
 		return ep, err
 	}
 	steps.done("state-ready")
 	m.crash.At(CrashEndpointPersisted)
-	if err := m.markState(ep, Ready, nil); err != nil {
+	if err := m.markState(ep, Starting, Ready, nil); err != nil {
 		return ep, err
 	}
+	ep.State = Ready
 	steps.done("ready")
 	for i := 0; i+1 < len(steps.out); i += 2 {
 		m.liveMetrics.steps.WithLabelValues(steps.out[i].(string)).Observe(steps.out[i+1].(time.Duration).Seconds())
@@ -321,14 +326,15 @@ func (m *Manager) leftovers(containerID string) (removedLink bool, released []ne
 	if err != nil {
 		return false, nil, err
 	}
-	released, err = m.leftoverAddresses(containerID, removedLink)
+	released, err = m.releaseLeftoverAddresses(containerID)
+	m.logLeftovers(containerID, removedLink, released)
 	return removedLink, released, err
 }
 
-// leftoverAddresses is leftovers without the look for a veth pair: it
-// releases containerID's addresses and forgets it as an orphan;
-// removedLink says whether its veth pair was removed, for the log.
-func (m *Manager) leftoverAddresses(containerID string, removedLink bool) ([]netip.Addr, error) {
+// releaseLeftoverAddresses is leftovers without the look for a veth pair
+// and the log: it releases containerID's addresses and forgets it as an
+// orphan.
+func (m *Manager) releaseLeftoverAddresses(containerID string) ([]netip.Addr, error) {
 	released, err := m.ipam.ReleaseOwner(containerID)
 	if err != nil {
 		return nil, err
@@ -339,11 +345,16 @@ func (m *Manager) leftoverAddresses(containerID string, removedLink bool) ([]net
 		m.reportProblems()
 	}
 	m.problemsMu.Unlock()
+	return released, nil
+}
+
+// logLeftovers logs what was removed of an unfinished creation of
+// containerID, if anything: its veth pair, its addresses.
+func (m *Manager) logLeftovers(containerID string, removedLink bool, released []netip.Addr) {
 	if removedLink || len(released) > 0 {
 		m.log.Info("Removed what an unfinished endpoint creation left", "container", containerID,
 			"host-interface", HostIfName(containerID), "removed-interface", removedLink, "released", released)
 	}
-	return released, nil
 }
 
 // podMeta is what the API server says of a pod, when it has told.
@@ -399,17 +410,21 @@ func (m *Manager) insert(ep *Endpoint, programsAttached bool) (statedb.Revision,
 	return rev, nil
 }
 
-// markState gives the endpoint ep in the table the state, and err's text
-// as its error when err is not nil. Nothing the datapath reads of it
-// changes: its statuses stay as the reconcilers left them. It fails when
-// ep is gone from the table (deleted, or replaced by another endpoint of
-// its ID).
-func (m *Manager) markState(ep *Endpoint, state State, err error) error {
+// markState moves the endpoint ep in the table from the state from to
+// state, with err's text as its error when err is not nil. Nothing the
+// datapath reads of it changes: its statuses stay as the reconcilers left
+// them. It fails, changing nothing, when ep is gone from the table
+// (deleted, or replaced by another endpoint of its ID) or is no longer in
+// the state from (a DEL that failed half way made it deleting, say).
+func (m *Manager) markState(ep *Endpoint, from, state State, err error) error {
 	txn := m.db.WriteTxn(m.tbl)
 	defer txn.Abort()
 	cur, _, found := m.tbl.Get(txn, EndpointID.Query(ep.ID))
 	if !found || !sameEndpoint(cur, ep) {
 		return fmt.Errorf("endpoint %d is gone from the table before it was %s", ep.ID, state)
+	}
+	if cur.State != from {
+		return fmt.Errorf("endpoint %d is %s, not %s, when it was to be %s", ep.ID, cur.State, from, state)
 	}
 	cur = cur.Clone()
 	cur.State = state
@@ -802,7 +817,7 @@ func (m *Manager) routeRestored(ctx context.Context, ep *Endpoint, rev statedb.R
 			return
 		case err != nil:
 			m.log.Error("Restored endpoint could not be routed; its host side stays down", "id", ep.ID, "container", ep.ContainerID, "error", err)
-			m.markState(ep, NotReady, err) // a deleted endpoint has no state to show
+			m.markState(ep, Starting, NotReady, err) // a deleted (or deleting) endpoint keeps its own
 			return
 		}
 		m.log.Info("Restored endpoint routed once live in the datapath", "id", ep.ID, "container", ep.ContainerID,
@@ -836,7 +851,7 @@ func (m *Manager) routeIfLive(ctx context.Context, ep *Endpoint, rev *statedb.Re
 	if err := routeHost(cur); err != nil {
 		return false, err
 	}
-	return true, m.markState(cur, Ready, nil)
+	return true, m.markState(cur, Starting, Ready, nil)
 }
 
 // claim reserves a restored endpoint's addresses for it.

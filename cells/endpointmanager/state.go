@@ -148,12 +148,7 @@ func (s *stateStore) endpointDir(id uint16) string {
 
 // write persists ep, atomically: a crash leaves the previous version.
 func (s *stateStore) write(ep *Endpoint, ph phase) error {
-	if s.fault != nil {
-		if err := s.fault(ph); err != nil {
-			return err
-		}
-	}
-	data, err := json.MarshalIndent(toStateFile(ep, ph), "", "  ")
+	data, err := s.marshal(ep, ph)
 	if err != nil {
 		return err
 	}
@@ -169,21 +164,17 @@ func (s *stateStore) write(ep *Endpoint, ph phase) error {
 // durable at once: the entry by a sync of the endpoints directory that
 // serves every creation running meanwhile (group commit), the file by
 // syncs of its own.
+//
+// A directory already there was left by a creation that was not undone
+// (its removal failed): its entry is synced all the same, as nothing says
+// that creation's sync ever succeeded.
 func (s *stateStore) create(ep *Endpoint, ph phase) error {
-	data, err := json.MarshalIndent(toStateFile(ep, ph), "", "  ")
+	data, err := s.marshal(ep, ph)
 	if err != nil {
 		return err
 	}
 	dir := s.endpointDir(ep.ID)
-	err = os.Mkdir(dir, 0o700)
-	if errors.Is(err, fs.ErrExist) {
-		// Left by a creation that was not undone: as write does.
-		if err := statefile.MkdirAll(dir); err != nil {
-			return err
-		}
-		return statefile.Write(filepath.Join(dir, stateFileName), data)
-	}
-	if err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create endpoint state directory: %w", err)
 	}
 	entry := make(chan error, 1)
@@ -193,6 +184,17 @@ func (s *stateStore) create(ep *Endpoint, ph phase) error {
 		err = fmt.Errorf("create endpoint state directory: %w", eerr)
 	}
 	return err
+}
+
+// marshal is ep's state file in phase ph, unless the test hook fault
+// fails the write.
+func (s *stateStore) marshal(ep *Endpoint, ph phase) ([]byte, error) {
+	if s.fault != nil {
+		if err := s.fault(ph); err != nil {
+			return nil, err
+		}
+	}
+	return json.MarshalIndent(toStateFile(ep, ph), "", "  ")
 }
 
 func (s *stateStore) remove(id uint16) error { return statefile.Remove(s.endpointDir(id)) }
