@@ -174,7 +174,12 @@ func (s *stateStore) create(ep *Endpoint, ph phase) error {
 		return err
 	}
 	dir := s.endpointDir(ep.ID)
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, fs.ErrExist) {
+		// Made sure of as write does.
+		if err := statefile.MkdirAll(dir); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return fmt.Errorf("create endpoint state directory: %w", err)
 	}
 	entry := make(chan error, 1)
