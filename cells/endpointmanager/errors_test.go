@@ -114,13 +114,19 @@ func TestCreateFailureIsUndone(t *testing.T) {
 
 // An ADD of a container whose earlier ADD the agent did not finish finds
 // that ADD's veth pair in its way (the host side's name is the
-// container's): the creation removes it and makes its own.
+// container's), and its addresses: the creation removes the one and
+// releases the others, says so in one log line with both, and makes its
+// own.
 func TestCreateReplacesLeftoverVeth(t *testing.T) {
 	tn := newTestNet(t)
 	n := tn.start(t, nodeOpts{})
 	p := newPod(t)
 	leftover := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: endpointmanager.HostIfName(p.id)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(p.ns.Fd())}
 	if err := netlink.LinkAdd(leftover); err != nil {
+		t.Fatal(err)
+	}
+	a, err := n.ipam.Allocate(context.Background(), ipam.Request{Owner: p.id, Family: ipam.IPv4})
+	if err != nil {
 		t.Fatal(err)
 	}
 	old, err := netlink.LinkByName(endpointmanager.HostIfName(p.id))
@@ -136,6 +142,14 @@ func TestCreateReplacesLeftoverVeth(t *testing.T) {
 	}
 	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
 		t.Fatalf("the endpoint made over a leftover: %v, %v", problems, err)
+	}
+	const msg = "Removed what an unfinished endpoint creation left"
+	if line := n.logs.Find(msg, "container", p.id, "removed-interface", "false"); line != nil {
+		t.Fatalf("leftovers logged as if no veth pair was removed: %v", line)
+	}
+	line := n.logs.Find(msg, "container", p.id, "removed-interface", "true")
+	if line == nil || !strings.Contains(line["released"], a.IP.String()) {
+		t.Fatalf("leftovers' log line = %v, want removed-interface=true and released %s", line, a.IP)
 	}
 }
 
@@ -176,31 +190,6 @@ func TestCreateStateWriteFailureIsUndone(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-	}
-}
-
-// An ADD that finds both a veth pair and addresses an earlier ADD of the
-// container left says so in one log line, with both.
-func TestCreateLogsLeftoversOnce(t *testing.T) {
-	tn := newTestNet(t)
-	n := tn.start(t, nodeOpts{})
-	p := newPod(t)
-	leftover := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: endpointmanager.HostIfName(p.id)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(p.ns.Fd())}
-	if err := netlink.LinkAdd(leftover); err != nil {
-		t.Fatal(err)
-	}
-	a, err := n.ipam.Allocate(context.Background(), ipam.Request{Owner: p.id, Family: ipam.IPv4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.create(t, p)
-	const msg = "Removed what an unfinished endpoint creation left"
-	if line := n.logs.Find(msg, "container", p.id, "removed-interface", "false"); line != nil {
-		t.Fatalf("leftovers logged as if no veth pair was removed: %v", line)
-	}
-	line := n.logs.Find(msg, "container", p.id, "removed-interface", "true")
-	if line == nil || !strings.Contains(line["released"], a.IP.String()) {
-		t.Fatalf("leftovers' log line = %v, want removed-interface=true and released %s", line, a.IP)
 	}
 }
 
