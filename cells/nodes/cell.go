@@ -179,6 +179,7 @@ func (n *nodes) merge(ctx context.Context, health cell.Health) error {
 		case <-ctx.Done():
 			return nil
 		}
+		complete := n.claims.takeComplete()
 		rows := n.claims.rows()
 		txn := n.db.WriteTxn(n.tbl)
 		for old := range n.tbl.All(txn) {
@@ -204,6 +205,9 @@ func (n *nodes) merge(ctx context.Context, health cell.Health) error {
 				n.localDone(txn)
 				n.localDone = nil
 			}
+		}
+		for _, initialized := range complete {
+			initialized(txn)
 		}
 		txn.Commit()
 		if len(problems) > 0 {

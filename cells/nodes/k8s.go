@@ -97,9 +97,7 @@ func (w *nodeWatcher) run(ctx context.Context, health cell.Health, synced func(s
 	if !cache.WaitFor(ctx, "", informer.HasSyncedChecker()) {
 		return nil
 	}
-	txn := w.nodes.db.WriteTxn(w.nodes.tbl)
-	synced(txn)
-	txn.Commit()
+	w.nodes.claims.synced(synced)
 	w.signal()
 	health.OK(fmt.Sprintf("Watching Node objects (%d)", len(w.store.ListKeys())))
 	<-ctx.Done()

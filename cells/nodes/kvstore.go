@@ -129,10 +129,7 @@ func (k *kvstoreNodes) watch(ctx context.Context, health cell.Health, listed fun
 			k.nodes.claims.set(name, SourceKVStore, ch.Value.spec, true)
 		}
 		if done && listed != nil {
-			k.nodes.claims.listed()
-			txn := k.nodes.db.WriteTxn(k.nodes.tbl)
-			listed(txn)
-			txn.Commit()
+			k.nodes.claims.listed(listed)
 			listed = nil
 		}
 	})

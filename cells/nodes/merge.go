@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/cilium/statedb"
 )
 
 // claims are what every source says of every node, kept by the sources'
@@ -28,6 +30,13 @@ type claims struct {
 	// held, or a key that sorts first would hold a CIDR that an older key
 	// of a node read later has a stronger claim on.
 	listing bool
+	// complete are the table's initializers of the sources that have
+	// given every claim they had at start; the merge marks them in the
+	// transaction that writes the rows made from those claims, so that
+	// the table is never initialized without them (the routing, which
+	// prunes once the table is initialized, would remove the routes to
+	// nodes it did not see yet).
+	complete []func(statedb.WriteTxn)
 	// changed is signalled (never blocks) when a claim changes.
 	changed chan struct{}
 }
@@ -40,12 +49,33 @@ func newClaims(local string, listing bool) *claims {
 }
 
 // listed says every kvstore key has been read once: from now on the rows'
-// CIDRs are held.
-func (c *claims) listed() {
+// CIDRs are held, and the merge marks initialized with them.
+func (c *claims) listed(initialized func(statedb.WriteTxn)) {
 	c.mu.Lock()
 	c.listing = false
+	c.complete = append(c.complete, initialized)
 	c.mu.Unlock()
 	c.signal()
+}
+
+// synced says a source has given every claim it had at start: the merge
+// marks initialized with the rows made from them.
+func (c *claims) synced(initialized func(statedb.WriteTxn)) {
+	c.mu.Lock()
+	c.complete = append(c.complete, initialized)
+	c.mu.Unlock()
+	c.signal()
+}
+
+// takeComplete returns the initializers given by listed and synced since
+// the last call. Taken before rows, they come with every claim made
+// before them.
+func (c *claims) takeComplete() []func(statedb.WriteTxn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	done := c.complete
+	c.complete = nil
+	return done
 }
 
 // signal wakes the merge (never blocks).
