@@ -22,9 +22,10 @@
 //     in health, what it said before taken back); nothing else is
 //     affected.
 //   - The table is initialized once this node is known, the Node objects
-//     are synced and (with the kvstore) the node keys are listed: consumers
-//     that remove what the table does not have (routes, ipcache entries)
-//     wait for it.
+//     are synced and (with the kvstore) the node keys are listed, in the
+//     transaction that writes the rows of those claims: consumers that
+//     remove what the table does not have (routes, ipcache entries) wait
+//     for it, and never see it initialized without them.
 //   - This node is published to the kvstore as a leased key, written back
 //     on its lease if someone else deletes or changes it (logged, counted).
 //   - On its Node object the agent keeps the annotations

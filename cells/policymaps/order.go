@@ -22,14 +22,17 @@ import (
 // new one, never dropping traffic both allow:
 //
 //   - enforcement turns a direction on only once the endpoint's allows are
-//     written: its Update waits until none of the endpoint's entries is
-//     Pending (an entry that failed, the full map, does not hold it back:
-//     its endpoint then denies more than its policy, as documented);
+//     written: its Update waits until none of the endpoint's entries, and no
+//     ipBlock prefix, is Pending (an entry that failed, the full map, does
+//     not hold it back: its endpoint then denies more than its policy, as
+//     documented); a row that moved on meanwhile is not written (write
+//     checks its revision), the newer one is reconciled next;
 //   - an allow of a direction the endpoint stops being isolated in is
 //     removed only after its enforcement is off in the map: the entry's
 //     Delete, finding the map still on where the table says off, holds its
-//     keys back (held), and the enforcement's Update removes them right
-//     after writing the flags off.
+//     keys back (held), as do a prefix's Delete and the prune at a restart,
+//     and the enforcement's Update removes them right after writing the
+//     flags off.
 //
 // The entries reconciler never waits, so the enforcement's wait always
 // ends. mu makes the entries' check of the map and the enforcement's write
