@@ -23,9 +23,11 @@ IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 
 .PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver etcd hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-policy-datapath bench-policy-converge bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
+# The plugin is static, as the image has it: every pod's ADD execs it, and a
+# cgo build pays the dynamic loader and libc's start each time.
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
-	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cellium-cni ./cmd/cellium-cni
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cellium-cni ./cmd/cellium-cni
 
 # The container image, described and built by cmd/imagebuild (no container
 # engine, no network): static, stripped binaries in bin/image/, then the

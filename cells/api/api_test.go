@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/hive"
@@ -22,6 +24,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/unixhttp"
 )
 
 // widgetRoutes is a test cell's contribution to the API.
@@ -50,6 +53,18 @@ func widgetRoutes() api.Routes {
 		}},
 		api.Route{Method: http.MethodGet, Path: "/v1/fail", Handler: func(*http.Request) (any, error) {
 			return nil, errors.New("disk on fire")
+		}},
+		api.Route{Method: http.MethodGet, Path: "/v1/times", Handler: func(r *http.Request) (any, error) {
+			rt, ok := api.TimesOf(r.Context())
+			return map[string]any{"ok": ok, "accepted": rt.Accepted, "handled": rt.Handled, "now": time.Now()}, nil
+		}},
+		api.Route{Method: http.MethodGet, Path: "/v1/widgets", Handler: func(r *http.Request) (any, error) {
+			// More than net/http buffers before it chunks an answer.
+			var out []map[string]string
+			for i := range 1000 {
+				out = append(out, map[string]string{"name": fmt.Sprintf("widget-%d", i)})
+			}
+			return out, nil
 		}},
 	)
 }
@@ -96,6 +111,58 @@ func TestContributedRoutes(t *testing.T) {
 	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/widgets/gear", map[string][]string{"verbose": {"1", "2"}}, nil, nil),
 		http.StatusBadRequest, `query parameter "verbose" given 2 times`)
 	wantAPIError(t, c.Do(ctx, http.MethodGet, "/v1/fail", nil, nil, nil), http.StatusInternalServerError, "disk on fire")
+}
+
+// A handler learns when its request's connection was accepted and when
+// the handler began (what the CNI benchmark's breakdown reads from the
+// endpoint manager's log line), both before the handler's own time.
+func TestRequestTimes(t *testing.T) {
+	c := startAPI(t)
+	before := time.Now()
+	var got struct {
+		OK                     bool
+		Accepted, Handled, Now time.Time
+	}
+	if err := c.Do(context.Background(), http.MethodGet, "/v1/times", nil, nil, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.OK || got.Accepted.Before(before) || got.Handled.Before(got.Accepted) || got.Now.Before(got.Handled) {
+		t.Fatalf("request %v..., got accepted %v, handled %v, handler ran %v (ok %v): want them in that order",
+			before, got.Accepted, got.Handled, got.Now, got.OK)
+	}
+	if _, ok := api.TimesOf(context.Background()); ok {
+		t.Fatal("TimesOf says a context that is not a request's has times")
+	}
+}
+
+// The CNI plugin's client (pkg/unixhttp, no net/http) against the API
+// server: a body in, an answer out, an answer net/http chunks, error
+// answers with their status and message.
+func TestUnixHTTPClient(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	celltest.Start(t, newAPIHive(t, socket, cell.Module("widgets", "Test routes", cell.Provide(widgetRoutes))))
+	ctx := context.Background()
+	var widget map[string]string
+	if err := unixhttp.Do(ctx, socket, http.MethodPut, "/v1/widgets/gear", map[string]string{"colour": "red"}, &widget); err != nil {
+		t.Fatal(err)
+	}
+	if widget["name"] != "gear" || widget["colour"] != "red" {
+		t.Fatalf("got %v, want the widget named by the path with the body's colour", widget)
+	}
+	var widgets []map[string]string
+	if err := unixhttp.Do(ctx, socket, http.MethodGet, "/v1/widgets", nil, &widgets); err != nil {
+		t.Fatal(err)
+	}
+	if len(widgets) != 1000 || widgets[999]["name"] != "widget-999" {
+		t.Fatalf("got %d widgets, want the 1000 of the chunked answer", len(widgets))
+	}
+	err := unixhttp.Do(ctx, socket, http.MethodGet, "/v1/widgets/missing", nil, nil)
+	wantAPIError(t, err, http.StatusNotFound, `no widget "missing"`)
+	if want := `agent answered 404 Not Found: no widget "missing"`; err.Error() != want {
+		t.Fatalf("got %q, want %q", err, want)
+	}
+	wantAPIError(t, unixhttp.Do(ctx, socket, http.MethodGet, "/v1/fail", nil, nil), http.StatusInternalServerError, "disk on fire")
+	wantAPIError(t, unixhttp.Do(ctx, socket, http.MethodPut, "/v1/widgets/gear", nil, nil), http.StatusBadRequest, "")
 }
 
 func TestDecodeJSON(t *testing.T) {

@@ -33,6 +33,7 @@ func NewHTTPServer(what string, handler http.Handler, log *slog.Logger, health c
 		srv: &http.Server{
 			Handler:           handler,
 			ReadHeaderTimeout: 10 * time.Second,
+			ConnContext:       connAccepted,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		},
 	}

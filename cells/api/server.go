@@ -173,7 +173,7 @@ func (s *Server) adapt(route Route) http.Handler {
 				"status", status, "duration", time.Since(start))
 		}()
 
-		v, err := route.Handler(r)
+		v, err := route.Handler(r.WithContext(withHandled(r.Context(), start)))
 		if err != nil {
 			status = statusOf(err)
 			writeJSON(w, status, apiv1.Error{Status: status, Message: err.Error()})

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/vishvananda/netns"
 
+	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -64,6 +65,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 		meta.apply(ep)
 	}
 	steps := newStepTimes()
+	if rt, ok := api.TimesOf(ctx); ok {
+		// What the request waited before the creation began: in the API
+		// server (queued) and in its handler (decoding, the wait for the
+		// restore).
+		steps.request = []any{"accepted", rt.Accepted,
+			"queued", rt.Handled.Sub(rt.Accepted).Round(time.Microsecond),
+			"handler", steps.last.Sub(rt.Handled).Round(time.Microsecond)}
+	}
 	// Before the lock: the path comes from the caller, and what it names
 	// is no business of other requests.
 	podNS, err := checkPodNetns(ctx, req.Netns)
@@ -204,7 +213,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 	}
 	m.log.Info("Created endpoint", "id", ep.ID, "container", ep.ContainerID, "interface", ep.IfName,
 		"host-interface", ep.HostIfName, "ipv4", ep.IPv4, "ipv6", ep.IPv6, slog.Group("live", live...),
-		slog.Group("steps", steps.out...))
+		slog.Group("steps", steps.out...), slog.Group("request", steps.request...))
 	return ep, nil
 }
 
@@ -222,6 +231,10 @@ func (m *Manager) writeStateAsync(ep *Endpoint, ph phase) func() error {
 type stepTimes struct {
 	last time.Time
 	out  []any
+	// request is when the API request of the creation was accepted and
+	// what it waited before the steps (api.TimesOf); empty for a creation
+	// not asked through the API.
+	request []any
 }
 
 func newStepTimes() *stepTimes { return &stepTimes{last: time.Now()} }

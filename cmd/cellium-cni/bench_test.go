@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -132,16 +133,22 @@ func BenchmarkAddParallel(b *testing.B) {
 	if *benchAgentBins != "" {
 		bins = strings.Split(*benchAgentBins, ",")
 	}
+	plugins := []string{filepath.Join(binDir, "cellium-cni")}
+	if *benchPluginBins != "" {
+		plugins = strings.Split(*benchPluginBins, ",")
+	}
 	for range b.N {
 		for _, bin := range bins {
-			addParallel(b, bin)
+			for _, plugin := range plugins {
+				addParallel(b, bin, plugin)
+			}
 		}
 	}
 }
 
 // addParallel is one measurement of BenchmarkAddParallel with the agent
-// binary bin ("" the one built for the tests).
-func addParallel(b *testing.B, bin string) {
+// binary bin ("" the one built for the tests) and the plugin binary plugin.
+func addParallel(b *testing.B, bin, plugin string) {
 	pods, single := *benchPods, *benchSingle
 	b.StopTimer()
 	load := procstat.LoadAverage()
@@ -151,6 +158,12 @@ func addParallel(b *testing.B, bin string) {
 	if bin != "" {
 		agentName = filepath.Base(bin)
 	}
+	// Each line names its agent and, with -cni.plugin-bins, its plugin.
+	names := "agent=" + agentName
+	if *benchPluginBins != "" {
+		names += " plugin=" + filepath.Base(plugin)
+	}
+	noop := filepath.Join(binDir, "noop-plugin")
 	// IPv6 only: a /112 holds every pod.
 	n.podCIDR = n.v6.Addr().String() + "/112"
 	var extra []string
@@ -184,7 +197,7 @@ func addParallel(b *testing.B, bin string) {
 	singleLat := make([]time.Duration, 0, single)
 	for _, p := range singles {
 		start := time.Now()
-		if out, err := runPlugin("cellium-cni", env(p), conf); err != nil {
+		if out, err := runPlugin(plugin, env(p), conf); err != nil {
 			b.Fatalf("ADD of %s: %v: %s", p.name, err, out)
 		}
 		singleLat = append(singleLat, time.Since(start))
@@ -193,7 +206,7 @@ func addParallel(b *testing.B, bin string) {
 
 	// The floor: the plugin that does nothing, as many at once.
 	floor := parallel(b, pods, func(i int) error {
-		out, err := runPlugin("noop-plugin", env(ps[i]), conf)
+		out, err := runPlugin(noop, env(ps[i]), conf)
 		if err != nil {
 			return fmt.Errorf("noop plugin: %v: %s", err, out)
 		}
@@ -204,9 +217,11 @@ func addParallel(b *testing.B, bin string) {
 	cpuBefore, rssBefore := procCPU(b, pid), procRSS(b, pid)
 	stopProfile = n.cpuProfile(b, "parallel-cpu.pb.gz")
 	b.StartTimer()
-	latencies := parallel(b, pods, func(i int) error {
-		if out, err := runPlugin("cellium-cni", env(ps[i]), conf); err != nil {
-			return fmt.Errorf("ADD of %s: %v: %s", ps[i].name, err, out)
+	runs := make([]pluginRun, pods)
+	latencies := parallel(b, pods, func(i int) (err error) {
+		runs[i], err = runPluginTimed(plugin, env(ps[i]), conf)
+		if err != nil {
+			return fmt.Errorf("ADD of %s: %v", ps[i].name, err)
 		}
 		return nil
 	})
@@ -227,8 +242,11 @@ func addParallel(b *testing.B, bin string) {
 	}
 	// Each ADD's time in the agent's creation (its steps, from the
 	// request's arrival in the endpoint manager to its answer) and
-	// outside it (the plugin's exec and start, the API round trip).
+	// outside it (the plugin's exec and start, the API round trip), and
+	// that split into its phases (addPhases) where the plugin and the
+	// agent say when each began.
 	var inAgent, outside []time.Duration
+	phases := map[string][]time.Duration{}
 	for _, line := range n.agent.lines("Created endpoint") {
 		i, ok := parallelIDs[fmt.Sprint(line["container"])]
 		if !ok {
@@ -246,12 +264,13 @@ func addParallel(b *testing.B, bin string) {
 		}
 		inAgent = append(inAgent, created)
 		outside = append(outside, latencies[i]-created)
+		addPhases(phases, runs[i], line, created)
 	}
 	// The system calls of a few ADDs one after another, under strace
 	// (which slows them: no latency is taken from these).
 	calls := countCalls(b, pid, func() {
 		for _, p := range counted {
-			if out, err := runPlugin("cellium-cni", env(p), conf); err != nil {
+			if out, err := runPlugin(plugin, env(p), conf); err != nil {
 				b.Fatalf("ADD of %s: %v: %s", p.name, err, out)
 			}
 		}
@@ -260,18 +279,109 @@ func addParallel(b *testing.B, bin string) {
 	p99 := percentile(latencies, 99)
 	fmt.Printf("cni-bench pods=%d add_p50_ms=%.1f add_p99_ms=%.1f floor_p50_ms=%.1f floor_p99_ms=%.1f p99_over_floor=%.2f "+
 		"kernel_p50_ms=%.1f kernel_p99_ms=%.1f "+
-		"single_add_p50_ms=%.1f single_add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f load1=%s load1_end=%s agent=%s\n",
+		"single_add_p50_ms=%.1f single_add_p99_ms=%.1f agent_cpu_ms_per_1000_pods=%.0f agent_rss_mb_per_1000_pods=%.1f load1=%s load1_end=%s %s\n",
 		pods, ms(percentile(latencies, 50)), ms(p99), ms(percentile(floor, 50)), ms(percentile(floor, 99)),
 		float64(p99)/float64(percentile(floor, 99)), ms(percentile(kernel, 50)), ms(percentile(kernel, 99)),
 		ms(percentile(singleLat, 50)), ms(percentile(singleLat, 99)),
-		ms(cpu)*perThousand, rss*perThousand, load, procstat.LoadAverage(), agentName)
-	fmt.Printf("cni-live-bench pods=%d %s agent=%s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))), agentName)
-	fmt.Printf("cni-steps-bench pods=%d %s agent=%s\n", len(steps["live"]), percentiles(steps, createSteps), agentName)
-	fmt.Printf("cni-breakdown-bench pods=%d %s %s agent=%s\n", len(inAgent),
-		percentiles(map[string][]time.Duration{"in_agent": inAgent, "outside_agent": outside}, []string{"in_agent", "outside_agent"}),
-		calls.perAdd(len(counted)), agentName)
+		ms(cpu)*perThousand, rss*perThousand, load, procstat.LoadAverage(), names)
+	fmt.Printf("cni-live-bench pods=%d %s %s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))), names)
+	fmt.Printf("cni-steps-bench pods=%d %s %s\n", len(steps["live"]), percentiles(steps, createSteps), names)
+	phases["in_agent"], phases["outside_agent"] = inAgent, outside
+	fmt.Printf("cni-breakdown-bench pods=%d %s %s %s\n", len(inAgent), percentiles(phases, breakdownPhases),
+		calls.perAdd(len(counted)), names)
 	// The next binary's measurement on a quiet node.
 	n.kill()
+}
+
+// breakdownPhases are the parts of a parallel ADD in the breakdown line:
+// its time in the agent's creation and outside it, and the phases of each
+// ADD in order (addPhases), which add up to the ADD.
+var breakdownPhases = []string{"in_agent", "outside_agent", "exec_init", "request", "to_handler", "agent_queued", "handler", "response", "result", "exit"}
+
+// addPhases adds to phases the phases of one ADD, run, whose creation the
+// agent logged in line and took created in its steps. From the plugin's
+// trace (TraceEnv) and the request's times in the agent's line (its
+// clock is the same), one after the other:
+//
+//	exec_init   the exec until main (the fork and exec, the runtime's
+//	            start and the packages' initialization)
+//	request     main until the request is written (the configuration,
+//	            the connection)
+//	to_handler  the request written until the agent's handler begins
+//	            (waiting to be accepted, then agent_queued: the agent
+//	            reading and parsing it)
+//	handler     the handler until the creation's first step (decoding,
+//	            the wait for the restore)
+//	(in_agent)  the creation's steps
+//	response    the creation's end until the answer's status line is in
+//	            the plugin (the handler's answer, written, read)
+//	result      the answer until the result is printed
+//	exit        the result printed until the process is reaped
+//
+// A plugin or agent that does not say leaves its phases out.
+func addPhases(phases map[string][]time.Duration, run pluginRun, line map[string]any, created time.Duration) {
+	req, _ := line["request"].(map[string]any)
+	acceptedText, _ := req["accepted"].(string)
+	accepted, err := time.Parse(time.RFC3339Nano, acceptedText)
+	if err != nil || run.trace == nil {
+		return
+	}
+	queued := time.Duration(msOf(req["queued"]) * float64(time.Millisecond))
+	handler := time.Duration(msOf(req["handler"]) * float64(time.Millisecond))
+	handled := accepted.Add(queued)
+	stepsEnd := handled.Add(handler + created)
+	t := run.trace
+	for name, d := range map[string]time.Duration{
+		"exec_init":    t["main"].Sub(run.start),
+		"request":      t["sent"].Sub(t["main"]),
+		"to_handler":   handled.Sub(t["sent"]),
+		"agent_queued": queued,
+		"handler":      handler,
+		"response":     t["answered"].Sub(stepsEnd),
+		"result":       t["printed"].Sub(t["answered"]),
+		"exit":         run.exited.Sub(t["printed"]),
+	} {
+		phases[name] = append(phases[name], d)
+	}
+}
+
+// pluginRun is one exec of a plugin: when the exec began and when the
+// process was reaped, and the times the plugin wrote in its trace
+// (TraceEnv: main, sent, answered, printed), nil if it wrote none.
+type pluginRun struct {
+	start, exited time.Time
+	trace         map[string]time.Time
+}
+
+// runPluginTimed execs the plugin at path with TraceEnv set, as runPlugin,
+// and reads its trace from its stderr.
+func runPluginTimed(path string, env map[string]string, stdin []byte) (pluginRun, error) {
+	cmd := pluginCmd(path, env, stdin)
+	cmd.Env = append(cmd.Env, TraceEnv+"=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	run := pluginRun{start: time.Now()}
+	err := cmd.Run()
+	run.exited = time.Now()
+	if err != nil {
+		return run, fmt.Errorf("%v: %s %s", err, stdout.String(), stderr.String())
+	}
+	for l := range strings.Lines(stderr.String()) {
+		fields, ok := strings.CutPrefix(strings.TrimSpace(l), "cellium-cni trace: ")
+		if !ok {
+			continue
+		}
+		run.trace = map[string]time.Time{}
+		for f := range strings.FieldsSeq(fields) {
+			k, v, _ := strings.Cut(f, "=")
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return run, fmt.Errorf("trace %q: %v", l, err)
+			}
+			run.trace[k] = time.Unix(0, n)
+		}
+	}
+	return run, nil
 }
 
 // createSteps are the steps of a creation in the agent, in order, as it
@@ -369,20 +479,26 @@ var (
 	benchAgentBins  = flag.String("cni.agent-bins", "", "Comma-separated agent binaries BenchmarkAddParallel measures one after the other in one run, each line naming its binary (agent=); empty: the one built for the tests")
 	benchCountAdds  = flag.Int("cni.count-adds", 5, "ADDs BenchmarkAddParallel runs one after another under strace at the end, to count the agent's netlink requests and syncs per ADD")
 	benchProfileDir = flag.String("cni.profile-dir", "", "Run the agent with --pprof and write its CPU profiles of BenchmarkAddParallel's ADDs into this directory")
+	benchPluginBins = flag.String("cni.plugin-bins", "", "Comma-separated plugin binaries BenchmarkAddParallel measures one after the other in one run (with each agent of -cni.agent-bins), each line naming its plugin (plugin=); empty: the one built for the tests")
 )
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// runPlugin execs a built plugin; unlike cniExec it may run on any
+// runPlugin execs the plugin at path; unlike cniExec it may run on any
 // goroutine.
-func runPlugin(name string, env map[string]string, stdin []byte) ([]byte, error) {
-	cmd := exec.Command(filepath.Join(binDir, name))
+func runPlugin(path string, env map[string]string, stdin []byte) ([]byte, error) {
+	return pluginCmd(path, env, stdin).Output()
+}
+
+// pluginCmd is an exec of the plugin at path as a runtime makes it.
+func pluginCmd(path string, env map[string]string, stdin []byte) *exec.Cmd {
+	cmd := exec.Command(path)
 	cmd.Env = []string{"CNI_PATH=" + binDir, "PATH=/usr/bin:/bin"}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Stdin = bytes.NewReader(stdin)
-	return cmd.Output()
+	return cmd
 }
 
 // procCPU is a process's user and system CPU time so far.

@@ -35,8 +35,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,7 +49,7 @@ import (
 	cniversion "github.com/containernetworking/cni/pkg/version"
 
 	"github.com/cellium/cellium/pkg/apiv1"
-	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/unixhttp"
 	"github.com/cellium/cellium/pkg/version"
 )
 
@@ -67,7 +67,34 @@ const (
 	errCheckFailed = 101
 )
 
+// The agent's answers the plugin tells apart.
+const (
+	statusBadRequest         = 400
+	statusNotFound           = 404
+	statusServiceUnavailable = 503
+)
+
+// endpointPath is the API path of a container's endpoint.
+func endpointPath(containerID string) string {
+	return apiv1.PathEndpoints + "/" + url.PathEscape(apiv1.ContainerIDPrefix+containerID)
+}
+
+// started is when main began: the process's start for a trace (TraceEnv).
+var started time.Time
+
+// TraceEnv, set to anything, has an ADD write the times of its phases on
+// stderr after its result, as unix nanoseconds (the CNI benchmarks read
+// them):
+//
+//	cellium-cni trace: main=... sent=... answered=... printed=...
+//
+// main is when main began (the runtime and the packages initialized),
+// sent when the request to the agent was written, answered when the
+// agent's answer arrived, printed when the result was written.
+const TraceEnv = "CELLIUM_CNI_TRACE"
+
 func main() {
+	started = time.Now()
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC},
 		cniversion.PluginSupports("1.0.0", "1.1.0"),
 		"CNI plugin cellium-cni "+version.Get().Version)
@@ -134,11 +161,13 @@ func cmdAdd(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	c := client.New(conf.Socket)
-	ep, err := c.CreateEndpoint(ctx, args.ContainerID, apiv1.EndpointCreate{
+	var trace unixhttp.Trace
+	ctx = unixhttp.WithTrace(ctx, &trace)
+	var ep apiv1.Endpoint
+	err = unixhttp.Do(ctx, conf.Socket, "PUT", endpointPath(args.ContainerID), apiv1.EndpointCreate{
 		Netns: args.Netns, Interface: args.IfName,
 		PodNamespace: string(k8s.K8S_POD_NAMESPACE), PodName: string(k8s.K8S_POD_NAME),
-	})
+	}, &ep)
 	if err != nil {
 		return cniError("add endpoint", conf.Socket, err)
 	}
@@ -146,7 +175,14 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrInternal, "the agent's answer is not a usable endpoint", err.Error())
 	}
-	return types.PrintResult(result, conf.CNIVersion)
+	if err := types.PrintResult(result, conf.CNIVersion); err != nil {
+		return err
+	}
+	if os.Getenv(TraceEnv) != "" {
+		fmt.Fprintf(os.Stderr, "cellium-cni trace: main=%d sent=%d answered=%d printed=%d\n",
+			started.UnixNano(), trace.Sent.UnixNano(), trace.Answered.UnixNano(), time.Now().UnixNano())
+	}
+	return nil
 }
 
 // resultOf is the CNI result for an endpoint: the host and the container
@@ -196,11 +232,11 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	_, err = client.New(conf.Socket).DeleteEndpoint(ctx, client.ContainerEndpointID(args.ContainerID))
-	if apiErr, ok := errors.AsType[*client.APIError](err); ok && apiErr.Status == http.StatusNotFound {
+	err = unixhttp.Do(ctx, conf.Socket, "DELETE", endpointPath(args.ContainerID), nil, nil)
+	if apiErr, ok := errors.AsType[*unixhttp.APIError](err); ok && apiErr.Status == statusNotFound {
 		return nil
 	}
-	if _, ok := errors.AsType[*client.UnreachableError](err); ok {
+	if _, ok := errors.AsType[*unixhttp.UnreachableError](err); ok {
 		// Failing would block the pod's removal for as long as the agent
 		// is down; the agent's restore removes endpoints whose netns is
 		// gone and releases their addresses.
@@ -227,8 +263,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	check, err := client.New(conf.Socket).CheckEndpoint(ctx, client.ContainerEndpointID(args.ContainerID))
-	if apiErr, ok := errors.AsType[*client.APIError](err); ok && apiErr.Status == http.StatusNotFound {
+	var check apiv1.EndpointCheck
+	err = unixhttp.Do(ctx, conf.Socket, "GET", endpointPath(args.ContainerID)+"/check", nil, &check)
+	if apiErr, ok := errors.AsType[*unixhttp.APIError](err); ok && apiErr.Status == statusNotFound {
 		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("the agent has no endpoint for container %s", args.ContainerID), apiErr.Message)
 	}
 	if err != nil {
@@ -265,8 +302,8 @@ func cmdStatus(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	hz, err := client.New(conf.Socket).Healthz(ctx)
-	if err != nil {
+	var hz apiv1.Healthz
+	if err := unixhttp.Do(ctx, conf.Socket, "GET", apiv1.PathHealthz, nil, &hz); err != nil {
 		return types.NewError(errPluginNotAvailable, "cellium agent unreachable", err.Error())
 	}
 	if !hz.Ready {
@@ -292,17 +329,16 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	c := client.New(conf.Socket)
-	eps, err := c.Endpoints(ctx)
-	if err != nil {
+	var eps []apiv1.Endpoint
+	if err := unixhttp.Do(ctx, conf.Socket, "GET", apiv1.PathEndpoints, nil, &eps); err != nil {
 		return cniError("list endpoints", conf.Socket, err)
 	}
 	for _, ep := range eps {
 		if ep.ContainerID == "" || valid[attachment{ep.ContainerID, ep.Interface}] {
 			continue
 		}
-		_, err := c.DeleteEndpoint(ctx, client.ContainerEndpointID(ep.ContainerID))
-		if apiErr, ok := errors.AsType[*client.APIError](err); ok && apiErr.Status == http.StatusNotFound {
+		err := unixhttp.Do(ctx, conf.Socket, "DELETE", endpointPath(ep.ContainerID), nil, nil)
+		if apiErr, ok := errors.AsType[*unixhttp.APIError](err); ok && apiErr.Status == statusNotFound {
 			continue // a DEL was quicker
 		}
 		if err != nil {
@@ -315,20 +351,20 @@ func cmdGC(args *skel.CmdArgs) error {
 
 // cniError turns an error talking to the agent into a CNI error.
 func cniError(what, socket string, err error) error {
-	if _, ok := errors.AsType[*client.UnreachableError](err); ok {
+	if _, ok := errors.AsType[*unixhttp.UnreachableError](err); ok {
 		return types.NewError(types.ErrTryAgainLater, "cellium agent unreachable at "+socket+": try again later", err.Error())
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return types.NewError(types.ErrTryAgainLater, "cellium agent did not answer in time: try again later", err.Error())
 	}
-	apiErr, ok := errors.AsType[*client.APIError](err)
+	apiErr, ok := errors.AsType[*unixhttp.APIError](err)
 	if !ok {
 		return types.NewError(types.ErrInternal, what+": "+err.Error(), "")
 	}
 	switch apiErr.Status {
-	case http.StatusServiceUnavailable:
+	case statusServiceUnavailable:
 		return types.NewError(types.ErrTryAgainLater, what+": "+apiErr.Message, "")
-	case http.StatusBadRequest:
+	case statusBadRequest:
 		return types.NewError(types.ErrInvalidEnvironmentVariables, what+": "+apiErr.Message, "")
 	default:
 		return types.NewError(errAgentRefused, what+": "+apiErr.Message, "")

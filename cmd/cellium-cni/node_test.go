@@ -52,8 +52,17 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	for _, b := range []struct{ out, pkg string }{{"agent", "../agent"}, {"cellium-cni", "."}, {"noop-plugin", noop}} {
+	// The plugin as the image builds it (make image): static, without
+	// cgo, so without the dynamic loader and libc's start in every exec.
+	for _, b := range []struct {
+		out, pkg string
+		shipped  bool
+	}{{"agent", "../agent", false}, {"cellium-cni", ".", true}, {"noop-plugin", noop, false}} {
 		build := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+		if b.shipped {
+			build = exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(dir, b.out), b.pkg)
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		}
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n", b.pkg, err)
@@ -390,12 +399,7 @@ func resultAddrs(t testing.TB, res types.Result) (v4, v6 netip.Addr) {
 // when it fails, its CNI error.
 func cniExec(t testing.TB, env map[string]string, stdin []byte) ([]byte, *types.Error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "cellium-cni"))
-	cmd.Env = []string{"CNI_PATH=" + binDir, "PATH=/usr/bin:/bin"}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Stdin = bytes.NewReader(stdin)
+	cmd := pluginCmd(filepath.Join(binDir, "cellium-cni"), env, stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/unixhttp"
 )
 
 // Client talks to one agent.
@@ -48,27 +49,12 @@ func New(socket string) *Client {
 // dialTimeout bounds connecting to the socket.
 const dialTimeout = 5 * time.Second
 
-// UnreachableError is returned when nothing answers on the socket.
-type UnreachableError struct {
-	Socket string
-	Err    error
-}
-
-func (e *UnreachableError) Error() string {
-	return fmt.Sprintf("cannot reach the agent at %s (is `agent run` running? --api-socket selects another socket): %v", e.Socket, e.Err)
-}
-
-func (e *UnreachableError) Unwrap() error { return e.Err }
+// UnreachableError is returned when nothing answers on the socket; the CNI
+// plugin's client (pkg/unixhttp) returns the same.
+type UnreachableError = unixhttp.UnreachableError
 
 // APIError is an error answer from the agent.
-type APIError struct {
-	Status  int
-	Message string
-}
-
-func (e *APIError) Error() string {
-	return fmt.Sprintf("agent answered %d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
-}
+type APIError = unixhttp.APIError
 
 // Do sends a request with in (if not nil) as its JSON body and decodes the
 // answer into out (if not nil).
@@ -106,7 +92,7 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 		if json.Unmarshal(raw, &apiErr) != nil || apiErr.Message == "" {
 			apiErr.Message = string(bytes.TrimSpace(raw))
 		}
-		return &APIError{Status: resp.StatusCode, Message: apiErr.Message}
+		return &APIError{Status: resp.StatusCode, StatusText: http.StatusText(resp.StatusCode), Message: apiErr.Message}
 	}
 	if out == nil {
 		return nil

@@ -52,7 +52,7 @@ func OpenStream[T any](ctx context.Context, c *Client, path string, query url.Va
 		if json.Unmarshal(raw, &apiErr) != nil || apiErr.Message == "" {
 			apiErr.Message = string(bytes.TrimSpace(raw))
 		}
-		return nil, &APIError{Status: resp.StatusCode, Message: apiErr.Message}
+		return nil, &APIError{Status: resp.StatusCode, StatusText: http.StatusText(resp.StatusCode), Message: apiErr.Message}
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != streamType {
 		resp.Body.Close()
