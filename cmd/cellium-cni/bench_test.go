@@ -111,11 +111,14 @@ func median(xs []float64) float64 {
 //	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... kernel_p50_ms=... kernel_p99_ms=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
 //	cni-live-bench pods=100 endpoint-map_p50_ms=... endpoint-map_p99_ms=... policy_p50_ms=... ... programs_p99_ms=...
 //	cni-steps-bench pods=100 netns_p50_ms=... netns_p99_ms=... identity_p50_ms=... ... ready_p99_ms=...
-//	cni-breakdown-bench pods=100 in_agent_p50_ms=... in_agent_p99_ms=... outside_agent_p50_ms=... outside_agent_p99_ms=... netlink_per_add=... fsync_per_add=... rtm_getlink=... ...
+//	cni-breakdown-bench pods=100 in_agent_p50_ms=... in_agent_p99_ms=... outside_agent_p50_ms=... outside_agent_p99_ms=... exec_init_p50_ms=... ... exit_p99_ms=... netlink_per_add=... fsync_per_add=... rtm_getlink=... ...
 //
 // The breakdown splits each parallel ADD into its time in the agent's
 // creation (the sum of its steps) and the rest (the plugin's exec and
-// start, the API round trip), and counts, over -cni.count-adds (5) ADDs one
+// start, the API round trip), that rest into its phases from the plugin's
+// trace (TraceEnv) and the agent's log line (addPhases: exec_init, request,
+// to_handler with agent_queued, handler, response, result, exit), and
+// counts, over -cni.count-adds (5) ADDs one
 // after another under strace at the end, the agent's netlink requests (by
 // type) and syncs per ADD; without strace the benchmark skips there.
 //
@@ -123,7 +126,9 @@ func median(xs []float64) float64 {
 // the parallel ADDs, scaled to 1,000 pods, and the load average when it
 // started and when it ended. The pods' namespaces are made first.
 // -cni.agent-bins OLD,NEW measures each agent binary so, one after the
-// other in one run (agent= on each line). -cni.profile-dir DIR runs the
+// other in one run (agent= on each line), and -cni.plugin-bins OLD,NEW each
+// plugin binary so with each agent (plugin=; a plugin without the trace
+// leaves its phases out). -cni.profile-dir DIR runs the
 // agent with --pprof and writes its CPU profile over the parallel ADDs
 // (parallel-cpu.pb.gz) and over the single ones (single-cpu.pb.gz).
 //
