@@ -23,11 +23,15 @@ IMAGE_ARCHIVE ?= $(BIN)/cellium-agent.oci.tar
 
 .PHONY: fuzz build run dev-cluster dev-cluster-down test test-k8s kube-apiserver etcd hubble-relay lint bpf check-bpf image bench bench-lb bench-hubble bench-ctgc bench-identity bench-ipcache bench-crd bench-nodes bench-crossnode bench-policy-window bench-policy bench-policy-datapath bench-policy-converge bench-probe bench-masq bench-nodeport bench-agent bench-cni docs clean
 
-# The plugin is static, as the image has it: every pod's ADD execs it, and a
-# cgo build pays the dynamic loader and libc's start each time.
+# The agent and the CNI plugin (what the image ships), and cellium-dev, the
+# developer's tooling (`cellium-dev cluster`), which the agent does not link
+# and which runs the agent and plugin beside it. The plugin is static, as
+# the image has it: every pod's ADD execs it, and a cgo build pays the
+# dynamic loader and libc's start each time.
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/agent ./cmd/agent
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cellium-cni ./cmd/cellium-cni
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/cellium-dev ./cmd/cellium-dev
 
 # The container image, described and built by cmd/imagebuild (no container
 # engine, no network): static, stripped binaries in bin/image/, then the
@@ -46,10 +50,10 @@ run: build
 # A cluster of agents on this machine (as root, needs Debian's etcd-server):
 # make dev-cluster ARGS="--nodes 3"; make dev-cluster-down. docs/dev-cluster.md.
 dev-cluster: build
-	./$(BIN)/agent dev-cluster up $(ARGS)
+	./$(BIN)/cellium-dev cluster up $(ARGS)
 
 dev-cluster-down: build
-	./$(BIN)/agent dev-cluster down $(ARGS)
+	./$(BIN)/cellium-dev cluster down $(ARGS)
 
 # kube-apiserver and hubble-relay are built first (once per machine, into
 # the user's cache dir): cmd/agent's TestKubeAPIServer runs the agent

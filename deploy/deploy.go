@@ -1,6 +1,6 @@
 // Package deploy holds the kustomize base of the DaemonSet; RBAC is its
-// rbac.yaml, for what applies the same RBAC outside a cluster (agent
-// dev-cluster up --identity-allocation-mode=crd).
+// rbac.yaml, for what applies the same RBAC outside a cluster (cellium-dev
+// cluster up --identity-allocation-mode=crd).
 package deploy
 
 import _ "embed"

@@ -56,6 +56,56 @@ func TestAgentLinksOnlyUsedAPIGroups(t *testing.T) {
 	}
 }
 
+// TestAgentLinksNoDeveloperTooling: the daemon links none of the developer
+// tooling, which is cmd/cellium-dev's (the dev cluster, the CNI library it
+// adds pods with, the relay and API server builds, the image build) or the
+// tests' (docs/performance.md, "Memory at idle"): every agent start paid
+// for its initializers and the pages they touched.
+func TestAgentLinksNoDeveloperTooling(t *testing.T) {
+	list := exec.Command("go", "list", "-deps", ".")
+	// As the image builds it (make image).
+	list.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	unwanted := []string{
+		"github.com/cellium/cellium/pkg/devcluster",
+		"github.com/cellium/cellium/pkg/hubblerelay",
+		"github.com/cellium/cellium/pkg/kubeapiserver",
+		"github.com/cellium/cellium/pkg/toolbuild",
+		"github.com/cellium/cellium/pkg/tlsca",
+		"github.com/cellium/cellium/pkg/kubeapitest",
+		"github.com/cellium/cellium/pkg/etcdtest",
+		"github.com/cellium/cellium/pkg/nettest",
+		"github.com/cellium/cellium/deploy",
+		"github.com/containernetworking/cni/libcni",
+		"github.com/google/go-containerregistry/",
+	}
+	daemon := false
+	for pkg := range strings.Lines(string(out)) {
+		pkg = strings.TrimSpace(pkg)
+		daemon = daemon || pkg == "github.com/cellium/cellium/cells"
+		for _, u := range unwanted {
+			if pkg == u || strings.HasPrefix(pkg, strings.TrimSuffix(u, "/")+"/") {
+				t.Errorf("the agent links %s", pkg)
+			}
+		}
+	}
+	if !daemon {
+		t.Fatalf("go list -deps of the agent lacks its cells:\n%s", out)
+	}
+}
+
+// `agent dev-cluster`, which moved, says what to run instead.
+func TestDevClusterMoved(t *testing.T) {
+	out, errOut, code := agentCmd(t, "dev-cluster", "up", "--nodes", "3")
+	want := "Error: agent dev-cluster moved to its own binary: run cellium-dev cluster up --nodes 3 (make build puts bin/cellium-dev beside bin/agent; docs/dev-cluster.md)\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("agent dev-cluster up --nodes 3 = %d, %q, %q; want 1 and %q", code, out, errOut, want)
+	}
+}
+
 // TestAgentInitializersAllocateLittle: the agent's own packages'
 // initializers do no work that only some commands or modes need (compiling
 // regular expressions, building schemes): every agent start pays for it,
@@ -72,13 +122,10 @@ func TestAgentInitializersAllocateLittle(t *testing.T) {
 		t.Fatalf("agent version: %v\n%s", err, stderr.String())
 	}
 	limits := map[string]int{
-		// Mode- and tool-specific: nothing at start.
-		"github.com/cellium/cellium/pkg/devcluster":    4096,
-		"github.com/cellium/cellium/pkg/hubblerelay":   4096,
-		"github.com/cellium/cellium/pkg/kubeapiserver": 4096,
-		"github.com/cellium/cellium/pkg/k8sapi":        4096,
-		"github.com/cellium/cellium/cells/bpfmaps":     8192,
-		"github.com/cellium/cellium/pkg/kubeclient":    256 << 10,
+		// Mode-specific: nothing at start.
+		"github.com/cellium/cellium/pkg/k8sapi":     4096,
+		"github.com/cellium/cellium/cells/bpfmaps":  8192,
+		"github.com/cellium/cellium/pkg/kubeclient": 256 << 10,
 	}
 	seen := 0
 	for line := range strings.Lines(stderr.String()) {

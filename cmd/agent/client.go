@@ -15,12 +15,13 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 // clientCmd is a command that asks the running agent over --api-socket.
 type clientCmd struct {
 	api     api.Config
-	out     outputFlag
+	out     cliout.Output
 	timeout time.Duration
 }
 
@@ -34,26 +35,26 @@ type listGetCmds[T any] struct {
 
 func (l listGetCmds[T]) commands(stdout io.Writer, listShort, getUse, getShort string) []*cobra.Command {
 	return []*cobra.Command{
-		newClientCmd("list", listShort, cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		newClientCmd("list", listShort, cobra.NoArgs, func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			rows, err := l.list(c, ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, rows, func(w io.Writer) error { return l.table(w, rows) })
+			return out.Print(stdout, rows, func(w io.Writer) error { return l.table(w, rows) })
 		}),
-		newClientCmd(getUse, getShort, cobra.ExactArgs(1), func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		newClientCmd(getUse, getShort, cobra.ExactArgs(1), func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			row, err := l.get(c, ctx, args[0])
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, row, func(w io.Writer) error { return l.table(w, []T{row}) })
+			return out.Print(stdout, row, func(w io.Writer) error { return l.table(w, []T{row}) })
 		}),
 	}
 }
 
 // newClientCmd builds a command with --api-socket (the agent's own flag and
 // default) and -o.
-func newClientCmd(use, short string, args cobra.PositionalArgs, run func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error) *cobra.Command {
+func newClientCmd(use, short string, args cobra.PositionalArgs, run func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error) *cobra.Command {
 	cc := &clientCmd{api: api.DefaultConfig}
 	cmd := &cobra.Command{
 		Use:   use,
@@ -70,13 +71,13 @@ func newClientCmd(use, short string, args cobra.PositionalArgs, run func(ctx con
 	}
 	cc.api.Flags(cmd.Flags())
 	cmd.Flags().DurationVar(&cc.timeout, "timeout", 30*time.Second, "How long to wait for the agent's answer")
-	cc.out.register(cmd)
+	cc.out.Register(cmd)
 	return cmd
 }
 
 func newStatusCmd(stdout io.Writer) *cobra.Command {
 	return newClientCmd("status", "Show the running agent's readiness and health, per module",
-		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			h, err := c.Health(ctx)
 			if err != nil {
 				return err
@@ -87,7 +88,7 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 			} else {
 				st.IdentitiesError = err.Error()
 			}
-			return out.print(stdout, st, func(w io.Writer) error {
+			return out.Print(stdout, st, func(w io.Writer) error {
 				kv, err := c.KVStore(ctx)
 				if err != nil {
 					return err
@@ -134,7 +135,7 @@ func printHealth(w io.Writer, st agentStatus, kv apiv1.KVStore) error {
 			}
 			rows = append(rows, []string{b.Name, waited, b.Detail})
 		}
-		if err := writeTable(w, []string{"WAITING FOR", "SINCE", "DETAIL"}, rows); err != nil {
+		if err := cliout.WriteTable(w, []string{"WAITING FOR", "SINCE", "DETAIL"}, rows); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
@@ -161,7 +162,7 @@ func printHealth(w io.Writer, st agentStatus, kv apiv1.KVStore) error {
 		}
 	}
 	walk("", h.Modules, true)
-	return writeTable(w, []string{"MODULE", "LEVEL", "SINCE", "MESSAGE"}, rows)
+	return cliout.WriteTable(w, []string{"MODULE", "LEVEL", "SINCE", "MESSAGE"}, rows)
 }
 
 // kvstoreLine is the kvstore's state in one line: "disabled", or the
@@ -186,12 +187,12 @@ func since(t time.Time) string {
 
 func newConfigCmd(stdout io.Writer) *cobra.Command {
 	return newClientCmd("config", "Show the running agent's effective configuration",
-		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			cfg, err := c.Config(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, cfg, func(w io.Writer) error {
+			return out.Print(stdout, cfg, func(w io.Writer) error {
 				keys := make([]string, 0, len(cfg))
 				for k := range cfg {
 					keys = append(keys, k)
@@ -201,7 +202,7 @@ func newConfigCmd(stdout io.Writer) *cobra.Command {
 				for _, k := range keys {
 					rows = append(rows, []string{k, fmt.Sprint(cfg[k])})
 				}
-				return writeTable(w, []string{"KEY", "VALUE"}, rows)
+				return cliout.WriteTable(w, []string{"KEY", "VALUE"}, rows)
 			})
 		})
 }
@@ -209,12 +210,12 @@ func newConfigCmd(stdout io.Writer) *cobra.Command {
 func newDBCmd(stdout io.Writer) *cobra.Command {
 	db := &cobra.Command{Use: "db", Short: "Inspect the running agent's StateDB tables"}
 	db.AddCommand(newClientCmd("list", "List the tables", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			tables, err := c.Tables(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, tables, func(w io.Writer) error {
+			return out.Print(stdout, tables, func(w io.Writer) error {
 				rows := [][]string{}
 				for _, t := range tables {
 					init := "yes"
@@ -223,25 +224,25 @@ func newDBCmd(stdout io.Writer) *cobra.Command {
 					}
 					rows = append(rows, []string{t.Name, fmt.Sprint(t.Objects), init, strings.Join(t.Indexes, ", ")})
 				}
-				return writeTable(w, []string{"TABLE", "OBJECTS", "INITIALIZED", "INDEXES"}, rows)
+				return cliout.WriteTable(w, []string{"TABLE", "OBJECTS", "INITIALIZED", "INDEXES"}, rows)
 			})
 		}))
 
 	var q client.TableQuery
 	show := newClientCmd("show TABLE", "Show a table's rows (-o json: its objects)", cobra.ExactArgs(1),
-		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
-			if out.format == "json" {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
+			if out.Format() == "json" {
 				objs, err := c.TableObjects(ctx, args[0], q)
 				if err != nil {
 					return err
 				}
-				return out.print(stdout, objs, nil)
+				return out.Print(stdout, objs, nil)
 			}
 			rows, err := c.TableRows(ctx, args[0], q)
 			if err != nil {
 				return err
 			}
-			return writeTable(stdout, rows.Header, rows.Rows)
+			return cliout.WriteTable(stdout, rows.Header, rows.Rows)
 		})
 	show.Flags().StringVar(&q.Index, "index", "", "Only rows whose index INDEX matches --key")
 	show.Flags().StringVar(&q.Key, "key", "", "Key to look up in --index")
@@ -252,12 +253,12 @@ func newDBCmd(stdout io.Writer) *cobra.Command {
 func newMapCmd(stdout io.Writer) *cobra.Command {
 	m := &cobra.Command{Use: "map", Short: "Inspect the BPF maps the running agent owns"}
 	m.AddCommand(newClientCmd("list", "List the maps: pin path, type, sizes, entries", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			maps, err := c.Maps(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, maps, func(w io.Writer) error {
+			return out.Print(stdout, maps, func(w io.Writer) error {
 				rows := [][]string{}
 				for _, m := range maps {
 					entries := fmt.Sprint(m.Entries)
@@ -270,13 +271,13 @@ func newMapCmd(stdout io.Writer) *cobra.Command {
 					rows = append(rows, []string{m.Name, m.Type, fmt.Sprintf("%d/%d", m.KeySize, m.ValueSize),
 						fmt.Sprint(m.MaxEntries), entries, m.Origin, m.PinPath})
 				}
-				return writeTable(w, []string{"NAME", "TYPE", "KEY/VALUE", "MAX", "ENTRIES", "ORIGIN", "PIN"}, rows)
+				return cliout.WriteTable(w, []string{"NAME", "TYPE", "KEY/VALUE", "MAX", "ENTRIES", "ORIGIN", "PIN"}, rows)
 			})
 		}))
 
 	var limit int
 	dump := newClientCmd("dump NAME", "Print a map's entries with decoded keys and values", cobra.ExactArgs(1),
-		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			if limit < 0 {
 				return fmt.Errorf("invalid --limit %d: want a number of entries, 0 for all", limit)
 			}
@@ -284,12 +285,12 @@ func newMapCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, d, func(w io.Writer) error {
+			return out.Print(stdout, d, func(w io.Writer) error {
 				rows := make([][]string, 0, len(d.Entries))
 				for _, e := range d.Entries {
 					rows = append(rows, []string{e.Key, e.Value})
 				}
-				if err := writeTable(w, []string{"KEY", "VALUE"}, rows); err != nil {
+				if err := cliout.WriteTable(w, []string{"KEY", "VALUE"}, rows); err != nil {
 					return err
 				}
 				if d.Truncated {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newCTCmd(stdout io.Writer) *cobra.Command {
@@ -20,7 +21,7 @@ func newCTCmd(stdout io.Writer) *cobra.Command {
 	var q client.ConntrackQuery
 	var endpoint uint
 	list := newClientCmd("list", "List the tracked connections: tuple, state, lifetime left, endpoint, counters", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			if q.Family != 0 && q.Family != 4 && q.Family != 6 {
 				return fmt.Errorf("invalid --family %d: want 4 or 6 (0 for both)", q.Family)
 			}
@@ -31,7 +32,7 @@ func newCTCmd(stdout io.Writer) *cobra.Command {
 				return fmt.Errorf("invalid --limit %d: want a number of entries, 0 for all", q.Limit)
 			}
 			q.EndpointID = uint16(endpoint)
-			return listConntrack(ctx, c, q, newCTPrinter(stdout, out.format))
+			return listConntrack(ctx, c, q, newCTPrinter(stdout, out.Format()))
 		})
 	list.Flags().IntVar(&q.Family, "family", 0, "Only IPv4 (4) or IPv6 (6) connections")
 	list.Flags().UintVar(&endpoint, "endpoint", 0, "Only the connections of this endpoint ID")
@@ -40,12 +41,12 @@ func newCTCmd(stdout io.Writer) *cobra.Command {
 	ct.AddCommand(list)
 
 	ct.AddCommand(newClientCmd("flush", "Delete every conntrack entry; connections in flight are tracked anew from their next packet", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			f, err := c.ConntrackFlush(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, f, func(w io.Writer) error {
+			return out.Print(stdout, f, func(w io.Writer) error {
 				parts := make([]string, len(f.Maps))
 				for i, m := range f.Maps {
 					parts[i] = fmt.Sprintf("%s %d", m.Map, m.Deleted)
@@ -57,19 +58,19 @@ func newCTCmd(stdout io.Writer) *cobra.Command {
 
 	var run bool
 	gc := newClientCmd("gc", "Show the conntrack garbage collector's last pass and interval (--run: run a pass now)", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			if run {
 				p, err := c.ConntrackGCRun(ctx)
 				if err != nil {
 					return err
 				}
-				return out.print(stdout, p, func(w io.Writer) error { return printGCPass(w, p) })
+				return out.Print(stdout, p, func(w io.Writer) error { return printGCPass(w, p) })
 			}
 			st, err := c.ConntrackGC(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, st, func(w io.Writer) error {
+			return out.Print(stdout, st, func(w io.Writer) error {
 				if st.Waiting != "" {
 					fmt.Fprintf(w, "Waiting for:  %s\n", st.Waiting)
 				}
@@ -263,5 +264,5 @@ func printGCPass(w io.Writer, p apiv1.ConntrackGCPass) error {
 	for _, m := range p.Maps {
 		rows = append(rows, []string{m.Map, fmt.Sprint(m.Capacity), fmt.Sprint(m.Scanned), fmt.Sprint(m.Expired), fmt.Sprint(m.EndpointGone)})
 	}
-	return writeTable(w, []string{"MAP", "CAPACITY", "SCANNED", "EXPIRED", "ENDPOINT GONE"}, rows)
+	return cliout.WriteTable(w, []string{"MAP", "CAPACITY", "SCANNED", "EXPIRED", "ENDPOINT GONE"}, rows)
 }

@@ -12,17 +12,18 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newEndpointCmd(stdout io.Writer) *cobra.Command {
 	ep := &cobra.Command{Use: "endpoint", Short: "Inspect the running agent's endpoints (one per pod)"}
 	ep.AddCommand(newClientCmd("list", "List the endpoints: ID, container, pod, addresses, host interface, state", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			eps, err := c.Endpoints(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, eps, func(w io.Writer) error {
+			return out.Print(stdout, eps, func(w io.Writer) error {
 				rows := [][]string{}
 				for _, e := range eps {
 					pod := ""
@@ -39,16 +40,16 @@ func newEndpointCmd(stdout io.Writer) *cobra.Command {
 					rows = append(rows, []string{strconv.Itoa(int(e.ID)), shortContainerID(e.ContainerID), pod, endpointIdentity(e), e.Interface,
 						e.IPv4, e.IPv6, e.HostInterface, state, e.Datapath, endpointPolicy(e)})
 				}
-				return writeTable(w, []string{"ID", "CONTAINER", "POD", "IDENTITY", "INTERFACE", "IPV4", "IPV6", "HOST", "STATE", "DATAPATH", "POLICY"}, rows)
+				return cliout.WriteTable(w, []string{"ID", "CONTAINER", "POD", "IDENTITY", "INTERFACE", "IPV4", "IPV6", "HOST", "STATE", "DATAPATH", "POLICY"}, rows)
 			})
 		}))
 	ep.AddCommand(newClientCmd("get ID", "Show one endpoint; ID is its number or a container ID", cobra.ExactArgs(1),
-		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			e, err := c.Endpoint(ctx, endpointArg(args[0]))
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, e, func(w io.Writer) error { return printEndpoint(w, e) })
+			return out.Print(stdout, e, func(w io.Writer) error { return printEndpoint(w, e) })
 		}))
 	return ep
 }
@@ -147,5 +148,5 @@ func printEndpoint(w io.Writer, e apiv1.Endpoint) error {
 	for _, r := range rows {
 		tw = append(tw, []string{r[0] + ":", r[1]})
 	}
-	return writeTable(w, []string{"ENDPOINT", ""}, tw)
+	return cliout.WriteTable(w, []string{"ENDPOINT", ""}, tw)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newIdentityCmd(stdout io.Writer) *cobra.Command {
@@ -18,7 +19,7 @@ func newIdentityCmd(stdout io.Writer) *cobra.Command {
 		for _, id := range ids {
 			rows = append(rows, []string{fmt.Sprint(id.ID), id.Kind, id.Source, fmt.Sprint(id.Refs), strings.Join(id.Labels, " ")})
 		}
-		return writeTable(w, []string{"ID", "KIND", "SOURCE", "REFS", "LABELS"}, rows)
+		return cliout.WriteTable(w, []string{"ID", "KIND", "SOURCE", "REFS", "LABELS"}, rows)
 	}
 	cmd.AddCommand(listGetCmds[apiv1.Identity]{list: (*client.Client).Identities, get: (*client.Client).Identity, table: table}.
 		commands(stdout, "List identities: reserved, cluster-wide and node-local",

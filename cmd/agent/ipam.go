@@ -10,17 +10,18 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newIPAMCmd(stdout io.Writer) *cobra.Command {
 	ipam := &cobra.Command{Use: "ipam", Short: "Inspect and reserve the running agent's pod addresses"}
 	ipam.AddCommand(newClientCmd("list", "List the pod pools and every allocated address (-o json: the allocations)", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			st, err := c.IPAM(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, st.Allocations, func(w io.Writer) error {
+			return out.Print(stdout, st.Allocations, func(w io.Writer) error {
 				ready := "ready"
 				if !st.Ready {
 					ready = fmt.Sprintf("not ready, waiting for %v", st.Pending)
@@ -34,18 +35,18 @@ func newIPAMCmd(stdout io.Writer) *cobra.Command {
 				for _, a := range st.Allocations {
 					rows = append(rows, []string{a.IP, a.Owner, a.State, since(a.Since)})
 				}
-				return writeTable(w, []string{"IP", "OWNER", "STATE", "AGE"}, rows)
+				return cliout.WriteTable(w, []string{"IP", "OWNER", "STATE", "AGE"}, rows)
 			})
 		}))
 
 	var req apiv1.IPAMReserve
 	reserve := newClientCmd("reserve", "Reserve an address (--ip) or the next free one of --family for --owner, until released", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			a, err := c.ReserveIP(ctx, req)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, a, func(w io.Writer) error { return printAllocation(w, a) })
+			return out.Print(stdout, a, func(w io.Writer) error { return printAllocation(w, a) })
 		})
 	reserve.Flags().StringVar(&req.Owner, "owner", "", "Who the address is for")
 	reserve.Flags().StringVar(&req.IP, "ip", "", "The address to reserve")
@@ -53,17 +54,17 @@ func newIPAMCmd(stdout io.Writer) *cobra.Command {
 	ipam.AddCommand(reserve)
 
 	ipam.AddCommand(newClientCmd("release IP", "Release a reserved address, or one left unclaimed by a restart", cobra.ExactArgs(1),
-		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			a, err := c.ReleaseIP(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, a, func(w io.Writer) error { return printAllocation(w, a) })
+			return out.Print(stdout, a, func(w io.Writer) error { return printAllocation(w, a) })
 		}))
 	return ipam
 }
 
 func printAllocation(w io.Writer, a apiv1.IPAMAllocation) error {
-	return writeTable(w, []string{"IP", "OWNER", "STATE", "SINCE"},
+	return cliout.WriteTable(w, []string{"IP", "OWNER", "STATE", "SINCE"},
 		[][]string{{a.IP, a.Owner, a.State, a.Since.Format(time.RFC3339)}})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newIPCacheCmd(stdout io.Writer) *cobra.Command {
@@ -22,7 +23,7 @@ func newIPCacheCmd(stdout io.Writer) *cobra.Command {
 			}
 			rows = append(rows, []string{e.Prefix, fmt.Sprint(e.Identity), e.Source, e.HostIP, pod, strings.Join(e.Shadowed, ","), e.Status})
 		}
-		return writeTable(w, []string{"PREFIX", "IDENTITY", "SOURCE", "HOST IP", "POD", "SHADOWED", "STATUS"}, rows)
+		return cliout.WriteTable(w, []string{"PREFIX", "IDENTITY", "SOURCE", "HOST IP", "POD", "SHADOWED", "STATUS"}, rows)
 	}
 	cmd.AddCommand(listGetCmds[apiv1.IPCacheEntry]{list: (*client.Client).IPCache, get: (*client.Client).IPCacheLookup, table: table}.
 		commands(stdout, "List every prefix with its identity and source", "get IP", "Show the longest prefix that holds IP")...)

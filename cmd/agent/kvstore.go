@@ -8,13 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newKVStoreCmd(stdout io.Writer) *cobra.Command {
 	kv := &cobra.Command{Use: "kvstore", Short: "Read the cluster's kvstore through the running agent (read-only)"}
 	var recursive bool
 	get := newClientCmd("get KEY", "Show a key (relative to --kvstore-prefix), or with --recursive every key under it",
-		cobra.RangeArgs(0, 1), func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		cobra.RangeArgs(0, 1), func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			key := ""
 			if len(args) == 1 {
 				key = args[0]
@@ -26,7 +27,7 @@ func newKVStoreCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, keys, func(w io.Writer) error {
+			return out.Print(stdout, keys, func(w io.Writer) error {
 				rows := make([][]string, 0, len(keys))
 				for _, k := range keys {
 					lease := ""
@@ -35,17 +36,17 @@ func newKVStoreCmd(stdout io.Writer) *cobra.Command {
 					}
 					rows = append(rows, []string{k.Key, k.Value, lease})
 				}
-				return writeTable(w, []string{"KEY", "VALUE", "LEASE"}, rows)
+				return cliout.WriteTable(w, []string{"KEY", "VALUE", "LEASE"}, rows)
 			})
 		})
 	get.Flags().BoolVar(&recursive, "recursive", false, "Every key under KEY (a prefix)")
 	kv.AddCommand(get, newClientCmd("status", "Show the kvstore connection: state, endpoints, leases, last error",
-		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		cobra.NoArgs, func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			st, err := c.KVStore(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, st, func(w io.Writer) error {
+			return out.Print(stdout, st, func(w io.Writer) error {
 				_, err := fmt.Fprintln(w, "KVStore:", kvstoreLine(st))
 				return err
 			})

@@ -12,9 +12,11 @@
 //	agent ct list|flush|gc   its conntrack maps and their garbage collection
 //	agent monitor            its datapath events and notifications, live
 //	agent observe            Hubble flows from its Hubble server
-//	agent dev-cluster        a cluster of agents on this machine (up, pod, exec, status, down)
 //	agent install-cni        copy the CNI plugin into the host's CNI bin directory
 //	agent version
+//
+// The developer tools (a cluster of agents on this machine) are another
+// binary, cmd/cellium-dev: the daemon links none of their code.
 //
 // Every flag can also be set with AGENT_<FLAG> in the environment or with a
 // file named after the flag in --config-dir.
@@ -27,6 +29,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/cobra"
@@ -47,9 +50,6 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr, origins)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
-		if ec, ok := errors.AsType[exitCodeError](err); ok {
-			return ec.code
-		}
 		fmt.Fprintf(stderr, "Error: %v\n", origins.Explain(err))
 		return 1
 	}
@@ -140,7 +140,7 @@ func newRootCmd(stdout, stderr io.Writer, origins flagsource.Origins) *cobra.Com
 		newCTCmd(stdout),
 		newMonitorCmd(stdout),
 		newObserveCmd(stdout, agentFlags),
-		newDevClusterCmd(stdout, stderr),
+		newMovedDevClusterCmd(),
 	)
 	return root
 }
@@ -167,4 +167,22 @@ func resolveFlags(cmdFlags, agentFlags, rootFlags *pflag.FlagSet, origins flagso
 		Known:     known,
 		Origins:   origins,
 	}.Apply(cmdFlags)
+}
+
+// newMovedDevClusterCmd is what is left of `agent dev-cluster`, which moved
+// to `cellium-dev cluster` so that the daemon links none of the developer
+// tooling: it says what to run instead.
+func newMovedDevClusterCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "dev-cluster",
+		Short:              "Moved: cellium-dev cluster",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		// Not the root's: nothing to resolve or log.
+		PersistentPreRunE: func(*cobra.Command, []string) error { return nil },
+		RunE: func(_ *cobra.Command, args []string) error {
+			return fmt.Errorf("agent dev-cluster moved to its own binary: run %s (make build puts bin/cellium-dev beside bin/agent; docs/dev-cluster.md)",
+				strings.Join(append([]string{"cellium-dev", "cluster"}, args...), " "))
+		},
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cellium/cellium/cells/api"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 	"github.com/cellium/cellium/pkg/monitorapi"
 )
 
@@ -24,7 +25,7 @@ import (
 // events and notifications, as they happen, until interrupted.
 func newMonitorCmd(stdout io.Writer) *cobra.Command {
 	var (
-		out     outputFlag
+		out     cliout.Output
 		types   []string
 		timeout time.Duration
 	)
@@ -61,13 +62,13 @@ not write because its ring buffer was full.`,
 				return err
 			}
 			defer s.Close()
-			return printMonitor(ctx, stdout, s, out.format == "json")
+			return printMonitor(ctx, stdout, s, out.Format() == "json")
 		},
 	}
 	api.DefaultConfig.Flags(cmd.Flags())
 	cmd.Flags().StringSliceVarP(&types, "type", "t", nil, "Only events of these types: "+strings.Join(monitorapi.Kinds, ", "))
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long to wait for the agent to open the stream")
-	out.register(cmd)
+	out.Register(cmd)
 	return cmd
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newNodeCmd(stdout io.Writer) *cobra.Command {
@@ -23,7 +24,7 @@ func newNodeCmd(stdout io.Writer) *cobra.Command {
 			rows = append(rows, []string{n.Name, strconv.FormatBool(n.Local), n.Source, strings.Join(addrs, ","),
 				strings.Join(n.PodCIDRs, ","), strings.Join(n.HealthIPs, ","), strings.Join(n.Problems, "; ")})
 		}
-		return writeTable(w, []string{"NAME", "LOCAL", "SOURCE", "ADDRESSES", "POD CIDRS", "HEALTH IPS", "PROBLEMS"}, rows)
+		return cliout.WriteTable(w, []string{"NAME", "LOCAL", "SOURCE", "ADDRESSES", "POD CIDRS", "HEALTH IPS", "PROBLEMS"}, rows)
 	}
 	cmd.AddCommand(listGetCmds[apiv1.Node]{list: (*client.Client).Nodes, get: (*client.Client).Node, table: table}.
 		commands(stdout, "List the nodes: addresses, pod CIDRs, where their description comes from", "get NAME", "Show one node")...)

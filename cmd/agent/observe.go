@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cellium/cellium/cells/hubble"
+	"github.com/cellium/cellium/pkg/cliout"
 	"github.com/cellium/cellium/pkg/identity"
 )
 
@@ -35,7 +36,7 @@ const defaultLast = 20
 
 // observeOpts are the flags of `agent observe`.
 type observeOpts struct {
-	out           outputFlag
+	out           cliout.Output
 	timeout       time.Duration
 	follow, all   bool
 	last, first   uint64
@@ -136,7 +137,7 @@ func newObserveCmdOpts(stdout io.Writer, agentFlags *pflag.FlagSet) (*cobra.Comm
 		f.AddFlag(agentFlags.Lookup(name))
 	}
 	o.serverFlagSet = f
-	o.out.register(cmd)
+	o.out.Register(cmd)
 	return cmd, o
 }
 
@@ -176,7 +177,7 @@ func (o *observeOpts) run(cmd *cobra.Command, stdout io.Writer) error {
 	if err != nil {
 		return serverError(addr, err)
 	}
-	p := &flowPrinter{w: stdout, json: o.out.format == "json"}
+	p := &flowPrinter{w: stdout, json: o.out.Format() == "json"}
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {

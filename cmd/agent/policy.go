@@ -10,6 +10,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newPolicyCmd(stdout io.Writer) *cobra.Command {
@@ -27,49 +28,49 @@ func newPolicyCmd(stdout io.Writer) *cobra.Command {
 			rows = append(rows, []string{p.Name, strings.Join(p.PolicyTypes, ","), "{" + p.PodSelector + "}",
 				rules(p.Ingress), rules(p.Egress), fmt.Sprint(p.Endpoints), fmt.Sprint(p.Revision), state})
 		}
-		return writeTable(w, []string{"NAME", "TYPES", "PODSELECTOR", "INGRESS", "EGRESS", "ENDPOINTS", "REVISION", "STATE"}, rows)
+		return cliout.WriteTable(w, []string{"NAME", "TYPES", "PODSELECTOR", "INGRESS", "EGRESS", "ENDPOINTS", "REVISION", "STATE"}, rows)
 	}
 	list := newClientCmd("list", "List the NetworkPolicies, their rules as understood, and the policy revision", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			l, err := c.Policies(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, l, func(w io.Writer) error {
+			return out.Print(stdout, l, func(w io.Writer) error {
 				fmt.Fprintf(w, "Policy revision %d\n", l.Revision)
 				return table(w, l.Policies)
 			})
 		})
 	get := newClientCmd("get NAMESPACE/NAME", "Show one NetworkPolicy as understood", cobra.ExactArgs(1),
-		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			p, err := c.Policy(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, p, func(w io.Writer) error { return table(w, []apiv1.Policy{p}) })
+			return out.Print(stdout, p, func(w io.Writer) error { return table(w, []apiv1.Policy{p}) })
 		})
 	selectors := newClientCmd("selectors", "List the selector cache: each selector, the identities it selects and the policies using it", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			sels, err := c.PolicySelectors(ctx)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, sels, func(w io.Writer) error {
+			return out.Print(stdout, sels, func(w io.Writer) error {
 				rows := make([][]string, 0, len(sels))
 				for _, s := range sels {
 					rows = append(rows, []string{s.Selector, fmt.Sprint(s.Identities), strings.Join(s.Users, ",")})
 				}
-				return writeTable(w, []string{"SELECTOR", "IDENTITIES", "USERS"}, rows)
+				return cliout.WriteTable(w, []string{"SELECTOR", "IDENTITIES", "USERS"}, rows)
 			})
 		})
 	var from, to, port string
 	trace := newClientCmd("trace", "Explain the verdict on a connection from the policy tables", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			tr, err := c.PolicyTrace(ctx, from, to, port)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, tr, func(w io.Writer) error { return writeTrace(w, tr) })
+			return out.Print(stdout, tr, func(w io.Writer) error { return writeTrace(w, tr) })
 		})
 	trace.Flags().StringVar(&from, "from", "", "Source: NAMESPACE/POD of a pod of this node, an address, or an identity (a number, world, host, ...)")
 	trace.Flags().StringVar(&to, "to", "", "Destination: NAMESPACE/POD of a pod of this node, an address, or an identity")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
+	"github.com/cellium/cellium/pkg/cliout"
 )
 
 func newServiceCmd(stdout io.Writer) *cobra.Command {
@@ -17,18 +18,18 @@ func newServiceCmd(stdout io.Writer) *cobra.Command {
 
 	var namespace string
 	list := newClientCmd("list", "List the frontends: address, type, service, backends with their state, datapath status", cobra.NoArgs,
-		func(ctx context.Context, c *client.Client, out *outputFlag, _ []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, _ []string) error {
 			services, err := c.Services(ctx, namespace)
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, services, func(w io.Writer) error { return printFrontends(w, services) })
+			return out.Print(stdout, services, func(w io.Writer) error { return printFrontends(w, services) })
 		})
 	list.Flags().StringVarP(&namespace, "namespace", "n", "", "Only the services of this namespace")
 	svc.AddCommand(list)
 
 	svc.AddCommand(newClientCmd("get NAMESPACE/NAME", "Show one service: its spec, frontends and backends", cobra.ExactArgs(1),
-		func(ctx context.Context, c *client.Client, out *outputFlag, args []string) error {
+		func(ctx context.Context, c *client.Client, out *cliout.Output, args []string) error {
 			ns, name, err := parseServiceArg(args[0])
 			if err != nil {
 				return err
@@ -37,7 +38,7 @@ func newServiceCmd(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, s, func(w io.Writer) error { return printService(w, s) })
+			return out.Print(stdout, s, func(w io.Writer) error { return printService(w, s) })
 		}))
 	return svc
 }
@@ -58,7 +59,7 @@ func printFrontends(w io.Writer, services []apiv1.Service) error {
 			rows = append(rows, []string{fe.Address, fe.Type, s.Namespace + "/" + s.Name, frontendBackends(fe), frontendStatus(fe)})
 		}
 	}
-	return writeTable(w, []string{"FRONTEND", "TYPE", "SERVICE", "BACKENDS", "STATUS"}, rows)
+	return cliout.WriteTable(w, []string{"FRONTEND", "TYPE", "SERVICE", "BACKENDS", "STATUS"}, rows)
 }
 
 func frontendBackends(fe apiv1.Frontend) string {
@@ -118,7 +119,7 @@ func printService(w io.Writer, s apiv1.Service) error {
 	for _, fe := range s.Frontends {
 		rows = append(rows, []string{fe.Address, fe.Type, fe.PortName, frontendBackends(fe), frontendStatus(fe)})
 	}
-	if err := writeTable(w, []string{"FRONTEND", "TYPE", "PORT", "BACKENDS", "STATUS"}, rows); err != nil {
+	if err := cliout.WriteTable(w, []string{"FRONTEND", "TYPE", "PORT", "BACKENDS", "STATUS"}, rows); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)
@@ -126,5 +127,5 @@ func printService(w io.Writer, s apiv1.Service) error {
 	for _, be := range s.Backends {
 		rows = append(rows, []string{be.Address, be.PortName, be.State, be.NodeName, be.EndpointSlice})
 	}
-	return writeTable(w, []string{"BACKEND", "PORT", "STATE", "NODE", "ENDPOINTSLICE"}, rows)
+	return cliout.WriteTable(w, []string{"BACKEND", "PORT", "STATE", "NODE", "ENDPOINTSLICE"}, rows)
 }

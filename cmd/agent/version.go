@@ -6,18 +6,19 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cellium/cellium/pkg/cliout"
 	"github.com/cellium/cellium/pkg/version"
 )
 
 func newVersionCmd(stdout io.Writer) *cobra.Command {
-	var out outputFlag
+	var out cliout.Output
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the agent's version",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			v := version.Get()
-			return out.print(stdout, v, func(w io.Writer) error {
+			return out.Print(stdout, v, func(w io.Writer) error {
 				commit := v.Commit
 				if v.Modified {
 					commit += " (modified)"
@@ -31,6 +32,6 @@ func newVersionCmd(stdout io.Writer) *cobra.Command {
 			})
 		},
 	}
-	out.register(cmd)
+	out.Register(cmd)
 	return cmd
 }

@@ -30,8 +30,9 @@ type Options struct {
 	// Dir holds the cluster's state, logs and manifests; it must not exist
 	// or be empty. Default DefaultDir(Name).
 	Dir string
-	// AgentBinary is the agent to run on every node. Default: this
-	// program (os.Executable).
+	// AgentBinary is the agent to run on every node. Default: the file
+	// named agent next to this program (os.Executable), where make build
+	// puts it beside cellium-dev.
 	AgentBinary string
 	// CNIBinary is the CNI plugin, a file named cellium-cni. Default: the
 	// one next to AgentBinary.
@@ -59,7 +60,7 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// StopWithCaller kills the agents and etcd when the process that
 	// started them exits: for tests, which must leave nothing running if
-	// they die. Without it they outlive the caller, as `agent dev-cluster
+	// they die. Without it they outlive the caller, as `cellium-dev cluster
 	// up` needs.
 	StopWithCaller bool
 	// Log receives progress. Default: discarded.
@@ -95,8 +96,13 @@ func (o *Options) complete() error {
 	}
 	o.Dir = dir
 	if o.AgentBinary == "" {
-		if o.AgentBinary, err = os.Executable(); err != nil {
+		self, err := os.Executable()
+		if err != nil {
 			return fmt.Errorf("find the agent binary: %w", err)
+		}
+		o.AgentBinary = filepath.Join(filepath.Dir(self), "agent")
+		if err := executable("agent binary", o.AgentBinary); err != nil {
+			return fmt.Errorf("%w (it is looked for next to this program; make build puts both in bin/)", err)
 		}
 	}
 	if err := executable("agent binary", o.AgentBinary); err != nil {
@@ -260,7 +266,7 @@ func Up(ctx context.Context, o Options) (*Cluster, error) {
 	if err := c.build(ctx, s); err != nil {
 		c.log.Error("Creating the cluster failed; taking down what was made", "error", err)
 		if derr := c.down(context.WithoutCancel(ctx), s); derr != nil {
-			return nil, fmt.Errorf("%w; taking down what was made failed too: %w (run agent dev-cluster down --dir %s)", err, derr, o.Dir)
+			return nil, fmt.Errorf("%w; taking down what was made failed too: %w (run cellium-dev cluster down --dir %s)", err, derr, o.Dir)
 		}
 		return nil, err
 	}
@@ -284,7 +290,7 @@ func emptyDir(dir string) error {
 	}
 	for _, e := range entries {
 		if e.Name() == stateFile {
-			return fmt.Errorf("a cluster exists in %s already: take it down first (agent dev-cluster down --dir %s), or pick another name", dir, dir)
+			return fmt.Errorf("a cluster exists in %s already: take it down first (cellium-dev cluster down --dir %s), or pick another name", dir, dir)
 		}
 	}
 	if len(entries) > 0 {

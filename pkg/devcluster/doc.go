@@ -1,6 +1,6 @@
 // Package devcluster builds a Kubernetes-like cluster of Cellium agents on
 // one machine, for people trying Cellium and for end-to-end tests, and takes
-// it down again. `agent dev-cluster` is its command line.
+// it down again. `cellium-dev cluster` is its command line.
 //
 // # What a cluster is
 //

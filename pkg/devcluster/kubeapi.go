@@ -225,8 +225,7 @@ func (s *state) kubeClient() (*kubeClient, error) {
 		return nil, err
 	}
 	// Not client-go's discovery client: its package imports client-go's
-	// scheme of every API group, which the agent binary (this package is
-	// its dev-cluster command) must not link (pkg/kubeclient).
+	// scheme of every API group (pkg/kubeclient), which this needs none of.
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err

@@ -81,7 +81,7 @@ func (s *state) writeManifest(name string, obj any) error {
 	if err != nil {
 		return fmt.Errorf("manifest %s: %w", name, err)
 	}
-	header := "# Written by agent dev-cluster; removed with what it describes.\n"
+	header := "# Written by cellium-dev cluster; removed with what it describes.\n"
 	if err := statefile.WriteMode(filepath.Join(s.manifestsDir(), name), append([]byte(header), data...), 0o644); err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func startDetached(netnsPath string, argv []string, logPath string, dieWithCalle
 		return Process{}, fmt.Errorf("open log: %w", err)
 	}
 	defer log.Close()
-	fmt.Fprintf(log, "--- %s agent dev-cluster: starting %s\n", time.Now().UTC().Format(time.RFC3339), strings.Join(argv, " "))
+	fmt.Fprintf(log, "--- %s cellium-dev cluster: starting %s\n", time.Now().UTC().Format(time.RFC3339), strings.Join(argv, " "))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = environ()

@@ -214,7 +214,7 @@ func (s *state) pod(ref string) (*Pod, error) {
 			return &s.Pods[i], nil
 		}
 	}
-	return nil, fmt.Errorf("cluster %s has no pod %q (agent dev-cluster status lists them)", s.Name, ref)
+	return nil, fmt.Errorf("cluster %s has no pod %q (cellium-dev cluster status lists them)", s.Name, ref)
 }
 
 // splitPodRef is the namespace and name of a pod's Ref.
@@ -292,7 +292,7 @@ func loadState(dir string) (*state, error) {
 	dec.DisallowUnknownFields()
 	var s state
 	if err := dec.Decode(&s); err != nil {
-		return nil, fmt.Errorf("state file %s: %w (it is written by agent dev-cluster only; remove the cluster's namespaces by hand with ip netns del, or restore the file)", path, err)
+		return nil, fmt.Errorf("state file %s: %w (it is written by cellium-dev cluster only; remove the cluster's namespaces by hand with ip netns del, or restore the file)", path, err)
 	}
 	if err := s.validate(dir); err != nil {
 		return nil, fmt.Errorf("state file %s: %w", path, err)

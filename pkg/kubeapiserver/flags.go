@@ -1,6 +1,6 @@
 // Package kubeapiserver builds a real kube-apiserver from k8s.io/kubernetes
 // (once per machine, through the module proxy) and says how to run it:
-// for the tests (pkg/kubeapitest) and for `agent dev-cluster up
+// for the tests (pkg/kubeapitest) and for `cellium-dev cluster up
 // --identity-allocation-mode=crd` (pkg/devcluster) alike.
 package kubeapiserver
 

@@ -2,14 +2,16 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -18,24 +20,59 @@ import (
 	"github.com/cellium/cellium/pkg/devcluster/devclustertest"
 )
 
-var cniBuild struct {
-	once sync.Once
-	err  error
-	out  []byte
-}
+// The binaries as make build puts them: cellium-dev with the agent and the
+// CNI plugin beside it, where `cluster up` looks for them.
+var devBin, agentBin string
 
-// buildCNI puts the CNI plugin next to the agent, where dev-cluster up
-// looks for it.
-func buildCNI(t *testing.T) {
-	cniBuild.once.Do(func() {
-		cniBuild.out, cniBuild.err = exec.Command("go", "build", "-o", filepath.Join(filepath.Dir(agentBin), "cellium-cni"), "../cellium-cni").CombinedOutput()
-	})
-	if cniBuild.err != nil {
-		t.Fatalf("build cellium-cni: %v\n%s", cniBuild.err, cniBuild.out)
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cellium-dev-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
+	devBin, agentBin = filepath.Join(dir, "cellium-dev"), filepath.Join(dir, "agent")
+	for out, pkg := range map[string]string{devBin: ".", agentBin: "../agent", filepath.Join(dir, "cellium-cni"): "../cellium-cni"} {
+		build := exec.Command("go", "build", "-o", out, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
-// The dev-cluster commands as a user runs them: up, status, pods, exec,
+// run runs bin with args and returns what it printed and its exit code.
+func run(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatalf("%s %v: %v", bin, args, err)
+	}
+	return out.String(), errb.String(), 0
+}
+
+// devCmd runs cellium-dev; agentCmd runs a client command of the agent.
+func devCmd(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	return run(t, devBin, args...)
+}
+
+func agentCmd(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	return run(t, agentBin, args...)
+}
+
+// The cluster commands as a user runs them: up, status, pods, exec,
 // down, and what each says to bad input.
 func TestDevCluster(t *testing.T) {
 	if err := devcluster.CheckHost(); err != nil {
@@ -44,7 +81,6 @@ func TestDevCluster(t *testing.T) {
 	if _, err := devcluster.EtcdBinary(); err != nil {
 		t.Skip(err)
 	}
-	buildCNI(t)
 	name := devclustertest.RandomName()
 	dir, err := os.MkdirTemp("", "cdc-")
 	if err != nil {
@@ -54,7 +90,7 @@ func TestDevCluster(t *testing.T) {
 	sel := []string{"--name", name, "--dir", dir}
 	dc := func(args ...string) (string, string, int) {
 		t.Helper()
-		return agentCmd(t, append(append([]string{"dev-cluster"}, sel...), args...)...)
+		return devCmd(t, append(append([]string{"cluster"}, sel...), args...)...)
 	}
 	// The agents outlive `up`: whatever happens, take them down.
 	t.Cleanup(func() {
@@ -76,6 +112,12 @@ func TestDevCluster(t *testing.T) {
 	}
 	if !strings.Contains(errOut, `"msg":"Agent ready"`) {
 		t.Errorf("up logged no progress:\n%s", errOut)
+	}
+	// The nodes run the agent beside cellium-dev.
+	for _, n := range st.Nodes {
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", n.Agent.PID)); err != nil || exe != agentBin {
+			t.Errorf("%s runs %q (%v), want the agent beside cellium-dev, %s", n.Name, exe, err, agentBin)
+		}
 	}
 
 	out, _, code = dc("status")
@@ -118,7 +160,7 @@ func TestDevCluster(t *testing.T) {
 			t.Errorf("dev-cluster %v = %d, %q; want 1 and %q", bad.args, code, errOut, bad.want)
 		}
 	}
-	if _, errOut, code := agentCmd(t, "dev-cluster", "status", "--name", "Bad_Name"); code != 1 || !strings.Contains(errOut, `--name: invalid cluster name "Bad_Name"`) {
+	if _, errOut, code := devCmd(t, "cluster", "status", "--name", "Bad_Name"); code != 1 || !strings.Contains(errOut, `--name: invalid cluster name "Bad_Name"`) {
 		t.Errorf("status --name Bad_Name = %d, %q", code, errOut)
 	}
 
@@ -213,16 +255,15 @@ func TestDevClusterDownAfterKilledUp(t *testing.T) {
 	if _, err := devcluster.EtcdBinary(); err != nil {
 		t.Skip(err)
 	}
-	buildCNI(t)
 	name := devclustertest.RandomName()
 	dir, err := os.MkdirTemp("", "cdc-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(dir) })
-	sel := []string{"dev-cluster", "--name", name, "--dir", dir}
+	sel := []string{"cluster", "--name", name, "--dir", dir}
 
-	up := exec.Command(agentBin, append(sel, "up", "--nodes", "3")...)
+	up := exec.Command(devBin, append(sel, "up", "--nodes", "3")...)
 	stderr, err := up.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -235,10 +276,10 @@ func TestDevClusterDownAfterKilledUp(t *testing.T) {
 	}
 	up.Process.Kill()
 	up.Wait()
-	t.Cleanup(func() { agentCmd(t, append(sel, "down")...) })
+	t.Cleanup(func() { devCmd(t, append(sel, "down")...) })
 
 	var st devcluster.Status
-	out, _, _ := agentCmd(t, append(sel, "status", "-o", "json")...)
+	out, _, _ := devCmd(t, append(sel, "status", "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Phase != devcluster.PhaseCreating {
 		t.Fatalf("status after a killed up = %s (%v), want phase creating", out, err)
 	}
@@ -258,7 +299,7 @@ func TestDevClusterDownAfterKilledUp(t *testing.T) {
 		t.Fatalf("etcd does not run after up was killed past starting it: %+v", st.Etcd)
 	}
 
-	if out, errOut, code := agentCmd(t, append(sel, "down")...); code != 0 {
+	if out, errOut, code := devCmd(t, append(sel, "down")...); code != 0 {
 		t.Fatalf("down = %d: %s%s", code, out, errOut)
 	}
 	for _, glob := range []string{"/var/run/netns/cellium-" + name + ".*", "/sys/fs/bpf/cellium_" + name + "_*",
@@ -273,5 +314,38 @@ func TestDevClusterDownAfterKilledUp(t *testing.T) {
 		if unix.Stat(p, &s) == nil && slices.Contains(inos, s.Ino) {
 			t.Errorf("%s is still in one of the cluster's namespaces after down", filepath.Dir(filepath.Dir(p)))
 		}
+	}
+}
+
+// Which agent up runs: the one beside cellium-dev, or --agent-bin; without
+// one it says where it looked, and makes nothing.
+func TestClusterUpAgentBinary(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: cluster up checks it first")
+	}
+	// cellium-dev alone in a directory, as a hard link: the path it is run
+	// by is its os.Executable.
+	alone := t.TempDir()
+	lone := filepath.Join(alone, "cellium-dev")
+	if err := os.Link(devBin, lone); err != nil {
+		t.Skipf("hard link cellium-dev into %s: %v", alone, err)
+	}
+	dir := filepath.Join(t.TempDir(), "cluster")
+	for _, c := range []struct {
+		bin  string
+		args []string
+		want string
+	}{
+		{lone, nil, "agent binary " + filepath.Join(alone, "agent") + ": stat " + filepath.Join(alone, "agent") + ": no such file or directory (it is looked for next to this program; make build puts both in bin/)"},
+		{devBin, []string{"--agent-bin", filepath.Join(alone, "nope")}, "agent binary " + filepath.Join(alone, "nope") + ": stat"},
+		{devBin, []string{"--agent-bin", alone}, "agent binary " + alone + " is not an executable file"},
+	} {
+		_, errOut, code := run(t, c.bin, append([]string{"cluster", "--name", devclustertest.RandomName(), "--dir", dir, "up"}, c.args...)...)
+		if code != 1 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%s cluster up %v = %d, %q; want 1 and %q", c.bin, c.args, code, errOut, c.want)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("up without an agent made %s: %v", dir, err)
 	}
 }

@@ -18,11 +18,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cellium/cellium/pkg/cliout"
 	"github.com/cellium/cellium/pkg/devcluster"
 	"github.com/cellium/cellium/pkg/hubblerelay"
 )
 
-// devClusterFlags are the flags every dev-cluster command has: which
+// devClusterFlags are the flags every cluster command has: which
 // cluster.
 type devClusterFlags struct {
 	name, dir string
@@ -46,7 +47,7 @@ func (f *devClusterFlags) load() (*devcluster.Cluster, error) {
 	}
 	c, err := devcluster.Load(dir, slog.Default())
 	if errors.Is(err, devcluster.ErrNoCluster) {
-		return nil, fmt.Errorf("no dev cluster in %s: start one with agent dev-cluster up%s", dir, f.nameFlag())
+		return nil, fmt.Errorf("no dev cluster in %s: start one with cellium-dev cluster up%s", dir, f.nameFlag())
 	}
 	return c, err
 }
@@ -89,10 +90,10 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 }
 
-func newDevClusterCmd(stdout, stderr io.Writer) *cobra.Command {
+func newClusterCmd(stdout, stderr io.Writer) *cobra.Command {
 	var f devClusterFlags
 	dc := &cobra.Command{
-		Use:   "dev-cluster",
+		Use:   "cluster",
 		Short: "Run a cluster of agents on this machine: a network namespace per node, a shared etcd",
 		Long: "Build a cluster of N nodes on this machine, to try Cellium or to test it: a network\n" +
 			"namespace per node on a private bridge, a shared etcd (or, with up\n" +
@@ -124,8 +125,8 @@ func newDevClusterRelayCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command 
 		Long: "Start the upstream hubble-relay (built by `make hubble-relay`) in the cluster's bridge\n" +
 			"namespace, on " + fmt.Sprintf("10.90.0.1:%d", devcluster.RelayPort) + " without TLS. It learns the nodes from the first node's Peer\n" +
 			"service and reads every node's Hubble server on its node address, port " + fmt.Sprint(devcluster.HubblePort) + ".\n" +
-			"Read it with the hubble CLI from that namespace (the command is printed). `agent\n" +
-			"dev-cluster down` stops it.",
+			"Read it with the hubble CLI from that namespace (the command is printed).\n" +
+			"`cellium-dev cluster down` stops it.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if bin == "" {
@@ -163,15 +164,16 @@ func newDevClusterRelayCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command 
 func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 	var (
 		o   devcluster.Options
-		out outputFlag
+		out cliout.Output
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Build the cluster and wait until every agent is ready",
 		Long: "Build the cluster: the bridge namespace, a namespace and a cgroup per node, etcd,\n" +
-			"the Node manifests, and an agent per node (this binary, `agent run`); return once\n" +
-			"every agent is ready and print the cluster's status. The agents and etcd keep\n" +
-			"running until `agent dev-cluster down`. On failure, what was made is removed.\n\n" +
+			"the Node manifests, and an agent per node (`agent run` of the agent beside this\n" +
+			"binary, or --agent-bin); return once every agent is ready and print the cluster's\n" +
+			"status. The agents and etcd keep running until `cellium-dev cluster down`. On\n" +
+			"failure, what was made is removed.\n\n" +
 			"With --identity-allocation-mode=crd the agents share no etcd: the cluster runs a\n" +
 			"real kube-apiserver on it (built by `make kube-apiserver`) in the bridge namespace,\n" +
 			"applies deploy/rbac.yaml, and the agents talk to it as the DaemonSet's ServiceAccount;\n" +
@@ -190,25 +192,26 @@ func newDevClusterUpCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 				return err
 			}
 			st := c.Status(ctx)
-			return out.print(stdout, st, func(w io.Writer) error { return printDevClusterStatus(w, st, f) })
+			return out.Print(stdout, st, func(w io.Writer) error { return printDevClusterStatus(w, st, f) })
 		},
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&o.Nodes, "nodes", 2, fmt.Sprintf("Number of nodes, 1 to %d", devcluster.MaxNodes))
 	fl.StringVar(&o.RoutingMode, "routing-mode", "tunnel", "How pods reach other nodes' pods: tunnel (VXLAN) or native (routes via the node addresses)")
 	fl.StringArrayVar(&o.AgentArgs, "agent-flag", nil, "A flag for every agent, such as --agent-flag=--log-level=debug (repeat for more)")
-	fl.StringVar(&o.CNIBinary, "cni-bin", "", "The cellium-cni plugin (default: next to this binary)")
+	fl.StringVar(&o.AgentBinary, "agent-bin", "", "The agent every node runs (default: the agent next to this binary, as make build puts them in bin/)")
+	fl.StringVar(&o.CNIBinary, "cni-bin", "", "The cellium-cni plugin (default: next to the agent)")
 	fl.StringVar(&o.EtcdBinary, "etcd-bin", "", "The etcd server (default: $ETCD_BIN, else etcd on the PATH)")
 	fl.StringVar(&o.IdentityMode, "identity-allocation-mode", devcluster.IdentityKVStore,
 		"Where the agents keep cluster-wide identities: kvstore (they share etcd) or crd (CelliumIdentity and CelliumEndpoint objects in a real kube-apiserver the cluster runs, with deploy/rbac.yaml's RBAC; no kvstore)")
 	fl.StringVar(&o.KubeAPIServerBinary, "kube-apiserver-bin", "", "The kube-apiserver of --identity-allocation-mode=crd (default: $KUBE_APISERVER_BIN, else the one `make kube-apiserver` built)")
 	fl.DurationVar(&o.ReadyTimeout, "ready-timeout", 2*time.Minute, "How long each agent may take to be ready")
-	out.register(cmd)
+	out.Register(cmd)
 	return cmd
 }
 
 func newDevClusterStatusCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
-	var out outputFlag
+	var out cliout.Output
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the cluster's nodes, whether their agents run and are ready, and its pods",
@@ -221,10 +224,10 @@ func newDevClusterStatusCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command
 			ctx, cancel := signalContext(cmd)
 			defer cancel()
 			st := c.Status(ctx)
-			return out.print(stdout, st, func(w io.Writer) error { return printDevClusterStatus(w, st, f) })
+			return out.Print(stdout, st, func(w io.Writer) error { return printDevClusterStatus(w, st, f) })
 		},
 	}
-	out.register(cmd)
+	out.Register(cmd)
 	return cmd
 }
 
@@ -274,7 +277,7 @@ func printDevClusterStatus(w io.Writer, st devcluster.Status, f *devClusterFlags
 		}
 		rows = append(rows, []string{n.Name, n.IPv4.String(), n.IPv6.String(), strings.Join(cidrs, ","), fmt.Sprint(n.Agent.PID), agent})
 	}
-	if err := writeTable(w, []string{"NODE", "IPV4", "IPV6", "POD CIDRS", "PID", "AGENT"}, rows); err != nil {
+	if err := cliout.WriteTable(w, []string{"NODE", "IPV4", "IPV6", "POD CIDRS", "PID", "AGENT"}, rows); err != nil {
 		return err
 	}
 	if len(st.Pods) > 0 {
@@ -285,7 +288,7 @@ func printDevClusterStatus(w io.Writer, st devcluster.Status, f *devClusterFlags
 	}
 	if len(st.Nodes) > 0 {
 		n := st.Nodes[0]
-		fmt.Fprintf(w, "\nAsk %s's agent:  agent status --api-socket %s\nEnter %s:        nsenter --net=%s\nAdd a pod:           agent dev-cluster%s pod add %s NAME --label app=NAME\n",
+		fmt.Fprintf(w, "\nAsk %s's agent:  agent status --api-socket %s\nEnter %s:        nsenter --net=%s\nAdd a pod:           cellium-dev cluster%s pod add %s NAME --label app=NAME\n",
 			n.Name, n.APISocket, n.Name, n.NetNS, f.nameFlag(), n.Name)
 	}
 	return nil
@@ -304,7 +307,7 @@ func printPods(w io.Writer, pods []devcluster.Pod) error {
 		}
 		rows = append(rows, []string{p.Namespace, p.Name, p.Node, p.IPv4.String(), p.IPv6.String(), strings.Join(labels, ","), state})
 	}
-	return writeTable(w, []string{"NAMESPACE", "POD", "NODE", "IPV4", "IPV6", "LABELS", "STATE"}, rows)
+	return cliout.WriteTable(w, []string{"NAMESPACE", "POD", "NODE", "IPV4", "IPV6", "LABELS", "STATE"}, rows)
 }
 
 func newDevClusterDownCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
@@ -349,7 +352,7 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 	var (
 		labels, ports []string
 		namespace     string
-		addOut        outputFlag
+		addOut        cliout.Output
 	)
 	add := &cobra.Command{
 		Use:   "add NODE NAME",
@@ -375,16 +378,16 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return addOut.print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
+				return addOut.Print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
 			})
 		},
 	}
 	add.Flags().StringArrayVar(&labels, "label", nil, "A label of the pod, key=value (repeat for more)")
 	add.Flags().StringVarP(&namespace, "namespace", "n", devcluster.DefaultNamespace, "The pod's Kubernetes namespace")
 	add.Flags().StringArrayVar(&ports, "port", nil, "A container port, [NAME=]PORT[/PROTOCOL] (TCP, UDP or SCTP; default TCP), e.g. http=8080/TCP (repeat for more)")
-	addOut.register(add)
+	addOut.Register(add)
 
-	var labelOut outputFlag
+	var labelOut cliout.Output
 	label := &cobra.Command{
 		Use:   "label POD KEY=VALUE|KEY-...",
 		Short: "Change a pod's labels: KEY=VALUE sets one, KEY- removes one",
@@ -405,11 +408,11 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 				if p, err = c.SetPodLabels(ctx, args[0], lbls); err != nil {
 					return err
 				}
-				return labelOut.print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
+				return labelOut.Print(stdout, p, func(w io.Writer) error { return printPods(w, []devcluster.Pod{p}) })
 			})
 		},
 	}
-	labelOut.register(label)
+	labelOut.Register(label)
 
 	del := &cobra.Command{
 		Use:   "del POD",
@@ -426,7 +429,7 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 		},
 	}
 
-	var listOut outputFlag
+	var listOut cliout.Output
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List the pods: node, addresses, labels",
@@ -440,10 +443,10 @@ func newDevClusterPodCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
 			if pods == nil {
 				pods = []devcluster.Pod{}
 			}
-			return listOut.print(stdout, pods, func(w io.Writer) error { return printPods(w, pods) })
+			return listOut.Print(stdout, pods, func(w io.Writer) error { return printPods(w, pods) })
 		},
 	}
-	listOut.register(list)
+	listOut.Register(list)
 
 	pod.AddCommand(add, label, del, list)
 	return pod
@@ -513,12 +516,6 @@ func parsePorts(flags []string) ([]devcluster.ContainerPort, error) {
 	return ports, nil
 }
 
-// exitCodeError ends the program with a command's exit code; the command
-// said why itself.
-type exitCodeError struct{ code int }
-
-func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
-
 func newDevClusterExecCmd(f *devClusterFlags, stdout, stderr io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "exec POD -- COMMAND [ARG...]",
@@ -529,7 +526,7 @@ func newDevClusterExecCmd(f *devClusterFlags, stdout, stderr io.Writer) *cobra.C
 		Args: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
 			if dash != 1 || len(args) < 2 {
-				return fmt.Errorf("want a pod, --, and a command: agent dev-cluster exec POD -- COMMAND [ARG...]")
+				return fmt.Errorf("want a pod, --, and a command: cellium-dev cluster exec POD -- COMMAND [ARG...]")
 			}
 			return nil
 		},
@@ -567,7 +564,7 @@ func newDevClusterExecCmd(f *devClusterFlags, stdout, stderr io.Writer) *cobra.C
 }
 
 func newDevClusterOutsideCmd(f *devClusterFlags, stdout io.Writer) *cobra.Command {
-	var out outputFlag
+	var out cliout.Output
 	cmd := &cobra.Command{
 		Use:   "outside",
 		Short: "Add the outside namespace: a host on the bridge that is no node, standing for the world",
@@ -589,12 +586,12 @@ func newDevClusterOutsideCmd(f *devClusterFlags, stdout io.Writer) *cobra.Comman
 			if err != nil {
 				return err
 			}
-			return out.print(stdout, o, func(w io.Writer) error {
+			return out.Print(stdout, o, func(w io.Writer) error {
 				_, err := fmt.Fprintf(w, "Outside namespace %s: %s, %s\n", o.NetNS, o.IPv4, o.IPv6)
 				return err
 			})
 		},
 	}
-	out.register(cmd)
+	out.Register(cmd)
 	return cmd
 }
