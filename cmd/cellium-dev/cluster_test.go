@@ -72,21 +72,28 @@ func agentCmd(t *testing.T, args ...string) (string, string, int) {
 	return run(t, agentBin, args...)
 }
 
-// The cluster commands as a user runs them: up, status, pods, exec,
-// down, and what each says to bad input.
-func TestDevCluster(t *testing.T) {
+// newClusterDir skips t on a machine that cannot run a cluster, else gives
+// it a fresh cluster name and an empty directory for it (which down
+// empties and the cleanup removes).
+func newClusterDir(t *testing.T) (name, dir string) {
 	if err := devcluster.CheckHost(); err != nil {
 		t.Skip(err)
 	}
 	if _, err := devcluster.EtcdBinary(); err != nil {
 		t.Skip(err)
 	}
-	name := devclustertest.RandomName()
 	dir, err := os.MkdirTemp("", "cdc-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(dir) })
+	return devclustertest.RandomName(), dir
+}
+
+// The cluster commands as a user runs them: up, status, pods, exec,
+// down, and what each says to bad input.
+func TestDevCluster(t *testing.T) {
+	name, dir := newClusterDir(t)
 	sel := []string{"--name", name, "--dir", dir}
 	dc := func(args ...string) (string, string, int) {
 		t.Helper()
@@ -249,18 +256,7 @@ func TestDevCluster(t *testing.T) {
 // An up killed half way leaves a cluster that down takes down whole:
 // processes it did not get to record included.
 func TestDevClusterDownAfterKilledUp(t *testing.T) {
-	if err := devcluster.CheckHost(); err != nil {
-		t.Skip(err)
-	}
-	if _, err := devcluster.EtcdBinary(); err != nil {
-		t.Skip(err)
-	}
-	name := devclustertest.RandomName()
-	dir, err := os.MkdirTemp("", "cdc-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(dir) })
+	name, dir := newClusterDir(t)
 	sel := []string{"cluster", "--name", name, "--dir", dir}
 
 	up := exec.Command(devBin, append(sel, "up", "--nodes", "3")...)
