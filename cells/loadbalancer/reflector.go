@@ -172,15 +172,16 @@ func (s *objectStore[T]) sendListing() (send func(runtime.Object) error, end fun
 // 100 MB higher).
 const listPageSize = 2000
 
-// pagedList lists from a real API server a page at a time, converting and
-// sending each page's objects before asking for the next, and returns an
-// empty list of the listing's resource version for the Reflector, as
-// streamList does: the Reflector's own pager gathers every page into one
-// list first (~115 MB at 50,000 Services and their EndpointSlices). A
-// server that does not page (a list served from its watch cache may not)
-// answers in one page, converted as the Reflector's list was. An error
-// part way leaves the objects already sent, which are current: the
-// Reflector lists again, and that listing's end settles what is gone.
+// pagedList lists from a real API server a page at a time (listPages,
+// kubeclient's ListPages), converting and sending each page's objects as
+// they are decoded, and returns an empty list of the listing's resource
+// version for the Reflector, as streamList does: the Reflector's own pager
+// gathers every page into one list first (~115 MB at 50,000 Services and
+// their EndpointSlices). A server that does not page (a list served from
+// its watch cache may not) answers in one page, converted as the
+// Reflector's list was. An error part way leaves the objects already
+// sent, which are current: the Reflector lists again, and that listing's
+// end settles what is gone.
 //
 // Pages, not a streaming list (a WATCH with sendInitialEvents): where the
 // API server can serve both from its watch cache (etcd 3.5.13 and later),
@@ -190,9 +191,10 @@ const listPageSize = 2000
 // 0.8-1.1 CPU s against 1.35-1.4, and 20 clients at once cost it 7.9 CPU
 // s in pages against 19.4 streamed (docs/performance.md).
 //
-// Each page's objects are decoded one at a time and converted at once
-// (kubeclient's ListEach), never a typed page in memory.
-func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, listEach func(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
+// Each page's objects are decoded one at a time and converted at once,
+// never a typed page in memory, and the next page is read meanwhile (at
+// most one ahead: two pages' bodies of a kind in memory at a time).
+func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, listPages func(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
 	item, end := s.listing()
 	send := func(o T) error { return s.send(item(o)) }
 	if opts.Limit == 0 {
@@ -204,22 +206,12 @@ func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions,
 		// version is paged.
 		opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
 	}
-	var rv string
-	for {
-		pageMeta, err := listEach(ctx, opts, send)
-		if err != nil {
-			return nil, err
-		}
-		rv = pageMeta.ResourceVersion
-		if pageMeta.Continue == "" {
-			break
-		}
-		// The next page continues the same snapshot; a resource
-		// version beside a continue token is refused.
-		opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = pageMeta.Continue, "", ""
+	meta, err := listPages(ctx, opts, send)
+	if err != nil {
+		return nil, err
 	}
 	s.streamedEnd = end
-	return emptyList(rv), nil
+	return emptyList(meta.ResourceVersion), nil
 }
 
 // Resync has nothing to do: the tables are the only copy.
@@ -339,7 +331,7 @@ func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *
 // none at a resource version.
 func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
 	resource schema.GroupVersionResource, kind schema.GroupVersionKind, c interface {
-		ListEach(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error)
+		ListPages(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error)
 		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
 	}, emptyList func(rv string) runtime.Object,
 ) *cache.ListWatch {
@@ -348,7 +340,7 @@ func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *obj
 			if list, ok, err := store.streamList(cs, resource, kind, opts, emptyList); ok {
 				return list, err
 			}
-			return store.pagedList(ctx, opts, c.ListEach, emptyList)
+			return store.pagedList(ctx, opts, c.ListPages, emptyList)
 		},
 		c.Watch)
 }

@@ -243,38 +243,30 @@ func TestStreamedListing(t *testing.T) {
 	}
 }
 
-// From a real API server a listing is asked for a page at a time, each
-// page's services sent before the next is asked for; the Reflector gets an
-// empty list of the listing's resource version, and its Replace ends the
-// listing with every page's names. A failure part way is the list's error.
+// From a real API server a listing is asked for in pages (kubeclient's
+// ListPages, which reads them), each object sent as it is decoded; the
+// Reflector gets an empty list of the listing's resource version, and its
+// Replace ends the listing with every page's names. A failure part way is
+// the list's error.
 func TestPagedListing(t *testing.T) {
-	pages := [][]string{{"a", "b"}, {"c"}, {"d"}}
+	names := []string{"a", "b", "c", "d"}
 	var calls []metav1.ListOptions
 	events := make(chan k8sEvent, 16)
 	list := func(_ context.Context, opts metav1.ListOptions, each func(*corev1.Service) error) (metav1.ListMeta, error) {
 		calls = append(calls, opts)
-		i := len(calls) - 1
-		// Each page's services are sent before the next page is asked for.
-		before := 0
-		for _, p := range pages[:i] {
-			before += len(p)
-		}
-		if sent := len(events); sent != before {
-			t.Errorf("page %d asked for with %d upserts sent, want %d", i, sent, before)
-		}
-		l := metav1.ListMeta{ResourceVersion: "42"}
-		if i < len(pages)-1 {
-			l.Continue = fmt.Sprintf("token-%d", i+1)
-		}
 		// One object, decoded into again for each item (ListEach).
 		obj := &corev1.Service{}
-		for _, name := range pages[i] {
+		for i, name := range names {
 			*obj = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
 			if err := each(obj); err != nil {
 				return metav1.ListMeta{}, err
 			}
+			// Each object is sent as it is decoded.
+			if sent := len(events); sent != i+1 {
+				t.Errorf("%d upserts sent after object %d, want %d", sent, i, i+1)
+			}
 		}
-		return l, nil
+		return metav1.ListMeta{ResourceVersion: "42"}, nil
 	}
 	emptyList := func(rv string) runtime.Object {
 		return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
@@ -288,15 +280,11 @@ func TestPagedListing(t *testing.T) {
 		t.Fatalf("the Reflector got %d items and version %q, want none and 42", len(l.Items), l.ResourceVersion)
 	}
 	// "Any version" (0) is asked as the latest (""), which a server pages.
-	want := []metav1.ListOptions{
-		{Limit: listPageSize},
-		{Continue: "token-1", Limit: listPageSize},
-		{Continue: "token-2", Limit: listPageSize},
-	}
+	want := []metav1.ListOptions{{Limit: listPageSize}}
 	if fmt.Sprint(calls) != fmt.Sprint(want) {
 		t.Fatalf("list calls %+v, want %+v", calls, want)
 	}
-	for _, name := range []string{"a", "b", "c", "d"} {
+	for _, name := range names {
 		if up, ok := (<-events).(*serviceUpserted); !ok || up.svc.Name.Name != name {
 			t.Fatalf("upserts out of order: want %s", name)
 		}
@@ -309,13 +297,12 @@ func TestPagedListing(t *testing.T) {
 	}
 
 	gone := errors.New("410: the continue token expired")
-	calls = nil
-	failing := func(ctx context.Context, opts metav1.ListOptions, each func(*corev1.Service) error) (metav1.ListMeta, error) {
-		if opts.Continue != "" {
-			calls = append(calls, opts)
-			return metav1.ListMeta{}, gone
+	failing := func(_ context.Context, _ metav1.ListOptions, each func(*corev1.Service) error) (metav1.ListMeta, error) {
+		// The first page's objects, then the next page's error.
+		if err := each(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a"}}); err != nil {
+			return metav1.ListMeta{}, err
 		}
-		return list(ctx, opts, each)
+		return metav1.ListMeta{}, gone
 	}
 	if _, err := store.pagedList(context.Background(), metav1.ListOptions{}, failing, emptyList); !errors.Is(err, gone) {
 		t.Fatalf("a page failing part way: %v, want %v", err, gone)

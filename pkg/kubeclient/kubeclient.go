@@ -63,7 +63,7 @@ func init() {
 
 // Client is a typed client of one resource (in one namespace, or all):
 // the methods the agent uses of client-go's generated ones (PatchStatus is
-// Patch with the "status" subresource), and ListEach.
+// Patch with the "status" subresource), ListEach and ListPages.
 type Client[T, L runtime.Object] interface {
 	typed[T, L]
 	// ListEach is List of one page (opts.Limit, opts.Continue) that
@@ -73,6 +73,10 @@ type Client[T, L runtime.Object] interface {
 	// (ListEach), so each keeps none of its pointers (its strings are its
 	// own). The page is never a typed list in memory.
 	ListEach(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
+	// ListPages is ListEach of every page of a listing, each page asked
+	// for while the one before it is decoded (at most one page ahead),
+	// and returns the last page's list metadata.
+	ListPages(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
 }
 
 // typed are the methods of client-go's generic typed client.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -16,10 +17,24 @@ import (
 // raw field is the object's (here the list's) own message.
 var protobufPrefix = []byte("k8s\x00")
 
-// pages are the buffers the pages of listings are read into, one per
-// listing at a time: a page of 2,000 Services is a few MB, read again and
-// again into the same buffer instead of a new one grown for each page.
+// pages are the buffers the pages of listings are read into: a page of
+// 2,000 Services is a few MB, read again and again into the same buffers
+// instead of a new one grown for each page. A listing holds at most two
+// at a time (ListPages: the page being decoded and the one read ahead).
 var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// pagesHeld counts the buffers taken from pages and not yet given back:
+// none once every listing has returned, whatever ended it.
+var pagesHeld atomic.Int64
+
+// page is one page of a listing, read whole: its list metadata, known
+// before any of its objects is decoded, its objects to decode one at a
+// time (each), and done, which gives back what it holds (its buffer).
+type page[T any] struct {
+	meta metav1.ListMeta
+	each func(func(T) error) error
+	done func()
+}
 
 // ListEach reads the page and decodes its objects one at a time into one
 // object: client-go's List reads the body into a buffer grown for it,
@@ -28,8 +43,84 @@ var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // 20,000 Services and their EndpointSlices an agent's start allocated
 // 270-280 MB with List, 180-188 MB with ListEach (docs/performance.md).
 func (c *client[E, T, L]) ListEach(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
+	p, err := c.readPage(ctx, opts)
+	if err != nil {
+		return metav1.ListMeta{}, err
+	}
+	defer p.done()
+	if err := p.each(each); err != nil {
+		return metav1.ListMeta{}, err
+	}
+	return p.meta, nil
+}
+
+// ListPages lists every page of opts (opts.Limit objects each), calling
+// each with their objects in order as ListEach does, and returns the last
+// page's list metadata. Once a page is read, and its continue token with
+// it, the next page is asked for while this one's objects are decoded and
+// each is called with them: the server and the network work on the next
+// page while the client converts this one, instead of each waiting for
+// the other. It reads at most one page ahead: at most two pages of the
+// listing are in memory at a time, the one being decoded and the next.
+//
+// An error reading the next page is the listing's error, as it is, once
+// the objects of the pages before it have been given to each (a 410 Gone
+// of an expired continue token stays one, for the caller to list again).
+// An error of each, or ctx ending, stops the read ahead and waits for it
+// to give back its page before returning.
+func (c *client[E, T, L]) ListPages(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type read struct {
+		p   page[T]
+		err error
+	}
+	p, err := c.readPage(ctx, opts)
+	for {
+		if err != nil {
+			return metav1.ListMeta{}, err
+		}
+		var next chan read
+		if p.meta.Continue != "" {
+			// The next page continues the same snapshot; a resource
+			// version beside a continue token is refused.
+			opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = p.meta.Continue, "", ""
+			next = make(chan read, 1)
+			go func(opts metav1.ListOptions) {
+				p, err := c.readPage(ctx, opts)
+				next <- read{p, err}
+			}(opts)
+		}
+		err = p.each(each)
+		p.done()
+		if next == nil {
+			if err != nil {
+				return metav1.ListMeta{}, err
+			}
+			return p.meta, nil
+		}
+		if err != nil {
+			cancel()
+			if r := <-next; r.err == nil {
+				r.p.done()
+			}
+			return metav1.ListMeta{}, err
+		}
+		r := <-next
+		p, err = r.p, r.err
+	}
+}
+
+// readPage reads the page of opts whole: into a buffer of pages from a
+// real API server (in protobuf, or JSON if it answers so), a typed list
+// from a fake's List.
+func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions) (page[T], error) {
 	if c.rest == nil {
-		return c.listEachOf(ctx, opts, each)
+		l, err := c.List(ctx, opts)
+		if err != nil {
+			return page[T]{}, err
+		}
+		return c.listPage(l), nil
 	}
 	var timeout time.Duration
 	if opts.TimeoutSeconds != nil {
@@ -43,64 +134,73 @@ func (c *client[E, T, L]) ListEach(ctx context.Context, opts metav1.ListOptions,
 		Timeout(timeout).
 		Stream(ctx)
 	if err != nil {
-		return metav1.ListMeta{}, err
+		return page[T]{}, err
 	}
 	defer body.Close()
 	buf := pages.Get().(*bytes.Buffer)
-	defer pages.Put(buf)
+	pagesHeld.Add(1)
+	done := func() {
+		pages.Put(buf)
+		pagesHeld.Add(-1)
+	}
 	buf.Reset()
 	if _, err := buf.ReadFrom(body); err != nil {
-		return metav1.ListMeta{}, fmt.Errorf("list %s: reading the response: %w", c.resource, err)
+		done()
+		return page[T]{}, fmt.Errorf("list %s: reading the response: %w", c.resource, err)
 	}
 	data := buf.Bytes()
 	if !bytes.HasPrefix(data, protobufPrefix) {
 		// JSON, which a server may answer with instead (the request
-		// accepts it).
+		// accepts it): decoded whole, the buffer given back at once.
+		defer done()
 		l := c.newList()
 		if _, _, err := Codecs.UniversalDeserializer().Decode(data, nil, l); err != nil {
-			return metav1.ListMeta{}, fmt.Errorf("list %s: %w", c.resource, err)
+			return page[T]{}, fmt.Errorf("list %s: %w", c.resource, err)
 		}
-		return c.each(l, each)
+		return c.listPage(l), nil
 	}
-	meta, err := eachItem(data[len(protobufPrefix):], c.listKind, T(new(E)), each)
+	raw, meta, err := listOf(data[len(protobufPrefix):], c.listKind)
 	if err != nil {
-		return metav1.ListMeta{}, fmt.Errorf("list %s: %w", c.resource, err)
+		done()
+		return page[T]{}, fmt.Errorf("list %s: %w", c.resource, err)
 	}
-	return meta, nil
-}
-
-// listEachOf is ListEach of a fake's client: its List, item by item.
-func (c *client[E, T, L]) listEachOf(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
-	l, err := c.List(ctx, opts)
-	if err != nil {
-		return metav1.ListMeta{}, err
-	}
-	return c.each(l, each)
-}
-
-// each calls each with l's items, and returns l's list metadata.
-func (c *client[E, T, L]) each(l L, each func(T) error) (metav1.ListMeta, error) {
-	for i := range *c.items(l) {
-		if err := each(T(&(*c.items(l))[i])); err != nil {
-			return metav1.ListMeta{}, err
-		}
-	}
-	return metav1.ListMeta{
-		ResourceVersion: l.GetResourceVersion(), Continue: l.GetContinue(), RemainingItemCount: l.GetRemainingItemCount(),
+	return page[T]{
+		meta: meta,
+		each: func(each func(T) error) error {
+			if err := eachItem(raw, c.listKind, T(new(E)), each); err != nil {
+				return fmt.Errorf("list %s: %w", c.resource, err)
+			}
+			return nil
+		},
+		done: done,
 	}, nil
 }
 
-// eachItem decodes data, a runtime.Unknown holding a list of kind
-// listKind (its ListMeta field 1, its items field 2, as every list of
-// k8s.io/api has them), decoding each item into obj in turn and calling
-// each with it.
-func eachItem[E any, T object[E]](data []byte, listKind string, obj T, each func(T) error) (metav1.ListMeta, error) {
-	var (
-		kind, encoding string
-		raw            []byte
-		meta           metav1.ListMeta
-	)
-	err := messageFields(data, func(num protowire.Number, v []byte) error {
+// listPage is the page of a typed list l.
+func (c *client[E, T, L]) listPage(l L) page[T] {
+	return page[T]{
+		meta: metav1.ListMeta{
+			ResourceVersion: l.GetResourceVersion(), Continue: l.GetContinue(), RemainingItemCount: l.GetRemainingItemCount(),
+		},
+		each: func(each func(T) error) error {
+			for i := range *c.items(l) {
+				if err := each(T(&(*c.items(l))[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		done: func() {},
+	}
+}
+
+// listOf is the list of kind listKind in data, a runtime.Unknown holding
+// it (its ListMeta field 1, its items field 2, as every list of k8s.io/api
+// has them): the list's message, and its list metadata, read without
+// decoding any item.
+func listOf(data []byte, listKind string) (raw []byte, meta metav1.ListMeta, err error) {
+	var kind, encoding string
+	err = messageFields(data, func(num protowire.Number, v []byte) error {
 		switch num {
 		case 1: // typeMeta
 			return messageFields(v, func(num protowire.Number, v []byte) error {
@@ -118,32 +218,44 @@ func eachItem[E any, T object[E]](data []byte, listKind string, obj T, each func
 	})
 	switch {
 	case err != nil:
-		return meta, fmt.Errorf("the protobuf envelope: %w", err)
+		return nil, meta, fmt.Errorf("the protobuf envelope: %w", err)
 	case kind != listKind:
-		return meta, fmt.Errorf("got a %q, want a %s", kind, listKind)
+		return nil, meta, fmt.Errorf("got a %q, want a %s", kind, listKind)
 	case encoding != "":
-		return meta, fmt.Errorf("a %s in the unknown encoding %q", listKind, encoding)
+		return nil, meta, fmt.Errorf("a %s in the unknown encoding %q", listKind, encoding)
 	}
-	var zero E
-	item := 0
 	err = messageFields(raw, func(num protowire.Number, v []byte) error {
-		switch num {
-		case 1:
+		if num == 1 {
 			return meta.Unmarshal(v)
-		case 2:
-			*obj = zero
-			if err := obj.Unmarshal(v); err != nil {
-				return fmt.Errorf("item %d: %w", item, err)
-			}
-			item++
-			return each(obj)
 		}
 		return nil
 	})
 	if err != nil {
-		return metav1.ListMeta{}, fmt.Errorf("a %s: %w", listKind, err)
+		return nil, metav1.ListMeta{}, fmt.Errorf("a %s: %w", listKind, err)
 	}
-	return meta, nil
+	return raw, meta, nil
+}
+
+// eachItem decodes the items of raw, the message of a list of kind
+// listKind (listOf's), each into obj in turn, calling each with it.
+func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, each func(T) error) error {
+	var zero E
+	item := 0
+	err := messageFields(raw, func(num protowire.Number, v []byte) error {
+		if num != 2 {
+			return nil
+		}
+		*obj = zero
+		if err := obj.Unmarshal(v); err != nil {
+			return fmt.Errorf("item %d: %w", item, err)
+		}
+		item++
+		return each(obj)
+	})
+	if err != nil {
+		return fmt.Errorf("a %s: %w", listKind, err)
+	}
+	return nil
 }
 
 // messageFields calls fn with the number and the contents of each field of

@@ -3,15 +3,21 @@ package kubeclient
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	goruntime "runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
@@ -51,6 +57,15 @@ func encode(t *testing.T, list runtime.Object) []byte {
 	return buf.Bytes()
 }
 
+// decodePage is a page's list metadata (listOf) and its items (eachItem).
+func decodePage(data []byte, listKind string, obj *corev1.Service, each func(*corev1.Service) error) (metav1.ListMeta, error) {
+	raw, meta, err := listOf(data, listKind)
+	if err != nil {
+		return meta, err
+	}
+	return meta, eachItem(raw, listKind, obj, each)
+}
+
 // A page in protobuf decodes, one object at a time into the same one, to
 // the objects and list metadata that were encoded.
 func TestEachItemDecodesAPage(t *testing.T) {
@@ -65,7 +80,7 @@ func TestEachItemDecodesAPage(t *testing.T) {
 	}
 	var got []corev1.Service
 	var seen *corev1.Service
-	meta, err := eachItem(data[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(s *corev1.Service) error {
+	meta, err := decodePage(data[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(s *corev1.Service) error {
 		if seen != nil && s != seen {
 			t.Error("each item is a new object, want the same one decoded into again")
 		}
@@ -90,7 +105,7 @@ func TestEachItemDecodesAPage(t *testing.T) {
 	// An error of each stops the page with it.
 	stop := fmt.Errorf("stop")
 	n := 0
-	if _, err := eachItem(data[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { n++; return stop }); err == nil || !strings.Contains(err.Error(), "stop") || n != 1 {
+	if _, err := decodePage(data[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { n++; return stop }); err == nil || !strings.Contains(err.Error(), "stop") || n != 1 {
 		t.Errorf("each failing: %v after %d objects, want its error after 1", err, n)
 	}
 }
@@ -99,13 +114,13 @@ func TestEachItemDecodesAPage(t *testing.T) {
 // naming what was wanted and what came.
 func TestEachItemRejectsBadPages(t *testing.T) {
 	slices := encode(t, &discoveryv1.EndpointSliceList{TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSliceList"}})
-	_, err := eachItem(slices[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { return nil })
+	_, err := decodePage(slices[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), `got a "EndpointSliceList", want a ServiceList`) {
 		t.Errorf("an EndpointSliceList read as a ServiceList: %v", err)
 	}
 	data := encode(t, &corev1.ServiceList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceList"}, Items: testServices(3)})
 	for _, cut := range []int{len(data) - 1, len(data) / 2, len(protobufPrefix) + 3} {
-		_, err := eachItem(data[len(protobufPrefix):cut], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { return nil })
+		_, err := decodePage(data[len(protobufPrefix):cut], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { return nil })
 		if err == nil {
 			t.Errorf("a page cut at %d of %d bytes decoded without an error", cut, len(data))
 		}
@@ -131,7 +146,8 @@ func TestListEachOfFake(t *testing.T) {
 
 // Against a real kube-apiserver, ListEach's pages hold the objects List
 // has, in protobuf (and in JSON, when the client asks for it), and their
-// continue tokens lead through the listing.
+// continue tokens lead through the listing, as ListPages follows them. The
+// subtests of ListPages's read ahead share the server.
 func TestListEachOfAPIServer(t *testing.T) {
 	if _, err := kubeapitest.Binary(); err != nil {
 		t.Skip(err)
@@ -188,6 +204,14 @@ func TestListEachOfAPIServer(t *testing.T) {
 		if len(want.Items) != n+1 || pages != 3 || !equality.Semantic.DeepEqual(got, want.Items) {
 			t.Errorf("content type %q: ListEach in %d pages gave %d objects, List %d; equal: %v", contentType, pages, len(got), len(want.Items), equality.Semantic.DeepEqual(got, want.Items))
 		}
+		got = nil
+		meta, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(s *corev1.Service) error {
+			got = append(got, *s.DeepCopy())
+			return nil
+		})
+		if err != nil || meta.Continue != "" || meta.ResourceVersion == "" || !equality.Semantic.DeepEqual(got, want.Items) {
+			t.Errorf("content type %q: ListPages gave %d objects (List %d; equal: %v), %v, last page's %+v", contentType, len(got), len(want.Items), equality.Semantic.DeepEqual(got, want.Items), err, meta)
+		}
 		wantType := kubeapitest.Protobuf
 		if contentType != "" {
 			wantType = contentType
@@ -197,7 +221,211 @@ func TestListEachOfAPIServer(t *testing.T) {
 				t.Errorf("%s %s?%s: response %q, want %q", e.Method, e.Path, e.Query, e.ResponseType, wantType)
 			}
 		}
+		if held := pagesHeld.Load(); held != 0 {
+			t.Errorf("content type %q: %d pages held after the listings", contentType, held)
+		}
 	}
+
+	// A client whose requests for a listing's later pages pt sees.
+	client := func(t *testing.T) (Client[*corev1.Service, *corev1.ServiceList], *pageTripper) {
+		cfg := kas.Config(kubeapitest.AdminToken)
+		pt := &pageTripper{asked: make(chan int, 16), read: make(chan int, 16)}
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { pt.next = rt; return pt })
+		src, err := NewRESTSource(cfg, mustHTTPClient(t, cfg), corev1.SchemeGroupVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return New(src, "services", "Service", "", func(l *corev1.ServiceList) *[]corev1.Service { return &l.Items }), pt
+	}
+	// wait is the number of the next request pt is sent, or 0 when none
+	// comes in 30 s (a failure: what should ask for it does not).
+	wait := func(ch chan int) int {
+		select {
+		case k := <-ch:
+			return k
+		case <-time.After(30 * time.Second):
+			return 0
+		}
+	}
+
+	t.Run("the next page is asked for while a page is converted", func(t *testing.T) {
+		c, pt := client(t)
+		i, asked := 0, 0
+		var names []string
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(s *corev1.Service) error {
+			names = append(names, s.Namespace+"/"+s.Name)
+			// The first object of each page but the last: its
+			// conversion goes on only once the next page is asked for.
+			if page := i / 10; i%10 == 0 && page < 2 {
+				if k := wait(pt.asked); k != page+1 {
+					return fmt.Errorf("page %d converted, and request %d of a next page sent in 30 s; want %d", page, k, page+1)
+				}
+				asked++
+			}
+			i++
+			return nil
+		})
+		if err != nil || asked != 2 || len(names) != n+1 {
+			t.Errorf("ListPages: %v, %d objects, the next page asked for during the conversion of %d pages, want %d objects and 2", err, len(names), asked, n+1)
+		}
+	})
+
+	t.Run("an error of the page read ahead is the listing's", func(t *testing.T) {
+		c, pt := client(t)
+		// The third page's continue token has expired: the API server's
+		// 410 Gone.
+		pt.answer = func(k int, req *http.Request) (*http.Response, error) {
+			if k != 2 {
+				return nil, nil
+			}
+			status := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"The provided continue parameter is too old","reason":"Expired","code":410}`
+			return &http.Response{StatusCode: http.StatusGone, Status: "410 Gone", Header: http.Header{"Content-Type": {"application/json"}},
+				Body: io.NopCloser(strings.NewReader(status)), ContentLength: int64(len(status)), Request: req}, nil
+		}
+		got := 0
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error { got++; return nil })
+		if !apierrors.IsResourceExpired(err) || got != 20 {
+			t.Errorf("ListPages with its third page gone: %v after %d objects, want an expired error after 20", err, got)
+		}
+		if held := pagesHeld.Load(); held != 0 {
+			t.Errorf("%d pages held after the listing failed", held)
+		}
+	})
+
+	t.Run("an error of each gives back the page read ahead", func(t *testing.T) {
+		c, pt := client(t)
+		stop := errors.New("stop")
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error {
+			// The second page read whole, waiting for the first's
+			// conversion.
+			if k := wait(pt.read); k != 1 {
+				return fmt.Errorf("the second page not read in 30 s (%d)", k)
+			}
+			return stop
+		})
+		if !errors.Is(err, stop) {
+			t.Errorf("ListPages with each failing: %v, want %v", err, stop)
+		}
+		if held := pagesHeld.Load(); held != 0 {
+			t.Errorf("%d pages held once ListPages returned", held)
+		}
+		noReadAhead(t)
+	})
+
+	t.Run("an error of each ends the read ahead", func(t *testing.T) {
+		c, pt := client(t)
+		// The second page's response never comes.
+		pt.answer = func(_ int, req *http.Request) (*http.Response, error) {
+			<-req.Context().Done()
+			return nil, req.Context().Err()
+		}
+		stop := errors.New("stop")
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error {
+			if k := wait(pt.asked); k != 1 {
+				return fmt.Errorf("the second page not asked for in 30 s (%d)", k)
+			}
+			return stop
+		})
+		if !errors.Is(err, stop) {
+			t.Errorf("ListPages with each failing: %v, want %v", err, stop)
+		}
+		noReadAhead(t)
+	})
+
+	t.Run("cancelling ends the read ahead", func(t *testing.T) {
+		c, pt := client(t)
+		pt.answer = func(_ int, req *http.Request) (*http.Response, error) {
+			<-req.Context().Done()
+			return nil, req.Context().Err()
+		}
+		lctx, lcancel := context.WithCancel(ctx)
+		defer lcancel()
+		_, err := c.ListPages(lctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error {
+			if k := wait(pt.asked); k != 1 {
+				return fmt.Errorf("the second page not asked for in 30 s (%d)", k)
+			}
+			// The agent stopping: the store's sends end with it.
+			lcancel()
+			return lctx.Err()
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("ListPages cancelled: %v", err)
+		}
+		if held := pagesHeld.Load(); held != 0 {
+			t.Errorf("%d pages held once ListPages returned", held)
+		}
+		noReadAhead(t)
+	})
+}
+
+// noReadAhead fails t when a goroutine of ListPages's read ahead is left:
+// it may still be returning once it has handed over its page, so it is
+// looked for until it is gone, for 10 s at most.
+func noReadAhead(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		var left []string
+		for _, g := range strings.Split(string(buf[:goruntime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "kubeclient.(*client[...]).ListPages.func") {
+				left = append(left, g)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines of ListPages's read ahead are left:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pageTripper numbers the requests for the later pages of listings (those
+// with a continue token, from 1), sends each number on asked as the
+// request is sent and on read when its response's body has been read to
+// its end, and answers with answer when it answers (returns a response
+// or an error).
+type pageTripper struct {
+	next        http.RoundTripper
+	asked, read chan int
+	answer      func(k int, req *http.Request) (*http.Response, error)
+	n           atomic.Int32
+}
+
+func (pt *pageTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !req.URL.Query().Has("continue") {
+		return pt.next.RoundTrip(req)
+	}
+	k := int(pt.n.Add(1))
+	pt.asked <- k
+	if pt.answer != nil {
+		if resp, err := pt.answer(k, req); resp != nil || err != nil {
+			return resp, err
+		}
+	}
+	resp, err := pt.next.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	resp.Body = &readBody{ReadCloser: resp.Body, done: func() { pt.read <- k }}
+	return resp, nil
+}
+
+// readBody calls done when it is read to its end.
+type readBody struct {
+	io.ReadCloser
+	done func()
+	once sync.Once
+}
+
+func (b *readBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.once.Do(b.done)
+	}
+	return n, err
 }
 
 func mustHTTPClient(t *testing.T, cfg *rest.Config) *http.Client {
