@@ -166,10 +166,11 @@ func (s *objectStore[T]) sendListing() (send func(runtime.Object) error, end fun
 }
 
 // listPageSize is how many objects a page of a listing from a real API
-// server asks for: a few MB of typed objects at a time, in few enough round
-// trips (at 20,000 Services and their EndpointSlices, pages of 500 made
-// ready 0.7 s later than one list; the one list's peak resident set was
-// 100 MB higher).
+// server asks for: about a MB of protobuf at a time, in few enough
+// requests for the client's rate limiter's burst (at 20,000 Services and
+// their EndpointSlices, pages of 500 made ready 0.7 s later than one list,
+// waiting for the rate limiter; the one list's peak resident set was 100
+// MB higher).
 const listPageSize = 2000
 
 // pagedList lists from a real API server a page at a time (listPages,
@@ -197,9 +198,14 @@ const listPageSize = 2000
 func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions, listPages func(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error), emptyList func(rv string) runtime.Object) (runtime.Object, error) {
 	item, end := s.listing()
 	send := func(o T) error { return s.send(item(o)) }
-	if opts.Limit == 0 {
-		opts.Limit = listPageSize
-	}
+	// Pages of listPageSize, whatever the Reflector's pager asks for (its
+	// default of 500 on a first listing, at resourceVersion "0"; none on a
+	// relist). Each page is a request that the client's rate limiter
+	// counts (--k8s-api-qps 20, --k8s-api-burst 40): at 20,000 Services
+	// and their EndpointSlices pages of 500 were 80 requests, and those
+	// past the burst waited for it, 50 ms each, a second of a restart's
+	// 2.5 s to k8s-synced (docs/performance.md).
+	opts.Limit = listPageSize
 	if opts.ResourceVersion == "0" {
 		// "Any version" is answered from the server's cache, whole,
 		// whatever the limit (kube-apiserver v1.36 does). The latest

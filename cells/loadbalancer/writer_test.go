@@ -272,14 +272,17 @@ func TestPagedListing(t *testing.T) {
 		return &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}}
 	}
 	store := serviceStore(context.Background(), events)
-	got, err := store.pagedList(context.Background(), metav1.ListOptions{ResourceVersion: "0"}, list, emptyList)
+	// As the Reflector's pager asks for a first listing.
+	got, err := store.pagedList(context.Background(), metav1.ListOptions{ResourceVersion: "0", Limit: 500}, list, emptyList)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l := got.(*corev1.ServiceList); len(l.Items) != 0 || l.ResourceVersion != "42" {
 		t.Fatalf("the Reflector got %d items and version %q, want none and 42", len(l.Items), l.ResourceVersion)
 	}
-	// "Any version" (0) is asked as the latest (""), which a server pages.
+	// "Any version" (0) is asked as the latest (""), which a server pages,
+	// in pages of listPageSize, not the pager's 500: each page is a
+	// request the client's rate limiter counts.
 	want := []metav1.ListOptions{{Limit: listPageSize}}
 	if fmt.Sprint(calls) != fmt.Sprint(want) {
 		t.Fatalf("list calls %+v, want %+v", calls, want)
