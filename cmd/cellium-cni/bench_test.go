@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,9 +112,12 @@ func median(xs []float64) float64 {
 //	cni-bench pods=100 add_p50_ms=... add_p99_ms=... floor_p50_ms=... floor_p99_ms=... p99_over_floor=... kernel_p50_ms=... kernel_p99_ms=... single_add_p50_ms=... single_add_p99_ms=... agent_cpu_ms_per_1000_pods=... agent_rss_mb_per_1000_pods=... load1=...
 //	cni-live-bench pods=100 endpoint-map_p50_ms=... endpoint-map_p99_ms=... policy_p50_ms=... ... programs_p99_ms=...
 //	cni-steps-bench pods=100 netns_p50_ms=... netns_p99_ms=... identity_p50_ms=... ... ready_p99_ms=...
-//	cni-breakdown-bench pods=100 in_agent_p50_ms=... in_agent_p99_ms=... outside_agent_p50_ms=... outside_agent_p99_ms=... exec_init_p50_ms=... ... exit_p99_ms=... netlink_per_add=... fsync_per_add=... rtm_getlink=... ...
+//	cni-breakdown-bench pods=100 cpu_bound_ms=... floor_cpu_bound_ms=... plugin_cpu_p50_ms=... ... in_agent_p50_ms=... in_agent_p99_ms=... outside_agent_p50_ms=... outside_agent_p99_ms=... exec_init_p50_ms=... ... exit_p99_ms=... netlink_per_add=... fsync_per_add=... rtm_getlink=... ...
 //
-// The breakdown splits each parallel ADD into its time in the agent's
+// The breakdown has the CPU bound of the parallel ADDs (their plugins' and
+// the agent's CPU time over the cores: no p99 is under it) and of the floor,
+// and the CPU time of each plugin's exec and the floor's; it splits each
+// parallel ADD into its time in the agent's
 // creation (the sum of its steps) and the rest (the plugin's exec and
 // start, the API round trip), that rest into its phases from the plugin's
 // trace (TraceEnv) and the agent's log line (addPhases: exec_init, request,
@@ -210,10 +214,11 @@ func addParallel(b *testing.B, bin, plugin string) {
 	stopProfile()
 
 	// The floor: the plugin that does nothing, as many at once.
-	floor := parallel(b, pods, func(i int) error {
-		out, err := runPlugin(noop, env(ps[i]), conf)
+	floorRuns := make([]pluginRun, pods)
+	floor := parallel(b, pods, func(i int) (err error) {
+		floorRuns[i], err = runPluginTimed(noop, env(ps[i]), conf)
 		if err != nil {
-			return fmt.Errorf("noop plugin: %v: %s", err, out)
+			return fmt.Errorf("noop plugin: %v", err)
 		}
 		return nil
 	})
@@ -292,16 +297,29 @@ func addParallel(b *testing.B, bin, plugin string) {
 	fmt.Printf("cni-live-bench pods=%d %s %s\n", len(live["policy"]), percentiles(live, slices.Sorted(maps.Keys(live))), names)
 	fmt.Printf("cni-steps-bench pods=%d %s %s\n", len(steps["live"]), percentiles(steps, createSteps), names)
 	phases["in_agent"], phases["outside_agent"] = inAgent, outside
-	fmt.Printf("cni-breakdown-bench pods=%d %s %s %s\n", len(inAgent), percentiles(phases, breakdownPhases),
-		calls.perAdd(len(counted)), names)
+	// The CPU bound: the parallel ADDs' CPU time (the plugins' and the
+	// agent's) spread over every core, under which no p99 can be; and the
+	// floor's.
+	var addCPU, floorCPU time.Duration
+	for i := range pods {
+		phases["plugin_cpu"] = append(phases["plugin_cpu"], runs[i].cpu)
+		phases["floor_cpu"] = append(phases["floor_cpu"], floorRuns[i].cpu)
+		addCPU += runs[i].cpu
+		floorCPU += floorRuns[i].cpu
+	}
+	cores := time.Duration(runtime.NumCPU())
+	fmt.Printf("cni-breakdown-bench pods=%d cpu_bound_ms=%.1f floor_cpu_bound_ms=%.1f %s %s %s\n", len(inAgent),
+		ms((addCPU+cpu)/cores), ms(floorCPU/cores), percentiles(phases, breakdownPhases), calls.perAdd(len(counted)), names)
 	// The next binary's measurement on a quiet node.
 	n.kill()
 }
 
 // breakdownPhases are the parts of a parallel ADD in the breakdown line:
-// its time in the agent's creation and outside it, and the phases of each
-// ADD in order (addPhases), which add up to the ADD.
-var breakdownPhases = []string{"in_agent", "outside_agent", "exec_init", "request", "to_handler", "agent_queued", "handler", "response", "result", "exit"}
+// the plugin's CPU time (user and system) in each exec, and the floor
+// plugin's in each of its, which the load changes less than latencies; its
+// time in the agent's creation and outside it, and the phases of each ADD
+// in order (addPhases), which add up to the ADD.
+var breakdownPhases = []string{"plugin_cpu", "floor_cpu", "in_agent", "outside_agent", "exec_init", "request", "to_handler", "agent_queued", "handler", "response", "result", "exit"}
 
 // addPhases adds to phases the phases of one ADD, run, whose creation the
 // agent logged in line and took created in its steps. From the plugin's
@@ -356,6 +374,8 @@ func addPhases(phases map[string][]time.Duration, run pluginRun, line map[string
 type pluginRun struct {
 	start, exited time.Time
 	trace         map[string]time.Time
+	// cpu is the process's user and system time.
+	cpu time.Duration
 }
 
 // runPluginTimed execs the plugin at path with TraceEnv set, as runPlugin,
@@ -368,6 +388,9 @@ func runPluginTimed(path string, env map[string]string, stdin []byte) (pluginRun
 	run := pluginRun{start: time.Now()}
 	err := cmd.Run()
 	run.exited = time.Now()
+	if cmd.ProcessState != nil {
+		run.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
 	if err != nil {
 		return run, fmt.Errorf("%v: %s %s", err, stdout.String(), stderr.String())
 	}
