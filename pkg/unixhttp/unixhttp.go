@@ -2,9 +2,10 @@
 // its unix socket, without net/http: one request per connection, a JSON
 // body in, a JSON answer out. The CNI plugin uses it: it runs once per
 // pod, often a hundred at once, and net/http (with crypto/tls and x509,
-// which it links whether or not it speaks TLS) doubled its start and its
-// CPU time per call (docs/performance.md, "CNI ADD"). pkg/client, which
-// the agent's client commands use, shares its error types.
+// which it links whether or not it speaks TLS, and its transport's
+// goroutines) made the plugin twice the size and cost it a fifth more CPU
+// per ADD (docs/performance.md, "CNI ADD"). pkg/client, which the agent's
+// client commands use, shares its error types.
 //
 //	var ep apiv1.Endpoint
 //	err := unixhttp.Do(ctx, "/var/run/cellium/agent.sock", "PUT", "/v1/endpoints/container-id:3f2a", req, &ep)
