@@ -166,8 +166,8 @@ func (s *objectStore[T]) sendListing() (send func(runtime.Object) error, end fun
 }
 
 // listPageSize is how many objects a page of a listing from a real API
-// server asks for: about a MB of protobuf at a time, in few enough
-// requests for the client's rate limiter's burst (at 20,000 Services and
+// server asks for: a page's body read whole at a time (two with the read
+// ahead), in few enough requests for the client's rate limiter's burst (at 20,000 Services and
 // their EndpointSlices, pages of 500 made ready 0.7 s later than one list,
 // waiting for the rate limiter; the one list's peak resident set was 100
 // MB higher).
