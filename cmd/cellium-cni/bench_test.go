@@ -326,6 +326,13 @@ func addParallel(b *testing.B, bin, plugin string) {
 // in order (addPhases), which add up to the ADD.
 var breakdownPhases = []string{"plugin_cpu", "floor_cpu", "in_agent", "outside_agent", "exec_init", "request", "to_handler", "agent_queued", "handler", "response", "result", "exit"}
 
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // addPhases adds to phases the phases of one ADD, run, whose creation the
 // agent logged in line and took created in its steps. From the plugin's
 // trace (TraceEnv) and the request's times in the agent's line (its
@@ -336,8 +343,10 @@ var breakdownPhases = []string{"plugin_cpu", "floor_cpu", "in_agent", "outside_a
 //	request     main until the request is written (the configuration,
 //	            the connection)
 //	to_handler  the request written until the agent's handler begins
-//	            (waiting to be accepted, then agent_queued: the agent
-//	            reading and parsing it)
+//	            (waiting to be accepted, then agent_queued: from the
+//	            later of the request written and the connection
+//	            accepted, the agent reading and parsing it; the agent
+//	            often accepts before the plugin has written)
 //	handler     the handler until the creation's first step (decoding,
 //	            the wait for the restore)
 //	(in_agent)  the creation's steps
@@ -363,7 +372,7 @@ func addPhases(phases map[string][]time.Duration, run pluginRun, line map[string
 		"exec_init":    t["main"].Sub(run.start),
 		"request":      t["sent"].Sub(t["main"]),
 		"to_handler":   handled.Sub(t["sent"]),
-		"agent_queued": queued,
+		"agent_queued": handled.Sub(latest(accepted, t["sent"])),
 		"handler":      handler,
 		"response":     t["answered"].Sub(stepsEnd),
 		"result":       t["printed"].Sub(t["answered"]),

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
-	"debug/elf"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -69,17 +71,29 @@ func TestAddTrace(t *testing.T) {
 	}
 }
 
-// The plugin the tests and benchmarks run is the one the image ships:
-// static, no dynamic loader to run in every exec.
-func TestPluginBuiltStatic(t *testing.T) {
-	f, err := elf.Open(filepath.Join(binDir, "cellium-cni"))
+// TestPluginLinksNoHTTPStack: the plugin, which runs once per pod and often
+// a hundred at once, links neither net/http nor the TLS and certificate
+// code it brings: it spoke to the agent through net/http until it cost
+// every exec twice its start and a third more CPU (pkg/unixhttp;
+// docs/performance.md, "CNI ADD").
+func TestPluginLinksNoHTTPStack(t *testing.T) {
+	list := exec.Command("go", "list", "-deps", ".")
+	// As the image builds it (make image).
+	list.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := list.Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("go list -deps: %v", err)
 	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Fatalf("the plugin built for the tests has an interpreter (PT_INTERP): it is dynamically linked, not as the image builds it")
+	client := false
+	for pkg := range strings.Lines(string(out)) {
+		pkg = strings.TrimSpace(pkg)
+		client = client || pkg == "github.com/cellium/cellium/pkg/unixhttp"
+		switch pkg {
+		case "net/http", "crypto/tls", "crypto/x509":
+			t.Errorf("the plugin links %s", pkg)
 		}
+	}
+	if !client {
+		t.Fatalf("go list -deps of the plugin lacks pkg/unixhttp:\n%s", out)
 	}
 }

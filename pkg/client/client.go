@@ -20,7 +20,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"time"
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/unixhttp"
@@ -39,15 +38,12 @@ type Client struct {
 func New(socket string) *Client {
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			d := net.Dialer{Timeout: dialTimeout}
+			d := net.Dialer{Timeout: unixhttp.DialTimeout}
 			return d.DialContext(ctx, "unix", socket)
 		},
 	}
 	return &Client{socket: socket, http: &http.Client{Transport: transport}}
 }
-
-// dialTimeout bounds connecting to the socket.
-const dialTimeout = 5 * time.Second
 
 // UnreachableError is returned when nothing answers on the socket; the CNI
 // plugin's client (pkg/unixhttp) returns the same.
@@ -87,12 +83,8 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return fmt.Errorf("read answer to %s %s: %w", method, path, err)
 	}
-	if resp.StatusCode >= 400 {
-		var apiErr apiv1.Error
-		if json.Unmarshal(raw, &apiErr) != nil || apiErr.Message == "" {
-			apiErr.Message = string(bytes.TrimSpace(raw))
-		}
-		return &APIError{Status: resp.StatusCode, StatusText: http.StatusText(resp.StatusCode), Message: apiErr.Message}
+	if err := unixhttp.AnswerError(resp.StatusCode, http.StatusText(resp.StatusCode), raw); err != nil {
+		return err
 	}
 	if out == nil {
 		return nil

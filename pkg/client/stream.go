@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,7 @@ import (
 	"net/http"
 	"net/url"
 
-	"github.com/cellium/cellium/pkg/apiv1"
+	"github.com/cellium/cellium/pkg/unixhttp"
 )
 
 // Stream is an open streaming answer of the agent: JSON values, one per
@@ -45,14 +44,10 @@ func OpenStream[T any](ctx context.Context, c *Client, path string, query url.Va
 		}
 		return nil, &UnreachableError{Socket: c.socket, Err: unwrapURLError(err)}
 	}
-	if resp.StatusCode >= 400 {
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		defer resp.Body.Close()
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var apiErr apiv1.Error
-		if json.Unmarshal(raw, &apiErr) != nil || apiErr.Message == "" {
-			apiErr.Message = string(bytes.TrimSpace(raw))
-		}
-		return nil, &APIError{Status: resp.StatusCode, StatusText: http.StatusText(resp.StatusCode), Message: apiErr.Message}
+		return nil, unixhttp.AnswerError(resp.StatusCode, http.StatusText(resp.StatusCode), raw)
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != streamType {
 		resp.Body.Close()

@@ -104,8 +104,7 @@ func (o *Options) complete() error {
 		if err := executable("agent binary", o.AgentBinary); err != nil {
 			return fmt.Errorf("%w (it is looked for next to this program; make build puts both in bin/)", err)
 		}
-	}
-	if err := executable("agent binary", o.AgentBinary); err != nil {
+	} else if err := executable("agent binary", o.AgentBinary); err != nil {
 		return err
 	}
 	if o.CNIBinary == "" {

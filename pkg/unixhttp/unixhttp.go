@@ -47,7 +47,7 @@ type UnreachableError struct {
 }
 
 func (e *UnreachableError) Error() string {
-	return fmt.Sprintf("cannot reach the agent at %s (is `agent run` running? --api-socket selects another socket): %v", e.Socket, e.Err)
+	return fmt.Sprintf("cannot reach the agent at %s (is the agent running, and is this its API socket?): %v", e.Socket, e.Err)
 }
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
@@ -62,6 +62,22 @@ type APIError struct {
 
 func (e *APIError) Error() string {
 	return fmt.Sprintf("agent answered %d %s: %s", e.Status, e.StatusText, e.Message)
+}
+
+// AnswerError is the error of an answer with status, reason and body raw:
+// nil for a 2xx, else an [*APIError] whose message is the agent's (the
+// body's apiv1.Error) or, when the body is not one, the body itself. A
+// redirect is an error too: the agent sends none, and following one could
+// report a DELETE done that was not.
+func AnswerError(status int, reason string, raw []byte) error {
+	if status >= 200 && status <= 299 {
+		return nil
+	}
+	var apiErr apiv1.Error
+	if json.Unmarshal(raw, &apiErr) != nil || apiErr.Message == "" {
+		apiErr.Message = string(bytes.TrimSpace(raw))
+	}
+	return &APIError{Status: status, StatusText: reason, Message: apiErr.Message}
 }
 
 // Trace holds the times of a call's phases, for a caller that measures
@@ -81,8 +97,8 @@ func WithTrace(ctx context.Context, t *Trace) context.Context {
 }
 
 // Do sends method path to the agent on socket, with in (if not nil) as its
-// JSON body, and decodes a 2xx answer into out (if not nil). path is
-// escaped already.
+// JSON body, and decodes a 2xx answer into out (if not nil); any other
+// status is an [*APIError]. path is escaped already.
 func Do(ctx context.Context, socket, method, path string, in, out any) error {
 	var body []byte
 	if in != nil {
@@ -127,12 +143,8 @@ func Do(ctx context.Context, socket, method, path string, in, out any) error {
 		// The agent went away mid-request.
 		return &UnreachableError{Socket: socket, Err: err}
 	}
-	if status >= 400 {
-		var apiErr apiv1.Error
-		if json.Unmarshal(raw, &apiErr) != nil || apiErr.Message == "" {
-			apiErr.Message = string(bytes.TrimSpace(raw))
-		}
-		return &APIError{Status: status, StatusText: reason, Message: apiErr.Message}
+	if err := AnswerError(status, reason, raw); err != nil {
+		return err
 	}
 	if out == nil {
 		return nil
@@ -169,7 +181,7 @@ func exchange(conn net.Conn, method, path string, body []byte, trace *Trace) (in
 		return 0, "", nil, err
 	}
 	trace.Sent = time.Now()
-	r := bufio.NewReader(conn)
+	r := bufio.NewReaderSize(conn, maxLine)
 	status, reason, err := readStatus(r)
 	if err != nil {
 		return 0, "", nil, err
@@ -199,19 +211,22 @@ func exchange(conn net.Conn, method, path string, body []byte, trace *Trace) (in
 	return status, reason, raw, nil
 }
 
+// maxLine bounds a status, header or chunk-size line: the reader's buffer,
+// so that a peer that never ends a line is refused once it fills it.
+const maxLine = 64 << 10
+
 // readLine reads a CRLF- (or LF-) terminated line without its end.
 func readLine(r *bufio.Reader) (string, error) {
-	line, err := r.ReadString('\n')
-	if err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
+	line, err := r.ReadSlice('\n')
+	switch {
+	case err == bufio.ErrBufferFull:
+		return "", malformed("line longer than %d KiB", maxLine>>10)
+	case err == io.EOF:
+		return "", io.ErrUnexpectedEOF
+	case err != nil:
 		return "", err
 	}
-	if len(line) > 64<<10 {
-		return "", malformed("line longer than 64 KiB")
-	}
-	return strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r"), nil
+	return strings.TrimSuffix(strings.TrimSuffix(string(line), "\n"), "\r"), nil
 }
 
 // readStatus reads the status line, "HTTP/1.1 404 Not Found".

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -116,6 +117,11 @@ func TestErrors(t *testing.T) {
 		{"an encoding it cannot read", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", `Transfer-Encoding "gzip"`},
 		{"a chunk size that is not hex", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", `chunk size "zz"`},
 		{"a header line without a colon", "HTTP/1.1 200 OK\r\nnonsense\r\n\r\n", `header line "nonsense"`},
+		{"a length over the bound", fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", unixhttp.MaxAnswer+1), fmt.Sprintf(`Content-Length "%d"`, unixhttp.MaxAnswer+1)},
+		{"chunks over the bound", fmt.Sprintf("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", unixhttp.MaxAnswer+1), fmt.Sprintf(`chunk size "%x"`, unixhttp.MaxAnswer+1)},
+		{"more than 100 header lines", "HTTP/1.1 200 OK\r\n" + strings.Repeat("X-A: b\r\n", 101) + "\r\n", "more than 100 header lines"},
+		{"a line that never ends", "HTTP/1.1 200 OK\r\nX-Long: " + strings.Repeat("a", 64<<10), "line longer than 64 KiB"},
+		{"a body to the close over the bound", "HTTP/1.0 200 OK\r\n\r\n" + strings.Repeat("a", unixhttp.MaxAnswer+1), fmt.Sprintf("answer longer than %d bytes", unixhttp.MaxAnswer)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			socket := rawServer(t, func(_ *http.Request, _ string, conn net.Conn) { io.WriteString(conn, tc.answer) })
@@ -125,6 +131,26 @@ func TestErrors(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a body cut short of its length", func(t *testing.T) {
+		socket := rawServer(t, func(_ *http.Request, _ string, conn net.Conn) {
+			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"id\"")
+		})
+		err := unixhttp.Do(context.Background(), socket, "GET", "/v1/healthz", nil, nil)
+		if _, ok := errors.AsType[*unixhttp.UnreachableError](err); !ok || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("got %v, want an UnreachableError: the agent went away mid-answer", err)
+		}
+	})
+	// The agent sends no redirect; following one (as net/http does) or
+	// taking it for success could report a DELETE done that was not.
+	t.Run("a redirect", func(t *testing.T) {
+		socket := rawServer(t, func(_ *http.Request, _ string, conn net.Conn) {
+			io.WriteString(conn, "HTTP/1.1 301 Moved Permanently\r\nLocation: /v1/endpoints/x\r\nContent-Length: 0\r\n\r\n")
+		})
+		err := unixhttp.Do(context.Background(), socket, "DELETE", "/v1/endpoints/x/", nil, nil)
+		if ae, ok := errors.AsType[*unixhttp.APIError](err); !ok || ae.Status != 301 {
+			t.Fatalf("got %v, want an APIError with status 301", err)
+		}
+	})
 	t.Run("an error answer that is not JSON", func(t *testing.T) {
 		socket := rawServer(t, func(_ *http.Request, _ string, conn net.Conn) {
 			io.WriteString(conn, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 10\r\n\r\nrestoring\n")
