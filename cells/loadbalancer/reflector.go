@@ -206,11 +206,20 @@ func (s *objectStore[T]) pagedList(ctx context.Context, opts metav1.ListOptions,
 	// past the burst waited for it, 50 ms each, a second of a restart's
 	// 2.5 s to k8s-synced (docs/performance.md).
 	opts.Limit = listPageSize
-	if opts.ResourceVersion == "0" {
+	switch {
+	case opts.ResourceVersion == "0":
 		// "Any version" is answered from the server's cache, whole,
 		// whatever the limit (kube-apiserver v1.36 does). The latest
 		// version is paged.
 		opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
+	case opts.ResourceVersion != "" && opts.ResourceVersionMatch == "":
+		// A relist at the version last seen (the Reflector's after a
+		// watch error). With a limit and no match, the API reads a
+		// version as "exactly that one", which the cache of a restarted
+		// API server lacks: every agent would read its pages from etcd
+		// at an old revision, or get 410 Gone and list again. The
+		// Reflector means "not older than" (it drops the limit for it).
+		opts.ResourceVersionMatch = metav1.ResourceVersionMatchNotOlderThan
 	}
 	meta, err := listPages(ctx, opts, send)
 	if err != nil {

@@ -299,6 +299,24 @@ func TestPagedListing(t *testing.T) {
 		t.Fatal("Replace did not end the listing with its 4 names")
 	}
 
+	// A relist at the version last seen asks for pages not older than
+	// it, never "exactly it" (what a limit with no match means).
+	calls = nil
+	if _, err := store.pagedList(context.Background(), metav1.ListOptions{ResourceVersion: "123"}, list, emptyList); err != nil {
+		t.Fatal(err)
+	}
+	want = []metav1.ListOptions{{ResourceVersion: "123", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, Limit: listPageSize}}
+	if fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Fatalf("relist calls %+v, want %+v", calls, want)
+	}
+	for range names {
+		<-events
+	}
+	if err := store.Replace(nil, "42"); err != nil {
+		t.Fatal(err)
+	}
+	<-events
+
 	gone := errors.New("410: the continue token expired")
 	failing := func(_ context.Context, _ metav1.ListOptions, each func(*corev1.Service) error) (metav1.ListMeta, error) {
 		// The first page's objects, then the next page's error.

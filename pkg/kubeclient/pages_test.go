@@ -212,6 +212,17 @@ func TestListEachOfAPIServer(t *testing.T) {
 		if err != nil || meta.Continue != "" || meta.ResourceVersion == "" || !equality.Semantic.DeepEqual(got, want.Items) {
 			t.Errorf("content type %q: ListPages gave %d objects (List %d; equal: %v), %v, last page's %+v", contentType, len(got), len(want.Items), equality.Semantic.DeepEqual(got, want.Items), err, meta)
 		}
+		// A relist's pages (the load balancer's): not older than the
+		// version last seen, in pages, continued past the first.
+		got = nil
+		asked := len(wire.Exchanges())
+		relist := metav1.ListOptions{ResourceVersion: want.ResourceVersion, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, Limit: 10}
+		if _, err := c.ListPages(ctx, relist, func(s *corev1.Service) error {
+			got = append(got, *s.DeepCopy())
+			return nil
+		}); err != nil || !equality.Semantic.DeepEqual(got, want.Items) || len(wire.Exchanges())-asked != 3 {
+			t.Errorf("content type %q: a relist not older than %s gave %d objects in %d requests (List %d; equal: %v), %v", contentType, want.ResourceVersion, len(got), len(wire.Exchanges())-asked, len(want.Items), equality.Semantic.DeepEqual(got, want.Items), err)
+		}
 		wantType := kubeapitest.Protobuf
 		if contentType != "" {
 			wantType = contentType
