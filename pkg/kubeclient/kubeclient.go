@@ -71,7 +71,8 @@ type Client[T, L runtime.Object] interface {
 	// one in turn, and returns the page's list metadata. obj is only
 	// valid until each returns: the next object is decoded into it
 	// (ListEach), so each keeps none of its pointers (its strings are its
-	// own). The page is never a typed list in memory.
+	// own). The page is never a typed list in memory. The objects come
+	// without their managed fields: nothing in the agent reads them.
 	ListEach(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
 	// ListPages is ListEach of every page of a listing, each page asked
 	// for while the one before it is decoded (at most one page ahead),

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -95,8 +96,10 @@ func TestEachItemDecodesAPage(t *testing.T) {
 		t.Errorf("list metadata %+v, want version 42 and continue token", meta)
 	}
 	for i := range want.Items {
-		// The objects of a list are encoded without their kind.
+		// The objects of a list are encoded without their kind, and
+		// decoded without their managed fields.
 		want.Items[i].TypeMeta = metav1.TypeMeta{}
+		want.Items[i].ManagedFields = nil
 	}
 	if !equality.Semantic.DeepEqual(got, want.Items) {
 		t.Errorf("decoded %d objects\n%+v\nwant %d\n%+v", len(got), got, len(want.Items), want.Items)
@@ -107,6 +110,57 @@ func TestEachItemDecodesAPage(t *testing.T) {
 	n := 0
 	if _, err := decodePage(data[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(*corev1.Service) error { n++; return stop }); err == nil || !strings.Contains(err.Error(), "stop") || n != 1 {
 		t.Errorf("each failing: %v after %d objects, want its error after 1", err, n)
+	}
+}
+
+// withoutManagedFields leaves out every managed fields entry of an
+// object's metadata, wherever it is among the other fields and however
+// many times the metadata comes, and nothing else; an object without any
+// is given back as it is, and so is one that does not parse.
+func TestWithoutManagedFields(t *testing.T) {
+	svc := testServices(3)[2]
+	svc.ManagedFields = append(svc.ManagedFields, metav1.ManagedFieldsEntry{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate})
+	svc.OwnerReferences = []metav1.OwnerReference{{Name: "after-the-managed-fields"}}
+	full, err := svc.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The metadata again, a second message merged into the first: a
+	// finalizer (field 14) and a managed fields entry.
+	entry, err := (&metav1.ManagedFieldsEntry{Manager: "again"}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	more := protowire.AppendString(protowire.AppendTag(nil, 14, protowire.BytesType), "second")
+	more = protowire.AppendBytes(protowire.AppendTag(more, managedFieldsNumber, protowire.BytesType), entry)
+	full = protowire.AppendBytes(protowire.AppendTag(full, 1, protowire.BytesType), more)
+
+	out, scratch := withoutManagedFields(full, nil)
+	var got corev1.Service
+	if err := got.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	want := svc
+	want.TypeMeta, want.ManagedFields, want.Finalizers = metav1.TypeMeta{}, nil, []string{"second"}
+	if !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("without managed fields\n%+v\nwant\n%+v", got, want)
+	}
+	if len(out) >= len(full) || &out[0] != &scratch[0] {
+		t.Errorf("%d bytes of %d, written into scratch: %v", len(out), len(full), &out[0] == &scratch[0])
+	}
+
+	svc.ManagedFields = nil
+	bare, err := svc.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := withoutManagedFields(bare, scratch); &out[0] != &bare[0] || len(out) != len(bare) {
+		t.Error("an object without managed fields was copied")
+	}
+	for _, cut := range []int{len(full) - 1, 40} {
+		if out, _ := withoutManagedFields(full[:cut], scratch); &out[0] != &full[0] || len(out) != cut {
+			t.Errorf("an object cut at %d of %d bytes was rewritten", cut, len(full))
+		}
 	}
 }
 
@@ -127,7 +181,8 @@ func TestEachItemRejectsBadPages(t *testing.T) {
 	}
 }
 
-// A fake's client lists each object of its List.
+// A fake's client lists each object of its List, without its managed
+// fields as a real API server's.
 func TestListEachOfFake(t *testing.T) {
 	fake := &k8stesting.Fake{}
 	fake.AddReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -137,6 +192,9 @@ func TestListEachOfFake(t *testing.T) {
 	var names []string
 	meta, err := c.ListEach(context.Background(), metav1.ListOptions{}, func(s *corev1.Service) error {
 		names = append(names, s.Name)
+		if s.ManagedFields != nil {
+			t.Errorf("%s listed with managed fields, as a real API server's are not", s.Name)
+		}
 		return nil
 	})
 	if err != nil || meta.ResourceVersion != "7" || fmt.Sprint(names) != "[svc-0 svc-1 svc-2]" {
@@ -179,6 +237,16 @@ func TestListEachOfAPIServer(t *testing.T) {
 		want, err := c.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
+		}
+		managed := 0
+		for i := range want.Items {
+			// The API server's own (the Services' creation), which
+			// ListEach leaves out.
+			managed += len(want.Items[i].ManagedFields)
+			want.Items[i].ManagedFields = nil
+		}
+		if managed == 0 {
+			t.Fatal("the API server keeps no managed fields: nothing to leave out")
 		}
 		var got []corev1.Service
 		opts := metav1.ListOptions{Limit: 10}
