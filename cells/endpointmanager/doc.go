@@ -38,7 +38,8 @@
 //     handed out before every restored one is claimed), an initializer of
 //     the endpoints table (the endpoint map is pruned only after it), and a
 //     readiness barrier (the agent is not ready before it). Creations and
-//     deletions wait for it. Temporary files are removed, state files that
+//     deletions wait for it; a pod's creation also waits until the pods
+//     of the node are listed (its labels make its identity and policy). Temporary files are removed, state files that
 //     do not parse or are not regular files are moved to
 //     <state-dir>/endpoints-invalid/ with a log line, endpoints still
 //     "creating" are undone and those "deleting" deleted, endpoints whose

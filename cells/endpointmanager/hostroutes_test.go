@@ -55,13 +55,21 @@ func TestHostRouteDrift(t *testing.T) {
 		if err := netlink.RouteDel(r); err != nil {
 			t.Fatal(err)
 		}
-		celltest.Eventually(t, fmt.Sprintf("the host route to %s put back", ip), func() (bool, string) { r := hostRoute(t, ep, ip); return r != nil, "no route" })
+		// The repair writes the route, then counts and logs it: the
+		// route can be back before the count is, so the wait is for
+		// the log line, the repair's last step.
+		what := fmt.Sprintf("%s dev %s (endpoint %d)", netip.PrefixFrom(ip, ip.BitLen()), ep.HostIfName, ep.ID)
+		celltest.Eventually(t, fmt.Sprintf("the host route to %s put back and logged", ip), func() (bool, string) {
+			if r := hostRoute(t, ep, ip); r == nil {
+				return false, "no route"
+			}
+			if n.logs.Find("Put back kernel state changed behind the agent's back", "object", "host-route", "what", what) == nil {
+				return false, fmt.Sprintf("no log line for the repair of %q", what)
+			}
+			return true, ""
+		})
 		if got, want := repairs(), float64(i+1); got != want {
 			t.Fatalf("repairs = %v, want %v", got, want)
-		}
-		what := fmt.Sprintf("%s dev %s (endpoint %d)", netip.PrefixFrom(ip, ip.BitLen()), ep.HostIfName, ep.ID)
-		if n.logs.Find("Put back kernel state changed behind the agent's back", "object", "host-route", "what", what) == nil {
-			t.Errorf("no log line for the repair of %q", what)
 		}
 	}
 	check, err := n.client.CheckEndpoint(t.Context(), fmt.Sprint(ep.ID))

@@ -38,6 +38,8 @@ type podWatcher struct {
 	nsStore    cache.Store
 	podSynced  cache.InformerSynced
 	nsSynced   cache.InformerSynced
+	// listed is closed once both informers have listed.
+	listed chan struct{}
 }
 
 func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher, error) {
@@ -46,7 +48,8 @@ func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher
 	})
 	nsInformer := k8sclient.NewInformer(cs, cs.CoreV1().Namespaces(), &corev1.Namespace{}, nil)
 	w := &podWatcher{log: m.log, node: node, pods: k8sclient.NewInformers(podInformer), namespaces: k8sclient.NewInformers(nsInformer),
-		podStore: podInformer.GetStore(), nsStore: nsInformer.GetStore(), podSynced: podInformer.HasSynced, nsSynced: nsInformer.HasSynced}
+		podStore: podInformer.GetStore(), nsStore: nsInformer.GetStore(), podSynced: podInformer.HasSynced, nsSynced: nsInformer.HasSynced,
+		listed: make(chan struct{})}
 	podChanged := func(obj any) {
 		// The embedded API server ignores field selectors in watches.
 		if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName == node {
@@ -91,6 +94,20 @@ func (w *podWatcher) lookup(namespace, name string) (podMeta, bool) {
 	return meta, true
 }
 
+// waitListed waits until the pods of this node and the namespaces are
+// listed, as long as ctx allows. Before, a pod's labels may be missing: its
+// endpoint would get the identity of none, and so the policy of a pod that
+// no NetworkPolicy selects (everything allowed), and its ADD would be
+// answered with that policy in the maps, its own coming only later.
+func (w *podWatcher) waitListed(ctx context.Context) error {
+	select {
+	case <-w.listed:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
 // run watches pods and namespaces until the agent stops.
 func (w *podWatcher) run(ctx context.Context, health cell.Health) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -105,6 +122,7 @@ func (w *podWatcher) run(ctx context.Context, health cell.Health) error {
 	if ctx.Err() == nil {
 		w.log.Info("Watching the pods of this node and the namespaces for their labels", "node", w.node,
 			"pods", len(w.podStore.ListKeys()), "namespaces", len(w.nsStore.ListKeys()))
+		close(w.listed)
 		health.OK("Watching the pods of node " + w.node + " and the namespaces")
 	}
 	<-ctx.Done()

@@ -3,22 +3,27 @@ package endpointmanager_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	idalloc "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -300,5 +305,49 @@ func TestReidentifyRaceEndsWithTheLastView(t *testing.T) {
 	}
 	if labels := n.identityLabels(t, got.Identity); !strings.Contains(labels, "k8s:io.cellium.k8s.namespace.labels.team=c") {
 		t.Fatalf("endpoint's identity %v has labels %s, want team=c", got.Identity, labels)
+	}
+}
+
+// TestCreateWaitsForPodList: an ADD that comes before the agent has listed
+// the pods of its node waits for the list (ErrNotReady at its deadline,
+// having made nothing), and then has the pod's labels when it returns. Made
+// without them, the endpoint would have the identity, and so the policy, of
+// a pod no NetworkPolicy selects, and its ADD would be answered so.
+func TestCreateWaitsForPodList(t *testing.T) {
+	var listable atomic.Bool
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{k8s: []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})},
+		extra: []cell.Cell{cell.Invoke(func(cs *k8sclient.Fake) {
+			cs.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if listable.Load() {
+					return false, nil, nil
+				}
+				return true, nil, errors.New("the test holds the pods back")
+			})
+		})}})
+	n.waitRestored(t)
+	p := newPod(t)
+	req := p.req()
+	req.PodName = "web"
+
+	// The pods cannot be listed: the deadline ends the wait.
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	if ep, err := n.mgr.Create(short, req); !errors.Is(err, endpointmanager.ErrNotReady) || !strings.Contains(err.Error(), "default/web") {
+		t.Fatalf("ADD before the pods were listed = %+v, %v; want ErrNotReady naming the pod", ep, err)
+	}
+	if ids, allocs := n.endpointIDs(), n.allocations(); len(ids) != 0 || len(allocs) != 0 {
+		t.Fatalf("the ADD that gave up left endpoints %v, addresses %q", ids, allocs)
+	}
+
+	listable.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ep, err := n.mgr.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("ADD once the pods can be listed: %v", err)
+	}
+	if !maps.Equal(ep.Labels, map[string]string{"app": "web"}) {
+		t.Fatalf("the endpoint returned by the ADD has labels %v, want the pod's, app=web", ep.Labels)
 	}
 }

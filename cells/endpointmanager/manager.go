@@ -48,13 +48,20 @@ func (r CreateRequest) validate() error {
 // pool, writes the state file, makes the veth pair, addresses and routes,
 // and writes the state file again as ready before it returns, so that an
 // endpoint reported to the runtime is never lost. Whatever fails is undone.
-// It waits while the restore runs, as long as ctx allows.
+// It waits while the restore runs, and (for a pod, with a Kubernetes
+// clientset) until the pods of the node are listed, as long as ctx allows.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
 	if err := m.waitRestored(ctx); err != nil {
 		return nil, err
+	}
+	if m.pods != nil && req.PodName != "" {
+		if err := m.pods.waitListed(ctx); err != nil {
+			return nil, errorf(ErrNotReady, "the agent has not listed the pods of its node yet, so the labels of pod %s/%s (its identity, its policy) are not known; try again: %v",
+				req.PodNamespace, req.PodName, err)
+		}
 	}
 	ep := &Endpoint{
 		ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
