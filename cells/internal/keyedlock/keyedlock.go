@@ -5,7 +5,8 @@
 // Contract:
 //   - Lock waits until the key is free or ctx ends; a waiter that gives up
 //     returns ctx's error and leaves no trace. Waiters get the key in the
-//     order they came.
+//     order they came: the order in which they were counted in Users, so
+//     that a waiter seen there is in the queue.
 //   - TryLock takes the key only if it is free at once.
 //   - A key's entry exists only while someone holds or waits for it, so a
 //     stream of distinct keys (one per pod, per label set) does not grow
@@ -32,41 +33,65 @@ type Map struct {
 }
 
 type entry struct {
-	// slot is a channel of one: sending takes the lock, and blocked
-	// senders are served in the order they came.
-	slot chan struct{}
-	// refs are the holders and waiters; at zero the entry leaves the map.
+	held bool
+	// waiters are the channels of those waiting for the key, in the
+	// order they came; the unlock closes the first, which then holds it.
+	waiters []chan struct{}
+	// refs are the holder and the waiters; at zero the entry leaves the
+	// map.
 	refs int
 }
 
 // Lock waits for key until ctx ends and returns its unlock, or ctx.Err().
 func (m *Map) Lock(ctx context.Context, key string) (unlock func(), err error) {
-	e := m.acquire(key)
-	select {
-	case e.slot <- struct{}{}:
+	m.mu.Lock()
+	e := m.entryLocked(key)
+	e.refs++
+	if !e.held {
+		e.held = true
+		m.mu.Unlock()
 		return m.unlocker(key, e), nil
-	default:
 	}
+	// In the queue, and counted, in one critical section.
+	turn := make(chan struct{})
+	e.waiters = append(e.waiters, turn)
+	m.mu.Unlock()
 	select {
-	case e.slot <- struct{}{}:
+	case <-turn:
 		return m.unlocker(key, e), nil
 	case <-ctx.Done():
-		m.release(key, e)
-		return nil, ctx.Err()
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-turn:
+		// Handed the key as ctx ended: hand it on.
+		m.unlockLocked(key, e)
+		return nil, ctx.Err()
+	default:
+	}
+	for i, w := range e.waiters {
+		if w == turn {
+			e.waiters = append(e.waiters[:i], e.waiters[i+1:]...)
+			break
+		}
+	}
+	m.dropLocked(key, e)
+	return nil, ctx.Err()
 }
 
 // TryLock takes key if nobody holds it and returns its unlock; ok is
 // false, and nothing changed, if someone does.
 func (m *Map) TryLock(key string) (unlock func(), ok bool) {
-	e := m.acquire(key)
-	select {
-	case e.slot <- struct{}{}:
-		return m.unlocker(key, e), true
-	default:
-		m.release(key, e)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.locks[key]; e != nil && e.held {
 		return nil, false
 	}
+	e := m.entryLocked(key)
+	e.refs++
+	e.held = true
+	return m.unlocker(key, e), true
 }
 
 // Users is how many hold or wait for key.
@@ -79,24 +104,33 @@ func (m *Map) Users(key string) int {
 	return 0
 }
 
-func (m *Map) acquire(key string) *entry {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// entryLocked is key's entry, made if there is none. With m.mu held.
+func (m *Map) entryLocked(key string) *entry {
 	if m.locks == nil {
 		m.locks = map[string]*entry{}
 	}
 	e := m.locks[key]
 	if e == nil {
-		e = &entry{slot: make(chan struct{}, 1)}
+		e = &entry{}
 		m.locks[key] = e
 	}
-	e.refs++
 	return e
 }
 
-func (m *Map) release(key string, e *entry) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// unlockLocked hands key to its first waiter, or frees it, and drops the
+// holder's use. With m.mu held.
+func (m *Map) unlockLocked(key string, e *entry) {
+	if len(e.waiters) > 0 {
+		close(e.waiters[0])
+		e.waiters = e.waiters[1:]
+	} else {
+		e.held = false
+	}
+	m.dropLocked(key, e)
+}
+
+// dropLocked drops one use of key. With m.mu held.
+func (m *Map) dropLocked(key string, e *entry) {
 	if e.refs--; e.refs == 0 {
 		delete(m.locks, key)
 	}
@@ -104,7 +138,8 @@ func (m *Map) release(key string, e *entry) {
 
 func (m *Map) unlocker(key string, e *entry) func() {
 	return func() {
-		<-e.slot
-		m.release(key, e)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.unlockLocked(key, e)
 	}
 }
