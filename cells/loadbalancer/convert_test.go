@@ -192,3 +192,39 @@ func TestConvertEndpointSlice(t *testing.T) {
 		t.Errorf("unlabelled slice = %+v, want no service, no backends", s)
 	}
 }
+
+// A paged listing's objects come trimmed of what the conversion does not
+// read (objectStore.trim): converted, a Service and an EndpointSlice with
+// labels and annotations give what they give whole.
+func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: "default", Name: name,
+			Labels:      map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", "app": "web"},
+			Annotations: map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-29T00:00:00Z"}}
+	}
+	ready := true
+	svc := &corev1.Service{ObjectMeta: meta("web"), Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeClusterIP, ClusterIPs: []string{"10.96.0.10"},
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}},
+	}}
+	slice := &discoveryv1.EndpointSlice{ObjectMeta: meta("web-abcde"), AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:     []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	events := make(chan k8sEvent)
+	wantSvc, _ := convertService(svc)
+	trimmedSvc := svc.DeepCopy()
+	serviceStore(t.Context(), events).trim.Object(trimmedSvc)
+	if got, _ := convertService(trimmedSvc); !reflect.DeepEqual(got, wantSvc) {
+		t.Errorf("trimmed Service converts to %+v, whole to %+v", got, wantSvc)
+	}
+	wantSlice, _ := convertEndpointSlice(slice)
+	trimmedSlice := slice.DeepCopy()
+	endpointSliceStore(t.Context(), events).trim.Object(trimmedSlice)
+	if got, _ := convertEndpointSlice(trimmedSlice); !reflect.DeepEqual(got, wantSlice) || wantSlice.service.Name != "web" || len(wantSlice.backends) != 1 {
+		t.Errorf("trimmed EndpointSlice converts to %+v, whole to %+v", got, wantSlice)
+	}
+	if len(trimmedSlice.Labels) != 1 || trimmedSlice.Annotations != nil || trimmedSvc.Labels != nil && len(trimmedSvc.Labels) != 0 {
+		t.Errorf("trimmed: the slice's labels %v, annotations %v; the Service's labels %v", trimmedSlice.Labels, trimmedSlice.Annotations, trimmedSvc.Labels)
+	}
+}

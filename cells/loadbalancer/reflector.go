@@ -36,6 +36,9 @@ type objectStore[T any] struct {
 	// upsert and notes it, end makes the event that ends the listing
 	// (what it did not note is gone).
 	listing func() (item func(T) k8sEvent, end func() k8sEvent)
+	// trim is what a paged listing leaves out of the objects' metadata:
+	// what the conversion does not read.
+	trim kubeclient.Trim
 
 	// streamedEnd is set by a list call that sent its objects itself
 	// (streamList): the Replace that follows, with no items, sends the end
@@ -235,6 +238,8 @@ func (s *objectStore[T]) Resync() error { return nil }
 func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*corev1.Service] {
 	return &objectStore[*corev1.Service]{
 		ctx: ctx, events: events, kind: "Service",
+		// convertService reads no label or annotation.
+		trim: kubeclient.Trim{Labels: []string{}, NoAnnotations: true},
 		upserted: func(k *corev1.Service) k8sEvent {
 			svc, invalid := convertService(k)
 			return &serviceUpserted{svc, invalid}
@@ -256,6 +261,8 @@ func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*cor
 func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*discoveryv1.EndpointSlice] {
 	return &objectStore[*discoveryv1.EndpointSlice]{
 		ctx: ctx, events: events, kind: "EndpointSlice",
+		// convertEndpointSlice reads the service label only.
+		trim: kubeclient.Trim{Labels: []string{discoveryv1.LabelServiceName}, NoAnnotations: true},
 		upserted: func(k *discoveryv1.EndpointSlice) k8sEvent {
 			s, invalid := convertEndpointSlice(k)
 			return &sliceUpserted{s, invalid}
@@ -346,7 +353,7 @@ func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *
 // none at a resource version.
 func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
 	resource schema.GroupVersionResource, kind schema.GroupVersionKind, c interface {
-		ListPages(context.Context, metav1.ListOptions, func(T) error) (metav1.ListMeta, error)
+		ListPagesTrimmed(context.Context, metav1.ListOptions, kubeclient.Trim, func(T) error) (metav1.ListMeta, error)
 		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
 	}, emptyList func(rv string) runtime.Object,
 ) *cache.ListWatch {
@@ -355,7 +362,10 @@ func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *obj
 			if list, ok, err := store.streamList(cs, resource, kind, opts, emptyList); ok {
 				return list, err
 			}
-			return store.pagedList(ctx, opts, c.ListPages, emptyList)
+			listPages := func(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
+				return c.ListPagesTrimmed(ctx, opts, store.trim, each)
+			}
+			return store.pagedList(ctx, opts, listPages, emptyList)
 		},
 		c.Watch)
 }

@@ -78,6 +78,9 @@ type Client[T, L runtime.Object] interface {
 	// for while the one before it is decoded (at most one page ahead),
 	// and returns the last page's list metadata.
 	ListPages(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
+	// ListPagesTrimmed is ListPages whose objects come with only the
+	// metadata trim leaves them.
+	ListPagesTrimmed(ctx context.Context, opts metav1.ListOptions, trim Trim, each func(obj T) error) (metav1.ListMeta, error)
 }
 
 // typed are the methods of client-go's generic typed client.

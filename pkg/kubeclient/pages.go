@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,9 +46,9 @@ type page[T any] struct {
 // decodes every object into the list's items before any is used. At
 // 20,000 Services and their EndpointSlices an agent's start allocated
 // 270-280 MB with List, 180-188 MB with ListEach (docs/performance.md).
-// The objects come without their managed fields (see withoutManagedFields).
+// The objects come without their managed fields (see Trim.message).
 func (c *client[E, T, L]) ListEach(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
-	p, err := c.readPage(ctx, opts, 0)
+	p, err := c.readPage(ctx, opts, 0, Trim{})
 	if err != nil {
 		return metav1.ListMeta{}, err
 	}
@@ -72,13 +74,30 @@ func (c *client[E, T, L]) ListEach(ctx context.Context, opts metav1.ListOptions,
 // An error of each, or ctx ending, stops the read ahead and waits for it
 // to give back its page before returning.
 func (c *client[E, T, L]) ListPages(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
+	return c.ListPagesTrimmed(ctx, opts, Trim{}, each)
+}
+
+// Trim is what a listing leaves out of its objects' metadata besides
+// their managed fields, for a caller that reads little of it (the load
+// balancer reads an EndpointSlice's service label and no other label or
+// annotation): each label and annotation is a string or two and a map
+// entry per object.
+type Trim struct {
+	// Labels, when not nil, are the only labels kept.
+	Labels []string
+	// NoAnnotations leaves out every annotation.
+	NoAnnotations bool
+}
+
+// ListPagesTrimmed is ListPages with the objects' metadata trimmed.
+func (c *client[E, T, L]) ListPagesTrimmed(ctx context.Context, opts metav1.ListOptions, trim Trim, each func(T) error) (metav1.ListMeta, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type read struct {
 		p   page[T]
 		err error
 	}
-	p, err := c.readPage(ctx, opts, 0)
+	p, err := c.readPage(ctx, opts, 0, trim)
 	for {
 		if err != nil {
 			return metav1.ListMeta{}, err
@@ -90,7 +109,7 @@ func (c *client[E, T, L]) ListPages(ctx context.Context, opts metav1.ListOptions
 			opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = p.meta.Continue, "", ""
 			next = make(chan read, 1)
 			go func(opts metav1.ListOptions, size int) {
-				p, err := c.readPage(ctx, opts, size)
+				p, err := c.readPage(ctx, opts, size, trim)
 				next <- read{p, err}
 			}(opts, p.size)
 		}
@@ -121,13 +140,13 @@ func (c *client[E, T, L]) ListPages(ctx context.Context, opts metav1.ListOptions
 // from what the pool gave (a GC empties the pool: at 50,000 Services the
 // buffers' growth was 29-37 MB of a restart's ~440 MB allocated, 17-22 MB
 // so).
-func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions, size int) (page[T], error) {
+func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions, size int, trim Trim) (page[T], error) {
 	if c.rest == nil {
 		l, err := c.List(ctx, opts)
 		if err != nil {
 			return page[T]{}, err
 		}
-		return c.listPage(l), nil
+		return c.listPage(l, trim), nil
 	}
 	var timeout time.Duration
 	if opts.TimeoutSeconds != nil {
@@ -165,7 +184,7 @@ func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions,
 		if _, _, err := Codecs.UniversalDeserializer().Decode(data, nil, l); err != nil {
 			return page[T]{}, fmt.Errorf("list %s: %w", c.resource, err)
 		}
-		return c.listPage(l), nil
+		return c.listPage(l, trim), nil
 	}
 	raw, meta, err := listOf(data[len(protobufPrefix):], c.listKind)
 	if err != nil {
@@ -176,7 +195,7 @@ func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions,
 		meta: meta,
 		size: len(data),
 		each: func(each func(T) error) error {
-			if err := eachItem(raw, c.listKind, T(new(E)), each); err != nil {
+			if err := eachItem(raw, c.listKind, T(new(E)), trim, each); err != nil {
 				return fmt.Errorf("list %s: %w", c.resource, err)
 			}
 			return nil
@@ -185,8 +204,9 @@ func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions,
 	}, nil
 }
 
-// listPage is the page of a typed list l.
-func (c *client[E, T, L]) listPage(l L) page[T] {
+// listPage is the page of a typed list l, its objects trimmed as
+// eachItem's.
+func (c *client[E, T, L]) listPage(l L, trim Trim) page[T] {
 	return page[T]{
 		meta: metav1.ListMeta{
 			ResourceVersion: l.GetResourceVersion(), Continue: l.GetContinue(), RemainingItemCount: l.GetRemainingItemCount(),
@@ -194,7 +214,7 @@ func (c *client[E, T, L]) listPage(l L) page[T] {
 		each: func(each func(T) error) error {
 			for i := range *c.items(l) {
 				obj := T(&(*c.items(l))[i])
-				obj.SetManagedFields(nil) // as eachItem's
+				trim.Object(obj)
 				if err := each(obj); err != nil {
 					return err
 				}
@@ -250,8 +270,9 @@ func listOf(data []byte, listKind string) (raw []byte, meta metav1.ListMeta, err
 // eachItem decodes the items of raw, the message of a list of kind
 // listKind (listOf's), each into obj in turn, calling each with it.
 //
-// Each object comes without its managed fields (see withoutManagedFields).
-func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, each func(T) error) error {
+// Each object comes without its managed fields, and trimmed (see
+// Trim.message).
+func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, trim Trim, each func(T) error) error {
 	var zero E
 	var scratch []byte
 	item := 0
@@ -259,7 +280,7 @@ func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, each func(
 		if num != 2 {
 			return nil
 		}
-		v, scratch = withoutManagedFields(v, scratch)
+		v, scratch = trim.message(v, scratch)
 		*obj = zero
 		if err := obj.Unmarshal(v); err != nil {
 			return fmt.Errorf("item %d: %w", item, err)
@@ -273,29 +294,29 @@ func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, each func(
 	return nil
 }
 
-// withoutManagedFields is item, the message of an object of k8s.io/api,
-// with the managed fields of its metadata (ObjectMeta's field 1, whose
-// field 17 they are) left out, written into scratch, which it returns
-// grown; item itself when it has none, or when it is not a message
-// (Unmarshal then says so).
+// message is item, the message of an object of k8s.io/api, with what t
+// leaves out of its metadata (ObjectMeta, its field 1) left out, and its
+// managed fields (field 17), written into scratch, which it returns
+// grown; item itself when there is nothing to leave out, or when it is
+// not a message (Unmarshal then says so).
 //
 // A listing's objects go to code that reads their names, labels and
 // specs, none their managed fields, and decoding them was a fifth of a
 // listing's allocations (a string or four and a copy of the fields' JSON
-// for each entry): at 50,000 Services and their EndpointSlices, 30-35 MB
+// for each entry): at 50,000 Services and their EndpointSlices, 40-45 MB
 // of an agent's restart.
-func withoutManagedFields(item, scratch []byte) (out, grown []byte) {
-	managed := 0
+func (t Trim) message(item, scratch []byte) (out, grown []byte) {
+	cut := 0
 	rawFields(item, func(num protowire.Number, _ []byte, v []byte) {
-		if num == 1 {
-			rawFields(v, func(num protowire.Number, field, _ []byte) {
-				if num == managedFieldsNumber {
-					managed += len(field)
+		if num == 1 && v != nil {
+			rawFields(v, func(num protowire.Number, field, v []byte) {
+				if t.drops(num, v) {
+					cut += len(field)
 				}
 			})
 		}
 	})
-	if managed == 0 {
+	if cut == 0 {
 		return item, scratch
 	}
 	out = scratch[:0]
@@ -306,8 +327,8 @@ func withoutManagedFields(item, scratch []byte) (out, grown []byte) {
 			return
 		}
 		size := 0
-		if !rawFields(v, func(num protowire.Number, field, _ []byte) {
-			if num != managedFieldsNumber {
+		if !rawFields(v, func(num protowire.Number, field, v []byte) {
+			if !t.drops(num, v) {
 				size += len(field)
 			}
 		}) {
@@ -316,8 +337,8 @@ func withoutManagedFields(item, scratch []byte) (out, grown []byte) {
 		}
 		out = protowire.AppendTag(out, 1, protowire.BytesType)
 		out = protowire.AppendVarint(out, uint64(size))
-		rawFields(v, func(num protowire.Number, field, _ []byte) {
-			if num != managedFieldsNumber {
+		rawFields(v, func(num protowire.Number, field, v []byte) {
+			if !t.drops(num, v) {
 				out = append(out, field...)
 			}
 		})
@@ -328,8 +349,47 @@ func withoutManagedFields(item, scratch []byte) (out, grown []byte) {
 	return out, out
 }
 
-// managedFieldsNumber is ObjectMeta's field managedFields.
-const managedFieldsNumber = 17
+// drops says whether t leaves out field num of an ObjectMeta, v its
+// contents.
+func (t Trim) drops(num protowire.Number, v []byte) bool {
+	switch num {
+	case managedFieldsNumber:
+		return true
+	case annotationsNumber:
+		return t.NoAnnotations
+	case labelsNumber:
+		if t.Labels == nil {
+			return false
+		}
+		// A map entry: its key is field 1.
+		var key []byte
+		rawFields(v, func(num protowire.Number, _, v []byte) {
+			if num == 1 {
+				key = v
+			}
+		})
+		return !slices.Contains(t.Labels, string(key))
+	}
+	return false
+}
+
+// Object trims obj as a page's are (message): a fake's or a JSON page's.
+func (t Trim) Object(obj metav1.Object) {
+	obj.SetManagedFields(nil)
+	if t.NoAnnotations {
+		obj.SetAnnotations(nil)
+	}
+	if labels := obj.GetLabels(); t.Labels != nil && labels != nil {
+		maps.DeleteFunc(labels, func(k, _ string) bool { return !slices.Contains(t.Labels, k) })
+	}
+}
+
+// ObjectMeta's fields labels, annotations and managedFields.
+const (
+	labelsNumber        = 11
+	annotationsNumber   = 12
+	managedFieldsNumber = 17
+)
 
 // rawFields calls fn with the number of each field of the protobuf message
 // data, the field as it is encoded (its tag and value) and, for a

@@ -64,7 +64,7 @@ func decodePage(data []byte, listKind string, obj *corev1.Service, each func(*co
 	if err != nil {
 		return meta, err
 	}
-	return meta, eachItem(raw, listKind, obj, each)
+	return meta, eachItem(raw, listKind, obj, Trim{}, each)
 }
 
 // A page in protobuf decodes, one object at a time into the same one, to
@@ -113,7 +113,7 @@ func TestEachItemDecodesAPage(t *testing.T) {
 	}
 }
 
-// withoutManagedFields leaves out every managed fields entry of an
+// Trim.message leaves out every managed fields entry of an
 // object's metadata, wherever it is among the other fields and however
 // many times the metadata comes, and nothing else; an object without any
 // is given back as it is, and so is one that does not parse.
@@ -135,7 +135,7 @@ func TestWithoutManagedFields(t *testing.T) {
 	more = protowire.AppendBytes(protowire.AppendTag(more, managedFieldsNumber, protowire.BytesType), entry)
 	full = protowire.AppendBytes(protowire.AppendTag(full, 1, protowire.BytesType), more)
 
-	out, scratch := withoutManagedFields(full, nil)
+	out, scratch := (Trim{}).message(full, nil)
 	var got corev1.Service
 	if err := got.Unmarshal(out); err != nil {
 		t.Fatal(err)
@@ -154,12 +154,55 @@ func TestWithoutManagedFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := withoutManagedFields(bare, scratch); &out[0] != &bare[0] || len(out) != len(bare) {
+	if out, _ := (Trim{}).message(bare, scratch); &out[0] != &bare[0] || len(out) != len(bare) {
 		t.Error("an object without managed fields was copied")
 	}
 	for _, cut := range []int{len(full) - 1, 40} {
-		if out, _ := withoutManagedFields(full[:cut], scratch); &out[0] != &full[0] || len(out) != cut {
+		if out, _ := (Trim{}).message(full[:cut], scratch); &out[0] != &full[0] || len(out) != cut {
 			t.Errorf("an object cut at %d of %d bytes was rewritten", cut, len(full))
+		}
+	}
+}
+
+// A Trim leaves out the labels it does not keep and the annotations, in a
+// page and in a fake's list alike, and nothing else.
+func TestTrim(t *testing.T) {
+	svc := testServices(3)[2]
+	svc.Labels["kubernetes.io/service-name"] = "kept"
+	svc.Labels["other"] = "dropped"
+	data, err := svc.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := svc
+	want.TypeMeta, want.ManagedFields = metav1.TypeMeta{}, nil
+	want.Labels, want.Annotations = map[string]string{"kubernetes.io/service-name": "kept"}, nil
+	for _, tc := range []struct {
+		trim Trim
+		want func(*corev1.Service)
+	}{
+		{Trim{Labels: []string{"kubernetes.io/service-name", "absent"}, NoAnnotations: true}, func(*corev1.Service) {}},
+		{Trim{Labels: []string{}}, func(s *corev1.Service) { s.Labels, s.Annotations = nil, svc.Annotations }},
+		{Trim{NoAnnotations: true}, func(s *corev1.Service) { s.Labels = svc.Labels }},
+	} {
+		w := *want.DeepCopy()
+		tc.want(&w)
+		out, _ := tc.trim.message(data, nil)
+		var got corev1.Service
+		if err := got.Unmarshal(out); err != nil {
+			t.Fatal(err)
+		}
+		fake := *svc.DeepCopy()
+		fake.TypeMeta = metav1.TypeMeta{}
+		tc.trim.Object(&fake)
+		for what, got := range map[string]corev1.Service{"decoded": got, "a fake's": fake} {
+			if len(got.Labels) == 0 && len(w.Labels) == 0 {
+				got.Labels = w.Labels
+			}
+			if !equality.Semantic.DeepEqual(got, w) {
+				t.Errorf("%+v, %s: labels %v annotations %v, want %v %v; equal otherwise: %v", tc.trim, what, got.Labels, got.Annotations, w.Labels, w.Annotations,
+					equality.Semantic.DeepEqual(got.Spec, w.Spec) && got.Name == w.Name)
+			}
 		}
 	}
 }
