@@ -91,20 +91,10 @@ func TestStuckCreateHoldsBackOnlyItsContainer(t *testing.T) {
 	}
 	release := hang(t, dir)
 
-	var (
-		mu    sync.Mutex
-		order []string
-	)
-	done := func(what string) {
-		mu.Lock()
-		order = append(order, what)
-		mu.Unlock()
-	}
 	stuck := newPod(t)
 	addErr := make(chan error, 1)
 	go func() {
 		_, err := n.mgr.Create(context.Background(), stuck.req())
-		done("ADD")
 		addErr <- err
 	}()
 	// Its addresses are allocated with its container's lock held; then it
@@ -138,7 +128,6 @@ func TestStuckCreateHoldsBackOnlyItsContainer(t *testing.T) {
 	delErr := make(chan deleted, 1)
 	go func() {
 		d, err := n.mgr.Delete(context.Background(), endpointmanager.Selector{ContainerID: stuck.id})
-		done("DEL")
 		delErr <- deleted{d, err}
 	}()
 	select {
@@ -148,7 +137,11 @@ func TestStuckCreateHoldsBackOnlyItsContainer(t *testing.T) {
 	}
 
 	// The state directory answers (it is a plain directory again): the
-	// ADD finishes, then the DEL that waited removes its endpoint.
+	// ADD finishes, then the DEL that waited removes its endpoint. That
+	// the DEL deleted the endpoint the ADD made shows it ran after the
+	// ADD, with the lock; the order in which the two calls return is not
+	// the lock's (the ADD still reads its row after unlocking), so it is
+	// not checked.
 	release()
 	var added *endpointmanager.Endpoint
 	select {
@@ -170,11 +163,6 @@ func TestStuckCreateHoldsBackOnlyItsContainer(t *testing.T) {
 	}
 	if added.ContainerID != stuck.id {
 		t.Fatalf("DEL deleted the endpoint of %s, want %s", added.ContainerID, stuck.id)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(order, []string{"ADD", "DEL"}) {
-		t.Fatalf("operations on the stuck container returned in the order %v, want ADD then DEL", order)
 	}
 	n.unchanged(t, stuck.id, nil, nil)
 }
