@@ -111,7 +111,7 @@ var (
 	ErrInvalid   = errors.New("invalid endpoint request")
 	ErrExists    = errors.New("endpoint exists")
 	ErrNotFound  = errors.New("endpoint not found")
-	ErrNotReady  = errors.New("endpoint restore in progress")
+	ErrNotReady  = errors.New("endpoint manager not ready (restoring endpoints, or the node's pods not listed yet)")
 	ErrExhausted = errors.New("no free endpoint ID")
 	ErrBusy      = errors.New("endpoint manager busy")
 )
