@@ -74,7 +74,7 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("no answer from the agent at %s to %s %s: %w", c.socket, method, path, ctx.Err())
+			return unixhttp.NoAnswer(c.socket, method, path, ctx.Err())
 		}
 		return &UnreachableError{Socket: c.socket, Err: unwrapURLError(err)}
 	}
@@ -83,16 +83,7 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return fmt.Errorf("read answer to %s %s: %w", method, path, err)
 	}
-	if err := unixhttp.AnswerError(resp.StatusCode, http.StatusText(resp.StatusCode), raw); err != nil {
-		return err
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("decode answer to %s %s: %w", method, path, err)
-	}
-	return nil
+	return unixhttp.DecodeAnswer(method, path, resp.StatusCode, http.StatusText(resp.StatusCode), raw, out)
 }
 
 func unwrapURLError(err error) error {

@@ -40,7 +40,7 @@ func OpenStream[T any](ctx context.Context, c *Client, path string, query url.Va
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("no answer from the agent at %s to GET %s: %w", c.socket, path, ctx.Err())
+			return nil, unixhttp.NoAnswer(c.socket, http.MethodGet, path, ctx.Err())
 		}
 		return nil, &UnreachableError{Socket: c.socket, Err: unwrapURLError(err)}
 	}

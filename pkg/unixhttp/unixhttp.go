@@ -112,7 +112,7 @@ func Do(ctx context.Context, socket, method, path string, in, out any) error {
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		if ctx.Err() != nil {
-			return noAnswer(socket, method, path, ctx.Err())
+			return NoAnswer(socket, method, path, ctx.Err())
 		}
 		return &UnreachableError{Socket: socket, Err: err}
 	}
@@ -135,7 +135,7 @@ func Do(ctx context.Context, socket, method, path string, in, out any) error {
 			if cause == nil {
 				cause = context.DeadlineExceeded
 			}
-			return noAnswer(socket, method, path, cause)
+			return NoAnswer(socket, method, path, cause)
 		}
 		if errors.Is(err, errMalformed) {
 			return fmt.Errorf("answer of the agent at %s to %s %s: %w", socket, method, path, err)
@@ -143,6 +143,13 @@ func Do(ctx context.Context, socket, method, path string, in, out any) error {
 		// The agent went away mid-request.
 		return &UnreachableError{Socket: socket, Err: err}
 	}
+	return DecodeAnswer(method, path, status, reason, raw, out)
+}
+
+// DecodeAnswer is the outcome of method path answered with status,
+// reason and body raw: the answer's error ([AnswerError]), else raw
+// decoded into out (if not nil).
+func DecodeAnswer(method, path string, status int, reason string, raw []byte, out any) error {
 	if err := AnswerError(status, reason, raw); err != nil {
 		return err
 	}
@@ -155,7 +162,9 @@ func Do(ctx context.Context, socket, method, path string, in, out any) error {
 	return nil
 }
 
-func noAnswer(socket, method, path string, err error) error {
+// NoAnswer is the error of a call to the agent at socket that ended,
+// with err, before an answer came.
+func NoAnswer(socket, method, path string, err error) error {
 	return fmt.Errorf("no answer from the agent at %s to %s %s: %w", socket, method, path, err)
 }
 
