@@ -353,7 +353,7 @@ func endpointSlicesListWatch(cs k8sclient.Clientset, health cell.Health, store *
 // none at a resource version.
 func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *objectStore[T], plural string,
 	resource schema.GroupVersionResource, kind schema.GroupVersionKind, c interface {
-		ListPagesTrimmed(context.Context, metav1.ListOptions, kubeclient.Trim, func(T) error) (metav1.ListMeta, error)
+		ListPages(context.Context, metav1.ListOptions, kubeclient.Trim, func(T) error) (metav1.ListMeta, error)
 		Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
 	}, emptyList func(rv string) runtime.Object,
 ) *cache.ListWatch {
@@ -363,7 +363,7 @@ func kindListWatch[T any](cs k8sclient.Clientset, health cell.Health, store *obj
 				return list, err
 			}
 			listPages := func(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
-				return c.ListPagesTrimmed(ctx, opts, store.trim, each)
+				return c.ListPages(ctx, opts, store.trim, each)
 			}
 			return store.pagedList(ctx, opts, listPages, emptyList)
 		},

@@ -63,24 +63,19 @@ func init() {
 
 // Client is a typed client of one resource (in one namespace, or all):
 // the methods the agent uses of client-go's generated ones (PatchStatus is
-// Patch with the "status" subresource), ListEach and ListPages.
+// Patch with the "status" subresource), and ListPages.
 type Client[T, L runtime.Object] interface {
 	typed[T, L]
-	// ListEach is List of one page (opts.Limit, opts.Continue) that
-	// decodes the page's objects one at a time, calling each with every
-	// one in turn, and returns the page's list metadata. obj is only
-	// valid until each returns: the next object is decoded into it
-	// (ListEach), so each keeps none of its pointers (its strings are its
-	// own). The page is never a typed list in memory. The objects come
-	// without their managed fields: nothing in the agent reads them.
-	ListEach(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
-	// ListPages is ListEach of every page of a listing, each page asked
-	// for while the one before it is decoded (at most one page ahead),
-	// and returns the last page's list metadata.
-	ListPages(ctx context.Context, opts metav1.ListOptions, each func(obj T) error) (metav1.ListMeta, error)
-	// ListPagesTrimmed is ListPages whose objects come with only the
-	// metadata trim leaves them.
-	ListPagesTrimmed(ctx context.Context, opts metav1.ListOptions, trim Trim, each func(obj T) error) (metav1.ListMeta, error)
+	// ListPages lists every page of a listing (opts.Limit objects each),
+	// decoding the objects one at a time and calling each with every one
+	// in turn, and returns the last page's list metadata. obj is only
+	// valid until each returns: the next object is decoded into it, so
+	// each keeps none of its pointers (its strings are its own). A page
+	// is never a typed list in memory; the next is asked for while one is
+	// decoded (at most one page ahead). The objects come without their
+	// managed fields (nothing in the agent reads them) and with only the
+	// labels and annotations trim keeps.
+	ListPages(ctx context.Context, opts metav1.ListOptions, trim Trim, each func(obj T) error) (metav1.ListMeta, error)
 }
 
 // typed are the methods of client-go's generic typed client.
@@ -199,7 +194,7 @@ func New[E any, T object[E], L list[E]](s Source, resource, kind, ns string, ite
 	}
 }
 
-// client is a Client: client-go's generic typed client, and ListEach.
+// client is a Client: client-go's generic typed client, and ListPages.
 type client[E any, T object[E], L list[E]] struct {
 	typed[T, L]
 	// rest is nil for a fake's client.

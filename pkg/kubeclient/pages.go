@@ -40,43 +40,6 @@ type page[T any] struct {
 	done func()
 }
 
-// ListEach reads the page and decodes its objects one at a time into one
-// object: client-go's List reads the body into a buffer grown for it,
-// copies it into the protobuf envelope (runtime.Unknown's raw), and
-// decodes every object into the list's items before any is used. At
-// 20,000 Services and their EndpointSlices an agent's start allocated
-// 270-280 MB with List, 180-188 MB with ListEach (docs/performance.md).
-// The objects come without their managed fields (see Trim.message).
-func (c *client[E, T, L]) ListEach(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
-	p, err := c.readPage(ctx, opts, 0, Trim{})
-	if err != nil {
-		return metav1.ListMeta{}, err
-	}
-	defer p.done()
-	if err := p.each(each); err != nil {
-		return metav1.ListMeta{}, err
-	}
-	return p.meta, nil
-}
-
-// ListPages lists every page of opts (opts.Limit objects each), calling
-// each with their objects in order as ListEach does, and returns the last
-// page's list metadata. Once a page is read, and its continue token with
-// it, the next page is asked for while this one's objects are decoded and
-// each is called with them: the server and the network work on the next
-// page while the client converts this one, instead of each waiting for
-// the other. It reads at most one page ahead: at most two pages of the
-// listing are in memory at a time, the one being decoded and the next.
-//
-// An error reading the next page is the listing's error, as it is, once
-// the objects of the pages before it have been given to each (a 410 Gone
-// of an expired continue token stays one, for the caller to list again).
-// An error of each, or ctx ending, stops the read ahead and waits for it
-// to give back its page before returning.
-func (c *client[E, T, L]) ListPages(ctx context.Context, opts metav1.ListOptions, each func(T) error) (metav1.ListMeta, error) {
-	return c.ListPagesTrimmed(ctx, opts, Trim{}, each)
-}
-
 // Trim is what a listing leaves out of its objects' metadata besides
 // their managed fields, for a caller that reads little of it (the load
 // balancer reads an EndpointSlice's service label and no other label or
@@ -89,8 +52,29 @@ type Trim struct {
 	NoAnnotations bool
 }
 
-// ListPagesTrimmed is ListPages with the objects' metadata trimmed.
-func (c *client[E, T, L]) ListPagesTrimmed(ctx context.Context, opts metav1.ListOptions, trim Trim, each func(T) error) (metav1.ListMeta, error) {
+// ListPages lists every page of opts (opts.Limit objects each), decoding
+// each page's objects one at a time into one object and calling each with
+// it, and returns the last page's list metadata. client-go's List reads the
+// body into a buffer grown for it, copies it into the protobuf envelope
+// (runtime.Unknown's raw), and decodes every object into the list's items
+// before any is used: at 20,000 Services and their EndpointSlices an
+// agent's start allocated 270-280 MB with List, 180-188 MB decoding one at
+// a time (docs/performance.md). The objects come without their managed
+// fields, and trimmed by trim (see Trim.message).
+//
+// Once a page is read, and its continue token with it, the next page is
+// asked for while this one's objects are decoded and each is called with
+// them: the server and the network work on the next page while the client
+// converts this one, instead of each waiting for the other. It reads at
+// most one page ahead: at most two pages of the listing are in memory at a
+// time, the one being decoded and the next.
+//
+// An error reading the next page is the listing's error, as it is, once
+// the objects of the pages before it have been given to each (a 410 Gone
+// of an expired continue token stays one, for the caller to list again).
+// An error of each, or ctx ending, stops the read ahead and waits for it
+// to give back its page before returning.
+func (c *client[E, T, L]) ListPages(ctx context.Context, opts metav1.ListOptions, trim Trim, each func(T) error) (metav1.ListMeta, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type read struct {

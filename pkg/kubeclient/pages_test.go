@@ -226,14 +226,14 @@ func TestEachItemRejectsBadPages(t *testing.T) {
 
 // A fake's client lists each object of its List, without its managed
 // fields as a real API server's.
-func TestListEachOfFake(t *testing.T) {
+func TestListPagesOfFake(t *testing.T) {
 	fake := &k8stesting.Fake{}
 	fake.AddReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: testServices(3)}, nil
 	})
 	c := New(NewFakeSource(fake, corev1.SchemeGroupVersion), "services", "Service", "", func(l *corev1.ServiceList) *[]corev1.Service { return &l.Items })
 	var names []string
-	meta, err := c.ListEach(context.Background(), metav1.ListOptions{}, func(s *corev1.Service) error {
+	meta, err := c.ListPages(context.Background(), metav1.ListOptions{}, Trim{}, func(s *corev1.Service) error {
 		names = append(names, s.Name)
 		if s.ManagedFields != nil {
 			t.Errorf("%s listed with managed fields, as a real API server's are not", s.Name)
@@ -241,15 +241,15 @@ func TestListEachOfFake(t *testing.T) {
 		return nil
 	})
 	if err != nil || meta.ResourceVersion != "7" || fmt.Sprint(names) != "[svc-0 svc-1 svc-2]" {
-		t.Errorf("ListEach of a fake: %v %q %v", err, meta.ResourceVersion, names)
+		t.Errorf("ListPages of a fake: %v %q %v", err, meta.ResourceVersion, names)
 	}
 }
 
-// Against a real kube-apiserver, ListEach's pages hold the objects List
-// has, in protobuf (and in JSON, when the client asks for it), and their
-// continue tokens lead through the listing, as ListPages follows them. The
-// subtests of ListPages's read ahead share the server.
-func TestListEachOfAPIServer(t *testing.T) {
+// Against a real kube-apiserver, ListPages gives the objects List has, in
+// protobuf (and in JSON, when the client asks for it), one request per
+// page, its continue tokens leading through the listing. The subtests of
+// its read ahead share the server.
+func TestListPagesOfAPIServer(t *testing.T) {
 	if _, err := kubeapitest.Binary(); err != nil {
 		t.Skip(err)
 	}
@@ -284,51 +284,32 @@ func TestListEachOfAPIServer(t *testing.T) {
 		managed := 0
 		for i := range want.Items {
 			// The API server's own (the Services' creation), which
-			// ListEach leaves out.
+			// ListPages leaves out.
 			managed += len(want.Items[i].ManagedFields)
 			want.Items[i].ManagedFields = nil
 		}
 		if managed == 0 {
 			t.Fatal("the API server keeps no managed fields: nothing to leave out")
 		}
-		var got []corev1.Service
-		opts := metav1.ListOptions{Limit: 10}
-		pages := 0
-		for {
-			meta, err := c.ListEach(ctx, opts, func(s *corev1.Service) error {
-				got = append(got, *s.DeepCopy())
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pages++
-			if meta.Continue == "" {
-				if meta.ResourceVersion == "" {
-					t.Error("the last page has no resource version")
-				}
-				break
-			}
-			opts.Continue = meta.Continue
-		}
 		// n and the API server's own, default/kubernetes.
-		if len(want.Items) != n+1 || pages != 3 || !equality.Semantic.DeepEqual(got, want.Items) {
-			t.Errorf("content type %q: ListEach in %d pages gave %d objects, List %d; equal: %v", contentType, pages, len(got), len(want.Items), equality.Semantic.DeepEqual(got, want.Items))
+		if len(want.Items) != n+1 {
+			t.Fatalf("List gave %d objects, want %d", len(want.Items), n+1)
 		}
-		got = nil
-		meta, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(s *corev1.Service) error {
+		var got []corev1.Service
+		asked := len(wire.Exchanges())
+		meta, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, Trim{}, func(s *corev1.Service) error {
 			got = append(got, *s.DeepCopy())
 			return nil
 		})
-		if err != nil || meta.Continue != "" || meta.ResourceVersion == "" || !equality.Semantic.DeepEqual(got, want.Items) {
-			t.Errorf("content type %q: ListPages gave %d objects (List %d; equal: %v), %v, last page's %+v", contentType, len(got), len(want.Items), equality.Semantic.DeepEqual(got, want.Items), err, meta)
+		if err != nil || meta.Continue != "" || meta.ResourceVersion == "" || !equality.Semantic.DeepEqual(got, want.Items) || len(wire.Exchanges())-asked != 3 {
+			t.Errorf("content type %q: ListPages gave %d objects in %d requests (List %d; equal: %v), %v, last page's %+v", contentType, len(got), len(wire.Exchanges())-asked, len(want.Items), equality.Semantic.DeepEqual(got, want.Items), err, meta)
 		}
 		// A relist's pages (the load balancer's): not older than the
 		// version last seen, in pages, continued past the first.
 		got = nil
-		asked := len(wire.Exchanges())
+		asked = len(wire.Exchanges())
 		relist := metav1.ListOptions{ResourceVersion: want.ResourceVersion, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, Limit: 10}
-		if _, err := c.ListPages(ctx, relist, func(s *corev1.Service) error {
+		if _, err := c.ListPages(ctx, relist, Trim{}, func(s *corev1.Service) error {
 			got = append(got, *s.DeepCopy())
 			return nil
 		}); err != nil || !equality.Semantic.DeepEqual(got, want.Items) || len(wire.Exchanges())-asked != 3 {
@@ -374,7 +355,7 @@ func TestListEachOfAPIServer(t *testing.T) {
 		c, pt := client(t)
 		i, asked := 0, 0
 		var names []string
-		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(s *corev1.Service) error {
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, Trim{}, func(s *corev1.Service) error {
 			names = append(names, s.Namespace+"/"+s.Name)
 			// The first object of each page but the last: its
 			// conversion goes on only once the next page is asked for.
@@ -405,7 +386,7 @@ func TestListEachOfAPIServer(t *testing.T) {
 				Body: io.NopCloser(strings.NewReader(status)), ContentLength: int64(len(status)), Request: req}, nil
 		}
 		got := 0
-		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error { got++; return nil })
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, Trim{}, func(*corev1.Service) error { got++; return nil })
 		if !apierrors.IsResourceExpired(err) || got != 20 {
 			t.Errorf("ListPages with its third page gone: %v after %d objects, want an expired error after 20", err, got)
 		}
@@ -417,7 +398,7 @@ func TestListEachOfAPIServer(t *testing.T) {
 	t.Run("an error of each gives back the page read ahead", func(t *testing.T) {
 		c, pt := client(t)
 		stop := errors.New("stop")
-		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error {
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, Trim{}, func(*corev1.Service) error {
 			// The second page read whole, waiting for the first's
 			// conversion.
 			if k := wait(pt.read); k != 1 {
@@ -442,7 +423,7 @@ func TestListEachOfAPIServer(t *testing.T) {
 			return nil, req.Context().Err()
 		}
 		stop := errors.New("stop")
-		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error {
+		_, err := c.ListPages(ctx, metav1.ListOptions{Limit: 10}, Trim{}, func(*corev1.Service) error {
 			if k := wait(pt.asked); k != 1 {
 				return fmt.Errorf("the second page not asked for in 30 s (%d)", k)
 			}
@@ -462,7 +443,7 @@ func TestListEachOfAPIServer(t *testing.T) {
 		}
 		lctx, lcancel := context.WithCancel(ctx)
 		defer lcancel()
-		_, err := c.ListPages(lctx, metav1.ListOptions{Limit: 10}, func(*corev1.Service) error {
+		_, err := c.ListPages(lctx, metav1.ListOptions{Limit: 10}, Trim{}, func(*corev1.Service) error {
 			if k := wait(pt.asked); k != 1 {
 				return fmt.Errorf("the second page not asked for in 30 s (%d)", k)
 			}
