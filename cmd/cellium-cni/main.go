@@ -36,7 +36,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,7 +75,7 @@ const (
 
 // endpointPath is the API path of a container's endpoint.
 func endpointPath(containerID string) string {
-	return apiv1.PathEndpoints + "/" + url.PathEscape(apiv1.ContainerIDPrefix+containerID)
+	return apiv1.EndpointPath(apiv1.ContainerIDPrefix + containerID)
 }
 
 // started is when main began: the process's start for a trace (TraceEnv).

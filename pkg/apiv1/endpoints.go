@@ -1,6 +1,9 @@
 package apiv1
 
-import "time"
+import (
+	"net/url"
+	"time"
+)
 
 // PathEndpoints serves the node's endpoints: GET lists them; GET, PUT and
 // DELETE /v1/endpoints/{id} act on one.
@@ -11,6 +14,12 @@ const PathEndpoints = "/v1/endpoints"
 // names the endpoint with that ID. PUT takes only the container form: the
 // agent picks the endpoint ID.
 const ContainerIDPrefix = "container-id:"
+
+// EndpointPath is the path of the endpoint {id} (a number, or
+// ContainerIDPrefix and a container ID).
+func EndpointPath(id string) string {
+	return PathEndpoints + "/" + url.PathEscape(id)
+}
 
 // Endpoint states.
 const (

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"net/http"
-	"net/url"
 
 	"github.com/cellium/cellium/pkg/apiv1"
 )
@@ -13,10 +12,6 @@ func ContainerEndpointID(containerID string) string {
 	return apiv1.ContainerIDPrefix + containerID
 }
 
-func endpointPath(id string) string {
-	return apiv1.PathEndpoints + "/" + url.PathEscape(id)
-}
-
 // Endpoints lists the node's endpoints.
 func (c *Client) Endpoints(ctx context.Context) ([]apiv1.Endpoint, error) {
 	return get[[]apiv1.Endpoint](ctx, c, apiv1.PathEndpoints, nil)
@@ -24,7 +19,7 @@ func (c *Client) Endpoints(ctx context.Context) ([]apiv1.Endpoint, error) {
 
 // Endpoint is one endpoint; id is its number or [ContainerEndpointID].
 func (c *Client) Endpoint(ctx context.Context, id string) (apiv1.Endpoint, error) {
-	return get[apiv1.Endpoint](ctx, c, endpointPath(id), nil)
+	return get[apiv1.Endpoint](ctx, c, apiv1.EndpointPath(id), nil)
 }
 
 // CreateEndpoint creates the endpoint of a container: addresses, veth pair,
@@ -32,7 +27,7 @@ func (c *Client) Endpoint(ctx context.Context, id string) (apiv1.Endpoint, error
 // allows.
 func (c *Client) CreateEndpoint(ctx context.Context, containerID string, req apiv1.EndpointCreate) (apiv1.Endpoint, error) {
 	var ep apiv1.Endpoint
-	err := c.Do(ctx, http.MethodPut, endpointPath(ContainerEndpointID(containerID)), nil, req, &ep)
+	err := c.Do(ctx, http.MethodPut, apiv1.EndpointPath(ContainerEndpointID(containerID)), nil, req, &ep)
 	return ep, err
 }
 
@@ -40,12 +35,12 @@ func (c *Client) CreateEndpoint(ctx context.Context, containerID string, req api
 // [*APIError] with status 404 means there was nothing to delete.
 func (c *Client) DeleteEndpoint(ctx context.Context, id string) (apiv1.EndpointDeleted, error) {
 	var out apiv1.EndpointDeleted
-	err := c.Do(ctx, http.MethodDelete, endpointPath(id), nil, nil, &out)
+	err := c.Do(ctx, http.MethodDelete, apiv1.EndpointPath(id), nil, nil, &out)
 	return out, err
 }
 
 // CheckEndpoint compares an endpoint's interfaces, addresses and routes
 // with what the agent made.
 func (c *Client) CheckEndpoint(ctx context.Context, id string) (apiv1.EndpointCheck, error) {
-	return get[apiv1.EndpointCheck](ctx, c, endpointPath(id)+"/check", nil)
+	return get[apiv1.EndpointCheck](ctx, c, apiv1.EndpointPath(id)+"/check", nil)
 }
