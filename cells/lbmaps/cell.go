@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/spf13/pflag"
 
+	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/maglev"
 )
 
@@ -17,7 +18,7 @@ var Cell = cell.Module(
 	"BPF maps of socket load balancing",
 
 	cell.Config(defaultConfig),
-	cell.Provide(newMaps, newReconciler, opsMetrics, frontendsReconciled),
+	cell.Provide(newMaps, newReconciler, opsMetrics, frontendsReconciled, programmed),
 	cell.ProvidePrivate(newOps, job.Registry.NewGroup),
 	cell.Invoke(requireReconciler),
 )
@@ -25,6 +26,10 @@ var Cell = cell.Module(
 // requireReconciler pulls the maps and their reconciler into the graph:
 // nothing else needs them, but the datapath does.
 func requireReconciler(*Maps, Reconciler) {}
+
+// programmed tells the loadbalancer writer which frontends the maps hold
+// already (ops.Holds).
+func programmed(o *ops) loadbalancer.Programmed { return o }
 
 // Backend selection algorithms, the values of --lb-algorithm.
 const (

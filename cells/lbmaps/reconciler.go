@@ -7,6 +7,7 @@ import (
 	"iter"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -52,8 +53,11 @@ type ops struct {
 	// failed prune only until its next round reports OK, a millisecond
 	// later; this scope keeps it until a prune succeeds.
 	pruneHealth cell.Health
-	// r4 and r6 are the rounds, kept between them with their buffers; the
-	// reconciler calls one operation at a time.
+	// mu gives the realized state and the rounds to one user at a time:
+	// an operation of the reconciler (which calls one at a time), or
+	// Holds, which the loadbalancer writer calls.
+	mu sync.Mutex
+	// r4 and r6 are the rounds, kept between them with their buffers.
 	r4      *round[lbmap.Service4Key, lbmap.Backend4, lbmap.RevNAT4]
 	r6      *round[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
 	entries []entry
@@ -193,6 +197,8 @@ func (o *ops) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 		failBatch(batch, err)
 		return
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	entries := o.newEntries(len(batch))
 	r4, r6 := o.r4, o.r6
 	for i := range batch {
@@ -215,6 +221,8 @@ func (o *ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 		failBatch(batch, err)
 		return
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	entries := o.newEntries(len(batch))
 	r4, r6 := o.r4, o.r6
 	for i := range batch {
@@ -232,6 +240,52 @@ func (o *ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconc
 	for i := range batch {
 		batch[i].Result = entries[i].err
 	}
+}
+
+// Holds says whether the maps hold fe exactly, so that reconciling it
+// would write nothing (loadbalancer.Programmed): its frontend and each of
+// its backends have their entries, restored from the pinned maps or
+// written since, and an update plans no write. It is the comparison
+// Update makes, planned in the round and dropped instead of flushed. It
+// never waits: before restore is done, or while a reconciliation round
+// has the state, it says false, and fe goes the reconciler's way.
+func (o *ops) Holds(fe *loadbalancer.Frontend) bool {
+	select {
+	case <-o.restoreDone:
+	default:
+		return false
+	}
+	if o.restoreErr != nil || !o.mu.TryLock() {
+		return false
+	}
+	defer o.mu.Unlock()
+	key, ok := keyOf(fe.Address)
+	if !ok {
+		// Nothing is written for it (SCTP): an update succeeds at once.
+		return true
+	}
+	// Update would give the frontend or a backend an ID, a state change
+	// that dropping the round would not undo: such a frontend is not
+	// held anyway.
+	if fs, ok := o.state.frontends.Get(key); !ok || fs.id == 0 {
+		return false
+	}
+	for _, be := range fe.Backends {
+		k, ok := keyOf(be)
+		if !ok {
+			return false
+		}
+		if bs, ok := o.state.backends.Get(k); !ok || !bs.written {
+			return false
+		}
+	}
+	var e entry
+	if key.Is4 {
+		o.r4.update(&e, fe)
+		return e.err == nil && o.r4.discard()
+	}
+	o.r6.update(&e, fe)
+	return e.err == nil && o.r6.discard()
 }
 
 // newEntries is a round's entries, one per frontend of the batch, in a
@@ -258,6 +312,8 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	if err := o.waitRestored(ctx); err != nil {
 		return err
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	wanted := map[addrKey]struct{}{}
 	for fe := range objects {
 		if addr, ok := keyOf(fe.Address); ok {
@@ -560,6 +616,24 @@ func (r *round[SK, B, R]) flush() {
 	r.backendDels.flush(r.f.backends, c, st.deletedBackend)
 
 	r.reset()
+}
+
+// discard drops what the round planned, writing nothing, and says whether
+// it had planned nothing.
+func (r *round[SK, B, R]) discard() (none bool) {
+	none = len(r.backendPuts.keys)+len(r.slotPuts.keys)+len(r.masterPuts.keys)+len(r.revNATPuts.keys)+
+		len(r.maglevOps)+len(r.masterDeletes.keys)+len(r.slotDeletes.keys)+len(r.revNATDeletes.keys)+
+		len(r.backendDels.keys) == 0
+	r.backendPuts.reset()
+	r.slotPuts.reset()
+	r.masterPuts.reset()
+	r.revNATPuts.reset()
+	r.masterDeletes.reset()
+	r.slotDeletes.reset()
+	r.revNATDeletes.reset()
+	r.backendDels.reset()
+	r.reset()
+	return none
 }
 
 // reset empties the round for the next one. Clearing a map keeps its

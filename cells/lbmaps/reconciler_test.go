@@ -60,6 +60,7 @@ type lbEnv struct {
 	registry  *prometheus.Registry
 	rec       lbmaps.Reconciler
 	health    statedb.Table[*health.Status]
+	held      loadbalancer.Programmed
 	stop      func()
 	// sync is an initializer of the frontends table that the test holds,
 	// as the loadbalancer cell does until Kubernetes has synced.
@@ -69,8 +70,8 @@ type lbEnv struct {
 func newLBEnv(t *testing.T, root string, cfg func(*lbmaps.Config)) *lbEnv {
 	e := &lbEnv{t: t, registry: prometheus.NewRegistry()}
 	h := celltest.New(bpfmaps.Cell, lbmaps.Cell, frontendsTable,
-		cell.Invoke(func(db *statedb.DB, fe statedb.RWTable[*loadbalancer.Frontend], m *lbmaps.Maps, r lbmaps.Reconciler, hs statedb.Table[*health.Status]) {
-			e.db, e.frontends, e.maps, e.rec, e.health = db, fe, m, r, hs
+		cell.Invoke(func(db *statedb.DB, fe statedb.RWTable[*loadbalancer.Frontend], m *lbmaps.Maps, r lbmaps.Reconciler, hs statedb.Table[*health.Status], held loadbalancer.Programmed) {
+			e.db, e.frontends, e.maps, e.rec, e.health, e.held = db, fe, m, r, hs, held
 			txn := db.WriteTxn(fe)
 			e.sync = fe.RegisterInitializer(txn, "test-sync")
 			txn.Commit()
@@ -543,5 +544,116 @@ func TestRestoreDropsLeftovers(t *testing.T) {
 	})
 	if id := second.service4("10.96.0.10:80/TCP")[1].BackendID; id == 5 {
 		t.Fatalf("new backend got ID 5, which a leftover entry held at restore")
+	}
+}
+
+// TestHoldsWhatTheMapsHold: after a restart, Holds says true of exactly
+// the frontends whose reconciliation would write nothing, and the
+// loadbalancer writer's use of it (each frontend in Done when held,
+// Pending when not) leaves the maps as the agent wrote them, entries
+// changed behind its back while it was down repaired.
+func TestHoldsWhatTheMapsHold(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	two := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP")
+	none := frontend("10.96.0.11:443/TCP")
+	six := frontend("[fd00::10]:80/TCP", "[fd00:244::1]:8080/TCP")
+	affinity := frontend("10.96.0.12:80/TCP", "10.244.0.3:80/TCP")
+	affinity.SessionAffinity, affinity.AffinityTimeout = true, 3*time.Hour
+	wildcard := frontend("0.0.0.0:30080/TCP", "10.244.0.1:8080/TCP")
+	wildcard.Type = loadbalancer.FrontendNodePort
+	sctp := frontend("10.96.0.13:9/SCTP", "10.244.0.1:9/SCTP")
+	// Changed in the maps while the agent is down: a slot points at
+	// another backend, and a backend entry holds another address.
+	slotChanged := frontend("10.96.0.20:80/TCP", "10.244.0.5:8080/TCP")
+	backendChanged := frontend("10.96.0.21:80/TCP", "10.244.0.6:8080/TCP")
+	fes := []*loadbalancer.Frontend{two, none, six, affinity, wildcard, sctp, slotChanged, backendChanged}
+
+	first := newLBEnv(t, root, nil)
+	if first.held.Holds(two) {
+		t.Fatal("Holds says true of a frontend never written")
+	}
+	first.set(true, fes...)
+	first.waitDone()
+	before := first.dump()
+	slot := first.service4("10.96.0.20:80/TCP")[1]
+	other := first.service4("10.96.0.10:80/TCP")[1].BackendID
+	if err := first.maps.Services4.Put(lbmap.NewService4Key(netip.MustParseAddr("10.96.0.20"), 80, lbmap.TCP, 1),
+		lbmap.NewServiceSlot(other, slot.RevNATIndex)); err != nil {
+		t.Fatal(err)
+	}
+	beID := first.service4("10.96.0.21:80/TCP")[1].BackendID
+	if err := first.maps.Backends4.Put(beID, lbmap.NewBackend4(netip.MustParseAddr("10.244.9.9"), 8080, lbmap.TCP)); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	// Holds never waits: it says false until the maps are restored.
+	polltest.Until(t, "restore", 30*time.Second, time.Millisecond, func() (bool, string) {
+		return second.held.Holds(two), "Holds says false of an unchanged frontend"
+	})
+	for _, fe := range []*loadbalancer.Frontend{two, none, six, affinity, wildcard, sctp} {
+		if !second.held.Holds(fe) {
+			t.Errorf("Holds(%s) = false for a frontend the maps hold as it is", fe.Address)
+		}
+	}
+	variant := func(fe *loadbalancer.Frontend, change func(*loadbalancer.Frontend)) *loadbalancer.Frontend {
+		fe = fe.Clone()
+		fe.Backends = slices.Clone(fe.Backends)
+		change(fe)
+		return fe
+	}
+	for what, fe := range map[string]*loadbalancer.Frontend{
+		"a slot changed in the maps":         slotChanged,
+		"a backend changed in the maps":      backendChanged,
+		"never written":                      frontend("10.96.0.30:80/TCP"),
+		"one more backend":                   variant(two, func(fe *loadbalancer.Frontend) { fe.Backends = append(fe.Backends, addr("10.244.0.3:80/TCP")) }),
+		"one backend fewer":                  variant(two, func(fe *loadbalancer.Frontend) { fe.Backends = fe.Backends[:1] }),
+		"backends in another order":          variant(two, func(fe *loadbalancer.Frontend) { slices.Reverse(fe.Backends) }),
+		"a backend not in the maps":          variant(two, func(fe *loadbalancer.Frontend) { fe.Backends[1] = addr("10.244.0.99:8080/TCP") }),
+		"a backend of the other family":      variant(two, func(fe *loadbalancer.Frontend) { fe.Backends[1] = addr("[fd00:244::1]:8080/TCP") }),
+		"a backend where there was none":     variant(none, func(fe *loadbalancer.Frontend) { fe.Backends = []loadbalancer.L3n4Addr{addr("10.244.0.1:8080/TCP")} }),
+		"another affinity timeout":           variant(affinity, func(fe *loadbalancer.Frontend) { fe.AffinityTimeout = time.Hour }),
+		"no affinity":                        variant(affinity, func(fe *loadbalancer.Frontend) { fe.SessionAffinity = false }),
+		"local traffic policy":               variant(two, func(fe *loadbalancer.Frontend) { fe.TrafficPolicyLocal = true }),
+		"a NodePort at a node address now":   variant(wildcard, func(fe *loadbalancer.Frontend) { fe.Address = addr("192.0.2.1:30080/TCP") }),
+		"a ClusterIP where the wildcard was": variant(wildcard, func(fe *loadbalancer.Frontend) { fe.Type = loadbalancer.FrontendClusterIP }),
+	} {
+		if second.held.Holds(fe) {
+			t.Errorf("Holds(%s) = true for %s", fe.Address, what)
+		}
+	}
+
+	// As the loadbalancer writer inserts them on a start.
+	txn := second.db.WriteTxn(second.frontends)
+	for _, fe := range fes {
+		fe = fe.Clone()
+		if second.held.Holds(fe) {
+			fe.SetStatus(reconciler.StatusDone())
+		} else {
+			fe.SetStatus(reconciler.StatusPending())
+		}
+		second.frontends.Insert(txn, fe)
+	}
+	second.sync(txn)
+	second.sync = nil
+	txn.Commit()
+	second.waitDone()
+	// The changed slot written back; the backend entry that now holds
+	// another address is not 10.244.0.6's any more, which gets a new one,
+	// and the slot pointing at it.
+	if w := second.writes(); w != 3 {
+		t.Errorf("restart wrote %v entries, want 3 (a slot; a backend and its slot):\n%v", w, second.dump())
+	}
+	for fe, be := range map[string]string{"10.96.0.20:80/TCP": "10.244.0.5:8080", "10.96.0.21:80/TCP": "10.244.0.6:8080"} {
+		if svc := second.service4(fe); len(svc) != 2 || svc[0].Count != 1 || second.backend4(svc[1].BackendID) != be {
+			t.Errorf("%s after the restart: %v, want its one slot at %s", fe, svc, be)
+		}
+	}
+	after := second.dump()
+	for _, line := range before {
+		if !strings.Contains(line, "10.96.0.21:80") && !strings.Contains(line, "10.244.0.6:8080") && !slices.Contains(after, line) {
+			t.Errorf("entry %q changed across the restart:\n%v", line, after)
+		}
 	}
 }

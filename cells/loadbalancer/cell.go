@@ -57,6 +57,8 @@ type writerParams struct {
 	Clientset     k8sclient.Clientset
 	Jobs          job.Group
 	Health        cell.Health
+	// Programmed is lb-maps' (absent without it, as in some tests).
+	Programmed Programmed `optional:"true"`
 }
 
 // newWriter builds the writer and adds the jobs that feed it: a reflector
@@ -73,6 +75,8 @@ func newWriter(p writerParams) *writer {
 		problems:  map[string]string{},
 		contested: map[ServiceName]struct{}{},
 		deferred:  map[ServiceName]struct{}{},
+
+		programmed: p.Programmed,
 
 		quarantined: map[L3n4Addr]struct{}{},
 	}

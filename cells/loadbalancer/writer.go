@@ -51,6 +51,11 @@ type writer struct {
 	deferred                     map[ServiceName]struct{}
 	// frontendsSynced says the frontends table's initializers are done.
 	frontendsSynced bool
+	// programmed says which frontends the maps hold already (nil: none);
+	// syncDeleted are the addresses whose frontend was deleted before
+	// frontendsSynced. See heldAlready.
+	programmed  Programmed
+	syncDeleted map[L3n4Addr]struct{}
 	// quarantined are the backend addresses BackendHealth took out of
 	// service; see BackendHealth.
 	quarantined map[L3n4Addr]struct{}
@@ -116,6 +121,7 @@ func (w *writer) update(ctx context.Context, fn func(b *batch)) {
 		// frontends are in it.
 		w.tables.frontendsSynced(txn)
 		w.frontendsSynced = true
+		w.syncDeleted = nil
 	}
 	txn.Commit()
 	w.reportHealth()

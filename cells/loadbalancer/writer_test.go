@@ -12,6 +12,7 @@ import (
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -335,5 +336,110 @@ func TestPagedListing(t *testing.T) {
 	// ordinary one.
 	if err := store.Replace([]any{&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a"}}}, "43"); err != nil || len(events) != 2 {
 		t.Fatalf("Replace after a failed paged listing: %v, %d events, want an upsert and an end", err, len(events))
+	}
+}
+
+// heldMaps stands in for lb-maps' Programmed: it holds the frontends at
+// the addresses in held, whatever their content.
+type heldMaps struct{ held map[L3n4Addr]bool }
+
+func (m *heldMaps) Holds(fe *Frontend) bool { return m.held[fe.Address] }
+
+func statusOf(t *testing.T, w *writer, db *statedb.DB, addr L3n4Addr) reconciler.StatusKind {
+	t.Helper()
+	fe, _, found := w.tables.frontends.Get(db.ReadTxn(), FrontendByAddress.Query(addr))
+	if !found {
+		t.Fatalf("no frontend at %s", addr)
+	}
+	return fe.Status.Kind()
+}
+
+// On a start, a frontend the maps hold already goes into the table Done,
+// so that the reconciler neither compares it nor writes its status again;
+// the others go in Pending. Only until the frontends table is first
+// complete, and never at an address whose frontend was deleted before:
+// the reconciler may still have that deletion to make.
+func TestFrontendsTheMapsHoldGoInDone(t *testing.T) {
+	w, db := newTestWriter(t)
+	maps := &heldMaps{held: map[L3n4Addr]bool{}}
+	w.programmed = maps
+	n := maxBatch + 2
+	evs := listing(n)
+	addrOf := func(i int) L3n4Addr {
+		return L3n4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Protocol: TCP}
+	}
+	// The maps hold every listed frontend but svc-1's.
+	for i := range n {
+		if i != 1 {
+			maps.held[addrOf(i)] = true
+		}
+	}
+	ctx := context.Background()
+	w.setNodeAddresses(ctx, nil, true)
+	// The listing up to its end, then its end: that transaction computes
+	// maxBatch services' frontends; two wait for the next one.
+	w.update(ctx, func(b *batch) {
+		for _, ev := range evs[:len(evs)-1] {
+			ev.apply(w, b)
+		}
+	})
+	w.update(ctx, func(b *batch) { evs[len(evs)-1].apply(w, b) })
+	if w.frontendsSynced {
+		t.Fatalf("frontends synced after one transaction of %d services", n)
+	}
+	txn := db.ReadTxn()
+	var early ServiceName
+	for fe := range w.tables.frontends.All(txn) {
+		switch kind := fe.Status.Kind(); {
+		case fe.Address == addrOf(1):
+			if kind != reconciler.StatusKindPending {
+				t.Errorf("frontend %s, which the maps do not hold, is %s, want Pending", fe.Address, kind)
+			}
+		case kind != reconciler.StatusKindDone:
+			t.Errorf("frontend %s, which the maps hold, is %s, want Done", fe.Address, kind)
+		default:
+			early = fe.ServiceName
+		}
+	}
+	if early.Name == "" {
+		t.Fatal("no frontend went in Done")
+	}
+	// The service of one of those frontends goes, and another takes its
+	// address: that one goes in Pending, though the maps hold the address,
+	// since the reconciler may have the deletion to make yet.
+	svc, _, _ := w.tables.services.Get(txn, ServiceByName.Query(early))
+	moved := &Service{Name: ServiceName{Namespace: "default", Name: "moved"}, Type: ServiceClusterIP,
+		ClusterIPs: svc.ClusterIPs, Ports: svc.Ports}
+	movedAddr := L3n4Addr{Addr: svc.ClusterIPs[0], Port: 80, Protocol: TCP}
+	w.update(ctx, func(b *batch) {
+		(&serviceDeleted{name: early}).apply(w, b)
+		(&serviceUpserted{svc: moved}).apply(w, b)
+	})
+	if !w.frontendsSynced {
+		t.Fatal("frontends not synced after the second transaction")
+	}
+	if kind := statusOf(t, w, db, movedAddr); kind != reconciler.StatusKindPending {
+		t.Errorf("frontend at %s, deleted and taken again before the table synced, is %s, want Pending", movedAddr, kind)
+	}
+	// Once the table is complete, a new frontend goes in Pending even
+	// where the maps hold one.
+	late := L3n4Addr{Addr: netip.MustParseAddr("10.97.0.1"), Port: 80, Protocol: TCP}
+	maps.held[late] = true
+	w.update(ctx, func(b *batch) {
+		(&serviceUpserted{svc: &Service{Name: ServiceName{Namespace: "default", Name: "late"}, Type: ServiceClusterIP,
+			ClusterIPs: []netip.Addr{late.Addr}, Ports: []ServicePort{{Port: 80, Protocol: TCP}}}}).apply(w, b)
+	})
+	if kind := statusOf(t, w, db, late); kind != reconciler.StatusKindPending {
+		t.Errorf("frontend %s added after the table synced is %s, want Pending", late, kind)
+	}
+	done := 0
+	for fe := range w.tables.frontends.All(db.ReadTxn()) {
+		if fe.Status.Kind() == reconciler.StatusKindDone {
+			done++
+		}
+	}
+	// Every listed service's frontend but svc-1's and the moved one's.
+	if want := n - 2; done != want {
+		t.Errorf("%d frontends Done, want %d", done, want)
 	}
 }
