@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/endpointmanager"
 	idalloc "github.com/cellium/cellium/cells/identity"
@@ -318,7 +317,7 @@ func TestCreateWaitsForPodList(t *testing.T) {
 	tn := newTestNet(t)
 	n := tn.start(t, nodeOpts{k8s: []runtime.Object{k8sPod("web", "node-1", map[string]string{"app": "web"})},
 		extra: []cell.Cell{cell.Invoke(func(cs *k8sclient.Fake) {
-			cs.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			cs.PrependReactor("list", "pods", func(k8sclient.Action) (bool, runtime.Object, error) {
 				if listable.Load() {
 					return false, nil, nil
 				}

@@ -15,7 +15,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
@@ -53,7 +52,7 @@ func TestCreateWaitsForPolicy(t *testing.T) {
 			cell.Invoke(func(cs *k8sclient.Fake, m *policymaps.Maps) {
 				maps = m
 				// The NetworkPolicies cannot be listed until the test says.
-				cs.PrependReactor("list", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
+				cs.PrependReactor("list", "networkpolicies", func(k8sclient.Action) (bool, runtime.Object, error) {
 					if listable.Load() {
 						return false, nil, nil
 					}

@@ -12,7 +12,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/cellium/cellium/cells/daemon"
@@ -114,37 +113,12 @@ func RESTConfig(cs Clientset) *rest.Config {
 // answered by the reactors of a Fake.
 type embeddedClientset struct {
 	*groups
-	fake *k8stesting.Fake
-}
-
-// Fake is the embedded API server, as a test reaches it: its typed
-// clients, through which a test writes, and its reactors and recorded
-// actions (k8stesting.Fake), as client-go's fake clientset has them.
-type Fake struct {
-	k8stesting.Fake
-	groups *groups
-}
-
-func (f *Fake) CoreV1() CoreV1             { return f.groups.coreV1 }
-func (f *Fake) DiscoveryV1() DiscoveryV1   { return f.groups.discoveryV1 }
-func (f *Fake) NetworkingV1() NetworkingV1 { return f.groups.networkingV1 }
-
-func newFake() *Fake {
-	f := &Fake{}
-	f.groups = fakeGroups(&f.Fake)
-	return f
+	fake *Fake
 }
 
 func newEmbeddedClientset(cs *Fake) embeddedClientset {
-	if embeddedCreated != nil {
-		embeddedCreated(cs)
-	}
-	return embeddedClientset{groups: cs.groups, fake: &cs.Fake}
+	return embeddedClientset{groups: cs.groups, fake: cs}
 }
-
-// embeddedCreated, when a test sets it, is given the Fake behind each
-// embedded Clientset made.
-var embeddedCreated func(*Fake)
 
 func (embeddedClientset) Embedded() bool { return true }
 

@@ -1,15 +1,19 @@
 // Package k8sclient provides the Clientset through which the agent talks to
 // Kubernetes: a real API server, or, with no cluster, an embedded one (a
-// Fake: client-go's reactors over an object store) serving the objects of a
+// Fake: a chain of reactors over an object store) serving the objects of a
 // directory of manifests. The same informers and reflectors run against
 // either.
 //
 // The Clientset has the typed clients of the kinds the agent uses
-// (groups.go), built on pkg/kubeclient: client-go's generic typed client
-// over a scheme of four API groups. client-go's generated clients, its
-// informer factory and its fake clientset are not linked: each imports
-// client-go's scheme of every API group, whose registration was most of
-// the agent's idle memory (see pkg/kubeclient).
+// (groups.go), built on pkg/kubeclient: the typed clients' methods over a
+// REST client of a scheme of four API groups, or over the embedded
+// server (kubeclient.Server). client-go's generated clients, its informer
+// factory and its fake clientset are not linked: each imports client-go's
+// scheme of every API group, whose registration was most of the agent's
+// idle memory (see pkg/kubeclient). Nor is client-go's testing package
+// (the fake's reactors and object tracker) or its generic client
+// (gentype, which imports it): they linked strategic merge patch, managed
+// fields and the OpenAPI models, ~50 packages.
 //
 // # Modes
 //
@@ -50,16 +54,20 @@
 //     changes; changes other cells make to it last until then. Objects
 //     other cells create are left alone.
 //
-// The embedded API server answers through client-go's reactors
-// (k8s.io/client-go/testing), as client-go's fake clientset does, so it
-// does what the fake does: no defaulting (write "protocol: TCP"), no validation beyond
-// decoding, no conversion between API versions, no resource versions in
-// objects, and watches ignore label and field selectors (lists honour
-// labels). Its watches are better than the fake's own, in the ways
-// informers notice: they never overflow (the fake's panic once 100 events
-// wait), a watch from a list's resource version first reports the objects
-// deleted since the list (the fake loses them, and the informer keeps them
-// for good), and streaming lists work.
+// The embedded API server answers through reactors in the manner of
+// client-go's fake clientset (fake.go: a test may put its own in front),
+// and does what that fake does: no defaulting (write "protocol: TCP"), no
+// validation beyond decoding, no conversion between API versions, no
+// resource versions in objects, and watches ignore label and field
+// selectors (lists honour labels). Its patches are the ones the agent
+// sends (patch.go): JSON patch, merge patch, and a strategic merge patch
+// whose only list is status.conditions, merged by type; anything else,
+// server-side apply included, is a BadRequest naming it. Its watches are
+// better than client-go's fake's, in the ways informers notice: they never
+// overflow (the fake's panic once 100 events wait), a watch from a list's
+// resource version first reports the objects deleted since the list (the
+// fake loses them, and the informer keeps them for good), and streaming
+// lists work.
 //
 // # Informers
 //

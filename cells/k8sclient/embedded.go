@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/pkg/kubeclient"
 )
@@ -56,10 +55,11 @@ var restMapper = sync.OnceValue(func() meta.RESTMapper {
 // watches that behave like an API server's. There is no field management
 // (client-go's field-managing fake builds a REST mapper and a field manager
 // on every write, some 6ms each, which a directory of thousands of objects
-// cannot afford): server-side apply is a strategic merge patch.
+// cannot afford), and server-side apply is refused (patch.go).
 //
-// client-go's object tracker falls short of an API server's watches in ways informers notice,
-// which the watchHub makes up for:
+// The objectStore, like client-go's object tracker, falls short of an API
+// server's watches in ways informers notice, which the watchHub makes up
+// for:
 //
 //   - Its watchers panic ("channel full") once 100 events wait unread. Here
 //     every watch is relayed through a queue without bound, and a write
@@ -74,10 +74,10 @@ var restMapper = sync.OnceValue(func() meta.RESTMapper {
 //     told so waits forever for the bookmark ending the initial events.
 //     Here the initial events and that bookmark are sent.
 //
-// The objectStore keeps objects encoded, where the tracker keeps them
-// typed.
+// The objectStore keeps objects encoded, where client-go's tracker keeps
+// them typed.
 //
-// Calls through the clientset's API are serialized by the fake, so no
+// Calls through the clientset's API are serialized by the Fake, so no
 // write slips in between the steps of a list or a watch.
 func newFakeClientset(objects ...runtime.Object) (*Fake, *objectStore, error) {
 	cs := newFake()
@@ -87,29 +87,25 @@ func newFakeClientset(objects ...runtime.Object) (*Fake, *objectStore, error) {
 			return nil, nil, fmt.Errorf("add %T: %w", obj, err)
 		}
 	}
-	cs.AddReactor("*", "*", k8stesting.ObjectReaction(store))
+	cs.AddReactor("*", "*", objectReaction(store))
 	hub := newWatchHub(store)
-	cs.PrependReactor("*", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		switch action.GetVerb() {
+	cs.PrependReactor("*", "*", func(action Action) (bool, runtime.Object, error) {
+		switch action.Verb {
 		case "delete":
 			hub.waitForRoom()
 			hub.noteDeletion(action)
 		case "create", "update", "patch":
 			hub.waitForRoom()
 		case "list":
-			if _, ok := action.(streamListAction); ok {
+			if action.streamed {
 				return hub.streamList(action)
 			}
 			return hub.list(action)
 		}
 		return false, nil, nil
 	})
-	cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		var opts metav1.ListOptions
-		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
-			opts = wa.ListOptions
-		}
-		w, err := hub.watch(action.GetResource(), action.GetNamespace(), opts)
+	cs.PrependWatchReactor("*", func(action Action) (bool, watch.Interface, error) {
+		w, err := hub.watch(action.Resource, action.Namespace, action.ListOptions)
 		return true, w, err
 	})
 	return cs, store, nil
@@ -126,9 +122,9 @@ const (
 
 // watchHub serves the watches of one fake clientset.
 type watchHub struct {
-	tracker k8stesting.ObjectTracker
-	// objects does the tracker's part of a list.
-	objects k8stesting.ReactionFunc
+	store *objectStore
+	// objects does the store's part of a list.
+	objects ReactionFunc
 
 	mu sync.Mutex
 	// drained is signalled whenever a relay takes an event off its source.
@@ -149,16 +145,12 @@ type watchHub struct {
 
 // noteDeletion records a delete call. A delete that fails deleted nothing
 // that a list could hold, so recording it anyway is harmless.
-func (h *watchHub) noteDeletion(action k8stesting.Action) {
-	da, ok := action.(k8stesting.DeleteAction)
-	if !ok {
-		return
-	}
+func (h *watchHub) noteDeletion(action Action) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.deletionsSeen++
 	if len(h.lists) > 0 {
-		h.deleted = append(h.deleted, deletedObject{action.GetResource(), action.GetNamespace(), da.GetName()})
+		h.deleted = append(h.deleted, deletedObject{action.Resource, action.Namespace, action.Name})
 	}
 }
 
@@ -209,10 +201,10 @@ type deletedObject struct {
 	namespace, name string
 }
 
-func newWatchHub(tracker k8stesting.ObjectTracker) *watchHub {
+func newWatchHub(store *objectStore) *watchHub {
 	h := &watchHub{
-		tracker: tracker,
-		objects: k8stesting.ObjectReaction(tracker),
+		store:   store,
+		objects: objectReaction(store),
 		watches: map[*queuedWatch]struct{}{},
 		lists:   map[string]*listSnapshot{},
 	}
@@ -222,7 +214,7 @@ func newWatchHub(tracker k8stesting.ObjectTracker) *watchHub {
 
 // list serves a list, and remembers it under the resource version it
 // returns.
-func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) {
+func (h *watchHub) list(action Action) (bool, runtime.Object, error) {
 	handled, list, err := h.objects(action)
 	if !handled || err != nil {
 		return handled, list, err
@@ -232,8 +224,8 @@ func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) 
 		return true, nil, err
 	}
 	listMeta.SetResourceVersion(h.remember(&listSnapshot{
-		resource:       action.GetResource(),
-		namespace:      action.GetNamespace(),
+		resource:       action.Resource,
+		namespace:      action.Namespace,
 		trackerVersion: listMeta.GetResourceVersion(),
 		objects:        items,
 	}))
@@ -242,15 +234,11 @@ func (h *watchHub) list(action k8stesting.Action) (bool, runtime.Object, error) 
 
 // streamList answers EmbeddedListEach: the store's objects, not decoded,
 // remembered for a watch from the list as list's are.
-func (h *watchHub) streamList(action k8stesting.Action) (bool, runtime.Object, error) {
-	store, ok := h.tracker.(*objectStore)
-	if !ok {
-		return false, nil, nil
-	}
-	version, listed := store.snapshot(action.GetResource(), action.GetNamespace())
+func (h *watchHub) streamList(action Action) (bool, runtime.Object, error) {
+	version, listed := h.store.snapshot(action.Resource, action.Namespace)
 	rv := h.remember(&listSnapshot{
-		resource:       action.GetResource(),
-		namespace:      action.GetNamespace(),
+		resource:       action.Resource,
+		namespace:      action.Namespace,
 		trackerVersion: strconv.FormatInt(version, 10),
 		encoded:        listed,
 	})
@@ -362,7 +350,7 @@ func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1
 	if err != nil {
 		return nil, err
 	}
-	list, err := h.tracker.List(gvr, gvk, ns)
+	list, err := h.store.List(gvr, gvk, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -395,7 +383,7 @@ func (h *watchHub) watch(gvr schema.GroupVersionResource, ns string, opts metav1
 
 // start watches the tracker from opts.ResourceVersion, after initial.
 func (h *watchHub) start(gvr schema.GroupVersionResource, ns string, opts metav1.ListOptions, initial []watch.Event) (watch.Interface, error) {
-	w, err := h.tracker.Watch(gvr, ns, opts)
+	w, err := h.store.Watch(gvr, ns, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -470,8 +458,7 @@ func (w *queuedWatch) Stop() {
 // ("": all) from the embedded API server, handing them to each one at a
 // time, each decoded from the server's encoding just before: no list of
 // every object is made (a listing of 50,000 typed Services is ~70 MB, all
-// of it alive at once, and client-go's fake typed client copies every item
-// once more). It returns the list's resource version, from which a watch
+// of it alive at once). It returns the list's resource version, from which a watch
 // reports what changed since, as after any list. The call goes through the
 // fake's reactors as any LIST does (a test's reactor may fail it, and it
 // is recorded). An error from each ends the listing with it. Not handled
@@ -481,7 +468,9 @@ func EmbeddedListEach(cs Clientset, resource schema.GroupVersionResource, kind s
 	if !ok || opts.LabelSelector != "" || opts.FieldSelector != "" {
 		return "", false, nil
 	}
-	ret, err := e.fake.Invokes(streamListAction{k8stesting.NewListActionWithOptions(resource, kind, ns, opts)}, nil)
+	ret, err := e.fake.invoke(Action{Request: kubeclient.Request{
+		Verb: "list", Resource: resource, Kind: kind, Namespace: ns, ListOptions: opts,
+	}, streamed: true})
 	if err != nil {
 		return "", true, err
 	}
@@ -535,15 +524,7 @@ func ListItems(list runtime.Object) (metav1.ListInterface, []runtime.Object, err
 	return listMeta, items, nil
 }
 
-// streamListAction is the LIST of EmbeddedListEach: the hub answers it with
-// a streamedList. It survives the fake's copies of an action.
-type streamListAction struct{ k8stesting.ListActionImpl }
-
-func (a streamListAction) DeepCopy() k8stesting.Action {
-	return streamListAction{a.ListActionImpl.DeepCopy().(k8stesting.ListActionImpl)}
-}
-
-// streamedList is the hub's answer to a streamListAction: the listed
+// streamedList is the hub's answer to the list of EmbeddedListEach: the listed
 // objects as the store holds them, and the list's resource version.
 type streamedList struct {
 	resourceVersion string

@@ -7,7 +7,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/client-go/rest"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/cellium/cellium/pkg/kubeclient"
@@ -103,11 +102,12 @@ func newGroups(rc *rest.Config) (*groups, error) {
 	return &g, nil
 }
 
-// fakeGroups are the groups' clients answered by fake's reactors.
-func fakeGroups(fake *k8stesting.Fake) *groups {
+// servedGroups are the groups' clients answered by the embedded API
+// server.
+func servedGroups(server kubeclient.Server) *groups {
 	return &groups{
-		coreV1:       CoreV1{kubeclient.NewFakeSource(fake, corev1.SchemeGroupVersion)},
-		discoveryV1:  DiscoveryV1{kubeclient.NewFakeSource(fake, discoveryv1.SchemeGroupVersion)},
-		networkingV1: NetworkingV1{kubeclient.NewFakeSource(fake, networkingv1.SchemeGroupVersion)},
+		coreV1:       CoreV1{kubeclient.NewServedSource(server, corev1.SchemeGroupVersion)},
+		discoveryV1:  DiscoveryV1{kubeclient.NewServedSource(server, discoveryv1.SchemeGroupVersion)},
+		networkingV1: NetworkingV1{kubeclient.NewServedSource(server, networkingv1.SchemeGroupVersion)},
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -68,26 +67,9 @@ var watchedKinds = []watchedKind{
 		}},
 }
 
-// fakes are the fakes behind the embedded Clientsets the tests made, by
-// their reactors.
-var (
-	fakesMu sync.Mutex
-	fakes   = map[*k8stesting.Fake]*Fake{}
-)
-
-func init() {
-	embeddedCreated = func(cs *Fake) {
-		fakesMu.Lock()
-		defer fakesMu.Unlock()
-		fakes[&cs.Fake] = cs
-	}
-}
-
 // fakeOf is the fake behind an embedded Clientset.
 func fakeOf(cs Clientset) *Fake {
-	fakesMu.Lock()
-	defer fakesMu.Unlock()
-	return fakes[cs.(embeddedClientset).fake]
+	return cs.(embeddedClientset).fake
 }
 
 // newEngine runs the k8s-client cell in embedded mode on a temporary
@@ -212,7 +194,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 				if !found {
 					ns, name = "", ns
 				}
-				obj, err := cs().Invokes(k8stesting.NewGetAction(watchedKinds[i].resource, ns, name), nil)
+				obj, err := cs().Invoke(kubeclient.Request{Verb: "get", Resource: watchedKinds[i].resource, Namespace: ns, Name: name})
 				if err != nil {
 					return nil, err
 				}
@@ -330,11 +312,11 @@ func (w *watcher) Start(ctx cell.HookContext) error {
 	// both reach it; eventLog.flush depends on that.
 	var mu sync.Mutex
 	watching, allWatching := map[schema.GroupVersionResource]bool{}, make(chan struct{})
-	fakeOf(w.clientset).PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+	fakeOf(w.clientset).PrependWatchReactor("*", func(a Action) (bool, watch.Interface, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if !watching[a.GetResource()] {
-			watching[a.GetResource()] = true
+		if !watching[a.Resource] {
+			watching[a.Resource] = true
 			if len(watching) == len(watchedKinds) {
 				close(allWatching)
 			}
@@ -426,10 +408,10 @@ func (l *eventLog) flush(ctx context.Context, cs *Fake) error {
 		}
 		acc.SetName(flushName)
 		acc.SetNamespace(ns)
-		if _, err := cs.Invokes(k8stesting.NewCreateAction(k.resource, ns, obj), nil); err != nil {
+		if _, err := cs.Invoke(kubeclient.Request{Verb: "create", Resource: k.resource, Namespace: ns, Object: obj}); err != nil {
 			return err
 		}
-		if _, err := cs.Invokes(k8stesting.NewDeleteAction(k.resource, ns, flushName), nil); err != nil {
+		if _, err := cs.Invoke(kubeclient.Request{Verb: "delete", Resource: k.resource, Namespace: ns, Name: flushName}); err != nil {
 			return err
 		}
 		key := flushName

@@ -15,16 +15,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
-// objectStore is the embedded API server's store: a k8stesting.ObjectTracker
-// that keeps each object in its protobuf encoding (JSON for a kind without
-// one) and decodes a fresh copy for every get, list and watch event.
+// objectStore is the embedded API server's store, in the manner of
+// client-go's fake object tracker: it keeps each object in its protobuf
+// encoding (JSON for a kind without one) and decodes a fresh copy for every
+// get, list and watch event.
 //
 // client-go's own tracker keeps every object as a typed Go value, about
 // 1.3 KB for a small Service; encoded it is a fifth of that. Its other
@@ -43,8 +42,6 @@ type objectStore struct {
 	kinds        map[storedKind]*storedKind
 	encodedKinds map[schema.GroupVersionKind]*storedKind
 }
-
-var _ k8stesting.ObjectTracker = (*objectStore)(nil)
 
 // storedObject is one object: its encoding and the resource version of
 // the write that stored it.
@@ -209,10 +206,7 @@ func (s *objectStore) Add(obj runtime.Object) error {
 	return s.add(gvr, obj, acc.GetNamespace(), false)
 }
 
-func (s *objectStore) Get(gvr schema.GroupVersionResource, ns, name string, opts ...metav1.GetOptions) (runtime.Object, error) {
-	if len(opts) > 1 {
-		return nil, fmt.Errorf("at most one option, got %d", len(opts))
-	}
+func (s *objectStore) Get(gvr schema.GroupVersionResource, ns, name string) (runtime.Object, error) {
 	s.mu.RLock()
 	stored, ok := s.objects[gvr][types.NamespacedName{Namespace: ns, Name: name}]
 	s.mu.RUnlock()
@@ -229,65 +223,7 @@ func (s *objectStore) Get(gvr schema.GroupVersionResource, ns, name string, opts
 	return obj, nil
 }
 
-func (s *objectStore) Create(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.CreateOptions) error {
-	if len(opts) > 1 {
-		return fmt.Errorf("at most one option, got %d", len(opts))
-	}
-	return s.add(gvr, obj, ns, false)
-}
-
-func (s *objectStore) Update(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.UpdateOptions) error {
-	if len(opts) > 1 {
-		return fmt.Errorf("at most one option, got %d", len(opts))
-	}
-	return s.add(gvr, obj, ns, true)
-}
-
-func (s *objectStore) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.PatchOptions) error {
-	if len(opts) > 1 {
-		return fmt.Errorf("at most one option, got %d", len(opts))
-	}
-	return s.add(gvr, obj, ns, true)
-}
-
-// Apply merges the apply configuration into the stored object as a
-// strategic merge patch, as client-go's tracker without field management
-// does.
-func (s *objectStore) Apply(gvr schema.GroupVersionResource, applyConfiguration runtime.Object, ns string, opts ...metav1.PatchOptions) error {
-	if len(opts) > 1 {
-		return fmt.Errorf("at most one option, got %d", len(opts))
-	}
-	acc, err := meta.Accessor(applyConfiguration)
-	if err != nil {
-		return err
-	}
-	current, err := s.Get(gvr, ns, acc.GetName())
-	if err != nil {
-		return err
-	}
-	old, err := json.Marshal(current)
-	if err != nil {
-		return err
-	}
-	patch, err := json.Marshal(applyConfiguration)
-	if err != nil {
-		return err
-	}
-	merged, err := strategicpatch.StrategicMergePatch(old, patch, current)
-	if err != nil {
-		return err
-	}
-	obj := reflect.New(reflect.TypeOf(current).Elem()).Interface().(runtime.Object)
-	if err := json.Unmarshal(merged, obj); err != nil {
-		return err
-	}
-	return s.add(gvr, obj, ns, true)
-}
-
-func (s *objectStore) List(gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, ns string, opts ...metav1.ListOptions) (runtime.Object, error) {
-	if len(opts) > 1 {
-		return nil, fmt.Errorf("at most one option, got %d", len(opts))
-	}
+func (s *objectStore) List(gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, ns string) (runtime.Object, error) {
 	listGVK := gvk
 	listGVK.Kind += "List"
 	if listGVK.Version == "" {
@@ -419,10 +355,7 @@ func (s *objectStore) Watch(gvr schema.GroupVersionResource, ns string, opts ...
 	return w, nil
 }
 
-func (s *objectStore) Delete(gvr schema.GroupVersionResource, ns, name string, opts ...metav1.DeleteOptions) error {
-	if len(opts) > 1 {
-		return fmt.Errorf("at most one option, got %d", len(opts))
-	}
+func (s *objectStore) Delete(gvr schema.GroupVersionResource, ns, name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := types.NamespacedName{Namespace: ns, Name: name}

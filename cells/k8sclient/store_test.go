@@ -31,7 +31,7 @@ func storeService(ns, name, ip string) *corev1.Service {
 func TestStoreKeepsItsOwnCopy(t *testing.T) {
 	s := newObjectStore()
 	svc := storeService("default", "a", "10.96.0.1")
-	if err := s.Create(servicesGVR, svc, "default"); err != nil {
+	if err := s.add(servicesGVR, svc, "default", false); err != nil {
 		t.Fatal(err)
 	}
 	svc.Spec.ClusterIP = "10.96.0.99"
@@ -50,20 +50,20 @@ func TestStoreKeepsItsOwnCopy(t *testing.T) {
 	}
 }
 
-// Create, Update and Delete fail as an API server's would, and a write
+// Creates, updates and Delete fail as an API server's would, and a write
 // into another namespace than the object's is refused.
 func TestStoreWriteErrors(t *testing.T) {
 	s := newObjectStore()
-	if err := s.Update(servicesGVR, storeService("default", "a", "10.96.0.1"), "default"); !apierrors.IsNotFound(err) {
+	if err := s.add(servicesGVR, storeService("default", "a", "10.96.0.1"), "default", true); !apierrors.IsNotFound(err) {
 		t.Fatalf("update of a missing object: %v, want NotFound", err)
 	}
-	if err := s.Create(servicesGVR, storeService("default", "a", "10.96.0.1"), "default"); err != nil {
+	if err := s.add(servicesGVR, storeService("default", "a", "10.96.0.1"), "default", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Create(servicesGVR, storeService("default", "a", "10.96.0.2"), "default"); !apierrors.IsAlreadyExists(err) {
+	if err := s.add(servicesGVR, storeService("default", "a", "10.96.0.2"), "default", false); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("second create: %v, want AlreadyExists", err)
 	}
-	if err := s.Create(servicesGVR, storeService("other", "b", "10.96.0.2"), "default"); !apierrors.IsBadRequest(err) {
+	if err := s.add(servicesGVR, storeService("other", "b", "10.96.0.2"), "default", false); !apierrors.IsBadRequest(err) {
 		t.Fatalf("create into another namespace: %v, want BadRequest", err)
 	}
 	if err := s.Delete(servicesGVR, "default", "missing"); !apierrors.IsNotFound(err) {
@@ -72,7 +72,7 @@ func TestStoreWriteErrors(t *testing.T) {
 	// An object without a namespace takes the request's; the caller's
 	// object stays without.
 	noNS := storeService("", "c", "10.96.0.3")
-	if err := s.Create(servicesGVR, noNS, "default"); err != nil {
+	if err := s.add(servicesGVR, noNS, "default", false); err != nil {
 		t.Fatal(err)
 	}
 	if noNS.Namespace != "" {
@@ -119,7 +119,7 @@ func TestStoreListAndWatchFromVersion(t *testing.T) {
 	}
 
 	// Written after the list: sent first by a watch from its version.
-	if err := s.Update(servicesGVR, storeService("a", "x", "10.96.1.3"), "a"); err != nil {
+	if err := s.add(servicesGVR, storeService("a", "x", "10.96.1.3"), "a", true); err != nil {
 		t.Fatal(err)
 	}
 	w, err := s.Watch(servicesGVR, "", metav1.ListOptions{ResourceVersion: list.ResourceVersion})
@@ -132,7 +132,7 @@ func TestStoreListAndWatchFromVersion(t *testing.T) {
 		t.Fatalf("first event %s %+v, want x written since the list", ev.Type, ev.Object)
 	}
 	// Then every write, as it happens.
-	if err := s.Update(servicesGVR, storeService("b", "z", "10.96.1.1"), "b"); err != nil {
+	if err := s.add(servicesGVR, storeService("b", "z", "10.96.1.1"), "b", true); err != nil {
 		t.Fatal(err)
 	}
 	if ev := next(t, w); ev.Type != watch.Modified || ev.Object.(*corev1.Service).Spec.ClusterIP != "10.96.1.1" {
@@ -146,7 +146,7 @@ func TestStoreListAndWatchFromVersion(t *testing.T) {
 	}
 	// A stopped watcher gets nothing, and is forgotten.
 	w.Stop()
-	if err := s.Update(servicesGVR, storeService("b", "z", "10.96.2.1"), "b"); err != nil {
+	if err := s.add(servicesGVR, storeService("b", "z", "10.96.2.1"), "b", true); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(s.watchers[servicesGVR]); n != 0 {

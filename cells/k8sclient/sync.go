@@ -21,7 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/cellium/cellium/pkg/kubeclient"
 )
 
 // manifestSync keeps the embedded API server's objects equal to the
@@ -411,7 +412,7 @@ func (s *manifestSync) apply(desired objectSet, order []*manifest) []error {
 		}
 	}, func(a, b objectKey) int { return cmp.Compare(a.String(), b.String()) })
 	for _, key := range stale {
-		err := s.invoke(k8stesting.NewDeleteAction(key.resource, key.namespace, key.name))
+		err := s.invoke(kubeclient.Request{Verb: "delete", Resource: key.resource, Namespace: key.namespace, Name: key.name})
 		if err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", key, err))
 			continue
@@ -455,15 +456,16 @@ func (s *manifestSync) write(create bool, m *manifest) error {
 // invokeWrite creates or updates obj through the fake's reactors, as an API
 // client would.
 func (s *manifestSync) invokeWrite(create bool, key objectKey, obj runtime.Object) error {
+	createReq := kubeclient.Request{Verb: "create", Resource: key.resource, Namespace: key.namespace, Object: obj}
 	if create {
-		err := s.invoke(k8stesting.NewCreateAction(key.resource, key.namespace, obj))
+		err := s.invoke(createReq)
 		if !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
-	err := s.invoke(k8stesting.NewUpdateAction(key.resource, key.namespace, obj))
+	err := s.invoke(kubeclient.Request{Verb: "update", Resource: key.resource, Namespace: key.namespace, Name: key.name, Object: obj})
 	if apierrors.IsNotFound(err) {
-		return s.invoke(k8stesting.NewCreateAction(key.resource, key.namespace, obj))
+		return s.invoke(createReq)
 	}
 	return err
 }
@@ -495,8 +497,8 @@ func (s *manifestSync) encodingOf(m *manifest) ([]byte, error) {
 // (objects are copies: the fake may keep and modify them). That serializes
 // it with other clients' writes and waits for the watches to have room:
 // see newFakeClientset.
-func (s *manifestSync) invoke(action k8stesting.Action) error {
-	_, err := s.clientset.Invokes(action, nil)
+func (s *manifestSync) invoke(req kubeclient.Request) error {
+	_, err := s.clientset.Invoke(req)
 	return err
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/cells/k8sclient/k8sclienttest"
@@ -56,8 +54,8 @@ func newFakeK8s(t testing.TB) *fakeK8s {
 // it from the hive, which builds the clientset.
 func (f *fakeK8s) attach(cs *k8sclient.Fake) {
 	f.cs = cs
-	watchers := slices.Clone(cs.WatchReactionChain)
-	cs.PrependReactor("list", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+	watchers := cs.WatchChain()
+	cs.PrependReactor("list", "*", func(action k8sclient.Action) (bool, runtime.Object, error) {
 		f.mu.Lock()
 		gate := f.listGate
 		f.mu.Unlock()
@@ -72,33 +70,24 @@ func (f *fakeK8s) attach(cs *k8sclient.Fake) {
 		// Not handled: the tracker answers.
 		return false, nil, nil
 	})
-	cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		for _, r := range watchers {
-			if !r.Handles(action) {
-				continue
-			}
-			handled, inner, err := r.React(action)
-			if !handled {
-				continue
-			}
-			if err != nil {
-				return true, nil, err
-			}
-			w := newExpirableWatch(inner)
-			f.mu.Lock()
-			f.watches = append(f.watches, w)
-			f.mu.Unlock()
-			f.count(action)
-			return true, w, nil
+	cs.PrependWatchReactor("*", func(action k8sclient.Action) (bool, watch.Interface, error) {
+		handled, inner, err := watchers(action)
+		if !handled || err != nil {
+			return handled, nil, err
 		}
-		return false, nil, nil
+		w := newExpirableWatch(inner)
+		f.mu.Lock()
+		f.watches = append(f.watches, w)
+		f.mu.Unlock()
+		f.count(action)
+		return true, w, nil
 	})
 }
 
-func (f *fakeK8s) count(action k8stesting.Action) {
+func (f *fakeK8s) count(action k8sclient.Action) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls[action.GetVerb()+" "+action.GetResource().Resource]++
+	f.calls[action.Verb+" "+action.Resource.Resource]++
 	close(f.called)
 	f.called = make(chan struct{})
 }

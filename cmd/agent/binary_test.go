@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,14 +63,7 @@ func TestAgentLinksOnlyUsedAPIGroups(t *testing.T) {
 // tests' (docs/performance.md, "Memory at idle"): every agent start paid
 // for its initializers and the pages they touched.
 func TestAgentLinksNoDeveloperTooling(t *testing.T) {
-	list := exec.Command("go", "list", "-deps", ".")
-	// As the image builds it (make image).
-	list.Env = append(os.Environ(), "CGO_ENABLED=0")
-	out, err := list.Output()
-	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
-	}
-	unwanted := []string{
+	checkAgentLinksNone(t, []string{
 		"github.com/cellium/cellium/pkg/devcluster",
 		"github.com/cellium/cellium/pkg/hubblerelay",
 		"github.com/cellium/cellium/pkg/kubeapiserver",
@@ -81,11 +75,56 @@ func TestAgentLinksNoDeveloperTooling(t *testing.T) {
 		"github.com/cellium/cellium/deploy",
 		"github.com/containernetworking/cni/libcni",
 		"github.com/google/go-containerregistry/",
+	}, nil)
+}
+
+// TestAgentLinksNoFakeClientMachinery: the daemon links neither client-go's
+// testing package (its fake clients' reactors and object tracker) nor what
+// only it pulled in: strategic merge patch, managed fields,
+// structured-merge-diff's typed values, kube-openapi, gnostic's and
+// go-openapi's OpenAPI models, json-patch (~50 packages, ~1.35 MB of an
+// idle agent's resident pages; docs/performance.md). The embedded API
+// server answers the typed clients itself (cells/k8sclient/fake.go, its
+// own patches in patch.go), and pkg/kubeclient serves them over
+// rest.Interface without client-go's gentype, which imports the testing
+// package for its fakes. k8s.io/apimachinery's runtime itself needs
+// kube-openapi's util and structured-merge-diff's value: those stay.
+func TestAgentLinksNoFakeClientMachinery(t *testing.T) {
+	checkAgentLinksNone(t, []string{
+		"k8s.io/client-go/testing",
+		"k8s.io/client-go/gentype",
+		"k8s.io/apimachinery/pkg/util/strategicpatch",
+		"k8s.io/apimachinery/pkg/util/managedfields",
+		"sigs.k8s.io/structured-merge-diff/",
+		"k8s.io/kube-openapi/",
+		"github.com/google/gnostic-models/",
+		"github.com/go-openapi/",
+		"gopkg.in/evanphx/json-patch.v4",
+		"github.com/evanphx/json-patch/",
+	}, []string{
+		"sigs.k8s.io/structured-merge-diff/v6/value",
+		"k8s.io/kube-openapi/pkg/util",
+	})
+}
+
+// checkAgentLinksNone fails t for each package of the agent's (as the
+// image builds it: make image) that is one of unwanted or under one
+// ending in "/", unless it is one of allowed.
+func checkAgentLinksNone(t *testing.T, unwanted, allowed []string) {
+	t.Helper()
+	list := exec.Command("go", "list", "-deps", ".")
+	list.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
 	}
 	daemon := false
 	for pkg := range strings.Lines(string(out)) {
 		pkg = strings.TrimSpace(pkg)
 		daemon = daemon || pkg == "github.com/cellium/cellium/cells"
+		if slices.Contains(allowed, pkg) {
+			continue
+		}
 		for _, u := range unwanted {
 			if pkg == u || strings.HasPrefix(pkg, strings.TrimSuffix(u, "/")+"/") {
 				t.Errorf("the agent links %s", pkg)

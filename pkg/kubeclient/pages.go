@@ -139,7 +139,7 @@ func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions,
 	body, err := c.rest.Get().
 		UseProtobufAsDefault().
 		NamespaceIfScoped(c.ns, c.ns != "").
-		Resource(c.resource).
+		Resource(c.gvr.Resource).
 		VersionedParams(&opts, ParameterCodec).
 		Timeout(timeout).
 		Stream(ctx)
@@ -157,7 +157,7 @@ func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions,
 	buf.Grow(size + size/8 + bytes.MinRead)
 	if _, err := buf.ReadFrom(body); err != nil {
 		done()
-		return page[T]{}, fmt.Errorf("list %s: reading the response: %w", c.resource, err)
+		return page[T]{}, fmt.Errorf("list %s: reading the response: %w", c.gvr.Resource, err)
 	}
 	data := buf.Bytes()
 	if !bytes.HasPrefix(data, protobufPrefix) {
@@ -166,21 +166,21 @@ func (c *client[E, T, L]) readPage(ctx context.Context, opts metav1.ListOptions,
 		defer done()
 		l := c.newList()
 		if _, _, err := Codecs.UniversalDeserializer().Decode(data, nil, l); err != nil {
-			return page[T]{}, fmt.Errorf("list %s: %w", c.resource, err)
+			return page[T]{}, fmt.Errorf("list %s: %w", c.gvr.Resource, err)
 		}
 		return c.listPage(l, trim), nil
 	}
 	raw, meta, err := listOf(data[len(protobufPrefix):], c.listKind)
 	if err != nil {
 		done()
-		return page[T]{}, fmt.Errorf("list %s: %w", c.resource, err)
+		return page[T]{}, fmt.Errorf("list %s: %w", c.gvr.Resource, err)
 	}
 	return page[T]{
 		meta: meta,
 		size: len(data),
 		each: func(each func(T) error) error {
 			if err := eachItem(raw, c.listKind, T(new(E)), trim, each); err != nil {
-				return fmt.Errorf("list %s: %w", c.resource, err)
+				return fmt.Errorf("list %s: %w", c.gvr.Resource, err)
 			}
 			return nil
 		},

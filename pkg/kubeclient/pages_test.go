@@ -23,8 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
@@ -224,14 +224,23 @@ func TestEachItemRejectsBadPages(t *testing.T) {
 	}
 }
 
-// A fake's client lists each object of its List, without its managed
+// listServer is a Server answering every list with its list.
+type listServer struct{ list runtime.Object }
+
+func (s listServer) Invoke(req Request) (runtime.Object, error) {
+	if req.Verb != "list" {
+		return nil, fmt.Errorf("%s: only lists are served", req.Verb)
+	}
+	return s.list.DeepCopyObject(), nil
+}
+
+func (listServer) InvokeWatch(Request) (watch.Interface, error) { return nil, errors.New("no watches") }
+
+// A Server's client lists each object of its List, without its managed
 // fields as a real API server's.
-func TestListPagesOfFake(t *testing.T) {
-	fake := &k8stesting.Fake{}
-	fake.AddReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, &corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: testServices(3)}, nil
-	})
-	c := New(NewFakeSource(fake, corev1.SchemeGroupVersion), "services", "Service", "", func(l *corev1.ServiceList) *[]corev1.Service { return &l.Items })
+func TestListPagesOfServer(t *testing.T) {
+	server := listServer{&corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: testServices(3)}}
+	c := New(NewServedSource(server, corev1.SchemeGroupVersion), "services", "Service", "", func(l *corev1.ServiceList) *[]corev1.Service { return &l.Items })
 	var names []string
 	meta, err := c.ListPages(context.Background(), metav1.ListOptions{}, Trim{}, func(s *corev1.Service) error {
 		names = append(names, s.Name)
@@ -241,7 +250,7 @@ func TestListPagesOfFake(t *testing.T) {
 		return nil
 	})
 	if err != nil || meta.ResourceVersion != "7" || fmt.Sprint(names) != "[svc-0 svc-1 svc-2]" {
-		t.Errorf("ListPages of a fake: %v %q %v", err, meta.ResourceVersion, names)
+		t.Errorf("ListPages of a Server: %v %q %v", err, meta.ResourceVersion, names)
 	}
 }
 

@@ -22,10 +22,7 @@ import (
 	"github.com/cilium/hive/script"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/cellium/cellium/cells/k8sclient"
 	"github.com/cellium/cellium/pkg/kubeclient"
@@ -72,24 +69,11 @@ func ScriptCommands(cs func() *k8sclient.Fake) map[string]script.Cmd {
 // Create, Update and Delete write obj through cs's reactors, as its typed
 // clients would, whatever its kind. Namespaced objects without a namespace
 // are in "default", as with kubectl.
-func Create(cs *k8sclient.Fake, obj runtime.Object) error {
-	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
-		return k8stesting.NewCreateAction(gvr, ns, obj)
-	})
-}
+func Create(cs *k8sclient.Fake, obj runtime.Object) error { return invoke(cs, "create", obj) }
 
-func Update(cs *k8sclient.Fake, obj runtime.Object) error {
-	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
-		return k8stesting.NewUpdateAction(gvr, ns, obj)
-	})
-}
+func Update(cs *k8sclient.Fake, obj runtime.Object) error { return invoke(cs, "update", obj) }
 
-func Delete(cs *k8sclient.Fake, obj runtime.Object) error {
-	return invoke(cs, obj, func(gvr schema.GroupVersionResource, ns string) k8stesting.Action {
-		m, _ := meta.Accessor(obj)
-		return k8stesting.NewDeleteAction(gvr, ns, m.GetName())
-	})
-}
+func Delete(cs *k8sclient.Fake, obj runtime.Object) error { return invoke(cs, "delete", obj) }
 
 // applyCmd does fn with each object of the YAML files it is given.
 func applyCmd(summary string, cs func() *k8sclient.Fake, fn func(*k8sclient.Fake, runtime.Object) error) script.Cmd {
@@ -114,23 +98,26 @@ func applyCmd(summary string, cs func() *k8sclient.Fake, fn func(*k8sclient.Fake
 		})
 }
 
-func invoke(cs *k8sclient.Fake, obj runtime.Object, action func(schema.GroupVersionResource, string) k8stesting.Action) error {
+func invoke(cs *k8sclient.Fake, verb string, obj runtime.Object) error {
 	gvr, namespaced, err := k8sclient.ResourceOf(obj)
 	if err != nil {
 		return err
 	}
-	ns := ""
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	req := kubeclient.Request{Verb: verb, Resource: gvr, Name: m.GetName()}
 	if namespaced {
-		m, err := meta.Accessor(obj)
-		if err != nil {
-			return err
-		}
-		if ns = m.GetNamespace(); ns == "" {
-			ns = "default"
-			m.SetNamespace(ns)
+		if req.Namespace = m.GetNamespace(); req.Namespace == "" {
+			req.Namespace = "default"
+			m.SetNamespace(req.Namespace)
 		}
 	}
-	_, err = cs.Invokes(action(gvr, ns), nil)
+	if verb != "delete" {
+		req.Object = obj
+	}
+	_, err = cs.Invoke(req)
 	return err
 }
 

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 )
 
 // Modes of a Feed: how the N services reach the reflectors.
@@ -82,14 +81,14 @@ func (f *Feed) Delete() { close(f.deletes) }
 // Attach answers cs's LISTs and WATCHes of services and endpointslices.
 func (f *Feed) Attach(cs *k8sclient.Fake) {
 	for _, resource := range []string{"services", "endpointslices"} {
-		cs.PrependReactor("list", resource, func(k8stesting.Action) (bool, runtime.Object, error) {
+		cs.PrependReactor("list", resource, func(k8sclient.Action) (bool, runtime.Object, error) {
 			<-f.Start
 			if f.Mode == List {
 				return true, f.list(resource, f.N), nil
 			}
 			return true, f.list(resource, 0), nil
 		})
-		cs.PrependWatchReactor(resource, func(k8stesting.Action) (bool, watch.Interface, error) {
+		cs.PrependWatchReactor(resource, func(k8sclient.Action) (bool, watch.Interface, error) {
 			events := make(chan watch.Event)
 			w := watch.NewProxyWatcher(events)
 			go f.stream(resource, events, w.StopChan())
