@@ -5,15 +5,19 @@ import (
 	"net/http/pprof"
 
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/pkg/heapprofile"
 )
 
 // pprofRoute serves the profiles when --pprof is set, on --health-addr: a
 // debugging aid stays on the probes' loopback address, away from the
-// metrics address that a scraper elsewhere reaches.
+// metrics address that a scraper elsewhere reaches. The heap profile is
+// sampled only then, from the graph's construction on: without --pprof the
+// runtime records no allocation's stack (pkg/heapprofile).
 func pprofRoute(cfg Config) health.ProbeRoutes {
 	if !cfg.Pprof {
 		return health.ProbeRoutes{}
 	}
+	heapprofile.Sample()
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -41,7 +41,7 @@ var (
 // flags in embedded mode (only its paths are private), after it has been
 // ready and idle for -bench.idle. It prints
 //
-//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=... loaded_mb=... load1=...
+//	agent-idle-bench idle_s=60 rss_mb=... anon_mb=... file_mb=... cgroup_ws_mb=... cgroup_kernel_mb=... binary_mb=... loaded_mb=... go_heap_inuse_mb=... ... goroutines=... load1=...
 //
 // It measures the agent built as the image has it (without cgo; see
 // buildShippedAgent). rss_mb is VmRSS, anon_mb its anonymous part
@@ -55,7 +55,9 @@ var (
 // working set: what the kernel charges it less the inactive file pages it
 // may reclaim for free, what the kubelet reports for a pod;
 // cgroup_kernel_mb is the kernel's memory in it (the BPF maps the agent
-// creates, most of it). With -bench.profile-dir (which adds --pprof to the
+// creates, most of it). The go_* figures are how the Go runtime counts
+// its memory, read from /metrics after the resident set (goMemory). With
+// -bench.profile-dir (which adds --pprof to the
 // flags) it also writes
 // the agent's /proc smaps and heap profile there. With -bench.pages=N it
 // prints which packages the executable's resident pages belong to, the
@@ -92,6 +94,7 @@ func idleAgent(b *testing.B, named bool) {
 	a.waitReady(b, time.Minute)
 	time.Sleep(*benchIdle)
 	mem := a.memory(b)
+	goMem := a.goMemory(b)
 	var pages *residentPages
 	if *benchPages > 0 {
 		var err error
@@ -119,8 +122,8 @@ func idleAgent(b *testing.B, named bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Printf("agent-idle-bench%s idle_s=%.0f %s binary_mb=%.1f loaded_mb=%.1f load1=%s\n",
-		bin, benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20), mib(loaded), loadAverage())
+	fmt.Printf("agent-idle-bench%s idle_s=%.0f %s binary_mb=%.1f loaded_mb=%.1f %s load1=%s\n",
+		bin, benchIdle.Seconds(), mem, float64(fi.Size())/(1<<20), mib(loaded), goMem, loadAverage())
 	if pages != nil {
 		pages.write(os.Stdout, *benchPages)
 	}
@@ -400,6 +403,7 @@ func (a *benchAgent) profile(b *testing.B, name string) {
 	// Before a collection (what is resident: live and garbage), then after.
 	get(a.env.healthAddr, "/debug/pprof/heap", name+"-heap.pb.gz")
 	get(a.env.healthAddr, "/debug/pprof/heap?gc=1", name+"-heap-gc.pb.gz")
+	get(a.env.healthAddr, "/debug/pprof/goroutine?debug=1", name+"-goroutines.txt")
 }
 
 // writeScaleManifests writes n Services and their EndpointSlices, 1000 of
@@ -551,26 +555,47 @@ func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Durati
 // metric is the sum of a counter's series in /metrics.
 func (a *benchAgent) metric(b *testing.B, name string) float64 {
 	b.Helper()
+	return a.metrics(b, name)[0]
+}
+
+// metrics is the sum of each named metric's series in one reading of
+// /metrics.
+func (a *benchAgent) metrics(b *testing.B, names ...string) []float64 {
+	b.Helper()
 	resp, err := http.Get("http://" + a.env.metricsAddr + "/metrics")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var sum float64
+	sums := make([]float64, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
+		for i, name := range names {
+			if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+				continue
+			}
+			fields := strings.Fields(line)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if err != nil {
+				b.Fatalf("metric line %q: %v", line, err)
+			}
+			sums[i] += v
 		}
-		fields := strings.Fields(line)
-		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-		if err != nil {
-			b.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
 	}
-	return sum
+	return sums
+}
+
+// goMemory is how the agent's Go runtime counts its memory, read from
+// /metrics (after its resident set, as the reading allocates): the heap's
+// spans in use, goroutine stacks, the GC's metadata and the heap
+// profiler's buckets (mapped bytes, not all resident), and its goroutines.
+func (a *benchAgent) goMemory(b *testing.B) string {
+	b.Helper()
+	v := a.metrics(b, "go_memstats_heap_inuse_bytes", "go_memstats_heap_alloc_bytes", "go_memstats_stack_inuse_bytes",
+		"go_memstats_gc_sys_bytes", "go_memstats_buck_hash_sys_bytes", "go_goroutines")
+	return fmt.Sprintf("go_heap_inuse_mb=%.1f go_heap_alloc_mb=%.1f go_stacks_mb=%.1f go_gc_sys_mb=%.1f go_buckhash_mb=%.2f goroutines=%.0f",
+		mib(uint64(v[0])), mib(uint64(v[1])), mib(uint64(v[2])), mib(uint64(v[3])), mib(uint64(v[4])), v[5])
 }
 
 // memory is the agent's memory in MiB: its resident set (VmRSS) and the
