@@ -3,18 +3,19 @@
 //
 // Any Go binary that links runtime.MemProfile (net/http/pprof does) samples
 // one allocation per 512 KiB allocated and records its stack for ever: a
-// bucket for each sampled stack, in a hash table the runtime maps (1.4 MB)
-// at the first sample. The agent serves its heap profile only with --pprof
-// (cells/metrics), so without the flag those samples are memory no one
-// reads. Importing this package stops them: its initializer runs before the
-// packages that allocate most at init (its only import is the runtime,
-// which initializes first, and the linker initializes each package once
-// its imports are, in import path order), and Sample turns them on again at
+// bucket for each sampled stack, in a hash table of 1.4 MB that the runtime
+// maps at the first record and makes resident a page per bucket. The agent
+// serves its heap profile only with --pprof (cells/metrics), so without the
+// flag those records are memory no one reads (~30 buckets at idle).
+// Importing this package stops them: its initializer runs before the
+// packages that allocate at init (its only import is the runtime, which
+// initializes first, and the linker initializes each package once its
+// imports are, in import path order), and Sample turns them on again at
 // the rate Go had chosen (512 KiB, or GODEBUG=memprofilerate=N).
 //
-// An allocation sampled before this initializer runs (one in 512 KiB of
-// those made by the initializers before it, a few tens of KB) still maps
-// the table, of which only the pages it writes become resident.
+// Go still records one allocation per processor: each processor's first
+// after the rate changes. So the table is mapped anyway
+// (runtime.MemStats.BuckHashSys), with a page or two of it resident.
 package heapprofile
 
 import "runtime"
