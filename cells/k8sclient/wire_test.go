@@ -21,9 +21,9 @@ import (
 // Against a real kube-apiserver, the built-in kinds travel as protobuf:
 // the informers' pages and watch streams of every kind the agent informs
 // on, and the bodies of writes (create, update, update of status), while
-// a patch keeps its own patch type. client-go's generic client asks for
-// protobuf (accepting JSON) when the configuration names no content type
-// (kubeclient.New: gentype.PrefersProtobuf), as its generated clients do.
+// a patch keeps its own patch type. kubeclient.New's clients ask for
+// protobuf (accepting JSON) when the configuration names no content type,
+// as client-go's generated clients do.
 func TestBuiltinKindsTravelAsProtobuf(t *testing.T) {
 	if _, err := kubeapitest.Binary(); err != nil {
 		t.Skip(err)

@@ -135,3 +135,25 @@ func TestClientOfAPIServer(t *testing.T) {
 		}
 	}
 }
+
+// A Server's list is filtered by the options' label selector, as
+// client-go's fake clients filter it, keeping its list metadata; a
+// selector that does not parse is an error naming it.
+func TestListOfServerSelectsLabels(t *testing.T) {
+	server := listServer{&corev1.ServiceList{ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: testServices(4)}}
+	c := New(NewServedSource(server, corev1.SchemeGroupVersion), "services", "Service", "", func(l *corev1.ServiceList) *[]corev1.Service { return &l.Items })
+	l, err := c.List(context.Background(), metav1.ListOptions{LabelSelector: "app in (1,3)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range l.Items {
+		names = append(names, s.Name)
+	}
+	if fmt.Sprint(names) != "[svc-1 svc-3]" || l.ResourceVersion != "7" {
+		t.Errorf("list app in (1,3): %v at %q, want [svc-1 svc-3] at 7", names, l.ResourceVersion)
+	}
+	if _, err := c.List(context.Background(), metav1.ListOptions{LabelSelector: "app in (("}); err == nil || !strings.Contains(err.Error(), `"app in (("`) {
+		t.Errorf("list with a broken selector: %v, want an error naming it", err)
+	}
+}
