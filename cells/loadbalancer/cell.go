@@ -74,7 +74,6 @@ func newWriter(p writerParams) *writer {
 		slices:    sliceServices{},
 		problems:  map[string]string{},
 		contested: map[ServiceName]struct{}{},
-		deferred:  map[ServiceName]struct{}{},
 
 		programmed: p.Programmed,
 

@@ -29,7 +29,7 @@ func newTestWriter(t *testing.T) (*writer, *statedb.DB) {
 	return &writer{
 		log: slog.New(slog.DiscardHandler), db: db, tables: tables, health: health, nodeName: "node-1",
 		slices: sliceServices{}, problems: map[string]string{},
-		contested: map[ServiceName]struct{}{}, deferred: map[ServiceName]struct{}{},
+		contested: map[ServiceName]struct{}{},
 	}, db
 }
 
@@ -57,6 +57,70 @@ func listing(n int) []k8sEvent {
 	}
 	evs = append(evs, &servicesListed{names: names})
 	return append(append(evs, sliceEvs...), &slicesListed{ids: ids})
+}
+
+// Once both listings are in, every listed service gets its frontends, a
+// batch's worth per transaction, in the transactions that follow; a
+// service deleted or added meanwhile, before or after those done, has the
+// frontends it should; the table is initialized only at the end.
+func TestFrontendsDrainedAfterListings(t *testing.T) {
+	w, db := newTestWriter(t)
+	ctx := context.Background()
+	w.setNodeAddresses(ctx, nil, true)
+	n := 2*maxBatch + 10
+	evs := listing(n)
+	apply := func(evs ...k8sEvent) {
+		w.update(ctx, func(b *batch) {
+			for _, ev := range evs {
+				ev.apply(w, b)
+			}
+		})
+	}
+	frontendsOf := func(i int) int {
+		return len(FrontendsOf(db.ReadTxn(), w.tables.frontends, &Service{
+			Name:       ServiceName{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)},
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []ServicePort{{Port: 80, Protocol: TCP}},
+		}))
+	}
+	// The services, one of them deleted, and all but the last slice.
+	apply(evs[:len(evs)-2]...)
+	apply(&serviceDeleted{ServiceName{Namespace: "default", Name: "svc-7"}})
+	if got := w.tables.frontends.NumObjects(db.ReadTxn()); got != 0 {
+		t.Fatalf("%d frontends before the slices' listing is in, want none", got)
+	}
+	// The last slice, the listing's end and a new service: that batch's
+	// services, then the others a batch at a time.
+	extra := listing(n + 1)[n]
+	apply(append(evs[len(evs)-2:], extra)...)
+	batches := 1
+	for ; ; batches++ {
+		txn := db.ReadTxn()
+		if init, _ := w.tables.frontends.Initialized(txn); init {
+			break
+		}
+		if got := w.tables.frontends.NumObjects(txn); got > batches*maxBatch || batches > 10 {
+			t.Fatalf("%d frontends after %d batches, want at most %d per batch", got, batches, maxBatch)
+		}
+		switch batches {
+		case 1:
+			// Before and after the services done: one listed,
+			// one new, one deleted.
+			apply(&serviceDeleted{ServiceName{Namespace: "default", Name: "svc-1"}}, &serviceDeleted{ServiceName{Namespace: "default", Name: "svc-999"}})
+		case 2:
+			apply(evs[1], evs[999])
+		default:
+			apply()
+		}
+	}
+	if got := w.tables.frontends.NumObjects(db.ReadTxn()); got != n || batches != 3 {
+		t.Errorf("%d frontends after %d batches, want %d (all but svc-7, and svc-%d) after 3", got, batches, n, n)
+	}
+	for i, want := range map[int]int{0: 1, 1: 1, 7: 0, 999: 1, n: 1, n - 1: 1} {
+		if got := frontendsOf(i); got != want {
+			t.Errorf("svc-%d has %d frontends, want %d", i, got, want)
+		}
+	}
 }
 
 // A batch applied after the agent began to stop is abandoned part way:
