@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -154,6 +155,11 @@ type sliceID struct {
 }
 
 func (id sliceID) String() string { return id.Namespace + "/" + id.Name }
+
+// compare orders slices by namespace, then name.
+func (id sliceID) compare(o sliceID) int {
+	return cmp.Or(strings.Compare(id.Namespace, o.Namespace), strings.Compare(id.Name, o.Name))
+}
 
 // endpointSlice is the part of an EndpointSlice the load balancer uses. It
 // lives only until the slice's backends are written.

@@ -248,10 +248,10 @@ func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*cor
 			return &serviceDeleted{ServiceName{Namespace: k.Namespace, Name: k.Name}}
 		},
 		listing: func() (func(*corev1.Service) k8sEvent, func() k8sEvent) {
-			end := &servicesListed{names: map[ServiceName]struct{}{}}
+			end := &servicesListed{names: newListed(ServiceName.compare)}
 			return func(k *corev1.Service) k8sEvent {
 				svc, invalid := convertService(k)
-				end.names[svc.Name] = struct{}{}
+				end.names.add(svc.Name)
 				return &serviceUpserted{svc, invalid}
 			}, func() k8sEvent { return end }
 		},
@@ -271,10 +271,10 @@ func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStor
 			return &sliceDeleted{sliceID{Namespace: k.Namespace, Name: k.Name}}
 		},
 		listing: func() (func(*discoveryv1.EndpointSlice) k8sEvent, func() k8sEvent) {
-			end := &slicesListed{ids: map[sliceID]struct{}{}}
+			end := &slicesListed{ids: newListed(sliceID.compare)}
 			return func(k *discoveryv1.EndpointSlice) k8sEvent {
 				s, invalid := convertEndpointSlice(k)
-				end.ids[s.id] = struct{}{}
+				end.ids.add(s.id)
 				return &sliceUpserted{s, invalid}
 			}, func() k8sEvent { return end }
 		},

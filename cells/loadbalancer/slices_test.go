@@ -38,3 +38,24 @@ func TestSliceServices(t *testing.T) {
 		t.Errorf("%d namespaces left after deleting every slice: %v", len(m), m)
 	}
 }
+
+// A listing's names are found whatever order they came in: the API
+// server's (by namespace, then name), another, with repeats.
+func TestListedNames(t *testing.T) {
+	in := []ServiceName{{"shop", "web"}, {"default", "kubernetes"}, {"shop", "db"}, {"default", "kubernetes"}, {"kube-system", "dns"}}
+	l := newListed(ServiceName.compare)
+	for _, n := range in {
+		l.add(n)
+	}
+	l.sort()
+	for _, n := range in {
+		if !l.has(n) {
+			t.Errorf("%s listed, not found", n)
+		}
+	}
+	for _, n := range []ServiceName{{"shop", "dbx"}, {"shop", ""}, {"", "web"}, {"kube-system", "web"}, {"zz", "a"}} {
+		if l.has(n) {
+			t.Errorf("%s not listed, found", n)
+		}
+	}
+}

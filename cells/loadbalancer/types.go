@@ -1,6 +1,7 @@
 package loadbalancer
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -38,6 +39,11 @@ func (n *ServiceName) UnmarshalText(b []byte) (err error) {
 // key is the index key: "/" cannot occur in either part, so the key is
 // unambiguous.
 func (n ServiceName) key() index.Key { return index.String(n.String()) }
+
+// compare orders services by namespace, then name.
+func (n ServiceName) compare(o ServiceName) int {
+	return cmp.Or(strings.Compare(n.Namespace, o.Namespace), strings.Compare(n.Name, o.Name))
+}
 
 // L4Proto is a transport protocol. It is a byte, not the string Kubernetes
 // spells it as: it is in every frontend and backend address, and the

@@ -37,19 +37,19 @@ func newTestWriter(t *testing.T) (*writer, *statedb.DB) {
 // their slices of one endpoint, as the reflectors queue them.
 func listing(n int) []k8sEvent {
 	var evs []k8sEvent
-	names := map[ServiceName]struct{}{}
-	ids := map[sliceID]struct{}{}
+	names := newListed(ServiceName.compare)
+	ids := newListed(sliceID.compare)
 	var sliceEvs []k8sEvent
 	for i := range n {
 		name := ServiceName{Namespace: "default", Name: fmt.Sprintf("svc-%d", i)}
-		names[name] = struct{}{}
+		names.add(name)
 		evs = append(evs, &serviceUpserted{svc: &Service{
 			Name: name, Type: ServiceClusterIP,
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []ServicePort{{Port: 80, Protocol: TCP}},
 		}})
 		id := sliceID{Namespace: "default", Name: name.Name + "-1"}
-		ids[id] = struct{}{}
+		ids.add(id)
 		sliceEvs = append(sliceEvs, &sliceUpserted{slice: &endpointSlice{id: id, service: name, backends: []Backend{{
 			Address: L3n4Addr{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), Port: 8080, Protocol: TCP},
 			State:   BackendActive,
@@ -227,7 +227,7 @@ func TestListingDroppedWhenStopping(t *testing.T) {
 			t.Fatal("listing does not start with its services")
 		}
 	}
-	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != len(list) {
+	if end, ok := (<-events).(*servicesListed); !ok || end.names.len() != len(list) {
 		t.Errorf("listing does not end with the names of its %d services", len(list))
 	}
 }
@@ -296,7 +296,7 @@ func TestStreamedListing(t *testing.T) {
 	if err := store.Replace(nil, list.(*corev1.ServiceList).ResourceVersion); err != nil {
 		t.Fatal(err)
 	}
-	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != len(objs) {
+	if end, ok := (<-events).(*servicesListed); !ok || end.names.len() != len(objs) {
 		t.Fatalf("Replace did not end the listing with its %d names", len(objs))
 	}
 	// The next Replace is an ordinary listing again.
@@ -360,7 +360,7 @@ func TestPagedListing(t *testing.T) {
 	if err := store.Replace(nil, "42"); err != nil {
 		t.Fatal(err)
 	}
-	if end, ok := (<-events).(*servicesListed); !ok || len(end.names) != 4 {
+	if end, ok := (<-events).(*servicesListed); !ok || end.names.len() != 4 {
 		t.Fatal("Replace did not end the listing with its 4 names")
 	}
 
