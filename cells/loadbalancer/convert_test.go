@@ -194,8 +194,8 @@ func TestConvertEndpointSlice(t *testing.T) {
 }
 
 // A paged listing's objects come trimmed of what the conversion does not
-// read (objectStore.trim): converted, a Service and an EndpointSlice with
-// labels and annotations give what they give whole.
+// read (objectStore.trim): converted, a Service (with a selector) and an
+// EndpointSlice with labels and annotations give what they give whole.
 func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
 	meta := func(name string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{Namespace: "default", Name: name,
@@ -203,10 +203,14 @@ func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
 			Annotations: map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-29T00:00:00Z"}}
 	}
 	ready := true
+	local := corev1.ServiceInternalTrafficPolicyLocal
 	svc := &corev1.Service{ObjectMeta: meta("web"), Spec: corev1.ServiceSpec{
-		Type: corev1.ServiceTypeClusterIP, ClusterIPs: []string{"10.96.0.10"},
-		Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}},
-	}}
+		Type: corev1.ServiceTypeLoadBalancer, ClusterIPs: []string{"10.96.0.10"}, ExternalIPs: []string{"192.0.2.10"},
+		Ports:           []corev1.ServicePort{{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}},
+		Selector:        map[string]string{"app": "web"},
+		SessionAffinity: corev1.ServiceAffinityClientIP, SessionAffinityConfig: &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: new(int32(60))}},
+		ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal, InternalTrafficPolicy: &local, HealthCheckNodePort: 31000,
+	}, Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "192.0.2.20"}}}}}
 	slice := &discoveryv1.EndpointSlice{ObjectMeta: meta("web-abcde"), AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
 		Ports:     []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
@@ -224,7 +228,7 @@ func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
 	if got, _ := convertEndpointSlice(trimmedSlice); !reflect.DeepEqual(got, wantSlice) || wantSlice.service.Name != "web" || len(wantSlice.backends) != 1 {
 		t.Errorf("trimmed EndpointSlice converts to %+v, whole to %+v", got, wantSlice)
 	}
-	if len(trimmedSlice.Labels) != 1 || trimmedSlice.Annotations != nil || trimmedSvc.Labels != nil && len(trimmedSvc.Labels) != 0 {
-		t.Errorf("trimmed: the slice's labels %v, annotations %v; the Service's labels %v", trimmedSlice.Labels, trimmedSlice.Annotations, trimmedSvc.Labels)
+	if len(trimmedSlice.Labels) != 1 || trimmedSlice.Annotations != nil || trimmedSvc.Labels != nil && len(trimmedSvc.Labels) != 0 || trimmedSvc.Spec.Selector != nil {
+		t.Errorf("trimmed: the slice's labels %v, annotations %v; the Service's labels %v, selector %v", trimmedSlice.Labels, trimmedSlice.Annotations, trimmedSvc.Labels, trimmedSvc.Spec.Selector)
 	}
 }

@@ -238,8 +238,8 @@ func (s *objectStore[T]) Resync() error { return nil }
 func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*corev1.Service] {
 	return &objectStore[*corev1.Service]{
 		ctx: ctx, events: events, kind: "Service",
-		// convertService reads no label or annotation.
-		trim: kubeclient.Trim{Labels: []string{}, NoAnnotations: true},
+		// convertService reads no label or annotation, nor the selector.
+		trim: kubeclient.Trim{Labels: []string{}, NoAnnotations: true, NoSelector: true},
 		upserted: func(k *corev1.Service) k8sEvent {
 			svc, invalid := convertService(k)
 			return &serviceUpserted{svc, invalid}

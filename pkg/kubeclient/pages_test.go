@@ -170,6 +170,18 @@ func TestTrim(t *testing.T) {
 	svc := testServices(3)[2]
 	svc.Labels["kubernetes.io/service-name"] = "kept"
 	svc.Labels["other"] = "dropped"
+	// Every field of the spec around the selector, and the status.
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	svc.Spec.Selector = map[string]string{"app": "web", "tier": "front"}
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalIPs = []string{"192.0.2.10"}
+	svc.Spec.Ports[0].NodePort = 30080
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: new(int32(60))}}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.InternalTrafficPolicy = &local
+	svc.Spec.HealthCheckNodePort = 31000
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.20"}}
 	data, err := svc.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -184,10 +196,12 @@ func TestTrim(t *testing.T) {
 		{Trim{Labels: []string{"kubernetes.io/service-name", "absent"}, NoAnnotations: true}, func(*corev1.Service) {}},
 		{Trim{Labels: []string{}}, func(s *corev1.Service) { s.Labels, s.Annotations = nil, svc.Annotations }},
 		{Trim{NoAnnotations: true}, func(s *corev1.Service) { s.Labels = svc.Labels }},
+		{Trim{Labels: []string{"kubernetes.io/service-name"}, NoAnnotations: true, NoSelector: true}, func(s *corev1.Service) { s.Spec.Selector = nil }},
+		{Trim{NoSelector: true}, func(s *corev1.Service) { s.Labels, s.Annotations, s.Spec.Selector = svc.Labels, svc.Annotations, nil }},
 	} {
 		w := *want.DeepCopy()
 		tc.want(&w)
-		out, _ := tc.trim.message(data, nil)
+		out, _ := tc.trim.of("ServiceList").message(data, nil)
 		var got corev1.Service
 		if err := got.Unmarshal(out); err != nil {
 			t.Fatal(err)
@@ -204,6 +218,27 @@ func TestTrim(t *testing.T) {
 					equality.Semantic.DeepEqual(got.Spec, w.Spec) && got.Name == w.Name)
 			}
 		}
+	}
+}
+
+// NoSelector is for Services: another kind's listing keeps its field 2 of
+// field 2 (an EndpointSlice's first endpoint's addresses).
+func TestNoSelectorOnlyOfServices(t *testing.T) {
+	ready := true
+	slice := discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-abcde"},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}}}
+	data, err := slice.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := Trim{NoSelector: true}.of("EndpointSliceList").message(data, nil)
+	var got discoveryv1.EndpointSlice
+	if err := got.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(got, slice) {
+		t.Errorf("EndpointSlice trimmed with NoSelector: %+v, want it whole: %+v", got, slice)
 	}
 }
 
