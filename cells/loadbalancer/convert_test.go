@@ -232,3 +232,20 @@ func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
 		t.Errorf("trimmed: the slice's labels %v, annotations %v; the Service's labels %v, selector %v", trimmedSlice.Labels, trimmedSlice.Annotations, trimmedSvc.Labels, trimmedSvc.Spec.Selector)
 	}
 }
+
+// An invalid address is named by where it is: an ingress's, an
+// endpoint's.
+func TestInvalidAddressesNamed(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+		Spec:   corev1.ServiceSpec{ClusterIPs: []string{"10.96.0.10"}},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}, {IP: "nope"}}}}}
+	if _, bad := convertService(svc); len(bad) != 1 || bad[0].field != "status.loadBalancer.ingress[1].ip" {
+		t.Errorf("invalid fields = %v, want status.loadBalancer.ingress[1].ip", bad)
+	}
+	slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web-1",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.1"}}, {Addresses: []string{"fd00::1"}}}}
+	if _, bad := convertEndpointSlice(slice); len(bad) != 1 || bad[0].field != "endpoints[1].addresses[0]" {
+		t.Errorf("invalid fields = %v, want endpoints[1].addresses[0]", bad)
+	}
+}
