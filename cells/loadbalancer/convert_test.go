@@ -198,9 +198,11 @@ func TestConvertEndpointSlice(t *testing.T) {
 // EndpointSlice with labels and annotations give what they give whole.
 func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
 	meta := func(name string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{Namespace: "default", Name: name,
-			Labels:      map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", "app": "web"},
-			Annotations: map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-29T00:00:00Z"}}
+		return metav1.ObjectMeta{Namespace: "default", Name: name, GenerateName: "web-", UID: "0c6e9f5a-1f0b-4f5e-8b7e-2d9b9f7c1a22",
+			ResourceVersion: "4711", Generation: 2, CreationTimestamp: metav1.Unix(1795900000, 0),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "8d6f2a54-0b0e-4f3c-9c1e-2a8f1a3b7c11"}},
+			Labels:          map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io", "app": "web"},
+			Annotations:     map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-29T00:00:00Z"}}
 	}
 	ready := true
 	local := corev1.ServiceInternalTrafficPolicyLocal
@@ -228,7 +230,8 @@ func TestListingTrimKeepsWhatConversionReads(t *testing.T) {
 	if got, _ := convertEndpointSlice(trimmedSlice); !reflect.DeepEqual(got, wantSlice) || wantSlice.service.Name != "web" || len(wantSlice.backends) != 1 {
 		t.Errorf("trimmed EndpointSlice converts to %+v, whole to %+v", got, wantSlice)
 	}
-	if len(trimmedSlice.Labels) != 1 || trimmedSlice.Annotations != nil || trimmedSvc.Labels != nil && len(trimmedSvc.Labels) != 0 || trimmedSvc.Spec.Selector != nil {
+	if len(trimmedSlice.Labels) != 1 || trimmedSlice.Annotations != nil || trimmedSvc.Labels != nil && len(trimmedSvc.Labels) != 0 || trimmedSvc.Spec.Selector != nil ||
+		trimmedSlice.UID != "" || trimmedSlice.OwnerReferences != nil {
 		t.Errorf("trimmed: the slice's labels %v, annotations %v; the Service's labels %v, selector %v", trimmedSlice.Labels, trimmedSlice.Annotations, trimmedSvc.Labels, trimmedSvc.Spec.Selector)
 	}
 }

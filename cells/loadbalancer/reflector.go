@@ -238,8 +238,9 @@ func (s *objectStore[T]) Resync() error { return nil }
 func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*corev1.Service] {
 	return &objectStore[*corev1.Service]{
 		ctx: ctx, events: events, kind: "Service",
-		// convertService reads no label or annotation, nor the selector.
-		trim: kubeclient.Trim{Labels: []string{}, NoAnnotations: true, NoSelector: true},
+		// convertService reads of the metadata the namespace and name
+		// only, and not the selector.
+		trim: kubeclient.Trim{Labels: []string{}, NameOnly: true, NoSelector: true},
 		upserted: func(k *corev1.Service) k8sEvent {
 			svc, invalid := convertService(k)
 			return &serviceUpserted{svc, invalid}
@@ -261,8 +262,9 @@ func serviceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*cor
 func endpointSliceStore(ctx context.Context, events chan<- k8sEvent) *objectStore[*discoveryv1.EndpointSlice] {
 	return &objectStore[*discoveryv1.EndpointSlice]{
 		ctx: ctx, events: events, kind: "EndpointSlice",
-		// convertEndpointSlice reads the service label only.
-		trim: kubeclient.Trim{Labels: []string{discoveryv1.LabelServiceName}, NoAnnotations: true},
+		// convertEndpointSlice reads of the metadata the namespace, the
+		// name and the service label only.
+		trim: kubeclient.Trim{Labels: []string{discoveryv1.LabelServiceName}, NameOnly: true},
 		upserted: func(k *discoveryv1.EndpointSlice) k8sEvent {
 			s, invalid := convertEndpointSlice(k)
 			return &sliceUpserted{s, invalid}

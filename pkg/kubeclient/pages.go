@@ -51,6 +51,14 @@ type Trim struct {
 	Labels []string
 	// NoAnnotations leaves out every annotation.
 	NoAnnotations bool
+	// NameOnly leaves out of the metadata everything but the namespace,
+	// the name and the labels (those Labels keeps): the UID, resource
+	// version, generation, times, owner references, finalizers and the
+	// like, which a caller that keys its rows by name does not read
+	// (decoding them was a fifth of a 50,000-Service restart's
+	// allocations). The listing's resource version is the list's, not
+	// its objects'.
+	NameOnly bool
 	// NoSelector leaves out a Service's spec.selector, which says what
 	// pods the EndpointSlice controller puts in its slices: a reader of
 	// the slices has no use for it, and decoding it was a map and two
@@ -371,7 +379,9 @@ func (t Trim) drops(num protowire.Number, v []byte) bool {
 	case managedFieldsNumber:
 		return true
 	case annotationsNumber:
-		return t.NoAnnotations
+		return t.NoAnnotations || t.NameOnly
+	case nameNumber, namespaceNumber:
+		return false
 	case labelsNumber:
 		if t.Labels == nil {
 			return false
@@ -385,7 +395,7 @@ func (t Trim) drops(num protowire.Number, v []byte) bool {
 		})
 		return !slices.Contains(t.Labels, string(key))
 	}
-	return false
+	return t.NameOnly
 }
 
 // Object trims obj as a page's are (message): a fake's or a JSON page's.
@@ -394,16 +404,32 @@ func (t Trim) Object(obj metav1.Object) {
 	if svc, ok := obj.(*corev1.Service); ok && t.NoSelector {
 		svc.Spec.Selector = nil
 	}
-	if t.NoAnnotations {
+	if t.NoAnnotations || t.NameOnly {
 		obj.SetAnnotations(nil)
+	}
+	if t.NameOnly {
+		// Everything of ObjectMeta's but the namespace, name and labels.
+		obj.SetGenerateName("")
+		obj.SetSelfLink("")
+		obj.SetUID("")
+		obj.SetResourceVersion("")
+		obj.SetGeneration(0)
+		obj.SetCreationTimestamp(metav1.Time{})
+		obj.SetDeletionTimestamp(nil)
+		obj.SetDeletionGracePeriodSeconds(nil)
+		obj.SetOwnerReferences(nil)
+		obj.SetFinalizers(nil)
 	}
 	if labels := obj.GetLabels(); t.Labels != nil && labels != nil {
 		maps.DeleteFunc(labels, func(k, _ string) bool { return !slices.Contains(t.Labels, k) })
 	}
 }
 
-// ObjectMeta's fields labels, annotations and managedFields.
+// ObjectMeta's fields name, namespace, labels, annotations and
+// managedFields.
 const (
+	nameNumber          = 1
+	namespaceNumber     = 3
 	labelsNumber        = 11
 	annotationsNumber   = 12
 	managedFieldsNumber = 17

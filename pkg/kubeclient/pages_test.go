@@ -182,6 +182,12 @@ func TestTrim(t *testing.T) {
 	svc.Spec.InternalTrafficPolicy = &local
 	svc.Spec.HealthCheckNodePort = 31000
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.20"}}
+	// Every field of the metadata.
+	grace := int64(30)
+	svc.GenerateName, svc.SelfLink, svc.UID, svc.ResourceVersion, svc.Generation = "svc-", "/api/v1/x", "8d6f2a54-0b0e-4f3c-9c1e-2a8f1a3b7c11", "4711", 3
+	svc.CreationTimestamp, svc.DeletionTimestamp, svc.DeletionGracePeriodSeconds = metav1.Unix(1795900000, 0), &metav1.Time{Time: time.Unix(1795900100, 0)}, &grace
+	svc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "owner", UID: "0c6e9f5a-1f0b-4f5e-8b7e-2d9b9f7c1a22"}}
+	svc.Finalizers = []string{"example.com/keep"}
 	data, err := svc.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +204,9 @@ func TestTrim(t *testing.T) {
 		{Trim{NoAnnotations: true}, func(s *corev1.Service) { s.Labels = svc.Labels }},
 		{Trim{Labels: []string{"kubernetes.io/service-name"}, NoAnnotations: true, NoSelector: true}, func(s *corev1.Service) { s.Spec.Selector = nil }},
 		{Trim{NoSelector: true}, func(s *corev1.Service) { s.Labels, s.Annotations, s.Spec.Selector = svc.Labels, svc.Annotations, nil }},
+		{Trim{Labels: []string{"kubernetes.io/service-name"}, NameOnly: true}, func(s *corev1.Service) {
+			s.ObjectMeta = metav1.ObjectMeta{Namespace: svc.Namespace, Name: svc.Name, Labels: s.Labels}
+		}},
 	} {
 		w := *want.DeepCopy()
 		tc.want(&w)
