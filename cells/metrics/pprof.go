@@ -11,8 +11,8 @@ import (
 // pprofRoute serves the profiles when --pprof is set, on --health-addr: a
 // debugging aid stays on the probes' loopback address, away from the
 // metrics address that a scraper elsewhere reaches. The heap profile is
-// sampled only then, from the graph's construction on: without --pprof the
-// runtime records no allocation's stack (pkg/heapprofile).
+// sampled only then, from the graph's construction on: the agent's binary
+// starts with the profiler off (pkg/heapprofile/off).
 func pprofRoute(cfg Config) health.ProbeRoutes {
 	if !cfg.Pprof {
 		return health.ProbeRoutes{}

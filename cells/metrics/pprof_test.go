@@ -12,7 +12,7 @@ import (
 // The profiles are served, and the heap profile sampled, only with --pprof.
 func TestPprofRouteOnlyWhenAsked(t *testing.T) {
 	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
-	runtime.MemProfileRate = 0
+	heapprofile.Off() // as the agent's binary does at its start
 	if routes := pprofRoute(Config{}).Routes; len(routes) != 0 {
 		t.Fatalf("routes without --pprof: %v", routes)
 	}

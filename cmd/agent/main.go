@@ -37,6 +37,8 @@ import (
 
 	"github.com/cellium/cellium/cells"
 	"github.com/cellium/cellium/pkg/flagsource"
+	// The heap profile is sampled only with --pprof (cells/metrics).
+	_ "github.com/cellium/cellium/pkg/heapprofile/off"
 	"github.com/cellium/cellium/pkg/logging"
 )
 

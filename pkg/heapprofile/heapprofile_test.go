@@ -1,31 +1,34 @@
 package heapprofile
 
 import (
-	"flag"
-	"os"
 	"runtime"
-	"strings"
 	"testing"
 )
 
-// A binary that links the package samples nothing from its initialization
-// on, and Sample restores Go's rate.
+// Sample without Off changes nothing (a test binary's -memprofile keeps
+// its rate); Off turns the profiler off and Sample back on at the rate Off
+// found.
 func TestOffUntilSample(t *testing.T) {
-	if f := flag.Lookup("test.memprofile"); f != nil && f.Value.String() != "" {
-		t.Skip("-test.memprofile sets the rate after package initialization")
-	}
-	if runtime.MemProfileRate != 0 {
-		t.Fatalf("runtime.MemProfileRate is %d after package initialization, want 0", runtime.MemProfileRate)
-	}
-	if strings.Contains(os.Getenv("GODEBUG"), "memprofilerate") {
-		t.Skip("GODEBUG sets the rate")
-	}
-	if rate != 512*1024 {
-		t.Fatalf("rate recorded at initialization %d, want Go's default 524288", rate)
-	}
-	t.Cleanup(func() { runtime.MemProfileRate = 0 })
+	t.Cleanup(func(r, saved int) func() {
+		return func() { runtime.MemProfileRate, rate = r, saved }
+	}(runtime.MemProfileRate, rate))
+	rate = 0
+	runtime.MemProfileRate = 4096
+
 	Sample()
-	if runtime.MemProfileRate != 512*1024 {
-		t.Fatalf("runtime.MemProfileRate after Sample is %d, want 524288", runtime.MemProfileRate)
+	if runtime.MemProfileRate != 4096 || Rate() != 4096 {
+		t.Fatalf("Sample without Off: runtime.MemProfileRate %d, Rate %d, want both 4096", runtime.MemProfileRate, Rate())
+	}
+	Off()
+	if runtime.MemProfileRate != 0 {
+		t.Fatalf("runtime.MemProfileRate after Off is %d, want 0", runtime.MemProfileRate)
+	}
+	if Rate() != 4096 {
+		t.Fatalf("Rate after Off is %d, want the rate Off found, 4096", Rate())
+	}
+	Off() // a second Off keeps the rate the first found
+	Sample()
+	if runtime.MemProfileRate != 4096 {
+		t.Fatalf("runtime.MemProfileRate after Sample is %d, want 4096", runtime.MemProfileRate)
 	}
 }
