@@ -3,13 +3,17 @@ package k8sclient
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math/big"
+	"net/http"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -32,7 +36,8 @@ import (
 //   - Server-side apply is refused.
 //
 // A refused patch is a BadRequest error naming what is not supported, and
-// changes nothing.
+// changes nothing. A JSON patch that cannot be applied (a path that is not
+// there, a test that fails) is a 422 Invalid, as the API server answers it.
 
 // mergeKeys are the lists a strategic merge patch merges, by their path
 // from the object's root, and the key their items merge by. For every kind
@@ -56,7 +61,14 @@ func (s *objectStore) patch(req kubeclient.Request) (runtime.Object, error) {
 	}
 	patched, err := applyPatch(req.PatchType, old, req.Patch)
 	if err != nil {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("%s patch of %s %s: %v", req.PatchType, req.Resource.Resource, req.Name, err))
+		msg := fmt.Sprintf("%s patch of %s %s: %v", req.PatchType, req.Resource.Resource, req.Name, err)
+		if errors.As(err, new(unprocessable)) {
+			// As the API server answers a JSON patch it decoded but
+			// could not apply: 422, apierrors.IsInvalid.
+			return nil, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure,
+				Code: http.StatusUnprocessableEntity, Reason: metav1.StatusReasonInvalid, Message: msg}}
+		}
+		return nil, apierrors.NewBadRequest(msg)
 	}
 	// Into a new object: unmarshalling into the old one would keep what
 	// the patch removed.
@@ -69,6 +81,12 @@ func (s *objectStore) patch(req kubeclient.Request) (runtime.Object, error) {
 	}
 	return obj, nil
 }
+
+// unprocessable is a patch that was decoded but cannot be applied to the
+// object: a JSON patch's path that is not there, or its test that fails.
+type unprocessable struct{ error }
+
+func (u unprocessable) Unwrap() error { return u.error }
 
 // applyPatch applies a patch of type pt to doc, a JSON object.
 func applyPatch(pt types.PatchType, doc, patch []byte) ([]byte, error) {
@@ -249,7 +267,7 @@ func jsonPatch(doc, patch any) (any, error) {
 				if err != nil {
 					return nil, err
 				}
-				if !reflect.DeepEqual(have, value) {
+				if !jsonEqual(have, value) {
 					return nil, fmt.Errorf("the value differs")
 				}
 				return node, nil
@@ -261,8 +279,8 @@ func jsonPatch(doc, patch any) (any, error) {
 			// The whole document.
 			switch name {
 			case "test":
-				if !reflect.DeepEqual(doc, value) {
-					return nil, fmt.Errorf("operation %d (test of the whole object): the value differs", i)
+				if !jsonEqual(doc, value) {
+					return nil, unprocessable{fmt.Errorf("operation %d (test of the whole object): the value differs", i)}
 				}
 				continue
 			case "add", "replace":
@@ -272,10 +290,44 @@ func jsonPatch(doc, patch any) (any, error) {
 			return nil, fmt.Errorf("operation %d (%s of the whole object): not supported", i, name)
 		}
 		if doc, err = editAt(doc, tokens, leaf); err != nil {
-			return nil, fmt.Errorf("operation %d (%s %s): %w", i, name, path, err)
+			return nil, unprocessable{fmt.Errorf("operation %d (%s %s): %w", i, name, path, err)}
 		}
 	}
 	return doc, nil
+}
+
+// jsonEqual says whether two decoded JSON values are equal as RFC 6902's
+// test compares them: numbers by value (1 and 1.0 are equal), objects by
+// members, arrays item by item.
+func jsonEqual(a, b any) bool {
+	switch a := a.(type) {
+	case json.Number:
+		b, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		x, okx := new(big.Rat).SetString(a.String())
+		y, oky := new(big.Rat).SetString(b.String())
+		return okx && oky && x.Cmp(y) == 0
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, v := range a {
+			w, ok := b[k]
+			if !ok || !jsonEqual(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		return ok && slices.EqualFunc(a, b, jsonEqual)
+	default:
+		// Strings, booleans and null.
+		return a == b
+	}
 }
 
 // jsonPointer is the reference tokens of an RFC 6901 pointer.

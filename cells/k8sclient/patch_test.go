@@ -99,7 +99,6 @@ func TestEmbeddedPatchesRefused(t *testing.T) {
 		{types.StrategicMergePatchType, `{"spec":{"ports":[{"name":"http","port":81}]}}`, "list spec.ports"},
 		{types.StrategicMergePatchType, `{"metadata":{"labels":{"$patch":"replace"}}}`, "directive $patch"},
 		{types.JSONPatchType, `[{"op":"move","from":"/spec/clusterIP","path":"/spec/x"}]`, `"move"`},
-		{types.JSONPatchType, `[{"op":"replace","path":"/spec/missing","value":1}]`, `no member "missing"`},
 		{types.MergePatchType, `[1]`, "not a JSON object"},
 	} {
 		_, err := services.Patch(ctx, "a", p.pt, []byte(p.data), metav1.PatchOptions{})
@@ -114,5 +113,45 @@ func TestEmbeddedPatchesRefused(t *testing.T) {
 	got.TypeMeta = metav1.TypeMeta{}
 	if !equality.Semantic.DeepEqual(got, svc) {
 		t.Errorf("after refused patches: %+v, want it unchanged", got)
+	}
+}
+
+// A JSON patch the embedded server decodes but cannot apply (a path that
+// is not there, a test that fails) is answered as the API server answers
+// it, 422 Invalid, and changes nothing; test compares numbers by value, as
+// RFC 6902 says, so 80.0 passes against 80.
+func TestEmbeddedJSONPatchUnprocessable(t *testing.T) {
+	ctx := context.Background()
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "default"},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	_, cs, err := k8sclient.NewEmbedded(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	services := cs.CoreV1().Services("default")
+	for _, p := range []struct{ data, want string }{
+		{`[{"op":"replace","path":"/spec/missing","value":1}]`, `no member "missing"`},
+		{`[{"op":"test","path":"/spec/ports/0/port","value":81},{"op":"replace","path":"/spec/clusterIP","value":"10.96.0.11"}]`, "the value differs"},
+		{`[{"op":"test","path":"/spec/ports/0/name","value":"http "}]`, "the value differs"},
+	} {
+		_, err := services.Patch(ctx, "a", types.JSONPatchType, []byte(p.data), metav1.PatchOptions{})
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), p.want) || !strings.Contains(err.Error(), "services a") {
+			t.Errorf("JSON patch %s: %v, want 422 Invalid naming services a and %s", p.data, err, p.want)
+		}
+	}
+	got, err := services.Get(ctx, "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.ClusterIP != "10.96.0.10" {
+		t.Fatalf("after unprocessable patches clusterIP is %s, want it unchanged", got.Spec.ClusterIP)
+	}
+	patched, err := services.Patch(ctx, "a", types.JSONPatchType,
+		[]byte(`[{"op":"test","path":"/spec/ports/0/port","value":80.0},{"op":"replace","path":"/spec/clusterIP","value":"10.96.0.11"}]`), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatalf("test of 80.0 against 80: %v, want it to pass", err)
+	}
+	if patched.Spec.ClusterIP != "10.96.0.11" {
+		t.Fatalf("after a passed test and a replace clusterIP is %s, want 10.96.0.11", patched.Spec.ClusterIP)
 	}
 }

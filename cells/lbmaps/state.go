@@ -15,8 +15,10 @@ import (
 // realized is what the kernel's maps hold, as far as the reconciler knows:
 // read from the pinned maps at start, then kept up to date by every write
 // that succeeds. Comparing a frontend with it is how a restart, or a
-// frontend that did not change, writes nothing. Only the reconciler's
-// goroutine touches it, after restore has filled it (ops.waitRestored).
+// frontend that did not change, writes nothing. It is read and written
+// under ops.mu, after restore has filled it (ops.waitRestored): by the
+// reconciler's operations and by Holds, which the loadbalancer writer
+// calls.
 type realized struct {
 	frontends addrmap.Map[*frontendState]
 	backends  addrmap.Map[*backendState]
