@@ -210,14 +210,17 @@ func (s *subscription) start(ns netns.NsHandle) error {
 	err := netlink.LinkSubscribeWithOptions(s.links, s.done, netlink.LinkSubscribeOptions{
 		Namespace:     &ns,
 		ErrorCallback: func(err error) { s.onError(&s.linkErr, err) },
+		// A burst of pods' veths must not overflow it (drift.SocketBuffer).
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true,
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to netlink link updates: %w", err)
 	}
 	s.linksStarted = true
 	err = netlink.AddrSubscribeWithOptions(s.addrs, s.done, netlink.AddrSubscribeOptions{
-		Namespace:     &ns,
-		ErrorCallback: func(err error) { s.onError(&s.addrErr, err) },
+		Namespace:         &ns,
+		ErrorCallback:     func(err error) { s.onError(&s.addrErr, err) },
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true,
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to netlink address updates: %w", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cellium/cellium/cells/devices"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/internal/drift"
 	"github.com/cellium/cellium/cells/ipam"
 )
 
@@ -54,7 +55,9 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 	routes := make(chan netlink.RouteUpdate, 16)
 	done := make(chan struct{})
 	defer close(done)
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns}); err != nil {
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns,
+		// Pods' routes come by the hundred at once (drift.SocketBuffer).
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
 		return fmt.Errorf("subscribe to route changes: %w", err)
 	}
 	var (

@@ -48,6 +48,17 @@ type Follower struct {
 // kernel's socket buffer holds more behind it.
 const updateBuffer = 1024
 
+// SocketBuffer is the receive buffer, in bytes, of the agent's netlink
+// subscriptions (SO_RCVBUFFORCE; the agent has CAP_NET_ADMIN). The
+// kernel's default (net.core.rmem_default, 208 KiB) holds a few hundred
+// updates: a hundred pods started at once on a busy node (each ADD's veth,
+// addresses and routes, five to ten updates) filled it while the reader
+// waited for a core, the kernel dropped updates (ENOBUFS), and every
+// subscriber started over with a listing of everything (a Resync), marked
+// itself degraded and logged an error. The buffer takes memory only for
+// the updates queued in it.
+const SocketBuffer = 8 << 20
+
 // maxBatch bounds one batch, so that a flood of updates is handled in
 // steps.
 const maxBatch = 4096
@@ -198,21 +209,24 @@ type subscription struct {
 func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) error {
 	if links {
 		ch := make(chan netlink.LinkUpdate, updateBuffer)
-		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
+		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
+			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
 			return fmt.Errorf("subscribe to netlink link updates: %w", err)
 		}
 		s.links, s.startedLinks = ch, true
 	}
 	if routes {
 		ch := make(chan netlink.RouteUpdate, updateBuffer)
-		if err := netlink.RouteSubscribeWithOptions(ch, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
+		if err := netlink.RouteSubscribeWithOptions(ch, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
+			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
 			return fmt.Errorf("subscribe to netlink route updates: %w", err)
 		}
 		s.routes, s.startedRoutes = ch, true
 	}
 	if neighs {
 		ch := make(chan netlink.NeighUpdate, updateBuffer)
-		if err := netlink.NeighSubscribeWithOptions(ch, s.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError}); err != nil {
+		if err := netlink.NeighSubscribeWithOptions(ch, s.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
+			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
 			return fmt.Errorf("subscribe to netlink neighbour updates: %w", err)
 		}
 		s.neighs, s.startedNeighs = ch, true
