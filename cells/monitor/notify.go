@@ -148,7 +148,14 @@ func describeEndpoint(ep *endpointmanager.Endpoint) string {
 func (n *notifier) watchFrontends(ctx context.Context, health cell.Health) error {
 	byAddr := addrmap.New[*loadbalancer.Frontend]()
 	return changes(ctx, n.db, n.frontends, health, func(first bool, changes []statedb.Change[*loadbalancer.Frontend]) {
+		// The first batch is the table as it is (at 50,000 Services, as
+		// many rows): remembered, not notified, so nothing is touched.
 		touched := map[loadbalancer.ServiceName]bool{}
+		touch := func(name loadbalancer.ServiceName) {
+			if !first {
+				touched[name] = true
+			}
+		}
 		for _, c := range changes {
 			fe := c.Object
 			key := addrmap.KeyOf(fe.Address.Addr, fe.Address.Port, uint8(fe.Address.Protocol))
@@ -157,15 +164,15 @@ func (n *notifier) watchFrontends(ctx context.Context, health cell.Health) error
 			case c.Deleted:
 				byAddr.Delete(key)
 				if had {
-					touched[old.ServiceName] = true
+					touch(old.ServiceName)
 				}
 				continue
 			case !had:
-				touched[fe.ServiceName] = true
+				touch(fe.ServiceName)
 			case !sameFrontend(old, fe):
 				// A frontend may move to another service.
-				touched[old.ServiceName] = true
-				touched[fe.ServiceName] = true
+				touch(old.ServiceName)
+				touch(fe.ServiceName)
 			}
 			byAddr.Set(key, fe)
 		}
