@@ -651,11 +651,18 @@ func (p *pinnedMap) describe() apiv1.Map {
 }
 
 // countEntries counts the keys of m. Every index of an array exists, so an
-// array has as many entries as it has room for.
+// array has as many entries as it has room for. A hash map's are read a
+// batch at a time where the kernel can (countBatched), other maps' key by
+// key.
 func countEntries(m *ebpf.Map) (int, error) {
 	switch m.Type() {
 	case ebpf.Array, ebpf.PerCPUArray:
 		return int(m.MaxEntries()), nil
+	case ebpf.Hash, ebpf.LRUHash:
+		if n, err := countBatched(m); err == nil {
+			return n, nil
+		}
+		// A kernel without batch operations: key by key.
 	}
 	var (
 		cursor any // nil asks for the first key
@@ -676,4 +683,30 @@ func countEntries(m *ebpf.Map) (int, error) {
 		cursor = key
 	}
 	return int(m.MaxEntries()), nil
+}
+
+// countBatch is how many entries countBatched reads per system call.
+const countBatch = 4096
+
+// countBatched counts the entries of a hash map countBatch at a time:
+// walking 100,000 keys one system call each took ~0.16 s, a tenth of an
+// agent's restart at 50,000 Services whenever its map list was asked for.
+func countBatched(m *ebpf.Map) (int, error) {
+	buffer := func(size uint32) any {
+		t := reflect.SliceOf(reflect.ArrayOf(int(size), reflect.TypeFor[byte]()))
+		return reflect.MakeSlice(t, countBatch, countBatch).Interface()
+	}
+	keys, values := buffer(m.KeySize()), buffer(m.ValueSize())
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
 }

@@ -529,9 +529,9 @@ func (a *benchAgent) waitReady(b *testing.B, timeout time.Duration) time.Duratio
 func (a *benchAgent) waitWritten(b *testing.B, services int, timeout time.Duration) time.Duration {
 	return a.poll(b, "done writing the service map", timeout, func() (bool, string) {
 		ctx := context.Background()
-		// The frontends first, then the one map: the agent counts a
-		// map's entries a key at a time, and counting every map's (the
-		// list of maps) took a tenth of its CPU in a restart.
+		// The frontends first, then the one map: counting every map's
+		// entries (the list of maps) took a tenth of the agent's CPU in
+		// a restart when they were counted a key at a time.
 		for _, kind := range []string{"Pending", "Error"} {
 			rows, err := a.client.TableRows(ctx, "frontends", client.TableQuery{Index: "status", Key: kind})
 			if err != nil {
