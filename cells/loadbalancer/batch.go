@@ -34,6 +34,10 @@ type batch struct {
 	// inserted, addedBackends the slices of backends rows, by service.
 	addedFrontends map[ServiceName][]L3n4Addr
 	addedBackends  map[ServiceName][]string
+	// backendsWritten says the transaction wrote the backends table: until
+	// it does, the snapshot's backends rows are the transaction's (the
+	// transactions that compute the frontends of a listing write none).
+	backendsWritten bool
 }
 
 func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
@@ -43,7 +47,7 @@ func (w *writer) newBatch(ctx context.Context, txn statedb.WriteTxn) *batch {
 		b.addedFrontends = map[ServiceName][]L3n4Addr{}
 		b.addedBackends = map[ServiceName][]string{}
 	}
-	b.ctx, b.txn, b.snapshot, b.frontendsDeleted, b.steps = ctx, txn, w.db.ReadTxn(), false, 0
+	b.ctx, b.txn, b.snapshot, b.frontendsDeleted, b.backendsWritten, b.steps = ctx, txn, w.db.ReadTxn(), false, false, 0
 	return b
 }
 
@@ -81,7 +85,13 @@ func (b *batch) insertFrontend(t *lbTables, fe *Frontend) {
 
 func (b *batch) insertBackends(t *lbTables, be *SliceBackends) {
 	t.backends.Insert(b.txn, be)
+	b.backendsWritten = true
 	b.addedBackends[be.ServiceName] = append(b.addedBackends[be.ServiceName], be.EndpointSlice)
+}
+
+func (b *batch) deleteBackends(t *lbTables, be *SliceBackends) {
+	t.backends.Delete(b.txn, be)
+	b.backendsWritten = true
 }
 
 // frontendsOf are the service's frontends as of the transaction.
@@ -100,6 +110,9 @@ func (b *batch) frontendsOf(t *lbTables, name ServiceName) []*Frontend {
 
 // backendsOf are the backends rows of the service as of the transaction.
 func (b *batch) backendsOf(t *lbTables, name ServiceName) []*SliceBackends {
+	if !b.backendsWritten {
+		return slices.Collect(statedb.ToSeq(BackendsOf(b.snapshot, t.backends, name)))
+	}
 	names := slices.Clip(b.addedBackends[name])
 	for be := range BackendsOf(b.snapshot, t.backends, name) {
 		names = append(names, be.EndpointSlice)

@@ -92,7 +92,7 @@ func (w *writer) setSliceBackends(b *batch, key SliceKey, backends []Backend) {
 	old, _, found := w.tables.backends.Get(b.txn, BackendsBySlice.Query(key))
 	if len(backends) == 0 {
 		if found {
-			w.tables.backends.Delete(b.txn, old)
+			b.deleteBackends(w.tables, old)
 			b.markDirty(key.Service)
 			w.forgetQuarantined(b, old.Backends)
 		}
