@@ -270,10 +270,14 @@ func listOf(data []byte, listKind string) (raw []byte, meta metav1.ListMeta, err
 // listKind (listOf's), each into obj in turn, calling each with it.
 //
 // Each object comes without its managed fields, and trimmed (see
-// Trim.message).
+// Trim.message). Its labels are decoded into the map of the object before
+// it, emptied: a map per object was most of what decoding a labelled
+// object's metadata allocated (an EndpointSlice keeps its service label:
+// 16 MB at 50,000 of them). each must not keep the map.
 func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, trim Trim, each func(T) error) error {
 	var zero E
 	var scratch []byte
+	var labels map[string]string
 	item := 0
 	t := trim.of(listKind)
 	err := messageFields(raw, func(num protowire.Number, v []byte) error {
@@ -282,9 +286,14 @@ func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, trim Trim,
 		}
 		v, scratch = t.message(v, scratch)
 		*obj = zero
+		if labels != nil {
+			clear(labels)
+			obj.SetLabels(labels)
+		}
 		if err := obj.Unmarshal(v); err != nil {
 			return fmt.Errorf("item %d: %w", item, err)
 		}
+		labels = obj.GetLabels()
 		item++
 		return each(obj)
 	})

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,6 +67,34 @@ func decodePage(data []byte, listKind string, obj *corev1.Service, each func(*co
 		return meta, err
 	}
 	return meta, eachItem(raw, listKind, obj, Trim{}, each)
+}
+
+// Each object of a page has its own labels, none of the object's before
+// it, though they are decoded into its map; it allocates no map of its own.
+func TestEachItemLabels(t *testing.T) {
+	items := testServices(5)
+	items[1].Labels = map[string]string{"b": "2", "c": "3"}
+	items[2].Labels = nil
+	items[3].Labels = map[string]string{"a": "9"}
+	data := encode(t, &corev1.ServiceList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceList"}, Items: items})
+	var maps []uintptr
+	i := 0
+	_, err := decodePage(data[len(protobufPrefix):], "ServiceList", &corev1.Service{}, func(s *corev1.Service) error {
+		if len(s.Labels) != len(items[i].Labels) || !equality.Semantic.DeepEqual(s.Labels, items[i].Labels) && len(s.Labels) > 0 {
+			t.Errorf("item %d has labels %v, want %v", i, s.Labels, items[i].Labels)
+		}
+		if s.Labels != nil {
+			maps = append(maps, reflect.ValueOf(s.Labels).Pointer())
+		}
+		i++
+		return nil
+	})
+	if err != nil || i != len(items) {
+		t.Fatalf("decoded %d of %d items: %v", i, len(items), err)
+	}
+	if maps = slices.Compact(maps); len(maps) != 1 {
+		t.Errorf("labels decoded into %d maps, want one", len(maps))
+	}
 }
 
 // A page in protobuf decodes, one object at a time into the same one, to
