@@ -3,6 +3,7 @@ package kubeclient
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"slices"
@@ -315,44 +316,42 @@ func eachItem[E any, T object[E]](raw []byte, listKind string, obj T, trim Trim,
 // for each entry): at 50,000 Services and their EndpointSlices, 40-45 MB
 // of an agent's restart.
 func (t Trim) message(item, scratch []byte) (out, grown []byte) {
-	cut := 0
-	rawFields(item, func(top protowire.Number, _ []byte, v []byte) {
-		if t.into(top) && v != nil {
-			rawFields(v, func(num protowire.Number, field, v []byte) {
-				if t.dropsIn(top, num, v) {
-					cut += len(field)
-				}
-			})
-		}
-	})
-	if cut == 0 {
-		return item, scratch
-	}
+	// One walk: every field copied into out as it comes, those t looks
+	// into (its metadata, a Service's spec) with only what they keep,
+	// behind room for their tag and length, written once their length is
+	// known. (Counting what is left out first, then copying, walked the
+	// metadata three times: 0.12 s of a 50,000-Service restart.)
+	const room = 1 + binary.MaxVarintLen32 // a tag below 16, a length below 4 GB
 	out = scratch[:0]
-	bad := false
+	cut, bad := false, false
 	ok := rawFields(item, func(top protowire.Number, field, v []byte) {
+		if bad {
+			return
+		}
 		if !t.into(top) || v == nil {
 			out = append(out, field...)
 			return
 		}
-		size := 0
+		at := len(out)
+		out = append(out, make([]byte, room)...)
 		if !rawFields(v, func(num protowire.Number, field, v []byte) {
-			if !t.dropsIn(top, num, v) {
-				size += len(field)
+			if t.dropsIn(top, num, v) {
+				cut = true
+			} else {
+				out = append(out, field...)
 			}
 		}) {
 			bad = true
 			return
 		}
-		out = protowire.AppendTag(out, top, protowire.BytesType)
-		out = protowire.AppendVarint(out, uint64(size))
-		rawFields(v, func(num protowire.Number, field, v []byte) {
-			if !t.dropsIn(top, num, v) {
-				out = append(out, field...)
-			}
-		})
+		size := len(out) - at - room
+		var header [room]byte
+		h := protowire.AppendVarint(protowire.AppendTag(header[:0], top, protowire.BytesType), uint64(size))
+		copy(out[at:], h)
+		copy(out[at+len(h):], out[at+room:])
+		out = out[:at+len(h)+size]
 	})
-	if !ok || bad {
+	if !ok || bad || !cut {
 		return item, out
 	}
 	return out, out
