@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
 
 	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/devices"
@@ -173,8 +174,12 @@ type params struct {
 // endpoint whose programs it attached enters the table with its Programs
 // status done, which the reconciler leaves alone; when it fails, the
 // status is pending and the reconciler does it.
+//
+// h is the socket to make the filters through: the creations' shared one
+// (hostNetlink), or for callers without one a zero Handle, a socket per
+// request.
 type ProgramsAttacher interface {
-	AttachPrograms(ep *Endpoint) error
+	AttachPrograms(h *netlink.Handle, ep *Endpoint) error
 }
 
 // Manager creates, deletes and restores endpoints. See the package
@@ -260,6 +265,8 @@ func newManager(p params) (*Manager, error) {
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
 		vethCreated: func() { m.crash.At(CrashVethCreated) }}
+	// The creations' host-side netlink sockets, opened by the first.
+	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { m.plumb.host.close(); return nil }})
 
 	// The restore gates three things: allocation of addresses for new
 	// endpoints, readers of the endpoints table (the endpoint map prunes

@@ -248,7 +248,7 @@ type attachCall struct {
 	up      bool
 }
 
-func (a *attacher) AttachPrograms(ep *endpointmanager.Endpoint) error {
+func (a *attacher) AttachPrograms(_ *netlink.Handle, ep *endpointmanager.Endpoint) error {
 	l, err := netlink.LinkByIndex(ep.HostIfIndex)
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -199,7 +199,7 @@ func (m *Manager) create(ctx context.Context, ep *Endpoint, podNS netns.NsHandle
 		return ep, err
 	}
 	steps.done("live")
-	if err := routeHost(ep); err != nil {
+	if err := m.plumb.routeHost(ep); err != nil {
 		return ep, err
 	}
 	steps.done("route")
@@ -401,7 +401,11 @@ func (m *Manager) attachPrograms(ep *Endpoint) bool {
 	if m.programs == nil {
 		return false
 	}
-	if err := m.programs.AttachPrograms(ep); err != nil {
+	h, _, err := m.plumb.host.get()
+	if err == nil {
+		err = m.programs.AttachPrograms(h, ep)
+	}
+	if err != nil {
 		m.log.Warn("Attaching a new endpoint's programs failed; the loader's reconciler retries",
 			"id", ep.ID, "container", ep.ContainerID, "host-interface", ep.HostIfName, "error", err)
 		return false
@@ -868,7 +872,7 @@ func (m *Manager) routeIfLive(ctx context.Context, ep *Endpoint, rev *statedb.Re
 	if len(m.pendingLive(cur, *rev)) > 0 {
 		return false, nil
 	}
-	if err := routeHost(cur); err != nil {
+	if err := m.plumb.routeHost(cur); err != nil {
 		return false, err
 	}
 	return true, m.markState(cur, Starting, Ready, nil)

@@ -111,6 +111,8 @@ type plumbing struct {
 	// vethCreated runs right after a new veth pair exists: the test fault
 	// point (--endpoint-test-crash-at).
 	vethCreated func()
+	// host is the sockets through which creations make their host sides.
+	host hostNetlink
 }
 
 // plumb makes the kernel match ep, and fills in its MACs and host ifindex.
@@ -234,20 +236,24 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 // the host's routes to the pod (see routeHost).
 func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr) (removed bool, err error) {
 	mtu := p.mtu()
+	nlh, raw, err := p.host.get()
+	if err != nil {
+		return false, err
+	}
 	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
 	if err != nil {
 		return false, fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
 	}
 	defer pod.Close()
 	hostMAC, podMAC := randomMAC(), randomMAC()
-	hostIndex, podIndex, err := addVeth(ep.HostIfName, hostMAC, ep.IfName, podMAC, podNS, mtu)
+	hostIndex, podIndex, err := addVeth(raw, ep.HostIfName, hostMAC, ep.IfName, podMAC, podNS, mtu)
 	if errors.Is(err, unix.EEXIST) {
 		if removed, err = unplumb(ep.HostIfName); err != nil {
 			return false, err
 		}
 		err = unix.EEXIST
 		if removed {
-			hostIndex, podIndex, err = addVeth(ep.HostIfName, hostMAC, ep.IfName, podMAC, podNS, mtu)
+			hostIndex, podIndex, err = addVeth(raw, ep.HostIfName, hostMAC, ep.IfName, podMAC, podNS, mtu)
 		}
 		if _, lerr := pod.LinkByName(ep.IfName); errors.Is(err, unix.EEXIST) && lerr == nil {
 			return removed, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
@@ -261,7 +267,7 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 	}
 	if hostIndex == 0 || podIndex == 0 {
 		// A kernel that does not echo the new link: look the pair up.
-		link, err := netlink.LinkByName(ep.HostIfName)
+		link, err := nlh.LinkByName(ep.HostIfName)
 		if err != nil {
 			return removed, fmt.Errorf("look up %s: %w", ep.HostIfName, err)
 		}
@@ -270,14 +276,14 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 	host := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: hostIndex, Name: ep.HostIfName}}
 	podLink := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: podIndex, Name: ep.IfName, HardwareAddr: podMAC}}
 	// See ensureVeth: the filters' qdisc, made before they are added.
-	if err := AddClsact(hostIndex); err != nil {
+	if err := addClsact(nlh, hostIndex); err != nil {
 		return removed, fmt.Errorf("add a clsact qdisc to %s: %w", ep.HostIfName, err)
 	}
 	// As in plumb: the host side's link-local address, usable at once.
 	if ep.IPv6.IsValid() {
 		ll := linkLocal(hostMAC)
 		a := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ll, 64)), Flags: unix.IFA_F_NODAD}
-		if err := netlink.AddrReplace(host, a); err != nil {
+		if err := nlh.AddrReplace(host, a); err != nil {
 			return removed, fmt.Errorf("add link-local address %s to %s: %w", ll, ep.HostIfName, err)
 		}
 	}
@@ -297,7 +303,7 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 				return removed, fmt.Errorf("add route %s in netns %s: %w", routeString(r), ep.Netns, err)
 			}
 		}
-		if err := netlink.AddrReplace(host, hostAddr(router)); err != nil {
+		if err := nlh.AddrReplace(host, hostAddr(router)); err != nil {
 			return removed, fmt.Errorf("add router address %s to %s: %w", router, ep.HostIfName, err)
 		}
 	}
@@ -307,13 +313,14 @@ func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.
 	return removed, nil
 }
 
-// addVeth makes a veth pair in one request: the host side hostName in the
-// agent's netns and the pod side podName in podNS, both down, with the
-// given MACs and MTU. The kernel echoes the new host side (NLM_F_ECHO),
-// whose link is the pod side's index: it returns both indexes, or zeros
-// when the kernel did not echo it.
-func addVeth(hostName string, hostMAC net.HardwareAddr, podName string, podMAC net.HardwareAddr, podNS netns.NsHandle, mtu int) (hostIndex, podIndex int, err error) {
+// addVeth makes a veth pair in one request on the socket s (in the
+// agent's netns): the host side hostName there and the pod side podName in
+// podNS, both down, with the given MACs and MTU. The kernel echoes the new
+// host side (NLM_F_ECHO), whose link is the pod side's index: it returns
+// both indexes, or zeros when the kernel did not echo it.
+func addVeth(s *nl.SocketHandle, hostName string, hostMAC net.HardwareAddr, podName string, podMAC net.HardwareAddr, podNS netns.NsHandle, mtu int) (hostIndex, podIndex int, err error) {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: s}
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
 	req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(mtu))))
@@ -357,13 +364,17 @@ func randomMAC() net.HardwareAddr {
 // routeHost brings a new endpoint's host side up and adds the host's
 // routes to its addresses through it: the last step of a creation, after
 // which other pods and the node reach the pod.
-func routeHost(ep *Endpoint) error {
-	if err := netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ep.HostIfIndex}}); err != nil {
+func (p *plumbing) routeHost(ep *Endpoint) error {
+	h, _, err := p.host.get()
+	if err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ep.HostIfIndex}}); err != nil {
 		return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
 	}
 	for _, ip := range ep.IPs() {
 		r := hostRoute(ep.HostIfIndex, ip)
-		if err := netlink.RouteReplace(r); err != nil {
+		if err := h.RouteReplace(r); err != nil {
 			return fmt.Errorf("add route %s: %w", routeString(r), err)
 		}
 	}
@@ -469,8 +480,14 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 
 // AddClsact adds a clsact qdisc to interface ifindex unless it has one:
 // the endpoints' programs are tc filters on it (cells/loader/tc.go).
-func AddClsact(ifindex int) error {
-	err := netlink.QdiscAdd(&netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
+func AddClsact(ifindex int) error { return addClsact(nil, ifindex) }
+
+// addClsact is AddClsact through h (nil: a socket of its own).
+func addClsact(h *netlink.Handle, ifindex int) error {
+	if h == nil {
+		h = &netlink.Handle{}
+	}
+	err := h.QdiscAdd(&netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
 		LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
 	}})
 	if err != nil && !errors.Is(err, unix.EEXIST) {

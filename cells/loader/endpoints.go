@@ -97,7 +97,7 @@ func programsAttacher(log *slog.Logger, reg *bpfmaps.Registry, progs endpointPro
 // node's RTNL lock, which the ADDs of many pods at once queue for. When a
 // pinned link of an earlier agent has the endpoint's ID, or a filter
 // cannot be added so, Update does it.
-func (o *endpointLinks) AttachPrograms(ep *endpointmanager.Endpoint) error {
+func (o *endpointLinks) AttachPrograms(nlh *netlink.Handle, ep *endpointmanager.Endpoint) error {
 	for _, h := range endpointHooks {
 		if _, err := os.Lstat(filepath.Join(o.dir, pinName(ep.ID, h))); !errors.Is(err, fs.ErrNotExist) {
 			return o.Update(context.Background(), nil, 0, ep)
@@ -107,7 +107,7 @@ func (o *endpointLinks) AttachPrograms(ep *endpointmanager.Endpoint) error {
 		prog, _ := o.progs.program(h)
 		f := tcFilter(ep.HostIfIndex, h)
 		f.Fd = prog.FD()
-		if err := netlink.FilterReplace(f); err != nil {
+		if err := nlh.FilterReplace(f); err != nil {
 			return o.Update(context.Background(), nil, 0, ep)
 		}
 	}

@@ -348,13 +348,13 @@ func TestAttachProgramsOfNewEndpoint(t *testing.T) {
 	if err := endpointmanager.AddClsact(withQdisc.HostIfIndex); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.attach.AttachPrograms(withQdisc); err != nil {
+	if err := d.attach.AttachPrograms(&netlink.Handle{}, withQdisc); err != nil {
 		t.Fatalf("attach to a new host side with its qdisc: %v", err)
 	}
 	wantAttached(t, withQdisc)
 
 	without := newPod(t).endpoint(2)
-	if err := d.attach.AttachPrograms(without); err != nil {
+	if err := d.attach.AttachPrograms(&netlink.Handle{}, without); err != nil {
 		t.Fatalf("attach to a host side without a qdisc: %v", err)
 	}
 	wantAttached(t, without)
