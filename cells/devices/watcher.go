@@ -73,9 +73,12 @@ func registerWatcher(p watcherParams) error {
 }
 
 const (
-	// updateBuffer is how many netlink updates may queue while a batch is
-	// being written; the kernel's socket buffer holds more behind it.
-	updateBuffer = 1024
+	// updateBuffer is how many netlink updates may queue in a channel
+	// while a batch is being written; a burst waits behind them in the
+	// kernel, in the socket's receive buffer (drift.SocketBuffer), which
+	// takes memory only while messages wait, where a channel's buffer is
+	// the agent's for good.
+	updateBuffer = 64
 	// maxBatch bounds one write transaction, so that during a flood of
 	// updates readers still see progress.
 	maxBatch = 4096

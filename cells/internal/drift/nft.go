@@ -26,6 +26,10 @@ type NFTables struct {
 	subscribed bool
 }
 
+// nftEventBuffer is how many batches of nftables events queue while
+// Changed runs: pointers, 8 KB (the monitor's socket buffer cannot be set).
+const nftEventBuffer = 1024
+
 // Run monitors until ctx ends.
 func (f *NFTables) Run(ctx context.Context, health cell.Health) error {
 	var opts []nftables.ConnOption
@@ -41,7 +45,7 @@ func (f *NFTables) Run(ctx context.Context, health cell.Health) error {
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(updateBuffer))
+	mon := nftables.NewMonitor(nftables.WithMonitorEventBuffer(nftEventBuffer))
 	events, err := c.AddMonitor(mon)
 	if err != nil {
 		return fmt.Errorf("nftables monitor: %w", err)
