@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/containernetworking/cni/pkg/types"
 )
 
 // A network configuration is refused with a CNI error of code 1, 6 or 7,
@@ -26,10 +24,10 @@ func FuzzConf(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, stdin []byte) {
-		conf, err := parseConf(stdin)
+		conf, _, err := parseConf(stdin)
 		if err != nil {
-			cniErr, ok := errors.AsType[*types.Error](err)
-			if !ok || cniErr.Code != types.ErrIncompatibleCNIVersion && cniErr.Code != types.ErrDecodingFailure && cniErr.Code != types.ErrInvalidNetworkConfig {
+			cniErr, ok := errors.AsType[*pluginError](err)
+			if !ok || cniErr.Code != errIncompatibleCNIVersion && cniErr.Code != errDecodingFailure && cniErr.Code != errInvalidNetworkConfig {
 				t.Fatalf("error %v (%T) is not a CNI error of code 1, 6 or 7", err, err)
 			}
 			return
@@ -57,12 +55,12 @@ func FuzzArgs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, cniArgs string) {
 		k8s, err := parseArgs(cniArgs)
 		if err != nil {
-			if cniErr, ok := errors.AsType[*types.Error](err); !ok || cniErr.Code != types.ErrInvalidEnvironmentVariables {
+			if cniErr, ok := errors.AsType[*pluginError](err); !ok || cniErr.Code != errInvalidEnvironmentVariables {
 				t.Fatalf("error %v (%T) is not a CNI error of code 4", err, err)
 			}
 			return
 		}
-		for key, v := range map[string]string{"K8S_POD_NAMESPACE": string(k8s.K8S_POD_NAMESPACE), "K8S_POD_NAME": string(k8s.K8S_POD_NAME)} {
+		for key, v := range map[string]string{"K8S_POD_NAMESPACE": k8s.K8S_POD_NAMESPACE, "K8S_POD_NAME": k8s.K8S_POD_NAME} {
 			if v != "" && !strings.Contains(cniArgs, key+"="+v) {
 				t.Fatalf("%s %q is not in CNI_ARGS %q", key, v, cniArgs)
 			}

@@ -34,18 +34,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
-	cniversion "github.com/containernetworking/cni/pkg/version"
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/unixhttp"
@@ -94,52 +88,43 @@ const TraceEnv = "CELLIUM_CNI_TRACE"
 
 func main() {
 	started = time.Now()
-	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC},
-		cniversion.PluginSupports("1.0.0", "1.1.0"),
+	pluginMain(handlers{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC},
 		"CNI plugin cellium-cni "+version.Get().Version)
 }
 
-// netConf is the plugin's network configuration.
-type netConf struct {
-	types.PluginConf
-	// Socket is the agent's API socket.
-	Socket string `json:"socket,omitempty"`
-}
-
-func parseConf(stdin []byte) (*netConf, error) {
+// parseConf parses the network configuration; a prevResult's addresses
+// are returned too.
+func parseConf(stdin []byte) (*netConf, []netip.Prefix, error) {
 	conf := &netConf{Socket: DefaultSocket}
 	if err := json.Unmarshal(stdin, conf); err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, "invalid network configuration on stdin", err.Error())
+		return nil, nil, newError(errDecodingFailure, "invalid network configuration on stdin", err.Error())
 	}
 	if conf.Type == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, `invalid network configuration: "type" missing, want cellium-cni`, "")
+		return nil, nil, newError(errInvalidNetworkConfig, `invalid network configuration: "type" missing, want cellium-cni`, "")
 	}
 	if conf.Type != "cellium-cni" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig,
+		return nil, nil, newError(errInvalidNetworkConfig,
 			fmt.Sprintf("invalid network configuration: type %q, want cellium-cni", conf.Type), "")
 	}
 	if !filepath.IsAbs(conf.Socket) {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig,
+		return nil, nil, newError(errInvalidNetworkConfig,
 			fmt.Sprintf("invalid network configuration: socket %q must be an absolute path, e.g. %s", conf.Socket, DefaultSocket), "")
 	}
-	if err := cniversion.ParsePrevResult(&conf.PluginConf); err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, "invalid prevResult", err.Error())
+	if len(conf.PrevResult) == 0 || string(conf.PrevResult) == "null" {
+		return conf, nil, nil
 	}
-	return conf, nil
-}
-
-// k8sArgs are the CNI_ARGS a kubelet passes; the field names are the keys.
-type k8sArgs struct {
-	types.CommonArgs
-	K8S_POD_NAMESPACE types.UnmarshallableString
-	K8S_POD_NAME      types.UnmarshallableString
+	prev, err := parsePrevResult(conf.PrevResult)
+	if err != nil {
+		return nil, nil, newError(errDecodingFailure, "invalid prevResult", err.Error())
+	}
+	return conf, prev, nil
 }
 
 // parseArgs parses CNI_ARGS.
 func parseArgs(cniArgs string) (k8sArgs, error) {
-	var k8s k8sArgs
-	if err := types.LoadArgs(cniArgs, &k8s); err != nil {
-		return k8sArgs{}, types.NewError(types.ErrInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
+	k8s, err := loadArgs(cniArgs)
+	if err != nil {
+		return k8sArgs{}, newError(errInvalidEnvironmentVariables, "invalid CNI_ARGS", err.Error())
 	}
 	return k8s, nil
 }
@@ -149,8 +134,8 @@ func parseArgs(cniArgs string) (k8sArgs, error) {
 // the runtime's own timeout for a CNI call (containerd allows minutes).
 const requestTimeout = 2 * time.Minute
 
-func cmdAdd(args *skel.CmdArgs) error {
-	conf, err := parseConf(args.StdinData)
+func cmdAdd(args *cmdArgs) error {
+	conf, _, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -165,17 +150,17 @@ func cmdAdd(args *skel.CmdArgs) error {
 	var ep apiv1.Endpoint
 	err = unixhttp.Do(ctx, conf.Socket, "PUT", endpointPath(args.ContainerID), apiv1.EndpointCreate{
 		Netns: args.Netns, Interface: args.IfName,
-		PodNamespace: string(k8s.K8S_POD_NAMESPACE), PodName: string(k8s.K8S_POD_NAME),
+		PodNamespace: k8s.K8S_POD_NAMESPACE, PodName: k8s.K8S_POD_NAME,
 	}, &ep)
 	if err != nil {
 		return cniError("add endpoint", conf.Socket, err)
 	}
 	result, err := resultOf(ep, conf.CNIVersion)
 	if err != nil {
-		return types.NewError(types.ErrInternal, "the agent's answer is not a usable endpoint", err.Error())
+		return newError(errInternal, "the agent's answer is not a usable endpoint", err.Error())
 	}
-	if err := types.PrintResult(result, conf.CNIVersion); err != nil {
-		return err
+	if err := printJSON(os.Stdout, result); err != nil {
+		return newError(errIOFailure, "print the result", err.Error())
 	}
 	if os.Getenv(TraceEnv) != "" {
 		fmt.Fprintf(os.Stderr, "cellium-cni trace: main=%d sent=%d answered=%d printed=%d\n",
@@ -187,10 +172,10 @@ func cmdAdd(args *skel.CmdArgs) error {
 // resultOf is the CNI result for an endpoint: the host and the container
 // interface, an address per family through the container's, and a default
 // route through each gateway.
-func resultOf(ep apiv1.Endpoint, cniVersion string) (*current.Result, error) {
-	r := &current.Result{
+func resultOf(ep apiv1.Endpoint, cniVersion string) (*result, error) {
+	r := &result{
 		CNIVersion: cniVersion,
-		Interfaces: []*current.Interface{
+		Interfaces: []resultIface{
 			{Name: ep.HostInterface, Mac: ep.HostMAC},
 			{Name: ep.Interface, Mac: ep.MAC, Sandbox: ep.Netns},
 		},
@@ -207,16 +192,16 @@ func resultOf(ep apiv1.Endpoint, cniVersion string) (*current.Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gateway of %s: %w", ip, err)
 		}
-		any := net.IPv4zero
+		any := netip.IPv4Unspecified()
 		if ip.Is6() {
-			any = net.IPv6zero
+			any = netip.IPv6Unspecified()
 		}
-		r.IPs = append(r.IPs, &current.IPConfig{
-			Interface: current.Int(1),
-			Address:   net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())},
-			Gateway:   gw.AsSlice(),
+		r.IPs = append(r.IPs, resultIPConf{
+			Interface: 1,
+			Address:   netip.PrefixFrom(ip, ip.BitLen()).String(),
+			Gateway:   gw.String(),
 		})
-		r.Routes = append(r.Routes, &types.Route{Dst: net.IPNet{IP: any, Mask: net.CIDRMask(0, ip.BitLen())}, GW: gw.AsSlice()})
+		r.Routes = append(r.Routes, resultRoute{Dst: netip.PrefixFrom(any, 0).String(), GW: gw.String()})
 	}
 	if len(r.IPs) == 0 {
 		return nil, errors.New("no address")
@@ -224,8 +209,8 @@ func resultOf(ep apiv1.Endpoint, cniVersion string) (*current.Result, error) {
 	return r, nil
 }
 
-func cmdDel(args *skel.CmdArgs) error {
-	conf, err := parseConf(args.StdinData)
+func cmdDel(args *cmdArgs) error {
+	conf, _, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -248,24 +233,20 @@ func cmdDel(args *skel.CmdArgs) error {
 	return nil
 }
 
-func cmdCheck(args *skel.CmdArgs) error {
-	conf, err := parseConf(args.StdinData)
+func cmdCheck(args *cmdArgs) error {
+	conf, prev, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
-	if conf.PrevResult == nil {
-		return types.NewError(types.ErrInvalidNetworkConfig, "CHECK needs prevResult in the network configuration", "")
-	}
-	prev, err := current.NewResultFromResult(conf.PrevResult)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "invalid prevResult", err.Error())
+	if prev == nil && (len(conf.PrevResult) == 0 || string(conf.PrevResult) == "null") {
+		return newError(errInvalidNetworkConfig, "CHECK needs prevResult in the network configuration", "")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	var check apiv1.EndpointCheck
 	err = unixhttp.Do(ctx, conf.Socket, "GET", endpointPath(args.ContainerID)+"/check", nil, &check)
 	if apiErr, ok := errors.AsType[*unixhttp.APIError](err); ok && apiErr.Status == statusNotFound {
-		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("the agent has no endpoint for container %s", args.ContainerID), apiErr.Message)
+		return newError(errUnknownContainer, fmt.Sprintf("the agent has no endpoint for container %s", args.ContainerID), apiErr.Message)
 	}
 	if err != nil {
 		return cniError("check endpoint", conf.Socket, err)
@@ -279,8 +260,8 @@ func cmdCheck(args *skel.CmdArgs) error {
 		problems = append(problems, fmt.Sprintf("the endpoint's netns is %s, not CNI_NETNS %s", ep.Netns, args.Netns))
 	}
 	var want []string
-	for _, ip := range prev.IPs {
-		want = append(want, ip.Address.IP.String())
+	for _, p := range prev {
+		want = append(want, p.Addr().String())
 	}
 	have := slices.DeleteFunc([]string{ep.IPv4, ep.IPv6}, func(s string) bool { return s == "" })
 	slices.Sort(want)
@@ -289,13 +270,13 @@ func cmdCheck(args *skel.CmdArgs) error {
 		problems = append(problems, fmt.Sprintf("prevResult has addresses %v, the endpoint %v", want, have))
 	}
 	if len(problems) > 0 {
-		return types.NewError(errCheckFailed, fmt.Sprintf("endpoint of container %s is not as made", args.ContainerID), strings.Join(problems, "; "))
+		return newError(errCheckFailed, fmt.Sprintf("endpoint of container %s is not as made", args.ContainerID), strings.Join(problems, "; "))
 	}
 	return nil
 }
 
-func cmdStatus(args *skel.CmdArgs) error {
-	conf, err := parseConf(args.StdinData)
+func cmdStatus(args *cmdArgs) error {
+	conf, _, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -303,10 +284,10 @@ func cmdStatus(args *skel.CmdArgs) error {
 	defer cancel()
 	var hz apiv1.Healthz
 	if err := unixhttp.Do(ctx, conf.Socket, "GET", apiv1.PathHealthz, nil, &hz); err != nil {
-		return types.NewError(errPluginNotAvailable, "cellium agent unreachable", err.Error())
+		return newError(errPluginNotAvailable, "cellium agent unreachable", err.Error())
 	}
 	if !hz.Ready {
-		return types.NewError(errPluginNotAvailable, "cellium agent not ready",
+		return newError(errPluginNotAvailable, "cellium agent not ready",
 			"waiting for "+strings.Join(hz.Pending, ", "))
 	}
 	return nil
@@ -316,8 +297,8 @@ func cmdStatus(args *skel.CmdArgs) error {
 // list as valid. The agent releases their addresses and removes their
 // veths, as for a DEL. It stops at the first failure, so that a GC the
 // runtime repeats finishes the work.
-func cmdGC(args *skel.CmdArgs) error {
-	conf, err := parseConf(args.StdinData)
+func cmdGC(args *cmdArgs) error {
+	conf, _, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -351,21 +332,21 @@ func cmdGC(args *skel.CmdArgs) error {
 // cniError turns an error talking to the agent into a CNI error.
 func cniError(what, socket string, err error) error {
 	if _, ok := errors.AsType[*unixhttp.UnreachableError](err); ok {
-		return types.NewError(types.ErrTryAgainLater, "cellium agent unreachable at "+socket+": try again later", err.Error())
+		return newError(errTryAgainLater, "cellium agent unreachable at "+socket+": try again later", err.Error())
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return types.NewError(types.ErrTryAgainLater, "cellium agent did not answer in time: try again later", err.Error())
+		return newError(errTryAgainLater, "cellium agent did not answer in time: try again later", err.Error())
 	}
 	apiErr, ok := errors.AsType[*unixhttp.APIError](err)
 	if !ok {
-		return types.NewError(types.ErrInternal, what+": "+err.Error(), "")
+		return newError(errInternal, what+": "+err.Error(), "")
 	}
 	switch apiErr.Status {
 	case statusServiceUnavailable:
-		return types.NewError(types.ErrTryAgainLater, what+": "+apiErr.Message, "")
+		return newError(errTryAgainLater, what+": "+apiErr.Message, "")
 	case statusBadRequest:
-		return types.NewError(types.ErrInvalidEnvironmentVariables, what+": "+apiErr.Message, "")
+		return newError(errInvalidEnvironmentVariables, what+": "+apiErr.Message, "")
 	default:
-		return types.NewError(errAgentRefused, what+": "+apiErr.Message, "")
+		return newError(errAgentRefused, what+": "+apiErr.Message, "")
 	}
 }
