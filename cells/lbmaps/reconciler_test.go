@@ -657,3 +657,34 @@ func TestHoldsWhatTheMapsHold(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreLeavesTheOtherFamilyAlone: a reverse NAT entry of one family
+// under the ID of a frontend of the other (IDs are one space for both) is
+// a leftover: it goes at the first prune, and the frontend whose ID it
+// has keeps its own entry, unwritten.
+func TestRestoreLeavesTheOtherFamilyAlone(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	fe := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
+	first := newLBEnv(t, root, nil)
+	first.set(true, fe)
+	first.waitDone()
+	id := first.service4("10.96.0.10:80/TCP")[0].RevNATIndex
+	if err := first.maps.RevNAT6.Put(id, lbmap.NewRevNAT6(netip.MustParseAddr("fd00::99"), 80)); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	second.set(true, fe)
+	second.waitDone()
+	polltest.Until(t, "the IPv6 leftover pruned", 30*time.Second, 10*time.Millisecond, func() (bool, string) {
+		d := second.dumpPrefix("rev6")
+		return len(d) == 0, fmt.Sprint(d)
+	})
+	if w := second.writes(); w != 0 {
+		t.Errorf("restart wrote %v entries, want none: %v", w, second.dump())
+	}
+	if rev, err := second.maps.RevNAT4.Lookup(id); err != nil || rev.AddrPort().String() != "10.96.0.10:80" {
+		t.Errorf("reverse NAT %d = %v %v, want 10.96.0.10:80", id, rev, err)
+	}
+}

@@ -274,6 +274,15 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		id     lbmap.BackendID
 		revNAT lbmap.RevNATIndex
 	}
+	type frontend struct {
+		addr addrKey
+		fs   *frontendState
+	}
+	// restored are this family's frontends with an ID, for the reverse
+	// NAT and Maglev entries to find by it: r.frontends has the other
+	// family's too (walking them all again for each family was 50 ms of a
+	// 50,000-Service restart).
+	var restored []frontend
 	slots := map[addrKey][]slot{}
 	err = f.services.Iterate(func(k SK, v lbmap.ServiceValue) bool {
 		ap, proto, n := f.keyOf(k)
@@ -290,7 +299,9 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			stats.dropped++
 			return true
 		}
-		r.frontends.Set(addr, &frontendState{id: v.RevNATIndex, master: v, hasMaster: true})
+		fs := &frontendState{id: v.RevNATIndex, master: v, hasMaster: true}
+		r.frontends.Set(addr, fs)
+		restored = append(restored, frontend{addr, fs})
 		stats.frontends++
 		return true
 	})
@@ -314,15 +325,9 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 		}
 	}
 
-	type frontend struct {
-		addr addrKey
-		fs   *frontendState
-	}
-	byID := map[lbmap.RevNATIndex]frontend{}
-	for addr, fs := range r.frontends.All() {
-		if fs.id != 0 {
-			byID[fs.id] = frontend{addr, fs}
-		}
+	byID := make(map[lbmap.RevNATIndex]frontend, len(restored))
+	for _, fe := range restored {
+		byID[fe.fs.id] = fe
 	}
 	err = f.revNAT.Iterate(func(id lbmap.RevNATIndex, v R) bool {
 		fe, ok := byID[id]
