@@ -24,12 +24,14 @@ import (
 type syscallCounts struct {
 	netlink map[string]int
 	syncs   int
+	// sockets counts the netlink sockets opened.
+	sockets int
 }
 
 // countCalls runs fn with strace attached to every thread of process pid
 // and counts the process's netlink requests (sendto/sendmsg on a netlink
-// socket, by message type, as strace decodes them) and its fsync and
-// fdatasync calls meanwhile. strace slows the process down: what fn
+// socket, by message type, as strace decodes them), its fsync and
+// fdatasync calls and the netlink sockets it opened meanwhile. strace slows the process down: what fn
 // measures under it is not a latency figure. It skips b when strace is not
 // installed.
 func countCalls(b *testing.B, pid int, fn func()) syscallCounts {
@@ -39,7 +41,7 @@ func countCalls(b *testing.B, pid int, fn func()) syscallCounts {
 		b.Skipf("counting the agent's system calls needs strace: %v", err)
 	}
 	out := filepath.Join(b.TempDir(), "strace.out")
-	cmd := exec.Command(strace, "-f", "-e", "trace=sendto,sendmsg,fsync,fdatasync", "-e", "signal=none", "-o", out, "-p", strconv.Itoa(pid))
+	cmd := exec.Command(strace, "-f", "-e", "trace=sendto,sendmsg,fsync,fdatasync,socket", "-e", "signal=none", "-o", out, "-p", strconv.Itoa(pid))
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -95,7 +97,8 @@ var rtmNames = map[uint64]string{
 }
 
 // parseCalls counts strace's lines of sendto/sendmsg with a netlink
-// header and of fsync/fdatasync; a call strace split in two lines
+// header, of fsync/fdatasync and of netlink sockets opened; a call strace
+// split in two lines
 // ("<unfinished ...>", "<... fsync resumed>") counts once, at its start.
 func parseCalls(out string) syscallCounts {
 	c := syscallCounts{netlink: map[string]int{}}
@@ -103,6 +106,8 @@ func parseCalls(out string) syscallCounts {
 		switch {
 		case strings.Contains(line, "fsync(") || strings.Contains(line, "fdatasync("):
 			c.syncs++
+		case strings.Contains(line, "socket(AF_NETLINK,"):
+			c.sockets++
 		case strings.Contains(line, "sendto(") || strings.Contains(line, "sendmsg("):
 			if m := nlmsgType.FindStringSubmatch(line); m != nil {
 				name := m[1]
@@ -128,7 +133,8 @@ func (c syscallCounts) perAdd(adds int) string {
 		total += c.netlink[t]
 		types = append(types, fmt.Sprintf("%s=%.1f", strings.ToLower(t), float64(c.netlink[t])/float64(adds)))
 	}
-	return fmt.Sprintf("netlink_per_add=%.1f fsync_per_add=%.1f %s", float64(total)/float64(adds), float64(c.syncs)/float64(adds), strings.Join(types, " "))
+	return fmt.Sprintf("netlink_per_add=%.1f netlink_sockets_per_add=%.1f fsync_per_add=%.1f %s", float64(total)/float64(adds),
+		float64(c.sockets)/float64(adds), float64(c.syncs)/float64(adds), strings.Join(types, " "))
 }
 
 // TestParseCalls counts strace's lines as BenchmarkAddParallel reads them:
@@ -140,12 +146,14 @@ func TestParseCalls(t *testing.T) {
 104 fdatasync(13) = 0
 103 <... fsync resumed>) = 0
 105 sendto(3, "GET / HTTP/1.1", 14, 0, NULL, 0) = 14
+106 socket(AF_NETLINK, SOCK_RAW|SOCK_CLOEXEC, NETLINK_ROUTE) = 14
+107 socket(AF_UNIX, SOCK_STREAM|SOCK_CLOEXEC, 0) = 15
 `
 	c := parseCalls(out)
-	if want := map[string]int{"RTM_GETLINK": 1, "RTM_NEWADDR": 1}; !maps.Equal(c.netlink, want) || c.syncs != 2 {
-		t.Errorf("parseCalls = %v, %d syncs; want %v, 2 syncs", c.netlink, c.syncs, want)
+	if want := map[string]int{"RTM_GETLINK": 1, "RTM_NEWADDR": 1}; !maps.Equal(c.netlink, want) || c.syncs != 2 || c.sockets != 1 {
+		t.Errorf("parseCalls = %v, %d syncs, %d netlink sockets; want %v, 2 syncs, 1 socket", c.netlink, c.syncs, c.sockets, want)
 	}
-	if got, want := c.perAdd(2), "netlink_per_add=1.0 fsync_per_add=1.0 rtm_getlink=0.5 rtm_newaddr=0.5"; got != want {
+	if got, want := c.perAdd(2), "netlink_per_add=1.0 netlink_sockets_per_add=0.5 fsync_per_add=1.0 rtm_getlink=0.5 rtm_newaddr=0.5"; got != want {
 		t.Errorf("perAdd = %q, want %q", got, want)
 	}
 }
