@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/cellium/cellium/pkg/nettest"
 )
@@ -25,17 +24,7 @@ const burstAddrs = 1500
 // socket buffer and are all received after it; the subscription does not
 // end with "no buffer space", which costs a new listing of everything.
 func TestSubscriptionTakesABurst(t *testing.T) {
-	n := nettest.NewNS(t)
-	ns, err := netns.GetFromPath(n.Path())
-	if err != nil {
-		t.Fatalf("open %s: %v", n.Path(), err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	ns, h := nettest.Netlink(t, nettest.NewNS(t).Path())
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "burst0"}, PeerName: "burst1"}
 	if err := h.LinkAdd(veth); err != nil {
 		t.Fatalf("add veth: %v", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/icmpprobe"
@@ -60,6 +61,24 @@ func NewNS(t testing.TB) ns.NetNS {
 		t.Fatalf("set lo up in %s: %v", n.Path(), err)
 	}
 	return n
+}
+
+// Netlink opens the namespace at path (a handle for netlink's *At
+// functions and options) and a netlink handle in it; both are closed when
+// the test ends.
+func Netlink(t testing.TB, path string) (netns.NsHandle, *netlink.Handle) {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatalf("netlink handle in %s: %v", path, err)
+	}
+	t.Cleanup(h.Close)
+	return ns, h
 }
 
 // Ranges picks an IPv4 /24 in 10.244.128.0/17 and an IPv6 /64 in

@@ -85,16 +85,7 @@ func TestFollowerListsWithoutDisturbingOtherSubscribers(t *testing.T) {
 func TestFollowerTakesABurst(t *testing.T) {
 	const burst = 3000
 	n := nettest.NewNS(t)
-	ns, err := netns.GetFromPath(n.Path())
-	if err != nil {
-		t.Fatalf("open %s: %v", n.Path(), err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatalf("handle: %v", err)
-	}
-	defer h.Close()
+	_, h := nettest.Netlink(t, n.Path())
 	dev := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "burst0"}, PeerName: "burst1"}
 	if err := h.LinkAdd(dev); err != nil {
 		t.Fatalf("add %s: %v", dev.Name, err)
