@@ -129,6 +129,7 @@ func (o *ops) restore() {
 	} else if err = restore(o.state, o.v6, &stats); err != nil {
 		err = fmt.Errorf("restore IPv6 load-balancing maps: %w", err)
 	}
+	o.state.holdOrphanIDs()
 	if err != nil {
 		o.restoreErr = err
 		o.log.Error("Cannot restore load-balancing state, stopping", "error", err)
@@ -357,12 +358,17 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 			errs = append(errs, fmt.Errorf("remove stale frontend %s: %w", describe(staleAddrs[i]), e.err))
 		}
 	}
-	for _, remove := range o.state.orphans {
-		if err := remove(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
+	// Leftovers of restore; their IDs are freed once they are gone.
+	left := o.state.orphans[:0]
+	for _, orphan := range o.state.orphans {
+		if err := orphan.remove(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove leftover entry at frontend ID %d: %w", orphan.id, err))
+			left = append(left, orphan)
 		}
 	}
-	o.state.orphans = nil
+	clear(o.state.orphans[len(left):])
+	o.state.orphans = left
+	o.state.releaseOrphanIDs()
 	err := errors.Join(errs...)
 	if err != nil {
 		o.pruneHealth.Degraded("Stale entries left in the load-balancing maps; tried again at the next prune", err)

@@ -688,3 +688,56 @@ func TestRestoreLeavesTheOtherFamilyAlone(t *testing.T) {
 		t.Errorf("reverse NAT %d = %v %v, want 10.96.0.10:80", id, rev, err)
 	}
 }
+
+// TestLeftoverIDsNotHandedOut: a reverse NAT and a Maglev entry left at an
+// ID below the highest restored one (a crash between a delete's master
+// write and its reverse NAT write) keep that ID from a frontend created
+// before the first prune, so the prune deletes only the leftovers and the
+// new frontend's own entries stay.
+func TestLeftoverIDsNotHandedOut(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	maglev := func(c *lbmaps.Config) { c.LBAlgorithm = lbmaps.AlgorithmMaglev }
+	a := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
+	gone := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
+	c := frontend("10.96.0.12:80/TCP", "10.244.0.3:8080/TCP")
+	first := newLBEnv(t, root, maglev)
+	first.set(true, a, gone, c)
+	first.waitDone()
+	goneID := first.service4("10.96.0.11:80/TCP")[0].RevNATIndex
+	if cID := first.service4("10.96.0.12:80/TCP")[0].RevNATIndex; cID <= goneID {
+		t.Fatalf("frontend IDs %d, %d: the test needs the leftover's below a restored one", goneID, cID)
+	}
+	// The crash: the service entries deleted, the reverse NAT and Maglev
+	// entries not yet.
+	for slot := range first.service4("10.96.0.11:80/TCP") {
+		if err := first.maps.Services4.Delete(lbmap.NewService4Key(netip.MustParseAddr("10.96.0.11"), 80, lbmap.TCP, slot)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.stop()
+
+	second := newLBEnv(t, root, maglev)
+	created := frontend("10.96.0.20:80/TCP", "10.244.0.4:8080/TCP")
+	second.set(false, a, c, created) // created while the agent was down; not synced: no prune yet
+	second.waitDone()
+	id := second.service4("10.96.0.20:80/TCP")[0].RevNATIndex
+	if id == goneID {
+		t.Errorf("new frontend got ID %d, which a leftover entry holds until the first prune", id)
+	}
+	second.set(true, a, c, created)
+	celltest.Eventually(t, "lb-maps.prune OK", func() (bool, string) {
+		s, _, found := second.health.Get(second.db.ReadTxn(), health.StatusID.Query("lb-maps.prune"))
+		return found && s.Level == cell.StatusOK, fmt.Sprintf("found %v: %+v", found, s)
+	})
+	if rev, err := second.maps.RevNAT4.Lookup(id); err != nil || rev.AddrPort().String() != "10.96.0.20:80" {
+		t.Errorf("after the prune, reverse NAT %d = %v %v, want the new frontend's 10.96.0.20:80", id, rev, err)
+	}
+	if _, err := second.maps.Maglev4.Lookup(id); err != nil {
+		t.Errorf("after the prune, the new frontend's Maglev table %d: %v", id, err)
+	}
+	for _, d := range second.dump() {
+		if strings.HasPrefix(d, fmt.Sprintf("rev4 %d ", goneID)) || strings.HasPrefix(d, fmt.Sprintf("maglev4 %d ", goneID)) {
+			t.Errorf("leftover not pruned: %s", d)
+		}
+	}
+}

@@ -27,9 +27,53 @@ type realized struct {
 	frontendIDs *idAllocator
 	backendIDs  *idAllocator
 	// orphans delete entries found at restore that belong to no frontend
-	// (a reverse NAT or Maglev entry without its service entry). They are
-	// run by the first prune, after Kubernetes state has synced.
-	orphans []func() error
+	// of their family (a reverse NAT or Maglev entry without its service
+	// entry). They are run by the first prune, after Kubernetes state has
+	// synced; one that fails is kept for the next.
+	orphans []orphan
+	// orphanIDs are the IDs the orphans' entries are at. Each stays used
+	// in frontendIDs until its entries are deleted, so no new frontend
+	// gets it and then has its entries deleted by the prune. true: the
+	// orphans hold it; false: a frontend of the other family does, and
+	// hands it over when forgotten (forgetFrontend).
+	orphanIDs map[lbmap.RevNATIndex]bool
+}
+
+// orphan is one leftover entry at a frontend ID, and how to delete it.
+type orphan struct {
+	id     lbmap.RevNATIndex
+	remove func() error
+}
+
+// holdOrphanIDs reserves the orphans' IDs no frontend holds. It runs after
+// both families are restored: a frontend of either may hold an orphan's ID.
+func (r *realized) holdOrphanIDs() {
+	r.orphanIDs = make(map[lbmap.RevNATIndex]bool, len(r.orphans))
+	for _, o := range r.orphans {
+		if _, ok := r.orphanIDs[o.id]; !ok {
+			// reserve fails where a frontend holds the ID (or it is out
+			// of range, which no frontend is given).
+			r.orphanIDs[o.id] = r.frontendIDs.reserve(uint32(o.id)) == nil
+		}
+	}
+}
+
+// releaseOrphanIDs frees the IDs of the orphans whose entries are gone
+// (none is left in r.orphans at that ID) and that no frontend holds.
+func (r *realized) releaseOrphanIDs() {
+	left := map[lbmap.RevNATIndex]bool{}
+	for _, o := range r.orphans {
+		left[o.id] = true
+	}
+	for id, held := range r.orphanIDs {
+		if left[id] {
+			continue
+		}
+		if held {
+			r.frontendIDs.release(uint32(id))
+		}
+		delete(r.orphanIDs, id)
+	}
 }
 
 // frontendState is what is written for one frontend. The fields are in the
@@ -109,9 +153,16 @@ func (r *realized) backend(addr addrKey) (*backendState, error) {
 // forgetFrontend drops a frontend whose entries are all gone.
 func (r *realized) forgetFrontend(addr addrKey, fs *frontendState) {
 	r.frontends.Delete(addr)
-	if fs.id != 0 {
-		r.frontendIDs.release(uint32(fs.id))
+	if fs.id == 0 {
+		return
 	}
+	if held, ok := r.orphanIDs[fs.id]; ok && !held {
+		// Leftover entries of the other family are at this ID: it stays
+		// used until they are deleted.
+		r.orphanIDs[fs.id] = true
+		return
+	}
+	r.frontendIDs.release(uint32(fs.id))
 }
 
 // forgetBackend drops a backend whose entry is gone.
@@ -243,7 +294,8 @@ type restoreStats struct {
 // restore reads one family's maps into r. Entries that make no sense (an
 // unknown protocol, an ID used twice) are left out of r, so the reconciler
 // rewrites what is wanted and prune removes the rest. Backend IDs and
-// frontend IDs are reserved here, before any is allocated.
+// frontend IDs are reserved here, before any is allocated; the leftovers'
+// frontend IDs by holdOrphanIDs, once both families are read.
 func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *restoreStats) error {
 	err := f.backends.Iterate(func(id lbmap.BackendID, b B) bool {
 		ap, proto := f.backendOf(b)
@@ -332,7 +384,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 	err = f.revNAT.Iterate(func(id lbmap.RevNATIndex, v R) bool {
 		fe, ok := byID[id]
 		if !ok {
-			r.orphans = append(r.orphans, func() error { return f.revNAT.Delete(id) })
+			r.orphans = append(r.orphans, orphan{id, func() error { return f.revNAT.Delete(id) }})
 			return true
 		}
 		ap := f.revNATAddr(v)
@@ -352,7 +404,7 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 	for _, id := range maglevIDs {
 		fe, ok := byID[id]
 		if !ok {
-			r.orphans = append(r.orphans, func() error { return f.maglev.Delete(id) })
+			r.orphans = append(r.orphans, orphan{id, func() error { return f.maglev.Delete(id) }})
 			continue
 		}
 		table, err := f.maglev.Lookup(id)
