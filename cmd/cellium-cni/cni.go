@@ -340,7 +340,8 @@ type k8sArgs struct {
 }
 
 // loadArgs parses CNI_ARGS, "KEY=VALUE;KEY=VALUE": a key other than
-// those of k8sArgs is an error unless IgnoreUnknown is "1" or "true".
+// those of k8sArgs is an error unless IgnoreUnknown is "1" or "true" in
+// any case (the library lowercased the value: "True", "TRUE").
 func loadArgs(args string) (k8sArgs, error) {
 	var k k8sArgs
 	if args == "" {
@@ -354,13 +355,13 @@ func loadArgs(args string) (k8sArgs, error) {
 		}
 		switch kv[0] {
 		case "IgnoreUnknown":
-			switch kv[1] {
+			switch v := strings.ToLower(kv[1]); v {
 			case "1", "true":
 				k.IgnoreUnknown = true
 			case "0", "false":
 				k.IgnoreUnknown = false
 			default:
-				return k8sArgs{}, fmt.Errorf("ARGS: error parsing value of pair %q: boolean unmarshal error: invalid input %s", pair, kv[1])
+				return k8sArgs{}, fmt.Errorf("ARGS: error parsing value of pair %q: boolean unmarshal error: invalid input %s", pair, v)
 			}
 		case "K8S_POD_NAMESPACE":
 			k.K8S_POD_NAMESPACE = kv[1]

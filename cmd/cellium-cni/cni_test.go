@@ -91,8 +91,19 @@ func TestDispatch(t *testing.T) {
 }
 
 // TestLoadArgs: CNI_ARGS as the library read them: an unknown key is an
-// error unless IgnoreUnknown is 1 or true, as a kubelet sends it.
+// error unless IgnoreUnknown is 1 or true (in any case: the library
+// lowercased it), as a kubelet sends it.
 func TestLoadArgs(t *testing.T) {
+	for _, v := range []string{"1", "true", "True", "TRUE"} {
+		if _, err := loadArgs("IgnoreUnknown=" + v + ";K8S_POD_INFRA_CONTAINER_ID=abc"); err != nil {
+			t.Errorf("IgnoreUnknown=%s: %v", v, err)
+		}
+	}
+	for _, v := range []string{"0", "false", "False", "FALSE"} {
+		if _, err := loadArgs("IgnoreUnknown=" + v + ";K8S_POD_INFRA_CONTAINER_ID=abc"); err == nil || !strings.Contains(err.Error(), "unknown args") {
+			t.Errorf("IgnoreUnknown=%s with an unknown key = %v, want unknown args", v, err)
+		}
+	}
 	k, err := loadArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc")
 	if err != nil || k.K8S_POD_NAMESPACE != "default" || k.K8S_POD_NAME != "web-0" {
 		t.Errorf("kubelet's CNI_ARGS = %+v, %v", k, err)
@@ -101,6 +112,7 @@ func TestLoadArgs(t *testing.T) {
 		"K8S_POD_NAME=web-0;UNKNOWN=1": `ARGS: unknown args ["UNKNOWN=1"]`,
 		"K8S_POD_NAME=a=b":             `ARGS: invalid pair "K8S_POD_NAME=a=b"`,
 		"IgnoreUnknown=yes":            "boolean unmarshal error: invalid input yes",
+		"IgnoreUnknown=YES":            "boolean unmarshal error: invalid input yes",
 		";":                            `ARGS: invalid pair ""`,
 	} {
 		if _, err := loadArgs(args); err == nil || err.Error() != want && !strings.Contains(err.Error(), want) {
