@@ -308,15 +308,22 @@ type prevResult struct {
 	} `json:"ips"`
 }
 
-// resultVersions are the result versions whose addresses read so: the
-// library converted any of them to the configuration's.
-var resultVersions = map[string]bool{"0.3.0": true, "0.3.1": true, "0.4.0": true, "1.0.0": true, "1.1.0": true}
+// resultVersions are the result versions a prevResult may have: the
+// library read it as a result of the configuration's version, 1.0.0 or
+// 1.1.0, which takes these two only (a 0.3.x or 0.4.0 prevResult under a
+// 1.x configuration was refused, and is).
+var resultVersions = map[string]bool{"1.0.0": true, "1.1.0": true}
 
-// parsePrevResult reads raw, a prevResult: its addresses.
-func parsePrevResult(raw json.RawMessage) ([]netip.Prefix, error) {
+// parsePrevResult reads raw, a prevResult of a configuration of version
+// confVersion: its addresses. A prevResult without a version has the
+// configuration's, as the library gave it.
+func parsePrevResult(raw json.RawMessage, confVersion string) ([]netip.Prefix, error) {
 	var r prevResult
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, fmt.Errorf("decoding prevResult: %w", err)
+	}
+	if r.CNIVersion == "" {
+		r.CNIVersion = confVersion
 	}
 	if !resultVersions[r.CNIVersion] {
 		return nil, fmt.Errorf("unsupported CNI result version %q", r.CNIVersion)

@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	libversion "github.com/containernetworking/cni/pkg/version"
 
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/nettest"
@@ -156,5 +158,41 @@ func TestResultReadsAsLibraryResult(t *testing.T) {
 	}
 	if strings.Join(ips, ",") != "10.1.0.5/32 via 10.1.0.1,fd00::5/128 via fd00::1" || strings.Join(routes, ",") != "0.0.0.0/0 via 10.1.0.1,::/0 via fd00::1" {
 		t.Errorf("result %s: addresses %v, routes %v", data, ips, routes)
+	}
+}
+
+// TestPrevResultAsLibrary: a CHECK's prevResult is accepted or refused as
+// the CNI library's version.ParsePrevResult did: one without a cniVersion
+// has the configuration's, and a 1.x configuration takes 1.x results only.
+func TestPrevResultAsLibrary(t *testing.T) {
+	for _, tc := range []struct{ conf, prev, want string }{
+		{"1.0.0", `{"ips":[{"address":"10.1.0.5/32"}]}`, "10.1.0.5/32"},
+		{"1.1.0", `{"ips":[{"address":"10.1.0.5/32"}]}`, "10.1.0.5/32"},
+		{"1.0.0", `{"cniVersion":"1.1.0","ips":[{"address":"10.1.0.5/32"}]}`, "10.1.0.5/32"},
+		{"1.1.0", `{"cniVersion":"1.0.0","ips":[{"address":"fd00::5/128"}]}`, "fd00::5/128"},
+		{"1.0.0", `{"cniVersion":"0.4.0","ips":[{"address":"10.1.0.5/32"}]}`, ""},
+		{"1.0.0", `{"cniVersion":"0.3.1","ips":[{"address":"10.1.0.5/32"}]}`, ""},
+		{"1.0.0", `{"cniVersion":"2.0.0","ips":[{"address":"10.1.0.5/32"}]}`, ""},
+	} {
+		stdin := `{"cniVersion":"` + tc.conf + `","name":"cellium","type":"cellium-cni","prevResult":` + tc.prev + `}`
+		var lib types.PluginConf
+		if err := json.Unmarshal([]byte(stdin), &lib); err != nil {
+			t.Fatal(err)
+		}
+		libErr := libversion.ParsePrevResult(&lib)
+		_, addrs, err := parseConf([]byte(stdin))
+		if (err == nil) != (libErr == nil) {
+			t.Errorf("%s: plugin %v, library %v", stdin, err, libErr)
+			continue
+		}
+		if err != nil {
+			if e, ok := err.(*pluginError); !ok || e.Code != errDecodingFailure {
+				t.Errorf("%s: %v, want code %d", stdin, err, errDecodingFailure)
+			}
+			continue
+		}
+		if len(addrs) != 1 || addrs[0].String() != tc.want {
+			t.Errorf("%s: addresses %v, want %s", stdin, addrs, tc.want)
+		}
 	}
 }

@@ -113,7 +113,7 @@ func parseConf(stdin []byte) (*netConf, []netip.Prefix, error) {
 	if len(conf.PrevResult) == 0 || string(conf.PrevResult) == "null" {
 		return conf, nil, nil
 	}
-	prev, err := parsePrevResult(conf.PrevResult)
+	prev, err := parsePrevResult(conf.PrevResult, conf.CNIVersion)
 	if err != nil {
 		return nil, nil, newError(errDecodingFailure, "invalid prevResult", err.Error())
 	}
