@@ -171,16 +171,17 @@ func dispatch(h handlers, about string, getenv func(string) string, stdin io.Rea
 	}
 	var handler func(*cmdArgs) error
 	switch cmd {
-	case "ADD", "DEL":
+	case "ADD":
 		handler = h.Add
-		if cmd == "DEL" {
-			handler = h.Del
-		}
-		// Before the command, so that nothing is made or removed: the
-		// library checked after.
+		// Before the command, so that nothing is made: the library
+		// checked after.
 		if err := checkNotOwnNetns(args); err != nil {
 			return err
 		}
+	case "DEL":
+		// Not checked: DEL makes nothing in CNI_NETNS, and the
+		// specification asks it to clean up whatever it is given.
+		handler = h.Del
 	case "CHECK", "GC", "STATUS":
 		handler = map[string]func(*cmdArgs) error{"CHECK": h.Check, "GC": h.GC, "STATUS": h.Status}[cmd]
 		// CHECK came with 0.4.0, GC and STATUS with 1.1.0: every version
