@@ -9,7 +9,10 @@ package main
 // and those packages' initialization and pages were most of what an exec
 // cost beyond a plugin that does nothing (docs/performance.md, "CNI ADD").
 // What it accepts and refuses, and the codes and texts of its errors, are
-// the library's.
+// the library's (TestDispatch, TestLoadArgs, TestPrevResultAsLibrary) but
+// for CNI_NETNS the plugin's own network namespace: an ADD is refused
+// before it runs (the library checked after), a DEL runs (the library ran
+// it, then failed it).
 
 import (
 	"encoding/json"
@@ -18,6 +21,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"unicode"
@@ -184,10 +188,23 @@ func dispatch(h handlers, about string, getenv func(string) string, stdin io.Rea
 		handler = h.Del
 	case "CHECK", "GC", "STATUS":
 		handler = map[string]func(*cmdArgs) error{"CHECK": h.Check, "GC": h.GC, "STATUS": h.Status}[cmd]
-		// CHECK came with 0.4.0, GC and STATUS with 1.1.0: every version
-		// the plugin speaks has CHECK.
-		if (cmd == "GC" || cmd == "STATUS") && version != "1.1.0" && supported(version) {
+		// CHECK came with 0.4.0, GC and STATUS with 1.1.0. As the
+		// library: a version that does not parse is code 6, one before
+		// the command's or after every supported one code 1.
+		since := [3]int{1, 1, 0}
+		if cmd == "CHECK" {
+			since = [3]int{0, 4, 0}
+		}
+		v, err := parseVersion(version)
+		if err != nil {
+			return newError(errDecodingFailure, err.Error(), "")
+		}
+		if !atLeast(v, since) {
 			return newError(errIncompatibleCNIVersion, "config version does not allow "+cmd, "")
+		}
+		newest, _ := parseVersion(currentVersion)
+		if !atLeast(newest, v) {
+			return newError(errIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
 		}
 	default:
 		return newError(errInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
@@ -203,6 +220,34 @@ func dispatch(h handlers, about string, getenv func(string) string, stdin io.Rea
 		return newError(errInternal, err.Error(), "")
 	}
 	return nil
+}
+
+// parseVersion parses a "MAJOR[.MINOR[.MICRO]]" version as the library
+// did, with its errors.
+func parseVersion(version string) ([3]int, error) {
+	var v [3]int
+	parts := strings.Split(version, ".")
+	if len(parts) >= 4 {
+		return v, fmt.Errorf("invalid version %q: too many parts", version)
+	}
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return v, fmt.Errorf("failed to convert %s version part %q: %w", [3]string{"major", "minor", "micro"}[i], p, err)
+		}
+		v[i] = n
+	}
+	return v, nil
+}
+
+// atLeast says whether version a is b or later.
+func atLeast(a, b [3]int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] > b[i]
+		}
+	}
+	return true
 }
 
 func supported(version string) bool {
