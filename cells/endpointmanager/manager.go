@@ -401,9 +401,10 @@ func (m *Manager) attachPrograms(ep *Endpoint) bool {
 	if m.programs == nil {
 		return false
 	}
-	h, _, err := m.plumb.host.get()
+	h, _, release, err := m.plumb.host.get()
 	if err == nil {
 		err = m.programs.AttachPrograms(h, ep)
+		release()
 	}
 	if err != nil {
 		m.log.Warn("Attaching a new endpoint's programs failed; the loader's reconciler retries",

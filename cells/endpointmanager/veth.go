@@ -236,10 +236,11 @@ func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Add
 // the host's routes to the pod (see routeHost).
 func (p *plumbing) plumbNew(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr) (removed bool, err error) {
 	mtu := p.mtu()
-	nlh, raw, err := p.host.get()
+	nlh, raw, release, err := p.host.get()
 	if err != nil {
 		return false, err
 	}
+	defer release()
 	pod, err := netlink.NewHandleAt(podNS, unix.NETLINK_ROUTE)
 	if err != nil {
 		return false, fmt.Errorf("netlink in netns %s: %w", ep.Netns, err)
@@ -365,10 +366,11 @@ func randomMAC() net.HardwareAddr {
 // routes to its addresses through it: the last step of a creation, after
 // which other pods and the node reach the pod.
 func (p *plumbing) routeHost(ep *Endpoint) error {
-	h, _, err := p.host.get()
+	h, _, release, err := p.host.get()
 	if err != nil {
 		return err
 	}
+	defer release()
 	if err := h.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ep.HostIfIndex}}); err != nil {
 		return fmt.Errorf("set %s up: %w", ep.HostIfName, err)
 	}
