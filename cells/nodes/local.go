@@ -52,14 +52,11 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 	if ns != nil {
 		defer ns.Close()
 	}
-	routes := make(chan netlink.RouteUpdate, 16)
-	done := make(chan struct{})
-	defer close(done)
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns,
-		// Pods' routes come by the hundred at once (drift.SocketBuffer).
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
-		return fmt.Errorf("subscribe to route changes: %w", err)
+	routes, stopRoutes, err := subscribeRoutes(ns)
+	if err != nil {
+		return err
 	}
+	defer stopRoutes()
 	var (
 		last Spec
 		// defaults holds the default routes, listed again only when one
@@ -107,6 +104,25 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 			return nil
 		}
 	}
+}
+
+// subscribeRoutes subscribes to the route changes in ns (nil: the
+// agent's namespace). stop ends the subscription and drains the channel
+// until netlink's goroutine closes it: that goroutine may be blocked
+// sending an update, and would be for good.
+func subscribeRoutes(ns *netns.NsHandle) (_ <-chan netlink.RouteUpdate, stop func(), _ error) {
+	routes := make(chan netlink.RouteUpdate, 16)
+	done := make(chan struct{})
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns,
+		// Pods' routes come by the hundred at once (drift.SocketBuffer).
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
+		return nil, nil, fmt.Errorf("subscribe to route changes: %w", err)
+	}
+	return routes, func() {
+		close(done)
+		for range routes {
+		}
+	}, nil
 }
 
 // handle is a netlink handle in --devices-netns (and that namespace), or
