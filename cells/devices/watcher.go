@@ -214,7 +214,7 @@ func (s *subscription) start(ns netns.NsHandle) error {
 		Namespace:     &ns,
 		ErrorCallback: func(err error) { s.onError(&s.linkErr, err) },
 		// A burst of pods' veths must not overflow it (drift.SocketBuffer).
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true,
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: drift.ForceSocketBuffer(s.log),
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to netlink link updates: %w", err)
@@ -223,7 +223,7 @@ func (s *subscription) start(ns netns.NsHandle) error {
 	err = netlink.AddrSubscribeWithOptions(s.addrs, s.done, netlink.AddrSubscribeOptions{
 		Namespace:         &ns,
 		ErrorCallback:     func(err error) { s.onError(&s.addrErr, err) },
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true,
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: drift.ForceSocketBuffer(s.log),
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to netlink address updates: %w", err)

@@ -30,7 +30,7 @@ func repairMetrics(r *drift.Repairs) metrics.Collectors { return r.Collectors() 
 // over, is put back.
 func registerHostRouteRepair(m *Manager, repairs *drift.Repairs, jobs job.Group) {
 	m.repairs = repairs
-	f := &drift.Follower{Routes: true, Handle: m.hostRoutesChanged}
+	f := &drift.Follower{Routes: true, Handle: m.hostRoutesChanged, Log: m.log}
 	jobs.Add(job.OneShot("host-route-changes", f.Run, drift.Retry))
 	jobs.Add(job.Timer("host-route-refresh", func(ctx context.Context) error {
 		m.repairHostRoutes(ctx, m.Endpoints())

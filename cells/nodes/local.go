@@ -52,7 +52,7 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 	if ns != nil {
 		defer ns.Close()
 	}
-	routes, stopRoutes, err := subscribeRoutes(ns)
+	routes, stopRoutes, err := subscribeRoutes(l.log, ns)
 	if err != nil {
 		return err
 	}
@@ -110,12 +110,12 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 // agent's namespace). stop ends the subscription and drains the channel
 // until netlink's goroutine closes it: that goroutine may be blocked
 // sending an update, and would be for good.
-func subscribeRoutes(ns *netns.NsHandle) (_ <-chan netlink.RouteUpdate, stop func(), _ error) {
+func subscribeRoutes(log *slog.Logger, ns *netns.NsHandle) (_ <-chan netlink.RouteUpdate, stop func(), _ error) {
 	routes := make(chan netlink.RouteUpdate, 16)
 	done := make(chan struct{})
 	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns,
 		// Pods' routes come by the hundred at once (drift.SocketBuffer).
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
+		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: drift.ForceSocketBuffer(log)}); err != nil {
 		return nil, nil, fmt.Errorf("subscribe to route changes: %w", err)
 	}
 	return routes, func() {

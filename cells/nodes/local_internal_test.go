@@ -20,7 +20,7 @@ import (
 func TestRouteSubscriptionStopDrains(t *testing.T) {
 	nettest.RequireRoot(t)
 	ns, h := nettest.Netlink(t, nettest.NewNS(t).Path())
-	routes, stop, err := subscribeRoutes(&ns)
+	routes, stop, err := subscribeRoutes(nil, &ns)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -153,7 +153,7 @@ func newRouter(p params) error {
 	}
 	txn.Commit()
 	p.Jobs.Add(job.OneShot("desired", r.run))
-	f := &drift.Follower{Netns: p.Netlink.path, Links: true, Routes: true, Neighbors: p.Config.RoutingMode == ModeTunnel, Handle: r.kernelChanged}
+	f := &drift.Follower{Netns: p.Netlink.path, Links: true, Routes: true, Neighbors: p.Config.RoutingMode == ModeTunnel, Handle: r.kernelChanged, Log: p.Log}
 	p.Jobs.Add(job.OneShot("kernel-changes", f.Run, drift.Retry))
 	return nil
 }

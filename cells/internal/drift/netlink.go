@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 
@@ -38,6 +39,9 @@ type Follower struct {
 	// Handle is called from Run's goroutine, one batch at a time, with
 	// Run's context.
 	Handle func(context.Context, Batch)
+	// Log is for what the follower says (ForceSocketBuffer); nil for
+	// slog's default.
+	Log *slog.Logger
 
 	// subscribed: a subscription was made before, so updates may have been
 	// missed since it ended.
@@ -52,7 +56,8 @@ type Follower struct {
 const updateBuffer = 64
 
 // SocketBuffer is the receive buffer, in bytes, of the agent's netlink
-// subscriptions (SO_RCVBUFFORCE; the agent has CAP_NET_ADMIN). The
+// subscriptions (SO_RCVBUFFORCE with CAP_NET_ADMIN, else SO_RCVBUF, which
+// the kernel caps at net.core.rmem_max: ForceSocketBuffer). The
 // kernel's default (net.core.rmem_default, 208 KiB) holds a few hundred
 // updates: a hundred pods started at once on a busy node (each ADD's veth,
 // addresses and routes, five to ten updates) filled it while the reader
@@ -61,6 +66,48 @@ const updateBuffer = 64
 // itself degraded and logged an error. The buffer takes memory only for
 // the updates queued in it.
 const SocketBuffer = 8 << 20
+
+// ForceSocketBuffer says whether a subscription's SocketBuffer is to be
+// set with SO_RCVBUFFORCE (ReceiveBufferForceSize), which needs
+// CAP_NET_ADMIN: without it the option fails with EPERM, and so would
+// every subscription, at each retry. It is tried once, on a socket of its
+// own; without the capability the first caller's log says once, at warn,
+// that SO_RCVBUF is used, capped at net.core.rmem_max, which a burst of
+// updates may overflow. log may be nil (slog's default).
+func ForceSocketBuffer(log *slog.Logger) bool {
+	force, err := forceProbe()
+	if err != nil {
+		warnOnce.Do(func() {
+			if log == nil {
+				log = slog.Default()
+			}
+			log.Warn("Netlink subscriptions' receive buffers are capped at net.core.rmem_max: a burst of updates may overflow them (the kernel drops updates and the subscriptions start over)",
+				"want-bytes", SocketBuffer, "error", err)
+		})
+	}
+	return force
+}
+
+var (
+	forceProbe = sync.OnceValues(probeForceSocketBuffer)
+	warnOnce   sync.Once
+)
+
+// probeForceSocketBuffer tries SO_RCVBUFFORCE on a netlink socket of its
+// own: false with EPERM, else true (another error is the subscription's
+// to report).
+func probeForceSocketBuffer() (bool, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return true, nil
+	}
+	defer unix.Close(fd)
+	err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, SocketBuffer)
+	if errors.Is(err, unix.EPERM) {
+		return false, fmt.Errorf("SO_RCVBUFFORCE: %w (needs CAP_NET_ADMIN)", err)
+	}
+	return true, nil
+}
 
 // maxBatch bounds one batch, so that a flood of updates is handled in
 // steps.
@@ -76,7 +123,7 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 		}
 		defer ns.Close()
 	}
-	s := &subscription{done: make(chan struct{})}
+	s := &subscription{done: make(chan struct{}), force: ForceSocketBuffer(f.Log)}
 	defer s.close()
 	if err := s.start(ns, f.Links, f.Routes, f.Neighbors); err != nil {
 		return err
@@ -198,7 +245,9 @@ func add[U any](s *subscription, to *[]U, u U, ok bool, kind string) error {
 // neighbours; a channel of what is not followed stays nil, and so is never
 // ready.
 type subscription struct {
-	done   chan struct{}
+	done chan struct{}
+	// force: ForceSocketBuffer.
+	force  bool
 	links  chan netlink.LinkUpdate
 	routes chan netlink.RouteUpdate
 	neighs chan netlink.NeighUpdate
@@ -213,7 +262,7 @@ func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) erro
 	if links {
 		ch := make(chan netlink.LinkUpdate, updateBuffer)
 		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
-			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
+			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: s.force}); err != nil {
 			return fmt.Errorf("subscribe to netlink link updates: %w", err)
 		}
 		s.links, s.startedLinks = ch, true
@@ -221,7 +270,7 @@ func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) erro
 	if routes {
 		ch := make(chan netlink.RouteUpdate, updateBuffer)
 		if err := netlink.RouteSubscribeWithOptions(ch, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
-			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
+			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: s.force}); err != nil {
 			return fmt.Errorf("subscribe to netlink route updates: %w", err)
 		}
 		s.routes, s.startedRoutes = ch, true
@@ -229,7 +278,7 @@ func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) erro
 	if neighs {
 		ch := make(chan netlink.NeighUpdate, updateBuffer)
 		if err := netlink.NeighSubscribeWithOptions(ch, s.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
-			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: true}); err != nil {
+			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: s.force}); err != nil {
 			return fmt.Errorf("subscribe to netlink neighbour updates: %w", err)
 		}
 		s.neighs, s.startedNeighs = ch, true
