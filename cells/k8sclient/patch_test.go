@@ -84,13 +84,7 @@ func TestEmbeddedPatches(t *testing.T) {
 // of, patch directives, JSON patch's move and copy.
 func TestEmbeddedPatchesRefused(t *testing.T) {
 	ctx := context.Background()
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "default"},
-		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
-	_, cs, err := k8sclient.NewEmbedded(svc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	services := cs.CoreV1().Services("default")
+	svc, services := embeddedService(t)
 	for _, p := range []struct {
 		pt         types.PatchType
 		data, want string
@@ -122,13 +116,7 @@ func TestEmbeddedPatchesRefused(t *testing.T) {
 // RFC 6902 says, so 80.0 passes against 80.
 func TestEmbeddedJSONPatchUnprocessable(t *testing.T) {
 	ctx := context.Background()
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "default"},
-		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
-	_, cs, err := k8sclient.NewEmbedded(svc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	services := cs.CoreV1().Services("default")
+	_, services := embeddedService(t)
 	for _, p := range []struct{ data, want string }{
 		{`[{"op":"replace","path":"/spec/missing","value":1}]`, `no member "missing"`},
 		{`[{"op":"test","path":"/spec/ports/0/port","value":81},{"op":"replace","path":"/spec/clusterIP","value":"10.96.0.11"}]`, "the value differs"},
@@ -154,4 +142,17 @@ func TestEmbeddedJSONPatchUnprocessable(t *testing.T) {
 	if patched.Spec.ClusterIP != "10.96.0.11" {
 		t.Fatalf("after a passed test and a replace clusterIP is %s, want 10.96.0.11", patched.Spec.ClusterIP)
 	}
+}
+
+// embeddedService is an embedded API server holding one Service, default/a,
+// and its client of Services in default.
+func embeddedService(t *testing.T) (*corev1.Service, k8sclient.ServiceClient) {
+	t.Helper()
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "default"},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	_, cs, err := k8sclient.NewEmbedded(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc, cs.CoreV1().Services("default")
 }

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 )
 
@@ -25,10 +24,7 @@ import (
 // protobuf (accepting JSON) when the configuration names no content type,
 // as client-go's generated clients do.
 func TestBuiltinKindsTravelAsProtobuf(t *testing.T) {
-	if _, err := kubeapitest.Binary(); err != nil {
-		t.Skip(err)
-	}
-	kas := kubeapitest.Start(t, etcdtest.Start(t).Endpoint())
+	kas := kubeapitest.StartOnEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 

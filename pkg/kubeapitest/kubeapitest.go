@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapiserver"
 )
 
@@ -64,6 +65,17 @@ type Server struct {
 func Start(t testing.TB, etcdEndpoint string) *Server {
 	t.Helper()
 	return StartWith(t, etcdEndpoint, Options{})
+}
+
+// StartOnEtcd skips the test when there is no kube-apiserver binary (before
+// starting anything), else starts an etcd of the test's own (pkg/etcdtest)
+// and kube-apiserver on it.
+func StartOnEtcd(t testing.TB) *Server {
+	t.Helper()
+	if _, err := Binary(); err != nil {
+		t.Skip(err)
+	}
+	return Start(t, etcdtest.Start(t).Endpoint())
 }
 
 // Options are StartWith's.

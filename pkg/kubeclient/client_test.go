@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 )
 
@@ -23,10 +22,7 @@ import (
 // patch), protobuf bodies and answers for the built-in kinds (a patch's
 // body its patch type), a list's label selector, a watch's events.
 func TestClientOfAPIServer(t *testing.T) {
-	if _, err := kubeapitest.Binary(); err != nil {
-		t.Skip(err)
-	}
-	kas := kubeapitest.Start(t, etcdtest.Start(t).Endpoint())
+	kas := kubeapitest.StartOnEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := kas.Config(kubeapitest.AdminToken)

@@ -28,7 +28,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 
-	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/kubeapitest"
 )
 
@@ -333,10 +332,7 @@ func TestListPagesOfServer(t *testing.T) {
 // page, its continue tokens leading through the listing. The subtests of
 // its read ahead share the server.
 func TestListPagesOfAPIServer(t *testing.T) {
-	if _, err := kubeapitest.Binary(); err != nil {
-		t.Skip(err)
-	}
-	kas := kubeapitest.Start(t, etcdtest.Start(t).Endpoint())
+	kas := kubeapitest.StartOnEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const n = 25
