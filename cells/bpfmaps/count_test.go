@@ -21,11 +21,11 @@ func TestCountEntries(t *testing.T) {
 	}{
 		{ebpf.Hash, 0},
 		{ebpf.Hash, 3},
-		{ebpf.Hash, 2*countBatch + 17},
-		{ebpf.LRUHash, countBatch + 1},
+		{ebpf.Hash, 2*iterateChunk + 17},
+		{ebpf.LRUHash, iterateChunk + 1},
 		{ebpf.LPMTrie, 100},
 	} {
-		spec := &ebpf.MapSpec{Type: tc.typ, KeySize: 8, ValueSize: 12, MaxEntries: uint32(3 * countBatch)}
+		spec := &ebpf.MapSpec{Type: tc.typ, KeySize: 8, ValueSize: 12, MaxEntries: uint32(3 * iterateChunk)}
 		if tc.typ == ebpf.LPMTrie {
 			spec.Flags = 1 // BPF_F_NO_PREALLOC, which a trie needs
 		}

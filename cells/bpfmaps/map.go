@@ -454,11 +454,18 @@ const (
 
 var errNoBatches = errors.New("batch lookups not supported")
 
+// batchLen is how many entries a batched walk of a map reads per system
+// call: iterateChunk, fewer for large entries (iterateChunkBytes), never
+// more than the map holds, and at least 64.
+func batchLen(keySize, valueSize, maxEntries uint32) int {
+	n := min(iterateChunk, iterateChunkBytes/int(keySize+valueSize), int(maxEntries))
+	return max(n, 64)
+}
+
 // iterateBatches is Iterate in batches; errNoBatches if the kernel has no
 // batch lookup for the map, before fn was called.
 func (m *Map[K, V]) iterateBatches(fn func(K, V) bool) error {
-	n := min(iterateChunk, iterateChunkBytes/int(m.p.keySize+m.p.valueSize), int(m.p.spec.MaxEntries))
-	n = max(n, 64)
+	n := batchLen(m.p.keySize, m.p.valueSize, m.p.spec.MaxEntries)
 	keys, values := make([]K, n), make([]V, n)
 	var cursor BatchCursor
 	for first := true; ; first = false {
@@ -685,16 +692,15 @@ func countEntries(m *ebpf.Map) (int, error) {
 	return int(m.MaxEntries()), nil
 }
 
-// countBatch is how many entries countBatched reads per system call.
-const countBatch = 4096
-
-// countBatched counts the entries of a hash map countBatch at a time:
+// countBatched counts the entries of a hash map a batch at a time
+// (batchLen, as Iterate):
 // walking 100,000 keys one system call each took ~0.16 s, a tenth of an
 // agent's restart at 50,000 Services whenever its map list was asked for.
 func countBatched(m *ebpf.Map) (int, error) {
+	n := batchLen(m.KeySize(), m.ValueSize(), m.MaxEntries())
 	buffer := func(size uint32) any {
 		t := reflect.SliceOf(reflect.ArrayOf(int(size), reflect.TypeFor[byte]()))
-		return reflect.MakeSlice(t, countBatch, countBatch).Interface()
+		return reflect.MakeSlice(t, n, n).Interface()
 	}
 	keys, values := buffer(m.KeySize()), buffer(m.ValueSize())
 	var cursor ebpf.MapBatchCursor
