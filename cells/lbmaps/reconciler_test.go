@@ -597,6 +597,13 @@ func TestHoldsWhatTheMapsHold(t *testing.T) {
 			t.Errorf("Holds(%s) = false for a frontend the maps hold as it is", fe.Address)
 		}
 	}
+	// Nor while a reconciliation round has the state: it says false at
+	// once, and the frontend goes the reconciler's way.
+	lbmaps.WhileReconciling(second.held, func() {
+		if second.held.Holds(two) {
+			t.Error("Holds says true while a reconciliation round holds the state")
+		}
+	})
 	variant := func(fe *loadbalancer.Frontend, change func(*loadbalancer.Frontend)) *loadbalancer.Frontend {
 		fe = fe.Clone()
 		fe.Backends = slices.Clone(fe.Backends)
