@@ -33,7 +33,7 @@ var Cell = cell.Module(
 	"Local and remote nodes from Kubernetes and the kvstore",
 
 	cell.Config(defaultConfig),
-	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs, newRouteListings),
+	cell.ProvidePrivate(NewTable, job.Registry.NewGroup, newRepairs, newLocalMetrics),
 	cell.Provide(statedb.RWTable[*Node].ToTable, apiRoutes, newMetrics),
 	cell.Invoke(newNodes),
 )
@@ -99,7 +99,7 @@ type params struct {
 	DevicesConfig devices.Config
 	KVStore       kvstore.Client
 	Repairs       *kvsync.Repairs
-	RouteListings routeListings
+	LocalMetrics  localMetrics
 	Clientset     k8sclient.Clientset
 	Readiness     *health.Readiness
 	Annotations   []Annotation `group:"node-annotations"`
@@ -136,7 +136,7 @@ func newNodes(p params) error {
 
 	local := &localNode{log: p.Log, nodes: n, ipam: p.IPAM, configured: nodeIPs, devices: p.Devices,
 		addrs: p.NodeAddresses, endpoints: p.Endpoints, netnsPath: p.DevicesConfig.DevicesNetns,
-		listings: p.RouteListings}
+		metrics: p.LocalMetrics}
 	k8s := newNodeWatcher(p.Log, p.Clientset, n)
 	p.Jobs.Add(
 		job.OneShot("merge", n.merge),

@@ -33,8 +33,9 @@ type localNode struct {
 	endpoints statedb.Table[*endpointmanager.Endpoint]
 	// netnsPath is --devices-netns: the namespace whose routes count.
 	netnsPath string
-	// listings counts the listings of the default routes.
-	listings routeListings
+	// metrics count the listings of the default routes and the
+	// computations of the spec.
+	metrics localMetrics
 }
 
 func (l *localNode) run(ctx context.Context, health cell.Health) error {
@@ -89,19 +90,27 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 			l.nodes.claims.set(l.nodes.name, SourceLocal, spec, true)
 		}
 		last = spec
-		select {
-		case <-devWatch:
-		case <-addrWatch:
-		case <-epWatch:
-		case u, ok := <-routes:
-			if !ok {
-				return fmt.Errorf("route subscription ended")
-			}
-			if isDefaultRoute(u.Route) {
+		// Only a default route of the main table can change the answer:
+		// the routes of pods, which come by the hundred during a burst of
+		// ADDs, are received and dropped without computing anything.
+	wait:
+		for {
+			select {
+			case <-devWatch:
+			case <-addrWatch:
+			case <-epWatch:
+			case u, ok := <-routes:
+				if !ok {
+					return fmt.Errorf("route subscription ended")
+				}
+				if !isDefaultRoute(u.Route) {
+					continue wait
+				}
 				defaults = nil
+			case <-ctx.Done():
+				return nil
 			}
-		case <-ctx.Done():
-			return nil
+			break
 		}
 	}
 }
@@ -147,6 +156,7 @@ func (l *localNode) handle() (*netlink.Handle, *netns.NsHandle, error) {
 // spec is the local node's description now, its addresses from the
 // default routes defaults unless --node-ip gives them.
 func (l *localNode) spec(txn statedb.ReadTxn, defaults *defaultRoutes) (Spec, error) {
+	l.metrics.specs.Inc()
 	var s Spec
 	for _, p := range l.ipam.Pools() {
 		s.PodCIDRs = append(s.PodCIDRs, p.CIDR)
@@ -191,7 +201,7 @@ func isDefaultRoute(r netlink.Route) bool {
 
 // listDefaultRoutes lists the default routes of the main table.
 func (l *localNode) listDefaultRoutes(txn statedb.ReadTxn, handle *netlink.Handle) (*defaultRoutes, error) {
-	l.listings.Inc()
+	l.metrics.listings.Inc()
 	out := &defaultRoutes{revisions: map[int]statedb.Revision{}}
 	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		routes, err := handle.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)

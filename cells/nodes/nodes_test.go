@@ -315,9 +315,86 @@ func TestLocalNodeFromDefaultRoute(t *testing.T) {
 // routeListings is the agent's cellium_node_route_listings_total.
 func (a *agent) routeListings(t *testing.T) float64 {
 	t.Helper()
-	v, ok := a.m.Value(t, "cellium_node_route_listings_total")
+	return a.counter(t, "cellium_node_route_listings_total")
+}
+
+// TestLocalNodeIgnoresPodRoutes: a burst of routes that are not default
+// routes of the main table (a hundred pods' host routes, on a device
+// whose row does not change) makes the local-node job compute nothing;
+// the default route moving afterwards does, and since route updates
+// come in order, once the node has its new address the job has received
+// the whole burst.
+func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
+	nettest.RequireRoot(t)
+	ns := nettest.NewNS(t)
+	var eth0, eth1 netlink.Link
+	err := nettest.Do(ns.Path(), func() error {
+		for i, name := range []string{"eth0", "eth1"} {
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}); err != nil {
+				return err
+			}
+			for _, l := range []string{name, name + "-peer"} {
+				link, err := netlink.LinkByName(l)
+				if err != nil {
+					return err
+				}
+				if err := netlink.LinkSetUp(link); err != nil {
+					return err
+				}
+			}
+			link, _ := netlink.LinkByName(name)
+			addr, _ := netlink.ParseAddr([]string{"192.0.2.40/24", "198.51.100.40/24"}[i])
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				return err
+			}
+			if i == 0 {
+				eth0 = link
+			} else {
+				eth1 = link
+			}
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := start(t, opts{name: "node-e", podCIDR: "10.244.13.0/24", netns: ns.Path()})
+	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
+		return r["node-e"] != nil && r["node-e"].PrimaryIP() == netip.MustParseAddr("192.0.2.40")
+	})
+	computations := a.counter(t, "cellium_node_local_computations_total")
+	const burst = 200
+	err = nettest.Do(ns.Path(), func() error {
+		for i := range burst {
+			dst := &net.IPNet{IP: net.IPv4(10, 244, 13, byte(i)), Mask: net.CIDRMask(32, 32)}
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK}); err != nil {
+				return err
+			}
+		}
+		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")}); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Gw: net.ParseIP("198.51.100.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "the local node at eth1's address once the default route moved", func(r map[string]*nodes.Node) bool {
+		return r["node-e"] != nil && r["node-e"].PrimaryIP() == netip.MustParseAddr("198.51.100.40")
+	})
+	// The default route's deletion and addition, and a little slack for
+	// late changes of eth0 and eth1's rows (an IPv6 link-local address).
+	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 6 {
+		t.Errorf("%v computations of the local node for %d pods' routes and the default route moving, want at most 6", n, burst)
+	}
+}
+
+// counter is the agent's metric name, a counter without labels.
+func (a *agent) counter(t *testing.T, name string) float64 {
+	t.Helper()
+	v, ok := a.m.Value(t, name)
 	if !ok {
-		t.Fatal("no cellium_node_route_listings_total")
+		t.Fatalf("no %s", name)
 	}
 	return v
 }

@@ -46,27 +46,42 @@ func apiNode(n *Node) apiv1.Node {
 }
 
 // newMetrics is cellium_nodes: the nodes of the table, the local one
-// included; the repairs of this node's key; and the listings of the
-// default routes.
-func newMetrics(db *statedb.DB, tbl statedb.Table[*Node], repairs *kvsync.Repairs, listings routeListings) metrics.Collectors {
+// included; the repairs of this node's key; and the local-node job's
+// counters.
+func newMetrics(db *statedb.DB, tbl statedb.Table[*Node], repairs *kvsync.Repairs, local localMetrics) metrics.Collectors {
 	return metrics.NewCollectors(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "cellium", Name: "nodes",
 		Help: "Nodes of the cluster this agent knows, itself included",
-	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }), repairs, listings)
+	}, func() float64 { return float64(tbl.NumObjects(db.ReadTxn())) }), repairs, local.listings, local.specs)
 }
 
-// routeListings is cellium_node_route_listings_total: how often the
-// local-node job listed the kernel's routes to find the device holding
-// the default route. Only a change that can move it (a default route, a
-// device holding one) makes the job list them; pods' veths and routes
-// do not.
-type routeListings struct{ prometheus.Counter }
+// localMetrics are the local-node job's counters.
+type localMetrics struct {
+	// listings is cellium_node_route_listings_total: how often the job
+	// listed the kernel's routes to find the device holding the default
+	// route. Only a change that can move it (a default route, a device
+	// holding one) makes the job list them; pods' veths and routes do
+	// not.
+	listings prometheus.Counter
+	// specs is cellium_node_local_computations_total: how often the job
+	// computed this node's description (pools, health endpoints,
+	// addresses). A change of the devices, node addresses or endpoints
+	// tables makes one, and so does a default route's; other routes (the
+	// pods') do not.
+	specs prometheus.Counter
+}
 
-func newRouteListings() routeListings {
-	return routeListings{prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "cellium", Subsystem: "node", Name: "route_listings_total",
-		Help: "Listings of the kernel's main routing table for the default routes that give this node its address, each after a change that could move them",
-	})}
+func newLocalMetrics() localMetrics {
+	return localMetrics{
+		listings: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "cellium", Subsystem: "node", Name: "route_listings_total",
+			Help: "Listings of the kernel's main routing table for the default routes that give this node its address, each after a change that could move them",
+		}),
+		specs: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "cellium", Subsystem: "node", Name: "local_computations_total",
+			Help: "Computations of this node's description (addresses, pod CIDRs, health addresses), each after a change of devices, addresses, endpoints or a default route",
+		}),
+	}
 }
 
 func newRepairs() *kvsync.Repairs { return kvsync.NewRepairs("nodes") }
