@@ -10,6 +10,7 @@ import (
 // family is one address family's maps and how to build and read their
 // entries. The reconciler's logic is written once over it, for IPv4 and IPv6.
 type family[SK comparable, B, R any] struct {
+	is4      bool
 	services *bpfmaps.Map[SK, lbmap.ServiceValue]
 	backends *bpfmaps.Map[lbmap.BackendID, B]
 	revNAT   *bpfmaps.Map[lbmap.RevNATIndex, R]
@@ -27,6 +28,7 @@ type family[SK comparable, B, R any] struct {
 
 func ipv4(m *Maps) *family[lbmap.Service4Key, lbmap.Backend4, lbmap.RevNAT4] {
 	return &family[lbmap.Service4Key, lbmap.Backend4, lbmap.RevNAT4]{
+		is4:        true,
 		services:   m.Services4,
 		backends:   m.Backends4,
 		revNAT:     m.RevNAT4,

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cellium/cellium/cells/health"
+	"github.com/cellium/cellium/cells/internal/drift"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/pkg/lbmap"
@@ -49,6 +50,9 @@ type ops struct {
 	v6       *family[lbmap.Service6Key, lbmap.Backend6, lbmap.RevNAT6]
 	state    *realized
 	counters *counters
+	// repairs counts and logs the entries restore found and a prune or a
+	// round deleted as left over (cellium_kernel_repairs_total).
+	repairs *drift.Repairs
 	// pruneHealth is "lb-maps.prune": the reconciler's own health shows a
 	// failed prune only until its next round reports OK, a millisecond
 	// later; this scope keeps it until a prune succeeds.
@@ -81,6 +85,7 @@ func newOps(p opsParams) *ops {
 		v6:       ipv6(p.Maps),
 		state:    newRealized(min(p.Config.LBRevnatMapMax, 1<<16-1), p.Config.LBBackendMapMax),
 		counters: newCounters(),
+		repairs:  drift.NewRepairs(p.Log, "lb-maps"),
 
 		pruneHealth: p.Health.NewScope("prune"),
 
@@ -112,7 +117,7 @@ func newOps(p opsParams) *ops {
 }
 
 func opsMetrics(o *ops) metrics.Collectors {
-	return metrics.NewCollectors(o.counters.writes, o.counters.deletes)
+	return metrics.NewCollectors(append(o.repairs.Collectors().Collectors, o.counters.writes, o.counters.deletes)...)
 }
 
 // restore reads the maps into the realized state and releases the
@@ -339,8 +344,8 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 		}
 	}
 	// Backends no written slot points at: left over at restore, or whose
-	// delete failed in an earlier round.
-	for _, bs := range o.state.backends.All() {
+	// delete failed in an earlier round; and the strays nothing points at.
+	unused := func(bs *backendState) {
 		if bs.refs == 0 {
 			if bs.addr.Is4 {
 				r4.unused[bs] = true
@@ -348,6 +353,12 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 				r6.unused[bs] = true
 			}
 		}
+	}
+	for _, bs := range o.state.backends.All() {
+		unused(bs)
+	}
+	for _, s := range o.state.strays {
+		unused(s.bs)
 	}
 	r4.flush()
 	r6.flush()
@@ -361,7 +372,10 @@ func (o *ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*l
 	// Leftovers of restore; their IDs are freed once they are gone.
 	left := o.state.orphans[:0]
 	for _, orphan := range o.state.orphans {
-		if err := orphan.remove(); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		switch err := orphan.remove(); {
+		case err == nil:
+			o.repairs.Removed(orphan.object, orphan.what, orphan.where, orphan.why)
+		case !errors.Is(err, ebpf.ErrKeyNotExist):
 			errs = append(errs, fmt.Errorf("remove leftover entry at frontend ID %d: %w", orphan.id, err))
 			left = append(left, orphan)
 		}
@@ -409,14 +423,38 @@ type round[SK comparable, B, R any] struct {
 	deleted map[addrKey]*frontendState
 	// ids is update's buffer for a frontend's backend IDs.
 	ids []lbmap.BackendID
+
+	// The record functions of the writes that need the round's family.
+	wroteSlot      func(mark, lbmap.ServiceValue)
+	deletedSlot    func(mark)
+	deletedBackend func(mark)
 }
 
 func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B, R] {
-	return &round[SK, B, R]{
+	r := &round[SK, B, R]{
 		o: o, f: f,
 		queued:  map[*backendState]bool{},
 		unused:  map[*backendState]bool{},
 		deleted: map[addrKey]*frontendState{},
+	}
+	st := o.state
+	r.wroteSlot = func(m mark, v lbmap.ServiceValue) { st.slotWritten(f.is4, m.fs, m.slot, v.BackendID) }
+	r.deletedSlot = func(m mark) { st.slotDeleted(f.is4, m.fs, m.slot) }
+	r.deletedBackend = func(m mark) {
+		if m.bs.stray {
+			s := st.strays[strayKey{m.bs.id, f.is4}]
+			o.repairs.Removed("lb-backend", s.what, f.backends.Name(), s.why)
+		}
+		st.forgetBackend(m.bs)
+	}
+	return r
+}
+
+// maglevReplaced notes that fs's Maglev table was replaced or deleted:
+// the strays its restored table pointed at may be unused now.
+func (r *round[SK, B, R]) maglevReplaced(fs *frontendState) {
+	for _, bs := range r.o.state.maglevReplaced(fs) {
+		r.unused[bs] = true
 	}
 }
 
@@ -505,6 +543,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 				}
 				r.o.counters.wrote(r.f.maglev.Name(), 1)
 				fs.maglev = h
+				r.maglevReplaced(fs)
 			})
 		}
 	case fs.maglev != 0:
@@ -515,6 +554,7 @@ func (r *round[SK, B, R]) update(e *entry, fe *loadbalancer.Frontend) {
 			}
 			r.o.counters.deleted(r.f.maglev.Name(), 1)
 			fs.maglev = 0
+			r.maglevReplaced(fs)
 		})
 	}
 
@@ -558,12 +598,13 @@ func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 			}
 			r.o.counters.deleted(r.f.maglev.Name(), 1)
 			fs.maglev = 0
+			r.maglevReplaced(fs)
 		})
 	}
 }
 
 func (r *round[SK, B, R]) noteUnused(id lbmap.BackendID) {
-	if bs := r.o.state.byID(id); bs != nil {
+	if bs := r.o.state.byID(r.f.is4, id); bs != nil {
 		r.unused[bs] = true
 	}
 }
@@ -590,14 +631,14 @@ func (r *round[SK, B, R]) maglevTable(backends []loadbalancer.L3n4Addr, ids []lb
 func (r *round[SK, B, R]) flush() {
 	c, st := r.o.counters, r.o.state
 	r.backendPuts.flush(r.f.backends, c, wroteBackend[B])
-	r.slotPuts.flush(r.f.services, c, st.wroteSlot)
+	r.slotPuts.flush(r.f.services, c, r.wroteSlot)
 	r.masterPuts.flush(r.f.services, c, wroteMaster)
 	r.revNATPuts.flush(r.f.revNAT, c, wroteRevNAT[R])
 	for _, op := range r.maglevOps {
 		op()
 	}
 	r.masterDeletes.flush(r.f.services, c, deletedMaster)
-	r.slotDeletes.flush(r.f.services, c, st.deletedSlot)
+	r.slotDeletes.flush(r.f.services, c, r.deletedSlot)
 	r.revNATDeletes.flush(r.f.revNAT, c, deletedRevNAT)
 
 	for addr, fs := range r.deleted {
@@ -619,7 +660,7 @@ func (r *round[SK, B, R]) flush() {
 			r.backendDels.add(nil, bs.id, mark{bs: bs})
 		}
 	}
-	r.backendDels.flush(r.f.backends, c, st.deletedBackend)
+	r.backendDels.flush(r.f.backends, c, r.deletedBackend)
 
 	r.reset()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/internal/drift/drifttest"
 	"github.com/cellium/cellium/cells/lbmaps"
 	"github.com/cellium/cellium/cells/loadbalancer"
 	"github.com/cellium/cellium/pkg/lbmap"
@@ -545,6 +546,9 @@ func TestRestoreDropsLeftovers(t *testing.T) {
 	if id := second.service4("10.96.0.10:80/TCP")[1].BackendID; id == 5 {
 		t.Fatalf("new backend got ID 5, which a leftover entry held at restore")
 	}
+	if n := drifttest.Repairs(t, second.registry, "lb-maps", "lb-revnat"); n != 1 {
+		t.Errorf("leftover reverse NAT entries counted as repairs: %v, want 1", n)
+	}
 }
 
 // TestHoldsWhatTheMapsHold: after a restart, Holds says true of exactly
@@ -732,10 +736,7 @@ func TestLeftoverIDsNotHandedOut(t *testing.T) {
 		t.Errorf("new frontend got ID %d, which a leftover entry holds until the first prune", id)
 	}
 	second.set(true, a, c, created)
-	celltest.Eventually(t, "lb-maps.prune OK", func() (bool, string) {
-		s, _, found := second.health.Get(second.db.ReadTxn(), health.StatusID.Query("lb-maps.prune"))
-		return found && s.Level == cell.StatusOK, fmt.Sprintf("found %v: %+v", found, s)
-	})
+	second.waitPruneOK(t)
 	if rev, err := second.maps.RevNAT4.Lookup(id); err != nil || rev.AddrPort().String() != "10.96.0.20:80" {
 		t.Errorf("after the prune, reverse NAT %d = %v %v, want the new frontend's 10.96.0.20:80", id, rev, err)
 	}
@@ -747,4 +748,18 @@ func TestLeftoverIDsNotHandedOut(t *testing.T) {
 			t.Errorf("leftover not pruned: %s", d)
 		}
 	}
+	for _, object := range []string{"lb-revnat", "lb-maglev"} {
+		if n := drifttest.Repairs(t, second.registry, "lb-maps", object); n != 1 {
+			t.Errorf("leftover %s entries counted as repairs: %v, want 1", object, n)
+		}
+	}
+}
+
+// waitPruneOK waits until a prune succeeded (health lb-maps.prune OK).
+func (e *lbEnv) waitPruneOK(t *testing.T) {
+	t.Helper()
+	celltest.Eventually(t, "lb-maps.prune OK", func() (bool, string) {
+		s, _, found := e.health.Get(e.db.ReadTxn(), health.StatusID.Query("lb-maps.prune"))
+		return found && s.Level == cell.StatusOK, fmt.Sprintf("found %v: %+v", found, s)
+	})
 }

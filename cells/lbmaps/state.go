@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -37,12 +38,45 @@ type realized struct {
 	// orphans hold it; false: a frontend of the other family does, and
 	// hands it over when forgotten (forgetFrontend).
 	orphanIDs map[lbmap.RevNATIndex]bool
+	// strays are the backend entries restore found and did not adopt (see
+	// stray), by family and ID. Their IDs stay used in backendIDs until
+	// their entries are deleted.
+	strays map[strayKey]*stray
+	// maglevStrays are the strays each restored frontend's Maglev table
+	// points at: it holds a reference on them until the table is
+	// replaced or deleted.
+	maglevStrays map[*frontendState][]*backendState
 }
 
 // orphan is one leftover entry at a frontend ID, and how to delete it.
 type orphan struct {
 	id     lbmap.RevNATIndex
 	remove func() error
+	// object, what, where and why say what the prune removed (repairs).
+	object, what, where, why string
+}
+
+// stray is a backend entry restore found and did not adopt: its address
+// is at a lower ID too, its protocol is unknown, its address is of the
+// other family, its ID is out of range or a backend of the other family
+// has it. No wanted backend ever has its ID, so a slot or a Maglev table
+// pointing at it is rewritten or deleted; until then its entry stays
+// (the slots still send their traffic there) and its ID stays used, so
+// that no new backend takes it over while the old slots point at it. Its
+// entry is deleted, and the ID freed, once nothing points at it: in the
+// round that rewrites the last slot or table, or at a prune.
+type stray struct {
+	bs *backendState
+	// what is the entry (its ID and address) and why it was not adopted,
+	// for the log.
+	what, why string
+}
+
+// strayKey is a stray's family and ID: one ID may be a backend's in one
+// family and a stray's in the other.
+type strayKey struct {
+	id  lbmap.BackendID
+	is4 bool
 }
 
 // holdOrphanIDs reserves the orphans' IDs no frontend holds. It runs after
@@ -103,6 +137,9 @@ type backendState struct {
 	addr    addrKey
 	id      lbmap.BackendID
 	written bool
+	// stray says the entry is one restore did not adopt (see stray): it is
+	// not in backends or backendByID, but in strays.
+	stray bool
 	// refs counts the written slots that point at the backend: at 0 its
 	// entry can go. 32 bits keep the state in 32 bytes.
 	refs int32
@@ -165,11 +202,76 @@ func (r *realized) forgetFrontend(addr addrKey, fs *frontendState) {
 	r.frontendIDs.release(uint32(fs.id))
 }
 
-// forgetBackend drops a backend whose entry is gone.
+// forgetBackend drops a backend, or a stray, whose entry is gone.
 func (r *realized) forgetBackend(bs *backendState) {
-	r.backends.Delete(bs.addr)
-	r.backendByID[bs.id] = nil
-	r.backendIDs.release(uint32(bs.id))
+	if bs.stray {
+		delete(r.strays, strayKey{bs.id, bs.addr.Is4})
+	} else {
+		r.backends.Delete(bs.addr)
+		r.backendByID[bs.id] = nil
+	}
+	r.releaseBackendID(bs.id)
+}
+
+// adoptedAt is the backend of either family with id, or nil.
+func (r *realized) adoptedAt(id lbmap.BackendID) *backendState {
+	if int(id) < len(r.backendByID) {
+		return r.backendByID[id]
+	}
+	return nil
+}
+
+// releaseBackendID frees id once neither a backend nor a stray of either
+// family has it.
+func (r *realized) releaseBackendID(id lbmap.BackendID) {
+	if r.adoptedAt(id) != nil || r.strays[strayKey{id, true}] != nil || r.strays[strayKey{id, false}] != nil {
+		return
+	}
+	r.backendIDs.release(uint32(id))
+}
+
+// addStray records a backend entry of the family is4 that restore does
+// not adopt, keeping its ID used (if it is in range and free).
+func (r *realized) addStray(is4 bool, id lbmap.BackendID, addr addrKey, what, why string) {
+	addr.Is4 = is4 // the family of its map, whatever its address
+	bs := &backendState{addr: addr, id: id, written: true, stray: true}
+	if r.strays == nil {
+		r.strays = map[strayKey]*stray{}
+	}
+	r.strays[strayKey{id, is4}] = &stray{bs: bs, what: what, why: why}
+	_ = r.backendIDs.reserve(uint32(id)) // fails where it is out of range or used already
+}
+
+// holdMaglevStrays has fs's restored Maglev table hold a reference on each
+// stray of the family is4 it points at.
+func (r *realized) holdMaglevStrays(is4 bool, fs *frontendState, table []lbmap.BackendID) {
+	var held []*backendState
+	for _, id := range table {
+		if s := r.strays[strayKey{id, is4}]; s != nil && !slices.Contains(held, s.bs) {
+			s.bs.refs++
+			held = append(held, s.bs)
+		}
+	}
+	if len(held) > 0 {
+		if r.maglevStrays == nil {
+			r.maglevStrays = map[*frontendState][]*backendState{}
+		}
+		r.maglevStrays[fs] = held
+	}
+}
+
+// maglevReplaced drops the references fs's restored Maglev table held,
+// now that it is replaced or deleted, and returns the strays it held.
+func (r *realized) maglevReplaced(fs *frontendState) []*backendState {
+	if len(r.maglevStrays) == 0 {
+		return nil
+	}
+	held := r.maglevStrays[fs]
+	for _, bs := range held {
+		bs.refs--
+	}
+	delete(r.maglevStrays, fs)
+	return held
 }
 
 func (r *realized) setByID(bs *backendState) {
@@ -179,30 +281,41 @@ func (r *realized) setByID(bs *backendState) {
 	r.backendByID[bs.id] = bs
 }
 
-// byID is the backend with id, or nil.
-func (r *realized) byID(id lbmap.BackendID) *backendState {
+// byID is the backend, or the stray, of the family is4 with id, or nil.
+// IDs are one space for both families, but a slot points into its own
+// family's backend map.
+func (r *realized) byID(is4 bool, id lbmap.BackendID) *backendState {
 	if int(id) < len(r.backendByID) {
-		return r.backendByID[id]
+		if bs := r.backendByID[id]; bs != nil && bs.addr.Is4 == is4 {
+			return bs
+		}
+	}
+	if len(r.strays) == 0 || id == 0 {
+		return nil
+	}
+	if s := r.strays[strayKey{id, is4}]; s != nil {
+		return s.bs
 	}
 	return nil
 }
 
-// slotWritten records that slot n of fs now points at id, moving the
-// reference from the backend it pointed at before.
-func (r *realized) slotWritten(fs *frontendState, n int, id lbmap.BackendID) {
+// slotWritten records that slot n of fs, a frontend of the family is4, now
+// points at id, moving the reference from the backend it pointed at
+// before.
+func (r *realized) slotWritten(is4 bool, fs *frontendState, n int, id lbmap.BackendID) {
 	for len(fs.slots) < n {
 		fs.slots = append(fs.slots, 0)
 	}
-	r.unref(fs.slots[n-1])
+	r.unref(is4, fs.slots[n-1])
 	fs.slots[n-1] = id
-	if bs := r.byID(id); bs != nil {
+	if bs := r.byID(is4, id); bs != nil {
 		bs.refs++
 	}
 }
 
 // slotDeleted records that slot n of fs is gone.
-func (r *realized) slotDeleted(fs *frontendState, n int) {
-	r.unref(fs.slots[n-1])
+func (r *realized) slotDeleted(is4 bool, fs *frontendState, n int) {
+	r.unref(is4, fs.slots[n-1])
 	fs.slots[n-1] = 0
 	for len(fs.slots) > 0 && fs.slots[len(fs.slots)-1] == 0 {
 		fs.slots = fs.slots[:len(fs.slots)-1]
@@ -211,17 +324,15 @@ func (r *realized) slotDeleted(fs *frontendState, n int) {
 
 // What each kind of write records once the kernel has it: the record
 // functions of a round's puts (given the written value) and deletes.
-func wroteBackend[B any](m mark, _ B)                      { m.bs.written = true }
-func wroteRevNAT[R any](m mark, _ R)                       { m.fs.revNAT = true }
-func wroteMaster(m mark, v lbmap.ServiceValue)             { m.fs.master, m.fs.hasMaster = v, true }
-func (r *realized) wroteSlot(m mark, v lbmap.ServiceValue) { r.slotWritten(m.fs, m.slot, v.BackendID) }
-func deletedMaster(m mark)                                 { m.fs.hasMaster = false }
-func deletedRevNAT(m mark)                                 { m.fs.revNAT = false }
-func (r *realized) deletedSlot(m mark)                     { r.slotDeleted(m.fs, m.slot) }
-func (r *realized) deletedBackend(m mark)                  { r.forgetBackend(m.bs) }
+// The slots' and backends' are the round's (they need its family).
+func wroteBackend[B any](m mark, _ B)          { m.bs.written = true }
+func wroteRevNAT[R any](m mark, _ R)           { m.fs.revNAT = true }
+func wroteMaster(m mark, v lbmap.ServiceValue) { m.fs.master, m.fs.hasMaster = v, true }
+func deletedMaster(m mark)                     { m.fs.hasMaster = false }
+func deletedRevNAT(m mark)                     { m.fs.revNAT = false }
 
-func (r *realized) unref(id lbmap.BackendID) {
-	if bs := r.byID(id); bs != nil {
+func (r *realized) unref(is4 bool, id lbmap.BackendID) {
+	if bs := r.byID(is4, id); bs != nil {
 		bs.refs--
 	}
 }
@@ -293,28 +404,15 @@ type restoreStats struct {
 
 // restore reads one family's maps into r. Entries that make no sense (an
 // unknown protocol, an ID used twice) are left out of r, so the reconciler
-// rewrites what is wanted and prune removes the rest. Backend IDs and
-// frontend IDs are reserved here, before any is allocated; the leftovers'
-// frontend IDs by holdOrphanIDs, once both families are read.
+// rewrites what is wanted and prune removes the rest; backend entries so
+// left out are strays, deleted once nothing points at them. Backend IDs
+// and frontend IDs are reserved here, before any is allocated; the
+// leftovers' frontend IDs by holdOrphanIDs, once both families are read.
 func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *restoreStats) error {
+	is4 := f.is4
 	err := f.backends.Iterate(func(id lbmap.BackendID, b B) bool {
 		ap, proto := f.backendOf(b)
-		addr, err := mapKey(ap, proto)
-		if err != nil || r.backendIDs.reserve(uint32(id)) != nil {
-			stats.dropped++
-			return true
-		}
-		if _, dup := r.backends.Get(addr); dup {
-			// Two IDs for one backend: keep the first; slots pointing at
-			// the other are rewritten.
-			r.backendIDs.release(uint32(id))
-			stats.dropped++
-			return true
-		}
-		bs := &backendState{addr: addr, id: id, written: true}
-		r.backends.Set(addr, bs)
-		r.setByID(bs)
-		stats.backends++
+		r.restoreBackend(f.is4, id, ap, proto, stats)
 		return true
 	})
 	if err != nil {
@@ -369,11 +467,15 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			r.frontends.Set(addr, fs)
 		}
 		for _, s := range ss {
+			// A slot pointing at a stray keeps its ID, which no wanted
+			// backend has: it is rewritten or deleted all the same, and
+			// holds the stray's entry and ID until then.
 			id := s.id
-			if r.byID(id) == nil || s.revNAT != fs.id || fs.id == 0 {
+			bs := r.byID(is4, id)
+			if bs == nil || !bs.stray && (s.revNAT != fs.id || fs.id == 0) {
 				id = unknownBackend
 			}
-			r.slotWritten(fs, int(s.n), id)
+			r.slotWritten(is4, fs, int(s.n), id)
 		}
 	}
 
@@ -384,7 +486,11 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 	err = f.revNAT.Iterate(func(id lbmap.RevNATIndex, v R) bool {
 		fe, ok := byID[id]
 		if !ok {
-			r.orphans = append(r.orphans, orphan{id, func() error { return f.revNAT.Delete(id) }})
+			r.orphans = append(r.orphans, orphan{
+				id: id, remove: func() error { return f.revNAT.Delete(id) },
+				object: "lb-revnat", what: fmt.Sprintf("reverse NAT %d %s", id, f.revNATAddr(v)),
+				where: f.revNAT.Name(), why: "no " + familyName(is4) + " frontend has its ID",
+			})
 			return true
 		}
 		ap := f.revNATAddr(v)
@@ -404,7 +510,11 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 	for _, id := range maglevIDs {
 		fe, ok := byID[id]
 		if !ok {
-			r.orphans = append(r.orphans, orphan{id, func() error { return f.maglev.Delete(id) }})
+			r.orphans = append(r.orphans, orphan{
+				id: id, remove: func() error { return f.maglev.Delete(id) },
+				object: "lb-maglev", what: fmt.Sprintf("Maglev table %d", id),
+				where: f.maglev.Name(), why: "no " + familyName(is4) + " frontend has its ID",
+			})
 			continue
 		}
 		table, err := f.maglev.Lookup(id)
@@ -412,6 +522,59 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			return err
 		}
 		fe.fs.maglev = maglevHash(table)
+		if len(r.strays) > 0 {
+			r.holdMaglevStrays(is4, fe.fs, table)
+		}
 	}
 	return nil
+}
+
+// restoreBackend adopts the backend entry id of the family is4, or makes
+// it a stray.
+func (r *realized) restoreBackend(is4 bool, id lbmap.BackendID, ap netip.AddrPort, proto lbmap.Proto, stats *restoreStats) {
+	addr, err := mapKey(ap, proto)
+	var why string
+	switch {
+	case err != nil:
+		why = err.Error()
+	case addr.Is4 != is4:
+		why = "an address of the other family"
+	case id == 0 || uint32(id) > r.backendIDs.max:
+		why = fmt.Sprintf("ID out of range 1..%d", r.backendIDs.max)
+	case r.adoptedAt(id) != nil:
+		other := r.adoptedAt(id)
+		why = fmt.Sprintf("its ID is the %s backend %s's too", familyName(other.addr.Is4), describe(other.addr))
+	}
+	if why == "" {
+		if dup, ok := r.backends.Get(addr); ok && dup.id < id {
+			why = fmt.Sprintf("its address is at backend ID %d too", dup.id)
+		} else if ok {
+			// One address at two IDs: the lower one is kept, whatever
+			// order the map gives them in.
+			r.backends.Delete(addr)
+			r.backendByID[dup.id] = nil
+			r.addStray(is4, dup.id, dup.addr, fmt.Sprintf("backend %d %s", dup.id, describe(dup.addr)),
+				fmt.Sprintf("its address is at backend ID %d too", id))
+			stats.backends--
+			stats.dropped++
+		}
+	}
+	if why != "" {
+		r.addStray(is4, id, addrmap.KeyOf(ap.Addr(), ap.Port(), uint8(proto)),
+			fmt.Sprintf("backend %d %s/%s", id, ap, proto), why)
+		stats.dropped++
+		return
+	}
+	_ = r.backendIDs.reserve(uint32(id)) // fails where a stray of the other family holds it
+	bs := &backendState{addr: addr, id: id, written: true}
+	r.backends.Set(addr, bs)
+	r.setByID(bs)
+	stats.backends++
+}
+
+func familyName(is4 bool) string {
+	if is4 {
+		return "IPv4"
+	}
+	return "IPv6"
 }

@@ -23,7 +23,7 @@ func TestOrphanIDHandedOver(t *testing.T) {
 	r.frontends.Set(six, fs)
 	// IPv4 leftovers at 1 (the IPv6 frontend's ID) and at 2 (a gap).
 	nop := func() error { return nil }
-	r.orphans = []orphan{{1, nop}, {2, nop}, {2, nop}}
+	r.orphans = []orphan{{id: 1, remove: nop}, {id: 2, remove: nop}, {id: 2, remove: nop}}
 	r.holdOrphanIDs()
 
 	r.forgetFrontend(six, fs)

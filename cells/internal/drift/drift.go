@@ -13,7 +13,9 @@
 //   - An Update that writes for a Refreshing row (or a prune that writes)
 //     is a repair: it says so
 //     with Repairs.Repaired, which logs a warning naming what was put back
-//     and counts it in cellium_kernel_repairs_total{module, object}.
+//     and counts it in cellium_kernel_repairs_total{module, object}. A
+//     cell that deletes what it finds and has no place for (an entry left
+//     by a crash) says so with Repairs.Removed, counted the same way.
 //   - Events can be lost (the kernel drops them when a reader falls
 //     behind): a subscription that fails is made again, and its first
 //     batch is a Resync, on which the cell refreshes every row. The
@@ -54,7 +56,7 @@ type Repairs struct {
 func NewRepairs(log *slog.Logger, module string) *Repairs {
 	return &Repairs{log: log, total: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "cellium", Name: "kernel_repairs_total",
-		Help:        "Kernel objects the agent put back after they were removed or changed behind its back, by module and kind of object",
+		Help:        "Kernel objects the agent put back after they were removed or changed behind its back, or removed as left over, by module and kind of object",
 		ConstLabels: prometheus.Labels{"module": module},
 	}, []string{"object"})}
 }
@@ -67,6 +69,15 @@ func (r *Repairs) Collectors() metrics.Collectors { return metrics.NewCollectors
 func (r *Repairs) Repaired(object, what string) {
 	r.total.WithLabelValues(object).Inc()
 	r.log.Warn("Put back kernel state changed behind the agent's back", "object", object, "what", what)
+}
+
+// Removed logs that what, one kernel object of kind object in where (a
+// map, a table), was deleted because the module's state has no place for
+// it (why), and counts it as a repair: an entry left by a crash or
+// written behind the agent's back.
+func (r *Repairs) Removed(object, what, where, why string) {
+	r.total.WithLabelValues(object).Inc()
+	r.log.Warn("Removed kernel state the agent does not account for", "object", object, "what", what, "where", where, "why", why)
 }
 
 // Rows is a table that the generic reconciler writes into the kernel.
