@@ -446,6 +446,13 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			return true
 		}
 		if r.frontendIDs.reserve(uint32(v.RevNATIndex)) != nil {
+			// Its ID is another frontend's (of either family) or out of
+			// range: a frontend with no ID yet, its master known, so
+			// that an update gives it an ID and rewrites its entries,
+			// and a prune deletes its master with its slots (the
+			// datapath would go on matching a master left alone, and
+			// refuse the connections).
+			r.frontends.Set(addr, &frontendState{master: v, hasMaster: true})
 			stats.dropped++
 			return true
 		}

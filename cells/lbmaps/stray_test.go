@@ -359,3 +359,38 @@ func (e *lbEnv) waitDoneOrError(t *testing.T) {
 	}
 	e.waitDone()
 }
+
+// TestRestoreDropsBadMasters: a master entry whose frontend ID is out of
+// range, and one whose ID is another frontend's, are not adopted; both
+// frontends are stale, and the first prune deletes their masters with
+// their slots (the datapath would go on matching a master left alone,
+// refusing the connections to its address), leaving the live frontend's
+// entries as wanted.
+func TestRestoreDropsBadMasters(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	a := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
+	outOfRange := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
+	twice := frontend("10.96.0.12:80/TCP", "10.244.0.3:8080/TCP")
+	first := newLBEnv(t, root, nil)
+	first.set(true, a, outOfRange, twice)
+	first.waitDone()
+	aID := first.service4("10.96.0.10:80/TCP")[0].RevNATIndex
+	for fe, id := range map[string]lbmap.RevNATIndex{"10.96.0.11:80/TCP": 100, "10.96.0.12:80/TCP": aID} {
+		fa := addr(fe)
+		if err := first.maps.Services4.Put(lbmap.NewService4Key(fa.Addr, fa.Port, lbmap.TCP, 0), lbmap.NewServiceMaster(1, id, 0, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.stop()
+
+	second := newLBEnv(t, root, nil)
+	second.set(true, a)
+	second.waitDoneOrError(t)
+	second.waitPruneOK(t)
+	for _, fe := range []string{"10.96.0.11:80/TCP", "10.96.0.12:80/TCP"} {
+		if svc := second.service4(fe); len(svc) != 0 {
+			t.Errorf("stale frontend %s after the prune: %v, want no entry", fe, svc)
+		}
+	}
+	second.checkFrontend4(t, "10.96.0.10:80/TCP", "10.244.0.1:8080")
+}
