@@ -306,3 +306,40 @@ func TestEgressNamedPortRemotePod(t *testing.T) {
 	}
 	a.waitEntries(1)
 }
+
+// TestIdentityNumberReusedWithOtherLabels: a number that goes and comes
+// back with another label set before compute-policy reads the identities
+// table (statedb then gives the job only the re-insert; local mode gives
+// a released number to the next label set at once), and a number whose
+// labels are edited in place (crd, kvstore), select by the new labels:
+// the allow of the old label set no longer covers the number.
+func TestIdentityNumberReusedWithOtherLabels(t *testing.T) {
+	a := start(t)
+	a.addIdentity(1001, "prod", map[string]string{"app": "web"}, nil)
+	a.addIdentity(1003, "prod", map[string]string{"app": "client"}, nil)
+	a.addEndpoint(&endpointmanager.Endpoint{ID: 1, PodNamespace: "prod", PodName: "web", Labels: map[string]string{"app": "web"}, Identity: 1001})
+	client := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}
+	if err := k8sclienttest.Create(a.cs, netpol("from-client", ingressFrom(client, portOf(intstr.FromInt32(80))))); err != nil {
+		t.Fatal(err)
+	}
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 80-0 prod/from-client")
+
+	// 1003 released and given to app=evil in one transaction.
+	txn := a.db.WriteTxn(a.identities)
+	a.identities.Delete(txn, &idcell.Identity{ID: 1003})
+	evil := labels.New(
+		labels.Label{Source: labels.SourceK8s, Key: "app", Value: "evil"},
+		labels.Label{Source: labels.SourceK8s, Key: idcell.NamespaceLabel, Value: "prod"})
+	a.identities.Insert(txn, &idcell.Identity{ID: 1003, Labels: evil, Kind: idcell.KindLocal})
+	txn.Commit()
+	// A later client identity: once its entry is in, the job has read
+	// the change of 1003 too.
+	a.addIdentity(1004, "prod", map[string]string{"app": "client", "v": "2"}, nil)
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1004 6 80-0 prod/from-client")
+
+	// 1004's labels edited in place to app=evil, and 1003's to
+	// app=client: the selection follows.
+	a.addIdentity(1004, "prod", map[string]string{"app": "evil", "v": "2"}, nil)
+	a.addIdentity(1003, "prod", map[string]string{"app": "client"}, nil)
+	a.waitEntries(1, "ingress 1 0 0-0 reserved:host", "ingress 1003 6 80-0 prod/from-client")
+}

@@ -84,6 +84,9 @@ type identView struct {
 	// label set has this text (podPorts.identityKey), which egress named
 	// ports resolve on.
 	portKey string
+	// text is the identity's whole label set: a number seen again with
+	// another label set is a new identity.
+	text string
 }
 
 // idGroup is the identities of one group.
@@ -99,7 +102,7 @@ func viewOf(ls labels.Labels) *identView {
 	if !ok {
 		return nil
 	}
-	v := &identView{namespace: ns, podLabels: k8slabels.Set{}, nsLabels: k8slabels.Set{namespaceNameLabel: ns}}
+	v := &identView{namespace: ns, podLabels: k8slabels.Set{}, nsLabels: k8slabels.Set{namespaceNameLabel: ns}, text: ls.String()}
 	own := make([]labels.Label, 0, len(ls))
 	for _, l := range ls {
 		if l.Source != labels.SourceK8s || !strings.HasPrefix(l.Key, idcell.NamespaceLabelsPrefix) {
@@ -228,11 +231,17 @@ func (c *selectorCache) candidates(namespace string, yield func(*cachedSelector)
 }
 
 // addIdentity adds an identity and calls changed with each selector that
-// now selects it. An identity already known is left alone: its labels
-// never change.
+// now selects it. A number already known with the same labels is left
+// alone; with other labels it is removed first and added as new: statedb
+// gives a delete and a re-insert of one number in one batch as an insert
+// only, local mode gives a released number to the next label set at once,
+// and in crd and kvstore modes an identity's labels can be edited.
 func (c *selectorCache) addIdentity(id identity.NumericIdentity, ls labels.Labels, changed func(*cachedSelector)) {
-	if _, ok := c.ids[id]; ok {
-		return
+	if old, ok := c.ids[id]; ok {
+		if old.text == ls.String() {
+			return
+		}
+		c.removeIdentity(id, changed)
 	}
 	v := viewOf(ls)
 	if v == nil {

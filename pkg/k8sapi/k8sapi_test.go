@@ -14,6 +14,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -124,6 +125,24 @@ func TestEnsureCRDs(t *testing.T) {
 		t.Fatalf("create an identity with no labels: %v, want Invalid", err)
 	}
 
+	// An identity's labels are immutable: a number stands for one label
+	// set (a selector cache that saw the number keeps what it selected).
+	ids := admin.dyn.Resource(GroupVersion.WithResource(ResourceIdentities))
+	u, err := ids.Get(ctx, "300", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.SetLabels(map[string]string{"edited": "yes"})
+	if u, err = ids.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update an identity's metadata: %v", err)
+	}
+	if err := unstructured.SetNestedStringSlice(u.Object, []string{"k8s:app=evil"}, "spec", "labels"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ids.Update(ctx, u, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "labels are immutable") {
+		t.Fatalf("change an identity's labels: %v, want Invalid: labels are immutable", err)
+	}
+
 	crds := admin.dyn.Resource(crdResource)
 	setVersion := func(name, version string) {
 		t.Helper()
@@ -149,8 +168,8 @@ func TestEnsureCRDs(t *testing.T) {
 	if err := agent.EnsureCRDs(ctx, log); err != nil {
 		t.Fatalf("EnsureCRDs with an old and a new CRD: %v", err)
 	}
-	if v := version(idCRD); v != "1" {
-		t.Errorf("older CRD %s: version %s after EnsureCRDs, want it updated to 1", idCRD, v)
+	if v := version(idCRD); v != "2" {
+		t.Errorf("older CRD %s: version %s after EnsureCRDs, want it updated to 2", idCRD, v)
 	}
 	if v := version(epCRD); v != "99" {
 		t.Errorf("newer CRD %s: version %s after EnsureCRDs, want it left at 99", epCRD, v)
