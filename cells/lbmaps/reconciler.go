@@ -438,8 +438,14 @@ func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B
 		deleted: map[addrKey]*frontendState{},
 	}
 	st := o.state
-	r.wroteSlot = func(m mark, v lbmap.ServiceValue) { st.slotWritten(f.is4, m.fs, m.slot, v.BackendID) }
-	r.deletedSlot = func(m mark) { st.slotDeleted(f.is4, m.fs, m.slot) }
+	r.wroteSlot = func(m mark, v lbmap.ServiceValue) {
+		st.slotWritten(f.is4, m.fs, m.slot, v.BackendID)
+		r.releaseUntrusted(m)
+	}
+	r.deletedSlot = func(m mark) {
+		st.slotDeleted(f.is4, m.fs, m.slot)
+		r.releaseUntrusted(m)
+	}
 	r.deletedBackend = func(m mark) {
 		if m.bs.stray {
 			s := st.strays[strayKey{m.bs.id, f.is4}]
@@ -448,6 +454,14 @@ func newRound[SK comparable, B, R any](o *ops, f *family[SK, B, R]) *round[SK, B
 		st.forgetBackend(m.bs)
 	}
 	return r
+}
+
+// releaseUntrusted notes that the slot of m, rewritten or deleted, no
+// longer holds the backend it pointed at when restore did not trust it.
+func (r *round[SK, B, R]) releaseUntrusted(m mark) {
+	if bs := r.o.state.releaseUntrusted(m.fs, m.slot); bs != nil {
+		r.unused[bs] = true
+	}
 }
 
 // maglevReplaced notes that fs's Maglev table was replaced or deleted:

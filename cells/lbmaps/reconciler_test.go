@@ -522,6 +522,10 @@ func TestRestoreDropsLeftovers(t *testing.T) {
 	first := newLBEnv(t, root, nil)
 	first.set(true)
 	first.waitDone()
+	// With no frontend, waitDone does not wait for the restore: the
+	// leftovers are written once the first agent has read the maps and
+	// pruned, or it would restore and prune them itself.
+	first.waitPruneOK(t)
 	m := first.maps
 	orphanSlot := lbmap.NewService4Key(netip.MustParseAddr("10.96.0.99"), 80, lbmap.TCP, 1)
 	if err := m.Services4.Put(orphanSlot, lbmap.NewServiceSlot(7, 7)); err != nil {
@@ -546,6 +550,8 @@ func TestRestoreDropsLeftovers(t *testing.T) {
 	if id := second.service4("10.96.0.10:80/TCP")[1].BackendID; id == 5 {
 		t.Fatalf("new backend got ID 5, which a leftover entry held at restore")
 	}
+	// The prune counts what it removed before it reports OK.
+	second.waitPruneOK(t)
 	if n := drifttest.Repairs(t, second.registry, "lb-maps", "lb-revnat"); n != 1 {
 		t.Errorf("leftover reverse NAT entries counted as repairs: %v, want 1", n)
 	}

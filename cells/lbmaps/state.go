@@ -46,6 +46,35 @@ type realized struct {
 	// points at: it holds a reference on them until the table is
 	// replaced or deleted.
 	maglevStrays map[*frontendState][]*backendState
+	// untrusted are the slots restore found pointing at a backend of
+	// their family but did not trust (their reverse NAT index not their
+	// master's, or no master): recorded as unknownBackend, so that they
+	// are rewritten or deleted, each holds a reference on the backend
+	// until then, as the programs still send its frontend's traffic
+	// there: the backend's entry stays and its ID is not handed out.
+	untrusted map[slotKey]*backendState
+}
+
+// slotKey is slot n of a frontend.
+type slotKey struct {
+	fs *frontendState
+	n  int
+}
+
+// releaseUntrusted drops the reference slot n of fs held as an untrusted
+// slot, now that it is rewritten or deleted, and returns the backend it
+// held, or nil.
+func (r *realized) releaseUntrusted(fs *frontendState, n int) *backendState {
+	if len(r.untrusted) == 0 {
+		return nil
+	}
+	k := slotKey{fs, n}
+	bs := r.untrusted[k]
+	if bs != nil {
+		bs.refs--
+		delete(r.untrusted, k)
+	}
+	return bs
 }
 
 // orphan is one leftover entry at a frontend ID, and how to delete it.
@@ -479,10 +508,18 @@ func restore[SK comparable, B, R any](r *realized, f *family[SK, B, R], stats *r
 			// holds the stray's entry and ID until then.
 			id := s.id
 			bs := r.byID(is4, id)
-			if bs == nil || !bs.stray && (s.revNAT != fs.id || fs.id == 0) {
+			untrusted := bs != nil && !bs.stray && (s.revNAT != fs.id || fs.id == 0)
+			if bs == nil || untrusted {
 				id = unknownBackend
 			}
 			r.slotWritten(is4, fs, int(s.n), id)
+			if untrusted {
+				if r.untrusted == nil {
+					r.untrusted = map[slotKey]*backendState{}
+				}
+				bs.refs++
+				r.untrusted[slotKey{fs, int(s.n)}] = bs
+			}
 		}
 	}
 

@@ -54,6 +54,7 @@ func TestStrayDuplicateAddress(t *testing.T) {
 	first := newLBEnv(t, root, strayConfig(true))
 	first.set(true, f, g, h)
 	first.waitDone()
+	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
 	kept := first.service4("10.96.0.10:80/TCP")[1].BackendID
 	dup := kept + 5
 	// The same address at dup; g's slot points at it, and h's Maglev
@@ -113,6 +114,7 @@ func TestStrayUnknownProtocol(t *testing.T) {
 	first := newLBEnv(t, root, strayConfig(false))
 	first.set(true, f)
 	first.waitDone()
+	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
 	const referenced, unreferenced = 5, 6
 	for _, id := range []lbmap.BackendID{referenced, unreferenced} {
 		if err := first.maps.Backends4.Put(id, lbmap.NewBackend4(netip.MustParseAddr("10.244.0.9"), 8080, lbmap.Proto(99))); err != nil {
@@ -152,6 +154,7 @@ func TestStrayOtherFamily(t *testing.T) {
 	first := newLBEnv(t, root, strayConfig(false))
 	first.set(true, f4, s6)
 	first.waitDone()
+	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
 	shared := first.service4("10.96.0.10:80/TCP")[1].BackendID
 	if err := first.maps.Backends6.Put(shared, lbmap.NewBackend6(netip.MustParseAddr("fd00:244::9"), 8080, lbmap.TCP)); err != nil {
 		t.Fatal(err)
@@ -374,6 +377,7 @@ func TestRestoreDropsBadMasters(t *testing.T) {
 	first := newLBEnv(t, root, nil)
 	first.set(true, a, outOfRange, twice)
 	first.waitDone()
+	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
 	aID := first.service4("10.96.0.10:80/TCP")[0].RevNATIndex
 	for fe, id := range map[string]lbmap.RevNATIndex{"10.96.0.11:80/TCP": 100, "10.96.0.12:80/TCP": aID} {
 		fa := addr(fe)
@@ -393,4 +397,47 @@ func TestRestoreDropsBadMasters(t *testing.T) {
 		}
 	}
 	second.checkFrontend4(t, "10.96.0.10:80/TCP", "10.244.0.1:8080")
+}
+
+// TestUntrustedSlotHoldsItsBackend: a slot whose reverse NAT index is not
+// its master's is not trusted, and rewritten; until then the programs
+// still send its frontend's traffic to the backend it points at, so that
+// backend's entry stays and its ID is not handed out when the frontend
+// that pointed at it by right moves to another backend.
+func TestUntrustedSlotHoldsItsBackend(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	f := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
+	g := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
+	first := newLBEnv(t, root, strayConfig(false))
+	first.set(true, f, g)
+	first.waitDone()
+	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
+	gSlot := first.service4("10.96.0.11:80/TCP")[1]
+	fa := addr("10.96.0.10:80/TCP")
+	if err := first.maps.Services4.Put(lbmap.NewService4Key(fa.Addr, fa.Port, lbmap.TCP, 1), gSlot); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+
+	second := newLBEnv(t, root, strayConfig(false))
+	g2 := frontend("10.96.0.11:80/TCP", "10.244.0.3:8080/TCP")
+	second.set(false, g2)
+	second.waitDoneOrError(t)
+	if got := second.backend4(gSlot.BackendID); got != "10.244.0.2:8080" {
+		t.Errorf("backend %d = %s after g moved off it, while f's slot points at it: want 10.244.0.2:8080", gSlot.BackendID, got)
+	}
+	n := frontendWithNew("10.96.0.20:80/TCP", "10.244.1.%d:80/TCP", strayMapMax-3)
+	second.set(false, g2, n)
+	second.waitDoneOrError(t)
+	if ids := second.slotIDs4(t, "10.96.0.20:80/TCP"); slices.Contains(ids, gSlot.BackendID) {
+		t.Errorf("new backends got IDs %v while f's slot pointed at %d", ids, gSlot.BackendID)
+	}
+
+	second.set(true, f, g2, n)
+	second.waitDoneOrError(t)
+	second.waitPruneOK(t)
+	second.checkNoStrays(t, []lbmap.BackendID{gSlot.BackendID}, nil, 0)
+	second.checkFrontend4(t, "10.96.0.10:80/TCP", "10.244.0.1:8080")
+	second.checkFrontend4(t, "10.96.0.11:80/TCP", "10.244.0.3:8080")
+	second.checkEveryIDUsable(t)
 }
