@@ -46,15 +46,11 @@ func strayConfig(maglev bool) func(*lbmaps.Config) {
 // is kept; a slot and a Maglev table point at the higher one. Once the
 // slot is rewritten, the table still holds the stray.
 func TestStrayDuplicateAddress(t *testing.T) {
-	root := bpfmapstest.Root(t)
 	const be = "10.244.0.1:8080/TCP"
 	f := frontend("10.96.0.10:80/TCP", be)
 	g := frontend("10.96.0.11:80/TCP", be)
 	h := frontend("10.96.0.12:80/TCP", be)
-	first := newLBEnv(t, root, strayConfig(true))
-	first.set(true, f, g, h)
-	first.waitDone()
-	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
+	root, first := firstRun(t, strayConfig(true), f, g, h)
 	kept := first.service4("10.96.0.10:80/TCP")[1].BackendID
 	dup := kept + 5
 	// The same address at dup; g's slot points at it, and h's Maglev
@@ -109,12 +105,8 @@ func TestStrayDuplicateAddress(t *testing.T) {
 // TestStrayUnknownProtocol: backend entries of an unknown protocol, one
 // that a live frontend's slot points at and one that nothing does.
 func TestStrayUnknownProtocol(t *testing.T) {
-	root := bpfmapstest.Root(t)
 	f := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP", "10.244.0.2:8080/TCP")
-	first := newLBEnv(t, root, strayConfig(false))
-	first.set(true, f)
-	first.waitDone()
-	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
+	root, first := firstRun(t, strayConfig(false), f)
 	const referenced, unreferenced = 5, 6
 	for _, id := range []lbmap.BackendID{referenced, unreferenced} {
 		if err := first.maps.Backends4.Put(id, lbmap.NewBackend4(netip.MustParseAddr("10.244.0.9"), 8080, lbmap.Proto(99))); err != nil {
@@ -148,13 +140,9 @@ func TestStrayUnknownProtocol(t *testing.T) {
 // points at. When the IPv4 backend goes, its ID stays used until the IPv6
 // entry is gone.
 func TestStrayOtherFamily(t *testing.T) {
-	root := bpfmapstest.Root(t)
 	f4 := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
 	s6 := frontend("[fd00::10]:80/TCP", "[fd00:244::1]:8080/TCP")
-	first := newLBEnv(t, root, strayConfig(false))
-	first.set(true, f4, s6)
-	first.waitDone()
-	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
+	root, first := firstRun(t, strayConfig(false), f4, s6)
 	shared := first.service4("10.96.0.10:80/TCP")[1].BackendID
 	if err := first.maps.Backends6.Put(shared, lbmap.NewBackend6(netip.MustParseAddr("fd00:244::9"), 8080, lbmap.TCP)); err != nil {
 		t.Fatal(err)
@@ -370,14 +358,10 @@ func (e *lbEnv) waitDoneOrError(t *testing.T) {
 // refusing the connections to its address), leaving the live frontend's
 // entries as wanted.
 func TestRestoreDropsBadMasters(t *testing.T) {
-	root := bpfmapstest.Root(t)
 	a := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
 	outOfRange := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
 	twice := frontend("10.96.0.12:80/TCP", "10.244.0.3:8080/TCP")
-	first := newLBEnv(t, root, nil)
-	first.set(true, a, outOfRange, twice)
-	first.waitDone()
-	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
+	root, first := firstRun(t, nil, a, outOfRange, twice)
 	aID := first.service4("10.96.0.10:80/TCP")[0].RevNATIndex
 	for fe, id := range map[string]lbmap.RevNATIndex{"10.96.0.11:80/TCP": 100, "10.96.0.12:80/TCP": aID} {
 		fa := addr(fe)
@@ -405,13 +389,9 @@ func TestRestoreDropsBadMasters(t *testing.T) {
 // backend's entry stays and its ID is not handed out when the frontend
 // that pointed at it by right moves to another backend.
 func TestUntrustedSlotHoldsItsBackend(t *testing.T) {
-	root := bpfmapstest.Root(t)
 	f := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
 	g := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
-	first := newLBEnv(t, root, strayConfig(false))
-	first.set(true, f, g)
-	first.waitDone()
-	first.waitPruneOK(t) // its prune done before the maps are changed behind its back
+	root, first := firstRun(t, strayConfig(false), f, g)
 	gSlot := first.service4("10.96.0.11:80/TCP")[1]
 	fa := addr("10.96.0.10:80/TCP")
 	if err := first.maps.Services4.Put(lbmap.NewService4Key(fa.Addr, fa.Port, lbmap.TCP, 1), gSlot); err != nil {
@@ -440,4 +420,17 @@ func TestUntrustedSlotHoldsItsBackend(t *testing.T) {
 	second.checkFrontend4(t, "10.96.0.10:80/TCP", "10.244.0.1:8080")
 	second.checkFrontend4(t, "10.96.0.11:80/TCP", "10.244.0.3:8080")
 	second.checkEveryIDUsable(t)
+}
+
+// firstRun is an agent on a new bpffs that has written fes and restored
+// and pruned, so that nothing it does races with the changes a test then
+// makes to its maps behind its back before stopping it.
+func firstRun(t *testing.T, cfg func(*lbmaps.Config), fes ...*loadbalancer.Frontend) (root string, e *lbEnv) {
+	t.Helper()
+	root = bpfmapstest.Root(t)
+	e = newLBEnv(t, root, cfg)
+	e.set(true, fes...)
+	e.waitDone()
+	e.waitPruneOK(t)
+	return root, e
 }
