@@ -601,7 +601,10 @@ func (r *round[SK, B, R]) delete(e *entry, addr addrKey) {
 		r.noteUnused(id)
 		r.slotDeletes.add(e, r.f.serviceKey(ip, port, proto, uint16(n)), mark{fs: fs, slot: n})
 	}
-	if fs.revNAT {
+	// The reverse NAT entry at the frontend's ID is its own whatever it
+	// holds: one restore found holding another address (fs.revNAT false)
+	// goes too. Deleting one that is not there succeeds.
+	if fs.id != 0 {
 		r.revNATDeletes.add(e, fs.id, mark{fs: fs})
 	}
 	if fs.maglev != 0 {

@@ -356,7 +356,8 @@ func (e *lbEnv) waitDoneOrError(t *testing.T) {
 // frontends are stale, and the first prune deletes their masters with
 // their slots (the datapath would go on matching a master left alone,
 // refusing the connections to its address), leaving the live frontend's
-// entries as wanted.
+// entries as wanted, and no reverse NAT entry but its own. So does a
+// stale frontend whose reverse NAT entry holds another address.
 func TestRestoreDropsBadMasters(t *testing.T) {
 	a := frontend("10.96.0.10:80/TCP", "10.244.0.1:8080/TCP")
 	outOfRange := frontend("10.96.0.11:80/TCP", "10.244.0.2:8080/TCP")
@@ -371,16 +372,34 @@ func TestRestoreDropsBadMasters(t *testing.T) {
 	}
 	first.stop()
 
-	second := newLBEnv(t, root, nil)
-	second.set(true, a)
-	second.waitDoneOrError(t)
-	second.waitPruneOK(t)
-	for _, fe := range []string{"10.96.0.11:80/TCP", "10.96.0.12:80/TCP"} {
-		if svc := second.service4(fe); len(svc) != 0 {
-			t.Errorf("stale frontend %s after the prune: %v, want no entry", fe, svc)
-		}
+	// A stale frontend whose reverse NAT entry holds another address.
+	other := frontend("10.96.0.13:80/TCP", "10.244.0.4:8080/TCP")
+	root2, first2 := firstRun(t, nil, a, other)
+	otherID := first2.service4("10.96.0.13:80/TCP")[0].RevNATIndex
+	if err := first2.maps.RevNAT4.Put(otherID, lbmap.NewRevNAT4(netip.MustParseAddr("10.96.0.99"), 80)); err != nil {
+		t.Fatal(err)
 	}
-	second.checkFrontend4(t, "10.96.0.10:80/TCP", "10.244.0.1:8080")
+	first2.stop()
+
+	for _, run := range []struct {
+		root  string
+		stale []string
+	}{{root, []string{"10.96.0.11:80/TCP", "10.96.0.12:80/TCP"}}, {root2, []string{"10.96.0.13:80/TCP"}}} {
+		second := newLBEnv(t, run.root, nil)
+		second.set(true, a)
+		second.waitDoneOrError(t)
+		second.waitPruneOK(t)
+		for _, fe := range run.stale {
+			if svc := second.service4(fe); len(svc) != 0 {
+				t.Errorf("stale frontend %s after the prune: %v, want no entry", fe, svc)
+			}
+		}
+		second.checkFrontend4(t, "10.96.0.10:80/TCP", "10.244.0.1:8080")
+		if rev := second.dumpPrefix("rev4"); len(rev) != 1 {
+			t.Errorf("reverse NAT entries after the prune: %v, want only 10.96.0.10:80's", rev)
+		}
+		second.stop()
+	}
 }
 
 // TestUntrustedSlotHoldsItsBackend: a slot whose reverse NAT index is not
