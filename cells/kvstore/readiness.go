@@ -76,6 +76,11 @@ func ReconciledUnlessUnreachable[Obj any](name string, db *statedb.DB, tbl state
 		c, log)
 }
 
+// Unreachable says whether c is enabled and has tried etcd and failed: what
+// waits for a kvstore table's listing can then go on with what the node
+// has, as UnlessUnreachable does.
+func Unreachable(c Client) bool { return c != nil && c.Enabled() && unreachable(c.Status()) }
+
 // unreachable says whether the client has tried etcd and failed: a status
 // that is not connected and has an error. Before its first check fails
 // the client is connecting without one.

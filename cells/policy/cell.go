@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/ipcache"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/cells/kvstore"
 )
 
 // Cell provides the tables "policy-rules", "policy-entries",
@@ -61,7 +62,10 @@ type params struct {
 	// the pods of a peer identity for egress named ports; without it (in
 	// tests) every label counts.
 	Allocator *idcell.Allocator `optional:"true"`
-	Jobs      job.Group
+	// KVStore says whether etcd is unreachable: the policy is then
+	// computed without the kvstore's identities (see run).
+	KVStore kvstore.Client `optional:"true"`
+	Jobs    job.Group
 }
 
 // Policy computes the desired policy of the local endpoints. The job
@@ -76,10 +80,11 @@ type Policy struct {
 	identities  statedb.Table[*idcell.Identity]
 	endpoints   statedb.Table[*endpointmanager.Endpoint]
 	ipcache     statedb.Table[*ipcache.Entry]
+	kv          kvstore.Client
 	watcher     *policyWatcher
 	pods        *podPorts
 	// computed marks the output tables initialized after the first
-	// complete computation.
+	// computation with every input initialized: policy-maps prunes then.
 	computed []func(statedb.WriteTxn)
 	// progress is how far the computation has read the endpoints table.
 	progress *progress
@@ -107,7 +112,7 @@ func newPolicy(p params) (*Policy, error) {
 	}
 	pol := &Policy{
 		log: p.Log, db: p.DB, rules: p.Rules, entries: p.Entries, enforcement: p.Enforcement, prefixes: p.Prefixes,
-		identities: p.Identities, endpoints: p.Endpoints, ipcache: p.IPCache, watcher: watcher, pods: pods,
+		identities: p.Identities, endpoints: p.Endpoints, ipcache: p.IPCache, kv: p.KVStore, watcher: watcher, pods: pods,
 		engine: newEngine(p.Entries, p.Enforcement, p.Prefixes, pods.ports, pods.peerPorts), progress: newProgress(),
 		computeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "cellium_policy_computation_seconds",
@@ -161,20 +166,28 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 	defer epChanges.Close()
 	wtxn.Commit()
 
-	// Until every input is complete, a pod could look unselected, and so
-	// allowed everything: nothing is written before.
-	health.OK("Waiting for the NetworkPolicies, identities, endpoints and pods")
+	// Until the NetworkPolicies, endpoints and pods are complete, a pod
+	// could look unselected, and so allowed everything: nothing is
+	// written before. The identities are not waited for: an identity not
+	// yet known is only one whose allows are not written yet (a selector
+	// selects fewer identities, never more), and in kvstore mode their
+	// listing waits for etcd, which a node restarted during an outage
+	// must not (its restored and own identities are in the table).
+	health.OK("Waiting for the NetworkPolicies, endpoints and pods")
 	if tables.WaitInitialized(ctx, p.db, p.rules.ToTable()) != nil ||
-		tables.WaitInitialized(ctx, p.db, p.identities) != nil ||
 		tables.WaitInitialized(ctx, p.db, p.endpoints) != nil ||
 		!cache.WaitFor(ctx, "", p.pods.synced) {
 		return nil
 	}
 
-	first := true
+	first, marked, live := true, false, false
+	var computedUpTo statedb.Revision
 	for {
 		txn := p.db.ReadTxn()
 		start := time.Now()
+		// Read before the changes: initialized then, the batch has every
+		// identity the listing gave.
+		idsListed, idsInit := p.identities.Initialized(txn)
 		p.mu.Lock()
 		idSeq, idWatch := idChanges.Next(txn)
 		for c := range idSeq {
@@ -216,13 +229,29 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 			p.mu.Unlock()
 			return fmt.Errorf("write the policy entries: %w", err)
 		}
-		if first {
+		// Pruning (policy-maps deletes what the tables do not hold) waits
+		// for a computation with every identity: until then restored
+		// allows of identities not yet listed stay in the maps.
+		if idsListed && !marked {
 			for _, done := range p.computed {
 				done(wtxn)
 			}
+			marked = true
 		}
 		wtxn.Commit()
-		p.progress.set(p.endpoints.Revision(txn))
+		computedUpTo = p.endpoints.Revision(txn)
+		// New endpoints go live (their CNI ADD returns) with the
+		// identities listed, or without them once etcd is unreachable: a
+		// new pod would otherwise find the allows of peers not yet listed
+		// missing, and during an outage no pod could start.
+		if !live && !idsListed && kvstore.Unreachable(p.kv) {
+			p.log.Warn("Policy computed without the kvstore's identities: etcd is unreachable; allows of identities not yet listed follow once it answers",
+				"state", p.kv.Status().State, "error", p.kv.Status().LastError)
+		}
+		live = live || idsListed || kvstore.Unreachable(p.kv)
+		if live {
+			p.progress.set(computedUpTo)
+		}
 		p.report(health, first)
 		p.mu.Unlock()
 		if first || stats.endpoints > 0 {
@@ -234,16 +263,37 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 		}
 		first = false
 
+		// Until the identities are listed: wake when they are, and look
+		// at the kvstore's status each second (it has no notification).
+		var idsListedWatch <-chan struct{}
+		var recheck <-chan time.Time
+		var timer *time.Timer
+		if !idsListed {
+			idsListedWatch = idsInit
+			if !live && p.kv != nil && p.kv.Enabled() {
+				timer = time.NewTimer(unreachableRecheck)
+				recheck = timer.C
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-idWatch:
+		case <-idsListedWatch:
+		case <-recheck:
 		case <-epWatch:
 		case <-ruleWatch:
 		case <-p.pods.wake:
 		}
+		if timer != nil {
+			timer.Stop()
+		}
 	}
 }
+
+// unreachableRecheck is how often, while the identities are not listed,
+// the job looks whether etcd is unreachable (as kvstore.UnlessUnreachable).
+const unreachableRecheck = time.Second
 
 // report puts the policies the agent cannot apply (or applies in part) in
 // health and the log, each once, by name.

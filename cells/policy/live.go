@@ -43,8 +43,8 @@ func (c *progress) get() (statedb.Revision, <-chan struct{}) {
 // endpoints table as of the endpoint's creation or later, and its
 // enforcement row and every entry reconciled, and the other local
 // endpoints' allows of its identity too (peersLive). Until the policy is first
-// computed (NetworkPolicies, identities, endpoints and pods listed), no
-// endpoint's is.
+// computed (NetworkPolicies, endpoints and pods listed, and the identities
+// too unless etcd is unreachable), no endpoint's is.
 func liveCondition(p *Policy) endpointmanager.LiveOut {
 	return endpointmanager.LiveOut{Condition: endpointmanager.LiveCondition{Name: "policy", Live: p.endpointLive}}
 }
