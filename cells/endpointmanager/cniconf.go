@@ -25,9 +25,17 @@ import (
 // before the usual 10-*.
 const CNIConfFile = "05-cellium.conflist"
 
-// CNIVersion is the specification version of the configuration: 1.1
-// has the STATUS and GC verbs, which the plugin implements.
-const CNIVersion = "1.1.0"
+// CNIVersion is the configuration's "cniVersion": 1.0.0, which every
+// runtime's CNI library takes. CNIVersions are its "cniVersions" (CNI 1.1's
+// negotiation): a library that knows them (libcni v1.2 and later) uses the
+// newest it implements, 1.1.0 with the STATUS and GC verbs; an older one
+// (libcni v1.1.x, as containerd 1.7 links it) reads "cniVersion" only, and
+// could not parse a 1.1.0 result, so every ADD would fail there. The
+// plugin answers in the version it is given.
+const CNIVersion = "1.0.0"
+
+// CNIVersions are the versions the plugin speaks (see CNIVersion).
+var CNIVersions = []string{"1.0.0", "1.1.0"}
 
 // CNIPluginType is the plugin binary's name, which runtimes look up in
 // their CNI bin directory (/opt/cni/bin).
@@ -96,9 +104,10 @@ func RemoveCNIConfig(cfg Config) (removed []string, err error) {
 // where the agent's API is.
 func cniConfig(socket string) ([]byte, error) {
 	conf := map[string]any{
-		"cniVersion": CNIVersion,
-		"name":       "cellium",
-		"plugins":    []map[string]any{{"type": CNIPluginType, "socket": socket}},
+		"cniVersion":  CNIVersion,
+		"cniVersions": CNIVersions,
+		"name":        "cellium",
+		"plugins":     []map[string]any{{"type": CNIPluginType, "socket": socket}},
 	}
 	data, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {

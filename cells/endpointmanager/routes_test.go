@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -95,9 +96,10 @@ func TestCNIConfig(t *testing.T) {
 		return err == nil, fmt.Sprint(err)
 	})
 	var conf struct {
-		CNIVersion string `json:"cniVersion"`
-		Name       string `json:"name"`
-		Plugins    []struct {
+		CNIVersion  string   `json:"cniVersion"`
+		CNIVersions []string `json:"cniVersions"`
+		Name        string   `json:"name"`
+		Plugins     []struct {
 			Type   string `json:"type"`
 			Socket string `json:"socket"`
 		} `json:"plugins"`
@@ -105,7 +107,7 @@ func TestCNIConfig(t *testing.T) {
 	if err := json.Unmarshal(data, &conf); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	if conf.CNIVersion != "1.1.0" || conf.Name != "cellium" || len(conf.Plugins) != 1 ||
+	if conf.CNIVersion != "1.0.0" || !slices.Equal(conf.CNIVersions, []string{"1.0.0", "1.1.0"}) || conf.Name != "cellium" || len(conf.Plugins) != 1 ||
 		conf.Plugins[0].Type != "cellium-cni" || conf.Plugins[0].Socket != filepath.Join(tn.dir, "agent.sock") {
 		t.Fatalf("CNI configuration = %s", data)
 	}

@@ -25,7 +25,7 @@ func TestThreePods(t *testing.T) {
 	n := newNode(t)
 	n.start()
 	list := n.conflist()
-	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "cellium-cni" || list.CNIVersion != endpointmanager.CNIVersion {
+	if len(list.Plugins) != 1 || list.Plugins[0].Network.Type != "cellium-cni" || list.CNIVersion != "1.1.0" {
 		t.Fatalf("the agent's CNI configuration: %s", list.Bytes)
 	}
 

@@ -3,7 +3,11 @@
 // (/opt/cni/bin/cellium-cni) with the network configuration that the agent
 // writes once it is ready, 05-cellium.conflist:
 //
-//	{"cniVersion":"1.1.0","name":"cellium","plugins":[{"type":"cellium-cni","socket":"/var/run/cellium/agent.sock"}]}
+//	{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"cellium","plugins":[{"type":"cellium-cni","socket":"/var/run/cellium/agent.sock"}]}
+//
+// A runtime whose CNI library knows "cniVersions" (CNI 1.1) hands the plugin
+// 1.1.0, with STATUS and GC; an older one (containerd 1.7) 1.0.0. The plugin
+// answers in the version it is handed.
 //
 // The plugin makes nothing itself: each command is a call to the agent's
 // API on "socket" (default /var/run/cellium/agent.sock).
