@@ -240,6 +240,10 @@ type Manager struct {
 	liveMetrics *liveMetrics
 	// programs is nil without the loader.
 	programs ProgramsAttacher
+	// devices and nodeAddrs are what the automatic MTU reads; nil
+	// without them, or with --endpoint-mtu (see waitDevices).
+	devices   statedb.Table[*devices.Device]
+	nodeAddrs statedb.Table[*devices.NodeAddress]
 }
 
 func newManager(p params) (*Manager, error) {
@@ -262,6 +266,9 @@ func newManager(p params) (*Manager, error) {
 		live: p.Live, policy: p.Policy, liveMetrics: p.LiveMetrics, programs: p.Programs,
 
 		reservedIDs: map[uint16]bool{},
+	}
+	if p.Config.EndpointMTU == 0 {
+		m.devices, m.nodeAddrs = p.Devices, p.NodeAddresses
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
 		vethCreated: func() { m.crash.At(CrashVethCreated) }}
@@ -301,6 +308,36 @@ func (m *Manager) waitRestored(ctx context.Context) error {
 		return errorf(ErrNotReady, "the agent is restoring its endpoints; try again: %v", err)
 	}
 	return nil
+}
+
+// waitDevices waits, as long as ctx allows, until the node's devices and
+// addresses are listed, when the MTU is automatic and the agent has those
+// tables: the MTU is read from them, and before their first listing it
+// would be the 1500 fallback, which the restore would set on every
+// running pod's veth pair and a creation give a new one.
+func (m *Manager) waitDevices(ctx context.Context) error {
+	if m.devices == nil || m.nodeAddrs == nil {
+		return nil
+	}
+	err := tables.WaitInitialized(ctx, m.db, m.devices)
+	if err == nil {
+		err = tables.WaitInitialized(ctx, m.db, m.nodeAddrs)
+	}
+	if err != nil {
+		return errorf(ErrNotReady, "the node's devices are not listed yet, so the endpoints' MTU is not known; try again: %v", err)
+	}
+	return nil
+}
+
+// devicesListed says whether waitDevices would return at once.
+func (m *Manager) devicesListed() bool {
+	if m.devices == nil || m.nodeAddrs == nil {
+		return true
+	}
+	txn := m.db.ReadTxn()
+	devs, _ := m.devices.Initialized(txn)
+	addrs, _ := m.nodeAddrs.Initialized(txn)
+	return devs && addrs
 }
 
 // TunnelOverhead is what the routing mode's encapsulation adds to a

@@ -48,13 +48,17 @@ func (r CreateRequest) validate() error {
 // pool, writes the state file, makes the veth pair, addresses and routes,
 // and writes the state file again as ready before it returns, so that an
 // endpoint reported to the runtime is never lost. Whatever fails is undone.
-// It waits while the restore runs, and (for a pod, with a Kubernetes
-// clientset) until the pods of the node are listed, as long as ctx allows.
+// It waits while the restore runs, until the node's devices are listed
+// (the automatic MTU), and (for a pod, with a Kubernetes clientset) until
+// the pods of the node are listed, as long as ctx allows.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
 	if err := m.waitRestored(ctx); err != nil {
+		return nil, err
+	}
+	if err := m.waitDevices(ctx); err != nil {
 		return nil, err
 	}
 	if m.pods != nil && req.PodName != "" {
@@ -619,7 +623,15 @@ func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
 //     where they differ (a pod whose veth pair was removed gets a new one),
 //     and it is inserted in the table, from which the endpoint map is
 //     rebuilt.
-func (m *Manager) restore(ctx context.Context, _ cell.Health) error {
+func (m *Manager) restore(ctx context.Context, h cell.Health) error {
+	// The restored endpoints' MTU is read from the devices (mtu): not
+	// before they are listed.
+	if !m.devicesListed() {
+		h.OK("Waiting for the node's devices and addresses to be listed: the endpoints' MTU")
+		if err := m.waitDevices(ctx); err != nil {
+			return err
+		}
+	}
 	starting, err := m.restoreLocked(ctx)
 	if err != nil {
 		return err
