@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"iter"
 	"log/slog"
 	"slices"
 	"sync"
@@ -139,7 +140,8 @@ func newPodPorts(cs k8sclient.Clientset, node string, labelsOf func(idcell.Pod) 
 }
 
 // slimPod keeps of a pod what the policy cell reads: its name, namespace
-// and labels, node, service account and containers' named ports.
+// and labels, node, service account and the named ports of the containers
+// that serve (servingContainers).
 func slimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -148,7 +150,7 @@ func slimPod(obj any) (any, error) {
 	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Labels: pod.Labels,
 		ResourceVersion: pod.ResourceVersion, UID: pod.UID},
 		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, ServiceAccountName: pod.Spec.ServiceAccountName}}
-	for _, c := range pod.Spec.Containers {
+	for c := range servingContainers(pod) {
 		var ports []corev1.ContainerPort
 		for _, cp := range c.Ports {
 			if cp.Name != "" {
@@ -160,6 +162,27 @@ func slimPod(obj any) (any, error) {
 		}
 	}
 	return out, nil
+}
+
+// servingContainers are the containers of a pod that run beside its
+// app: its containers and its sidecars (init containers with
+// restartPolicy Always, which keep running after the pod starts). The
+// other init containers have ended before the pod serves: their ports
+// are not the pod's.
+func servingContainers(pod *corev1.Pod) iter.Seq[*corev1.Container] {
+	return func(yield func(*corev1.Container) bool) {
+		for i := range pod.Spec.InitContainers {
+			c := &pod.Spec.InitContainers[i]
+			if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways && !yield(c) {
+				return
+			}
+		}
+		for i := range pod.Spec.Containers {
+			if !yield(&pod.Spec.Containers[i]) {
+				return
+			}
+		}
+	}
 }
 
 // identityKey is the text of a pod's identity label set without its
@@ -269,7 +292,7 @@ func (p *podPorts) peerPorts(key string) []namedPort {
 
 func podNamedPorts(pod *corev1.Pod) []namedPort {
 	var out []namedPort
-	for _, c := range pod.Spec.Containers {
+	for c := range servingContainers(pod) {
 		for _, cp := range c.Ports {
 			if cp.Name == "" || cp.ContainerPort < 1 || cp.ContainerPort > 65535 {
 				continue
