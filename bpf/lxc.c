@@ -38,6 +38,12 @@
  * B's answer finds the first in A's to-endpoint program and the second in
  * B's from-endpoint program.
  *
+ * The from-endpoint program drops, before conntrack, a packet whose source
+ * is not an address of the endpoint whose veth it came in on
+ * (DROP_INVALID_SOURCE): conntrack keys carry no endpoint, so a forged
+ * source would be judged by another endpoint's policy, or none, and could
+ * plant entries that other endpoints' connections find as replies.
+ *
  * Policy is decided once per connection and program, when conntrack would
  * create the entry: from-endpoint decides the endpoint's egress with the
  * destination's identity as the peer, to-endpoint its ingress with the
@@ -141,9 +147,13 @@ struct icmp_echo_hdr {
 /* Report it untracked, and look for the connection it is an error about: an
  * ICMP or ICMPv6 error. */
 #define PKT_ICMP_ERROR 3
-/* Report it untracked, and pass it whatever the policy: IPv6 neighbour
- * discovery and MLD, without which the endpoint has no network. */
+/* Report it untracked, and pass it whatever the policy and whatever its
+ * source: IPv6 neighbour discovery and MLD, without which the endpoint has
+ * no network. */
 #define PKT_UNTRACKED_ALWAYS 4
+/* Report it untracked, and pass it: an IPv4 fragment after the first,
+ * which has no transport header. */
+#define PKT_FRAGMENT 5
 
 /* Both directions sent a FIN. */
 #define CTF_CLOSED (CTF_TX_CLOSING | CTF_RX_CLOSING)
@@ -260,7 +270,7 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary
 	__builtin_memcpy(flow->dst, &ip.daddr, 4);
 	/* Only the first fragment carries the transport header. */
 	if (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET))
-		return PKT_UNTRACKED_ALWAYS;
+		return PKT_FRAGMENT;
 	*l4_off = ETH_HLEN + hlen;
 	return parse_l4(skb, ETH_HLEN + hlen, ETH_HLEN + len, flow);
 }
@@ -687,6 +697,19 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 		ep = endpoint_lookup(flow, to_endpoint ? flow->dst : flow->src);
 		if (ep)
 			pol.endpoint_id = ep->endpoint_id;
+		/* What an endpoint sends must come from one of its own
+		 * addresses: the source's entry names the interface it
+		 * belongs to. Conntrack keys carry no endpoint, so a forged
+		 * source would otherwise pick another endpoint's egress
+		 * policy (none for an unknown address) and plant entries that
+		 * the other endpoint's connections find as replies. Neighbour
+		 * discovery and MLD, whose sources are link-local or
+		 * unspecified, pass as before (ARP did already). */
+		if (!to_endpoint && kind >= 0 && kind != PKT_UNTRACKED_ALWAYS &&
+		    (!ep || ep->ifindex != skb->ifindex)) {
+			kind = -DROP_INVALID_SOURCE;
+			pol.endpoint_id = 0;
+		}
 		if (!to_endpoint)
 			point = endpoint_lookup(flow, flow->dst) ? TRACE_FROM_ENDPOINT : TRACE_TO_STACK;
 		pol.peer = to_endpoint ? flow->src_identity : flow->dst_identity;
@@ -701,7 +724,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 			ret = ct_track4(flow, key_flag, &pol, &report);
 		else
 			ret = ct_track6(flow, key_flag, &pol, &report);
-	} else if (kind != PKT_UNTRACKED_ALWAYS) {
+	} else if (kind != PKT_UNTRACKED_ALWAYS && kind != PKT_FRAGMENT) {
 		ret = policy_untracked(skb, flow, l4_off, kind, &pol);
 	}
 	if (ret == -DROP_POLICY_DENIED)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/ipcachemap"
@@ -293,6 +294,70 @@ func TestLXCPolicyEgress(t *testing.T) {
 	l.run(l.from, tcpPacket(ap(podA, 80), ap(remote, 40000), synAck), verdictNext)
 	if tr := l.trace(); tr.Flow.CTState != monitorapi.CTReply {
 		t.Fatalf("reply traced %v, want ct=reply", tr)
+	}
+}
+
+// A forged source does not escape the egress policy: A, isolated for
+// egress with no allow, sends from its interface with a source that is no
+// endpoint's (any pod with CAP_NET_RAW can), which once found no endpoint
+// and so no policy, and passed. It is dropped before policy.
+func TestLXCPolicyForgedSourceEgress(t *testing.T) {
+	for _, fam := range []struct {
+		name              string
+		a, stranger, x, b netip.Addr
+	}{
+		{"IPv4", podA, netip.MustParseAddr("10.244.0.99"), remote, podB},
+		{"IPv6", podA6, netip.MustParseAddr("fd00:244::99"), remote6, podB6},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			l := loadPolicyLXC(t)
+			l.isolate(epA, policymap.FlagEgress)
+			// A's own address: denied by policy.
+			l.run(l.from, udpPacket(ap(fam.a, 5000), ap(fam.x, 53)), verdictDrop)
+			l.policyDrop(monitorapi.DirectionEgress, epA)
+			// From A's interface with a source no endpoint has, or
+			// B's, whose egress is not isolated: dropped, no entry.
+			for _, src := range []netip.Addr{fam.stranger, fam.b} {
+				pkt := udpPacket(ap(src, 5000), ap(fam.x, 53))
+				l.runOn(l.devA, &ebpf.RunOptions{Data: pkt}, l.from, verdictDrop)
+				if ev := l.drop(); ev.Reason != monitorapi.DropInvalidSource || ev.EndpointID != 0 {
+					t.Fatalf("%v from A's interface: %v, want an invalid-source drop", src, ev)
+				}
+				l.noEntry(ctKey(unix.IPPROTO_UDP, ap(src, 5000), ap(fam.x, 53), 0))
+			}
+		})
+	}
+}
+
+// A forged source does not open another endpoint's ingress: B is isolated
+// for ingress with no allow. A sends from its interface a SYN-ACK with B:80
+// as source to A:5555 (B's egress is not isolated, so this once made
+// conntrack's entry B:80 -> A:5555), then a SYN to B:80, which B's
+// to-endpoint program found as the reply of that entry and let in without
+// a policy decision. The forged packet is dropped and plants nothing; the
+// SYN is denied.
+func TestLXCPolicyForgedReplyIngress(t *testing.T) {
+	for _, fam := range []struct {
+		name string
+		a, b netip.Addr
+	}{{"IPv4", podA, podB}, {"IPv6", podA6, podB6}} {
+		t.Run(fam.name, func(t *testing.T) {
+			l := loadPolicyLXC(t)
+			l.isolate(epB, policymap.FlagIngress)
+			forged := tcpPacket(ap(fam.b, 80), ap(fam.a, 5555), synAck)
+			l.runOn(l.devA, &ebpf.RunOptions{Data: forged}, l.from, verdictDrop)
+			if ev := l.drop(); ev.Reason != monitorapi.DropInvalidSource {
+				t.Fatalf("forged SYN-ACK from A's interface: %v, want an invalid-source drop", ev)
+			}
+			l.noEntry(tcpKey(ap(fam.b, 80), ap(fam.a, 5555), 0))
+
+			// A's SYN to B:80 leaves A (not isolated) and is denied
+			// into B.
+			l.run(l.from, tcpPacket(ap(fam.a, 5555), ap(fam.b, 80), syn), verdictNext)
+			l.trace()
+			l.run(l.to, tcpPacket(ap(fam.a, 5555), ap(fam.b, 80), syn), verdictDrop)
+			l.policyDrop(monitorapi.DirectionIngress, epB)
+		})
 	}
 }
 

@@ -3,7 +3,6 @@ package bpf_test
 import (
 	"encoding/binary"
 	"errors"
-	"net"
 	"net/netip"
 	"os"
 	"reflect"
@@ -14,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/ringbuf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/bpf"
@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/ipcachemap"
 	"github.com/cellium/cellium/pkg/monitorapi"
+	"github.com/cellium/cellium/pkg/nettest"
 	"github.com/cellium/cellium/pkg/policymap"
 )
 
@@ -30,7 +31,11 @@ import (
 // BPF_PROG_TEST_RUN, against maps of their own, and read what the programs
 // left in the conntrack maps and the event ring buffer. Both programs of
 // one load serve every endpoint, as on a node: they tell endpoints apart by
-// the endpoint map.
+// the endpoint map. The from-endpoint program also checks that a packet
+// came in on the interface of its source's endpoint, so each load has a
+// network namespace with a veth pair whose two ends stand for the host
+// sides of A's and B's veths, and a from-endpoint run happens there, on
+// the interface of the packet's source (see runWith).
 
 // Lifetimes of the tests, in seconds: apart from the defaults and from
 // each other, so that an entry's lifetime says which one applied.
@@ -77,6 +82,14 @@ type lxc struct {
 	prefixes    *ebpf.Map
 	ring        *ringbuf.Reader
 	boot        monitorapi.BootClock
+	// nsPath is the namespace of the endpoints' interfaces, devA and devB
+	// their ifindexes there; ifindexOf maps each endpoint address to its
+	// interface.
+	nsPath     string
+	devA, devB uint32
+	ifindexOf  map[netip.Addr]uint32
+	// lastIfIndex is the interface the last run ran on (1: lo).
+	lastIfIndex uint32
 }
 
 type lxcOptions struct {
@@ -154,14 +167,37 @@ func loadLXC(t testing.TB, opts lxcOptions) *lxc {
 	}
 	t.Cleanup(func() { l.ring.Close() })
 
+	l.nsPath, l.devA, l.devB = endpointDevices(t)
+	l.ifindexOf = map[netip.Addr]uint32{podA: l.devA, podA6: l.devA, podB: l.devB, podB6: l.devB}
 	endpoints := coll.Maps[bpf.LXCMapCelliumEndpoints]
 	for addr, id := range map[netip.Addr]uint16{podA: epA, podB: epB, podA6: epA, podB6: epB} {
-		info := endpointmaps.EndpointInfo{IfIndex: uint32(100 + id), EndpointID: id}
+		info := endpointmaps.EndpointInfo{IfIndex: l.ifindexOf[addr], EndpointID: id}
 		if err := endpoints.Put(endpointmaps.KeyOf(addr), info); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return l
+}
+
+// endpointDevices makes a network namespace with a veth pair, lxca and
+// lxcb, the host sides of A's and B's veths, and returns the namespace
+// and their ifindexes. It is removed when the test ends.
+func endpointDevices(t testing.TB) (string, uint32, uint32) {
+	t.Helper()
+	ns := nettest.NewNS(t)
+	_, h := nettest.Netlink(t, ns.Path())
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lxca"}, PeerName: "lxcb"}); err != nil {
+		t.Fatalf("veth pair in %s: %v", ns.Path(), err)
+	}
+	var idx [2]uint32
+	for i, name := range []string{"lxca", "lxcb"} {
+		link, err := h.LinkByName(name)
+		if err != nil {
+			t.Fatalf("%s in %s: %v", name, ns.Path(), err)
+		}
+		idx[i] = uint32(link.Attrs().Index)
+	}
+	return ns.Path(), idx[0], idx[1]
 }
 
 // on is l for a subtest: its failures are t's.
@@ -177,15 +213,78 @@ func (l *lxc) run(prog *ebpf.Program, pkt []byte, want uint32) {
 	l.runWith(&ebpf.RunOptions{Data: pkt}, prog, want)
 }
 
+// runWith runs prog with opts. The from-endpoint program runs on the
+// interface of the packet's source, as a pod's packet comes in on the host
+// side of its own veth, or on lo (the interface of no endpoint) if the
+// source is no endpoint's; the to-endpoint program on lo.
 func (l *lxc) runWith(opts *ebpf.RunOptions, prog *ebpf.Program, want uint32) {
 	l.t.Helper()
-	got, err := prog.Run(opts)
+	var ifindex uint32
+	if prog == l.from {
+		ifindex = l.ifindexOf[packetSource(opts.Data)]
+	}
+	l.runOn(ifindex, opts, prog, want)
+}
+
+// runOn runs prog with opts on the interface ifindex of the endpoints'
+// namespace, 0 for lo of the test's own.
+func (l *lxc) runOn(ifindex uint32, opts *ebpf.RunOptions, prog *ebpf.Program, want uint32) {
+	l.t.Helper()
+	run := func() (uint32, error) { return prog.Run(opts) }
+	l.lastIfIndex = 1
+	if ifindex != 0 {
+		o := *opts
+		o.Context = withIfIndex(l.t, opts.Context, ifindex)
+		run = func() (uint32, error) {
+			return nettest.In(l.nsPath, func() (uint32, error) { return prog.Run(&o) })
+		}
+		defer func() { opts.DataOut = o.DataOut }()
+		l.lastIfIndex = ifindex
+	}
+	got, err := run()
 	if err != nil {
 		l.t.Fatal(err)
 	}
 	if got != want {
 		l.t.Fatalf("program returned %#x, want %#x", got, want)
 	}
+}
+
+// packetSource is the source address of an Ethernet frame's IPv4 or IPv6
+// packet, as far as the frame holds one; the zero Addr otherwise.
+func packetSource(frame []byte) netip.Addr {
+	if len(frame) < 14 {
+		return netip.Addr{}
+	}
+	switch binary.BigEndian.Uint16(frame[12:]) {
+	case unix.ETH_P_IP:
+		if len(frame) >= 14+16 {
+			return netip.AddrFrom4([4]byte(frame[14+12 : 14+16]))
+		}
+	case unix.ETH_P_IPV6:
+		if len(frame) >= 14+24 {
+			return netip.AddrFrom16([16]byte(frame[14+8 : 14+24]))
+		}
+	}
+	return netip.Addr{}
+}
+
+// withIfIndex is ctx (a struct __sk_buff, or nil for a zero one) with
+// ifindex set: BPF_PROG_TEST_RUN runs the program on that interface of the
+// caller's namespace.
+func withIfIndex(t testing.TB, ctx any, ifindex uint32) []byte {
+	t.Helper()
+	var skb []byte
+	switch c := ctx.(type) {
+	case nil:
+		skb = make([]byte, skbSize)
+	case []byte:
+		skb = slices.Clone(c)
+	default:
+		t.Fatalf("context %T: want a struct __sk_buff's bytes", ctx)
+	}
+	binary.NativeEndian.PutUint32(skb[skbIfIndexOffset:], ifindex)
+	return skb
 }
 
 // ringEvents drains a ring buffer of event records. The programs write
@@ -332,15 +431,6 @@ func (w window) check(t *testing.T, what string, got, plus uint32) {
 	}
 }
 
-func loIndex(t *testing.T) uint32 {
-	t.Helper()
-	lo, err := net.InterfaceByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return uint32(lo.Index)
-}
-
 // Packets. Checksums stay 0: the programs do not check them.
 
 func ethernet(etherType uint16, payload []byte) []byte {
@@ -478,8 +568,8 @@ func TestLXCTCPConnection(t *testing.T) {
 			w := during(func() { l.run(l.from, synPkt, verdictNext) })
 			ev := l.trace()
 			checkTrace(t, ev, monitorapi.TraceFromEndpoint, epA, monitorapi.CTNew, a, b)
-			if ev.Flow.TCPFlags != syn || ev.Flow.Len != uint32(len(synPkt)) || ev.IfIndex != loIndex(t) || ev.Flow.Proto != unix.IPPROTO_TCP {
-				t.Fatalf("event %v: want flags SYN, len %d, ifindex of lo", ev, len(synPkt))
+			if ev.Flow.TCPFlags != syn || ev.Flow.Len != uint32(len(synPkt)) || ev.IfIndex != l.devA || ev.Flow.Proto != unix.IPPROTO_TCP {
+				t.Fatalf("event %v: want flags SYN, len %d, ifindex %d of A's interface", ev, len(synPkt), l.devA)
 			}
 			if d := time.Since(ev.Time); d < -time.Second || d > time.Minute {
 				t.Fatalf("event time %v is not about now", ev.Time)
@@ -730,20 +820,85 @@ func TestLXCIPv4Fragments(t *testing.T) {
 	}
 }
 
-// A source that is in no endpoint's map entry: the entry and the event
-// have endpoint 0.
-func TestLXCUnknownEndpoint(t *testing.T) {
-	l := loadLXC(t, lxcOptions{aggregation: true})
-	stranger := netip.AddrPortFrom(netip.MustParseAddr("10.244.0.99"), 1234)
-	b := netip.AddrPortFrom(podB, 80)
-	l.run(l.from, tcpPacket(stranger, b, syn), verdictNext)
-	checkTrace(t, l.trace(), monitorapi.TraceFromEndpoint, 0, monitorapi.CTNew, stranger, b)
-	if e := l.entry(tcpKey(stranger, b, 0)); e.EndpointID != 0 {
-		t.Fatalf("entry %v: want endpoint 0", e)
+// What the from-endpoint program sees must come from an address of the
+// endpoint whose interface it came in on: a source that is no endpoint's,
+// another endpoint's, or an endpoint's own on an interface not its own is
+// dropped with invalid-source, before conntrack (no entry), with endpoint 0.
+// Into pod B, a source that is no endpoint's is B's connection as before.
+func TestLXCInvalidSource(t *testing.T) {
+	for _, fam := range []struct {
+		name       string
+		a, b, x    netip.Addr
+		stranger   netip.Addr
+		other      netip.Addr // A's address of the other family
+		linkLocal  netip.Addr
+		multicastB netip.Addr
+	}{
+		{"IPv4", podA, podB, remote, netip.MustParseAddr("10.244.0.99"), podA6, netip.Addr{}, netip.Addr{}},
+		{"IPv6", podA6, podB6, remote6, netip.MustParseAddr("fd00:244::99"), podA, netip.MustParseAddr("fe80::2"), netip.MustParseAddr("ff02::1:ff00:3")},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			l := loadLXC(t, lxcOptions{aggregation: true})
+			x := netip.AddrPortFrom(fam.x, 80)
+			for _, tc := range []struct {
+				name    string
+				src     netip.Addr
+				ifindex uint32 // 0: lo, the interface of no endpoint
+			}{
+				{"no endpoint's source on A's interface", fam.stranger, l.devA},
+				{"B's source on A's interface", fam.b, l.devA},
+				{"A's source on B's interface", fam.a, l.devB},
+				{"A's source on an interface of no endpoint", fam.a, 0},
+			} {
+				src := netip.AddrPortFrom(tc.src, 1234)
+				for _, pkt := range [][]byte{tcpPacket(src, x, syn), udpPacket(src, x), icmpPacket(tc.src, fam.x, icmpEchoType(fam.a), 0, 7)} {
+					l.runOn(tc.ifindex, &ebpf.RunOptions{Data: pkt}, l.from, verdictDrop)
+					ev := l.drop()
+					if ev.Reason != monitorapi.DropInvalidSource || ev.EndpointID != 0 || ev.Flow.Src != tc.src || ev.Flow.Dst != fam.x ||
+						ev.Flow.CTState != monitorapi.CTUnknown || ev.IfIndex != l.lastIfIndex {
+						t.Fatalf("%s: event %v, want an invalid-source drop of %v -> %v, endpoint 0, ct unknown, ifindex %d",
+							tc.name, ev, tc.src, fam.x, l.lastIfIndex)
+					}
+				}
+			}
+			if n := l.entries(); n != 0 {
+				t.Fatalf("%d entries after forged sources, want none", n)
+			}
+
+			// A's own addresses, of both families, on A's interface.
+			for _, a := range []netip.Addr{fam.a, fam.other} {
+				l.runOn(l.devA, &ebpf.RunOptions{Data: udpPacket(netip.AddrPortFrom(a, 1234), netip.AddrPortFrom(a, 53))}, l.from, verdictNext)
+				if tr := l.trace(); tr.EndpointID != epA || tr.Flow.CTState != monitorapi.CTNew {
+					t.Fatalf("A's packet from %v traced %v, want endpoint %d, ct=new", a, tr, epA)
+				}
+			}
+
+			// Neighbour discovery from a link-local source, and ARP,
+			// pass on A's interface.
+			if fam.linkLocal.IsValid() {
+				l.runOn(l.devA, &ebpf.RunOptions{Data: icmpPacket(fam.linkLocal, fam.multicastB, icmp6NeighSolict, 0, 0)}, l.from, verdictNext)
+				if tr := l.trace(); tr.Flow.CTState != monitorapi.CTUnknown || tr.Flow.ICMPType != icmp6NeighSolict {
+					t.Fatalf("neighbour solicitation traced %v, want untracked", tr)
+				}
+			}
+			l.runOn(l.devA, &ebpf.RunOptions{Data: ethernet(unix.ETH_P_ARP, make([]byte, 28))}, l.from, verdictNext)
+			l.noEvents()
+
+			// Into pod B, a source that is no endpoint's: B's connection.
+			stranger := netip.AddrPortFrom(fam.stranger, 1234)
+			b := netip.AddrPortFrom(fam.b, 80)
+			l.run(l.to, tcpPacket(stranger, b, syn), verdictNext)
+			checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epB, monitorapi.CTNew, stranger, b)
+		})
 	}
-	// Into pod B, the endpoint is B's.
-	l.run(l.to, tcpPacket(stranger, b, syn), verdictNext)
-	checkTrace(t, l.trace(), monitorapi.TraceToEndpoint, epB, monitorapi.CTNew, stranger, b)
+}
+
+// icmpEchoType is the echo request type of a's family.
+func icmpEchoType(a netip.Addr) uint8 {
+	if a.Is4() {
+		return icmpEcho
+	}
+	return icmp6Echo
 }
 
 // With aggregation, a packet that changes nothing in the second of the
@@ -832,8 +987,8 @@ func TestLXCDrops(t *testing.T) {
 			for _, prog := range []*ebpf.Program{l.from, l.to} {
 				l.run(prog, tc.pkt, verdictDrop)
 				ev := l.drop()
-				if ev.Reason != tc.reason || ev.Flow.CTState != monitorapi.CTUnknown || ev.Flow.Len != uint32(len(tc.pkt)) || ev.IfIndex != loIndex(t) {
-					t.Fatalf("event %v; want reason %s, ct unknown, len %d", ev, tc.reason, len(tc.pkt))
+				if ev.Reason != tc.reason || ev.Flow.CTState != monitorapi.CTUnknown || ev.Flow.Len != uint32(len(tc.pkt)) || ev.IfIndex != l.lastIfIndex {
+					t.Fatalf("event %v; want reason %s, ct unknown, len %d, ifindex %d", ev, tc.reason, len(tc.pkt), l.lastIfIndex)
 				}
 				if tc.parsed != ev.Flow.Src.IsValid() {
 					t.Fatalf("event %v: addresses read %v, want %v", ev, ev.Flow.Src.IsValid(), tc.parsed)
@@ -881,6 +1036,21 @@ func TestLXCCTCreateFailed(t *testing.T) {
 	}
 	// The known connection still passes.
 	l.run(l.from, udpPacket(a, x), verdictNext)
+}
+
+// The size of struct __sk_buff and the offset of its ifindex, which
+// TestLXCSkbLayout checks against the BTF of the compiled object.
+const (
+	skbSize          = 192
+	skbIfIndexOffset = 40
+)
+
+// TestLXCSkbLayout: withIfIndex's offsets are the BTF's.
+func TestLXCSkbLayout(t *testing.T) {
+	ctx := skbContext(t, map[string]uint32{"ifindex": 7})
+	if len(ctx) != skbSize || binary.NativeEndian.Uint32(ctx[skbIfIndexOffset:]) != 7 {
+		t.Fatalf("struct __sk_buff is %d bytes with ifindex at %d, want %d and %d", len(ctx), slices.Index(ctx, 7), skbSize, skbIfIndexOffset)
+	}
 }
 
 // skbContext is a struct __sk_buff for BPF_PROG_TEST_RUN with the given

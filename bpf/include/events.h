@@ -46,6 +46,10 @@
 /* The endpoint is isolated in the direction and no policy entry allows the
  * packet's new connection (struct flow_summary.direction says which). */
 #define DROP_POLICY_DENIED 4
+/* The from-endpoint program: the source address is not an address of the
+ * endpoint whose interface the packet came in on (a forged source, or an
+ * interface of no endpoint). */
+#define DROP_INVALID_SOURCE 5
 
 /* struct event_hdr.subtype of EVENT_POLICY_VERDICT: which kind of policy
  * entry allowed a new connection in an isolated direction. */

@@ -50,6 +50,7 @@ var dropReasons = map[monitorapi.DropReason]flow.DropReason{
 	monitorapi.DropUnsupportedL3:  flow.DropReason_UNSUPPORTED_L3_PROTOCOL,
 	monitorapi.DropCTCreateFailed: flow.DropReason_CT_MAP_INSERTION_FAILED,
 	monitorapi.DropPolicyDenied:   flow.DropReason_POLICY_DENIED,
+	monitorapi.DropInvalidSource:  flow.DropReason_INVALID_SOURCE_IP,
 }
 
 // policyMatchTypes maps the kinds of policy match to Cilium's numbers

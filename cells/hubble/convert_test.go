@@ -138,6 +138,23 @@ func TestPacketFlowEdges(t *testing.T) {
 			},
 		},
 		{
+			// A packet from web's interface with a source that is not
+			// web's: no endpoint, no direction.
+			name: "invalid source",
+			ev: &monitorapi.DropEvent{Time: epoch, IfIndex: 7, Reason: monitorapi.DropInvalidSource, Flow: monitorapi.Flow{
+				Src: netip.MustParseAddr("10.244.0.77"), Dst: dbPod.IPv4, Proto: 17, SrcPort: 53, DstPort: 5432, CTState: monitorapi.CTUnknown}},
+			want: &flow.Flow{
+				Time: timestamppb.New(epoch), Verdict: flow.Verdict_DROPPED, Type: flow.FlowType_L3_L4, NodeName: "node-1",
+				IP:             &flow.IP{Source: "10.244.0.77", Destination: "10.244.0.9", IpVersion: flow.IPVersion_IPv4},
+				L4:             &flow.Layer4{Protocol: &flow.Layer4_UDP{UDP: &flow.UDP{SourcePort: 53, DestinationPort: 5432}}},
+				Destination:    c.enrich.endpointPB(db.ReadTxn(), dbPod),
+				DropReasonDesc: flow.DropReason_INVALID_SOURCE_IP, DropReason: 132,
+				EventType: &flow.CiliumEventType{Type: 1, SubType: 132},
+				Interface: &flow.NetworkInterface{Index: 7},
+				Summary:   "UDP",
+			},
+		},
+		{
 			name: "policy verdict",
 			ev: &monitorapi.PolicyVerdictEvent{Time: epoch, EndpointID: 1, Match: monitorapi.PolicyMatchL3L4, Flow: monitorapi.Flow{
 				Src: webPod.IPv4, Dst: dbPod.IPv4, Proto: 6, SrcPort: 40000, DstPort: 5432, TCPFlags: monitorapi.TCPSyn,

@@ -280,6 +280,8 @@ func TestNames(t *testing.T) {
 		{monitorapi.DropReasonName(1), "invalid-packet"},
 		{monitorapi.DropReasonName(2), "unsupported-l3"},
 		{monitorapi.DropReasonName(3), "ct-create-failed"},
+		{monitorapi.DropReasonName(4), "policy-denied"},
+		{monitorapi.DropReasonName(5), "invalid-source"},
 		{monitorapi.DropReasonName(200), "reason-200"},
 		{monitorapi.TraceFromEndpoint.String(), "from-endpoint"},
 		{monitorapi.TraceToEndpoint.String(), "to-endpoint"},

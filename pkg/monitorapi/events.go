@@ -122,6 +122,10 @@ const (
 	// DropPolicyDenied: the endpoint is isolated in the flow's Direction
 	// and no policy entry allows the packet's new connection.
 	DropPolicyDenied DropReason = 4
+	// DropInvalidSource: a packet an endpoint sent whose source address
+	// is not one of that endpoint's (the endpoint map's entry of the
+	// source is not the interface the packet came in on).
+	DropInvalidSource DropReason = 5
 )
 
 var dropReasonNames = codeNames[DropReason]{
@@ -129,6 +133,7 @@ var dropReasonNames = codeNames[DropReason]{
 	DropUnsupportedL3:  "unsupported-l3",
 	DropCTCreateFailed: "ct-create-failed",
 	DropPolicyDenied:   "policy-denied",
+	DropInvalidSource:  "invalid-source",
 }
 
 // DropReasonName names a drop reason code: "invalid-packet", ..., or

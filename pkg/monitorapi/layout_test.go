@@ -196,6 +196,7 @@ func TestConstantsMatchC(t *testing.T) {
 		"DROP_INVALID_PACKET":      uint8(monitorapi.DropInvalidPacket),
 		"DROP_UNSUPPORTED_L3":      uint8(monitorapi.DropUnsupportedL3),
 		"DROP_CT_CREATE_FAILED":    uint8(monitorapi.DropCTCreateFailed),
+		"DROP_INVALID_SOURCE":      uint8(monitorapi.DropInvalidSource),
 		"CT_UNKNOWN":               uint8(monitorapi.CTUnknown),
 		"CT_NEW":                   uint8(monitorapi.CTNew),
 		"CT_ESTABLISHED":           uint8(monitorapi.CTEstablished),
