@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/cellium/cellium/pkg/identity"
@@ -303,4 +304,37 @@ func TestChangeWritesBeforeItDeletes(t *testing.T) {
 		t.Fatalf("the change did not both write and delete entries of web's endpoint: %v", order)
 	}
 	t.Logf("changes in revision order: %v", order)
+}
+
+// TestPrefixesWrittenLongerFirst: the prefixes of a batch are written
+// longer first, so that policy-maps, which writes in revision order, has
+// an except in the trie before its cidr (a trie filling up then refuses
+// the cidr, not the except), and deleted shorter first.
+func TestPrefixesWrittenLongerFirst(t *testing.T) {
+	pol := namedPolicy(netpol("prod", web, networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
+			block("10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.2.0.0/16"), block("192.168.0.0/16", "192.168.1.1/32")}}}}), "blocks")
+	f := newFixture(t)
+	f.apply(pol)
+	var order []string
+	type row struct {
+		p   netip.Prefix
+		rev statedb.Revision
+	}
+	var rows []row
+	for p, rev := range f.prefixes.All(f.db.ReadTxn()) {
+		rows = append(rows, row{p.Prefix, rev})
+	}
+	slices.SortFunc(rows, func(a, b row) int { return int(a.rev) - int(b.rev) })
+	for _, r := range rows {
+		order = append(order, r.p.String())
+	}
+	for i := 1; i < len(rows); i++ {
+		if rows[i].p.Bits() > rows[i-1].p.Bits() {
+			t.Fatalf("prefixes in revision order %v: %s after the shorter %s", order, rows[i].p, rows[i-1].p)
+		}
+	}
+	if len(rows) != 6 {
+		t.Fatalf("prefixes %v, want 6", order)
+	}
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -222,14 +223,26 @@ func (c *prefixCache) lookup(addr netip.Addr) (identity.NumericIdentity, bool) {
 	return 0, false
 }
 
-// flush writes the prefixes added and deleted since the last flush.
+// flush writes the prefixes added and deleted since the last flush:
+// deletes shorter prefixes first and writes longer ones first, so that
+// the reconciler, which goes in revision order, never has a cidr in the
+// trie without the excepts inside it (a trie filling up refuses the cidr,
+// not its except; see policy-maps' prefixOps).
 func (c *prefixCache) flush(wtxn statedb.WriteTxn, tbl statedb.RWTable[*Prefix]) error {
-	for p := range c.removed {
+	byBits := func(a, b netip.Prefix) int {
+		if a.Bits() != b.Bits() {
+			return a.Bits() - b.Bits()
+		}
+		return a.Addr().Compare(b.Addr())
+	}
+	for _, p := range slices.SortedFunc(maps.Keys(c.removed), byBits) {
 		if _, _, err := tbl.Delete(wtxn, &Prefix{Prefix: p}); err != nil {
 			return fmt.Errorf("delete prefix %s: %w", p, err)
 		}
 	}
-	for p := range c.added {
+	added := slices.SortedFunc(maps.Keys(c.added), byBits)
+	slices.Reverse(added)
+	for _, p := range added {
 		if _, _, err := tbl.Insert(wtxn, &Prefix{Prefix: p, ID: c.prefixes[p].id, Status: reconciler.StatusPending()}); err != nil {
 			return fmt.Errorf("write prefix %s: %w", p, err)
 		}

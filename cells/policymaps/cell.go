@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -24,6 +27,7 @@ import (
 	"github.com/cellium/cellium/cells/internal/faultpoint"
 	"github.com/cellium/cellium/cells/metrics"
 	"github.com/cellium/cellium/cells/policy"
+	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/policymap"
 )
 
@@ -184,7 +188,8 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 	); err != nil {
 		return err
 	}
-	po := &prefixOps{log: log, m: m.Prefixes, metrics: mm, order: ord}
+	po := &prefixOps{log: log, health: h, m: m.Prefixes, metrics: mm, order: ord, prefixes: prefixes, entries: entries, enforcement: enforcement,
+		failed: map[netip.Prefix]error{}, withheld: map[netip.Prefix]*policy.Prefix{}}
 	_, err := reconciler.Register(p, prefixes,
 		(*policy.Prefix).Clone,
 		func(e *policy.Prefix, s reconciler.Status) *policy.Prefix { e.Status = s; return e },
@@ -446,34 +451,218 @@ func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.S
 }
 
 // prefixOps writes the ipBlock prefixes and their IDs into the prefix trie.
+//
+// A prefix in the trie without a more specific one inside it gives that
+// one's addresses its own ID: an ipBlock's cidr written while its except
+// is not would allow the addresses the except takes out. So a prefix the
+// trie refuses (full) is failed, and every prefix of the table that
+// contains it is kept out of the trie (withheld: removed if it was in)
+// until no failed prefix is inside it: the datapath then denies more than
+// the policies, never more is allowed. The engine writes longer prefixes
+// first (policy.prefixCache.flush), so that a trie filling up refuses
+// cidrs before their excepts. Health (scope "prefixes") names the
+// prefixes and the policies whose allows they carry.
 type prefixOps struct {
-	log     *slog.Logger
-	m       *bpfmaps.Map[policymap.PrefixKey, policymap.PrefixValue]
-	metrics *mapMetrics
-	order   *order
+	log         *slog.Logger
+	health      cell.Health
+	m           *bpfmaps.Map[policymap.PrefixKey, policymap.PrefixValue]
+	metrics     *mapMetrics
+	order       *order
+	prefixes    statedb.Table[*policy.Prefix]
+	entries     statedb.Table[*policy.Entry]
+	enforcement statedb.Table[*policy.Enforcement]
+
+	// failed are the prefixes the trie refused, with the error;
+	// withheld the rows taken out of the trie (reconciled before) because
+	// a failed prefix is inside them. scope is the health of both.
+	failed   map[netip.Prefix]error
+	withheld map[netip.Prefix]*policy.Prefix
+	scope    cell.Health
 }
 
-func (o *prefixOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+// failedInside is a failed prefix strictly inside p, if any.
+func (o *prefixOps) failedInside(p netip.Prefix) (netip.Prefix, error, bool) {
+	for f, err := range o.failed {
+		if f.Bits() > p.Bits() && f.Addr().Is4() == p.Addr().Is4() && p.Contains(f.Addr()) {
+			return f, err, true
+		}
+	}
+	return netip.Prefix{}, nil, false
+}
+
+// remove deletes p's own key from the trie (no error if it is not there).
+func (o *prefixOps) remove(p netip.Prefix) error {
+	o.metrics.writing("prefix", "delete")
+	if err := o.m.Delete(policymap.PrefixKeyOf(p)); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("policy prefix %s: remove it: %w", p, err)
+	}
+	o.metrics.wrote("prefix", "delete")
+	return nil
+}
+
+func (o *prefixOps) Update(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+	if inner, innerErr, ok := o.failedInside(p.Prefix); ok {
+		delete(o.withheld, p.Prefix)
+		if err := o.remove(p.Prefix); err != nil {
+			return err
+		}
+		o.report(txn)
+		return fmt.Errorf("policy prefix %s withheld from the trie: %s inside it is not in the trie (%v), and %s alone would give its addresses %s's ID",
+			p.Prefix, inner, innerErr, p.Prefix, p.Prefix)
+	}
 	k, want := policymap.PrefixKeyOf(p.Prefix), policymap.PrefixValue{ID: uint32(p.ID)}
 	// A lookup finds the longest prefix that covers k: k's own entry only
 	// if it holds k's ID.
 	got, err := o.m.Lookup(k)
 	switch {
 	case err == nil && got == want:
+		delete(o.withheld, p.Prefix)
+		o.written(txn, p.Prefix)
 		return nil
 	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
 		return fmt.Errorf("policy prefix %s: look it up: %w", p.Prefix, err)
 	}
 	o.metrics.writing("prefix", "update")
 	if err := o.m.Put(k, want); err != nil {
-		return fmt.Errorf("policy prefix %s: write it: %w", p.Prefix, err)
+		err = o.putError(p.Prefix, err)
+		o.failed[p.Prefix] = err
+		if werr := o.withhold(txn, p.Prefix); werr != nil {
+			return errors.Join(err, werr)
+		}
+		o.report(txn)
+		return err
 	}
 	o.metrics.wrote("prefix", "update")
 	if p.Status.Kind == reconciler.StatusKindRefreshing {
 		o.metrics.repairs.Inc()
 		o.log.Warn("Put back a policy prefix that went missing", "prefix", p.Prefix, "id", p.ID)
 	}
+	delete(o.withheld, p.Prefix)
+	o.written(txn, p.Prefix)
 	return nil
+}
+
+// putError is the error of p's write into the trie.
+func (o *prefixOps) putError(p netip.Prefix, err error) error {
+	if errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("policy prefix %s not written: the prefix trie %s is full (%d prefixes): %w", p, o.m.Name(), policymap.PrefixMaxEntries, unix.ENOSPC)
+	}
+	return fmt.Errorf("policy prefix %s: write it: %w", p, err)
+}
+
+// withhold takes out of the trie every prefix of the table that contains
+// the failed prefix f.
+func (o *prefixOps) withhold(txn statedb.ReadTxn, f netip.Prefix) error {
+	for bits := f.Bits() - 1; bits >= 0; bits-- {
+		q := netip.PrefixFrom(f.Addr(), bits).Masked()
+		row, _, found := o.prefixes.Get(txn, policy.PrefixByPrefix.Query(q))
+		if !found {
+			continue
+		}
+		if err := o.remove(q); err != nil {
+			return err
+		}
+		// Whatever its status says (the reconciler writes the statuses
+		// of a round after it): a row not yet tried is refused by its
+		// Update, which drops it from withheld.
+		if _, ok := o.withheld[q]; !ok {
+			o.log.Warn("Withheld a policy prefix from the trie: a more specific prefix inside it is not in the trie",
+				"prefix", q, "inside", f)
+		}
+		o.withheld[q] = row
+	}
+	return nil
+}
+
+// written: p is in the trie (or gone from the table). If it was failed,
+// the prefixes withheld for it go back in.
+func (o *prefixOps) written(txn statedb.ReadTxn, p netip.Prefix) {
+	if _, ok := o.failed[p]; !ok {
+		return
+	}
+	delete(o.failed, p)
+	o.putBack(txn)
+}
+
+// putBack writes the withheld prefixes with no failed prefix inside them,
+// longer ones first. One the trie refuses (full: another prefix took the
+// room) stays withheld and counts as failed, so that the prefixes
+// containing it are withheld too; it is tried again when a prefix is
+// deleted or a failed one written.
+func (o *prefixOps) putBack(txn statedb.ReadTxn) {
+	defer o.report(txn)
+	withheld := slices.SortedFunc(maps.Keys(o.withheld), func(a, b netip.Prefix) int { return b.Bits() - a.Bits() })
+	for _, q := range withheld {
+		row, ok := o.withheld[q]
+		if !ok {
+			continue
+		}
+		if _, _, ok := o.failedInside(q); ok {
+			continue
+		}
+		o.metrics.writing("prefix", "update")
+		if err := o.m.Put(policymap.PrefixKeyOf(q), policymap.PrefixValue{ID: uint32(row.ID)}); err != nil {
+			o.failed[q] = o.putError(q, err)
+			if err := o.withhold(txn, q); err != nil {
+				o.log.Warn("Could not withhold the policy prefixes containing one not in the trie", "prefix", q, "error", err)
+			}
+			continue
+		}
+		o.metrics.wrote("prefix", "update")
+		delete(o.withheld, q)
+		delete(o.failed, q)
+		o.log.Info("Put back a withheld policy prefix: every prefix inside it is in the trie", "prefix", q)
+	}
+}
+
+// report puts the failed and withheld prefixes, and the policies whose
+// allows they carry, in health.
+func (o *prefixOps) report(txn statedb.ReadTxn) {
+	if len(o.failed) == 0 && len(o.withheld) == 0 {
+		if o.scope != nil {
+			o.scope.Close()
+			o.scope = nil
+			o.log.Info("Every policy prefix is in the trie again")
+		}
+		return
+	}
+	ids := map[identity.NumericIdentity]bool{}
+	var errs []error
+	for f, err := range o.failed {
+		if row, _, ok := o.prefixes.Get(txn, policy.PrefixByPrefix.Query(f)); ok {
+			ids[row.ID] = true
+		}
+		errs = append(errs, err)
+	}
+	var held []string
+	for q, row := range o.withheld {
+		ids[row.ID] = true
+		held = append(held, q.String())
+	}
+	slices.Sort(held)
+	names := map[string]bool{}
+	for enf := range o.enforcement.All(txn) {
+		for id := range ids {
+			for e := range o.entries.List(txn, policy.EntryByEndpointIdentity.Query(policy.EndpointIdentity{EndpointID: enf.EndpointID, Identity: id})) {
+				for _, n := range e.Policies {
+					names[n] = true
+				}
+			}
+		}
+	}
+	msg := fmt.Sprintf("%d ipBlock prefixes not in the trie, %d withheld (%s): NetworkPolicies %s deny more than written",
+		len(o.failed), len(o.withheld), strings.Join(held, ","), strings.Join(slices.Sorted(maps.Keys(names)), ","))
+	if o.scope == nil {
+		o.scope = o.health.NewScope("prefixes")
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	if len(errs) > 5 {
+		errs = append(errs[:5], fmt.Errorf("and %d more", len(errs)-5))
+	}
+	o.scope.Degraded(msg, errors.Join(errs...))
 }
 
 func (o *prefixOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
@@ -482,14 +671,17 @@ func (o *prefixOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 	if held, err := o.order.holdPrefix(txn, p.Prefix); err != nil || held {
 		return err
 	}
-	o.metrics.writing("prefix", "delete")
-	if err := o.m.Delete(policymap.PrefixKeyOf(p.Prefix)); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		return fmt.Errorf("policy prefix %s: delete it: %w", p.Prefix, err)
+	_, wasWithheld := o.withheld[p.Prefix]
+	_, wasFailed := o.failed[p.Prefix]
+	delete(o.withheld, p.Prefix)
+	delete(o.failed, p.Prefix)
+	if err := o.remove(p.Prefix); err != nil {
+		return err
 	}
-	o.metrics.wrote("prefix", "delete")
+	// Room in the trie: what is withheld may fit now.
+	if wasWithheld || wasFailed || len(o.withheld) > 0 {
+		o.putBack(txn)
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -520,3 +521,90 @@ func TestDriftRepaired(t *testing.T) {
 }
 
 func identityOf(id uint32) identity.NumericIdentity { return identity.NumericIdentity(id) }
+
+// TestPrefixTrieFullKeepsExcept: with the prefix trie full, an ipBlock's
+// cidr is never in the trie without its except: the except refused, the
+// cidr (written first, as a refresh would) is taken out, so the except's
+// addresses do not resolve to the cidr's ID and the block allows none of
+// them; health names the prefixes and the policy. Once there is room,
+// the except goes in and the cidr back.
+func TestPrefixTrieFullKeepsExcept(t *testing.T) {
+	defer func(d time.Duration) { refreshInterval = d }(refreshInterval)
+	refreshInterval = 50 * time.Millisecond
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+	var fill []any
+	for i := range policymap.PrefixMaxEntries - 1 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(i>>8), byte(i), 0}), 24)
+		fill = append(fill, &policy.Prefix{Prefix: p, ID: identity.NumericIdentity(1<<30 + 100 + i)})
+	}
+	a.put(fill...)
+	a.reconciled(t)
+	cidr := &policy.Prefix{Prefix: netip.MustParsePrefix("10.0.0.0/8"), ID: 1 << 30}
+	except := &policy.Prefix{Prefix: netip.MustParsePrefix("10.1.0.0/16"), ID: 1<<30 + 7}
+	allow := entry(12, policy.Ingress, uint32(cidr.ID), unix.IPPROTO_TCP, 80, 80)
+	allow.Policies = []string{"prod/ipblock"}
+	// The cidr first: its revision is lower, the reconciler writes it
+	// into the last free slot and then the except finds the trie full.
+	resolves := func(addr string) uint32 {
+		v, err := a.maps.Prefixes.Lookup(policymap.PrefixKeyOf(netip.PrefixFrom(netip.MustParseAddr(addr), 32)))
+		if err != nil {
+			return 0
+		}
+		return v.ID
+	}
+	// Looks up an address of the except, as the datapath would, all along.
+	var exceptSeenAsCidr atomic.Bool
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if resolves("10.1.2.3") == uint32(cidr.ID) {
+				exceptSeenAsCidr.Store(true)
+			}
+		}
+	}()
+	a.put(cidr, except, allow, &policy.Enforcement{EndpointID: 12, Ingress: true})
+	// The except is refused and the cidr taken out; the except's retry
+	// then finds room and the cidr's put-back none.
+	var st *health.Status
+	celltest.Eventually(t, "the except in the trie, the cidr withheld, health Degraded naming the policy", func() (bool, string) {
+		st, _, _ = a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
+		ok := resolves("10.1.2.3") == uint32(except.ID) && st != nil && st.Level == cell.StatusDegraded &&
+			strings.Contains(st.Message, "withheld (10.0.0.0/8)") && strings.Contains(st.Message, "prod/ipblock") &&
+			strings.Contains(st.Error, "10.0.0.0/8 not written: the prefix trie "+policymap.PrefixMapName+" is full")
+		txn := a.db.ReadTxn()
+		c, _, _ := a.prefixes.Get(txn, policy.PrefixByPrefix.Query(cidr.Prefix))
+		e, _, _ := a.prefixes.Get(txn, policy.PrefixByPrefix.Query(except.Prefix))
+		return ok, fmt.Sprintf("10.1.2.3 resolves to %d; health %+v; cidr %s, except %s", resolves("10.1.2.3"), st, c.Status, e.Status)
+	})
+	// Whatever the order the rows were tried in, no address of the except
+	// resolved to the cidr's ID: its allow did not cover them.
+	close(stop)
+	<-stopped
+	if seen := exceptSeenAsCidr.Load(); seen {
+		t.Fatal("an address of the except resolved to the cidr's ID while the trie was full")
+	}
+
+	// Room again: the except goes in, then the cidr.
+	txn := a.db.WriteTxn(a.prefixes)
+	a.prefixes.Delete(txn, fill[0].(*policy.Prefix))
+	txn.Commit()
+	a.reconciled(t)
+	if id := resolves("10.1.2.3"); id != uint32(except.ID) {
+		t.Fatalf("10.1.2.3 resolves to %d, want the except's %d", id, except.ID)
+	}
+	if id := resolves("10.2.0.1"); id != uint32(cidr.ID) {
+		t.Fatalf("10.2.0.1 resolves to %d, want the cidr's %d", id, cidr.ID)
+	}
+	celltest.Eventually(t, "the prefixes' health cleared", func() (bool, string) {
+		st, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
+		return !found, fmt.Sprintf("%+v", st)
+	})
+}
