@@ -19,6 +19,9 @@ type Batch struct {
 	Links     []netlink.LinkUpdate
 	Routes    []netlink.RouteUpdate
 	Neighbors []netlink.NeighUpdate
+	// Addrs are only for a Subscriber that asked for them (a Follower
+	// does not follow addresses).
+	Addrs []netlink.AddrUpdate
 	// Resync: updates may have been lost before this batch (a subscription
 	// failed and was made again); compare everything.
 	Resync bool
@@ -42,17 +45,24 @@ type Follower struct {
 	// Log is for what the follower says (ForceSocketBuffer); nil for
 	// slog's default.
 	Log *slog.Logger
+	// Hub shares the subscriptions; nil for the agent's.
+	Hub *Hub
+
+	// queueLimit bounds its queue in the hub (0: the hub's).
+	queueLimit int
 
 	// subscribed: a subscription was made before, so updates may have been
 	// missed since it ended.
 	subscribed bool
 }
 
-// updateBuffer is how many updates queue in a subscription's channel
-// while a batch is handled. A burst waits behind them in the kernel, in the
+// updateBuffer is how many updates queue in a subscription's channel,
+// between netlink's receiving goroutine and the hub's, which queues each
+// for its subscribers. A channel's buffer is the agent's for good (1,024
+// route updates were 384 KB); a burst waits in the subscribers' queues
+// (the hub reads as fast as updates come) and in the kernel, in the
 // subscription socket's receive buffer (SocketBuffer), which takes memory
-// only while messages wait; a channel's buffer is the agent's for good
-// (1,024 route updates were 384 KB).
+// only while messages wait.
 const updateBuffer = 64
 
 // SocketBuffer is the receive buffer, in bytes, of the agent's netlink
@@ -115,27 +125,23 @@ const maxBatch = 4096
 
 // Run subscribes and hands batches to Handle until ctx ends.
 func (f *Follower) Run(ctx context.Context, health cell.Health) error {
-	ns := netns.None()
-	if f.Netns != "" {
-		var err error
-		if ns, err = netns.GetFromPath(f.Netns); err != nil {
-			return fmt.Errorf("open network namespace %s: %w", f.Netns, err)
-		}
-		defer ns.Close()
+	h := f.Hub
+	if h == nil {
+		h = hub
 	}
-	s := &subscription{done: make(chan struct{}), force: ForceSocketBuffer(f.Log)}
-	defer s.close()
-	if err := s.start(ns, f.Links, f.Routes, f.Neighbors); err != nil {
+	sub, err := h.Subscribe(f.Netns, Kinds{Links: f.Links, Routes: f.Routes, Neighbors: f.Neighbors}, nil, f.Log)
+	if err != nil {
 		return err
+	}
+	defer sub.Close()
+	if f.queueLimit > 0 {
+		sub.setLimit(f.queueLimit)
 	}
 	// The devices there are listed after subscribing, so a change made
 	// meanwhile also arrives as an update after the listing.
-	var listed []netlink.LinkUpdate
-	if f.Links {
-		var err error
-		if listed, err = listLinks(ns); err != nil {
-			return err
-		}
+	listed, err := f.list()
+	if err != nil {
+		return err
 	}
 	if f.subscribed {
 		f.Handle(ctx, Batch{Resync: true})
@@ -146,36 +152,49 @@ func (f *Follower) Run(ctx context.Context, health cell.Health) error {
 	}
 	health.OK("Following netlink updates")
 	for {
-		var b Batch
-		var err error
 		select {
 		case <-ctx.Done():
 			return nil
-		case u, ok := <-s.links:
-			err = add(s, &b.Links, u, ok, "link")
-		case u, ok := <-s.routes:
-			err = add(s, &b.Routes, u, ok, "route")
-		case u, ok := <-s.neighs:
-			err = add(s, &b.Neighbors, u, ok, "neighbour")
+		case <-sub.Ready():
 		}
-	more:
-		for err == nil && len(b.Links)+len(b.Routes)+len(b.Neighbors) < maxBatch {
-			select {
-			case u, ok := <-s.links:
-				err = add(s, &b.Links, u, ok, "link")
-			case u, ok := <-s.routes:
-				err = add(s, &b.Routes, u, ok, "route")
-			case u, ok := <-s.neighs:
-				err = add(s, &b.Neighbors, u, ok, "neighbour")
-			default:
-				break more
-			}
-		}
-		if err != nil {
+		b, err := sub.Take(maxBatch)
+		switch {
+		case err != nil:
 			return err
+		case b.Resync:
+			// This follower fell behind and its queue was dropped: it
+			// starts over as after a subscription that failed, the
+			// updates from now on queued behind its listing.
+			if f.Log != nil {
+				f.Log.Warn("Netlink updates dropped while this follower was busy: comparing everything again")
+			}
+			if listed, err = f.list(); err != nil {
+				return err
+			}
+			f.Handle(ctx, b)
+			if len(listed) > 0 {
+				f.Handle(ctx, Batch{Links: listed})
+			}
+		case len(b.Links)+len(b.Routes)+len(b.Neighbors) > 0:
+			f.Handle(ctx, b)
 		}
-		f.Handle(ctx, b)
 	}
+}
+
+// list lists the devices, if the follower follows them.
+func (f *Follower) list() ([]netlink.LinkUpdate, error) {
+	if !f.Links {
+		return nil, nil
+	}
+	ns := netns.None()
+	if f.Netns != "" {
+		var err error
+		if ns, err = netns.GetFromPath(f.Netns); err != nil {
+			return nil, fmt.Errorf("open network namespace %s: %w", f.Netns, err)
+		}
+		defer ns.Close()
+	}
+	return listLinks(ns)
 }
 
 // listLinks lists the devices of ns as updates, as the kernel would send
@@ -230,102 +249,3 @@ func FromOtherSocket(err error) bool {
 // dumpAttempts is how often a listing that the kernel interrupted (because
 // something changed meanwhile) is started again.
 const dumpAttempts = 5
-
-// add appends an update received from a subscription's channel to its
-// batch list; a closed channel (!ok) means the subscription ended.
-func add[U any](s *subscription, to *[]U, u U, ok bool, kind string) error {
-	if !ok {
-		return s.ended(kind)
-	}
-	*to = append(*to, u)
-	return nil
-}
-
-// subscription is netlink's subscriptions to links, routes and
-// neighbours; a channel of what is not followed stays nil, and so is never
-// ready.
-type subscription struct {
-	done chan struct{}
-	// force: ForceSocketBuffer.
-	force  bool
-	links  chan netlink.LinkUpdate
-	routes chan netlink.RouteUpdate
-	neighs chan netlink.NeighUpdate
-	// started are the channels netlink closes when its goroutine ends.
-	startedLinks, startedRoutes, startedNeighs bool
-
-	mu  sync.Mutex
-	err error
-}
-
-func (s *subscription) start(ns netns.NsHandle, links, routes, neighs bool) error {
-	if links {
-		ch := make(chan netlink.LinkUpdate, updateBuffer)
-		if err := netlink.LinkSubscribeWithOptions(ch, s.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
-			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: s.force}); err != nil {
-			return fmt.Errorf("subscribe to netlink link updates: %w", err)
-		}
-		s.links, s.startedLinks = ch, true
-	}
-	if routes {
-		ch := make(chan netlink.RouteUpdate, updateBuffer)
-		if err := netlink.RouteSubscribeWithOptions(ch, s.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
-			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: s.force}); err != nil {
-			return fmt.Errorf("subscribe to netlink route updates: %w", err)
-		}
-		s.routes, s.startedRoutes = ch, true
-	}
-	if neighs {
-		ch := make(chan netlink.NeighUpdate, updateBuffer)
-		if err := netlink.NeighSubscribeWithOptions(ch, s.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: s.onError,
-			ReceiveBufferSize: SocketBuffer, ReceiveBufferForceSize: s.force}); err != nil {
-			return fmt.Errorf("subscribe to netlink neighbour updates: %w", err)
-		}
-		s.neighs, s.startedNeighs = ch, true
-	}
-	return nil
-}
-
-// onError keeps the last error netlink reports, to say why updates
-// ended; closing the subscription makes its receive fail, which is not
-// one, and neither is a message of another socket, which netlink drops.
-func (s *subscription) onError(err error) {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	if FromOtherSocket(err) {
-		return
-	}
-	s.mu.Lock()
-	s.err = err
-	s.mu.Unlock()
-}
-
-func (s *subscription) ended(kind string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err == nil {
-		return fmt.Errorf("netlink %s updates ended", kind)
-	}
-	return fmt.Errorf("netlink %s updates ended: %w", kind, s.err)
-}
-
-// close ends the subscriptions and waits for netlink's goroutines, which
-// may be blocked sending an update.
-func (s *subscription) close() {
-	close(s.done)
-	if s.startedLinks {
-		for range s.links {
-		}
-	}
-	if s.startedRoutes {
-		for range s.routes {
-		}
-	}
-	if s.startedNeighs {
-		for range s.neighs {
-		}
-	}
-}

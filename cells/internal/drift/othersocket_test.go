@@ -3,6 +3,7 @@ package drift
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -23,11 +24,11 @@ func TestOtherSocketsMessageIsNoSubscriptionError(t *testing.T) {
 	}
 	defer ns.Close()
 
-	s := &subscription{done: make(chan struct{})}
-	if err := s.start(ns, true, false, false); err != nil {
+	s, err := (&Hub{}).Subscribe(n.Path(), Kinds{Links: true}, nil, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 
 	// A witness beside it in the group.
 	witness := NewLinkWitness(t, ns)
@@ -47,7 +48,7 @@ func TestOtherSocketsMessageIsNoSubscriptionError(t *testing.T) {
 	// A change made after the dump request.
 	AddMarker(t, ns)
 	AwaitMarker(t, "the witness", witness.Updates)
-	AwaitMarker(t, "the subscription", s.links)
+	awaitTakenMarker(t, s)
 
 	foreign := 0
 	for _, err := range witness.Errors() {
@@ -58,7 +59,33 @@ func TestOtherSocketsMessageIsNoSubscriptionError(t *testing.T) {
 	if foreign == 0 {
 		t.Fatalf("the witness got no message of another socket (reports %v): the test did not make one", witness.Errors())
 	}
-	if err := s.ended("link"); strings.Contains(err.Error(), "portid") {
-		t.Errorf("the subscription's end says %q, want no message of another socket in it", err)
+	sh := s.shares[0]
+	sh.mu.Lock()
+	reported := sh.err
+	sh.mu.Unlock()
+	if reported != nil && strings.Contains(reported.Error(), "portid") {
+		t.Errorf("the subscription's end would say %q, want no message of another socket in it", reported)
+	}
+}
+
+// awaitTakenMarker takes s's updates, 10 s at most, until marker0's.
+func awaitTakenMarker(t *testing.T, s *Subscriber) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-s.Ready():
+			b, err := s.Take(maxBatch)
+			if err != nil {
+				t.Fatalf("the subscriber's updates ended: %v", err)
+			}
+			for _, u := range b.Links {
+				if u.Attrs().Name == "marker0" {
+					return
+				}
+			}
+		case <-deadline:
+			t.Fatal("the subscriber did not see marker0 after 10s")
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/cellium/cellium/pkg/nettest"
@@ -42,14 +41,14 @@ func TestSubscriptionWithoutNetAdmin(t *testing.T) {
 		t.Fatalf("capset: %v", err)
 	}
 	force, probeErr := probeForceSocketBuffer()
-	var forcedErr, subErr error
-	forced := &subscription{done: make(chan struct{}), force: true}
-	if forcedErr = forced.start(netns.None(), true, false, false); forcedErr == nil {
-		forced.close()
+	yes := true
+	forced, forcedErr := (&Hub{force: &yes}).Subscribe("", Kinds{Links: true}, nil, nil)
+	if forcedErr == nil {
+		forced.Close()
 	}
-	s := &subscription{done: make(chan struct{}), force: force}
-	if subErr = s.start(netns.None(), true, false, false); subErr == nil {
-		s.close()
+	s, subErr := (&Hub{force: &force}).Subscribe("", Kinds{Links: true}, nil, nil)
+	if subErr == nil {
+		s.Close()
 	}
 	if err := unix.Capset(&hdr, &caps[0]); err != nil {
 		// The thread stays locked and ends with the test's goroutine.
