@@ -9,22 +9,24 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/cellium/cellium/cells/internal/drift"
 	"github.com/cellium/cellium/pkg/nettest"
 )
 
 // burstAddrs is how many addresses TestSubscriptionTakesABurst adds while
-// nothing receives: more than the subscription takes without
-// drift.SocketBuffer (64 in each channel, the rest in a socket buffer of
-// net.core.rmem_default, 208 KiB), and than the 1,024 a channel held
-// before.
+// nothing takes them: more than a socket buffer of net.core.rmem_default
+// (208 KiB) holds, and than the 1,024 a channel held before.
 const burstAddrs = 1500
 
 // TestSubscriptionTakesABurst: link and address changes made while a batch
-// is written (many pods' veths created at once) wait in the kernel's
-// socket buffer and are all received after it; the subscription does not
-// end with "no buffer space", which costs a new listing of everything.
+// is written (many pods' veths created at once) wait (in the hub's queue
+// for the watcher, in the kernel's socket buffer) and are all applied
+// after it; the subscription does not end with "no buffer space", nor the
+// watcher's queue overflow, either of which costs a new listing of
+// everything.
 func TestSubscriptionTakesABurst(t *testing.T) {
-	ns, h := nettest.Netlink(t, nettest.NewNS(t).Path())
+	path := nettest.NewNS(t).Path()
+	_, h := nettest.Netlink(t, path)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "burst0"}, PeerName: "burst1"}
 	if err := h.LinkAdd(veth); err != nil {
 		t.Fatalf("add veth: %v", err)
@@ -35,11 +37,11 @@ func TestSubscriptionTakesABurst(t *testing.T) {
 	}
 	index := link.Attrs().Index
 
-	s := &subscription{log: slog.New(slog.DiscardHandler), done: make(chan struct{})}
-	if err := s.start(ns); err != nil {
+	s, err := drift.Subscribe(path, drift.Kinds{Links: true, Addrs: true}, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
+	defer s.Close()
 	for i := range burstAddrs {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 201, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}}
 		if err := h.AddrAdd(link, addr); err != nil {
@@ -50,7 +52,12 @@ func TestSubscriptionTakesABurst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for len(state.addrs[index]) < burstAddrs {
-		if err := s.receiveBatch(ctx, state, true); err != nil {
+		select {
+		case <-s.Ready():
+		case <-ctx.Done():
+			t.Fatalf("%d of %d addresses after 10s", len(state.addrs[index]), burstAddrs)
+		}
+		if err := apply(s, state); err != nil {
 			t.Fatalf("after %d of %d addresses: %v", len(state.addrs[index]), burstAddrs, err)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -73,12 +72,6 @@ func registerWatcher(p watcherParams) error {
 }
 
 const (
-	// updateBuffer is how many netlink updates may queue in a channel
-	// while a batch is being written; a burst waits behind them in the
-	// kernel, in the socket's receive buffer (drift.SocketBuffer), which
-	// takes memory only while messages wait, where a channel's buffer is
-	// the agent's for good.
-	updateBuffer = 64
 	// maxBatch bounds one write transaction, so that during a flood of
 	// updates readers still see progress.
 	maxBatch = 4096
@@ -100,19 +93,20 @@ func (w *watcher) run(ctx context.Context, health cell.Health) error {
 	// Subscribing before listing means nothing is missed: a change made
 	// meanwhile also arrives as an update after the listing. Applying such
 	// an update again is harmless, since every update carries the whole
-	// state of its link or address.
-	sub := &subscription{log: w.log, done: make(chan struct{})}
-	defer sub.close()
-	if err := sub.start(ns); err != nil {
+	// state of its link or address. The subscriptions are the agent's
+	// shared ones (drift.Subscribe): routing follows the same links.
+	sub, err := drift.Subscribe(w.netnsPath, drift.Kinds{Links: true, Addrs: true}, nil, w.log)
+	if err != nil {
 		return err
 	}
+	defer sub.Close()
 	state, err := list(ns)
 	if err != nil {
 		return err
 	}
 	// What queued up during the listing goes into the same transaction,
 	// so readers never see the listing without the changes it missed.
-	if err := sub.receiveBatch(ctx, state, false); err != nil {
+	if err := apply(sub, state); err != nil {
 		return err
 	}
 	txn := w.db.WriteTxn(w.devices, w.addresses)
@@ -130,7 +124,12 @@ func (w *watcher) run(ctx context.Context, health cell.Health) error {
 	health.OK("Following netlink updates")
 
 	for {
-		if err := sub.receiveBatch(ctx, state, true); err != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sub.Ready():
+		}
+		if err := apply(sub, state); err != nil {
 			return err
 		}
 		txn := w.db.WriteTxn(w.devices, w.addresses)
@@ -193,150 +192,33 @@ func listOnce(h *netlink.Handle) (*netState, error) {
 	return state, nil
 }
 
-// subscription is a pair of netlink subscriptions, to links and to
-// addresses.
-type subscription struct {
-	log          *slog.Logger
-	done         chan struct{}
-	links        chan netlink.LinkUpdate
-	addrs        chan netlink.AddrUpdate
-	mu           sync.Mutex
-	linkErr      error
-	addrErr      error
-	linksStarted bool
-	addrsStarted bool
-}
-
-func (s *subscription) start(ns netns.NsHandle) error {
-	s.links = make(chan netlink.LinkUpdate, updateBuffer)
-	s.addrs = make(chan netlink.AddrUpdate, updateBuffer)
-	err := netlink.LinkSubscribeWithOptions(s.links, s.done, netlink.LinkSubscribeOptions{
-		Namespace:     &ns,
-		ErrorCallback: func(err error) { s.onError(&s.linkErr, err) },
-		// A burst of pods' veths must not overflow it (drift.SocketBuffer).
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: drift.ForceSocketBuffer(s.log),
-	})
+// apply applies the updates queued for sub to state, up to maxBatch. It
+// fails once a subscription has ended, or if updates were dropped while
+// this watcher was busy (the run starts over with a new listing).
+func apply(sub *drift.Subscriber, state *netState) error {
+	b, err := sub.Take(maxBatch)
 	if err != nil {
-		return fmt.Errorf("subscribe to netlink link updates: %w", err)
+		return err
 	}
-	s.linksStarted = true
-	err = netlink.AddrSubscribeWithOptions(s.addrs, s.done, netlink.AddrSubscribeOptions{
-		Namespace:         &ns,
-		ErrorCallback:     func(err error) { s.onError(&s.addrErr, err) },
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: drift.ForceSocketBuffer(s.log),
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe to netlink address updates: %w", err)
+	if b.Resync {
+		return errors.New("netlink updates dropped while the devices watcher was busy: listing again")
 	}
-	s.addrsStarted = true
-	return nil
-}
-
-// onError records err for when the updates stop. netlink calls it from its
-// receiving goroutine, both for errors it skips and for the one that ends
-// the subscription.
-func (s *subscription) onError(into *error, err error) {
-	select {
-	case <-s.done:
-		// Closing the subscription fails its receive: expected.
-		return
-	default:
-	}
-	if drift.FromOtherSocket(err) {
-		// A message another socket sent to the multicast group, not the
-		// kernel's: netlink drops it and goes on. A program listing through
-		// its subscription (netlink's ListExisting) as root does this.
-		s.log.Debug("Netlink message from another socket dropped", "error", err)
-		return
-	}
-	s.mu.Lock()
-	*into = err
-	s.mu.Unlock()
-	s.log.Warn("Netlink subscription error", "error", err)
-}
-
-// close ends both subscriptions and waits for their goroutines, which
-// may be blocked sending an update.
-func (s *subscription) close() {
-	close(s.done)
-	if s.linksStarted {
-		for range s.links {
+	for _, u := range b.Links {
+		if u.Header.Type == unix.RTM_DELLINK {
+			state.deleteLink(int(u.Index))
+		} else {
+			state.setLink(u.Link)
 		}
 	}
-	if s.addrsStarted {
-		for range s.addrs {
-		}
-	}
-}
-
-// receiveBatch applies queued updates to state, up to maxBatch. With wait
-// it first waits for one. It fails once either subscription has ended.
-func (s *subscription) receiveBatch(ctx context.Context, state *netState, wait bool) error {
-	n := 0
-	if wait {
-		var err error
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case u, ok := <-s.links:
-			err = s.applyLink(state, u, ok)
-		case u, ok := <-s.addrs:
-			err = s.applyAddr(state, u, ok)
-		}
-		if err != nil {
-			return err
-		}
-		n++
-	}
-	for ; n < maxBatch; n++ {
-		var err error
-		select {
-		case u, ok := <-s.links:
-			err = s.applyLink(state, u, ok)
-		case u, ok := <-s.addrs:
-			err = s.applyAddr(state, u, ok)
+	for _, u := range b.Addrs {
+		a, valid := deviceAddress(u.LinkAddress, u.Flags, u.Scope)
+		switch {
+		case !valid:
+		case u.NewAddr:
+			state.setAddr(u.LinkIndex, a)
 		default:
-			return nil
-		}
-		if err != nil {
-			return err
+			state.deleteAddr(u.LinkIndex, a)
 		}
 	}
 	return nil
-}
-
-func (s *subscription) applyLink(state *netState, u netlink.LinkUpdate, ok bool) error {
-	if !ok {
-		return s.ended("link", &s.linkErr)
-	}
-	if u.Header.Type == unix.RTM_DELLINK {
-		state.deleteLink(int(u.Index))
-	} else {
-		state.setLink(u.Link)
-	}
-	return nil
-}
-
-func (s *subscription) applyAddr(state *netState, u netlink.AddrUpdate, ok bool) error {
-	if !ok {
-		return s.ended("address", &s.addrErr)
-	}
-	a, valid := deviceAddress(u.LinkAddress, u.Flags, u.Scope)
-	switch {
-	case !valid:
-	case u.NewAddr:
-		state.setAddr(u.LinkIndex, a)
-	default:
-		state.deleteAddr(u.LinkIndex, a)
-	}
-	return nil
-}
-
-func (s *subscription) ended(kind string, errp *error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if *errp == nil {
-		return fmt.Errorf("netlink %s updates ended", kind)
-	}
-	return fmt.Errorf("netlink %s updates ended: %w", kind, *errp)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"slices"
 
@@ -53,11 +54,16 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 	if ns != nil {
 		defer ns.Close()
 	}
-	routes, stopRoutes, err := subscribeRoutes(l.log, ns)
+	// Only the default routes of the main table can change the answer:
+	// the others (pods' routes, which come by the hundred during a burst
+	// of ADDs) are not even queued for this job. The subscription is the
+	// agent's shared one (drift.Subscribe).
+	routes, err := drift.Subscribe(l.netnsPath, drift.Kinds{Routes: true},
+		func(u netlink.RouteUpdate) bool { return isDefaultRoute(u.Route) }, l.log)
 	if err != nil {
 		return err
 	}
-	defer stopRoutes()
+	defer routes.Close()
 	var (
 		last Spec
 		// defaults holds the default routes, listed again only when one
@@ -90,22 +96,21 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 			l.nodes.claims.set(l.nodes.name, SourceLocal, spec, true)
 		}
 		last = spec
-		// Only a default route of the main table can change the answer:
-		// the routes of pods, which come by the hundred during a burst of
-		// ADDs, are received and dropped without computing anything.
 	wait:
 		for {
 			select {
 			case <-devWatch:
 			case <-addrWatch:
 			case <-epWatch:
-			case u, ok := <-routes:
-				if !ok {
-					return fmt.Errorf("route subscription ended")
+			case <-routes.Ready():
+				b, err := routes.Take(math.MaxInt)
+				if err != nil {
+					return err
 				}
-				if !isDefaultRoute(u.Route) {
+				if len(b.Routes) == 0 && !b.Resync {
 					continue wait
 				}
+				// A default route changed, or updates were lost.
 				defaults = nil
 			case <-ctx.Done():
 				return nil
@@ -113,25 +118,6 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 			break
 		}
 	}
-}
-
-// subscribeRoutes subscribes to the route changes in ns (nil: the
-// agent's namespace). stop ends the subscription and drains the channel
-// until netlink's goroutine closes it: that goroutine may be blocked
-// sending an update, and would be for good.
-func subscribeRoutes(log *slog.Logger, ns *netns.NsHandle) (_ <-chan netlink.RouteUpdate, stop func(), _ error) {
-	routes := make(chan netlink.RouteUpdate, 16)
-	done := make(chan struct{})
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: ns,
-		// Pods' routes come by the hundred at once (drift.SocketBuffer).
-		ReceiveBufferSize: drift.SocketBuffer, ReceiveBufferForceSize: drift.ForceSocketBuffer(log)}); err != nil {
-		return nil, nil, fmt.Errorf("subscribe to route changes: %w", err)
-	}
-	return routes, func() {
-		close(done)
-		for range routes {
-		}
-	}, nil
 }
 
 // handle is a netlink handle in --devices-netns (and that namespace), or
