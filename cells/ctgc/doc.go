@@ -20,6 +20,14 @@
 //     EndpointID is not 0 and not in the table: the connections of pods
 //     deleted while the agent was down. Later passes delete by lifetime
 //     only. A first pass that fails leaves the endpoint check to the next.
+//   - Endpoints deleted while the agent runs: the job
+//     flush-deleted-endpoints follows the endpoints table and, for each
+//     endpoint deleted, deletes from the four conntrack maps every entry
+//     with one of its addresses as source or destination (live ones too):
+//     the IPAM gives the address to a new pod later, which a peer's
+//     established entry would otherwise let the peer into past its ingress
+//     policy. Logged at info and counted (reason endpoint_deleted); a walk
+//     that fails is retried after the minimum interval.
 //   - The wait between passes adapts to the largest share of a map's
 //     capacity a pass found expired: above a quarter, the wait shrinks in
 //     proportion (to at most a quarter of itself); below 5% of every map,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -93,6 +94,9 @@ type Status struct {
 	Fixed    bool
 	// Last is the latest pass; nil before the first.
 	Last *Pass
+	// EndpointsFlushed counts the endpoints deleted since start whose
+	// conntrack entries are deleted.
+	EndpointsFlushed uint64
 }
 
 // Flushed is what a flush removed from one map.
@@ -179,8 +183,82 @@ func newGC(p params) (*GC, error) {
 	// The job group's start hook was appended when the group was built for
 	// this constructor, after the maps' (this constructor takes them): the
 	// job starts once the maps are open.
-	p.Jobs.Add(job.OneShot("gc", gc.run))
+	p.Jobs.Add(job.OneShot("gc", gc.run), job.OneShot("flush-deleted-endpoints", gc.flushDeletedEndpoints))
 	return gc, nil
+}
+
+// flushDeletedEndpoints is the job that, for every endpoint deleted from
+// the endpoints table, deletes the conntrack entries with one of its
+// addresses as source or destination, in every map and both families:
+// the address goes to another pod later (the IPAM hands released
+// addresses out again), and an established entry left from the old pod's
+// connections would let its peers' packets into the new pod without its
+// ingress policy. The deletes of one batch of changes are one walk of the
+// maps; a walk that fails is tried again, with the addresses of the
+// endpoints deleted meanwhile, after the shortest interval.
+func (gc *GC) flushDeletedEndpoints(ctx context.Context, health cell.Health) error {
+	wtxn := gc.db.WriteTxn(gc.endpoints)
+	changes, err := gc.endpoints.Changes(wtxn)
+	wtxn.Commit()
+	if err != nil {
+		return fmt.Errorf("follow table %s: %w", endpointmanager.TableName, err)
+	}
+	defer changes.Close()
+	health.OK("Following deleted endpoints")
+	var (
+		pending []netip.Addr
+		ids     []uint16
+		retry   <-chan time.Time
+	)
+	for {
+		seq, watch := changes.Next(gc.db.ReadTxn())
+		for c := range seq {
+			if c.Deleted {
+				pending = append(pending, c.Object.IPs()...)
+				ids = append(ids, c.Object.ID)
+			}
+		}
+		if len(pending) > 0 && retry == nil {
+			deleted, err := gc.flushAddrs(pending)
+			if err != nil {
+				gc.log.Warn("Deleting the conntrack entries of deleted endpoints failed; retrying", "endpoints", ids, "addresses", pending, "error", err)
+				health.Degraded("Deleting the conntrack entries of deleted endpoints", err)
+				retry = time.After(gc.interval.min)
+			} else {
+				gc.log.Info("Deleted the conntrack entries of deleted endpoints", "endpoints", ids, "addresses", pending, "deleted", deleted)
+				health.OK("Following deleted endpoints")
+				gc.updateStatus(func(s *Status) { s.EndpointsFlushed += uint64(len(ids)) })
+				pending, ids = pending[:0], ids[:0]
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		case <-retry:
+			retry = nil
+		}
+	}
+}
+
+// flushAddrs deletes the conntrack entries (not the NAT map's) with one of
+// addrs as source or destination, and returns how many.
+func (gc *GC) flushAddrs(addrs []netip.Addr) (int, error) {
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	j := &judge{deleted: newAddrSet(addrs)}
+	prog := newProgress(gc.log, "flush of deleted endpoints", gc.progressEvery)
+	var (
+		n    int
+		errs []error
+	)
+	for _, sweep := range gc.sweeps(j, prog, false) {
+		s, err := sweep()
+		errs = append(errs, err)
+		n += s.Deleted[endpointDeleted]
+		gc.metrics.deleted.WithLabelValues(s.Map, endpointDeleted.String()).Add(float64(s.Deleted[endpointDeleted]))
+	}
+	return n, errors.Join(errs...)
 }
 
 // Status returns the GC's status and a channel that is closed when it
@@ -328,12 +406,12 @@ func (gc *GC) pass(number uint64, checkEndpoints bool) Pass {
 func (gc *GC) sweeps(j *judge, prog *progress, nat bool) []func() (swept, error) {
 	ct4 := func(m *ctmaps.Map4) func() (swept, error) {
 		return func() (swept, error) {
-			return sweep(walk[ctmap.Key4, ctmap.Entry]{m: m, bufs: newBuffers[ctmap.Key4, ctmap.Entry](gc.chunk), verdict: j.verdict}, j, prog)
+			return sweep(walk[ctmap.Key4, ctmap.Entry]{m: m, bufs: newBuffers[ctmap.Key4, ctmap.Entry](gc.chunk), verdict: j.verdict4}, j, prog)
 		}
 	}
 	ct6 := func(m *ctmaps.Map6) func() (swept, error) {
 		return func() (swept, error) {
-			return sweep(walk[ctmap.Key6, ctmap.Entry]{m: m, bufs: newBuffers[ctmap.Key6, ctmap.Entry](gc.chunk), verdict: j.verdict}, j, prog)
+			return sweep(walk[ctmap.Key6, ctmap.Entry]{m: m, bufs: newBuffers[ctmap.Key6, ctmap.Entry](gc.chunk), verdict: j.verdict6}, j, prog)
 		}
 	}
 	sweeps := []func() (swept, error){ct4(gc.maps.TCP4), ct4(gc.maps.Any4), ct6(gc.maps.TCP6), ct6(gc.maps.Any6)}

@@ -24,7 +24,7 @@ func newGCMetrics() *gcMetrics {
 		}, []string{"map"}),
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "entries_deleted_total",
-			Help: "Conntrack entries deleted, by reason: expired, endpoint_gone (first pass after start), flush",
+			Help: "Conntrack entries deleted, by reason: expired, endpoint_gone (first pass after start), flush, endpoint_deleted (addresses of endpoints deleted)",
 		}, []string{"map", "reason"}),
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "passes_total",

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -32,10 +33,12 @@ const (
 	expired
 	endpointGone
 	flushed
+	endpointDeleted
 	numReasons
 )
 
-var reasonNames = [numReasons]string{keep: "keep", expired: "expired", endpointGone: "endpoint_gone", flushed: "flush"}
+var reasonNames = [numReasons]string{keep: "keep", expired: "expired", endpointGone: "endpoint_gone", flushed: "flush",
+	endpointDeleted: "endpoint_deleted"}
 
 func (r reason) String() string { return reasonNames[r] }
 
@@ -48,6 +51,54 @@ type judge struct {
 	endpoints *endpointCheck
 	// flush deletes everything.
 	flush bool
+	// deleted, when set, are the addresses of endpoints deleted: the
+	// judge deletes the entries with one of them as source or
+	// destination, and nothing else.
+	deleted *addrSet
+}
+
+// addrSet is a set of addresses by family, as the conntrack keys hold
+// them.
+type addrSet struct {
+	v4 map[[4]byte]struct{}
+	v6 map[[16]byte]struct{}
+}
+
+func newAddrSet(addrs []netip.Addr) *addrSet {
+	s := &addrSet{v4: map[[4]byte]struct{}{}, v6: map[[16]byte]struct{}{}}
+	for _, a := range addrs {
+		if a = a.Unmap(); a.Is4() {
+			s.v4[a.As4()] = struct{}{}
+		} else if a.Is6() {
+			s.v6[a.As16()] = struct{}{}
+		}
+	}
+	return s
+}
+
+func has[A comparable](set map[A]struct{}, a A) bool {
+	_, ok := set[a]
+	return ok
+}
+
+func (j *judge) verdict4(k *ctmap.Key4, e *ctmap.Entry) reason {
+	if j.deleted != nil {
+		if has(j.deleted.v4, k.SrcAddr) || has(j.deleted.v4, k.DstAddr) {
+			return endpointDeleted
+		}
+		return keep
+	}
+	return j.verdict(e)
+}
+
+func (j *judge) verdict6(k *ctmap.Key6, e *ctmap.Entry) reason {
+	if j.deleted != nil {
+		if has(j.deleted.v6, k.SrcAddr) || has(j.deleted.v6, k.DstAddr) {
+			return endpointDeleted
+		}
+		return keep
+	}
+	return j.verdict(e)
 }
 
 func (j *judge) verdict(e *ctmap.Entry) reason {
@@ -68,7 +119,7 @@ func (j *judge) verdict(e *ctmap.Entry) reason {
 // neither is deleted for the other's sake, since an expired entry's pair
 // key may already be a new connection's (the datapath takes expired SNAT
 // ports over).
-func (j *judge) natVerdict(v *nodeportmap.NAT4) reason {
+func (j *judge) natVerdict(_ *nodeportmap.Key4, v *nodeportmap.NAT4) reason {
 	if v.Expired(j.now) {
 		return expired
 	}
@@ -154,7 +205,7 @@ type walk[K, V any] struct {
 	m    *bpfmaps.Map[K, V]
 	bufs buffers[K, V]
 	// verdict is the fate of an entry.
-	verdict func(*V) reason
+	verdict func(*K, *V) reason
 	// confirm, when set, is asked again just before an entry is deleted,
 	// which is then deleted alone: for a map whose keys the datapath may
 	// give to a new connection between the walk reading and deleting
@@ -258,7 +309,7 @@ func sweep[K, V any](w walk[K, V], j *judge, prog *progress) (swept, error) {
 		j.chunkRead()
 		c.doomed, c.reasons = c.doomed[:0], c.reasons[:0]
 		for i := range n {
-			if r := w.verdict(&c.entries[i]); r != keep {
+			if r := w.verdict(&c.keys[i], &c.entries[i]); r != keep {
 				c.doomed = append(c.doomed, c.keys[i])
 				c.reasons = append(c.reasons, r)
 			}

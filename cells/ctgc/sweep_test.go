@@ -24,7 +24,7 @@ func TestSweepAllocatesPerWalkNotPerEntry(t *testing.T) {
 			}
 			// Lifetime 0 has expired: the sweep deletes every entry.
 			j := &judge{now: ctmap.Now()}
-			s, err := sweep(walk[ctmap.Key4, ctmap.Entry]{m: m, bufs: bufs, verdict: j.verdict}, j, nil)
+			s, err := sweep(walk[ctmap.Key4, ctmap.Entry]{m: m, bufs: bufs, verdict: j.verdict4}, j, nil)
 			if err != nil || s.Scanned != entries || s.Deleted[expired] != entries {
 				t.Fatalf("sweep of %d entries: %+v, %v", entries, s, err)
 			}
@@ -59,7 +59,7 @@ func TestSweepConfirmKeepsRefreshedEntries(t *testing.T) {
 	j := &judge{now: now}
 	w := walk[ctmap.Key4, ctmap.Entry]{
 		m: m, bufs: newBuffers[ctmap.Key4, ctmap.Entry](16),
-		verdict: func(*ctmap.Entry) reason { return expired },
+		verdict: func(*ctmap.Key4, *ctmap.Entry) reason { return expired },
 		confirm: func(k ctmap.Key4) bool {
 			e, err := m.Lookup(k)
 			return err == nil && j.verdict(&e) == expired
