@@ -472,10 +472,17 @@ func (m *Manager) markState(ep *Endpoint, from, state State, err error) error {
 type Selector struct {
 	ID          uint16
 	ContainerID string
+	// IfName, when set, is the endpoint's interface in the container:
+	// Delete deletes only an endpoint with that interface (a CNI DEL names
+	// the attachment, container and interface). Lookup ignores it.
+	IfName string
 }
 
 // notFound is the error for an endpoint s names that does not exist.
 func (s Selector) notFound() error {
+	if s.ContainerID != "" && s.IfName != "" {
+		return errorf(ErrNotFound, "container %s has no endpoint with interface %s", s.ContainerID, s.IfName)
+	}
 	if s.ContainerID != "" {
 		return errorf(ErrNotFound, "container %s has no endpoint", s.ContainerID)
 	}
@@ -505,7 +512,10 @@ type Deleted struct {
 // interface and every route through them), its state, its addresses. For a
 // container without an endpoint it removes what an unfinished creation
 // left; with nothing at all to remove it is an ErrNotFound error, which a
-// CNI DEL treats as done.
+// CNI DEL treats as done. With s.IfName set, a container's endpoint with
+// another interface is left alone, ErrNotFound too: the interface is
+// compared with the container's lock held, so a DEL never removes an
+// endpoint an ADD of another attachment made meanwhile.
 func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	if err := m.waitRestored(ctx); err != nil {
 		return nil, err
@@ -538,6 +548,12 @@ func (m *Manager) Delete(ctx context.Context, s Selector) (*Deleted, error) {
 	}
 
 	ep, found := m.Lookup(s)
+	if found && s.IfName != "" && ep.IfName != s.IfName {
+		// Another attachment of the container: not this DEL's. Its
+		// leftovers are the endpoint's veth pair and addresses: none.
+		return nil, errorf(ErrNotFound, "container %s has no endpoint with interface %s (its endpoint's interface is %s)",
+			s.ContainerID, s.IfName, ep.IfName)
+	}
 	if !found {
 		if s.ContainerID != "" {
 			removedLink, released, err := m.leftovers(s.ContainerID)

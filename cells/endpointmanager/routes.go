@@ -19,11 +19,25 @@ func apiRoutes(m *Manager) api.Routes {
 	path := apiv1.PathEndpoints + "/{id}"
 	return api.NewRoutes(
 		api.Route{Method: http.MethodGet, Path: apiv1.PathEndpoints, Handler: func(r *http.Request) (any, error) {
-			if _, err := api.QueryParams(r); err != nil {
+			q, err := api.QueryParams(r, apiv1.QueryCNI)
+			if err != nil {
 				return nil, err
+			}
+			var cniOnly bool
+			switch v := q.Get(apiv1.QueryCNI); v {
+			case "", "false":
+			case "true":
+				cniOnly = true
+			default:
+				return nil, api.BadRequest("invalid %s=%q: want true or false", apiv1.QueryCNI, v)
 			}
 			out := []apiv1.Endpoint{}
 			for _, ep := range m.Endpoints() {
+				// The health endpoint is the only one the agent makes
+				// itself; every other came through PUT.
+				if cniOnly && ep.Health {
+					continue
+				}
 				out = append(out, m.toAPI(ep))
 			}
 			return out, nil
@@ -75,7 +89,7 @@ func apiRoutes(m *Manager) api.Routes {
 			return m.toAPI(ep), nil
 		}},
 		api.Route{Method: http.MethodDelete, Path: path, Handler: func(r *http.Request) (any, error) {
-			s, err := selector(r)
+			s, err := selector(r, apiv1.QueryInterface)
 			if err != nil {
 				return nil, err
 			}
@@ -93,9 +107,12 @@ func apiRoutes(m *Manager) api.Routes {
 	)
 }
 
-// selector parses the {id} of a path and refuses query parameters.
-func selector(r *http.Request) (Selector, error) {
-	if _, err := api.QueryParams(r); err != nil {
+// selector parses the {id} of a path and refuses query parameters other
+// than allowed: apiv1.QueryInterface, with a container ID, is the
+// Selector's IfName.
+func selector(r *http.Request, allowed ...string) (Selector, error) {
+	q, err := api.QueryParams(r, allowed...)
+	if err != nil {
 		return Selector{}, err
 	}
 	id := r.PathValue("id")
@@ -103,7 +120,17 @@ func selector(r *http.Request) (Selector, error) {
 		if err := validContainerID(cid); err != nil {
 			return Selector{}, api.BadRequest("%s", err)
 		}
-		return Selector{ContainerID: cid}, nil
+		s := Selector{ContainerID: cid}
+		if q.Has(apiv1.QueryInterface) {
+			s.IfName = q.Get(apiv1.QueryInterface)
+			if err := validIfName(s.IfName); err != nil {
+				return Selector{}, api.BadRequest("%s=: %s", apiv1.QueryInterface, err)
+			}
+		}
+		return s, nil
+	}
+	if q.Has(apiv1.QueryInterface) {
+		return Selector{}, api.BadRequest("%s= goes with %s<container ID>, not an endpoint ID", apiv1.QueryInterface, apiv1.ContainerIDPrefix)
 	}
 	n, err := strconv.ParseUint(id, 10, 16)
 	if err != nil || n == 0 {

@@ -6,12 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/internal/celltest"
 	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/client"
@@ -114,4 +118,77 @@ func TestCNIConfig(t *testing.T) {
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
 		t.Fatalf("CNI configuration mode = %v, want 0644", fi.Mode())
 	}
+}
+
+// A DELETE with ?interface= names an attachment (a CNI DEL's container and
+// CNI_IFNAME): the container's endpoint with another interface stays and
+// the answer is 404, which the plugin takes as done; with its own
+// interface, or without the parameter (callers before it), the endpoint is
+// deleted.
+func TestDeleteNamesTheAttachment(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	c, ctx := n.client, context.Background()
+	path := apiv1.EndpointPath(apiv1.ContainerIDPrefix)
+	del := func(id, ifName string) (apiv1.EndpointDeleted, error) {
+		var out apiv1.EndpointDeleted
+		q := url.Values{}
+		if ifName != "" {
+			q.Set(apiv1.QueryInterface, ifName)
+		}
+		err := c.Do(ctx, http.MethodDelete, path+id, q, nil, &out)
+		return out, err
+	}
+	a, b := newPod(t), newPod(t)
+	epA, epB := n.create(t, a), n.create(t, b)
+
+	_, err := del(a.id, "net1")
+	wantAPIError(t, err, http.StatusNotFound, "container "+a.id+" has no endpoint with interface net1 (its endpoint's interface is eth0)")
+	if _, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: a.id}); !found {
+		t.Fatal("a DELETE of interface net1 deleted the container's endpoint with eth0")
+	}
+	if _, err := netlink.LinkByName(epA.HostIfName); err != nil {
+		t.Fatalf("a DELETE of interface net1 removed the endpoint's veth pair: %v", err)
+	}
+	_, err = del(a.id, "bad/name")
+	wantAPIError(t, err, http.StatusBadRequest, `invalid interface name "bad/name"`)
+	err = c.Do(ctx, http.MethodDelete, apiv1.EndpointPath("1"), url.Values{apiv1.QueryInterface: {"eth0"}}, nil, nil)
+	wantAPIError(t, err, http.StatusBadRequest, "interface= goes with container-id:<container ID>")
+
+	if d, err := del(a.id, "eth0"); err != nil || d.Endpoint == nil || d.Endpoint.ID != epA.ID {
+		t.Fatalf("DELETE of (%s, eth0) = %+v, %v", a.id, d, err)
+	}
+	if d, err := del(b.id, ""); err != nil || d.Endpoint == nil || d.Endpoint.ID != epB.ID {
+		t.Fatalf("DELETE of %s without an interface = %+v, %v", b.id, d, err)
+	}
+}
+
+// GET /v1/endpoints?cni=true leaves out the node's health endpoint, which
+// no runtime attached: a CNI GC must not delete it.
+func TestListCNIEndpoints(t *testing.T) {
+	tn := newTestNet(t)
+	n := tn.start(t, nodeOpts{})
+	c, ctx := n.client, context.Background()
+	healthPod, p := newPod(t), newPod(t)
+	if _, err := n.mgr.Create(ctx, endpointmanager.CreateRequest{ContainerID: "cellium-node-health", Netns: healthPod.ns.Path(), IfName: "eth0", Health: true}); err != nil {
+		t.Fatal(err)
+	}
+	n.create(t, p)
+	list := func(cni string) ([]string, error) {
+		var eps []apiv1.Endpoint
+		err := c.Do(ctx, http.MethodGet, apiv1.PathEndpoints, url.Values{apiv1.QueryCNI: {cni}}, nil, &eps)
+		var out []string
+		for _, ep := range eps {
+			out = append(out, ep.ContainerID)
+		}
+		return out, err
+	}
+	if got, err := list("true"); err != nil || !slices.Equal(got, []string{p.id}) {
+		t.Errorf("GET ?cni=true = %v, %v; want only %s", got, err, p.id)
+	}
+	if got, err := list("false"); err != nil || !slices.Equal(got, []string{"cellium-node-health", p.id}) {
+		t.Errorf("GET ?cni=false = %v, %v; want both", got, err)
+	}
+	_, err := list("yes")
+	wantAPIError(t, err, http.StatusBadRequest, `invalid cni="yes": want true or false`)
 }

@@ -16,7 +16,9 @@
 //	        allocates the addresses, makes the veth pair, addresses and
 //	        routes, writes the endpoint down and answers; the plugin prints
 //	        the CNI result (interfaces, addresses, gateway, default route).
-//	DEL     DELETE of the same: idempotent; an unknown container, a repeated
+//	DEL     DELETE of the same with ?interface=<CNI_IFNAME>: the agent deletes
+//	        the endpoint only if it is that attachment's (else 404, done);
+//	        idempotent; an unknown container, a repeated
 //	        DEL or a missing netns are not errors. With the agent down it
 //	        succeeds too: the agent removes endpoints whose netns is gone
 //	        when it restores.
@@ -26,7 +28,10 @@
 //	STATUS  whether the agent answers and is ready.
 //	GC      deletes the endpoints of attachments that the runtime no longer
 //	        lists in cni.dev/valid-attachments (container ID and
-//	        interface): what a lost DEL left behind.
+//	        interface): what a lost DEL left behind. Only endpoints made
+//	        through the CNI API are candidates (not the node's health
+//	        endpoint); a failed deletion does not stop the others, and the
+//	        failures are reported together.
 //	VERSION the supported specification versions.
 //
 // Errors are CNI errors: with the agent unreachable, code 11 (try again
@@ -39,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,6 +80,12 @@ const (
 // endpointPath is the API path of a container's endpoint.
 func endpointPath(containerID string) string {
 	return apiv1.EndpointPath(apiv1.ContainerIDPrefix + containerID)
+}
+
+// attachmentPath is the API path that deletes the attachment (containerID,
+// ifName): the container's endpoint only if its interface is ifName.
+func attachmentPath(containerID, ifName string) string {
+	return endpointPath(containerID) + "?" + url.Values{apiv1.QueryInterface: {ifName}}.Encode()
 }
 
 // started is when main began: the process's start for a trace (TraceEnv).
@@ -220,7 +232,9 @@ func cmdDel(args *cmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	err = unixhttp.Do(ctx, conf.Socket, "DELETE", endpointPath(args.ContainerID), nil, nil)
+	// The attachment: a DEL of another interface of the container (one
+	// the agent never made) leaves its endpoint alone, answered 404.
+	err = unixhttp.Do(ctx, conf.Socket, "DELETE", attachmentPath(args.ContainerID, args.IfName), nil, nil)
 	if apiErr, ok := errors.AsType[*unixhttp.APIError](err); ok && apiErr.Status == statusNotFound {
 		return nil
 	}
@@ -299,8 +313,11 @@ func cmdStatus(args *cmdArgs) error {
 
 // cmdGC deletes every endpoint whose attachment the runtime does not
 // list as valid. The agent releases their addresses and removes their
-// veths, as for a DEL. It stops at the first failure, so that a GC the
-// runtime repeats finishes the work.
+// veths, as for a DEL. It lists only the endpoints made through the CNI
+// API (not the node's health endpoint, which no runtime attached), and
+// skips health endpoints besides. A failed deletion does not stop the
+// others: the errors are reported together at the end, and a GC the
+// runtime repeats retries them.
 func cmdGC(args *cmdArgs) error {
 	conf, _, err := parseConf(args.StdinData)
 	if err != nil {
@@ -314,23 +331,41 @@ func cmdGC(args *cmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	var eps []apiv1.Endpoint
-	if err := unixhttp.Do(ctx, conf.Socket, "GET", apiv1.PathEndpoints, nil, &eps); err != nil {
+	list := apiv1.PathEndpoints + "?" + url.Values{apiv1.QueryCNI: {"true"}}.Encode()
+	if err := unixhttp.Do(ctx, conf.Socket, "GET", list, nil, &eps); err != nil {
 		return cniError("list endpoints", conf.Socket, err)
 	}
+	var failed []*pluginError
 	for _, ep := range eps {
-		if ep.ContainerID == "" || valid[attachment{ep.ContainerID, ep.Interface}] {
+		if ep.ContainerID == "" || ep.Health || valid[attachment{ep.ContainerID, ep.Interface}] {
 			continue
 		}
-		err := unixhttp.Do(ctx, conf.Socket, "DELETE", endpointPath(ep.ContainerID), nil, nil)
+		err := unixhttp.Do(ctx, conf.Socket, "DELETE", attachmentPath(ep.ContainerID, ep.Interface), nil, nil)
 		if apiErr, ok := errors.AsType[*unixhttp.APIError](err); ok && apiErr.Status == statusNotFound {
 			continue // a DEL was quicker
 		}
 		if err != nil {
-			return cniError("delete the endpoint of stale container "+ep.ContainerID, conf.Socket, err)
+			perr := cniError("delete the endpoint of stale container "+ep.ContainerID, conf.Socket, err).(*pluginError)
+			failed = append(failed, perr)
+			fmt.Fprintf(os.Stderr, "cellium-cni: GC: %v\n", perr)
+			continue
 		}
 		fmt.Fprintf(os.Stderr, "cellium-cni: GC deleted endpoint %d of container %s\n", ep.ID, ep.ContainerID)
 	}
-	return nil
+	return gcError(failed)
+}
+
+// gcError is the error of a GC whose deletions failed: the first one's
+// code, and every failure in the details.
+func gcError(failed []*pluginError) error {
+	if len(failed) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(failed))
+	for i, e := range failed {
+		msgs[i] = e.Error()
+	}
+	return newError(failed[0].Code, fmt.Sprintf("GC: %d stale endpoint(s) could not be deleted", len(failed)), strings.Join(msgs, "; "))
 }
 
 // cniError turns an error talking to the agent into a CNI error.

@@ -7,7 +7,21 @@ import (
 
 // PathEndpoints serves the node's endpoints: GET lists them; GET, PUT and
 // DELETE /v1/endpoints/{id} act on one.
+//
+// GET /v1/endpoints?cni=true lists only the endpoints made through the CNI
+// API (PUT), leaving out the agent's own (the node's health endpoint): what
+// a CNI GC may delete. DELETE /v1/endpoints/container-id:{cid}?interface=NAME
+// deletes the container's endpoint only if its interface is NAME (a CNI DEL
+// names an attachment, container and CNI_IFNAME), else answers 404; without
+// the parameter it deletes the container's endpoint whatever its
+// interface, as before.
 const PathEndpoints = "/v1/endpoints"
+
+// Query parameters of PathEndpoints.
+const (
+	QueryCNI       = "cni"
+	QueryInterface = "interface"
+)
 
 // ContainerIDPrefix makes an {id} of /v1/endpoints/{id} a container ID:
 // "container-id:3f2a..." names the endpoint of that container, a number
