@@ -52,7 +52,10 @@
  * the connection's later packets and its replies find it and pay no policy
  * lookup. ICMP errors about a tracked connection (CT_RELATED) pass; so do
  * IPv6 neighbour discovery and MLD, and IPv4 fragments after the first,
- * which have no ports to decide on.
+ * which have no ports to decide on. IPv6 extension headers are walked to
+ * the upper-layer header; an IPv6 fragment after the first has no ports
+ * either, and in an isolated direction passes only where every port of
+ * its protocol is allowed to the peer: it never carries denied traffic.
  *
  * Headers are copied out with bpf_skb_load_bytes rather than read in
  * place: the programs only read, and the helper works the same whether or
@@ -137,6 +140,20 @@ struct icmp_echo_hdr {
 /* struct iphdr.frag_off: the fragment offset; not 0 after the first. */
 #define IPV4_FRAG_OFFSET 0x1fff
 
+/* IPv6 extension headers the parser walks (RFC 8200 4.1, RFC 4302). */
+#define IPV6_EXT_HOP 0
+#define IPV6_EXT_ROUTING 43
+#define IPV6_EXT_FRAGMENT 44
+#define IPV6_EXT_AUTH 51
+#define IPV6_EXT_DEST 60
+/* At most this many of them; a packet with more is invalid-packet. Real
+ * packets carry at most a few (hop-by-hop, destination options, routing,
+ * fragment, AH, destination options). */
+#define IPV6_MAX_EXT_HDRS 8
+/* The fragment header's offset field (in the big-endian 16 bits that also
+ * hold the M flag): not 0 after the first fragment. */
+#define IPV6_FRAG_OFFSET 0xfff8
+
 /* What the parser made of a packet; negative values are -DROP_*. */
 /* Track it in conntrack. */
 #define PKT_TRACK 0
@@ -151,8 +168,10 @@ struct icmp_echo_hdr {
  * source: IPv6 neighbour discovery and MLD, without which the endpoint has
  * no network. */
 #define PKT_UNTRACKED_ALWAYS 4
-/* Report it untracked, and pass it: an IPv4 fragment after the first,
- * which has no transport header. */
+/* A fragment after the first, which has no transport header: an IPv4
+ * fragment is reported untracked and passes; an IPv6 fragment is reported
+ * untracked and, in an isolated direction, decided by policy with port 0
+ * (lxc_fragment below). */
 #define PKT_FRAGMENT 5
 
 /* Both directions sent a FIN. */
@@ -275,15 +294,71 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary
 	return parse_l4(skb, ETH_HLEN + hlen, ETH_HLEN + len, flow);
 }
 
+static __always_inline bool ipv6_is_ext(__u8 nexthdr)
+{
+	return nexthdr == IPV6_EXT_HOP || nexthdr == IPV6_EXT_ROUTING || nexthdr == IPV6_EXT_FRAGMENT ||
+	       nexthdr == IPV6_EXT_AUTH || nexthdr == IPV6_EXT_DEST;
+}
+
+/* The first 8 bytes of every extension header walked: the next header and
+ * the length; frag_off is the fragment header's (offset and M flag). */
+struct ipv6_ext_hdr {
+	__u8 nexthdr;
+	__u8 hdrlen;
+	__be16 frag_off;
+	__be32 ident;
+};
+
+/* ipv6_skip_ext's answer for a fragment after the first. */
+#define IPV6_LATER_FRAGMENT 1
+
 /*
- * IPv6 extension headers are not walked: a packet whose next header is
- * not TCP, UDP or ICMPv6 is tracked under that header's number with no
- * ports, which still tells its connections apart by address.
+ * ipv6_skip_ext walks the extension headers from *off, whose type is *nh,
+ * to the upper-layer header, which must start before end: on return *off
+ * is where it starts and *nh its protocol. It returns 0,
+ * IPV6_LATER_FRAGMENT for a fragment after the first (*off just past the
+ * fragment header: no upper-layer header follows), or -DROP_INVALID_PACKET
+ * for headers cut short or more than IPV6_MAX_EXT_HDRS of them.
+ */
+static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off, __u32 end, __u8 *nh)
+{
+	struct ipv6_ext_hdr hdr;
+	int i;
+
+	for (i = 0; i < IPV6_MAX_EXT_HDRS; i++) {
+		if (!ipv6_is_ext(*nh))
+			return 0;
+		if (*off + sizeof(hdr) > end || bpf_skb_load_bytes(skb, *off, &hdr, sizeof(hdr)))
+			return -DROP_INVALID_PACKET;
+		if (*nh == IPV6_EXT_FRAGMENT) {
+			*off += sizeof(hdr);
+			*nh = hdr.nexthdr;
+			if (hdr.frag_off & bpf_htons(IPV6_FRAG_OFFSET))
+				return IPV6_LATER_FRAGMENT;
+			continue;
+		}
+		/* AH counts 4-byte words less 2, the others 8-byte words less 1. */
+		*off += *nh == IPV6_EXT_AUTH ? (hdr.hdrlen + 2) * 4 : (hdr.hdrlen + 1) * 8;
+		*nh = hdr.nexthdr;
+	}
+	return ipv6_is_ext(*nh) ? -DROP_INVALID_PACKET : 0;
+}
+
+/*
+ * The extension headers are walked to the upper-layer header (hop-by-hop,
+ * routing, fragment, destination options, AH), so that a first fragment or
+ * an MLD message behind its hop-by-hop header is parsed, tracked and
+ * decided as its protocol, with its ports. A later fragment has no ports:
+ * it is PKT_FRAGMENT under its upper-layer protocol. ESP, no next header
+ * and any other protocol are tracked under their number with no ports,
+ * which still tells their connections apart by address.
  */
 static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
 {
 	struct ipv6hdr ip6;
-	__u32 end;
+	__u32 end, off = ETH_HLEN + sizeof(ip6);
+	__u8 nh;
+	int ret;
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)))
 		return -DROP_INVALID_PACKET;
@@ -297,8 +372,15 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary
 	flow->proto = ip6.nexthdr;
 	__builtin_memcpy(flow->src, &ip6.saddr, 16);
 	__builtin_memcpy(flow->dst, &ip6.daddr, 16);
-	*l4_off = ETH_HLEN + sizeof(ip6);
-	return parse_l4(skb, ETH_HLEN + sizeof(ip6), end, flow);
+	nh = ip6.nexthdr;
+	ret = ipv6_skip_ext(skb, &off, end, &nh);
+	if (ret < 0)
+		return ret;
+	flow->proto = nh;
+	if (ret == IPV6_LATER_FRAGMENT)
+		return PKT_FRAGMENT;
+	*l4_off = off;
+	return parse_l4(skb, off, end, flow);
 }
 
 /*
@@ -615,18 +697,24 @@ static __always_inline bool ct_related6(struct __sk_buff *skb, __u32 off)
 {
 	struct ct6_key key = {}, rev = {};
 	struct ipv6hdr ip6;
+	__u32 l4 = off + sizeof(struct icmp_echo_hdr) + sizeof(ip6);
+	__u8 nh;
 	void *map;
 
 	if (bpf_skb_load_bytes(skb, off + sizeof(struct icmp_echo_hdr), &ip6, sizeof(ip6)) || ip6.version != 6)
 		return false;
-	if (!quoted_ports(skb, off + sizeof(struct icmp_echo_hdr) + sizeof(ip6), ip6.nexthdr, &key.src_port,
-			  &key.dst_port))
+	/* The quoted packet's extension headers, as far as the error
+	 * quotes them; a later fragment has no ports to find it by. */
+	nh = ip6.nexthdr;
+	if (ipv6_skip_ext(skb, &l4, skb->len, &nh) != 0)
+		return false;
+	if (!quoted_ports(skb, l4, nh, &key.src_port, &key.dst_port))
 		return false;
 	__builtin_memcpy(key.src_addr, &ip6.saddr, 16);
 	__builtin_memcpy(key.dst_addr, &ip6.daddr, 16);
 	__builtin_memcpy(rev.src_addr, &ip6.daddr, 16);
 	__builtin_memcpy(rev.dst_addr, &ip6.saddr, 16);
-	key.proto = rev.proto = ip6.nexthdr;
+	key.proto = rev.proto = nh;
 	rev.src_port = key.dst_port;
 	rev.dst_port = key.src_port;
 	map = key.proto == IPPROTO_TCP ? (void *)&cellium_ct6_tcp : (void *)&cellium_ct6_any;
@@ -724,7 +812,11 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 			ret = ct_track4(flow, key_flag, &pol, &report);
 		else
 			ret = ct_track6(flow, key_flag, &pol, &report);
-	} else if (kind != PKT_UNTRACKED_ALWAYS && kind != PKT_FRAGMENT) {
+	} else if (kind != PKT_UNTRACKED_ALWAYS && !(kind == PKT_FRAGMENT && flow->family == EVENT_FAMILY_IPV4)) {
+		/* An IPv6 fragment after the first too: in an isolated
+		 * direction it passes only if every port of its protocol is
+		 * allowed to the peer (port 0), since nothing tells which
+		 * connection it belongs to. */
 		ret = policy_untracked(skb, flow, l4_off, kind, &pol);
 	}
 	if (ret == -DROP_POLICY_DENIED)

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/ipcachemap"
 	"github.com/cellium/cellium/pkg/monitorapi"
 	"github.com/cellium/cellium/pkg/policymap"
@@ -490,6 +491,111 @@ func unreachable(src, dst netip.Addr, frame []byte) []byte {
 	return ipPacket(src, dst, unix.IPPROTO_ICMPV6, append(h, frame[14:]...))
 }
 
+// routerAlert is a hop-by-hop header with the Router Alert option (MLD),
+// whose next header is nh.
+func routerAlert(nh uint8) []byte {
+	return []byte{nh, 0, 5, 2, 0, 0, 1, 0}
+}
+
+// MLD carries a hop-by-hop header (Router Alert): it passes A's isolated
+// directions untracked, from a link-local or the unspecified source,
+// through the walk of the extension headers (it once was protocol 0, whose
+// policy dropped it).
+func TestLXCPolicyMLD(t *testing.T) {
+	l := loadPolicyLXC(t)
+	l.isolate(epA, policymap.FlagIngress|policymap.FlagEgress)
+	const mldQuery, mld2Report = 130, 143
+	for _, src := range []netip.Addr{netip.MustParseAddr("fe80::2"), netip.IPv6Unspecified()} {
+		report := ip6With(src, netip.MustParseAddr("ff02::16"), ip6Hop, icmpPacket(src, src, mld2Report, 0, 0), routerAlert(unix.IPPROTO_ICMPV6))
+		l.runOn(l.devA, &ebpf.RunOptions{Data: report}, l.from, verdictNext)
+		if tr := l.trace(); tr.Flow.Proto != unix.IPPROTO_ICMPV6 || tr.Flow.ICMPType != mld2Report || tr.Flow.CTState != monitorapi.CTUnknown {
+			t.Fatalf("MLD report from %v traced %v, want ICMPv6 type %d untracked", src, tr, mld2Report)
+		}
+	}
+	router := netip.MustParseAddr("fe80::1")
+	query := ip6With(router, netip.MustParseAddr("ff02::1"), ip6Hop, icmpPacket(router, router, mldQuery, 0, 0), routerAlert(unix.IPPROTO_ICMPV6))
+	l.run(l.to, query, verdictNext)
+	if tr := l.trace(); tr.Flow.ICMPType != mldQuery || tr.Flow.CTState != monitorapi.CTUnknown {
+		t.Fatalf("MLD query traced %v, want ICMPv6 type %d untracked", tr, mldQuery)
+	}
+	if n := l.entries(); n != 0 {
+		t.Fatalf("%d entries after MLD, want none", n)
+	}
+}
+
+// The first fragment of a UDP datagram is decided as UDP with its ports:
+// A, whose egress allows UDP/53 to Y, sends a large datagram to B:53 (it
+// was decided as protocol 44 without ports, and dropped), and not to B:54.
+func TestLXCPolicyIPv6FirstFragment(t *testing.T) {
+	l := loadPolicyLXC(t)
+	l.isolate(epA, policymap.FlagEgress)
+	l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Egress, Identity: idY, Proto: unix.IPPROTO_UDP, Port: 53})
+	for _, tc := range []struct {
+		port    uint16
+		allowed bool
+	}{{53, true}, {54, false}} {
+		src, dst := ap(podA6, 5001), ap(podB6, tc.port)
+		first := ip6With(podA6, podB6, ip6Fragment, udpPacket(src, dst), ip6Frag(unix.IPPROTO_UDP, 0, true, 42))
+		if !tc.allowed {
+			l.run(l.from, first, verdictDrop)
+			l.policyDrop(monitorapi.DirectionEgress, epA)
+			continue
+		}
+		l.run(l.from, first, verdictNext)
+		tr := l.allowed(monitorapi.DirectionEgress, monitorapi.PolicyMatchL3L4)
+		if tr.Flow.Proto != unix.IPPROTO_UDP || tr.Flow.DstPort != tc.port {
+			t.Fatalf("first fragment traced %v, want UDP to port %d", tr, tc.port)
+		}
+		l.entry(ctKey(unix.IPPROTO_UDP, src, dst, 0))
+	}
+}
+
+// A later fragment has no ports: in an isolated direction it passes only
+// if the peer may use every port of its protocol. It is never a reply:
+// one fragmented datagram of A's to Z (A's egress is not isolated) once
+// made an entry of protocol 44 without ports, which let Z send A any
+// fragment, a TCP SYN to port 22 in an atomic fragment included, past A's
+// ingress isolation. Now the datagram's entry is UDP's and the SYN is
+// decided as TCP to 22.
+func TestLXCPolicyIPv6LaterFragments(t *testing.T) {
+	l := loadPolicyLXC(t)
+	if err := l.ipcache.Put(ipcachemap.KeyOf(netip.PrefixFrom(remote6, 128)), ipcachemap.Value{Identity: idZ}); err != nil {
+		t.Fatal(err)
+	}
+	l.isolate(epA, policymap.FlagIngress)
+	a, z := ap(podA6, 53), ap(remote6, 5000)
+	first := ip6With(podA6, remote6, ip6Fragment, udpPacket(a, z), ip6Frag(unix.IPPROTO_UDP, 0, true, 42))
+	l.run(l.from, first, verdictNext)
+	l.trace()
+	l.entry(ctKey(unix.IPPROTO_UDP, a, z, 0))
+	l.noEntry(ctmap.NewKey6(ip6Fragment, ap(podA6, 0), ap(remote6, 0), 0))
+
+	// Z's SYN to A:22 in an atomic fragment (offset 0, the last).
+	syn22 := ip6With(remote6, podA6, ip6Fragment, tcpPacket(ap(remote6, 4000), ap(podA6, 22), syn), ip6Frag(unix.IPPROTO_TCP, 0, false, 43))
+	l.run(l.to, syn22, verdictDrop)
+	l.policyDrop(monitorapi.DirectionIngress, epA)
+	// Later fragments from Z, of UDP and TCP: denied.
+	laterUDP := ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), ip6Frag(unix.IPPROTO_UDP, 185, false, 44))
+	laterTCP := ip6With(remote6, podA6, ip6Fragment, tcpPacket(ap(remote6, 4000), ap(podA6, 22), ack), ip6Frag(unix.IPPROTO_TCP, 185, false, 45))
+	for _, pkt := range [][]byte{laterUDP, laterTCP} {
+		l.run(l.to, pkt, verdictDrop)
+		l.policyDrop(monitorapi.DirectionIngress, epA)
+	}
+	// With every UDP port of Z allowed, Z's later UDP fragments pass
+	// (untracked), TCP's still do not; a port of UDP is not enough.
+	l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_TCP, Port: 22})
+	l.run(l.to, laterTCP, verdictDrop)
+	l.policyDrop(monitorapi.DirectionIngress, epA)
+	l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_UDP})
+	l.run(l.to, laterUDP, verdictNext)
+	if tr := l.allowed(monitorapi.DirectionIngress, monitorapi.PolicyMatchL3L4); tr.Flow.CTState != monitorapi.CTUnknown || tr.Flow.Proto != unix.IPPROTO_UDP {
+		t.Fatalf("later UDP fragment traced %v, want UDP untracked", tr)
+	}
+	// A's egress is not isolated: its later fragments pass.
+	l.run(l.from, ip6With(podA6, remote6, ip6Fragment, udpPacket(a, z), ip6Frag(unix.IPPROTO_UDP, 185, false, 42)), verdictNext)
+	l.trace()
+}
+
 // ICMP errors about a tracked connection pass an isolated direction,
 // others do not; neighbour discovery always passes.
 func TestLXCPolicyICMPErrors(t *testing.T) {
@@ -516,6 +622,18 @@ func TestLXCPolicyICMPErrors(t *testing.T) {
 			if fam.a.Is6() {
 				l.run(l.to, icmpPacket(fam.outside, fam.a, icmp6NeighSolict, 0, 0), verdictNext)
 				l.trace()
+				// The quoted packet's extension headers are walked:
+				// the SYN behind a destination options header is
+				// the allowed connection's.
+				quoted := ip6With(fam.a, fam.outside, ip6Dest, syn80, ip6Ext(unix.IPPROTO_TCP, 1))
+				l.run(l.to, unreachable(fam.outside, fam.a, quoted), verdictNext)
+				if tr := l.trace(); tr.Flow.CTState != monitorapi.CTRelated {
+					t.Fatalf("error quoting a packet with a destination options header traced %v, want ct=related", tr)
+				}
+				// A quoted later fragment has no ports: not related.
+				frag := ip6With(fam.a, fam.outside, ip6Fragment, syn80, ip6Frag(unix.IPPROTO_TCP, 185, false, 9))
+				l.run(l.to, unreachable(fam.outside, fam.a, frag), verdictDrop)
+				l.policyDrop(monitorapi.DirectionIngress, epA)
 			}
 		})
 	}

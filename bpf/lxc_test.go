@@ -785,8 +785,125 @@ func TestLXCICMP(t *testing.T) {
 	}
 }
 
-// IPv6 extension headers are not walked: a next header the programs do
-// not know is tracked by addresses under its number.
+// ip6Ext is an IPv6 extension header (hop-by-hop, routing, destination
+// options) of 8*units bytes whose next header is nh.
+func ip6Ext(nh uint8, units int) []byte {
+	h := make([]byte, 8*units)
+	h[0], h[1] = nh, uint8(units-1)
+	return h
+}
+
+// ip6AH is an authentication header of 4*words bytes.
+func ip6AH(nh uint8, words int) []byte {
+	h := make([]byte, 4*words)
+	h[0], h[1] = nh, uint8(words-2)
+	return h
+}
+
+// ip6Frag is a fragment header: offset in 8-byte units, more fragments.
+func ip6Frag(nh uint8, offset uint16, more bool, id uint32) []byte {
+	h := make([]byte, 8)
+	h[0] = nh
+	fo := offset << 3
+	if more {
+		fo |= 1
+	}
+	binary.BigEndian.PutUint16(h[2:], fo)
+	binary.BigEndian.PutUint32(h[4:], id)
+	return h
+}
+
+// ip6With is an IPv6 frame whose payload is the extension headers hdrs,
+// in order (the first's type is first), then l4, the transport header and
+// data of a frame made by tcpPacket, udpPacket or icmpPacket.
+func ip6With(src, dst netip.Addr, first uint8, l4 []byte, hdrs ...[]byte) []byte {
+	payload := slices.Concat(append(hdrs, l4[14+40:])...)
+	return ipPacket(src, dst, first, payload)
+}
+
+// IPv6 protocol numbers of the extension headers.
+const (
+	ip6Hop      = 0
+	ip6Routing  = 43
+	ip6Fragment = 44
+	ip6Auth     = 51
+	ip6Dest     = 60
+)
+
+// IPv6 extension headers are walked to the transport header: a first
+// fragment and a packet behind hop-by-hop, destination options, routing and
+// AH headers are tracked as their protocol, with their ports; a later
+// fragment is reported untracked under its protocol; more than 8 extension
+// headers, or one cut short, are invalid.
+func TestLXCIPv6ExtensionHeaders(t *testing.T) {
+	l := loadLXC(t, lxcOptions{aggregation: false})
+	a := netip.AddrPortFrom(podA6, 5000)
+	x := netip.AddrPortFrom(remote6, 53)
+
+	first := ip6With(a.Addr(), x.Addr(), ip6Fragment, udpPacket(a, x), ip6Frag(unix.IPPROTO_UDP, 0, true, 42))
+	l.run(l.from, first, verdictNext)
+	ev := l.trace()
+	checkTrace(t, ev, monitorapi.TraceToStack, epA, monitorapi.CTNew, a, x)
+	if ev.Flow.Proto != unix.IPPROTO_UDP {
+		t.Fatalf("first fragment traced %v, want UDP", ev)
+	}
+	l.entry(ctKey(unix.IPPROTO_UDP, a, x, 0))
+
+	later := ip6With(a.Addr(), x.Addr(), ip6Fragment, udpPacket(a, x), ip6Frag(unix.IPPROTO_UDP, 185, false, 42))
+	l.run(l.from, later, verdictNext)
+	ev = l.trace()
+	checkTrace(t, ev, monitorapi.TraceToStack, epA, monitorapi.CTUnknown, netip.AddrPortFrom(a.Addr(), 0), netip.AddrPortFrom(x.Addr(), 0))
+	if ev.Flow.Proto != unix.IPPROTO_UDP {
+		t.Fatalf("later fragment traced %v, want UDP", ev)
+	}
+	if e := l.entry(ctKey(unix.IPPROTO_UDP, a, x, 0)); e.PacketsTx != 1 {
+		t.Fatalf("entry %v: want the first fragment counted only", e)
+	}
+
+	tcpA := netip.AddrPortFrom(podA6, 40000)
+	tcpX := netip.AddrPortFrom(remote6, 443)
+	chain := ip6With(tcpA.Addr(), tcpX.Addr(), ip6Hop, tcpPacket(tcpA, tcpX, syn),
+		ip6Ext(ip6Dest, 1), ip6Ext(ip6Routing, 2), ip6Ext(ip6Auth, 3), ip6AH(ip6Fragment, 6), ip6Frag(ip6Dest, 0, false, 7), ip6Ext(unix.IPPROTO_TCP, 1))
+	l.run(l.from, chain, verdictNext)
+	ev = l.trace()
+	checkTrace(t, ev, monitorapi.TraceToStack, epA, monitorapi.CTNew, tcpA, tcpX)
+	if ev.Flow.Proto != unix.IPPROTO_TCP || ev.Flow.TCPFlags != syn {
+		t.Fatalf("TCP behind 6 extension headers traced %v, want a TCP SYN", ev)
+	}
+	l.entry(tcpKey(tcpA, tcpX, 0))
+
+	eight := make([][]byte, 8)
+	for i := range eight {
+		eight[i] = ip6Ext(ip6Dest, 1)
+	}
+	eight[7] = ip6Ext(unix.IPPROTO_UDP, 1)
+	l.run(l.from, ip6With(a.Addr(), x.Addr(), ip6Dest, udpPacket(netip.AddrPortFrom(podA6, 5001), x), eight...), verdictNext)
+	checkTrace(t, l.trace(), monitorapi.TraceToStack, epA, monitorapi.CTNew, netip.AddrPortFrom(podA6, 5001), x)
+
+	nine := append(slices.Clone(eight[:7]), ip6Ext(ip6Dest, 1), ip6Ext(unix.IPPROTO_UDP, 1))
+	for _, tc := range []struct {
+		name string
+		pkt  []byte
+	}{
+		{"9 extension headers", ip6With(a.Addr(), x.Addr(), ip6Dest, udpPacket(a, x), nine...)},
+		{"hop-by-hop longer than the packet", ipPacket(a.Addr(), x.Addr(), ip6Hop, ip6Ext(unix.IPPROTO_UDP, 1)[:8])},
+		{"extension header cut short", ipPacket(a.Addr(), x.Addr(), ip6Dest, make([]byte, 4))},
+		{"UDP cut short behind a fragment header", ipPacket(a.Addr(), x.Addr(), ip6Fragment, append(ip6Frag(unix.IPPROTO_UDP, 0, true, 9), 0, 53))},
+	} {
+		pkt := tc.pkt
+		if tc.name == "hop-by-hop longer than the packet" {
+			pkt[14+40+1] = 1 // says 16 bytes, 8 there: the UDP header is not
+		}
+		l.run(l.from, pkt, verdictDrop)
+		if ev := l.drop(); ev.Reason != monitorapi.DropInvalidPacket {
+			t.Fatalf("%s: %v, want an invalid-packet drop", tc.name, ev)
+		}
+	}
+}
+
+// A next header that is no extension header the programs walk and no
+// transport they parse (here no next header) is tracked by addresses under
+// its number.
 func TestLXCIPv6OtherNextHeader(t *testing.T) {
 	l := loadLXC(t, lxcOptions{aggregation: true})
 	const noNextHeader = 59
