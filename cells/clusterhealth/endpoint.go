@@ -103,7 +103,7 @@ func (h *healthEndpoint) ensure(ctx context.Context) (*endpointmanager.Endpoint,
 	}
 	sel := endpointmanager.Selector{ContainerID: HealthContainerID}
 	if ep, found := h.mgr.Lookup(sel); found {
-		_, problems, err := h.mgr.Check(sel)
+		_, problems, err := h.mgr.Check(ctx, sel)
 		if err == nil && len(problems) == 0 && !created && ep.Netns == h.netnsPath && ep.State == endpointmanager.Ready {
 			return ep, nil
 		}

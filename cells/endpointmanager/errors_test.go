@@ -76,6 +76,9 @@ func TestCreateBadInput(t *testing.T) {
 		{"host netns", withNetns("/proc/self/ns/net"), endpointmanager.ErrInvalid, "netns /proc/self/ns/net is the host's network namespace"},
 		{"mount namespace", withNetns("/proc/self/ns/mnt"), endpointmanager.ErrInvalid, "is a namespace but not a network namespace"},
 		{"interface name", withIfName("an-interface-name-too-long"), endpointmanager.ErrInvalid, `invalid interface name "an-interface-name-too-long"`},
+		{"interface name with CR", withIfName("eth\r0"), endpointmanager.ErrInvalid, `invalid interface name "eth\r0"`},
+		{"interface name with VT", withIfName("eth\v0"), endpointmanager.ErrInvalid, `invalid interface name "eth\v0"`},
+		{"interface name with FF", withIfName("eth\f0"), endpointmanager.ErrInvalid, `invalid interface name "eth\f0"`},
 		{"existing container", existing.req(), endpointmanager.ErrExists, "already has endpoint 1 (interface eth0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,7 +91,7 @@ func TestCreateBadInput(t *testing.T) {
 			}
 		})
 	}
-	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
+	if _, problems, err := n.mgr.Check(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
 		t.Fatalf("the existing endpoint after a second ADD for it: %v, %v", problems, err)
 	}
 }
@@ -140,7 +143,7 @@ func TestCreateReplacesLeftoverVeth(t *testing.T) {
 	if ep.HostIfIndex == old.Attrs().Index {
 		t.Fatalf("the endpoint's host side is the leftover (ifindex %d)", ep.HostIfIndex)
 	}
-	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
+	if _, problems, err := n.mgr.Check(context.Background(), endpointmanager.Selector{ID: ep.ID}); err != nil || len(problems) > 0 {
 		t.Fatalf("the endpoint made over a leftover: %v, %v", problems, err)
 	}
 	const msg = "Removed what an unfinished endpoint creation left"

@@ -377,7 +377,7 @@ func TestRestoreRemadeVethWaitsForLive(t *testing.T) {
 		return ep.State == endpointmanager.Ready, fmt.Sprintf("state %v", ep.State)
 	})
 	checkRouted(t, ep, true)
-	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
+	if _, problems, err := n.mgr.Check(context.Background(), endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
 		t.Errorf("check of the restored endpoint: %v, %v", problems, err)
 	}
 }

@@ -613,8 +613,13 @@ func (m *Manager) deleteSteps(ep *Endpoint) ([]netip.Addr, error) {
 }
 
 // Check lists how an endpoint's interfaces, addresses and routes differ
-// from what the agent made; nothing when it is intact.
-func (m *Manager) Check(s Selector) (*Endpoint, []string, error) {
+// from what the agent made; nothing when it is intact. It waits while the
+// restore runs, as long as ctx allows: before, a running pod's endpoint
+// is not in the table yet.
+func (m *Manager) Check(ctx context.Context, s Selector) (*Endpoint, []string, error) {
+	if err := m.waitRestored(ctx); err != nil {
+		return nil, nil, err
+	}
 	ep, found := m.Lookup(s)
 	if !found {
 		return nil, nil, s.notFound()

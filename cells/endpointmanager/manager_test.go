@@ -31,7 +31,7 @@ func TestCreateAndDelete(t *testing.T) {
 		ep.HostIfName != endpointmanager.HostIfName(p.id) || len(ep.MAC) != 6 || ep.HostIfIndex == 0 {
 		t.Fatalf("created endpoint = %+v", ep)
 	}
-	if _, problems, err := n.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
+	if _, problems, err := n.mgr.Check(context.Background(), endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
 		t.Fatalf("check of a new endpoint = %v, %v; want no problems", problems, err)
 	}
 	for _, dst := range []string{router(tn.v4).String(), router(tn.v6).String()} {

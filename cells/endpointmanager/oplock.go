@@ -76,6 +76,20 @@ func (l *opLocks) lockAll(ctx context.Context) error {
 	}
 }
 
+// tryLockAll holds the manager exclusively if nothing holds it now, and
+// says whether it does. For background work that can wait for its next
+// round: as a waiting writer it would keep every new container operation
+// out for as long as one slow operation runs.
+func (l *opLocks) tryLockAll() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.writer || l.readers > 0 {
+		return false
+	}
+	l.writer = true
+	return true
+}
+
 func (l *opLocks) unlockAll() {
 	l.mu.Lock()
 	l.writer = false

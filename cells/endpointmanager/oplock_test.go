@@ -127,3 +127,57 @@ func TestLockAllExcludesContainerOperations(t *testing.T) {
 	}
 	unlockC()
 }
+
+// The job orphans-gone does not wait for the manager's lock while a
+// container operation holds it (a slow ADD): it skips the round. Waiting,
+// it would be a waiting writer, which keeps every new ADD and DEL out until
+// the slow one ends.
+func TestOrphansRoundSkipsWhileAnOperationRuns(t *testing.T) {
+	// An orphan whose interface exists (lo): a round that runs keeps it.
+	m := &Manager{locks: newOpLocks(), orphans: map[string]orphan{"kept": {containerID: "kept", hostIfName: "lo"}}}
+	unlockSlow, err := m.locks.lockContainer(context.Background(), "slow-add")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlockSlow()
+	done := make(chan error, 1)
+	go func() { done <- m.releaseGoneOrphans(context.Background()) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("orphans round: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphans round waits for the manager's lock while an ADD holds a container's")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	unlock, err := m.locks.lockContainer(ctx, "another")
+	if err != nil {
+		t.Fatalf("another container's operation after the orphans round: %v", err)
+	}
+	unlock()
+	if len(m.orphans) != 1 {
+		t.Errorf("the skipped round changed the orphans: %v", m.orphans)
+	}
+}
+
+// tryLockAll takes the manager only when nothing holds it.
+func TestTryLockAll(t *testing.T) {
+	l := newOpLocks()
+	unlock, err := l.lockContainer(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.tryLockAll() {
+		t.Fatal("tryLockAll took the manager while container a's operation holds it")
+	}
+	unlock()
+	if !l.tryLockAll() {
+		t.Fatal("tryLockAll did not take the free manager")
+	}
+	if l.tryLockAll() {
+		t.Fatal("tryLockAll took the manager twice")
+	}
+	l.unlockAll()
+}

@@ -35,7 +35,7 @@ const orphanInterval = 5 * time.Second
 // releaseGoneOrphans releases the addresses of orphans whose host veth is
 // gone: their pod went away (with its netns, the kernel removed the pair)
 // without a DEL, and nothing else would ever release them.
-func (m *Manager) releaseGoneOrphans(ctx context.Context) error {
+func (m *Manager) releaseGoneOrphans(context.Context) error {
 	m.problemsMu.Lock()
 	none := len(m.orphans) == 0
 	m.problemsMu.Unlock()
@@ -43,8 +43,11 @@ func (m *Manager) releaseGoneOrphans(ctx context.Context) error {
 		return nil
 	}
 	// Every container: an orphan's CNI DEL, or a new ADD of it, may run.
-	if err := m.locks.lockAll(ctx); err != nil {
-		return nil // stopping
+	// Only when no operation runs: waiting for the lock would hold back
+	// every new ADD and DEL behind a slow one (the lock prefers waiting
+	// writers); the next round tries again.
+	if !m.locks.tryLockAll() {
+		return nil
 	}
 	defer m.locks.unlockAll()
 	m.problemsMu.Lock()

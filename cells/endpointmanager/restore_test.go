@@ -98,7 +98,7 @@ func TestRestore(t *testing.T) {
 		t.Fatalf("endpoint whose veth pair was removed: %+v, %v; want it restored with a new veth pair", got, found)
 	}
 	for _, p := range []pod{intact, repaired} {
-		if _, problems, err := second.mgr.Check(endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
+		if _, problems, err := second.mgr.Check(context.Background(), endpointmanager.Selector{ContainerID: p.id}); err != nil || len(problems) > 0 {
 			t.Errorf("check of restored %s: %v, %v", p.id, problems, err)
 		}
 		if err := nettest.Ping(p.ns.Path(), router(tn.v4), 5*time.Second); err != nil {

@@ -2,6 +2,7 @@ package endpointmanager_test
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -63,6 +64,31 @@ func (d *nodeDevices) list() {
 	txn.Commit()
 }
 
+// waitRestoreWaitsForDevices waits until the restore says it waits for
+// the devices' listing, failing if it ends instead.
+func (n *node) waitRestoreWaitsForDevices(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		txn := n.db.ReadTxn()
+		restored, restoredWatch := n.eps.Initialized(txn)
+		if restored {
+			t.Fatal("the endpoints are restored before the node's devices are listed")
+		}
+		s, _, watch, _ := n.health.GetWatch(txn, health.StatusID.Query("endpoint-manager.job-restore"))
+		if s != nil && strings.Contains(s.Message, "Waiting for the node's devices") {
+			return
+		}
+		select {
+		case <-watch:
+		case <-restoredWatch:
+		case <-ctx.Done():
+			t.Fatalf("the restore neither ended nor said it waits for the node's devices: %+v", s)
+		}
+	}
+}
+
 // vethMTU is the MTU of an endpoint's host side and of its pod side.
 func vethMTU(t *testing.T, p pod, ep *endpointmanager.Endpoint) (host, pod int) {
 	t.Helper()
@@ -106,27 +132,7 @@ func TestRestoreWaitsForDevices(t *testing.T) {
 
 	devs := &nodeDevices{mtu: 9000}
 	second := tn.start(t, nodeOpts{extra: []cell.Cell{devs.cell(false)}})
-	// The restore says it waits, and does not end, until the devices are
-	// listed.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
-		txn := second.db.ReadTxn()
-		if restored, _ := second.eps.Initialized(txn); restored {
-			t.Fatal("the endpoints are restored before the node's devices are listed")
-		}
-		_, restoredWatch := second.eps.Initialized(txn)
-		s, _, watch, _ := second.health.GetWatch(txn, health.StatusID.Query("endpoint-manager.job-restore"))
-		if s != nil && strings.Contains(s.Message, "Waiting for the node's devices") {
-			break
-		}
-		select {
-		case <-watch:
-		case <-restoredWatch:
-		case <-ctx.Done():
-			t.Fatalf("the restore neither ended nor said it waits for the node's devices: %+v", s)
-		}
-	}
+	second.waitRestoreWaitsForDevices(t)
 	devs.list()
 	second.waitRestored(t)
 	for _, c := range []struct {
@@ -146,5 +152,34 @@ func TestRestoreWaitsForDevices(t *testing.T) {
 	third.waitRestored(t)
 	if host, pod := vethMTU(t, intact, intactEP); host != 1400 || pod != 1400 {
 		t.Errorf("with --endpoint-mtu 1400 the restored endpoint's MTU: host %d, pod %d", host, pod)
+	}
+}
+
+// CHECK during the restore waits for it: before, a running pod's endpoint
+// is not in the table, and the runtime would be told the container is
+// unknown. The restore is held back here by the devices' listing.
+func TestCheckWaitsForRestore(t *testing.T) {
+	nettest.RequireRoot(t)
+	tn := newTestNet(t)
+	first := tn.start(t, nodeOpts{extra: []cell.Cell{(&nodeDevices{mtu: 1500}).cell(true)}})
+	p := newPod(t)
+	ep := first.create(t, p)
+	first.stop()
+
+	devs := &nodeDevices{mtu: 1500}
+	second := tn.start(t, nodeOpts{extra: []cell.Cell{devs.cell(false)}})
+	second.waitRestoreWaitsForDevices(t)
+	// The restore cannot end while the devices are not listed: a CHECK
+	// that waits for it gives up at its deadline.
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	sel := endpointmanager.Selector{ContainerID: p.id}
+	if _, _, err := second.mgr.Check(short, sel); !errors.Is(err, endpointmanager.ErrNotReady) {
+		t.Fatalf("CHECK during the restore = %v, want ErrNotReady once it gave up waiting", err)
+	}
+	devs.list()
+	got, problems, err := second.mgr.Check(context.Background(), sel)
+	if err != nil || got.ID != ep.ID || len(problems) > 0 {
+		t.Fatalf("CHECK of the restored endpoint = %+v, %v, %v", got, problems, err)
 	}
 }

@@ -58,7 +58,7 @@ func apiRoutes(m *Manager) api.Routes {
 			if err != nil {
 				return nil, err
 			}
-			ep, problems, err := m.Check(s)
+			ep, problems, err := m.Check(r.Context(), s)
 			if err != nil {
 				return nil, apiError(err)
 			}

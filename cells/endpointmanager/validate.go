@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"unicode"
 
 	"github.com/cellium/cellium/cells/devices"
 )
@@ -33,7 +34,7 @@ func validNetns(path string) error {
 
 // validIfName is what the kernel accepts as an interface name.
 func validIfName(name string) error {
-	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
+	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/:") || strings.ContainsFunc(name, unicode.IsSpace) {
 		return fmt.Errorf("invalid interface name %q: want 1 to 15 characters without '/', ':' or spaces, e.g. eth0", name)
 	}
 	return nil
