@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -251,40 +252,8 @@ func TestNodesThroughKVStore(t *testing.T) {
 // the primary address of the device that holds the default route, and
 // follows it when the default route moves.
 func TestLocalNodeFromDefaultRoute(t *testing.T) {
-	nettest.RequireRoot(t)
-	ns := nettest.NewNS(t)
-	var eth0, eth1 netlink.Link
-	err := nettest.Do(ns.Path(), func() error {
-		for i, name := range []string{"eth0", "eth1"} {
-			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}
-			if err := netlink.LinkAdd(veth); err != nil {
-				return err
-			}
-			for _, l := range []string{name, name + "-peer"} {
-				link, err := netlink.LinkByName(l)
-				if err != nil {
-					return err
-				}
-				if err := netlink.LinkSetUp(link); err != nil {
-					return err
-				}
-			}
-			link, _ := netlink.LinkByName(name)
-			addr, _ := netlink.ParseAddr([]string{"192.0.2.30/24", "198.51.100.30/24"}[i])
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				return err
-			}
-			if i == 0 {
-				eth0 = link
-			} else {
-				eth1 = link
-			}
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, eth0, eth1 := uplinks(t, "192.0.2.30/24", "198.51.100.30/24", false)
+	var err error
 	a := start(t, opts{name: "node-d", podCIDR: "10.244.12.0/24", netns: ns.Path()})
 	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
 		return r["node-d"] != nil && r["node-d"].PrimaryIP() == netip.MustParseAddr("192.0.2.30")
@@ -337,29 +306,18 @@ func TestLocalNodeFromDefaultRoute(t *testing.T) {
 	}
 }
 
-// routeListings is the agent's cellium_node_route_listings_total.
-func (a *agent) routeListings(t *testing.T) float64 {
+// uplinks makes a namespace with the veths eth0 and eth1 up, with the
+// addresses addr0 and addr1, and the default route through eth0's
+// gateway (.1 of addr0); noIPv6 turns IPv6 off in it first.
+func uplinks(t *testing.T, addr0, addr1 string, noIPv6 bool) (_ ns.NetNS, eth0, eth1 netlink.Link) {
 	t.Helper()
-	return a.counter(t, "cellium_node_route_listings_total")
-}
-
-// TestLocalNodeIgnoresPodRoutes: routes that are not default routes of
-// the main table (pods' host routes, on a device whose row does not
-// change) make the local-node job compute nothing. They come in rounds,
-// each received by a witness on the agent's shared route subscription
-// before the next (so that the job, were it woken by them, would be many
-// times); then the default route moves, which the job does compute, and
-// since route updates come in order, once the node has its new address
-// the job has had them all.
-func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
 	nettest.RequireRoot(t)
-	ns := nettest.NewNS(t)
-	var eth0, eth1 netlink.Link
-	err := nettest.Do(ns.Path(), func() error {
-		// No IPv6 link-local addresses coming late: the rows of eth0 and
-		// eth1 stay as they are.
-		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
+	n := nettest.NewNS(t)
+	err := nettest.Do(n.Path(), func() error {
+		if noIPv6 {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
 		}
 		for i, name := range []string{"eth0", "eth1"} {
 			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}); err != nil {
@@ -375,7 +333,10 @@ func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
 				}
 			}
 			link, _ := netlink.LinkByName(name)
-			addr, _ := netlink.ParseAddr([]string{"192.0.2.40/24", "198.51.100.40/24"}[i])
+			addr, err := netlink.ParseAddr([]string{addr0, addr1}[i])
+			if err != nil {
+				return err
+			}
 			if err := netlink.AddrAdd(link, addr); err != nil {
 				return err
 			}
@@ -385,11 +346,42 @@ func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
 				eth1 = link
 			}
 		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")})
+		gw := gatewayOf(addr0)
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return n, eth0, eth1
+}
+
+// gatewayOf is .1 of the IPv4 prefix cidr.
+func gatewayOf(cidr string) net.IP {
+	_, p, _ := net.ParseCIDR(cidr)
+	gw := slices.Clone(p.IP.To4())
+	gw[3] = 1
+	return gw
+}
+
+// routeListings is the agent's cellium_node_route_listings_total.
+func (a *agent) routeListings(t *testing.T) float64 {
+	t.Helper()
+	return a.counter(t, "cellium_node_route_listings_total")
+}
+
+// TestLocalNodeIgnoresPodRoutes: routes that are not default routes of
+// the main table (pods' host routes, on a device whose row does not
+// change) make the local-node job compute nothing. They come in rounds,
+// each received by a witness on the agent's shared route subscription
+// before the next (so that the job, were it woken by them, would be many
+// times); then the default route moves, which the job does compute, and
+// since route updates come in order, once the node has its new address
+// the job has had them all.
+func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
+	// No IPv6 link-local addresses coming late: the rows of eth0 and eth1
+	// stay as they are.
+	ns, eth0, eth1 := uplinks(t, "192.0.2.40/24", "198.51.100.40/24", true)
+	var err error
 	a := start(t, opts{name: "node-e", podCIDR: "10.244.13.0/24", netns: ns.Path()})
 	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
 		return r["node-e"] != nil && r["node-e"].PrimaryIP() == netip.MustParseAddr("192.0.2.40")
