@@ -3,6 +3,7 @@ package k8sendpoints
 import (
 	"context"
 	"log/slog"
+	"sync"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -25,7 +26,7 @@ var Cell = cell.Module(
 
 	cell.Config(defaultConfig),
 	cell.ProvidePrivate(job.Registry.NewGroup),
-	cell.Provide(newTable, statedb.RWTable[*Endpoint].ToTable),
+	cell.Provide(newTable, statedb.RWTable[*Endpoint].ToTable, newEndpointMetrics, newMetrics),
 	cell.Invoke(register),
 )
 
@@ -37,6 +38,8 @@ type params struct {
 	DB         *statedb.DB
 	Table      statedb.RWTable[*Endpoint]
 	Identities *idcell.Allocator
+	IDTable    statedb.Table[*idcell.Identity]
+	Metrics    *endpointMetrics
 	Clientset  k8sclient.Clientset
 	Endpoints  statedb.Table[*endpointmanager.Endpoint]
 	Nodes      statedb.Table[*nodes.Node]
@@ -57,10 +60,18 @@ type syncer struct {
 	cs         k8sclient.Clientset
 	eps        statedb.Table[*endpointmanager.Endpoint]
 	nodes      statedb.Table[*nodes.Node]
+	ids        statedb.Table[*idcell.Identity]
 	cfg        Config
+	metrics    *endpointMetrics
 
 	// refused names the bad objects in health.
 	refused *refused.Set
+
+	// mu serializes the checks of objects of other nodes: the watch's and
+	// recheck's.
+	mu sync.Mutex
+	// others are the objects of other nodes, by namespace/name.
+	others map[string]*k8sapi.CelliumEndpoint
 }
 
 // register adds the jobs in crd mode; in the other modes the table stays
@@ -72,7 +83,8 @@ func register(p params) {
 		return
 	}
 	s := &syncer{log: p.Log, db: p.DB, tbl: p.Table, client: client, registered: registered, node: string(p.NodeName),
-		cs: p.Clientset, eps: p.Endpoints, nodes: p.Nodes, cfg: p.Config, refused: refused.New(p.Log, p.Health.NewScope("refused"), "CelliumEndpoint")}
+		cs: p.Clientset, eps: p.Endpoints, nodes: p.Nodes, ids: p.IDTable, cfg: p.Config, metrics: p.Metrics,
+		others: map[string]*k8sapi.CelliumEndpoint{}, refused: refused.New(p.Log, p.Health.NewScope("refused"), "CelliumEndpoint")}
 	txn := p.DB.WriteTxn(p.Table)
 	listed := p.Table.RegisterInitializer(txn, "crd-endpoints")
 	txn.Commit()
@@ -80,5 +92,6 @@ func register(p params) {
 	p.Jobs.Add(
 		job.OneShot("watch-endpoints", func(ctx context.Context, h cell.Health) error { return s.watch(ctx, h, listed, w) }),
 		job.OneShot("write-endpoints", w.run),
+		job.OneShot("recheck-endpoints", s.recheck),
 	)
 }

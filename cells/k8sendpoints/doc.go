@@ -8,7 +8,11 @@
 //     namespaced as the pod and owned by it; created once, updated only
 //     when what it says changes, deleted when the pod's endpoint is gone
 //     (also at start, once the endpoints are restored, and on each resync).
-//   - The table holds the valid objects of other nodes; bad ones are named
-//     in the health of scope "refused" and ignored.
+//   - The table holds the valid objects of other nodes: a cluster identity
+//     known and of the object's namespace (or init, health), a known node,
+//     addresses within that node's pod CIDRs and no node's address. Bad
+//     ones are logged, named in the health of scope "refused", counted
+//     (cellium_k8s_endpoints_refused_total) and ignored; a node's or
+//     identity's change checks its objects again.
 //   - Outside crd mode nothing runs and the table is empty.
 package k8sendpoints

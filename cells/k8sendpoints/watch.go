@@ -2,18 +2,21 @@ package k8sendpoints
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	idcell "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/internal/tables"
 	"github.com/cellium/cellium/cells/nodes"
 	"github.com/cellium/cellium/pkg/identity"
 	"github.com/cellium/cellium/pkg/k8sapi"
+	"github.com/cellium/cellium/pkg/labels"
 )
 
 // leanEndpoint is the informer's transform: of an object it keeps what the
@@ -35,24 +38,53 @@ func publishable(id identity.NumericIdentity) bool {
 	return id.IsCluster() || id == identity.Init || id == identity.Health
 }
 
-// parse checks an object of another node: its identity, its addresses
-// (unicast, canonical, none a node's address or in another node's pod
-// CIDR) and its node's address.
-func parse(ep *k8sapi.CelliumEndpoint, txn statedb.ReadTxn, nodeTbl statedb.Table[*nodes.Node]) (*Endpoint, error) {
+// refusal is why an object of another node is refused: reason is the
+// label it is counted under (identity, namespace, node, address).
+type refusal struct {
+	reason string
+	err    error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+
+func refuse(reason, format string, args ...any) error {
+	return &refusal{reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+// parse checks an object of another node: its identity (a cluster one
+// must be known, and of the object's namespace), its node (known), its
+// addresses (unicast, canonical, in its node's pod CIDRs and none a
+// node's address) and its node's address. A writer of the objects, or a
+// node's agent, could otherwise give any address (8.8.8.8, another node's
+// pod) any identity of any namespace in every node's ipcache.
+func parse(ep *k8sapi.CelliumEndpoint, txn statedb.ReadTxn, nodeTbl statedb.Table[*nodes.Node], idTbl statedb.Table[*idcell.Identity]) (*Endpoint, error) {
 	st := ep.Status
 	id := identity.NumericIdentity(st.Identity)
 	if !publishable(id) {
-		return nil, fmt.Errorf("identity %d: a pod may have a cluster identity (%d-%d), init or health", st.Identity, identity.MinCluster, identity.MaxCluster)
+		return nil, refuse("identity", "identity %d: a pod may have a cluster identity (%d-%d), init or health", st.Identity, identity.MinCluster, identity.MaxCluster)
+	}
+	if id.IsCluster() {
+		ident, _, found := idTbl.Get(txn, idcell.ByID.Query(id))
+		if !found {
+			return nil, refuse("identity", "identity %d is not known (no CelliumIdentity)", id)
+		}
+		if ns, _ := ident.Labels.Get(labels.SourceK8s, idcell.NamespaceLabel); ns != ep.Namespace {
+			return nil, refuse("namespace", "identity %d is of namespace %q, not the object's namespace %q", id, ns, ep.Namespace)
+		}
 	}
 	if st.NodeName == "" {
-		return nil, errors.New("no nodeName")
+		return nil, refuse("node", "no nodeName")
+	}
+	node, _, found := nodeTbl.Get(txn, nodes.ByName.Query(st.NodeName))
+	if !found {
+		return nil, refuse("node", "node %s is not known", st.NodeName)
 	}
 	row := &Endpoint{Namespace: ep.Namespace, Name: ep.Name, Node: st.NodeName, Identity: id,
 		NamedPorts: st.NamedPorts, Created: ep.CreationTimestamp.Time}
 	if st.NodeIP != "" {
 		ip, err := netip.ParseAddr(st.NodeIP)
 		if err != nil || ip.Zone() != "" || !ip.IsGlobalUnicast() {
-			return nil, fmt.Errorf("nodeIP %q: want a unicast address", st.NodeIP)
+			return nil, refuse("node", "nodeIP %q: want a unicast address", st.NodeIP)
 		}
 		row.NodeIP = ip.Unmap()
 	}
@@ -60,21 +92,31 @@ func parse(ep *k8sapi.CelliumEndpoint, txn statedb.ReadTxn, nodeTbl statedb.Tabl
 		a, err := netip.ParseAddr(s)
 		switch {
 		case err != nil || a.Zone() != "" || a.Is4In6() || a.String() != s:
-			return nil, fmt.Errorf("address %q: want an address in canonical form", s)
+			return nil, refuse("address", "address %q: want an address in canonical form", s)
 		case !a.IsGlobalUnicast():
-			return nil, fmt.Errorf("address %s: not a unicast address", a)
+			return nil, refuse("address", "address %s: not a unicast address", a)
+		case !slices.ContainsFunc(node.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
+			return nil, refuse("address", "address %s is not in the pod CIDRs of its node %s (%s)", a, node.Name, prefixes(node.PodCIDRs))
 		}
 		for n := range nodeTbl.All(txn) {
 			if slices.ContainsFunc(n.Addresses, func(na nodes.Address) bool { return na.IP.Unmap() == a }) {
-				return nil, fmt.Errorf("address %s is an address of node %s, not a pod's", a, n.Name)
-			}
-			if n.Name != st.NodeName && slices.ContainsFunc(n.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
-				return nil, fmt.Errorf("address %s is in the pod CIDR of node %s, not of its node %s", a, n.Name, st.NodeName)
+				return nil, refuse("address", "address %s is an address of node %s, not a pod's", a, n.Name)
 			}
 		}
 		row.Addresses = append(row.Addresses, a)
 	}
 	return row, nil
+}
+
+func prefixes(ps []netip.Prefix) string {
+	if len(ps) == 0 {
+		return "none"
+	}
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return strings.Join(out, ", ")
 }
 
 // watch keeps the table equal to the valid CelliumEndpoint objects of the
@@ -84,6 +126,11 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 	select {
 	case <-s.registered:
 	case <-ctx.Done():
+		return nil
+	}
+	// Objects are checked against the nodes and identities: before those
+	// are listed every object would be refused for a while.
+	if tables.WaitInitialized(ctx, s.db, s.nodes) != nil || tables.WaitInitialized(ctx, s.db, s.ids) != nil {
 		return nil
 	}
 	apply := func(ep *k8sapi.CelliumEndpoint, deleted bool) { s.apply(ep, deleted, w) }
@@ -104,25 +151,102 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 }
 
 // apply writes one object's change into the table; a bad object is named
-// in health and takes its earlier row away.
+// in health and takes its earlier row away. The objects of other nodes are
+// kept (others), to be checked again when their node or identity changes.
 func (s *syncer) apply(ep *k8sapi.CelliumEndpoint, deleted bool, w *writer) {
 	key := ep.Namespace + "/" + ep.Name
 	if ep.Labels[k8sapi.LabelNode] == s.node || ep.Status.NodeName == s.node {
 		w.observe(ep, deleted)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !deleted && ep.Status.NodeName != s.node {
+		s.others[key] = ep
+	} else {
+		delete(s.others, key)
+		ep = nil
+	}
 	txn := s.db.WriteTxn(s.tbl)
-	defer txn.Commit()
+	s.check(txn, key, ep)
+	txn.Commit()
+}
+
+// check writes the row of the object of another node at key, ep, or with
+// ep nil takes its row away. s.mu is held.
+func (s *syncer) check(txn statedb.WriteTxn, key string, ep *k8sapi.CelliumEndpoint) {
 	var row *Endpoint
 	var err error
-	if !deleted && ep.Status.NodeName != s.node {
-		row, err = parse(ep, txn, s.nodes)
+	if ep != nil {
+		row, err = parse(ep, txn, s.nodes, s.ids)
 	}
-	s.refused.Note(key, err)
+	if s.refused.Note(key, err) {
+		reason := "other"
+		if r, ok := err.(*refusal); ok {
+			reason = r.reason
+		}
+		s.metrics.refused.WithLabelValues(reason).Inc()
+	}
 	if row != nil {
 		s.tbl.Insert(txn, row)
 		return
 	}
 	if old, _, found := s.tbl.Get(txn, ByName.Query(key)); found {
 		s.tbl.Delete(txn, old)
+	}
+}
+
+// recheck is the job that checks the objects of other nodes again when
+// their node (its pod CIDRs, its addresses) or their identity changes: an
+// object refused because its node or identity was not known yet is
+// accepted once it is, and one whose node lost the pod CIDR holding its
+// address goes.
+func (s *syncer) recheck(ctx context.Context, health cell.Health) error {
+	wtxn := s.db.WriteTxn(s.nodes, s.ids)
+	nodeChanges, err := s.nodes.Changes(wtxn)
+	if err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("follow table %s: %w", s.nodes.Name(), err)
+	}
+	defer nodeChanges.Close()
+	idChanges, err := s.ids.Changes(wtxn)
+	if err != nil {
+		wtxn.Abort()
+		return fmt.Errorf("follow table %s: %w", s.ids.Name(), err)
+	}
+	defer idChanges.Close()
+	wtxn.Commit()
+	health.OK("Checking objects again on node and identity changes")
+	for {
+		rtxn := s.db.ReadTxn()
+		nodeSeq, nodeWatch := nodeChanges.Next(rtxn)
+		idSeq, idWatch := idChanges.Next(rtxn)
+		nodesChanged := false
+		for range nodeSeq {
+			nodesChanged = true
+		}
+		changedIDs := map[identity.NumericIdentity]bool{}
+		for c := range idSeq {
+			changedIDs[c.Object.ID] = true
+		}
+		// Any node's change checks every object again: an address must
+		// be in its node's pod CIDRs and no node's address. Nodes change
+		// seldom; identities come and go, and check only their objects.
+		if nodesChanged || len(changedIDs) > 0 {
+			s.mu.Lock()
+			txn := s.db.WriteTxn(s.tbl)
+			for key, ep := range s.others {
+				if nodesChanged || changedIDs[identity.NumericIdentity(ep.Status.Identity)] {
+					s.check(txn, key, ep)
+				}
+			}
+			txn.Commit()
+			s.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-nodeWatch:
+		case <-idWatch:
+		}
 	}
 }

@@ -44,23 +44,26 @@ func New(log *slog.Logger, health cell.Health, kind string) *Set {
 }
 
 // Note records why the object name is refused, or with err nil that it is
-// not (any more); a new reason is logged once.
-func (s *Set) Note(name string, err error) {
+// not (any more); a new reason is logged once, and Note says whether err
+// is one.
+func (s *Set) Note(name string, err error) (newReason bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err == nil {
 		if _, was := s.bad[name]; !was {
-			return
+			return false
 		}
 		delete(s.bad, name)
 	} else {
 		if s.bad[name] == err.Error() {
-			return
+			return false
 		}
 		s.bad[name] = err.Error()
 		s.log.Warn("Refusing a bad "+s.kind, "name", name, "error", err)
+		newReason = true
 	}
 	s.report()
+	return newReason
 }
 
 // Listed says the watcher has listed every object: from now on the set is

@@ -1,0 +1,114 @@
+package k8sendpoints
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	idcell "github.com/cellium/cellium/cells/identity"
+	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/nodes"
+	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/k8sapi"
+	"github.com/cellium/cellium/pkg/labels"
+)
+
+// TestObjectsLimitedToTheirNode: an object of another node is taken only
+// with its addresses in the pod CIDRs of the node it names (a writer of
+// the objects, or a node's agent, could otherwise map 8.8.8.8 or another
+// node's pod to any identity in every node's ipcache) and with an identity
+// of the object's own namespace. The others are refused with a log, named
+// in health with the reason, counted, and change nothing else; an object
+// refused because its node or identity was not known yet is taken once it
+// is, and one whose node loses the pod CIDR goes.
+func TestObjectsLimitedToTheirNode(t *testing.T) {
+	c := startCluster(t)
+	n := c.start(t, "node-2", t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m := n.metrics
+
+	web, err := n.ids.Allocate(ctx, labels.New(labels.Label{Source: "k8s", Key: "app", Value: "web"}, labels.Label{Source: "k8s", Key: idcell.NamespaceLabel, Value: "default"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := n.ids.Allocate(ctx, labels.New(labels.Label{Source: "k8s", Key: "app", Value: "db"}, labels.Label{Source: "k8s", Key: idcell.NamespaceLabel, Value: "prod"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(name string, id identity.NumericIdentity, node, addr string) {
+		t.Helper()
+		if _, err := c.admin.CreateEndpoint(ctx, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Status: k8sapi.EndpointStatus{Identity: uint32(id), NodeName: node, Addresses: []string{addr}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taken := func(name string) func() (bool, string) {
+		return func() (bool, string) {
+			row, _, found := n.tbl.Get(n.db.ReadTxn(), ByName.Query("default/"+name))
+			return found, fmt.Sprintf("%s: %+v", name, row)
+		}
+	}
+	refused := func(name, why string) {
+		t.Helper()
+		celltest.Eventually(t, "health names "+name, func() (bool, string) {
+			s := n.health("k8s-endpoints.refused")
+			return s != nil && s.Level == cell.StatusDegraded && strings.Contains(s.Error, "default/"+name+": "+why), fmt.Sprintf("%+v", s)
+		})
+		if ok, row := taken(name)(); ok {
+			t.Errorf("refused object in the table: %s", row)
+		}
+	}
+
+	create("good", web, "node-1", "10.1.0.8")
+	celltest.Eventually(t, "the good object taken", taken("good"))
+
+	create("outside", web, "node-1", "8.8.8.8")
+	refused("outside", "address 8.8.8.8 is not in the pod CIDRs of its node node-1 (10.1.0.0/24)")
+	create("other-cidr", web, "node-1", "10.2.0.9")
+	refused("other-cidr", "address 10.2.0.9 is not in the pod CIDRs of its node node-1 (10.1.0.0/24)")
+	create("wrong-ns", prod, "node-1", "10.1.0.7")
+	refused("wrong-ns", fmt.Sprintf(`identity %d is of namespace "prod", not the object's namespace "default"`, prod))
+	if got := testutil.ToFloat64(m.refused.WithLabelValues("address")); got != 2 {
+		t.Errorf("cellium_k8s_endpoints_refused_total{reason=address} = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(m.refused.WithLabelValues("namespace")); got != 1 {
+		t.Errorf("cellium_k8s_endpoints_refused_total{reason=namespace} = %v, want 1", got)
+	}
+	// Nothing else changed: the good object's row is there as it was.
+	if row, _, found := n.tbl.Get(n.db.ReadTxn(), ByAddress.Query(netip.MustParseAddr("10.1.0.8"))); !found || row.Name != "good" || row.Identity != web {
+		t.Errorf("the good object's row after the refusals: %v %+v", found, row)
+	}
+
+	// A node not known yet: refused, then taken once the node is.
+	create("late-node", web, "node-3", "10.3.0.5")
+	refused("late-node", "node node-3 is not known")
+	txn := n.db.WriteTxn(n.nodes)
+	n.nodes.Insert(txn, &nodes.Node{Name: "node-3", Spec: nodes.Spec{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.3.0.0/24")}}})
+	txn.Commit()
+	celltest.Eventually(t, "late-node taken once node-3 is known", taken("late-node"))
+
+	// An identity not known yet: refused, then taken once its object is.
+	const lateID = 60000
+	create("late-identity", lateID, "node-1", "10.1.0.20")
+	refused("late-identity", "identity 60000 is not known")
+	if _, err := c.admin.CreateIdentity(ctx, &k8sapi.CelliumIdentity{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprint(lateID)},
+		Spec: k8sapi.IdentitySpec{Labels: labels.New(labels.Label{Source: "k8s", Key: "app", Value: "late"},
+			labels.Label{Source: "k8s", Key: idcell.NamespaceLabel, Value: "default"}).Strings()}}); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "late-identity taken once its identity is known", taken("late-identity"))
+
+	// node-3 loses its pod CIDR: its object goes.
+	txn = n.db.WriteTxn(n.nodes)
+	n.nodes.Insert(txn, &nodes.Node{Name: "node-3", Spec: nodes.Spec{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.30.0.0/24")}}})
+	txn.Commit()
+	refused("late-node", "address 10.3.0.5 is not in the pod CIDRs of its node node-3 (10.30.0.0/24)")
+}
