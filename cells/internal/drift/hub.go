@@ -82,6 +82,8 @@ type shared struct {
 	done, exited chan struct{}
 	// pending is how many updates wait in the channel (for tests).
 	pending func() int
+	// log is the first subscriber's, for netlink's reports.
+	log *slog.Logger
 
 	// subs are the subscribers, read by the dispatcher without a lock,
 	// replaced (copied) under mu.
@@ -180,7 +182,10 @@ func (h *Hub) open(key hubKey, netnsPath string, log *slog.Logger) (*shared, err
 		// The subscription's socket keeps the namespace.
 		defer ns.Close()
 	}
-	sh := &shared{key: key, done: make(chan struct{}), exited: make(chan struct{})}
+	if log == nil {
+		log = slog.Default()
+	}
+	sh := &shared{key: key, done: make(chan struct{}), exited: make(chan struct{}), log: log}
 	size := h.socketBuffer
 	if size == 0 {
 		size = SocketBuffer
@@ -286,9 +291,11 @@ func (h *Hub) limit() int {
 	return queueLimit
 }
 
-// onError keeps netlink's last report, to say why updates ended; closing
-// the subscription makes its receive fail, which is not one, and neither
-// is a message of another socket, which netlink drops.
+// onError keeps netlink's last report, to say why updates ended, and
+// logs it (a dump interrupted, a message netlink could not decode and
+// dropped, the receive that failed); closing the subscription makes its
+// receive fail, which is not one, and neither is a message of another
+// socket, which netlink drops.
 func (sh *shared) onError(err error) {
 	select {
 	case <-sh.done:
@@ -296,8 +303,10 @@ func (sh *shared) onError(err error) {
 	default:
 	}
 	if FromOtherSocket(err) {
+		sh.log.Debug("Netlink message from another socket dropped", "kind", sh.key.kind.String(), "error", err)
 		return
 	}
+	sh.log.Warn("Netlink subscription error", "kind", sh.key.kind.String(), "error", err)
 	sh.mu.Lock()
 	sh.err = err
 	sh.mu.Unlock()
