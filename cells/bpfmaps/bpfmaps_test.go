@@ -234,6 +234,8 @@ func TestRecreateOnLayoutChange(t *testing.T) {
 		reopen func(t *testing.T, root string) opened
 		// want is the layout the pin must hold afterwards.
 		want ebpf.MapSpec
+		// keeps: the old map's entry is copied (only MaxEntries changed).
+		keeps bool
 	}{
 		{
 			name:   "value type",
@@ -244,6 +246,7 @@ func TestRecreateOnLayoutChange(t *testing.T) {
 			name:   "max entries",
 			reopen: func(t *testing.T, root string) opened { return openOnce[uint64](t, root, withMaxEntries, nil) },
 			want:   ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 32},
+			keeps:  true,
 		},
 		{
 			name:   "map type",
@@ -268,8 +271,8 @@ func TestRecreateOnLayoutChange(t *testing.T) {
 			if changed.origin != bpfmaps.OriginRecreated {
 				t.Fatalf("after the layout change: origin %q, want %q", changed.origin, bpfmaps.OriginRecreated)
 			}
-			if changed.hasKey1 {
-				t.Fatal("after the layout change: the old map's entry is still there")
+			if changed.hasKey1 != tc.keeps {
+				t.Fatalf("after the layout change: the old map's entry there %v, want %v", changed.hasKey1, tc.keeps)
 			}
 			if changed.id == first.id {
 				t.Fatalf("after the layout change: still the old map (ID %d)", first.id)
@@ -294,6 +297,66 @@ func TestRecreateOnLayoutChange(t *testing.T) {
 			if again := tc.reopen(t, root); again.origin != bpfmaps.OriginReused || again.id != changed.id {
 				t.Fatalf("run after the recreation: origin %q, map %d; want %q, map %d",
 					again.origin, again.id, bpfmaps.OriginReused, changed.id)
+			}
+		})
+	}
+}
+
+// TestRecreateCopiesEntriesOnSizeChange: a pin whose map differs in
+// MaxEntries alone is replaced by a map holding its entries, as many as
+// fit: programs attached before the owner writes its desired state find
+// what the old map held (a policy map replaced empty denied every new
+// connection of an isolated endpoint).
+func TestRecreateCopiesEntriesOnSizeChange(t *testing.T) {
+	for _, typ := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash} {
+		t.Run(typ.String(), func(t *testing.T) {
+			root := bpfmapstest.Root(t)
+			spec := bpfmaps.Spec{Name: "cellium_sized", Type: typ, MaxEntries: 8}
+			run := func(max uint32, fill bool) (bpfmaps.Origin, map[uint32]uint64) {
+				t.Helper()
+				spec := spec
+				spec.MaxEntries = max
+				var m *bpfmaps.Map[uint32, uint64]
+				stop := start(t, newHive(root, declare("sized", spec, &m)))
+				defer stop()
+				if fill {
+					for k := range uint32(8) {
+						if err := m.Put(k, uint64(k)*100+1); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				got := map[uint32]uint64{}
+				if err := m.Iterate(func(k uint32, v uint64) bool { got[k] = v; return true }); err != nil {
+					t.Fatal(err)
+				}
+				return m.Origin(), got
+			}
+			if origin, got := run(8, true); origin != bpfmaps.OriginCreated || len(got) != 8 {
+				t.Fatalf("first run: origin %q, %d entries; want created, 8", origin, len(got))
+			}
+			origin, got := run(16, false)
+			if origin != bpfmaps.OriginRecreated || len(got) != 8 {
+				t.Fatalf("grown to 16: origin %q, entries %v; want recreated with the 8 old ones", origin, got)
+			}
+			for k, v := range got {
+				if v != uint64(k)*100+1 {
+					t.Fatalf("grown to 16: key %d holds %d, want %d", k, v, uint64(k)*100+1)
+				}
+			}
+			// Shrunk: as many as fit (an LRU hash may hold fewer: it
+			// evicts per CPU before it is full).
+			origin, got = run(4, false)
+			if origin != bpfmaps.OriginRecreated || len(got) == 0 || len(got) > 4 {
+				t.Fatalf("shrunk to 4: origin %q, entries %v; want recreated with up to 4 of the old ones", origin, got)
+			}
+			if typ == ebpf.Hash && len(got) != 4 {
+				t.Fatalf("shrunk to 4: %d entries, want 4", len(got))
+			}
+			for k, v := range got {
+				if v != uint64(k)*100+1 {
+					t.Fatalf("shrunk to 4: key %d holds %d, want %d", k, v, uint64(k)*100+1)
+				}
 			}
 		})
 	}

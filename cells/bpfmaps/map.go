@@ -139,7 +139,9 @@ const (
 	// earlier run; its entries are kept.
 	OriginReused Origin = "reused"
 	// OriginRecreated: a pin with another layout was there; it was replaced
-	// by a new, empty map.
+	// by a new map, empty, or holding the old one's entries (as many as
+	// fit) when only MaxEntries differed (and the type copies entry by
+	// entry: hash, LRU hash, LPM trie, array).
 	OriginRecreated Origin = "recreated"
 )
 
@@ -580,8 +582,20 @@ func (p *pinnedMap) Start(cell.HookContext) error {
 			m.Close()
 		}
 	}
+	var old *ebpf.Map
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		p.log.Warn("Pinned BPF map has another layout, replacing it with an empty one",
+		// Only the size changed (--policy-map-max, say): the old map's
+		// entries are copied into the new one, as many as fit, so that
+		// programs attached before the owner writes its desired state do
+		// not find it empty (a policy map empty denies every new
+		// connection; an enforcement map empty opens every endpoint).
+		old = p.sizeChangedOnly(pin)
+		what := "replacing it with an empty one"
+		if old != nil {
+			defer old.Close()
+			what = fmt.Sprintf("replacing it with one of %d entries holding the old one's (%d entries)", p.spec.MaxEntries, old.MaxEntries())
+		}
+		p.log.Warn("Pinned BPF map has another layout, "+what,
 			"name", p.spec.Name, "pin", pin, "difference", err)
 		if err := os.Remove(pin); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("bpf map %s: remove pin with another layout: %w", p.spec.Name, err)
@@ -592,6 +606,9 @@ func (p *pinnedMap) Start(cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("bpf map %s (pin %s): %w", p.spec.Name, pin, err)
 	}
+	if old != nil {
+		p.copyFrom(old, m)
+	}
 
 	if origin == OriginCreated {
 		p.reg.CreatedPin(pin)
@@ -601,6 +618,56 @@ func (p *pinnedMap) Start(cell.HookContext) error {
 	p.mu.Unlock()
 	p.log.Info("Opened BPF map", "name", p.spec.Name, "pin", pin, "origin", origin)
 	return nil
+}
+
+// sizeChangedOnly opens the pin at pin if its map differs from p's spec in
+// its MaxEntries alone, and is of a type whose entries copy one by one
+// (not per-CPU, not a map of maps); else nil.
+func (p *pinnedMap) sizeChangedOnly(pin string) *ebpf.Map {
+	if p.spec.InnerMap != nil {
+		return nil
+	}
+	switch p.spec.Type {
+	case ebpf.Hash, ebpf.LRUHash, ebpf.LPMTrie, ebpf.Array:
+	default:
+		return nil
+	}
+	old, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		return nil
+	}
+	if old.Type() != p.spec.Type || old.KeySize() != p.keySize || old.ValueSize() != p.valueSize ||
+		old.Flags() != p.spec.Flags || old.MaxEntries() == p.spec.MaxEntries {
+		old.Close()
+		return nil
+	}
+	return old
+}
+
+// copyFrom copies the entries of old, a map of another size, into m, as
+// many as fit, and logs how many were copied and how many did not fit.
+func (p *pinnedMap) copyFrom(old, m *ebpf.Map) {
+	key, value := make([]byte, p.keySize), make([]byte, p.valueSize)
+	copied, dropped := 0, 0
+	var lastErr error
+	it := old.Iterate()
+	for it.Next(&key, &value) {
+		if err := m.Put(key, value); err != nil {
+			dropped++
+			lastErr = err
+			continue
+		}
+		copied++
+	}
+	if err := it.Err(); err != nil {
+		p.log.Warn("Could not read all the entries of the replaced BPF map", "name", p.spec.Name, "copied", copied, "error", err)
+	}
+	if dropped > 0 {
+		p.log.Warn("Entries of the replaced BPF map did not fit in the new one: they are not in the datapath until their owner writes them again",
+			"name", p.spec.Name, "copied", copied, "not_copied", dropped, "max_entries", p.spec.MaxEntries, "error", lastErr)
+		return
+	}
+	p.log.Info("Copied the entries of the replaced BPF map into the new one", "name", p.spec.Name, "copied", copied)
 }
 
 // Stop closes the map and leaves the pin: see NewMap.
