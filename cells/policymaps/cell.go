@@ -148,7 +148,7 @@ func newMetrics() (*mapMetrics, metrics.Collectors) {
 		}),
 		repairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "repairs_total",
-			Help: "Policy map entries written again because they went missing behind the agent's back",
+			Help: "Policy map entries, flags and prefixes written again because they went missing or changed behind the agent's back, or removed because they were added there",
 		}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "held",
@@ -161,6 +161,13 @@ func newMetrics() (*mapMetrics, metrics.Collectors) {
 // refreshInterval is how often every row is checked against the maps
 // again, putting back what went missing; a variable for the tests.
 var refreshInterval = 10 * time.Minute
+
+// pruneInterval is how often the maps are pruned of what no row wants:
+// an allow, flags or a prefix added behind the agent's back (an allow
+// there opens an endpoint) goes within a minute, not the reconciler's
+// default hour. A prune reads every key of the map; a variable for the
+// tests.
+var pruneInterval = time.Minute
 
 func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h cell.Health, m *Maps, mm *mapMetrics,
 	entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
@@ -175,6 +182,7 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 		func(e *policy.Entry) reconciler.Status { return e.Status },
 		eo, nil, reconciler.WithName("entries"),
 		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
+		reconciler.WithPruning(pruneInterval),
 	); err != nil {
 		return err
 	}
@@ -185,6 +193,7 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 		func(e *policy.Enforcement) reconciler.Status { return e.Status },
 		fo, nil, reconciler.WithName("enforcement"),
 		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
+		reconciler.WithPruning(pruneInterval),
 	); err != nil {
 		return err
 	}
@@ -196,6 +205,7 @@ func registerReconcilers(p reconciler.Params, cfg Config, log *slog.Logger, h ce
 		func(e *policy.Prefix) reconciler.Status { return e.Status },
 		po, nil, reconciler.WithName("prefixes"),
 		reconciler.WithRefreshing(refreshInterval, rate.NewLimiter(1000, 100)),
+		reconciler.WithPruning(pruneInterval),
 	)
 	return err
 }
@@ -218,6 +228,16 @@ func keysOf(k policy.EntryKey) ([]policymap.Key, error) {
 	return keys, nil
 }
 
+// strayRemoved counts a key a prune removed as a repair, unless it is the
+// first prune (pruned false), which removes what a restart left.
+func (m *mapMetrics) strayRemoved(pruned *bool) bool {
+	if !*pruned {
+		return false
+	}
+	m.repairs.Inc()
+	return true
+}
+
 // failedEndpoint is an endpoint some of whose entries the full map
 // refused, with its health scope.
 type failedEndpoint struct {
@@ -236,6 +256,7 @@ type entryOps struct {
 	entries statedb.Table[*policy.Entry]
 	order   *order
 	failed  map[uint16]*failedEndpoint
+	pruned  bool
 }
 
 // has says whether the trie holds exactly k, and its cookie: a lookup
@@ -367,6 +388,9 @@ func (o *entryOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revi
 // Prune removes the keys no entry wants, but those whose endpoint's
 // isolation is to turn off first (see order.keepPruned).
 func (o *entryOps) Prune(_ context.Context, txn statedb.ReadTxn, entries iter.Seq2[*policy.Entry, statedb.Revision]) error {
+	// The first prune removes what the tables no longer want after a
+	// restart; a later one, what was added behind the agent's back.
+	defer func() { o.pruned = true }()
 	want := map[policymap.Key]bool{}
 	for e := range entries {
 		ks, _ := keysOf(e.Key)
@@ -379,6 +403,10 @@ func (o *entryOps) Prune(_ context.Context, txn statedb.ReadTxn, entries iter.Se
 			return fmt.Errorf("delete stale %s: %w", k, err)
 		}
 		o.metrics.wrote("policy", "delete")
+		if o.metrics.strayRemoved(&o.pruned) {
+			o.log.Warn("Removed a policy map entry that no policy entry wants, added behind the agent's back", "key", k)
+			return nil
+		}
 		o.log.Info("Removed a policy map entry that no policy entry wants", "key", k)
 		return nil
 	})
@@ -391,6 +419,7 @@ type enforcementOps struct {
 	m       *bpfmaps.Map[uint32, policymap.Enforcement]
 	metrics *mapMetrics
 	order   *order
+	pruned  bool
 }
 
 func flagsOf(e *policy.Enforcement) uint8 {
@@ -436,6 +465,9 @@ func (o *enforcementOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.
 }
 
 func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.Seq2[*policy.Enforcement, statedb.Revision]) error {
+	// The first prune removes what the tables no longer want after a
+	// restart; a later one, what was added behind the agent's back.
+	defer func() { o.pruned = true }()
 	want := map[uint32]bool{}
 	for e := range rows {
 		want[uint32(e.EndpointID)] = true
@@ -445,6 +477,10 @@ func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.S
 			return fmt.Errorf("delete the enforcement of endpoint %d: %w", id, err)
 		}
 		o.metrics.wrote("enforcement", "delete")
+		if o.metrics.strayRemoved(&o.pruned) {
+			o.log.Warn("Removed the policy enforcement of an endpoint that has none, added behind the agent's back", "endpoint", id)
+			return nil
+		}
 		o.log.Info("Removed the policy enforcement of an endpoint that has none", "endpoint", id)
 		return nil
 	})
@@ -478,6 +514,7 @@ type prefixOps struct {
 	failed   map[netip.Prefix]error
 	withheld map[netip.Prefix]*policy.Prefix
 	scope    cell.Health
+	pruned   bool
 }
 
 // failedInside is a failed prefix strictly inside p, if any.
@@ -632,8 +669,11 @@ func (o *prefixOps) report(txn statedb.ReadTxn) {
 	ids := map[identity.NumericIdentity]bool{}
 	var errs []error
 	for f, err := range o.failed {
-		if row, _, ok := o.prefixes.Get(txn, policy.PrefixByPrefix.Query(f)); ok {
-			ids[row.ID] = true
+		// f and the prefixes containing it, refused or withheld for it.
+		for bits := f.Bits(); bits >= 0; bits-- {
+			if row, _, ok := o.prefixes.Get(txn, policy.PrefixByPrefix.Query(netip.PrefixFrom(f.Addr(), bits).Masked())); ok {
+				ids[row.ID] = true
+			}
 		}
 		errs = append(errs, err)
 	}
@@ -686,6 +726,9 @@ func (o *prefixOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 }
 
 func (o *prefixOps) Prune(_ context.Context, txn statedb.ReadTxn, rows iter.Seq2[*policy.Prefix, statedb.Revision]) error {
+	// The first prune removes what the tables no longer want after a
+	// restart; a later one, what was added behind the agent's back.
+	defer func() { o.pruned = true }()
 	want := map[policymap.PrefixKey]bool{}
 	for p := range rows {
 		want[policymap.PrefixKeyOf(p.Prefix)] = true
@@ -702,6 +745,10 @@ func (o *prefixOps) Prune(_ context.Context, txn statedb.ReadTxn, rows iter.Seq2
 			return fmt.Errorf("delete stale policy prefix %s: %w", k.Prefix(), err)
 		}
 		o.metrics.wrote("prefix", "delete")
+		if o.metrics.strayRemoved(&o.pruned) {
+			o.log.Warn("Removed a policy prefix that no policy names, added behind the agent's back", "prefix", k.Prefix())
+			return nil
+		}
 		o.log.Info("Removed a policy prefix that no policy names", "prefix", k.Prefix())
 		return nil
 	})

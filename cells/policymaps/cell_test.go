@@ -523,88 +523,193 @@ func TestDriftRepaired(t *testing.T) {
 func identityOf(id uint32) identity.NumericIdentity { return identity.NumericIdentity(id) }
 
 // TestPrefixTrieFullKeepsExcept: with the prefix trie full, an ipBlock's
-// cidr is never in the trie without its except: the except refused, the
-// cidr (written first, as a refresh would) is taken out, so the except's
-// addresses do not resolve to the cidr's ID and the block allows none of
-// them; health names the prefixes and the policy. Once there is room,
-// the except goes in and the cidr back.
+// cidr is never in the trie without its except, so the block's allow never
+// covers the except's addresses; health names the prefixes and the policy;
+// once there is room, both go in.
+//   - the except refused by the full trie, then one slot freed and the
+//     cidr added: the cidr does not take the slot (its except is not in),
+//     the except's retry does; an address of the except, looked up all
+//     along, never resolves to the cidr's ID;
+//   - an except added to a cidr already in a full trie: the except is
+//     refused and the cidr taken out.
 func TestPrefixTrieFullKeepsExcept(t *testing.T) {
-	defer func(d time.Duration) { refreshInterval = d }(refreshInterval)
-	refreshInterval = 50 * time.Millisecond
-	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
-	a.start(t)
-	defer a.stop(t)
-	var fill []any
-	for i := range policymap.PrefixMaxEntries - 1 {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(i>>8), byte(i), 0}), 24)
-		fill = append(fill, &policy.Prefix{Prefix: p, ID: identity.NumericIdentity(1<<30 + 100 + i)})
-	}
-	a.put(fill...)
-	a.reconciled(t)
 	cidr := &policy.Prefix{Prefix: netip.MustParsePrefix("10.0.0.0/8"), ID: 1 << 30}
 	except := &policy.Prefix{Prefix: netip.MustParsePrefix("10.1.0.0/16"), ID: 1<<30 + 7}
 	allow := entry(12, policy.Ingress, uint32(cidr.ID), unix.IPPROTO_TCP, 80, 80)
 	allow.Policies = []string{"prod/ipblock"}
-	// The cidr first: its revision is lower, the reconciler writes it
-	// into the last free slot and then the except finds the trie full.
-	resolves := func(addr string) uint32 {
-		v, err := a.maps.Prefixes.Lookup(policymap.PrefixKeyOf(netip.PrefixFrom(netip.MustParseAddr(addr), 32)))
-		if err != nil {
-			return 0
+	setup := func(t *testing.T, free int) (*agent, []*policy.Prefix, func(string) uint32) {
+		a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+		a.start(t)
+		t.Cleanup(func() { a.stop(t) })
+		var fill []*policy.Prefix
+		var objs []any
+		for i := range policymap.PrefixMaxEntries - free {
+			p := &policy.Prefix{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(i>>8), byte(i), 0}), 24), ID: identity.NumericIdentity(1<<30 + 100 + i)}
+			fill, objs = append(fill, p), append(objs, p)
 		}
-		return v.ID
+		a.put(objs...)
+		a.reconciled(t)
+		a.put(allow, &policy.Enforcement{EndpointID: 12, Ingress: true})
+		a.reconciled(t)
+		resolves := func(addr string) uint32 {
+			v, err := a.maps.Prefixes.Lookup(policymap.PrefixKeyOf(netip.PrefixFrom(netip.MustParseAddr(addr), 32)))
+			if err != nil {
+				return 0
+			}
+			return v.ID
+		}
+		return a, fill, resolves
 	}
-	// Looks up an address of the except, as the datapath would, all along.
-	var exceptSeenAsCidr atomic.Bool
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if resolves("10.1.2.3") == uint32(cidr.ID) {
-				exceptSeenAsCidr.Store(true)
-			}
-		}
-	}()
-	a.put(cidr, except, allow, &policy.Enforcement{EndpointID: 12, Ingress: true})
-	// The except is refused and the cidr taken out; the except's retry
-	// then finds room and the cidr's put-back none.
-	var st *health.Status
-	celltest.Eventually(t, "the except in the trie, the cidr withheld, health Degraded naming the policy", func() (bool, string) {
-		st, _, _ = a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
-		ok := resolves("10.1.2.3") == uint32(except.ID) && st != nil && st.Level == cell.StatusDegraded &&
-			strings.Contains(st.Message, "withheld (10.0.0.0/8)") && strings.Contains(st.Message, "prod/ipblock") &&
-			strings.Contains(st.Error, "10.0.0.0/8 not written: the prefix trie "+policymap.PrefixMapName+" is full")
-		txn := a.db.ReadTxn()
-		c, _, _ := a.prefixes.Get(txn, policy.PrefixByPrefix.Query(cidr.Prefix))
-		e, _, _ := a.prefixes.Get(txn, policy.PrefixByPrefix.Query(except.Prefix))
-		return ok, fmt.Sprintf("10.1.2.3 resolves to %d; health %+v; cidr %s, except %s", resolves("10.1.2.3"), st, c.Status, e.Status)
-	})
-	// Whatever the order the rows were tried in, no address of the except
-	// resolved to the cidr's ID: its allow did not cover them.
-	close(stop)
-	<-stopped
-	if seen := exceptSeenAsCidr.Load(); seen {
-		t.Fatal("an address of the except resolved to the cidr's ID while the trie was full")
+	degraded := func(t *testing.T, a *agent, what string, ok func(*health.Status) bool) {
+		t.Helper()
+		celltest.Eventually(t, what, func() (bool, string) {
+			st, _, _ := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
+			return st != nil && st.Level == cell.StatusDegraded && ok(st), fmt.Sprintf("%+v", st)
+		})
+	}
+	freeOne := func(a *agent, p *policy.Prefix) {
+		txn := a.db.WriteTxn(a.prefixes)
+		a.prefixes.Delete(txn, p)
+		txn.Commit()
+	}
+	bothIn := func(t *testing.T, a *agent, resolves func(string) uint32) {
+		t.Helper()
+		celltest.Eventually(t, "the except and the cidr in the trie, health cleared", func() (bool, string) {
+			st, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
+			return !found && resolves("10.1.2.3") == uint32(except.ID) && resolves("10.2.0.1") == uint32(cidr.ID),
+				fmt.Sprintf("10.1.2.3 -> %d, 10.2.0.1 -> %d, health %+v", resolves("10.1.2.3"), resolves("10.2.0.1"), st)
+		})
 	}
 
-	// Room again: the except goes in, then the cidr.
-	txn := a.db.WriteTxn(a.prefixes)
-	a.prefixes.Delete(txn, fill[0].(*policy.Prefix))
-	txn.Commit()
+	t.Run("cidr after its except", func(t *testing.T) {
+		a, fill, resolves := setup(t, 0)
+		var exceptSeenAsCidr atomic.Bool
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(stopped)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if resolves("10.1.2.3") == uint32(cidr.ID) {
+					exceptSeenAsCidr.Store(true)
+				}
+			}
+		}()
+		a.put(except)
+		degraded(t, a, "the except refused", func(st *health.Status) bool {
+			return strings.Contains(st.Error, "10.1.0.0/16 not written: the prefix trie "+policymap.PrefixMapName+" is full")
+		})
+		// One slot freed and the cidr added in one transaction: the cidr
+		// comes before the except's retry and must not take the slot.
+		txn := a.db.WriteTxn(a.prefixes)
+		a.prefixes.Delete(txn, fill[0])
+		c := *cidr
+		c.Status = reconciler.StatusPending()
+		a.prefixes.Insert(txn, &c)
+		txn.Commit()
+		celltest.Eventually(t, "the except in the trie, the cidr refused", func() (bool, string) {
+			row, _, _ := a.prefixes.Get(a.db.ReadTxn(), policy.PrefixByPrefix.Query(cidr.Prefix))
+			return resolves("10.1.2.3") == uint32(except.ID) && row.Status.Kind == reconciler.StatusKindError,
+				fmt.Sprintf("10.1.2.3 -> %d, cidr %s", resolves("10.1.2.3"), row.Status)
+		})
+		close(stop)
+		<-stopped
+		if exceptSeenAsCidr.Load() {
+			t.Fatal("an address of the except resolved to the cidr's ID")
+		}
+		degraded(t, a, "the cidr refused, health naming the policy", func(st *health.Status) bool {
+			return strings.Contains(st.Error, "10.0.0.0/8 not written") && strings.Contains(st.Message, "NetworkPolicies prod/ipblock ")
+		})
+		freeOne(a, fill[1])
+		bothIn(t, a, resolves)
+	})
+
+	t.Run("except added", func(t *testing.T) {
+		a, fill, resolves := setup(t, 1)
+		a.put(cidr)
+		a.reconciled(t)
+		a.put(except)
+		degraded(t, a, "the except refused, the cidr withheld", func(st *health.Status) bool {
+			return strings.Contains(st.Message, "withheld (10.0.0.0/8)") && strings.Contains(st.Message, "NetworkPolicies prod/ipblock ")
+		})
+		// Whichever holds the last slot now, never the cidr alone.
+		if resolves("10.1.2.3") == uint32(cidr.ID) || resolves("10.2.0.1") == uint32(cidr.ID) {
+			t.Fatalf("the cidr resolves without its except: 10.1.2.3 -> %d, 10.2.0.1 -> %d", resolves("10.1.2.3"), resolves("10.2.0.1"))
+		}
+		freeOne(a, fill[0])
+		bothIn(t, a, resolves)
+	})
+}
+
+// TestPolicyMapMaxChangedKeepsEntries: a restart with another
+// --policy-map-max recreates the policy trie (its MaxEntries differs), with
+// the old one's keys copied in: restored endpoints' programs, attached
+// before the policy is written, allow what they allowed.
+func TestPolicyMapMaxChangedKeepsEntries(t *testing.T) {
+	root := bpfmapstest.Root(t)
+	first := newAgent(t, root, 1<<16)
+	first.start(t)
+	first.put(entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0), entry(12, policy.Egress, 2000, 0, 0, 0),
+		&policy.Enforcement{EndpointID: 12, Ingress: true, Egress: true})
+	first.done()
+	first.reconciled(t)
+	before := first.dump(t)
+	first.stop(t)
+
+	second := newAgent(t, root, 1<<15)
+	second.start(t)
+	defer second.stop(t)
+	if o := second.maps.Policy.Origin(); o != bpfmaps.OriginRecreated {
+		t.Fatalf("policy map %s after --policy-map-max changed, want recreated", o)
+	}
+	if got := second.maps.Policy.EBPF().MaxEntries(); got != 1<<15 {
+		t.Fatalf("policy map of %d entries, want %d", got, 1<<15)
+	}
+	// Nothing written yet in this run: the keys are the old map's.
+	wantKeys(t, second.dump(t), before...)
+}
+
+// TestStrayKeysPruned: an allow, an endpoint's flags and a prefix added
+// behind the agent's back (the allow opens the endpoint to a peer) are
+// removed by the next prune, within pruneInterval (a minute), not the
+// reconciler's default hour, and counted as repairs; the prune at the
+// start counts nothing.
+func TestStrayKeysPruned(t *testing.T) {
+	defer func(d time.Duration) { pruneInterval = d }(pruneInterval)
+	pruneInterval = 50 * time.Millisecond
+	a := newAgent(t, bpfmapstest.Root(t), 1<<16)
+	a.start(t)
+	defer a.stop(t)
+	a.put(entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 80, 0), &policy.Enforcement{EndpointID: 12, Ingress: true},
+		&policy.Prefix{Prefix: netip.MustParsePrefix("10.1.0.0/16"), ID: 1 << 30})
+	a.done()
 	a.reconciled(t)
-	if id := resolves("10.1.2.3"); id != uint32(except.ID) {
-		t.Fatalf("10.1.2.3 resolves to %d, want the except's %d", id, except.ID)
+	a.waitPrunes(t)
+	if n := testutil.ToFloat64(a.metrics.repairs); n != 0 {
+		t.Fatalf("repairs %v after the first prune, want 0", n)
 	}
-	if id := resolves("10.2.0.1"); id != uint32(cidr.ID) {
-		t.Fatalf("10.2.0.1 resolves to %d, want the cidr's %d", id, cidr.ID)
+	keys, prefixes := a.dump(t), a.prefixDump(t)
+
+	stray, err := policymap.KeysOf(allowOf(entry(12, policy.Ingress, 2000, unix.IPPROTO_TCP, 443, 0).Key))
+	if err != nil {
+		t.Fatal(err)
 	}
-	celltest.Eventually(t, "the prefixes' health cleared", func() (bool, string) {
-		st, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
-		return !found, fmt.Sprintf("%+v", st)
+	if err := a.maps.Policy.Put(stray[0], policymap.Value{PrefixLen: stray[0].PrefixLen}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.maps.Enforcement.Put(99, policymap.Enforcement{Flags: policymap.FlagIngress}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.maps.Prefixes.Put(policymap.PrefixKeyOf(netip.MustParsePrefix("192.0.2.0/24")), policymap.PrefixValue{ID: 1<<30 + 5}); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "the stray keys pruned and counted", func() (bool, string) {
+		_, has99 := a.enforcementOf(t, 99)
+		d, p, n := a.dump(t), a.prefixDump(t), testutil.ToFloat64(a.metrics.repairs)
+		return slices.Equal(d, keys) && slices.Equal(p, prefixes) && !has99 && n == 3,
+			fmt.Sprintf("keys %v, prefixes %v, flags of 99 %v, repairs %v", d, p, has99, n)
 	})
 }
