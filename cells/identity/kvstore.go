@@ -2,6 +2,7 @@ package identity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -56,7 +57,10 @@ func (a *Allocator) allocateCluster(ctx context.Context, key string) (identity.N
 				return n, err
 			}
 		} else {
-			cand := a.freeCluster()
+			cand, err := a.freeCluster()
+			if err != nil {
+				return 0, fmt.Errorf("no cluster identity for %s: %w", key, err)
+			}
 			i, err := a.kv.Txn(ctx, kvstore.Branch{
 				If: []kvstore.Cond{kvstore.Absent(idPrefix + cand.String()), kvstore.NoneUnder(values)},
 				Then: []kvstore.Op{kvstore.Put(idPrefix+cand.String(), []byte(key)),
@@ -103,15 +107,37 @@ func (a *Allocator) joinOrRecreate(ctx context.Context, n identity.NumericIdenti
 	return i, err
 }
 
-// freeCluster is a random cluster number the table does not know.
-func (a *Allocator) freeCluster() identity.NumericIdentity {
+// ErrIdentitiesExhausted: every cluster identity number is known.
+var ErrIdentitiesExhausted = errors.New("identities exhausted")
+
+// freeClusterTries is how many random numbers freeCluster tries before it
+// looks at every number in turn.
+const freeClusterTries = 64
+
+// freeCluster is a random cluster number the table does not know: random
+// tries, then, with the range nearly full, the next unknown number after a
+// random one; ErrIdentitiesExhausted when the table knows every number.
+func (a *Allocator) freeCluster() (identity.NumericIdentity, error) {
 	txn := a.db.ReadTxn()
-	for {
-		cand := identity.MinCluster + identity.NumericIdentity(rand.IntN(int(identity.MaxCluster-identity.MinCluster+1)))
-		if _, _, taken := a.tbl.Get(txn, ByID.Query(cand)); !taken {
-			return cand
+	const size = int(identity.MaxCluster - identity.MinCluster + 1)
+	free := func(i int) (identity.NumericIdentity, bool) {
+		cand := identity.MinCluster + identity.NumericIdentity(i%size)
+		_, _, taken := a.tbl.Get(txn, ByID.Query(cand))
+		return cand, !taken
+	}
+	for range freeClusterTries {
+		if cand, ok := free(rand.IntN(size)); ok {
+			return cand, nil
 		}
 	}
+	start := rand.IntN(size)
+	for i := range size {
+		if cand, ok := free(start + i); ok {
+			return cand, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: all %d cluster identity numbers (%d-%d) are in use: collect unused ones (identity-gc) or use fewer label sets (--labels)",
+		ErrIdentitiesExhausted, size, identity.MinCluster, identity.MaxCluster)
 }
 
 // lookupCluster is the cluster number the table knows for the label set

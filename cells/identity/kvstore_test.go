@@ -2,6 +2,7 @@ package identity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/cellium/cellium/cells/kvstore"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
+	"github.com/cellium/cellium/pkg/labels"
 	"github.com/cellium/cellium/pkg/polltest"
 )
 
@@ -236,5 +238,35 @@ func TestEtcdReplacedByAnEmptyOne(t *testing.T) {
 	c, _ := startAllocator(t, "node-c", t.TempDir(), etcd.Endpoint(), "rep")
 	if m, err := c.Allocate(ctxT(t), web("rep")); err != nil || m != n {
 		t.Fatalf("a node started after the replacement: %v, %v; want %v", m, err, n)
+	}
+}
+
+// TestClusterIdentitiesExhausted: with every cluster number known, a new
+// label set's allocation fails at once with ErrIdentitiesExhausted (it
+// looped for ever, holding the label set's lock), and the next label set
+// gets the one number freed.
+func TestClusterIdentitiesExhausted(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _ := startAllocator(t, "node-a", t.TempDir(), etcd.Endpoint(), "full")
+	ctx := ctxT(t)
+	if err := a.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	txn := a.db.WriteTxn(a.tbl)
+	for n := identity.MinCluster; n <= identity.MaxCluster; n++ {
+		ls := labels.New(labels.Label{Source: "k8s", Key: "n", Value: n.String()}, labels.Label{Source: "k8s", Key: NamespaceLabel, Value: "full"})
+		if _, _, err := a.tbl.Insert(txn, &Identity{ID: n, Labels: ls, Kind: KindCluster, Source: SourceKVStore}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txn.Commit()
+	if _, err := a.Allocate(ctx, web("full")); !errors.Is(err, ErrIdentitiesExhausted) || !strings.Contains(err.Error(), "k8s:app=web") {
+		t.Fatalf("Allocate with every cluster number known: %v, want ErrIdentitiesExhausted naming the label set", err)
+	}
+	txn = a.db.WriteTxn(a.tbl)
+	a.tbl.Delete(txn, &Identity{ID: 40000})
+	txn.Commit()
+	if n, err := a.Allocate(ctx, web("full")); err != nil || n != 40000 {
+		t.Fatalf("Allocate with one number free: %v, %v; want 40000", n, err)
 	}
 }
