@@ -51,11 +51,11 @@
  * new and every retry is decided again; an allowed one creates it, and
  * the connection's later packets and its replies find it and pay no policy
  * lookup. ICMP errors about a tracked connection (CT_RELATED) pass; so do
- * IPv6 neighbour discovery and MLD, and IPv4 fragments after the first,
- * which have no ports to decide on. IPv6 extension headers are walked to
- * the upper-layer header; an IPv6 fragment after the first has no ports
- * either, and in an isolated direction passes only where every port of
- * its protocol is allowed to the peer: it never carries denied traffic.
+ * IPv6 neighbour discovery and MLD. IPv6 extension headers are walked to
+ * the upper-layer header. A fragment after the first has no ports: it
+ * passes if its datagram's first fragment did (cellium_frags), and in an
+ * isolated direction otherwise only where every port of its protocol is
+ * allowed to the peer, so that it never carries denied traffic.
  *
  * Headers are copied out with bpf_skb_load_bytes rather than read in
  * place: the programs only read, and the helper works the same whether or
@@ -154,6 +154,60 @@ struct icmp_echo_hdr {
  * hold the M flag): not 0 after the first fragment. */
 #define IPV6_FRAG_OFFSET 0xfff8
 
+/* struct iphdr.frag_off: more fragments follow. */
+#define IPV4_FRAG_MORE 0x2000
+/* The fragment header's M flag. */
+#define IPV6_FRAG_MORE 0x0001
+
+/*
+ * A fragmented datagram is a connection's only in its first fragment, the
+ * one with the transport header. The programs remember each first fragment
+ * they let pass, by what the receiver reassembles a datagram by (the
+ * addresses, the protocol and the identification) and by the program, for
+ * FRAG_LIFETIME seconds: a later fragment that finds its datagram passes,
+ * one that does not is decided by policy in an isolated direction as a
+ * connection of its protocol to port 0. A later fragment can only join
+ * the datagram of its own key at the receiver, whose first fragment passed.
+ *
+ * The map is the programs' own (the loader creates it with them, no agent
+ * cell pins it): a restart forgets the datagrams in flight, whose later
+ * fragments are then decided as if their first were not seen. LRU: a full
+ * map forgets the oldest datagrams.
+ */
+#define FRAG_LIFETIME 60
+
+struct frag_key {
+	/* IPv4 in the first 4 bytes. */
+	__u8 src[16];
+	__u8 dst[16];
+	/* The identification: IPv4's 16 bits in the low half. */
+	__u32 id;
+	__u8 family;
+	__u8 proto;
+	/* CT_KEY_F_INCOMING: the to-endpoint program's. */
+	__u8 flags;
+	__u8 pad;
+};
+
+struct frag_entry {
+	/* Seconds of CLOCK_BOOTTIME, as conntrack's lifetime. */
+	__u32 expires;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key);
+	__type(value, struct frag_entry);
+	__uint(max_entries, 8192);
+} cellium_frags SEC(".maps");
+
+/* What the parser tells of a fragment. */
+struct frag_info {
+	__u32 id;
+	/* The first fragment of a fragmented datagram (offset 0, more follow). */
+	bool first;
+};
+
 /* What the parser made of a packet; negative values are -DROP_*. */
 /* Track it in conntrack. */
 #define PKT_TRACK 0
@@ -168,10 +222,9 @@ struct icmp_echo_hdr {
  * source: IPv6 neighbour discovery and MLD, without which the endpoint has
  * no network. */
 #define PKT_UNTRACKED_ALWAYS 4
-/* A fragment after the first, which has no transport header: an IPv4
- * fragment is reported untracked and passes; an IPv6 fragment is reported
- * untracked and, in an isolated direction, decided by policy with port 0
- * (lxc_fragment below). */
+/* A fragment after the first, which has no transport header: reported
+ * untracked; it passes if its datagram's first fragment did (cellium_frags),
+ * and is decided by policy with port 0 otherwise. */
 #define PKT_FRAGMENT 5
 
 /* Both directions sent a FIN. */
@@ -269,7 +322,8 @@ static __always_inline __u32 big_packet_len(struct __sk_buff *skb)
 	return skb->gso_size ? skb->len - ETH_HLEN : 0;
 }
 
-static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
+static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off,
+				      struct frag_info *frag)
 {
 	struct iphdr ip;
 	__u32 hlen, len;
@@ -288,8 +342,10 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary
 	__builtin_memcpy(flow->src, &ip.saddr, 4);
 	__builtin_memcpy(flow->dst, &ip.daddr, 4);
 	/* Only the first fragment carries the transport header. */
+	frag->id = bpf_ntohs(ip.id);
 	if (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET))
 		return PKT_FRAGMENT;
+	frag->first = ip.frag_off & bpf_htons(IPV4_FRAG_MORE);
 	*l4_off = ETH_HLEN + hlen;
 	return parse_l4(skb, ETH_HLEN + hlen, ETH_HLEN + len, flow);
 }
@@ -315,12 +371,14 @@ struct ipv6_ext_hdr {
 /*
  * ipv6_skip_ext walks the extension headers from *off, whose type is *nh,
  * to the upper-layer header, which must start before end: on return *off
- * is where it starts and *nh its protocol. It returns 0,
+ * is where it starts and *nh its protocol, and a fragment header fills
+ * frag. It returns 0,
  * IPV6_LATER_FRAGMENT for a fragment after the first (*off just past the
  * fragment header: no upper-layer header follows), or -DROP_INVALID_PACKET
  * for headers cut short or more than IPV6_MAX_EXT_HDRS of them.
  */
-static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off, __u32 end, __u8 *nh)
+static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off, __u32 end, __u8 *nh,
+					 struct frag_info *frag)
 {
 	struct ipv6_ext_hdr hdr;
 	int i;
@@ -333,8 +391,10 @@ static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off, __u3
 		if (*nh == IPV6_EXT_FRAGMENT) {
 			*off += sizeof(hdr);
 			*nh = hdr.nexthdr;
+			frag->id = bpf_ntohl(hdr.ident);
 			if (hdr.frag_off & bpf_htons(IPV6_FRAG_OFFSET))
 				return IPV6_LATER_FRAGMENT;
+			frag->first = hdr.frag_off & bpf_htons(IPV6_FRAG_MORE);
 			continue;
 		}
 		/* AH counts 4-byte words less 2, the others 8-byte words less 1. */
@@ -353,7 +413,8 @@ static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off, __u3
  * and any other protocol are tracked under their number with no ports,
  * which still tells their connections apart by address.
  */
-static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off,
+				      struct frag_info *frag)
 {
 	struct ipv6hdr ip6;
 	__u32 end, off = ETH_HLEN + sizeof(ip6);
@@ -373,7 +434,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary
 	__builtin_memcpy(flow->src, &ip6.saddr, 16);
 	__builtin_memcpy(flow->dst, &ip6.daddr, 16);
 	nh = ip6.nexthdr;
-	ret = ipv6_skip_ext(skb, &off, end, &nh);
+	ret = ipv6_skip_ext(skb, &off, end, &nh, frag);
 	if (ret < 0)
 		return ret;
 	flow->proto = nh;
@@ -387,7 +448,8 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow_summary
  * parse_packet fills flow from the packet and says what to do with it;
  * *l4_off is where the transport header starts.
  */
-static __always_inline int parse_packet(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off)
+static __always_inline int parse_packet(struct __sk_buff *skb, struct flow_summary *flow, __u32 *l4_off,
+					struct frag_info *frag)
 {
 	struct ethhdr eth;
 
@@ -395,9 +457,9 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct flow_summa
 		return -DROP_INVALID_PACKET;
 	switch (eth.h_proto) {
 	case bpf_htons(ETH_P_IP):
-		return parse_ipv4(skb, flow, l4_off);
+		return parse_ipv4(skb, flow, l4_off, frag);
 	case bpf_htons(ETH_P_IPV6):
-		return parse_ipv6(skb, flow, l4_off);
+		return parse_ipv6(skb, flow, l4_off, frag);
 	case bpf_htons(ETH_P_ARP):
 		/* Neighbour resolution: nothing to track or report. */
 		return PKT_PASS_SILENT;
@@ -698,6 +760,7 @@ static __always_inline bool ct_related6(struct __sk_buff *skb, __u32 off)
 	struct ct6_key key = {}, rev = {};
 	struct ipv6hdr ip6;
 	__u32 l4 = off + sizeof(struct icmp_echo_hdr) + sizeof(ip6);
+	struct frag_info frag = {};
 	__u8 nh;
 	void *map;
 
@@ -706,7 +769,7 @@ static __always_inline bool ct_related6(struct __sk_buff *skb, __u32 off)
 	/* The quoted packet's extension headers, as far as the error
 	 * quotes them; a later fragment has no ports to find it by. */
 	nh = ip6.nexthdr;
-	if (ipv6_skip_ext(skb, &l4, skb->len, &nh) != 0)
+	if (ipv6_skip_ext(skb, &l4, skb->len, &nh, &frag) != 0)
 		return false;
 	if (!quoted_ports(skb, l4, nh, &key.src_port, &key.dst_port))
 		return false;
@@ -743,6 +806,38 @@ static __always_inline int policy_untracked(struct __sk_buff *skb, struct flow_s
 	return pol->verdict < 0 ? pol->verdict : 0;
 }
 
+static __always_inline void frag_key_init(struct frag_key *key, const struct flow_summary *flow, __u32 id,
+					  __u8 key_flag)
+{
+	__builtin_memcpy(key->src, flow->src, 16);
+	__builtin_memcpy(key->dst, flow->dst, 16);
+	key->id = id;
+	key->family = flow->family;
+	key->proto = flow->proto;
+	key->flags = key_flag;
+}
+
+/* frag_record remembers a first fragment that passed. */
+static __always_inline void frag_record(const struct flow_summary *flow, __u32 id, __u8 key_flag)
+{
+	struct frag_key key = {};
+	struct frag_entry entry = {.expires = now_seconds() + FRAG_LIFETIME};
+
+	frag_key_init(&key, flow, id, key_flag);
+	bpf_map_update_elem(&cellium_frags, &key, &entry, BPF_ANY);
+}
+
+/* frag_seen says whether a later fragment's first fragment passed. */
+static __always_inline bool frag_seen(const struct flow_summary *flow, __u32 id, __u8 key_flag)
+{
+	struct frag_key key = {};
+	const struct frag_entry *entry;
+
+	frag_key_init(&key, flow, id, key_flag);
+	entry = bpf_map_lookup_elem(&cellium_frags, &key);
+	return entry && entry->expires >= now_seconds();
+}
+
 static __always_inline void emit_flow_event(struct __sk_buff *skb, struct flow_record *rec, __u8 type,
 					    __u8 subtype, __u16 endpoint_id)
 {
@@ -764,12 +859,14 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 		.direction = to_endpoint ? TRAFFIC_INGRESS : TRAFFIC_EGRESS,
 	};
 	__u8 point = TRACE_TO_ENDPOINT;
+	__u8 key_flag = to_endpoint ? CT_KEY_F_INCOMING : 0;
+	struct frag_info frag = {};
 	bool report = true;
 	__u32 l4_off = 0;
 	int kind, ret = 0;
 
 	flow->len = skb->len;
-	kind = parse_packet(skb, flow, &l4_off);
+	kind = parse_packet(skb, flow, &l4_off, &frag);
 	if (kind == PKT_PASS_SILENT)
 		return TC_ACT_UNSPEC;
 
@@ -806,17 +903,15 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 	if (kind < 0) {
 		ret = kind;
 	} else if (kind == PKT_TRACK) {
-		__u8 key_flag = to_endpoint ? CT_KEY_F_INCOMING : 0;
-
 		if (flow->family == EVENT_FAMILY_IPV4)
 			ret = ct_track4(flow, key_flag, &pol, &report);
 		else
 			ret = ct_track6(flow, key_flag, &pol, &report);
-	} else if (kind != PKT_UNTRACKED_ALWAYS && !(kind == PKT_FRAGMENT && flow->family == EVENT_FAMILY_IPV4)) {
-		/* An IPv6 fragment after the first too: in an isolated
-		 * direction it passes only if every port of its protocol is
-		 * allowed to the peer (port 0), since nothing tells which
-		 * connection it belongs to. */
+	} else if (kind != PKT_UNTRACKED_ALWAYS && !(kind == PKT_FRAGMENT && frag_seen(flow, frag.id, key_flag))) {
+		/* A later fragment whose first was not seen too: in an
+		 * isolated direction it passes only if every port of its
+		 * protocol is allowed to the peer (port 0), since nothing
+		 * tells which connection it belongs to. */
 		ret = policy_untracked(skb, flow, l4_off, kind, &pol);
 	}
 	if (ret == -DROP_POLICY_DENIED)
@@ -825,6 +920,8 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 		emit_flow_event(skb, &rec, EVENT_DROP, -ret, pol.endpoint_id);
 		return TC_ACT_SHOT;
 	}
+	if (frag.first)
+		frag_record(flow, frag.id, key_flag);
 	if (report || !monitor_aggregation)
 		emit_flow_event(skb, &rec, EVENT_TRACE, point, pol.endpoint_id);
 	/* One per connection the policy let open, as its first trace. */

@@ -64,6 +64,22 @@ type LXCEndpointKey struct {
 	Pad    [3]uint8
 }
 
+type LXCFragEntry struct {
+	_       structs.HostLayout
+	Expires uint32
+}
+
+type LXCFragKey struct {
+	_      structs.HostLayout
+	Src    [16]uint8
+	Dst    [16]uint8
+	Id     uint32
+	Family uint8
+	Proto  uint8
+	Flags  uint8
+	Pad    uint8
+}
+
 type LXCIpcacheKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -138,6 +154,7 @@ const (
 	LXCMapCelliumEndpoints         = "cellium_endpoints"
 	LXCMapCelliumEvents            = "cellium_events"
 	LXCMapCelliumEventsLost        = "cellium_events_lost"
+	LXCMapCelliumFrags             = "cellium_frags"
 	LXCMapCelliumIpcache           = "cellium_ipcache"
 	LXCMapCelliumLb4Dsr            = "cellium_lb4_dsr"
 	LXCMapCelliumPolicy            = "cellium_policy"
@@ -210,6 +227,7 @@ type LXCMapSpecs struct {
 	CelliumEndpoints         *ebpf.MapSpec `ebpf:"cellium_endpoints"`
 	CelliumEvents            *ebpf.MapSpec `ebpf:"cellium_events"`
 	CelliumEventsLost        *ebpf.MapSpec `ebpf:"cellium_events_lost"`
+	CelliumFrags             *ebpf.MapSpec `ebpf:"cellium_frags"`
 	CelliumIpcache           *ebpf.MapSpec `ebpf:"cellium_ipcache"`
 	CelliumLb4Dsr            *ebpf.MapSpec `ebpf:"cellium_lb4_dsr"`
 	CelliumPolicy            *ebpf.MapSpec `ebpf:"cellium_policy"`
@@ -256,6 +274,7 @@ type LXCMaps struct {
 	CelliumEndpoints         *ebpf.Map `ebpf:"cellium_endpoints"`
 	CelliumEvents            *ebpf.Map `ebpf:"cellium_events"`
 	CelliumEventsLost        *ebpf.Map `ebpf:"cellium_events_lost"`
+	CelliumFrags             *ebpf.Map `ebpf:"cellium_frags"`
 	CelliumIpcache           *ebpf.Map `ebpf:"cellium_ipcache"`
 	CelliumLb4Dsr            *ebpf.Map `ebpf:"cellium_lb4_dsr"`
 	CelliumPolicy            *ebpf.Map `ebpf:"cellium_policy"`
@@ -272,6 +291,7 @@ func (m *LXCMaps) Close() error {
 		m.CelliumEndpoints,
 		m.CelliumEvents,
 		m.CelliumEventsLost,
+		m.CelliumFrags,
 		m.CelliumIpcache,
 		m.CelliumLb4Dsr,
 		m.CelliumPolicy,

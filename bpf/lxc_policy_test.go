@@ -526,6 +526,7 @@ func TestLXCPolicyMLD(t *testing.T) {
 // The first fragment of a UDP datagram is decided as UDP with its ports:
 // A, whose egress allows UDP/53 to Y, sends a large datagram to B:53 (it
 // was decided as protocol 44 without ports, and dropped), and not to B:54.
+// The allowed datagram's later fragment passes, the denied one's does not.
 func TestLXCPolicyIPv6FirstFragment(t *testing.T) {
 	l := loadPolicyLXC(t)
 	l.isolate(epA, policymap.FlagEgress)
@@ -533,11 +534,15 @@ func TestLXCPolicyIPv6FirstFragment(t *testing.T) {
 	for _, tc := range []struct {
 		port    uint16
 		allowed bool
-	}{{53, true}, {54, false}} {
+		id      uint32
+	}{{53, true, 42}, {54, false, 43}} {
 		src, dst := ap(podA6, 5001), ap(podB6, tc.port)
-		first := ip6With(podA6, podB6, ip6Fragment, udpPacket(src, dst), ip6Frag(unix.IPPROTO_UDP, 0, true, 42))
+		first := ip6With(podA6, podB6, ip6Fragment, udpPacket(src, dst), ip6Frag(unix.IPPROTO_UDP, 0, true, tc.id))
+		later := ip6With(podA6, podB6, ip6Fragment, udpPacket(src, dst), ip6Frag(unix.IPPROTO_UDP, 185, false, tc.id))
 		if !tc.allowed {
 			l.run(l.from, first, verdictDrop)
+			l.policyDrop(monitorapi.DirectionEgress, epA)
+			l.run(l.from, later, verdictDrop)
 			l.policyDrop(monitorapi.DirectionEgress, epA)
 			continue
 		}
@@ -547,11 +552,16 @@ func TestLXCPolicyIPv6FirstFragment(t *testing.T) {
 			t.Fatalf("first fragment traced %v, want UDP to port %d", tr, tc.port)
 		}
 		l.entry(ctKey(unix.IPPROTO_UDP, src, dst, 0))
+		l.run(l.from, later, verdictNext)
+		if tr := l.trace(); tr.Flow.CTState != monitorapi.CTUnknown || tr.Flow.Proto != unix.IPPROTO_UDP {
+			t.Fatalf("later fragment of the allowed datagram traced %v, want UDP untracked", tr)
+		}
 	}
 }
 
-// A later fragment has no ports: in an isolated direction it passes only
-// if the peer may use every port of its protocol. It is never a reply:
+// A later fragment has no ports: in an isolated direction it passes if
+// its datagram's first fragment did, and otherwise only if the peer may
+// use every port of its protocol. It is never a reply by itself:
 // one fragmented datagram of A's to Z (A's egress is not isolated) once
 // made an entry of protocol 44 without ports, which let Z send A any
 // fragment, a TCP SYN to port 22 in an atomic fragment included, past A's
@@ -574,7 +584,19 @@ func TestLXCPolicyIPv6LaterFragments(t *testing.T) {
 	syn22 := ip6With(remote6, podA6, ip6Fragment, tcpPacket(ap(remote6, 4000), ap(podA6, 22), syn), ip6Frag(unix.IPPROTO_TCP, 0, false, 43))
 	l.run(l.to, syn22, verdictDrop)
 	l.policyDrop(monitorapi.DirectionIngress, epA)
-	// Later fragments from Z, of UDP and TCP: denied.
+	// Z's fragmented reply: its first fragment is a reply, and its later
+	// fragment passes with it; another datagram's does not.
+	reply := ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), ip6Frag(unix.IPPROTO_UDP, 0, true, 50))
+	l.run(l.to, reply, verdictNext)
+	if tr := l.trace(); tr.Flow.CTState != monitorapi.CTReply {
+		t.Fatalf("first fragment of Z's reply traced %v, want ct=reply", tr)
+	}
+	l.run(l.to, ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), ip6Frag(unix.IPPROTO_UDP, 185, false, 50)), verdictNext)
+	if tr := l.trace(); tr.Flow.CTState != monitorapi.CTUnknown {
+		t.Fatalf("later fragment of Z's reply traced %v, want untracked", tr)
+	}
+	// Later fragments from Z of no datagram that passed, UDP and TCP:
+	// denied.
 	laterUDP := ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), ip6Frag(unix.IPPROTO_UDP, 185, false, 44))
 	laterTCP := ip6With(remote6, podA6, ip6Fragment, tcpPacket(ap(remote6, 4000), ap(podA6, 22), ack), ip6Frag(unix.IPPROTO_TCP, 185, false, 45))
 	for _, pkt := range [][]byte{laterUDP, laterTCP} {
@@ -591,8 +613,87 @@ func TestLXCPolicyIPv6LaterFragments(t *testing.T) {
 	if tr := l.allowed(monitorapi.DirectionIngress, monitorapi.PolicyMatchL3L4); tr.Flow.CTState != monitorapi.CTUnknown || tr.Flow.Proto != unix.IPPROTO_UDP {
 		t.Fatalf("later UDP fragment traced %v, want UDP untracked", tr)
 	}
-	// A's egress is not isolated: its later fragments pass.
+	// A's egress is not isolated: its later fragments pass, whatever the
+	// first.
 	l.run(l.from, ip6With(podA6, remote6, ip6Fragment, udpPacket(a, z), ip6Frag(unix.IPPROTO_UDP, 185, false, 42)), verdictNext)
+	l.trace()
+}
+
+// IPv4's later fragments as IPv6's: B is isolated for ingress and allows
+// Z UDP/53; Z's datagram to B:53 passes in every fragment, a later
+// fragment of no datagram that passed is denied (it once always passed).
+func TestLXCPolicyIPv4LaterFragments(t *testing.T) {
+	l := loadPolicyLXC(t)
+	l.isolate(epB, policymap.FlagIngress)
+	l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_UDP, Port: 53})
+	z, b := ap(remote, 5000), ap(podB, 53)
+	fragment := func(id, fragOff uint16) []byte {
+		pkt := udpPacket(z, b)
+		binary.BigEndian.PutUint16(pkt[14+4:], id)
+		binary.BigEndian.PutUint16(pkt[14+6:], fragOff)
+		return pkt
+	}
+	l.run(l.to, fragment(7, 0x2000), verdictNext) // more fragments, offset 0
+	l.allowed(monitorapi.DirectionIngress, monitorapi.PolicyMatchL3L4)
+	l.run(l.to, fragment(7, 185), verdictNext) // offset 1480 bytes, the last
+	if tr := l.trace(); tr.Flow.CTState != monitorapi.CTUnknown {
+		t.Fatalf("later fragment traced %v, want untracked", tr)
+	}
+	l.run(l.to, fragment(8, 185), verdictDrop)
+	l.policyDrop(monitorapi.DirectionIngress, epB)
+	// An unfragmented datagram remembers nothing: a later fragment of
+	// its identification is denied.
+	l.run(l.to, fragment(9, 0), verdictNext)
+	l.events()
+	l.run(l.to, fragment(9, 185), verdictDrop)
+	l.policyDrop(monitorapi.DirectionIngress, epB)
+}
+
+// fragKey and fragEntry are struct frag_key and frag_entry of lxc.c.
+type fragKey struct {
+	Src, Dst [16]byte
+	ID       uint32
+	Family   uint8
+	Proto    uint8
+	Flags    uint8
+	_        uint8
+}
+
+type fragEntry struct{ Expires uint32 }
+
+// A first fragment that passes is remembered for 60 seconds; a later
+// fragment whose entry expired is decided as if its first was not seen.
+func TestLXCFragmentLifetime(t *testing.T) {
+	l := loadPolicyLXC(t)
+	l.isolate(epB, policymap.FlagIngress)
+	l.allow(policymap.Allow{EndpointID: epB, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_UDP, Port: 53})
+	z, b := ap(remote, 5000), ap(podB, 53)
+	fragment := func(id, fragOff uint16) []byte {
+		pkt := udpPacket(z, b)
+		binary.BigEndian.PutUint16(pkt[14+4:], id)
+		binary.BigEndian.PutUint16(pkt[14+6:], fragOff)
+		return pkt
+	}
+	w := during(func() { l.run(l.to, fragment(11, 0x2000), verdictNext) })
+	l.events()
+	key := fragKey{ID: 11, Family: 4, Proto: unix.IPPROTO_UDP, Flags: ctmap.KeyIncoming}
+	copy(key.Src[:], remote.AsSlice())
+	copy(key.Dst[:], podB.AsSlice())
+	var e fragEntry
+	if err := l.frags.Lookup(key, &e); err != nil {
+		t.Fatalf("fragment entry %+v: %v", key, err)
+	}
+	w.check(t, "fragment entry's expiry", e.Expires, 60)
+
+	if err := l.frags.Put(key, fragEntry{Expires: ctmap.Now() - 1}); err != nil {
+		t.Fatal(err)
+	}
+	l.run(l.to, fragment(11, 185), verdictDrop)
+	l.policyDrop(monitorapi.DirectionIngress, epB)
+	if err := l.frags.Put(key, fragEntry{Expires: ctmap.Now() + 5}); err != nil {
+		t.Fatal(err)
+	}
+	l.run(l.to, fragment(11, 185), verdictNext)
 	l.trace()
 }
 

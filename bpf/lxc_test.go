@@ -80,8 +80,10 @@ type lxc struct {
 	policy      *ebpf.Map
 	enforcement *ebpf.Map
 	prefixes    *ebpf.Map
-	ring        *ringbuf.Reader
-	boot        monitorapi.BootClock
+	// frags is the programs' own map of fragmented datagrams.
+	frags *ebpf.Map
+	ring  *ringbuf.Reader
+	boot  monitorapi.BootClock
 	// nsPath is the namespace of the endpoints' interfaces, devA and devB
 	// their ifindexes there; ifindexOf maps each endpoint address to its
 	// interface.
@@ -156,6 +158,7 @@ func loadLXC(t testing.TB, opts lxcOptions) *lxc {
 		policy:      coll.Maps[policymap.MapName],
 		enforcement: coll.Maps[policymap.EnforcementMapName],
 		prefixes:    coll.Maps[policymap.PrefixMapName],
+		frags:       coll.Maps[bpf.LXCMapCelliumFrags],
 		boot:        monitorapi.SystemBootClock(),
 	}
 	for _, name := range []string{ctmaps.MapTCP4, ctmaps.MapAny4, ctmaps.MapTCP6, ctmaps.MapAny6} {
