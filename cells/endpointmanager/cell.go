@@ -82,7 +82,7 @@ var crashSteps = []string{CrashIPAMAllocated, CrashVethCreated, CrashEndpointPer
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("cni-conf-dir", def.CNIConfDir, "Directory the agent writes its CNI configuration (05-cellium.conflist) to once it is ready; empty: do not write it")
 	flags.Int("endpoint-mtu", def.EndpointMTU,
-		"MTU of the endpoints' veth pairs; 0: the lowest MTU of the devices holding node addresses (1500 without any), less the tunnel's overhead with --routing-mode=tunnel")
+		"MTU of the endpoints' veth pairs, set on restored ones too; 0: the lowest MTU of the devices holding node addresses (1500 without any), less the tunnel's overhead with --routing-mode=tunnel, given to new veth pairs only (a restart leaves running pods' MTU as it is)")
 	flags.Duration("endpoint-restore-live-report", def.EndpointRestoreLiveReport,
 		"How long a restored endpoint whose veth pair was made again may wait to be live in the datapath (programs attached, policy in the maps) before the health row endpoint-manager.restore-live names it; it stays unrouted and keeps waiting")
 	flags.String("endpoint-test-crash-at", def.EndpointTestCrashAt,
@@ -271,7 +271,7 @@ func newManager(p params) (*Manager, error) {
 		m.devices, m.nodeAddrs = p.Devices, p.NodeAddresses
 	}
 	m.plumb = &plumbing{mtu: func() int { return m.mtu(p.Config.EndpointMTU, p.Overhead, p.Devices, p.NodeAddresses) },
-		vethCreated: func() { m.crash.At(CrashVethCreated) }}
+		fixedMTU: p.Config.EndpointMTU != 0, vethCreated: func() { m.crash.At(CrashVethCreated) }}
 	// The creations' host-side netlink sockets, opened by the first.
 	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { m.plumb.host.close(); return nil }})
 

@@ -108,6 +108,10 @@ func openNetnsNow(path string) (netns.NsHandle, error) {
 type plumbing struct {
 	// mtu is the MTU endpoints get now (see Manager.mtu).
 	mtu func() int
+	// fixedMTU says mtu is --endpoint-mtu: plumb sets it on an intact veth
+	// pair too. An automatic one is given only to pairs it makes: a
+	// restart leaves a running pod's MTU as it is.
+	fixedMTU bool
 	// vethCreated runs right after a new veth pair exists: the test fault
 	// point (--endpoint-test-crash-at).
 	vethCreated func()
@@ -428,17 +432,20 @@ func (v *hostView) hasRoute(dst netip.Addr, ifindex int) bool {
 	return slices.Contains(v.routes[dst], ifindex)
 }
 
-// ensureVeth returns the endpoint's veth pair, making it if it is missing.
-// A host side whose peer is not the pod's interface is what an interrupted
-// creation leaves: it is replaced.
+// ensureVeth returns the endpoint's veth pair, making it if it is missing,
+// with MTU mtu. An intact pair keeps its MTU unless it is --endpoint-mtu
+// (fixedMTU). A host side whose peer is not the pod's interface is what an
+// interrupted creation leaves: it is replaced.
 func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle, mtu int) (host, podLink netlink.Link, created bool, err error) {
 	host, err = netlink.LinkByName(ep.HostIfName)
 	switch {
 	case err == nil:
 		podLink, perr := pod.LinkByName(ep.IfName)
 		if perr == nil && paired(host, podLink) {
-			if err := p.ensureMTU(host, podLink, pod, mtu); err != nil {
-				return nil, nil, false, err
+			if p.fixedMTU {
+				if err := p.ensureMTU(host, podLink, pod, mtu); err != nil {
+					return nil, nil, false, err
+				}
 			}
 			return host, podLink, false, nil
 		}
