@@ -202,7 +202,8 @@ bench-policy:
 	$(GO) test ./cells/policy -run '^$$' -bench 'FromScratch$$|Memory' -benchtime 1x -count 1 | tee $(BIN)/bench-policy.out
 	$(GO) test ./cells/policy -run '^$$' -bench 'NewIdentity' -benchtime 200x -count 1 | tee -a $(BIN)/bench-policy.out
 	$(GO) test ./cells/policymaps -run '^$$' -bench 'MapMemory' -benchtime 1x -count 1 | tee -a $(BIN)/bench-policy.out
-	@grep -E '^policy-(map-)?bench' $(BIN)/bench-policy.out
+	$(GO) test ./cells/policymaps -run '^$$' -bench 'Prune' -benchtime 10x -count 1 | tee -a $(BIN)/bench-policy.out
+	@grep -E '^policy-(map-)?(prune-)?bench' $(BIN)/bench-policy.out
 
 # Identity allocation against a real etcd (as root, needs Debian's
 # etcd-server): 2,000 new label sets from 32 goroutines, then the same

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -240,4 +241,63 @@ func BenchmarkNewEndpointRealized(b *testing.B) {
 	b.StopTimer()
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Printf("policy-map-realize-bench ns_per_endpoint=%d load1=%s\n", b.Elapsed().Nanoseconds()/int64(b.N), strings.Fields(string(load))[0])
+}
+
+// BenchmarkPrune: one prune of the policy trie filled to 65,500 keys (100
+// endpoints with 655 allows each), nothing to remove: the entries' table
+// read into the set of wanted keys and every key of the trie read, as the
+// reconciler does each pruneInterval (a minute). Prints
+// `policy-map-prune-bench keys=... ms_per_prune=... map_read_ms=...
+// cpu_share_per_minute=... load1=...` (map_read_ms: one read of the trie
+// alone, after the prunes).
+//
+//	go test ./cells/policymaps -run '^$' -bench Prune -benchtime 10x
+func BenchmarkPrune(b *testing.B) {
+	const endpoints, perEndpoint = 100, 655
+	a := newAgent(b, bpfmapstest.Root(b), 1<<16)
+	a.start(b)
+	defer a.stop(b)
+	var objs []any
+	for ep := range uint16(endpoints) {
+		for i := range uint32(perEndpoint) {
+			objs = append(objs, entry(ep+1, policy.Ingress, 1000+i, unix.IPPROTO_TCP, 80, 0))
+		}
+	}
+	a.put(objs...)
+	a.done()
+	for {
+		txn := a.db.ReadTxn()
+		pending := 0
+		for e := range a.entries.All(txn) {
+			if e.Status.Kind != reconciler.StatusKindDone {
+				pending++
+			}
+		}
+		if pending == 0 {
+			break
+		}
+		_, watch := a.entries.AllWatch(txn)
+		<-watch
+	}
+	ops := &entryOps{m: a.maps.Policy, metrics: a.metrics}
+	b.ResetTimer()
+	for b.Loop() {
+		txn := a.db.ReadTxn()
+		if err := ops.Prune(b.Context(), txn, a.entries.All(txn)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	// The map's read alone, for the share of the prune it is.
+	start := time.Now()
+	keys := 0
+	if err := a.maps.Policy.Iterate(func(policymap.Key, policymap.Value) bool { keys++; return true }); err != nil {
+		b.Fatal(err)
+	}
+	readMS := float64(time.Since(start).Nanoseconds()) / 1e6
+	load, _ := os.ReadFile("/proc/loadavg")
+	per := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+
+	fmt.Printf("policy-map-prune-bench keys=%d ms_per_prune=%.1f map_read_ms=%.1f cpu_share_per_minute=%.4f load1=%s\n",
+		keys, per/1e6, readMS, per/float64(time.Minute), strings.Fields(string(load))[0])
 }
