@@ -20,14 +20,17 @@
 //     EndpointID is not 0 and not in the table: the connections of pods
 //     deleted while the agent was down. Later passes delete by lifetime
 //     only. A first pass that fails leaves the endpoint check to the next.
-//   - Endpoints deleted while the agent runs: the job
-//     flush-deleted-endpoints follows the endpoints table and, for each
-//     endpoint deleted, deletes from the four conntrack maps every entry
-//     with one of its addresses as source or destination (live ones too):
-//     the IPAM gives the address to a new pod later, which a peer's
-//     established entry would otherwise let the peer into past its ingress
-//     policy. Logged at info and counted (reason endpoint_deleted); a walk
-//     that fails is retried after the minimum interval.
+//   - Endpoints deleted while the agent runs: with the IPAM in the hive,
+//     the GC holds released addresses (ipam.IPAM.HoldReleases); the job
+//     flush-released-addresses deletes from the four conntrack maps every
+//     entry with one of them as source or destination (live ones too),
+//     then frees them: an address goes to no new pod before the entries
+//     its old pod left are gone, which would let that pod's peers in past
+//     the new pod's ingress policy. Without the IPAM, the job
+//     flush-deleted-endpoints does the same for the addresses of each
+//     endpoint deleted from the endpoints table. Logged at info and
+//     counted (reason endpoint_deleted); a walk that fails is retried
+//     after the minimum interval.
 //   - The wait between passes adapts to the largest share of a map's
 //     capacity a pass found expired: above a quarter, the wait shrinks in
 //     proportion (to at most a quarter of itself); below 5% of every map,

@@ -17,6 +17,7 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
@@ -95,8 +96,11 @@ type Status struct {
 	// Last is the latest pass; nil before the first.
 	Last *Pass
 	// EndpointsFlushed counts the endpoints deleted since start whose
-	// conntrack entries are deleted.
+	// conntrack entries are deleted (in hives without the IPAM).
 	EndpointsFlushed uint64
+	// AddressesReleased counts the addresses the IPAM held as released
+	// whose conntrack entries are deleted, then freed.
+	AddressesReleased uint64
 }
 
 // Flushed is what a flush removed from one map.
@@ -116,6 +120,7 @@ type GC struct {
 	endpoints statedb.Table[*endpointmanager.Endpoint]
 	maps      *ctmaps.Maps
 	nat       *NodePortNAT
+	ipam      *ipam.IPAM
 	metrics   *gcMetrics
 	interval  *interval
 
@@ -150,7 +155,10 @@ type params struct {
 	// NAT is the NodePort programs' NAT map (the loader's), whose expired
 	// entries the passes delete too; absent in hives without the loader.
 	// Before Jobs, as Maps: its start hook opens it before the job starts.
-	NAT  *NodePortNAT `optional:"true"`
+	NAT *NodePortNAT `optional:"true"`
+	// IPAM, when the hive has it, holds released addresses until their
+	// entries are deleted.
+	IPAM *ipam.IPAM `optional:"true"`
 	Jobs job.Group
 }
 
@@ -169,6 +177,7 @@ func newGC(p params) (*GC, error) {
 		endpoints: p.Endpoints,
 		maps:      p.Maps,
 		nat:       p.NAT,
+		ipam:      p.IPAM,
 		metrics:   newGCMetrics(),
 		interval:  iv,
 		requests:  make(chan chan Pass),
@@ -183,8 +192,52 @@ func newGC(p params) (*GC, error) {
 	// The job group's start hook was appended when the group was built for
 	// this constructor, after the maps' (this constructor takes them): the
 	// job starts once the maps are open.
-	p.Jobs.Add(job.OneShot("gc", gc.run), job.OneShot("flush-deleted-endpoints", gc.flushDeletedEndpoints))
+	p.Jobs.Add(job.OneShot("gc", gc.run))
+	if p.IPAM != nil {
+		// Every address an endpoint had is released through the IPAM
+		// before the endpoint leaves the table: held there until its
+		// entries are gone, it goes to no new pod before.
+		p.IPAM.HoldReleases("conntrack garbage collection")
+		p.Jobs.Add(job.OneShot("flush-released-addresses", gc.flushReleasedAddresses))
+	} else {
+		p.Jobs.Add(job.OneShot("flush-deleted-endpoints", gc.flushDeletedEndpoints))
+	}
 	return gc, nil
+}
+
+// flushReleasedAddresses is the job that deletes the conntrack entries of
+// the addresses the IPAM holds as released (HoldReleases), then frees them:
+// the IPAM hands such an address to a new pod only after its old owner's
+// entries are gone, which would otherwise let the old pod's peers into the
+// new one past its ingress policy. A walk deletes the entries of every
+// address released by then; one that fails is tried again after the
+// shortest interval, the addresses held meanwhile.
+func (gc *GC) flushReleasedAddresses(ctx context.Context, health cell.Health) error {
+	health.OK("Following released addresses")
+	var retry <-chan time.Time
+	for {
+		addrs, watch := gc.ipam.Releasing()
+		if len(addrs) > 0 && retry == nil {
+			deleted, err := gc.flushAddrs(addrs)
+			if err != nil {
+				gc.log.Warn("Deleting the conntrack entries of released addresses failed; they stay held, retrying", "addresses", addrs, "error", err)
+				health.Degraded("Deleting the conntrack entries of released addresses", err)
+				retry = time.After(gc.interval.min)
+			} else {
+				gc.ipam.FinishReleases(addrs)
+				gc.log.Info("Deleted the conntrack entries of released addresses", "addresses", addrs, "deleted", deleted)
+				health.OK("Following released addresses")
+				gc.updateStatus(func(s *Status) { s.AddressesReleased += uint64(len(addrs)) })
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		case <-retry:
+			retry = nil
+		}
+	}
 }
 
 // flushDeletedEndpoints is the job that, for every endpoint deleted from

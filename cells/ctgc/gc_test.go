@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,9 +25,11 @@ import (
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/ctgc"
 	"github.com/cellium/cellium/cells/ctmaps"
+	"github.com/cellium/cellium/cells/daemon"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/internal/celltest"
+	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/pkg/ctmap"
 	"github.com/cellium/cellium/pkg/nodeportmap"
 )
@@ -49,6 +52,7 @@ type gcEnv struct {
 	health    statedb.Table[*health.Status]
 	maps      *ctmaps.Maps
 	nat       *ctgc.NodePortNAT
+	ipam      *ipam.IPAM
 	gc        *ctgc.GC
 	registry  *prometheus.Registry
 	stop      func()
@@ -72,6 +76,9 @@ type envOptions struct {
 	logs *logRecorder
 	// nat declares the NodePort NAT map, as the loader does.
 	nat bool
+	// ipam adds the IPAM (pool 10.244.0.0/29 and fd00::/125, state in a
+	// temporary directory), which the GC holds released addresses of.
+	ipam bool
 }
 
 func newGCEnv(t *testing.T, root string, opts envOptions) *gcEnv {
@@ -107,7 +114,15 @@ func newGCEnv(t *testing.T, root string, opts envOptions) *gcEnv {
 			})
 		}), cell.Invoke(func(nat *ctgc.NodePortNAT) { e.nat = nat }))
 	}
+	if opts.ipam {
+		cells = append(cells, daemon.Cell, ipam.Cell, cell.Invoke(func(i *ipam.IPAM) { e.ipam = i }))
+	}
 	h := celltest.New(cells...)
+	if opts.ipam {
+		dir := t.TempDir()
+		hive.AddConfigOverride(h, func(c *daemon.Config) { c.StateDir, c.RunDir = filepath.Join(dir, "state"), filepath.Join(dir, "run") })
+		hive.AddConfigOverride(h, func(c *ipam.Config) { c.PodCIDR = []string{"10.244.0.0/29", "fd00::/125"} })
+	}
 	if opts.apiSocket != "" {
 		hive.AddConfigOverride(h, func(c *api.Config) { c.APISocket = opts.apiSocket })
 	}

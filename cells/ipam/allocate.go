@@ -222,7 +222,7 @@ func (i *IPAM) Claim(ip netip.Addr, owner string) error {
 	defer txn.Abort()
 	old, _, found := i.tbl.Get(txn, AllocationIP.Query(ip))
 	switch {
-	case found && old.Owner != owner:
+	case found && (old.Owner != owner || old.State == Releasing):
 		return errorf(ErrInUse, "address %s is allocated to %q (%s), not to %q", ip, old.Owner, old.State, owner)
 	case found && old.State != Unclaimed:
 		return nil
@@ -269,6 +269,9 @@ func (i *IPAM) Release(ip netip.Addr, owner string) (released bool, err error) {
 	if !found {
 		return false, nil
 	}
+	if old.State == Releasing {
+		return false, nil
+	}
 	if old.Owner != owner || old.State == Router {
 		return false, errorf(ErrInUse, "address %s is allocated to %q (%s), not to %q", ip, old.Owner, old.State, owner)
 	}
@@ -292,18 +295,77 @@ func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
 	}
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
+	i.mu.Lock()
+	hold := i.holder != ""
+	i.mu.Unlock()
 	var released []netip.Addr
 	for a := range i.tbl.List(txn, AllocationOwner.Query(owner)) {
-		if a.State == Router || a.State == Reserved {
+		if a.State == Router || a.State == Reserved || a.State == Releasing {
 			continue
 		}
-		if err := i.delete(txn, a); err != nil {
+		var err error
+		if hold {
+			err = i.hold(txn, a)
+		} else {
+			err = i.delete(txn, a)
+		}
+		if err != nil {
 			return nil, err
 		}
 		released = append(released, a.IP)
 	}
 	txn.Commit()
 	return released, nil
+}
+
+// HoldReleases makes the addresses that owners release (ReleaseOwner: an
+// endpoint deleted, a creation undone) stay in the table as Releasing,
+// handed to no one, until FinishReleases: holder (the conntrack GC)
+// deletes what the old owner left that a new one must not inherit before
+// the address is used again. Called from a constructor; without it a
+// released address is free at once.
+func (i *IPAM) HoldReleases(holder string) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.holder = holder
+}
+
+// Releasing are the addresses released and held (HoldReleases), with a
+// channel closed when they change.
+func (i *IPAM) Releasing() ([]netip.Addr, <-chan struct{}) {
+	var out []netip.Addr
+	rows, watch := i.tbl.ListWatch(i.db.ReadTxn(), AllocationState.Query(Releasing))
+	for a := range rows {
+		out = append(out, a.IP)
+	}
+	return out, watch
+}
+
+// FinishReleases frees the held addresses ips: the next allocations may
+// hand them out.
+func (i *IPAM) FinishReleases(ips []netip.Addr) {
+	txn := i.db.WriteTxn(i.tbl)
+	defer txn.Abort()
+	for _, ip := range ips {
+		if a, _, found := i.tbl.Get(txn, AllocationIP.Query(ip)); found && a.State == Releasing {
+			i.tbl.Delete(txn, a)
+			i.log.Debug("Released address", "ip", a.IP, "owner", a.Owner)
+		}
+	}
+	txn.Commit()
+}
+
+// hold releases a: its file goes (a restart frees it), its row stays as
+// Releasing until FinishReleases.
+func (i *IPAM) hold(txn statedb.WriteTxn, a *Allocation) error {
+	if err := i.store.remove(a.IP); err != nil {
+		return err
+	}
+	held := &Allocation{IP: a.IP, Owner: a.Owner, State: Releasing, Since: time.Now()}
+	if _, _, err := i.tbl.Insert(txn, held); err != nil {
+		return err
+	}
+	return nil
 }
 
 // releaseByHand releases an address for the API: a reserved or unclaimed
@@ -322,6 +384,8 @@ func (i *IPAM) releaseByHand(ip netip.Addr) (*Allocation, error) {
 		return nil, errorf(ErrInUse, "address %s is the router address of its pool and cannot be released", ip)
 	case old.State == InUse:
 		return nil, errorf(ErrInUse, "address %s is in use by the endpoint of container %q: delete the endpoint instead", ip, old.Owner)
+	case old.State == Releasing:
+		return nil, errorf(ErrInUse, "address %s is being released (%s deletes what its last owner %q left first)", ip, i.holderName(), old.Owner)
 	}
 	if err := i.delete(txn, old); err != nil {
 		return nil, err
@@ -339,4 +403,10 @@ func (i *IPAM) delete(txn statedb.WriteTxn, a *Allocation) error {
 	}
 	i.log.Debug("Released address", "ip", a.IP, "owner", a.Owner, "state", a.State)
 	return nil
+}
+
+func (i *IPAM) holderName() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.holder
 }

@@ -128,6 +128,8 @@ type IPAM struct {
 	// after the last one handed out, so released addresses are not reused
 	// at once.
 	cursor map[Family]netip.Addr
+	// holder, when set, holds released addresses (HoldReleases).
+	holder string
 }
 
 func newIPAM(p params) (*IPAM, error) {

@@ -29,6 +29,13 @@
 // That is an edge of the graph, not a delay: `agent db list` shows the
 // table waiting for "endpoint-restore".
 //
+// Held releases. A cell that must act on an address before it is used
+// again (the conntrack GC: the old pod's connections) calls
+// [IPAM.HoldReleases] from its constructor. An address its owner then
+// releases ([IPAM.ReleaseOwner]) stays in the table as "releasing", its
+// file removed, handed to no one, until the holder calls
+// [IPAM.FinishReleases]; [IPAM.Releasing] lists them with a watch channel.
+//
 // Leaks. An address that stays unclaimed belonged to an owner that never
 // became an endpoint: the agent died in the middle of a CNI ADD, and the
 // runtime did not call DEL. Once --ipam-leak-grace has passed after the

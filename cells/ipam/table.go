@@ -23,6 +23,10 @@ const (
 	// restored endpoint has claimed (yet). Released once the grace period
 	// after the restore has passed.
 	Unclaimed State = "unclaimed"
+	// Releasing: released by its owner, held until the holder of
+	// releases (the conntrack GC, see HoldReleases) has done what must
+	// precede the address's next use. Not on disk: a restart frees it.
+	Releasing State = "releasing"
 )
 
 // RouterOwner owns the router addresses.

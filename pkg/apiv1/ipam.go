@@ -25,6 +25,9 @@ const (
 	// owner that did not become an endpoint; released once the grace
 	// period (--ipam-leak-grace) after the restore has passed.
 	AllocationUnclaimed = "unclaimed"
+	// AllocationReleasing: released by its owner, handed to no one until
+	// the conntrack garbage collector has deleted the entries with it.
+	AllocationReleasing = "releasing"
 )
 
 // IPAM is the answer of GET /v1/ipam.
