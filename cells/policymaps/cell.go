@@ -706,20 +706,27 @@ func (o *prefixOps) report(txn statedb.ReadTxn) {
 }
 
 func (o *prefixOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, p *policy.Prefix) error {
+	_, wasWithheld := o.withheld[p.Prefix]
+	_, wasFailed := o.failed[p.Prefix]
+	if wasFailed {
+		// Never in the trie: nothing to hold back, and the prefixes
+		// withheld for it alone can go in.
+		delete(o.withheld, p.Prefix)
+		delete(o.failed, p.Prefix)
+		o.putBack(txn)
+		return nil
+	}
 	// Break after open: while an isolation is to turn off, the allows it
 	// holds may match through p (see order).
 	if held, err := o.order.holdPrefix(txn, p.Prefix); err != nil || held {
 		return err
 	}
-	_, wasWithheld := o.withheld[p.Prefix]
-	_, wasFailed := o.failed[p.Prefix]
 	delete(o.withheld, p.Prefix)
-	delete(o.failed, p.Prefix)
 	if err := o.remove(p.Prefix); err != nil {
 		return err
 	}
 	// Room in the trie: what is withheld may fit now.
-	if wasWithheld || wasFailed || len(o.withheld) > 0 {
+	if wasWithheld || len(o.withheld) > 0 {
 		o.putBack(txn)
 	}
 	return nil

@@ -530,6 +530,8 @@ func identityOf(id uint32) identity.NumericIdentity { return identity.NumericIde
 //     cidr added: the cidr does not take the slot (its except is not in),
 //     the except's retry does; an address of the except, looked up all
 //     along, never resolves to the cidr's ID;
+//   - an except refused, its cidr refused with it, then the except deleted
+//     (its policy changed): the cidr goes in on its own;
 //   - an except added to a cidr already in a full trie: the except is
 //     refused and the cidr taken out.
 func TestPrefixTrieFullKeepsExcept(t *testing.T) {
@@ -625,6 +627,29 @@ func TestPrefixTrieFullKeepsExcept(t *testing.T) {
 		})
 		freeOne(a, fill[1])
 		bothIn(t, a, resolves)
+	})
+
+	t.Run("except deleted", func(t *testing.T) {
+		a, fill, resolves := setup(t, 0)
+		a.put(except)
+		degraded(t, a, "the except refused", func(st *health.Status) bool {
+			return strings.Contains(st.Error, "10.1.0.0/16 not written")
+		})
+		a.put(cidr)
+		celltest.Eventually(t, "the cidr refused", func() (bool, string) {
+			row, _, _ := a.prefixes.Get(a.db.ReadTxn(), policy.PrefixByPrefix.Query(cidr.Prefix))
+			return row.Status.Kind == reconciler.StatusKindError, row.Status.String()
+		})
+		// The except no longer wanted (its policy changed) and a slot
+		// freed: the cidr goes in on its own.
+		txn := a.db.WriteTxn(a.prefixes)
+		a.prefixes.Delete(txn, except)
+		a.prefixes.Delete(txn, fill[0])
+		txn.Commit()
+		celltest.Eventually(t, "the cidr in the trie, health cleared", func() (bool, string) {
+			st, _, found := a.health.Get(a.db.ReadTxn(), health.StatusID.Query("policy-maps.prefixes"))
+			return !found && resolves("10.1.2.3") == uint32(cidr.ID), fmt.Sprintf("10.1.2.3 -> %d, health %+v", resolves("10.1.2.3"), st)
+		})
 	})
 
 	t.Run("except added", func(t *testing.T) {
