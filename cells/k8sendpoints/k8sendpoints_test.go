@@ -74,6 +74,8 @@ type node struct {
 var otherNodes = map[string]*nodes.Node{
 	"node-1": {Name: "node-1", Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.1")}}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24")}}},
 	"node-2": {Name: "node-2", Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.2")}}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")}}},
+	// node-3 runs no agent: nothing deletes the objects naming it.
+	"node-3": {Name: "node-3", Spec: nodes.Spec{Addresses: []nodes.Address{{Type: nodes.InternalIP, IP: netip.MustParseAddr("192.0.2.3")}}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.3.0.0/24")}}},
 }
 
 func (c *cluster) start(t testing.TB, name, dir string) *node {
@@ -131,7 +133,14 @@ func (c *cluster) createPod(t testing.TB, name, nodeName string) *corev1.Pod {
 	pod, err := c.kas.Admin.CoreV1().Pods("default").Create(context.Background(), &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Image: "none",
-			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {ContainerPort: 9}}}}},
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {ContainerPort: 9}}}},
+			// A sidecar's named port is the pod's; an init container's,
+			// ended before the pod serves, is not.
+			InitContainers: []corev1.Container{
+				{Name: "setup", Image: "none", Ports: []corev1.ContainerPort{{Name: "setup", ContainerPort: 7000}}},
+				{Name: "proxy", Image: "none", RestartPolicy: ptr(corev1.ContainerRestartPolicyAlways),
+					Ports: []corev1.ContainerPort{{Name: "proxy", ContainerPort: 15001, Protocol: corev1.ProtocolTCP}}},
+			}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -151,6 +160,8 @@ func (c *cluster) get(ctx context.Context, name string) (*k8sapi.CelliumEndpoint
 	}
 	return nil, apierrors.NewNotFound(k8sapi.GroupVersion.WithResource(k8sapi.ResourceEndpoints).GroupResource(), name)
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // A pod's node writes its CelliumEndpoint (once, and again only on a
 // change), the other node learns the pod's identity from it, bad objects
@@ -177,7 +188,7 @@ func TestEndpointObjects(t *testing.T) {
 		return err == nil, fmt.Sprint(err)
 	})
 	want := k8sapi.EndpointStatus{Identity: uint32(id), Addresses: []string{"10.1.0.5"}, NodeName: "node-1", NodeIP: "192.0.2.1",
-		NamedPorts: []k8sapi.NamedPort{{Name: "http", Port: 8080, Protocol: "TCP"}}}
+		NamedPorts: []k8sapi.NamedPort{{Name: "proxy", Port: 15001, Protocol: "TCP"}, {Name: "http", Port: 8080, Protocol: "TCP"}}}
 	if !same(obj, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{k8sapi.LabelNode: "node-1"},
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "web-1", UID: pod.UID}}}, Status: want}) {
 		t.Fatalf("CelliumEndpoint web-1 = %+v %+v %+v; want status %+v, owned by the pod", obj.Labels, obj.OwnerReferences, obj.Status, want)
@@ -232,9 +243,9 @@ func TestEndpointObjects(t *testing.T) {
 		status k8sapi.EndpointStatus
 		why    string
 	}{
-		{"evil", k8sapi.EndpointStatus{Identity: uint32(id), NodeName: "node-3", Addresses: []string{"10.1.0.9"}}, "node node-3 is not known"},
-		{"host", k8sapi.EndpointStatus{Identity: uint32(identity.Host), NodeName: "node-1", Addresses: []string{"10.1.0.9"}}, "identity 1"},
-		{"alias", k8sapi.EndpointStatus{Identity: uint32(id), NodeName: "node-1", Addresses: []string{"::ffff:10.1.0.1"}}, "canonical form"},
+		{"evil", k8sapi.EndpointStatus{Identity: uint32(id), NodeName: "node-3", Addresses: []string{"10.1.0.9"}}, "not in the pod CIDRs of its node node-3"},
+		{"host", k8sapi.EndpointStatus{Identity: uint32(identity.Host), NodeName: "node-3", Addresses: []string{"10.3.0.9"}}, "identity 1"},
+		{"alias", k8sapi.EndpointStatus{Identity: uint32(id), NodeName: "node-3", Addresses: []string{"::ffff:10.3.0.1"}}, "canonical form"},
 	} {
 		if _, err := c.admin.CreateEndpoint(ctx, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: bad.name, Namespace: "default"}, Status: bad.status}); err != nil {
 			t.Fatal(err)

@@ -88,12 +88,12 @@ func TestObjectsLimitedToTheirNode(t *testing.T) {
 	}
 
 	// A node not known yet: refused, then taken once the node is.
-	create("late-node", web, "node-3", "10.3.0.5")
-	refused("late-node", "node node-3 is not known")
+	create("late-node", web, "node-4", "10.4.0.5")
+	refused("late-node", "node node-4 is not known")
 	txn := n.db.WriteTxn(n.nodes)
-	n.nodes.Insert(txn, &nodes.Node{Name: "node-3", Spec: nodes.Spec{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.3.0.0/24")}}})
+	n.nodes.Insert(txn, &nodes.Node{Name: "node-4", Spec: nodes.Spec{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/24")}}})
 	txn.Commit()
-	celltest.Eventually(t, "late-node taken once node-3 is known", taken("late-node"))
+	celltest.Eventually(t, "late-node taken once node-4 is known", taken("late-node"))
 
 	// An identity not known yet: refused, then taken once its object is.
 	const lateID = 60000
@@ -106,9 +106,9 @@ func TestObjectsLimitedToTheirNode(t *testing.T) {
 	}
 	celltest.Eventually(t, "late-identity taken once its identity is known", taken("late-identity"))
 
-	// node-3 loses its pod CIDR: its object goes.
+	// node-4 loses its pod CIDR: its object goes.
 	txn = n.db.WriteTxn(n.nodes)
-	n.nodes.Insert(txn, &nodes.Node{Name: "node-3", Spec: nodes.Spec{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.30.0.0/24")}}})
+	n.nodes.Insert(txn, &nodes.Node{Name: "node-4", Spec: nodes.Spec{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.40.0.0/24")}}})
 	txn.Commit()
-	refused("late-node", "address 10.3.0.5 is not in the pod CIDRs of its node node-3 (10.30.0.0/24)")
+	refused("late-node", "address 10.4.0.5 is not in the pod CIDRs of its node node-4 (10.40.0.0/24)")
 }

@@ -96,25 +96,16 @@ func (w *writer) record(key string, ep *k8sapi.CelliumEndpoint) {
 	}
 }
 
-// leanPod keeps of a pod what its object needs: name, UID, named ports.
+// leanPod keeps of a pod what its object needs: name, UID, and the named
+// ports of its containers and sidecars (k8sapi.NamedPortContainers), all
+// as containers.
 func leanPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion}}
-	for _, c := range pod.Spec.Containers {
-		var ports []corev1.ContainerPort
-		for _, p := range c.Ports {
-			if p.Name != "" {
-				ports = append(ports, corev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
-			}
-		}
-		if ports != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
-		}
-	}
-	return out, nil
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+		Spec: corev1.PodSpec{Containers: k8sapi.NamedPortContainers(pod)}}, nil
 }
 
 func (w *writer) run(ctx context.Context, health cell.Health) error {

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"iter"
 	"log/slog"
 	"slices"
 	"sync"
@@ -15,6 +14,7 @@ import (
 
 	idcell "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/k8sapi"
 	"github.com/cellium/cellium/pkg/labels"
 )
 
@@ -140,49 +140,17 @@ func newPodPorts(cs k8sclient.Clientset, node string, labelsOf func(idcell.Pod) 
 }
 
 // slimPod keeps of a pod what the policy cell reads: its name, namespace
-// and labels, node, service account and the named ports of the containers
-// that serve (servingContainers).
+// and labels, node, service account and the named ports of its containers
+// and sidecars (k8sapi.NamedPortContainers), all as containers.
 func slimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Labels: pod.Labels,
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Labels: pod.Labels,
 		ResourceVersion: pod.ResourceVersion, UID: pod.UID},
-		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, ServiceAccountName: pod.Spec.ServiceAccountName}}
-	for c := range servingContainers(pod) {
-		var ports []corev1.ContainerPort
-		for _, cp := range c.Ports {
-			if cp.Name != "" {
-				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
-			}
-		}
-		if len(ports) > 0 {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
-		}
-	}
-	return out, nil
-}
-
-// servingContainers are the containers of a pod that run beside its
-// app: its containers and its sidecars (init containers with
-// restartPolicy Always, which keep running after the pod starts). The
-// other init containers have ended before the pod serves: their ports
-// are not the pod's.
-func servingContainers(pod *corev1.Pod) iter.Seq[*corev1.Container] {
-	return func(yield func(*corev1.Container) bool) {
-		for i := range pod.Spec.InitContainers {
-			c := &pod.Spec.InitContainers[i]
-			if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways && !yield(c) {
-				return
-			}
-		}
-		for i := range pod.Spec.Containers {
-			if !yield(&pod.Spec.Containers[i]) {
-				return
-			}
-		}
-	}
+		Spec: corev1.PodSpec{NodeName: pod.Spec.NodeName, ServiceAccountName: pod.Spec.ServiceAccountName,
+			Containers: k8sapi.NamedPortContainers(pod)}}, nil
 }
 
 // identityKey is the text of a pod's identity label set without its
@@ -290,9 +258,11 @@ func (p *podPorts) peerPorts(key string) []namedPort {
 	return out
 }
 
+// podNamedPorts are the named ports of a pod the informer slimmed
+// (slimPod), its sidecars' included.
 func podNamedPorts(pod *corev1.Pod) []namedPort {
 	var out []namedPort
-	for c := range servingContainers(pod) {
+	for _, c := range pod.Spec.Containers {
 		for _, cp := range c.Ports {
 			if cp.Name == "" || cp.ContainerPort < 1 || cp.ContainerPort > 65535 {
 				continue
