@@ -476,10 +476,13 @@ func TestMapFull(t *testing.T) {
 	if n := testutil.ToFloat64(a.metrics.full); n < 1 {
 		t.Fatalf("full counted %v, want at least 1", n)
 	}
-	// Never a silent allow: the endpoint is isolated all along.
-	if f, ok := a.enforcementOf(t, 12); !ok || f != policymap.FlagIngress {
-		t.Fatalf("endpoint 12 enforcement %#x (%v), want ingress", f, ok)
-	}
+	// Never a silent allow: the endpoint is isolated with part of its
+	// allows (the enforcement reconciler writes the flags once no entry
+	// is Pending, the failed one included, in its own time).
+	celltest.Eventually(t, "endpoint 12 isolated", func() (bool, string) {
+		f, ok := a.enforcementOf(t, 12)
+		return ok && f == policymap.FlagIngress, fmt.Sprintf("enforcement %#x (%v)", f, ok)
+	})
 
 	a.deleteEntry(wide)
 	a.put(entry(12, policy.Ingress, 1000, unix.IPPROTO_TCP, 8000, 8001))
