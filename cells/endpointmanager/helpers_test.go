@@ -85,6 +85,9 @@ type nodeOpts struct {
 	grace time.Duration
 	// k8s are the objects in the fake API server; the node is "node-1".
 	k8s []runtime.Object
+	// cluster makes the endpoint manager take the fake API server for a
+	// real cluster's (Embedded() false).
+	cluster bool
 	// etcd is the kvstore's address; "" for none (node-local identities).
 	etcd string
 	// extra are cells besides the endpoint manager's, e.g. live
@@ -100,7 +103,11 @@ type nodeOpts struct {
 func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	t.Helper()
 	n := &node{logs: logtest.NewRecorder(hivetest.Logger(t).Handler()), stateDir: filepath.Join(tn.dir, "state")}
-	h := celltest.New(daemon.Cell, metrics.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, endpointmanager.Cell, k8sclienttest.Cell(o.k8s...),
+	var em cell.Cell = endpointmanager.Cell
+	if o.cluster {
+		em = cell.Decorate(func(cs k8sclient.Clientset) k8sclient.Clientset { return clusterClientset{cs} }, em)
+	}
+	h := celltest.New(daemon.Cell, metrics.Cell, api.Cell, ipam.Cell, kvstore.Cell, identity.Cell, em, k8sclienttest.Cell(o.k8s...),
 		cell.Group(o.extra...),
 		cell.Invoke(func(m *endpointmanager.Manager, db *statedb.DB, eps statedb.Table[*endpointmanager.Endpoint], tbl statedb.Table[*ipam.Allocation],
 			ids statedb.Table[*identity.Identity], hs statedb.Table[*health.Status], cs *k8sclient.Fake, reg *prometheus.Registry, ip *ipam.IPAM) {
@@ -151,6 +158,11 @@ func (tn *testNet) start(t testing.TB, o nodeOpts) *node {
 	n.client = client.New(socket)
 	return n
 }
+
+// clusterClientset is the fake API server as a real cluster's.
+type clusterClientset struct{ k8sclient.Clientset }
+
+func (clusterClientset) Embedded() bool { return false }
 
 // pod is a container: a network namespace and an ID.
 type pod struct {

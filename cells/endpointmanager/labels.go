@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"sync"
 
 	"github.com/cilium/hive/cell"
 	corev1 "k8s.io/api/core/v1"
@@ -40,6 +41,14 @@ type podWatcher struct {
 	nsSynced   cache.InformerSynced
 	// listed is closed once both informers have listed.
 	listed chan struct{}
+	// waitPods says an ADD naming a pod the store does not have waits
+	// for it: with a real API server (not embedded, where a pod no
+	// manifest holds never comes).
+	waitPods bool
+	// changedMu guards changed, closed and replaced after each pod or
+	// namespace event of the informers, once the store has it.
+	changedMu sync.Mutex
+	changed   chan struct{}
 }
 
 func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher, error) {
@@ -49,8 +58,9 @@ func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher
 	nsInformer := k8sclient.NewInformer(cs, cs.CoreV1().Namespaces(), &corev1.Namespace{}, nil)
 	w := &podWatcher{log: m.log, node: node, pods: k8sclient.NewInformers(podInformer), namespaces: k8sclient.NewInformers(nsInformer),
 		podStore: podInformer.GetStore(), nsStore: nsInformer.GetStore(), podSynced: podInformer.HasSynced, nsSynced: nsInformer.HasSynced,
-		listed: make(chan struct{})}
+		listed: make(chan struct{}), waitPods: !cs.Embedded(), changed: make(chan struct{})}
 	podChanged := func(obj any) {
+		w.notify()
 		// The embedded API server ignores field selectors in watches.
 		if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName == node {
 			m.podChanged(pod.Namespace, pod.Name)
@@ -63,6 +73,7 @@ func newPodWatcher(cs k8sclient.Clientset, node string, m *Manager) (*podWatcher
 		return nil, err
 	}
 	nsChanged := func(obj any) {
+		w.notify()
 		if ns, ok := obj.(*corev1.Namespace); ok {
 			m.namespaceChanged(ns.Name)
 		}
@@ -92,6 +103,51 @@ func (w *podWatcher) lookup(namespace, name string) (podMeta, bool) {
 		}
 	}
 	return meta, true
+}
+
+// notify wakes those waiting for a pod or namespace (waitPod).
+func (w *podWatcher) notify() {
+	w.changedMu.Lock()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.changedMu.Unlock()
+}
+
+// watch is closed at the next pod or namespace event.
+func (w *podWatcher) watch() <-chan struct{} {
+	w.changedMu.Lock()
+	defer w.changedMu.Unlock()
+	return w.changed
+}
+
+// waitPod waits, as long as ctx allows, until the store has the pod
+// namespace/name of this node and its namespace: an ADD may come before
+// the watch has brought the pod (the kubelet asks for the network of a pod
+// the API server bound a moment ago), and without its labels the endpoint
+// would have the identity, and so the policy, of a pod no NetworkPolicy
+// selects. In embedded mode it waits for nothing: pods come from the
+// manifests, and a pod that none holds gets its network without labels.
+func (w *podWatcher) waitPod(ctx context.Context, namespace, name string) error {
+	if !w.waitPods {
+		return nil
+	}
+	for {
+		watch := w.watch()
+		if _, ok := w.lookup(namespace, name); ok && w.hasNamespace(namespace) {
+			return nil
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// hasNamespace says whether the store has the namespace.
+func (w *podWatcher) hasNamespace(namespace string) bool {
+	_, found, err := w.nsStore.GetByKey(namespace)
+	return err == nil && found
 }
 
 // waitListed waits until the pods of this node and the namespaces are

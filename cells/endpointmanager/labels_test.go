@@ -350,3 +350,57 @@ func TestCreateWaitsForPodList(t *testing.T) {
 		t.Fatalf("the endpoint returned by the ADD has labels %v, want the pod's, app=web", ep.Labels)
 	}
 }
+
+// TestCreateWaitsForPod: with a real API server, an ADD naming a pod that
+// the agent's watch has not brought yet (listed after the initial list:
+// watch lag) waits for the pod (ErrNotReady naming it at the deadline,
+// having made nothing), and its endpoint has the pod's and namespace's
+// labels, and the identity of those labels, when the ADD returns. Made
+// without them, the endpoint would have the identity, and so the policy,
+// of a pod no NetworkPolicy selects until the labels came.
+func TestCreateWaitsForPod(t *testing.T) {
+	tn := newTestNet(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Labels: map[string]string{"team": "a"}}}
+	n := tn.start(t, nodeOpts{cluster: true, k8s: []runtime.Object{ns}})
+	n.waitRestored(t)
+	p := newPod(t)
+	req := p.req()
+	req.PodName = "web"
+
+	// The pod is not there: the deadline ends the wait.
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	if ep, err := n.mgr.Create(short, req); !errors.Is(err, endpointmanager.ErrNotReady) || !strings.Contains(err.Error(), "pod default/web") {
+		t.Fatalf("ADD of a pod the API server has not told of = %+v, %v; want ErrNotReady naming the pod", ep, err)
+	}
+	if ids, allocs := n.endpointIDs(), n.allocations(); len(ids) != 0 || len(allocs) != 0 {
+		t.Fatalf("the ADD that gave up left endpoints %v, addresses %q", ids, allocs)
+	}
+
+	// The pod comes while the ADD waits.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		ep  *endpointmanager.Endpoint
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ep, err := n.mgr.Create(ctx, req)
+		done <- result{ep, err}
+	}()
+	if _, err := n.k8s.CoreV1().Pods("default").Create(ctx, k8sPod("web", "node-1", map[string]string{"app": "web"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("ADD once the pod is there: %v", r.err)
+	}
+	if !maps.Equal(r.ep.Labels, map[string]string{"app": "web"}) || r.ep.NamespaceLabels["team"] != "a" {
+		t.Fatalf("the endpoint returned by the ADD has labels %v, namespace labels %v; want app=web, team=a", r.ep.Labels, r.ep.NamespaceLabels)
+	}
+	const want = "k8s:app=web;k8s:io.cellium.k8s.namespace.labels.team=a;k8s:io.kubernetes.pod.namespace=default"
+	if got := n.identityLabels(t, r.ep.Identity); got != want {
+		t.Fatalf("the ADD's endpoint has identity %v with labels\n%s, want\n%s", r.ep.Identity, got, want)
+	}
+}

@@ -50,7 +50,8 @@ func (r CreateRequest) validate() error {
 // endpoint reported to the runtime is never lost. Whatever fails is undone.
 // It waits while the restore runs, until the node's devices are listed
 // (the automatic MTU), and (for a pod, with a Kubernetes clientset) until
-// the pods of the node are listed, as long as ctx allows.
+// the pods of the node are listed and (with a real API server) the pod and
+// its namespace are known, as long as ctx allows.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
@@ -65,6 +66,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 		if err := m.pods.waitListed(ctx); err != nil {
 			return nil, errorf(ErrNotReady, "the agent has not listed the pods of its node yet, so the labels of pod %s/%s (its identity, its policy) are not known; try again: %v",
 				req.PodNamespace, req.PodName, err)
+		}
+		if err := m.pods.waitPod(ctx, req.PodNamespace, req.PodName); err != nil {
+			return nil, errorf(ErrNotReady, "pod %s/%s of node %s (or its namespace) is not known from the API server yet, so its labels (its identity, its policy) are not; try again: %v",
+				req.PodNamespace, req.PodName, m.pods.node, err)
 		}
 	}
 	ep := &Endpoint{
