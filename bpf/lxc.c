@@ -206,6 +206,10 @@ struct frag_info {
 	__u32 id;
 	/* The first fragment of a fragmented datagram (offset 0, more follow). */
 	bool first;
+	/* The protocol every fragment names: IPv4's, or the next header of
+	 * IPv6's Fragment header (which a later fragment has, not what the
+	 * first's walk found behind a Destination Options header or AH). */
+	__u8 proto;
 };
 
 /* What the parser made of a packet; negative values are -DROP_*. */
@@ -343,6 +347,7 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow_summary
 	__builtin_memcpy(flow->dst, &ip.daddr, 4);
 	/* Only the first fragment carries the transport header. */
 	frag->id = bpf_ntohs(ip.id);
+	frag->proto = ip.protocol;
 	if (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET))
 		return PKT_FRAGMENT;
 	frag->first = ip.frag_off & bpf_htons(IPV4_FRAG_MORE);
@@ -392,6 +397,7 @@ static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off, __u3
 			*off += sizeof(hdr);
 			*nh = hdr.nexthdr;
 			frag->id = bpf_ntohl(hdr.ident);
+			frag->proto = hdr.nexthdr;
 			if (hdr.frag_off & bpf_htons(IPV6_FRAG_OFFSET))
 				return IPV6_LATER_FRAGMENT;
 			frag->first = hdr.frag_off & bpf_htons(IPV6_FRAG_MORE);
@@ -806,34 +812,34 @@ static __always_inline int policy_untracked(struct __sk_buff *skb, struct flow_s
 	return pol->verdict < 0 ? pol->verdict : 0;
 }
 
-static __always_inline void frag_key_init(struct frag_key *key, const struct flow_summary *flow, __u32 id,
-					  __u8 key_flag)
+static __always_inline void frag_key_init(struct frag_key *key, const struct flow_summary *flow,
+					  const struct frag_info *frag, __u8 key_flag)
 {
 	__builtin_memcpy(key->src, flow->src, 16);
 	__builtin_memcpy(key->dst, flow->dst, 16);
-	key->id = id;
+	key->id = frag->id;
 	key->family = flow->family;
-	key->proto = flow->proto;
+	key->proto = frag->proto;
 	key->flags = key_flag;
 }
 
 /* frag_record remembers a first fragment that passed. */
-static __always_inline void frag_record(const struct flow_summary *flow, __u32 id, __u8 key_flag)
+static __always_inline void frag_record(const struct flow_summary *flow, const struct frag_info *frag, __u8 key_flag)
 {
 	struct frag_key key = {};
 	struct frag_entry entry = {.expires = now_seconds() + FRAG_LIFETIME};
 
-	frag_key_init(&key, flow, id, key_flag);
+	frag_key_init(&key, flow, frag, key_flag);
 	bpf_map_update_elem(&cellium_frags, &key, &entry, BPF_ANY);
 }
 
 /* frag_seen says whether a later fragment's first fragment passed. */
-static __always_inline bool frag_seen(const struct flow_summary *flow, __u32 id, __u8 key_flag)
+static __always_inline bool frag_seen(const struct flow_summary *flow, const struct frag_info *frag, __u8 key_flag)
 {
 	struct frag_key key = {};
 	const struct frag_entry *entry;
 
-	frag_key_init(&key, flow, id, key_flag);
+	frag_key_init(&key, flow, frag, key_flag);
 	entry = bpf_map_lookup_elem(&cellium_frags, &key);
 	return entry && entry->expires >= now_seconds();
 }
@@ -907,7 +913,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 			ret = ct_track4(flow, key_flag, &pol, &report);
 		else
 			ret = ct_track6(flow, key_flag, &pol, &report);
-	} else if (kind != PKT_UNTRACKED_ALWAYS && !(kind == PKT_FRAGMENT && frag_seen(flow, frag.id, key_flag))) {
+	} else if (kind != PKT_UNTRACKED_ALWAYS && !(kind == PKT_FRAGMENT && frag_seen(flow, &frag, key_flag))) {
 		/* A later fragment whose first was not seen too: in an
 		 * isolated direction it passes only if every port of its
 		 * protocol is allowed to the peer (port 0), since nothing
@@ -921,7 +927,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, bool to_endpoint
 		return TC_ACT_SHOT;
 	}
 	if (frag.first)
-		frag_record(flow, frag.id, key_flag);
+		frag_record(flow, &frag, key_flag);
 	if (report || !monitor_aggregation)
 		emit_flow_event(skb, &rec, EVENT_TRACE, point, pol.endpoint_id);
 	/* One per connection the policy let open, as its first trace. */

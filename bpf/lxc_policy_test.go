@@ -619,6 +619,45 @@ func TestLXCPolicyIPv6LaterFragments(t *testing.T) {
 	l.trace()
 }
 
+// The fragmentable part of an IPv6 datagram may start with a destination
+// options header or AH (RFC 8200 4.1, 4.5), so the first fragment's walk
+// ends at UDP while each Fragment header names 60 or 51: Z's allowed
+// datagram to A:53 passes in every fragment (the later one found no entry
+// when the entry was kept under the walk's UDP and was dropped), and a
+// later fragment of another identification is still denied.
+func TestLXCPolicyIPv6FragmentsBehindExtHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		nh   uint8    // the Fragment header's next header
+		hdrs [][]byte // what follows it in the first fragment
+	}{
+		{"plain", unix.IPPROTO_UDP, nil},
+		{"destination-options", ip6Dest, [][]byte{ip6Ext(unix.IPPROTO_UDP, 1)}},
+		{"ah", ip6Auth, [][]byte{ip6AH(unix.IPPROTO_UDP, 4)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := loadPolicyLXC(t)
+			if err := l.ipcache.Put(ipcachemap.KeyOf(netip.PrefixFrom(remote6, 128)), ipcachemap.Value{Identity: idZ}); err != nil {
+				t.Fatal(err)
+			}
+			l.isolate(epA, policymap.FlagIngress)
+			l.allow(policymap.Allow{EndpointID: epA, Direction: policymap.Ingress, Identity: idZ, Proto: unix.IPPROTO_UDP, Port: 53})
+			z, a := ap(remote6, 5000), ap(podA6, 53)
+			hdrs := append([][]byte{ip6Frag(tc.nh, 0, true, 77)}, tc.hdrs...)
+			l.run(l.to, ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), hdrs...), verdictNext)
+			if tr := l.allowed(monitorapi.DirectionIngress, monitorapi.PolicyMatchL3L4); tr.Flow.Proto != unix.IPPROTO_UDP || tr.Flow.DstPort != 53 {
+				t.Fatalf("first fragment traced %v, want UDP to port 53", tr)
+			}
+			l.run(l.to, ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), ip6Frag(tc.nh, 185, false, 77)), verdictNext)
+			if tr := l.trace(); tr.Flow.CTState != monitorapi.CTUnknown || tr.Flow.Proto != monitorapi.Proto(tc.nh) {
+				t.Fatalf("later fragment traced %v, want protocol %d untracked", tr, tc.nh)
+			}
+			l.run(l.to, ip6With(remote6, podA6, ip6Fragment, udpPacket(z, a), ip6Frag(tc.nh, 185, false, 78)), verdictDrop)
+			l.policyDrop(monitorapi.DirectionIngress, epA)
+		})
+	}
+}
+
 // IPv4's later fragments as IPv6's: B is isolated for ingress and allows
 // Z UDP/53; Z's datagram to B:53 passes in every fragment, a later
 // fragment of no datagram that passed is denied (it once always passed).
