@@ -232,6 +232,20 @@ var (
 		FromKey:    index.String,
 		FromString: index.FromString,
 	}
+	// EndpointHealth indexes the node's health endpoints (Query(true));
+	// other endpoints are not in it, so a watch on it (the local node's)
+	// wakes for health endpoints only, not for each pod's.
+	EndpointHealth = statedb.Index[*Endpoint, bool]{
+		Name: "health",
+		FromObject: func(e *Endpoint) index.KeySet {
+			if !e.Health {
+				return index.EmptyKeySet
+			}
+			return index.NewKeySet(index.Bool(true))
+		},
+		FromKey:    index.Bool,
+		FromString: index.BoolString,
+	}
 	// EndpointMapStatus indexes the endpoints table by whether the endpoint
 	// is in the BPF endpoint map yet.
 	EndpointMapStatus = tables.StatusIndex(func(e *Endpoint) reconciler.Status { return e.MapStatus })
@@ -243,5 +257,5 @@ const TableName = "endpoints"
 // NewTable registers the endpoints table. The endpoint-manager cell
 // provides it; tests of the cells that read it may register it themselves.
 func NewTable(db *statedb.DB) (statedb.RWTable[*Endpoint], error) {
-	return statedb.NewTable(db, TableName, EndpointID, EndpointContainerID, EndpointIP, EndpointPod, EndpointMapStatus)
+	return statedb.NewTable(db, TableName, EndpointID, EndpointContainerID, EndpointIP, EndpointPod, EndpointHealth, EndpointMapStatus)
 }

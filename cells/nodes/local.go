@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"reflect"
 	"slices"
 
 	"github.com/cilium/hive/cell"
@@ -22,7 +23,9 @@ import (
 
 // localNode describes this node: its addresses (--node-ip, else those of
 // the device holding the default route) and its pod CIDRs (the IPAM's
-// pools), again whenever devices, addresses or default routes change.
+// pools), and the health endpoints' addresses: again whenever what it
+// reads changes (a default route, the row or node addresses of a device
+// holding one, a health endpoint), not for each pod's endpoint or veth.
 type localNode struct {
 	log        *slog.Logger
 	nodes      *nodes
@@ -73,12 +76,26 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 	)
 	for {
 		txn := l.nodes.db.ReadTxn()
-		_, devWatch := l.devices.AllWatch(txn)
-		_, addrWatch := l.addrs.AllWatch(txn)
-		_, epWatch := l.endpoints.AllWatch(txn)
+		// Only what the spec reads wakes the job: the health endpoints
+		// (not every pod's, which come by the hundred in a burst of ADDs),
+		// and the rows and addresses of the devices holding a default
+		// route (not the pods' veths).
+		_, healthWatch := l.endpoints.ListWatch(txn, endpointmanager.EndpointHealth.Query(true))
+		watches := []<-chan struct{}{healthWatch}
 		var err error
 		if len(l.configured) == 0 && (defaults == nil || defaults.devicesChanged(txn, l.devices)) {
 			defaults, err = l.listDefaultRoutes(txn, handle)
+		}
+		switch {
+		case len(l.configured) != 0:
+		case err != nil:
+			// Listed again at the next change of any device or address.
+			_, devWatch := l.devices.AllWatch(txn)
+			_, addrWatch := l.addrs.AllWatch(txn)
+			watches = append(watches, devWatch, addrWatch)
+			defaults = nil
+		default:
+			watches = append(watches, defaults.watches(txn, l.devices, l.addrs)...)
 		}
 		var spec Spec
 		if err == nil {
@@ -96,24 +113,27 @@ func (l *localNode) run(ctx context.Context, health cell.Health) error {
 			l.nodes.claims.set(l.nodes.name, SourceLocal, spec, true)
 		}
 		last = spec
-	wait:
+		cases := make([]reflect.SelectCase, 0, 2+len(watches))
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(routes.Ready())})
+		for _, w := range watches {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w)})
+		}
 		for {
-			select {
-			case <-devWatch:
-			case <-addrWatch:
-			case <-epWatch:
-			case <-routes.Ready():
+			chosen, _, _ := reflect.Select(cases)
+			if chosen == 0 {
+				return nil
+			}
+			if chosen == 1 {
 				b, err := routes.Take(math.MaxInt)
 				if err != nil {
 					return err
 				}
 				if len(b.Routes) == 0 && !b.Resync {
-					continue wait
+					continue
 				}
 				// A default route changed, or updates were lost.
 				defaults = nil
-			case <-ctx.Done():
-				return nil
 			}
 			break
 		}
@@ -147,10 +167,8 @@ func (l *localNode) spec(txn statedb.ReadTxn, defaults *defaultRoutes) (Spec, er
 	for _, p := range l.ipam.Pools() {
 		s.PodCIDRs = append(s.PodCIDRs, p.CIDR)
 	}
-	for ep := range l.endpoints.All(txn) {
-		if ep.Health {
-			s.HealthIPs = append(s.HealthIPs, ep.IPs()...)
-		}
+	for ep := range l.endpoints.List(txn, endpointmanager.EndpointHealth.Query(true)) {
+		s.HealthIPs = append(s.HealthIPs, ep.IPs()...)
 	}
 	ips := l.configured
 	if len(ips) == 0 {
@@ -208,6 +226,21 @@ func (l *localNode) listDefaultRoutes(txn statedb.ReadTxn, handle *netlink.Handl
 		}
 	}
 	return out, nil
+}
+
+// watches close when the row of a device holding a default route changes,
+// or its node addresses do: what the local node's addresses come from.
+func (d *defaultRoutes) watches(txn statedb.ReadTxn, devs statedb.Table[*devices.Device], addrs statedb.Table[*devices.NodeAddress]) []<-chan struct{} {
+	var out []<-chan struct{}
+	for ifindex := range d.revisions {
+		dev, _, watch, found := devs.GetWatch(txn, devices.DeviceIfIndex.Query(ifindex))
+		out = append(out, watch)
+		if found {
+			_, watch := addrs.ListWatch(txn, devices.NodeAddressDevice.Query(dev.Name))
+			out = append(out, watch)
+		}
+	}
+	return out
 }
 
 // devicesChanged reports whether a device holding a default route changed

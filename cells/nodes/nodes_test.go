@@ -51,6 +51,8 @@ type agent struct {
 	m   kvsynctest.Metrics
 	// devs is the devices table.
 	devs statedb.Table[*devices.Device]
+	// eps is the endpoints table.
+	eps statedb.RWTable[*endpointmanager.Endpoint]
 }
 
 type opts struct {
@@ -73,8 +75,8 @@ func start(t *testing.T, o opts) *agent {
 	a.h = celltest.New(daemon.Cell, ipam.Cell, devices.Cell, kvstore.Cell, k8sclienttest.Cell(o.k8s...), nodes.Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable),
 		cell.Provide(func() annotationOut { return annotationOut{A: nodes.Annotation{Key: "example.com/test", Value: "yes"}} }),
-		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *k8sclient.Fake, kv kvstore.Client, hs statedb.Table[*health.Status], m kvsynctest.Metrics, devs statedb.Table[*devices.Device]) {
-			a.db, a.tbl, a.k8s, a.kv, a.hs, a.m, a.devs = db, tbl, cs, kv, hs, m, devs
+		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*nodes.Node], cs *k8sclient.Fake, kv kvstore.Client, hs statedb.Table[*health.Status], m kvsynctest.Metrics, devs statedb.Table[*devices.Device], eps statedb.RWTable[*endpointmanager.Endpoint]) {
+			a.db, a.tbl, a.k8s, a.kv, a.hs, a.m, a.devs, a.eps = db, tbl, cs, kv, hs, m, devs, eps
 		}))
 	dir := t.TempDir()
 	hive.AddConfigOverride(a.h, func(c *daemon.Config) {
@@ -449,6 +451,109 @@ func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
 	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 2 {
 		t.Errorf("%v computations of the local node for %d pods' routes and the default route moving, want at most 2", n, rounds*perRound)
 	}
+}
+
+// TestLocalNodeIgnoresPodDevices: pods' veths (host side lxc*, down, as
+// an ADD makes them before it sets them up) come as rows of the devices
+// table, in rounds, each seen in the table before the next; they hold no
+// default route, and the job computes nothing for them. Then the default
+// route moves, which it computes.
+func TestLocalNodeIgnoresPodDevices(t *testing.T) {
+	ns, eth0, eth1 := uplinks(t, "192.0.2.60/24", "198.51.100.60/24", true)
+	a := start(t, opts{name: "node-v", podCIDR: "10.244.15.0/24", netns: ns.Path()})
+	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
+		return r["node-v"] != nil && r["node-v"].PrimaryIP() == netip.MustParseAddr("192.0.2.60")
+	})
+	a.waitForDevices(t, "eth0 and eth1 running", func(txn statedb.ReadTxn) bool {
+		for _, name := range []string{"eth0", "eth1"} {
+			d, _, found := a.devs.Get(txn, devices.DeviceName.Query(name))
+			if !found || d.Flags&net.FlagRunning == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	computations := a.counter(t, "cellium_node_local_computations_total")
+	const rounds, perRound = 10, 5
+	for r := range rounds {
+		var names []string
+		err := nettest.Do(ns.Path(), func() error {
+			for i := range perRound {
+				name := fmt.Sprintf("lxctest%d", r*perRound+i)
+				names = append(names, name)
+				if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.waitForDevices(t, fmt.Sprintf("round %d's veths", r), func(txn statedb.ReadTxn) bool {
+			for _, name := range names {
+				if _, _, found := a.devs.Get(txn, devices.DeviceName.Query(name)); !found {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	err := nettest.Do(ns.Path(), func() error {
+		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")}); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Gw: net.ParseIP("198.51.100.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t, "the local node at eth1's address once the default route moved", func(r map[string]*nodes.Node) bool {
+		return r["node-v"] != nil && r["node-v"].PrimaryIP() == netip.MustParseAddr("198.51.100.60")
+	})
+	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 2 {
+		t.Errorf("%v computations of the local node for %d pods' veths and the default route moving, want at most 2", n, rounds*perRound*2)
+	}
+}
+
+// TestLocalNodeIgnoresOrdinaryEndpoints: the local node reads the health
+// endpoints' addresses only, so the endpoints of pods, each written in a
+// transaction of its own as ADDs do, make it compute nothing (woken by
+// each, it would walk every endpoint each time: quadratic in a burst);
+// a health endpoint's coming and change are each computed.
+func TestLocalNodeIgnoresOrdinaryEndpoints(t *testing.T) {
+	a := start(t, opts{name: "node-h", podCIDR: "10.244.14.0/24", nodeIP: []string{"192.0.2.50"}})
+	a.wait(t, "the local node", func(r map[string]*nodes.Node) bool { return r["node-h"] != nil })
+	insert := func(ep *endpointmanager.Endpoint) {
+		txn := a.db.WriteTxn(a.eps)
+		if _, _, err := a.eps.Insert(txn, ep); err != nil {
+			t.Fatal(err)
+		}
+		txn.Commit()
+	}
+	hasHealthIP := func(ip string) func(map[string]*nodes.Node) bool {
+		return func(r map[string]*nodes.Node) bool {
+			return r["node-h"] != nil && slices.Contains(r["node-h"].HealthIPs, netip.MustParseAddr(ip))
+		}
+	}
+	computations := a.counter(t, "cellium_node_local_computations_total")
+	const pods = 200
+	for i := range pods {
+		insert(&endpointmanager.Endpoint{ID: uint16(i + 1), ContainerID: fmt.Sprintf("pod-%d", i),
+			IPv4: netip.AddrFrom4([4]byte{10, 244, 14, byte(i + 2)}), State: endpointmanager.Ready})
+	}
+	// Written after the pods' endpoints: once the node has its address,
+	// the job has seen them all.
+	insert(&endpointmanager.Endpoint{ID: pods + 1, ContainerID: "health", Health: true,
+		IPv4: netip.MustParseAddr("10.244.14.250"), State: endpointmanager.Ready})
+	a.wait(t, "the health endpoint's address", hasHealthIP("10.244.14.250"))
+	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 1 {
+		t.Errorf("%v computations of the local node for %d pods' endpoints and the health endpoint, want 1", n, pods)
+	}
+	// A change of the health endpoint is computed.
+	insert(&endpointmanager.Endpoint{ID: pods + 1, ContainerID: "health", Health: true,
+		IPv4: netip.MustParseAddr("10.244.14.251"), State: endpointmanager.Ready})
+	a.wait(t, "the health endpoint's new address", hasHealthIP("10.244.14.251"))
 }
 
 // counter is the agent's metric name, a counter without labels.
