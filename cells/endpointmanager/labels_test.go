@@ -330,14 +330,7 @@ func TestCreateWaitsForPodList(t *testing.T) {
 	req.PodName = "web"
 
 	// The pods cannot be listed: the deadline ends the wait.
-	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancelShort()
-	if ep, err := n.mgr.Create(short, req); !errors.Is(err, endpointmanager.ErrNotReady) || !strings.Contains(err.Error(), "default/web") {
-		t.Fatalf("ADD before the pods were listed = %+v, %v; want ErrNotReady naming the pod", ep, err)
-	}
-	if ids, allocs := n.endpointIDs(), n.allocations(); len(ids) != 0 || len(allocs) != 0 {
-		t.Fatalf("the ADD that gave up left endpoints %v, addresses %q", ids, allocs)
-	}
+	n.createGivesUp(t, req, "before the pods were listed", "default/web")
 
 	listable.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -348,6 +341,20 @@ func TestCreateWaitsForPodList(t *testing.T) {
 	}
 	if !maps.Equal(ep.Labels, map[string]string{"app": "web"}) {
 		t.Fatalf("the endpoint returned by the ADD has labels %v, want the pod's, app=web", ep.Labels)
+	}
+}
+
+// createGivesUp checks that req's ADD, given 300 ms, ends with
+// ErrNotReady naming pod, having made nothing.
+func (n *node) createGivesUp(t *testing.T, req endpointmanager.CreateRequest, what, pod string) {
+	t.Helper()
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if ep, err := n.mgr.Create(short, req); !errors.Is(err, endpointmanager.ErrNotReady) || !strings.Contains(err.Error(), pod) {
+		t.Fatalf("ADD %s = %+v, %v; want ErrNotReady naming %s", what, ep, err, pod)
+	}
+	if ids, allocs := n.endpointIDs(), n.allocations(); len(ids) != 0 || len(allocs) != 0 {
+		t.Fatalf("the ADD that gave up left endpoints %v, addresses %q", ids, allocs)
 	}
 }
 
@@ -368,14 +375,7 @@ func TestCreateWaitsForPod(t *testing.T) {
 	req.PodName = "web"
 
 	// The pod is not there: the deadline ends the wait.
-	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancelShort()
-	if ep, err := n.mgr.Create(short, req); !errors.Is(err, endpointmanager.ErrNotReady) || !strings.Contains(err.Error(), "pod default/web") {
-		t.Fatalf("ADD of a pod the API server has not told of = %+v, %v; want ErrNotReady naming the pod", ep, err)
-	}
-	if ids, allocs := n.endpointIDs(), n.allocations(); len(ids) != 0 || len(allocs) != 0 {
-		t.Fatalf("the ADD that gave up left endpoints %v, addresses %q", ids, allocs)
-	}
+	n.createGivesUp(t, req, "of a pod the API server has not told of", "pod default/web")
 
 	// The pod comes while the ADD waits.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -380,24 +380,8 @@ func (a *agent) routeListings(t *testing.T) float64 {
 // since route updates come in order, once the node has its new address
 // the job has had them all.
 func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
-	// No IPv6 link-local addresses coming late: the rows of eth0 and eth1
-	// stay as they are.
-	ns, eth0, eth1 := uplinks(t, "192.0.2.40/24", "198.51.100.40/24", true)
+	a, ns, eth0, eth1 := startOnUplinks(t, "node-e", "10.244.13.0/24", "192.0.2.40/24", "198.51.100.40/24")
 	var err error
-	a := start(t, opts{name: "node-e", podCIDR: "10.244.13.0/24", netns: ns.Path()})
-	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
-		return r["node-e"] != nil && r["node-e"].PrimaryIP() == netip.MustParseAddr("192.0.2.40")
-	})
-	// The devices' rows settle (carrier, operstate) before counting.
-	a.waitForDevices(t, "eth0 and eth1 running", func(txn statedb.ReadTxn) bool {
-		for _, name := range []string{"eth0", "eth1"} {
-			d, _, found := a.devs.Get(txn, devices.DeviceName.Query(name))
-			if !found || d.Flags&net.FlagRunning == 0 {
-				return false
-			}
-		}
-		return true
-	})
 	witness, err := drift.Subscribe(ns.Path(), drift.Kinds{Routes: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -434,18 +418,7 @@ func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
 			}
 		}
 	}
-	err = nettest.Do(ns.Path(), func() error {
-		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")}); err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Gw: net.ParseIP("198.51.100.1")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.wait(t, "the local node at eth1's address once the default route moved", func(r map[string]*nodes.Node) bool {
-		return r["node-e"] != nil && r["node-e"].PrimaryIP() == netip.MustParseAddr("198.51.100.40")
-	})
+	a.moveDefaultRoute(t, "node-e", ns, eth0, eth1, "192.0.2.40/24", "198.51.100.40/24")
 	// The default route's deletion and addition: one computation each, or
 	// one for both.
 	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 2 {
@@ -459,20 +432,7 @@ func TestLocalNodeIgnoresPodRoutes(t *testing.T) {
 // default route, and the job computes nothing for them. Then the default
 // route moves, which it computes.
 func TestLocalNodeIgnoresPodDevices(t *testing.T) {
-	ns, eth0, eth1 := uplinks(t, "192.0.2.60/24", "198.51.100.60/24", true)
-	a := start(t, opts{name: "node-v", podCIDR: "10.244.15.0/24", netns: ns.Path()})
-	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
-		return r["node-v"] != nil && r["node-v"].PrimaryIP() == netip.MustParseAddr("192.0.2.60")
-	})
-	a.waitForDevices(t, "eth0 and eth1 running", func(txn statedb.ReadTxn) bool {
-		for _, name := range []string{"eth0", "eth1"} {
-			d, _, found := a.devs.Get(txn, devices.DeviceName.Query(name))
-			if !found || d.Flags&net.FlagRunning == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	a, ns, eth0, eth1 := startOnUplinks(t, "node-v", "10.244.15.0/24", "192.0.2.60/24", "198.51.100.60/24")
 	computations := a.counter(t, "cellium_node_local_computations_total")
 	const rounds, perRound = 10, 5
 	for r := range rounds {
@@ -499,21 +459,54 @@ func TestLocalNodeIgnoresPodDevices(t *testing.T) {
 			return true
 		})
 	}
+	a.moveDefaultRoute(t, "node-v", ns, eth0, eth1, "192.0.2.60/24", "198.51.100.60/24")
+	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 2 {
+		t.Errorf("%v computations of the local node for %d pods' veths and the default route moving, want at most 2", n, rounds*perRound*2)
+	}
+}
+
+// startOnUplinks starts the agent node on uplinks eth0 (addr0, holding the
+// default route) and eth1 (addr1), without IPv6 (no link-local addresses
+// coming late: the rows of eth0 and eth1 stay as they are), once the node
+// has eth0's address and the devices' rows settled (carrier, operstate).
+func startOnUplinks(t *testing.T, node, podCIDR, addr0, addr1 string) (*agent, ns.NetNS, netlink.Link, netlink.Link) {
+	t.Helper()
+	ns, eth0, eth1 := uplinks(t, addr0, addr1, true)
+	a := start(t, opts{name: node, podCIDR: podCIDR, netns: ns.Path()})
+	ip0 := netip.MustParsePrefix(addr0).Addr()
+	a.wait(t, "the local node at eth0's address", func(r map[string]*nodes.Node) bool {
+		return r[node] != nil && r[node].PrimaryIP() == ip0
+	})
+	a.waitForDevices(t, "eth0 and eth1 running", func(txn statedb.ReadTxn) bool {
+		for _, name := range []string{"eth0", "eth1"} {
+			d, _, found := a.devs.Get(txn, devices.DeviceName.Query(name))
+			if !found || d.Flags&net.FlagRunning == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return a, ns, eth0, eth1
+}
+
+// moveDefaultRoute moves the default route from eth0 (at addr0) to eth1
+// (at addr1), each through the .1 of its subnet, and waits until the node
+// is at addr1.
+func (a *agent) moveDefaultRoute(t *testing.T, node string, ns ns.NetNS, eth0, eth1 netlink.Link, addr0, addr1 string) {
+	t.Helper()
 	err := nettest.Do(ns.Path(), func() error {
-		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1")}); err != nil {
+		if err := netlink.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gatewayOf(addr0)}); err != nil {
 			return err
 		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Gw: net.ParseIP("198.51.100.1")})
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Gw: gatewayOf(addr1)})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ip1 := netip.MustParsePrefix(addr1).Addr()
 	a.wait(t, "the local node at eth1's address once the default route moved", func(r map[string]*nodes.Node) bool {
-		return r["node-v"] != nil && r["node-v"].PrimaryIP() == netip.MustParseAddr("198.51.100.60")
+		return r[node] != nil && r[node].PrimaryIP() == ip1
 	})
-	if n := a.counter(t, "cellium_node_local_computations_total") - computations; n > 2 {
-		t.Errorf("%v computations of the local node for %d pods' veths and the default route moving, want at most 2", n, rounds*perRound*2)
-	}
 }
 
 // TestLocalNodeIgnoresOrdinaryEndpoints: the local node reads the health
