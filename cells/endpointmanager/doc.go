@@ -39,7 +39,9 @@
 //     the endpoints table (the endpoint map is pruned only after it), and a
 //     readiness barrier (the agent is not ready before it). Creations and
 //     deletions wait for it; a pod's creation also waits until the pods
-//     of the node are listed (its labels make its identity and policy). Temporary files are removed, state files that
+//     of the node are listed and, with a real API server, until the watch
+//     has brought the pod and its namespace (its labels make its identity
+//     and policy). Temporary files are removed, state files that
 //     do not parse or are not regular files are moved to
 //     <state-dir>/endpoints-invalid/ with a log line, endpoints still
 //     "creating" are undone and those "deleting" deleted, endpoints whose

@@ -403,4 +403,26 @@ func TestCreateWaitsForPod(t *testing.T) {
 	if got := n.identityLabels(t, r.ep.Identity); got != want {
 		t.Fatalf("the ADD's endpoint has identity %v with labels\n%s, want\n%s", r.ep.Identity, got, want)
 	}
+
+	// The API server unreachable: a pod the watch brought still gets its
+	// network, with its labels (read from the informer's store, no request
+	// made); one it did not bring gets the error, for the kubelet to retry.
+	n.k8s.PrependReactor("*", "*", func(k8sclient.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("the test made the API server unreachable")
+	})
+	again := newPod(t)
+	req = again.req()
+	req.PodName = "web"
+	ep, err := n.mgr.Create(ctx, req)
+	if err != nil || !maps.Equal(ep.Labels, map[string]string{"app": "web"}) || ep.Identity != r.ep.Identity {
+		t.Fatalf("ADD of a known pod with the API server unreachable = %+v, %v; want the pod's labels and identity %v", ep, err, r.ep.Identity)
+	}
+	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: again.id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.mgr.Delete(ctx, endpointmanager.Selector{ContainerID: p.id}); err != nil {
+		t.Fatal(err)
+	}
+	req.PodName = "db"
+	n.createGivesUp(t, req, "of an unknown pod with the API server unreachable", "pod default/db")
 }
