@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -72,6 +73,19 @@ type syncer struct {
 	mu sync.Mutex
 	// others are the objects of other nodes, by namespace/name.
 	others map[string]*k8sapi.CelliumEndpoint
+	// pending are the objects of other nodes whose identity or node is
+	// not known (yet), by namespace/name (PendingGrace).
+	pending map[string]*pendingObject
+	// pendingAdded wakes recheck to time a new pending object's grace.
+	pendingAdded chan struct{}
+}
+
+// pendingObject is an object whose identity or node is not known.
+type pendingObject struct {
+	// since is when it was first checked so.
+	since time.Time
+	// refused once PendingGrace has passed.
+	refused bool
 }
 
 // register adds the jobs in crd mode; in the other modes the table stays
@@ -84,7 +98,8 @@ func register(p params) {
 	}
 	s := &syncer{log: p.Log, db: p.DB, tbl: p.Table, client: client, registered: registered, node: string(p.NodeName),
 		cs: p.Clientset, eps: p.Endpoints, nodes: p.Nodes, ids: p.IDTable, cfg: p.Config, metrics: p.Metrics,
-		others: map[string]*k8sapi.CelliumEndpoint{}, refused: refused.New(p.Log, p.Health.NewScope("refused"), "CelliumEndpoint")}
+		others: map[string]*k8sapi.CelliumEndpoint{}, pending: map[string]*pendingObject{}, pendingAdded: make(chan struct{}, 1),
+		refused: refused.New(p.Log, p.Health.NewScope("refused"), "CelliumEndpoint")}
 	txn := p.DB.WriteTxn(p.Table)
 	listed := p.Table.RegisterInitializer(txn, "crd-endpoints")
 	txn.Commit()

@@ -80,6 +80,13 @@ var otherNodes = map[string]*nodes.Node{
 
 func (c *cluster) start(t testing.TB, name, dir string) *node {
 	t.Helper()
+	return c.startWith(t, name, dir, nil)
+}
+
+// startWith is start, calling init in the transaction that fills the
+// nodes table (to register an initializer, as the nodes cell does).
+func (c *cluster) startWith(t testing.TB, name, dir string, init func(statedb.WriteTxn, statedb.RWTable[*nodes.Node])) *node {
+	t.Helper()
 	n := &node{name: name}
 	h := celltest.New(daemon.Cell, kvstore.Cell, k8sclient.Cell, idcell.Cell, Cell,
 		cell.Provide(endpointmanager.NewTable, statedb.RWTable[*endpointmanager.Endpoint].ToTable,
@@ -88,6 +95,9 @@ func (c *cluster) start(t testing.TB, name, dir string) *node {
 			nt statedb.RWTable[*nodes.Node], tbl statedb.Table[*Endpoint], hs statedb.Table[*health.Status], m *endpointMetrics) {
 			n.db, n.ids, n.eps, n.nodes, n.tbl, n.hs, n.metrics = db, ids, eps, nt, tbl, hs, m
 			txn := db.WriteTxn(nt)
+			if init != nil {
+				init(txn, nt)
+			}
 			for _, o := range otherNodes {
 				row := *o
 				row.Local = row.Name == name
@@ -320,4 +330,69 @@ func TestWatchFailureIsDegraded(t *testing.T) {
 
 	c.kas.Restart(t)
 	polltest.Until(t, "the watch OK again once the API server is back", time.Minute, 10*time.Millisecond, watchHealth(cell.StatusOK))
+}
+
+// With --kvstore=etcd the nodes table is initialized only once etcd has
+// listed the node keys (initializer nodes-kvstore). An agent started while
+// etcd is unreachable still writes this node's CelliumEndpoints and
+// deletes its stale ones (it waited for that listing before, and wrote
+// none), and takes other nodes' objects whose node it knows; its table is
+// initialized (the ipcache prunes then) only once the nodes table is.
+func TestOwnObjectsWhileNodesWaitForKVStore(t *testing.T) {
+	c := startCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var kvListed func(statedb.WriteTxn)
+	n := c.startWith(t, "node-1", t.TempDir(), func(txn statedb.WriteTxn, nt statedb.RWTable[*nodes.Node]) {
+		// As nodes.Cell with --kvstore=etcd, etcd not answering.
+		kvListed = nt.RegisterInitializer(txn, "nodes-kvstore")
+	})
+	// An object of node-1 with no endpoint (as one left from before a
+	// restart, the pod gone while the agent was down). The agent
+	// registers the CRDs: made once it runs.
+	_, registered := n.ids.CRDClient()
+	select {
+	case <-registered:
+	case <-ctx.Done():
+		t.Fatal("CRDs not established")
+	}
+	celltest.Eventually(t, "the stale object made", func() (bool, string) {
+		_, err := c.admin.CreateEndpoint(ctx, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "stale", Namespace: "default",
+			Labels: map[string]string{k8sapi.LabelNode: "node-1"}}, Status: k8sapi.EndpointStatus{Identity: uint32(identity.Health), NodeName: "node-1", Addresses: []string{"10.1.0.99"}}})
+		return err == nil || apierrors.IsAlreadyExists(err), fmt.Sprint(err)
+	})
+
+	web := labels.New(labels.Label{Source: "k8s", Key: "app", Value: "web"}, labels.Label{Source: "k8s", Key: idcell.NamespaceLabel, Value: "default"})
+	id, err := n.ids.Allocate(ctx, web)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.createPod(t, "web-1", "node-1")
+	n.putEndpoint(1, "web-1", "10.1.0.5", id)
+	celltest.Eventually(t, "the CelliumEndpoint of web-1 with the nodes table waiting for etcd", func() (bool, string) {
+		_, err := c.get(ctx, "web-1")
+		return err == nil, fmt.Sprint(err)
+	})
+	celltest.Eventually(t, "the stale object deleted with the nodes table waiting for etcd", func() (bool, string) {
+		_, err := c.get(ctx, "stale")
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if _, err := c.admin.CreateEndpoint(ctx, &k8sapi.CelliumEndpoint{ObjectMeta: metav1.ObjectMeta{Name: "remote", Namespace: "default"},
+		Status: k8sapi.EndpointStatus{Identity: uint32(id), NodeName: "node-2", Addresses: []string{"10.2.0.5"}}}); err != nil {
+		t.Fatal(err)
+	}
+	celltest.Eventually(t, "node-2's object taken", func() (bool, string) {
+		row, _, found := n.tbl.Get(n.db.ReadTxn(), ByName.Query("default/remote"))
+		return found, fmt.Sprintf("%+v", row)
+	})
+	if init, _ := n.tbl.Initialized(n.db.ReadTxn()); init {
+		t.Fatal("table k8s-endpoints initialized before the nodes table")
+	}
+	txn := n.db.WriteTxn(n.nodes)
+	kvListed(txn)
+	txn.Commit()
+	celltest.Eventually(t, "table k8s-endpoints initialized once the nodes table is", func() (bool, string) {
+		init, _ := n.tbl.Initialized(n.db.ReadTxn())
+		return init, fmt.Sprint(n.tbl.PendingInitializers(n.db.ReadTxn()))
+	})
 }

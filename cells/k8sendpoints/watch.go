@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -38,17 +39,36 @@ func publishable(id identity.NumericIdentity) bool {
 	return id.IsCluster() || id == identity.Init || id == identity.Health
 }
 
+// PendingGrace is how long an object of another node may name an identity
+// or a node this agent does not know yet before it is refused (logged,
+// counted, named in health). Objects usually arrive before their identity
+// (a new label set's CelliumIdentity) or their node's pod CIDRs, on every
+// node: until this has passed such an object is pending, without a row, a
+// warning or a count. The other refusals (an address outside its node's
+// pod CIDRs, an identity of another namespace) are immediate. A variable
+// for tests only.
+var PendingGrace = time.Minute
+
 // refusal is why an object of another node is refused: reason is the
-// label it is counted under (identity, namespace, node, address).
+// label it is counted under (identity, namespace, node, address). A
+// pending one (its identity or node not known) may pass later, when the
+// identity or node is known.
 type refusal struct {
-	reason string
-	err    error
+	reason  string
+	err     error
+	pending bool
 }
 
 func (r *refusal) Error() string { return r.err.Error() }
 
 func refuse(reason, format string, args ...any) error {
 	return &refusal{reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+// notKnown is the refusal of an object whose identity or node is not
+// known (yet).
+func notKnown(reason, format string, args ...any) error {
+	return &refusal{reason: reason, err: fmt.Errorf(format, args...), pending: true}
 }
 
 // parse checks an object of another node: its identity (a cluster one
@@ -66,7 +86,7 @@ func parse(ep *k8sapi.CelliumEndpoint, txn statedb.ReadTxn, nodeTbl statedb.Tabl
 	if id.IsCluster() {
 		ident, _, found := idTbl.Get(txn, idcell.ByID.Query(id))
 		if !found {
-			return nil, refuse("identity", "identity %d is not known (no CelliumIdentity)", id)
+			return nil, notKnown("identity", "identity %d is not known (no CelliumIdentity)", id)
 		}
 		if ns, _ := ident.Labels.Get(labels.SourceK8s, idcell.NamespaceLabel); ns != ep.Namespace {
 			return nil, refuse("namespace", "identity %d is of namespace %q, not the object's namespace %q", id, ns, ep.Namespace)
@@ -77,7 +97,7 @@ func parse(ep *k8sapi.CelliumEndpoint, txn statedb.ReadTxn, nodeTbl statedb.Tabl
 	}
 	node, _, found := nodeTbl.Get(txn, nodes.ByName.Query(st.NodeName))
 	if !found {
-		return nil, refuse("node", "node %s is not known", st.NodeName)
+		return nil, notKnown("node", "node %s is not known", st.NodeName)
 	}
 	row := &Endpoint{Namespace: ep.Namespace, Name: ep.Name, Node: st.NodeName, Identity: id,
 		NamedPorts: st.NamedPorts, Created: ep.CreationTimestamp.Time}
@@ -128,18 +148,31 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 	case <-ctx.Done():
 		return nil
 	}
-	// Objects are checked against the nodes and identities: before those
-	// are listed every object would be refused for a while.
-	if tables.WaitInitialized(ctx, s.db, s.nodes) != nil || tables.WaitInitialized(ctx, s.db, s.ids) != nil {
+	// Objects are checked against the identities: before those are listed
+	// every object would be pending for a while. Not against the nodes
+	// table's initialization: with --kvstore=etcd it waits for etcd's
+	// listing, and this node's own objects (the writer waits for the
+	// listing here) must not wait for etcd. An object whose node is not
+	// known yet is pending until the node is (recheck).
+	if tables.WaitInitialized(ctx, s.db, s.ids) != nil {
 		return nil
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	objectsListed := make(chan struct{})
+	initDone := make(chan struct{})
+	go func() {
+		defer close(initDone)
+		s.initialized(ctx, objectsListed, listed)
+	}()
+	defer func() {
+		cancel()
+		<-initDone
+	}()
 	apply := func(ep *k8sapi.CelliumEndpoint, deleted bool) { s.apply(ep, deleted, w) }
 	onListed := func() {
-		txn := s.db.WriteTxn(s.tbl)
-		listed(txn)
-		txn.Commit()
 		w.listed()
 		s.refused.Listed()
+		close(objectsListed)
 	}
 	return k8sapi.Inform(ctx, s.client.EndpointListWatch(""), &k8sapi.CelliumEndpoint{}, leanEndpoint, apply, onListed, func(err error) {
 		if err != nil {
@@ -148,6 +181,29 @@ func (s *syncer) watch(ctx context.Context, health cell.Health, listed func(stat
 		}
 		health.OK("CelliumEndpoint objects listed and watched")
 	})
+}
+
+// initialized marks the table initialized once the objects are listed and
+// the nodes table is initialized, having checked every object of other
+// nodes again in the same transaction: the ipcache prunes its map then, and
+// must not miss an object that was pending only for its node's listing.
+func (s *syncer) initialized(ctx context.Context, objectsListed <-chan struct{}, listed func(statedb.WriteTxn)) {
+	select {
+	case <-objectsListed:
+	case <-ctx.Done():
+		return
+	}
+	if tables.WaitInitialized(ctx, s.db, s.nodes) != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	txn := s.db.WriteTxn(s.tbl)
+	for key, ep := range s.others {
+		s.check(txn, key, ep)
+	}
+	listed(txn)
+	txn.Commit()
 }
 
 // apply writes one object's change into the table; a bad object is named
@@ -178,6 +234,27 @@ func (s *syncer) check(txn statedb.WriteTxn, key string, ep *k8sapi.CelliumEndpo
 	var err error
 	if ep != nil {
 		row, err = parse(ep, txn, s.nodes, s.ids)
+	}
+	if r, ok := err.(*refusal); ok && r.pending {
+		now := time.Now()
+		p, was := s.pending[key]
+		if !was {
+			p = &pendingObject{since: now}
+			s.pending[key] = p
+			select {
+			case s.pendingAdded <- struct{}{}:
+			default:
+			}
+		}
+		if waited := now.Sub(p.since); waited < PendingGrace {
+			s.log.Debug("CelliumEndpoint pending", "name", key, "reason", err)
+			err = nil
+		} else {
+			p.refused = true
+			err = &refusal{reason: r.reason, err: fmt.Errorf("%w (waited %s)", r.err, PendingGrace)}
+		}
+	} else {
+		delete(s.pending, key)
 	}
 	if s.refused.Note(key, err) {
 		reason := "other"
@@ -216,6 +293,12 @@ func (s *syncer) recheck(ctx context.Context, health cell.Health) error {
 	defer idChanges.Close()
 	wtxn.Commit()
 	health.OK("Checking objects again on node and identity changes")
+	var grace *time.Timer
+	defer func() {
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
 	for {
 		rtxn := s.db.ReadTxn()
 		nodeSeq, nodeWatch := nodeChanges.Next(rtxn)
@@ -242,11 +325,53 @@ func (s *syncer) recheck(ctx context.Context, health cell.Health) error {
 			txn.Commit()
 			s.mu.Unlock()
 		}
+		// The objects pending for longer than PendingGrace are checked
+		// again, to be refused; the timer is at the earliest deadline.
+		var graceC <-chan time.Time
+		if grace != nil {
+			grace.Stop()
+		}
+		if next, ok := s.graceOver(); ok {
+			grace = time.NewTimer(time.Until(next))
+			graceC = grace.C
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-nodeWatch:
 		case <-idWatch:
+		case <-s.pendingAdded:
+		case <-graceC:
 		}
 	}
+}
+
+// graceOver checks again the objects pending for PendingGrace or longer
+// (refusing them) and says when the next pending one's grace is over.
+func (s *syncer) graceOver() (next time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var over []string
+	for key, p := range s.pending {
+		switch deadline := p.since.Add(PendingGrace); {
+		case p.refused:
+		case !deadline.After(now):
+			over = append(over, key)
+		case !ok || deadline.Before(next):
+			next, ok = deadline, true
+		}
+	}
+	if len(over) > 0 {
+		txn := s.db.WriteTxn(s.tbl)
+		for _, key := range over {
+			if ep := s.others[key]; ep != nil {
+				s.check(txn, key, ep)
+			} else {
+				delete(s.pending, key)
+			}
+		}
+		txn.Commit()
+	}
+	return next, ok
 }
