@@ -219,6 +219,9 @@ type Manager struct {
 	// health scope that shows them (nil without any).
 	moved   []movedFile
 	orphans map[string]orphan
+	// orphanSkips counts the orphans-gone rounds in a row that found the
+	// manager busy (that job's only).
+	orphanSkips int
 	// outside says, by container ID, which restored endpoints have
 	// addresses in no pod pool.
 	outside  map[string]string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -180,4 +181,61 @@ func TestTryLockAll(t *testing.T) {
 		t.Fatal("tryLockAll took the manager twice")
 	}
 	l.unlockAll()
+}
+
+// On a node where operations always run, orphans-gone does not skip for
+// ever (the gone orphans' addresses would stay held): after orphanSkipsMax
+// rounds skipped, the next waits for the manager's lock as a writer, giving
+// up after orphanLockWait; after orphanSkipsMax more skipped, the next
+// waits again, and runs once the operation ends.
+func TestOrphansRoundWaitsAfterSkips(t *testing.T) {
+	m := &Manager{log: slog.New(slog.DiscardHandler), locks: newOpLocks(), orphans: map[string]orphan{"kept": {containerID: "kept", hostIfName: "lo"}}}
+	waiting := func() int {
+		m.locks.mu.Lock()
+		defer m.locks.mu.Unlock()
+		return m.locks.writersWaiting
+	}
+	round := func() <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- m.releaseGoneOrphans(context.Background()) }()
+		return done
+	}
+	skips := func() {
+		t.Helper()
+		for i := range orphanSkipsMax {
+			if err := <-round(); err != nil {
+				t.Fatalf("round %d: %v", i+1, err)
+			}
+			if waiting() != 0 {
+				t.Fatalf("round %d waits for the lock", i+1)
+			}
+		}
+	}
+	unlockSlow, err := m.locks.lockContainer(context.Background(), "slow-add")
+	if err != nil {
+		t.Fatal(err)
+	}
+	skips()
+	// Given up after orphanLockWait: no waiting writer left behind.
+	start := time.Now()
+	if err := <-round(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < orphanLockWait {
+		t.Fatalf("round %d returned after %s without waiting %s for the lock", orphanSkipsMax+1, d, orphanLockWait)
+	}
+	if n := waiting(); n != 0 {
+		t.Fatalf("%d writers waiting after the round gave up", n)
+	}
+	skips()
+	done := round()
+	pollUntil(t, "the round waiting for the manager's lock", func() bool { return waiting() == 1 })
+	unlockSlow()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !m.locks.tryLockAll() {
+		t.Fatal("the manager still held after the round")
+	}
+	m.locks.unlockAll()
 }

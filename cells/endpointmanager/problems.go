@@ -32,10 +32,20 @@ type orphan struct {
 // pair went with their pod.
 const orphanInterval = 5 * time.Second
 
+// orphanSkipsMax is how many rounds in a row orphans-gone skips when an
+// operation runs; the next one waits for the manager's lock, for at most
+// orphanLockWait (holding back new ADDs and DELs that long at most, once
+// in orphanSkipsMax+1 rounds), so that a node always busy still releases
+// its orphans' addresses.
+const (
+	orphanSkipsMax = 3
+	orphanLockWait = time.Second
+)
+
 // releaseGoneOrphans releases the addresses of orphans whose host veth is
 // gone: their pod went away (with its netns, the kernel removed the pair)
 // without a DEL, and nothing else would ever release them.
-func (m *Manager) releaseGoneOrphans(context.Context) error {
+func (m *Manager) releaseGoneOrphans(ctx context.Context) error {
 	m.problemsMu.Lock()
 	none := len(m.orphans) == 0
 	m.problemsMu.Unlock()
@@ -45,9 +55,26 @@ func (m *Manager) releaseGoneOrphans(context.Context) error {
 	// Every container: an orphan's CNI DEL, or a new ADD of it, may run.
 	// Only when no operation runs: waiting for the lock would hold back
 	// every new ADD and DEL behind a slow one (the lock prefers waiting
-	// writers); the next round tries again.
-	if !m.locks.tryLockAll() {
-		return nil
+	// writers); the next round tries again. After orphanSkipsMax rounds
+	// skipped so, it waits, for orphanLockWait at most.
+	if m.orphanSkips < orphanSkipsMax {
+		if !m.locks.tryLockAll() {
+			m.orphanSkips++
+			return nil
+		}
+		m.orphanSkips = 0
+	} else {
+		// Given up or not, the rounds after it skip again first.
+		m.orphanSkips = 0
+		wctx, cancel := context.WithTimeout(ctx, orphanLockWait)
+		err := m.locks.lockAll(wctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				m.log.Info("Releasing gone orphans' addresses: the endpoint operations did not let the manager go; trying again next round", "waited", orphanLockWait)
+			}
+			return nil
+		}
 	}
 	defer m.locks.unlockAll()
 	m.problemsMu.Lock()
