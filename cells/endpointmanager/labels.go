@@ -18,6 +18,8 @@ import (
 // podMeta is what the endpoint of a pod learns from the API server: what
 // its identity is made of.
 type podMeta struct {
+	// uid is the pod's UID (not part of the identity).
+	uid             string
 	labels          map[string]string
 	serviceAccount  string
 	namespaceLabels map[string]string
@@ -96,7 +98,7 @@ func (w *podWatcher) lookup(namespace, name string) (podMeta, bool) {
 	if !ok || pod.Spec.NodeName != w.node {
 		return podMeta{}, false
 	}
-	meta := podMeta{labels: pod.Labels, serviceAccount: pod.Spec.ServiceAccountName}
+	meta := podMeta{uid: string(pod.UID), labels: pod.Labels, serviceAccount: pod.Spec.ServiceAccountName}
 	if obj, found, err := w.nsStore.GetByKey(namespace); err == nil && found {
 		if ns, ok := obj.(*corev1.Namespace); ok {
 			meta.namespaceLabels = ns.Labels
@@ -121,19 +123,22 @@ func (w *podWatcher) watch() <-chan struct{} {
 }
 
 // waitPod waits, as long as ctx allows, until the store has the pod
-// namespace/name of this node and its namespace: an ADD may come before
+// namespace/name of this node, of UID uid unless uid is "", and its
+// namespace: an ADD may come before
 // the watch has brought the pod (the kubelet asks for the network of a pod
 // the API server bound a moment ago), and without its labels the endpoint
 // would have the identity, and so the policy, of a pod no NetworkPolicy
-// selects. In embedded mode it waits for nothing: pods come from the
+// selects. The UID tells a pod deleted and made again under the same name
+// (a StatefulSet's, possibly with other labels) from the one the store may
+// still have until the watch brings the deletion. In embedded mode it waits for nothing: pods come from the
 // manifests, and a pod that none holds gets its network without labels.
-func (w *podWatcher) waitPod(ctx context.Context, namespace, name string) error {
+func (w *podWatcher) waitPod(ctx context.Context, namespace, name, uid string) error {
 	if !w.waitPods {
 		return nil
 	}
 	for {
 		watch := w.watch()
-		if _, ok := w.lookup(namespace, name); ok && w.hasNamespace(namespace) {
+		if meta, ok := w.lookup(namespace, name); ok && (uid == "" || meta.uid == uid) && w.hasNamespace(namespace) {
 			return nil
 		}
 		select {

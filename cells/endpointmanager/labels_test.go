@@ -23,6 +23,7 @@ import (
 	"github.com/cellium/cellium/cells/endpointmanager"
 	idalloc "github.com/cellium/cellium/cells/identity"
 	"github.com/cellium/cellium/cells/k8sclient"
+	"github.com/cellium/cellium/pkg/apiv1"
 	"github.com/cellium/cellium/pkg/etcdtest"
 	"github.com/cellium/cellium/pkg/identity"
 )
@@ -380,15 +381,7 @@ func TestCreateWaitsForPod(t *testing.T) {
 	// The pod comes while the ADD waits.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	type result struct {
-		ep  *endpointmanager.Endpoint
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		ep, err := n.mgr.Create(ctx, req)
-		done <- result{ep, err}
-	}()
+	done := n.createReqAsync(ctx, req)
 	if _, err := n.k8s.CoreV1().Pods("default").Create(ctx, k8sPod("web", "node-1", map[string]string{"app": "web"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -425,4 +418,72 @@ func TestCreateWaitsForPod(t *testing.T) {
 	}
 	req.PodName = "db"
 	n.createGivesUp(t, req, "of an unknown pod with the API server unreachable", "pod default/db")
+}
+
+// TestCreateWaitsForPodUID: a pod deleted and made again under the same
+// name (a StatefulSet's) with other labels, while the watch still has the
+// old one: an ADD naming the new pod's UID is not given the old pod's
+// labels (ErrNotReady naming the pod and the UID at the deadline, having
+// made nothing); once the new pod comes it has the new pod's labels and
+// their identity. An ADD without a UID takes the pod of that name, as
+// before.
+func TestCreateWaitsForPodUID(t *testing.T) {
+	tn := newTestNet(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	old := k8sPod("web-0", "node-1", map[string]string{"app": "web", "rev": "old"})
+	old.UID = "uid-old"
+	n := tn.start(t, nodeOpts{cluster: true, k8s: []runtime.Object{ns, old}})
+	n.waitRestored(t)
+	p := newPod(t)
+	req := p.req()
+	req.PodName, req.PodUID = "web-0", "uid-new"
+
+	// The store has web-0, but of another UID: the deadline ends the wait.
+	n.createGivesUp(t, req, "of a pod whose name the store has with another UID", "pod default/web-0 (UID uid-new)")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := n.createReqAsync(ctx, req)
+	// The new pod comes: the old one's deletion, then the new one.
+	if err := n.k8s.CoreV1().Pods("default").Delete(ctx, "web-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := k8sPod("web-0", "node-1", map[string]string{"app": "web", "rev": "new"})
+	fresh.UID = "uid-new"
+	if _, err := n.k8s.CoreV1().Pods("default").Create(ctx, fresh, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("ADD once the pod of UID uid-new is there: %v", r.err)
+	}
+	if !maps.Equal(r.ep.Labels, fresh.Labels) {
+		t.Fatalf("the endpoint returned by the ADD has labels %v, want the new pod's %v", r.ep.Labels, fresh.Labels)
+	}
+	const want = "k8s:app=web;k8s:io.kubernetes.pod.namespace=default;k8s:rev=new"
+	if got := n.identityLabels(t, r.ep.Identity); got != want {
+		t.Fatalf("the ADD's endpoint has identity %v with labels\n%s, want\n%s", r.ep.Identity, got, want)
+	}
+
+	// Without a UID, the pod of that name the store has.
+	again := newPod(t)
+	req = again.req()
+	req.PodName = "web-0"
+	ep, err := n.mgr.Create(ctx, req)
+	if err != nil || !maps.Equal(ep.Labels, fresh.Labels) {
+		t.Fatalf("ADD without a UID = %+v, %v; want the labels %v", ep, err, fresh.Labels)
+	}
+
+	// Through the API: the body's podUID is the one waited for; the
+	// store's web-0 is not of UID uid-old, so no endpoint is made.
+	third := newPod(t)
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if ep, err := n.client.CreateEndpoint(short, third.id, apiv1.EndpointCreate{Netns: third.ns.Path(), Interface: "eth0",
+		PodNamespace: "default", PodName: "web-0", PodUID: "uid-old"}); err == nil {
+		t.Fatalf("PUT with podUID uid-old made %+v, with the labels of the pod of UID uid-new", ep)
+	}
+	if _, found := n.mgr.Lookup(endpointmanager.Selector{ContainerID: third.id}); found {
+		t.Fatal("the PUT that gave up left an endpoint")
+	}
 }

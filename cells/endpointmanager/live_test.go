@@ -69,9 +69,14 @@ type createResult struct {
 
 // createAsync creates p's endpoint in a goroutine of its own.
 func (n *node) createAsync(p pod) <-chan createResult {
+	return n.createReqAsync(context.Background(), p.req())
+}
+
+// createReqAsync runs req's ADD in a goroutine of its own.
+func (n *node) createReqAsync(ctx context.Context, req endpointmanager.CreateRequest) <-chan createResult {
 	done := make(chan createResult, 1)
 	go func() {
-		ep, err := n.mgr.Create(context.Background(), p.req())
+		ep, err := n.mgr.Create(ctx, req)
 		done <- createResult{ep, err}
 	}()
 	return done

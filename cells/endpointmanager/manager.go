@@ -30,6 +30,10 @@ type CreateRequest struct {
 	IfName       string
 	PodNamespace string
 	PodName      string
+	// PodUID, when set, is the UID the pod must have: a pod of the same
+	// name the watch still has (deleted and made again, e.g. a
+	// StatefulSet's) is not taken for it.
+	PodUID string
 	// Health makes the node's health endpoint: reserved identity health,
 	// no pod.
 	Health bool
@@ -50,8 +54,8 @@ func (r CreateRequest) validate() error {
 // endpoint reported to the runtime is never lost. Whatever fails is undone.
 // It waits while the restore runs, until the node's devices are listed
 // (the automatic MTU), and (for a pod, with a Kubernetes clientset) until
-// the pods of the node are listed and (with a real API server) the pod and
-// its namespace are known, as long as ctx allows.
+// the pods of the node are listed and (with a real API server) the pod (of
+// req.PodUID, when set) and its namespace are known, as long as ctx allows.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
@@ -67,9 +71,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Endpoint, err
 			return nil, errorf(ErrNotReady, "the agent has not listed the pods of its node yet, so the labels of pod %s/%s (its identity, its policy) are not known; try again: %v",
 				req.PodNamespace, req.PodName, err)
 		}
-		if err := m.pods.waitPod(ctx, req.PodNamespace, req.PodName); err != nil {
-			return nil, errorf(ErrNotReady, "pod %s/%s of node %s (or its namespace) is not known from the API server yet, so its labels (its identity, its policy) are not; try again: %v",
-				req.PodNamespace, req.PodName, m.pods.node, err)
+		if err := m.pods.waitPod(ctx, req.PodNamespace, req.PodName, req.PodUID); err != nil {
+			uid := ""
+			if req.PodUID != "" {
+				uid = " (UID " + req.PodUID + ")"
+			}
+			return nil, errorf(ErrNotReady, "pod %s/%s%s of node %s (or its namespace) is not known from the API server yet, so its labels (its identity, its policy) are not; try again: %v",
+				req.PodNamespace, req.PodName, uid, m.pods.node, err)
 		}
 	}
 	ep := &Endpoint{

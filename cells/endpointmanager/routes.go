@@ -81,7 +81,7 @@ func apiRoutes(m *Manager) api.Routes {
 			}
 			ep, err := m.Create(r.Context(), CreateRequest{
 				ContainerID: s.ContainerID, Netns: in.Netns, IfName: in.Interface,
-				PodNamespace: in.PodNamespace, PodName: in.PodName,
+				PodNamespace: in.PodNamespace, PodName: in.PodName, PodUID: in.PodUID,
 			})
 			if err != nil {
 				return nil, apiError(err)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,9 @@ type standInAgent struct {
 	// deleted are the request URIs of the DELETEs that removed an
 	// endpoint; requests are all the DELETEs.
 	deleted, requests []string
+	// created are the bodies of the PUTs (ADDs), each answered with an
+	// endpoint of 10.0.0.2.
+	created []apiv1.EndpointCreate
 }
 
 func newStandInAgent(t *testing.T, eps ...apiv1.Endpoint) *standInAgent {
@@ -53,6 +57,16 @@ func (a *standInAgent) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == apiv1.PathEndpoints:
 		json.NewEncoder(w).Encode(a.eps)
+	case r.Method == http.MethodPut && isEndpoint:
+		var in apiv1.EndpointCreate
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(w).Encode(apiv1.Error{Message: err.Error()})
+			return
+		}
+		a.created = append(a.created, in)
+		json.NewEncoder(w).Encode(apiv1.Endpoint{ID: 1, ContainerID: cid, Netns: in.Netns, Interface: in.Interface,
+			IPv4: "10.0.0.2", IPv4Gateway: "10.0.0.1", HostInterface: "lxc0"})
 	case r.Method == http.MethodDelete && isEndpoint:
 		a.requests = append(a.requests, r.URL.RequestURI())
 		if a.fail[cid] {
@@ -148,5 +162,29 @@ func TestGCGoesOnPastAFailedDelete(t *testing.T) {
 	if !ok || perr.Code != errAgentRefused || !strings.Contains(perr.Msg, "2 stale endpoint(s)") ||
 		!strings.Contains(perr.Details, "gone-1") || !strings.Contains(perr.Details, "gone-3") {
 		t.Fatalf("GC error = %#v, want code %d naming gone-1 and gone-3", err, errAgentRefused)
+	}
+}
+
+// An ADD sends the agent the pod's namespace, name and UID from CNI_ARGS
+// (K8S_POD_UID, as containerd and CRI-O send it), and no UID when the
+// runtime sent none.
+func TestAddSendsPodUID(t *testing.T) {
+	a := newStandInAgent(t)
+	for _, args := range []string{
+		"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=pod-a;K8S_POD_UID=6f1c-uid",
+		"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0",
+	} {
+		if err := cmdAdd(&cmdArgs{ContainerID: "pod-a", IfName: "eth0", Netns: "/var/run/netns/x", Args: args, StdinData: a.conf("")}); err != nil {
+			t.Fatalf("ADD with CNI_ARGS %q: %v", args, err)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want := []apiv1.EndpointCreate{
+		{Netns: "/var/run/netns/x", Interface: "eth0", PodNamespace: "default", PodName: "web-0", PodUID: "6f1c-uid"},
+		{Netns: "/var/run/netns/x", Interface: "eth0", PodNamespace: "default", PodName: "web-0"},
+	}
+	if !slices.Equal(a.created, want) {
+		t.Fatalf("the agent was sent %+v, want %+v", a.created, want)
 	}
 }

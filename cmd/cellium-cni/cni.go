@@ -390,6 +390,8 @@ type k8sArgs struct {
 	IgnoreUnknown     bool
 	K8S_POD_NAMESPACE string
 	K8S_POD_NAME      string
+	// K8S_POD_UID is sent by containerd and CRI-O, not by every runtime.
+	K8S_POD_UID string
 }
 
 // loadArgs parses CNI_ARGS, "KEY=VALUE;KEY=VALUE": a key other than
@@ -420,6 +422,8 @@ func loadArgs(args string) (k8sArgs, error) {
 			k.K8S_POD_NAMESPACE = kv[1]
 		case "K8S_POD_NAME":
 			k.K8S_POD_NAME = kv[1]
+		case "K8S_POD_UID":
+			k.K8S_POD_UID = kv[1]
 		default:
 			unknown = append(unknown, pair)
 		}

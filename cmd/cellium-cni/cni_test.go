@@ -113,8 +113,8 @@ func TestLoadArgs(t *testing.T) {
 			t.Errorf("IgnoreUnknown=%s with an unknown key = %v, want unknown args", v, err)
 		}
 	}
-	k, err := loadArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc")
-	if err != nil || k.K8S_POD_NAMESPACE != "default" || k.K8S_POD_NAME != "web-0" {
+	k, err := loadArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=0b1c-2d")
+	if err != nil || k.K8S_POD_NAMESPACE != "default" || k.K8S_POD_NAME != "web-0" || k.K8S_POD_UID != "0b1c-2d" {
 		t.Errorf("kubelet's CNI_ARGS = %+v, %v", k, err)
 	}
 	for args, want := range map[string]string{

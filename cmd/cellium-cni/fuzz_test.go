@@ -60,7 +60,7 @@ func FuzzArgs(f *testing.F) {
 			}
 			return
 		}
-		for key, v := range map[string]string{"K8S_POD_NAMESPACE": k8s.K8S_POD_NAMESPACE, "K8S_POD_NAME": k8s.K8S_POD_NAME} {
+		for key, v := range map[string]string{"K8S_POD_NAMESPACE": k8s.K8S_POD_NAMESPACE, "K8S_POD_NAME": k8s.K8S_POD_NAME, "K8S_POD_UID": k8s.K8S_POD_UID} {
 			if v != "" && !strings.Contains(cniArgs, key+"="+v) {
 				t.Fatalf("%s %q is not in CNI_ARGS %q", key, v, cniArgs)
 			}

@@ -166,7 +166,7 @@ func cmdAdd(args *cmdArgs) error {
 	var ep apiv1.Endpoint
 	err = unixhttp.Do(ctx, conf.Socket, "PUT", endpointPath(args.ContainerID), apiv1.EndpointCreate{
 		Netns: args.Netns, Interface: args.IfName,
-		PodNamespace: k8s.K8S_POD_NAMESPACE, PodName: k8s.K8S_POD_NAME,
+		PodNamespace: k8s.K8S_POD_NAMESPACE, PodName: k8s.K8S_POD_NAME, PodUID: k8s.K8S_POD_UID,
 	}, &ep)
 	if err != nil {
 		return cniError("add endpoint", conf.Socket, err)

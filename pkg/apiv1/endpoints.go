@@ -59,6 +59,10 @@ type EndpointCreate struct {
 	Interface    string `json:"interface"`
 	PodNamespace string `json:"podNamespace,omitempty"`
 	PodName      string `json:"podName,omitempty"`
+	// PodUID is the pod's UID (K8S_POD_UID, which containerd and CRI-O
+	// send): the ADD waits until the agent's watch has the pod of that UID,
+	// not an earlier pod of the same name. Without it, any pod of that name.
+	PodUID string `json:"podUID,omitempty"`
 }
 
 // Endpoint is one pod network interface that the agent manages.
