@@ -74,7 +74,7 @@ type syncer struct {
 	// others are the objects of other nodes, by namespace/name.
 	others map[string]*k8sapi.CelliumEndpoint
 	// pending are the objects of other nodes whose identity or node is
-	// not known (yet), by namespace/name (PendingGrace).
+	// not known (yet), by namespace/name (pendingGrace).
 	pending map[string]*pendingObject
 	// pendingAdded wakes recheck to time a new pending object's grace.
 	pendingAdded chan struct{}
@@ -84,7 +84,7 @@ type syncer struct {
 type pendingObject struct {
 	// since is when it was first checked so.
 	since time.Time
-	// refused once PendingGrace has passed.
+	// refused once pendingGrace has passed.
 	refused bool
 }
 

@@ -128,14 +128,14 @@ func TestObjectsLimitedToTheirNode(t *testing.T) {
 	refused("late-node", "address 10.4.0.5 is not in the pod CIDRs of its node node-4 (10.40.0.0/24)")
 }
 
-// An object whose node or identity is still not known once PendingGrace
+// An object whose node or identity is still not known once pendingGrace
 // has passed is refused as any bad object: named in health with the
 // reason and how long it waited, counted under its reason; it is taken
 // once its node is known.
 func TestNotKnownRefusedAfterGrace(t *testing.T) {
-	grace := PendingGrace
-	PendingGrace = 200 * time.Millisecond
-	t.Cleanup(func() { PendingGrace = grace })
+	grace := pendingGrace
+	pendingGrace = 200 * time.Millisecond
+	t.Cleanup(func() { pendingGrace = grace })
 	c := startCluster(t)
 	n := c.start(t, "node-2", t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -39,7 +39,7 @@ func publishable(id identity.NumericIdentity) bool {
 	return id.IsCluster() || id == identity.Init || id == identity.Health
 }
 
-// PendingGrace is how long an object of another node may name an identity
+// pendingGrace is how long an object of another node may name an identity
 // or a node this agent does not know yet before it is refused (logged,
 // counted, named in health). Objects usually arrive before their identity
 // (a new label set's CelliumIdentity) or their node's pod CIDRs, on every
@@ -47,7 +47,7 @@ func publishable(id identity.NumericIdentity) bool {
 // warning or a count. The other refusals (an address outside its node's
 // pod CIDRs, an identity of another namespace) are immediate. A variable
 // for tests only.
-var PendingGrace = time.Minute
+var pendingGrace = time.Minute
 
 // refusal is why an object of another node is refused: reason is the
 // label it is counted under (identity, namespace, node, address). A
@@ -246,12 +246,12 @@ func (s *syncer) check(txn statedb.WriteTxn, key string, ep *k8sapi.CelliumEndpo
 			default:
 			}
 		}
-		if waited := now.Sub(p.since); waited < PendingGrace {
+		if waited := now.Sub(p.since); waited < pendingGrace {
 			s.log.Debug("CelliumEndpoint pending", "name", key, "reason", err)
 			err = nil
 		} else {
 			p.refused = true
-			err = &refusal{reason: r.reason, err: fmt.Errorf("%w (waited %s)", r.err, PendingGrace)}
+			err = &refusal{reason: r.reason, err: fmt.Errorf("%w (waited %s)", r.err, pendingGrace)}
 		}
 	} else {
 		delete(s.pending, key)
@@ -325,7 +325,7 @@ func (s *syncer) recheck(ctx context.Context, health cell.Health) error {
 			txn.Commit()
 			s.mu.Unlock()
 		}
-		// The objects pending for longer than PendingGrace are checked
+		// The objects pending for longer than pendingGrace are checked
 		// again, to be refused; the timer is at the earliest deadline.
 		var graceC <-chan time.Time
 		if grace != nil {
@@ -346,7 +346,7 @@ func (s *syncer) recheck(ctx context.Context, health cell.Health) error {
 	}
 }
 
-// graceOver checks again the objects pending for PendingGrace or longer
+// graceOver checks again the objects pending for pendingGrace or longer
 // (refusing them) and says when the next pending one's grace is over.
 func (s *syncer) graceOver() (next time.Time, ok bool) {
 	s.mu.Lock()
@@ -354,7 +354,7 @@ func (s *syncer) graceOver() (next time.Time, ok bool) {
 	now := time.Now()
 	var over []string
 	for key, p := range s.pending {
-		switch deadline := p.since.Add(PendingGrace); {
+		switch deadline := p.since.Add(pendingGrace); {
 		case p.refused:
 		case !deadline.After(now):
 			over = append(over, key)
