@@ -658,15 +658,20 @@ func (m *Manager) Check(ctx context.Context, s Selector) (*Endpoint, []string, e
 //     and it is inserted in the table, from which the endpoint map is
 //     rebuilt.
 func (m *Manager) restore(ctx context.Context, h cell.Health) error {
-	// The restored endpoints' MTU is read from the devices (mtu): not
-	// before they are listed.
-	if !m.devicesListed() {
-		h.OK("Waiting for the node's devices and addresses to be listed: the endpoints' MTU")
-		if err := m.waitDevices(ctx); err != nil {
-			return err
+	// The MTU of a veth pair the restore makes again is read from the
+	// devices (Manager.mtu): not before they are listed. An intact pair
+	// keeps its own, so a restore with nothing to make again does not wait
+	// for them.
+	mtu := func() (int, error) {
+		if !m.devicesListed() {
+			h.OK("Waiting for the node's devices and addresses to be listed: the MTU of a veth pair made again")
+			if err := m.waitDevices(ctx); err != nil {
+				return 0, err
+			}
 		}
+		return m.plumb.mtu(), nil
 	}
-	starting, err := m.restoreLocked(ctx)
+	starting, err := m.restoreLocked(ctx, mtu)
 	if err != nil {
 		return err
 	}
@@ -687,8 +692,9 @@ type startingEndpoint struct {
 
 // restoreLocked is the restore with the whole manager locked. It returns
 // the endpoints whose host side it made again or found down: they are in
-// the table as Starting, for routeRestored.
-func (m *Manager) restoreLocked(ctx context.Context) ([]startingEndpoint, error) {
+// the table as Starting, for routeRestored. mtu is the MTU of a veth pair
+// it makes again (see plumb).
+func (m *Manager) restoreLocked(ctx context.Context, mtu func() (int, error)) ([]startingEndpoint, error) {
 	if err := m.locks.lockAll(ctx); err != nil {
 		return nil, err
 	}
@@ -789,7 +795,7 @@ func (m *Manager) restoreLocked(ctx context.Context) ([]startingEndpoint, error)
 	var starting []startingEndpoint
 	for _, ep := range keep {
 		before := before[ep.ID]
-		up, err := m.plumb.plumb(ep, netns.None(), routers, host, true)
+		up, err := m.plumb.plumb(ep, netns.None(), routers, host, true, mtu)
 		if err != nil {
 			notReady++
 			ep.State, ep.Error = NotReady, err.Error()

@@ -130,9 +130,10 @@ type plumbing struct {
 // (routeHost) once the datapath has the endpoint, its programs attached
 // and its policy in the maps; before, traffic would reach the pod
 // unchecked. Without withHostRoutes those routes are left out also when
-// the host side is up.
-func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool) (hostUp bool, err error) {
-	mtu := p.mtu()
+// the host side is up. mtu gives the MTU of a veth pair plumb makes, or
+// sets (--endpoint-mtu): it is asked only then, as it may wait for the
+// node's devices.
+func (p *plumbing) plumb(ep *Endpoint, podNS netns.NsHandle, routers []netip.Addr, host *hostView, withHostRoutes bool, mtu func() (int, error)) (hostUp bool, err error) {
 	if podNS == netns.None() {
 		if podNS, err = openNetns(context.Background(), ep.Netns); err != nil {
 			return false, err
@@ -433,16 +434,21 @@ func (v *hostView) hasRoute(dst netip.Addr, ifindex int) bool {
 }
 
 // ensureVeth returns the endpoint's veth pair, making it if it is missing,
-// with MTU mtu. An intact pair keeps its MTU unless it is --endpoint-mtu
-// (fixedMTU). A host side whose peer is not the pod's interface is what an
-// interrupted creation leaves: it is replaced.
-func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle, mtu int) (host, podLink netlink.Link, created bool, err error) {
+// with the MTU mtu gives. An intact pair keeps its MTU unless it is
+// --endpoint-mtu (fixedMTU), and then mtu is not asked. A host side whose
+// peer is not the pod's interface is what an interrupted creation leaves:
+// it is replaced.
+func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.Handle, mtuOf func() (int, error)) (host, podLink netlink.Link, created bool, err error) {
 	host, err = netlink.LinkByName(ep.HostIfName)
 	switch {
 	case err == nil:
 		podLink, perr := pod.LinkByName(ep.IfName)
 		if perr == nil && paired(host, podLink) {
 			if p.fixedMTU {
+				mtu, err := mtuOf()
+				if err != nil {
+					return nil, nil, false, err
+				}
 				if err := p.ensureMTU(host, podLink, pod, mtu); err != nil {
 					return nil, nil, false, err
 				}
@@ -457,6 +463,10 @@ func (p *plumbing) ensureVeth(ep *Endpoint, podNS netns.NsHandle, pod *netlink.H
 	}
 	if _, err := pod.LinkByName(ep.IfName); err == nil {
 		return nil, nil, false, fmt.Errorf("interface %s already exists in netns %s", ep.IfName, ep.Netns)
+	}
+	mtu, err := mtuOf()
+	if err != nil {
+		return nil, nil, false, err
 	}
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: ep.HostIfName, MTU: mtu},
