@@ -194,7 +194,10 @@ func TestCheckWaitsForRestore(t *testing.T) {
 
 // A restore leaves an intact endpoint's MTU as it is when the MTU is
 // automatic: here the node's device went from 9000 to 1500 while the agent
-// was down; the running pod keeps 9000, a new pod gets 1500.
+// was down; the running pod keeps 9000, a new pod gets 1500. Reading no
+// MTU, a restore whose endpoints are all intact does not wait for the
+// node's devices: the endpoints, their addresses and the agent's readiness
+// do not wait for the devices' first listing.
 func TestRestoreKeepsIntactEndpointMTU(t *testing.T) {
 	nettest.RequireRoot(t)
 	tn := newTestNet(t)
@@ -203,32 +206,15 @@ func TestRestoreKeepsIntactEndpointMTU(t *testing.T) {
 	runningEP := first.create(t, running)
 	first.stop()
 
-	second := tn.start(t, nodeOpts{extra: []cell.Cell{(&nodeDevices{mtu: 1500}).cell(true)}})
-	second.waitRestored(t)
+	devs := &nodeDevices{mtu: 1500}
+	second := tn.start(t, nodeOpts{extra: []cell.Cell{devs.cell(false)}})
+	second.waitRestored(t) // the devices not listed yet
 	if host, pod := vethMTU(t, running, runningEP); host != 9000 || pod != 9000 {
 		t.Errorf("the running pod's MTU after the restore: host %d, pod %d, want 9000 as it was", host, pod)
 	}
+	devs.list()
 	fresh := newPod(t)
 	if host, pod := vethMTU(t, fresh, second.create(t, fresh)); host != 1500 || pod != 1500 {
 		t.Errorf("a new pod's MTU: host %d, pod %d, want 1500 (the node's device now)", host, pod)
-	}
-}
-
-// A restore whose endpoints are all intact does not wait for the node's
-// devices: it reads no MTU, so the endpoints, their addresses and the
-// agent's readiness do not wait for the devices' first listing.
-func TestRestoreOfIntactEndpointsWaitsForNoDevices(t *testing.T) {
-	nettest.RequireRoot(t)
-	tn := newTestNet(t)
-	first := tn.start(t, nodeOpts{extra: []cell.Cell{(&nodeDevices{mtu: 9000}).cell(true)}})
-	running := newPod(t)
-	runningEP := first.create(t, running)
-	first.stop()
-
-	// The devices are never listed in this run.
-	second := tn.start(t, nodeOpts{extra: []cell.Cell{(&nodeDevices{mtu: 1500}).cell(false)}})
-	second.waitRestored(t)
-	if host, pod := vethMTU(t, running, runningEP); host != 9000 || pod != 9000 {
-		t.Errorf("the running pod's MTU after the restore: host %d, pod %d, want 9000 as it was", host, pod)
 	}
 }
