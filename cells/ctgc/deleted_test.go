@@ -12,6 +12,7 @@ import (
 	"github.com/cellium/cellium/cells/ctgc"
 	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
+	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
 	"github.com/cellium/cellium/pkg/ctmap"
 )
@@ -25,6 +26,9 @@ import (
 // endpoints stay.
 func TestDeletedEndpointsEntriesFlushed(t *testing.T) {
 	e := newGCEnv(t, bpfmapstest.Root(t), envOptions{})
+	// The job sees the deletions after it follows the table: one before
+	// is not a change it is given.
+	e.waitHealth("ct-gc.job-flush-deleted-endpoints", "Following deleted endpoints")
 	pod := func(id uint16, v4, v6 string) *endpointmanager.Endpoint {
 		ep := testEndpoint(id)
 		ep.IPv4, ep.IPv6 = netip.MustParseAddr(v4), netip.MustParseAddr(v6)
@@ -209,5 +213,22 @@ func TestReleasedAddressHeldUntilEntriesGone(t *testing.T) {
 	}
 	if total != 8 {
 		t.Errorf("%v entries counted deleted for released addresses, want 8", total)
+	}
+}
+
+// waitHealth waits until the health row id's message is msg.
+func (e *gcEnv) waitHealth(id, msg string) {
+	e.t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		s, _, watch, _ := e.health.GetWatch(e.db.ReadTxn(), health.StatusID.Query(id))
+		if s != nil && s.Message == msg {
+			return
+		}
+		select {
+		case <-watch:
+		case <-timeout:
+			e.t.Fatalf("health row %s never said %q; last: %+v", id, msg, s)
+		}
 	}
 }
