@@ -149,6 +149,12 @@ func (l *failingLW) Watch(metav1.ListOptions) (watch.Interface, error) {
 		return nil, l.err
 	}
 	l.watcher = watch.NewFake()
+	if l.garbled {
+		// Broken before this watch began (breakWith found none to end):
+		// it ends at once, as it would have, so that the next list is
+		// one of the unreadable ones.
+		l.watcher.Stop()
+	}
 	return l.watcher, nil
 }
 
