@@ -34,8 +34,6 @@ type Kinds struct {
 // over (Batch.Resync); a subscription that ends (the kernel dropped
 // updates, ENOBUFS) ends every subscriber's updates with its error.
 type Hub struct {
-	// queueLimit bounds each subscriber's queue (0: queueLimit).
-	queueLimit int
 	// socketBuffer is the subscriptions' receive buffer (0: SocketBuffer).
 	socketBuffer int
 	// force, if set, says whether to force it (else ForceSocketBuffer).
@@ -203,28 +201,29 @@ func (h *Hub) open(key hubKey, netnsPath string, log *slog.Logger) (*shared, err
 		sh.pending = func() int { return len(ch) }
 		if err = netlink.LinkSubscribeWithOptions(ch, sh.done, netlink.LinkSubscribeOptions{Namespace: &ns, ErrorCallback: sh.onError,
 			ReceiveBufferSize: size, ReceiveBufferForceSize: force}); err == nil {
-			go dispatch(h, sh, ch, func(b *Batch, u netlink.LinkUpdate) { b.Links = append(b.Links, u) })
+			go dispatch(h, sh, ch, nil, func(b *Batch, u netlink.LinkUpdate) { b.Links = append(b.Links, u) })
 		}
 	case kindAddrs:
 		ch := make(chan netlink.AddrUpdate, updateBuffer)
 		sh.pending = func() int { return len(ch) }
 		if err = netlink.AddrSubscribeWithOptions(ch, sh.done, netlink.AddrSubscribeOptions{Namespace: &ns, ErrorCallback: sh.onError,
 			ReceiveBufferSize: size, ReceiveBufferForceSize: force}); err == nil {
-			go dispatch(h, sh, ch, func(b *Batch, u netlink.AddrUpdate) { b.Addrs = append(b.Addrs, u) })
+			go dispatch(h, sh, ch, nil, func(b *Batch, u netlink.AddrUpdate) { b.Addrs = append(b.Addrs, u) })
 		}
 	case kindRoutes:
 		ch := make(chan netlink.RouteUpdate, updateBuffer)
 		sh.pending = func() int { return len(ch) }
 		if err = netlink.RouteSubscribeWithOptions(ch, sh.done, netlink.RouteSubscribeOptions{Namespace: &ns, ErrorCallback: sh.onError,
 			ReceiveBufferSize: size, ReceiveBufferForceSize: force}); err == nil {
-			go dispatchRoutes(h, sh, ch)
+			go dispatch(h, sh, ch, func(s *Subscriber, u netlink.RouteUpdate) bool { return s.routes == nil || s.routes(u) },
+				func(b *Batch, u netlink.RouteUpdate) { b.Routes = append(b.Routes, u) })
 		}
 	case kindNeighbors:
 		ch := make(chan netlink.NeighUpdate, updateBuffer)
 		sh.pending = func() int { return len(ch) }
 		if err = netlink.NeighSubscribeWithOptions(ch, sh.done, netlink.NeighSubscribeOptions{Namespace: &ns, ErrorCallback: sh.onError,
 			ReceiveBufferSize: size, ReceiveBufferForceSize: force}); err == nil {
-			go dispatch(h, sh, ch, func(b *Batch, u netlink.NeighUpdate) { b.Neighbors = append(b.Neighbors, u) })
+			go dispatch(h, sh, ch, nil, func(b *Batch, u netlink.NeighUpdate) { b.Neighbors = append(b.Neighbors, u) })
 		}
 	}
 	if err != nil {
@@ -233,23 +232,14 @@ func (h *Hub) open(key hubKey, netnsPath string, log *slog.Logger) (*shared, err
 	return sh, nil
 }
 
-// dispatch hands every update of ch to the subscribers of sh until
-// netlink closes ch, then ends their updates.
-func dispatch[U any](h *Hub, sh *shared, ch <-chan U, add func(*Batch, U)) {
+// dispatch hands every update of ch to the subscribers of sh that keep
+// it (keep nil: all of them) until netlink closes ch, then ends their
+// updates.
+func dispatch[U any](h *Hub, sh *shared, ch <-chan U, keep func(*Subscriber, U) bool, add func(*Batch, U)) {
 	for u := range ch {
 		for _, s := range sh.subscribers() {
-			s.push(h.limit(), func(b *Batch) { add(b, u) })
-		}
-	}
-	sh.end(h)
-}
-
-// dispatchRoutes is dispatch with each subscriber's route filter.
-func dispatchRoutes(h *Hub, sh *shared, ch <-chan netlink.RouteUpdate) {
-	for u := range ch {
-		for _, s := range sh.subscribers() {
-			if s.routes == nil || s.routes(u) {
-				s.push(h.limit(), func(b *Batch) { b.Routes = append(b.Routes, u) })
+			if keep == nil || keep(s, u) {
+				s.push(func(b *Batch) { add(b, u) })
 			}
 		}
 	}
@@ -282,13 +272,6 @@ func (sh *shared) remove(s *Subscriber) int {
 	subs := slices.DeleteFunc(slices.Clone(sh.subscribers()), func(x *Subscriber) bool { return x == s })
 	sh.subs.Store(&subs)
 	return len(subs)
-}
-
-func (h *Hub) limit() int {
-	if h.queueLimit > 0 {
-		return h.queueLimit
-	}
-	return queueLimit
 }
 
 // onError keeps netlink's last report, to say why updates ended, and
@@ -340,12 +323,13 @@ func (sh *shared) endErr() error {
 
 // push queues an update (add appends it) unless the queue is over limit,
 // then drops the queue and marks it lost.
-func (s *Subscriber) push(limit int, add func(*Batch)) {
+func (s *Subscriber) push(add func(*Batch)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lost || s.err != nil {
 		return
 	}
+	limit := queueLimit
 	if s.limit > 0 {
 		limit = s.limit
 	}
