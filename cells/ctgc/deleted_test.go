@@ -10,7 +10,6 @@ import (
 
 	"github.com/cellium/cellium/cells/bpfmaps/bpfmapstest"
 	"github.com/cellium/cellium/cells/ctgc"
-	"github.com/cellium/cellium/cells/ctmaps"
 	"github.com/cellium/cellium/cells/endpointmanager"
 	"github.com/cellium/cellium/cells/health"
 	"github.com/cellium/cellium/cells/ipam"
@@ -95,31 +94,17 @@ func (p podConns) keys6() []ctmap.Key6 {
 	return out
 }
 
-func (e *gcEnv) map4(k ctmap.Key4) *ctmaps.Map4 {
-	if k.Proto == 6 {
-		return e.maps.TCP4
-	}
-	return e.maps.Any4
-}
-
-func (e *gcEnv) map6(k ctmap.Key6) *ctmaps.Map6 {
-	if k.Proto == 6 {
-		return e.maps.TCP6
-	}
-	return e.maps.Any6
-}
-
 // put writes p's entries, live for 6 hours, of endpoint id.
 func (p podConns) put(t *testing.T, e *gcEnv, id uint16) {
 	t.Helper()
 	live := ctmap.Entry{Lifetime: ctmap.Now() + 21600, Flags: ctmap.CTFSynSeen | ctmap.CTFEstablished, EndpointID: id}
 	for _, k := range p.keys4() {
-		if err := e.map4(k).Put(k, live); err != nil {
+		if err := e.ctMap4(conn{tcp: k.Proto == 6}).Put(k, live); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, k := range p.keys6() {
-		if err := e.map6(k).Put(k, live); err != nil {
+		if err := e.ctMap6(conn{tcp: k.Proto == 6}).Put(k, live); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -130,12 +115,12 @@ func (p podConns) put(t *testing.T, e *gcEnv, id uint16) {
 func (p podConns) has(e *gcEnv, addr ...netip.Addr) int {
 	n := 0
 	for _, k := range p.keys4() {
-		if _, err := e.map4(k).Lookup(k); err == nil && (len(addr) == 0 || slices.Contains(addr, p.v4)) {
+		if _, err := e.ctMap4(conn{tcp: k.Proto == 6}).Lookup(k); err == nil && (len(addr) == 0 || slices.Contains(addr, p.v4)) {
 			n++
 		}
 	}
 	for _, k := range p.keys6() {
-		if _, err := e.map6(k).Lookup(k); err == nil && (len(addr) == 0 || slices.Contains(addr, p.v6)) {
+		if _, err := e.ctMap6(conn{tcp: k.Proto == 6}).Lookup(k); err == nil && (len(addr) == 0 || slices.Contains(addr, p.v6)) {
 			n++
 		}
 	}

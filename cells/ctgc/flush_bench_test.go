@@ -104,7 +104,7 @@ func BenchmarkReleasedAddressFlush(b *testing.B) {
 		var wall, cpu time.Duration
 		for range walks {
 			w, c := threadTimed(func() {
-				if _, err := gc.flushAddrs([]netip.Addr{netip.MustParseAddr("10.99.0.1")}); err != nil {
+				if _, err := gc.flushAddrs("released addresses", []netip.Addr{netip.MustParseAddr("10.99.0.1")}); err != nil {
 					b.Fatal(err)
 				}
 			})

@@ -218,7 +218,7 @@ func (gc *GC) flushReleasedAddresses(ctx context.Context, health cell.Health) er
 	for {
 		addrs, watch := gc.ipam.Releasing()
 		if len(addrs) > 0 && retry == nil {
-			deleted, err := gc.flushAddrs(addrs)
+			deleted, err := gc.flushAddrs("released addresses", addrs)
 			if err != nil {
 				gc.log.Warn("Deleting the conntrack entries of released addresses failed; they stay held, retrying", "addresses", addrs, "error", err)
 				health.Degraded("Deleting the conntrack entries of released addresses", err)
@@ -272,7 +272,7 @@ func (gc *GC) flushDeletedEndpoints(ctx context.Context, health cell.Health) err
 			}
 		}
 		if len(pending) > 0 && retry == nil {
-			deleted, err := gc.flushAddrs(pending)
+			deleted, err := gc.flushAddrs("deleted endpoints' addresses", pending)
 			if err != nil {
 				gc.log.Warn("Deleting the conntrack entries of deleted endpoints failed; retrying", "endpoints", ids, "addresses", pending, "error", err)
 				health.Degraded("Deleting the conntrack entries of deleted endpoints", err)
@@ -295,12 +295,13 @@ func (gc *GC) flushDeletedEndpoints(ctx context.Context, health cell.Health) err
 }
 
 // flushAddrs deletes the conntrack entries (not the NAT map's) with one of
-// addrs as source or destination, and returns how many.
-func (gc *GC) flushAddrs(addrs []netip.Addr) (int, error) {
+// addrs as source or destination, and returns how many. what names the
+// addresses in its progress log.
+func (gc *GC) flushAddrs(what string, addrs []netip.Addr) (int, error) {
 	gc.mu.Lock()
 	defer gc.mu.Unlock()
 	j := &judge{deleted: newAddrSet(addrs)}
-	prog := newProgress(gc.log, "flush of deleted endpoints", gc.progressEvery)
+	prog := newProgress(gc.log, "flush of "+what, gc.progressEvery)
 	var (
 		n    int
 		errs []error

@@ -295,9 +295,7 @@ func (i *IPAM) ReleaseOwner(owner string) ([]netip.Addr, error) {
 	}
 	txn := i.db.WriteTxn(i.tbl)
 	defer txn.Abort()
-	i.mu.Lock()
-	hold := i.holder != ""
-	i.mu.Unlock()
+	hold := i.holderName() != ""
 	var released []netip.Addr
 	for a := range i.tbl.List(txn, AllocationOwner.Query(owner)) {
 		if a.State == Router || a.State == Reserved || a.State == Releasing {
