@@ -624,9 +624,6 @@ func (p *pinnedMap) Start(cell.HookContext) error {
 // its MaxEntries alone, and is of a type whose entries copy one by one
 // (not per-CPU, not a map of maps); else nil.
 func (p *pinnedMap) sizeChangedOnly(pin string) *ebpf.Map {
-	if p.spec.InnerMap != nil {
-		return nil
-	}
 	switch p.spec.Type {
 	case ebpf.Hash, ebpf.LRUHash, ebpf.LPMTrie, ebpf.Array:
 	default:
