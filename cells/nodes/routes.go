@@ -65,9 +65,9 @@ type localMetrics struct {
 	listings prometheus.Counter
 	// specs is cellium_node_local_computations_total: how often the job
 	// computed this node's description (pools, health endpoints,
-	// addresses). A change of the devices, node addresses or endpoints
-	// tables makes one, and so does a default route's; other routes (the
-	// pods') do not.
+	// addresses). A change of a health endpoint, of a device holding a
+	// default route or its node addresses, or of a default route makes
+	// one; pods' endpoints, devices and routes do not.
 	specs prometheus.Counter
 }
 
@@ -79,7 +79,7 @@ func newLocalMetrics() localMetrics {
 		}),
 		specs: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "cellium", Subsystem: "node", Name: "local_computations_total",
-			Help: "Computations of this node's description (addresses, pod CIDRs, health addresses), each after a change of devices, addresses, endpoints or a default route",
+			Help: "Computations of this node's description (addresses, pod CIDRs, health addresses), each after a change of a health endpoint, a default route, or a device holding one or its addresses",
 		}),
 	}
 }

@@ -242,7 +242,7 @@ func (h *SockLBHook) UnmarshalText(b []byte) error {
 type CTState uint8
 
 const (
-	// CTUnknown: the packet is not tracked (ICMP other than echo, IPv4
+	// CTUnknown: the packet is not tracked (ICMP other than echo,
 	// fragments after the first, ...), or was dropped before the lookup.
 	CTUnknown CTState = 0
 	// CTNew: the packet opened a connection (or found only an entry that
