@@ -12,11 +12,12 @@ import (
 	"github.com/cellium/cellium/cells/health"
 )
 
-// unreachableRecheck is how often a barrier excused by UnlessUnreachable
-// looks at the client's status: the client has no notification of its
-// changes, and its status job itself checks every second while etcd is
-// away.
-const unreachableRecheck = time.Second
+// UnreachableRecheck is how often what waits for etcd unless it is
+// unreachable (a barrier excused by UnlessUnreachable, the policy's
+// computation) looks at the client's status: the client has no
+// notification of its changes, and its status job itself checks every
+// second while etcd is away.
+const UnreachableRecheck = time.Second
 
 // UnlessUnreachable is w, except that once etcd has failed to answer it is
 // written instead: w less what cannot happen without etcd. Readiness says
@@ -35,7 +36,7 @@ func UnlessUnreachable(w, written health.Wait, c Client, log *slog.Logger) healt
 		defer cancel()
 		inner := make(chan error, 1)
 		go func() { inner <- w.Until(innerCtx, progress) }()
-		tick := time.NewTicker(unreachableRecheck)
+		tick := time.NewTicker(UnreachableRecheck)
 		defer tick.Stop()
 		for {
 			if s := c.Status(); unreachable(s) {

@@ -56,7 +56,7 @@ func TestUnlessUnreachable(t *testing.T) {
 	})
 	// Three looks at the status: a connected client excuses nothing,
 	// though its last error is still that of the outage.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*unreachableRecheck)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*UnreachableRecheck)
 	defer cancel()
 	if err := UnlessUnreachable(never, passed, c, log).Until(ctx, noProgress); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("connected: %v, want the inner wait's deadline", err)
@@ -67,7 +67,7 @@ func TestUnlessUnreachable(t *testing.T) {
 		t.Fatalf("connected, inner failing: %v, want its error", err)
 	}
 
-	ctx, cancel = context.WithTimeout(context.Background(), 3*unreachableRecheck)
+	ctx, cancel = context.WithTimeout(context.Background(), 3*UnreachableRecheck)
 	defer cancel()
 	if err := UnlessUnreachable(never, passed, disabled{}, log).Until(ctx, noProgress); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("disabled: %v, want the inner wait's deadline", err)

@@ -245,10 +245,12 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 		// new pod would otherwise find the allows of peers not yet listed
 		// missing, and during an outage no pod could start.
 		if !live && !idsListed && kvstore.Unreachable(p.kv) {
+			st := p.kv.Status()
 			p.log.Warn("Policy computed without the kvstore's identities: etcd is unreachable; allows of identities not yet listed follow once it answers",
-				"state", p.kv.Status().State, "error", p.kv.Status().LastError)
+				"state", st.State, "error", st.LastError)
+			live = true
 		}
-		live = live || idsListed || kvstore.Unreachable(p.kv)
+		live = live || idsListed
 		if live {
 			p.progress.set(computedUpTo)
 		}
@@ -271,7 +273,7 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 		if !idsListed {
 			idsListedWatch = idsInit
 			if !live && p.kv != nil && p.kv.Enabled() {
-				timer = time.NewTimer(unreachableRecheck)
+				timer = time.NewTimer(kvstore.UnreachableRecheck)
 				recheck = timer.C
 			}
 		}
@@ -290,10 +292,6 @@ func (p *Policy) run(ctx context.Context, health cell.Health) error {
 		}
 	}
 }
-
-// unreachableRecheck is how often, while the identities are not listed,
-// the job looks whether etcd is unreachable (as kvstore.UnlessUnreachable).
-const unreachableRecheck = time.Second
 
 // report puts the policies the agent cannot apply (or applies in part) in
 // health and the log, each once, by name.
