@@ -230,8 +230,8 @@ func keysOf(k policy.EntryKey) ([]policymap.Key, error) {
 
 // strayRemoved counts a key a prune removed as a repair, unless it is the
 // first prune (pruned false), which removes what a restart left.
-func (m *mapMetrics) strayRemoved(pruned *bool) bool {
-	if !*pruned {
+func (m *mapMetrics) strayRemoved(pruned bool) bool {
+	if !pruned {
 		return false
 	}
 	m.repairs.Inc()
@@ -403,7 +403,7 @@ func (o *entryOps) Prune(_ context.Context, txn statedb.ReadTxn, entries iter.Se
 			return fmt.Errorf("delete stale %s: %w", k, err)
 		}
 		o.metrics.wrote("policy", "delete")
-		if o.metrics.strayRemoved(&o.pruned) {
+		if o.metrics.strayRemoved(o.pruned) {
 			o.log.Warn("Removed a policy map entry that no policy entry wants, added behind the agent's back", "key", k)
 			return nil
 		}
@@ -477,7 +477,7 @@ func (o *enforcementOps) Prune(_ context.Context, _ statedb.ReadTxn, rows iter.S
 			return fmt.Errorf("delete the enforcement of endpoint %d: %w", id, err)
 		}
 		o.metrics.wrote("enforcement", "delete")
-		if o.metrics.strayRemoved(&o.pruned) {
+		if o.metrics.strayRemoved(o.pruned) {
 			o.log.Warn("Removed the policy enforcement of an endpoint that has none, added behind the agent's back", "endpoint", id)
 			return nil
 		}
@@ -752,7 +752,7 @@ func (o *prefixOps) Prune(_ context.Context, txn statedb.ReadTxn, rows iter.Seq2
 			return fmt.Errorf("delete stale policy prefix %s: %w", k.Prefix(), err)
 		}
 		o.metrics.wrote("prefix", "delete")
-		if o.metrics.strayRemoved(&o.pruned) {
+		if o.metrics.strayRemoved(o.pruned) {
 			o.log.Warn("Removed a policy prefix that no policy names, added behind the agent's back", "prefix", k.Prefix())
 			return nil
 		}
